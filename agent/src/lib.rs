@@ -1,0 +1,6 @@
+//! The node agent: hardware topology discovery, process execution, and the
+//! local scheduler on the `sched` engine.
+//!
+//! Module ownership: [`topology`] is the only module that reads `/sys`.
+
+pub mod topology;

@@ -1,0 +1,111 @@
+//! Engine configuration: the kernel's sched features and sysctls that this
+//! engine implements, with the seeds' defaults.
+
+/// Where a task goes when there is room.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Policy {
+    /// Idle core first, then idle leaf (the kernel's default).
+    #[default]
+    Spread,
+    /// Asymmetric packing (seed 002): lowest-numbered core with room while
+    /// the load is below the pack threshold.
+    Pack,
+}
+
+/// Load below which the pack policy is active (seed 002).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PackThreshold {
+    /// Pack while runnable demand < number of cores (the seed: "if there are
+    /// more threads than SMT domains, asym_packing will not kick in").
+    Cores,
+    /// Pack while runnable demand < this fraction of total capacity.
+    Fraction(f64),
+}
+
+/// How node-limit gating counts NUMA nodes (cluster: zones).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeLimitScope {
+    /// Seed 000 patch 9: no stealing at all when the machine has more NUMA
+    /// nodes than the limit.
+    Global,
+    /// Cluster form: a steal may search a domain only if it spans at most
+    /// `limit` NUMA nodes (zones).
+    Domain,
+}
+
+/// The engine's tunables. Times are nanoseconds of the caller's clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedConfig {
+    /// Steal from overloaded leaves when a leaf goes idle (sched feat STEAL).
+    pub steal: bool,
+    /// Also steal from the other LLCs under the LLC's parent domain
+    /// (Steve Sistare's proposal in seed 000's thread). Off by default.
+    pub steal_cross_llc: bool,
+    /// Steal only if the leaf's average idle time is at least this
+    /// (SCHED_STEAL_COST, 10 us in the seed).
+    pub steal_cost: u64,
+    /// Node-limit gating (sched_steal_node_limit, default 2).
+    pub steal_node_limit: usize,
+    /// How the node limit is applied.
+    pub node_limit_scope: NodeLimitScope,
+    /// Use wake_wide to stop pulling wakees to the waker (seed 001).
+    pub wake_wide: bool,
+    /// Consider the waker's leaf at all (SD_WAKE_AFFINE).
+    pub wake_affine: bool,
+    /// Honour latency-nice: the latency timeline (seed 004).
+    pub latency: bool,
+    /// Skip idle searches of domains flagged fully busy (seed 003).
+    pub busy_skip: bool,
+    /// Policy for tasks that do not choose one.
+    pub default_policy: Policy,
+    /// When the pack policy is active.
+    pub pack_threshold: PackThreshold,
+    /// Time-slice running tasks on ticks and preempt on wakeup. The agent
+    /// time-slices; the dispatcher never preempts a started job.
+    pub preempt: bool,
+    /// sysctl_sched_latency: the period in which every runnable task runs.
+    pub sched_latency: u64,
+    /// sysctl_sched_min_granularity.
+    pub min_granularity: u64,
+    /// sysctl_sched_wakeup_granularity.
+    pub wakeup_granularity: u64,
+    /// sysctl_sched_migration_cost: avg_idle starts at twice this and is
+    /// capped at twice this.
+    pub migration_cost: u64,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        Self {
+            steal: true,
+            steal_cross_llc: false,
+            steal_cost: 10_000,
+            steal_node_limit: 2,
+            node_limit_scope: NodeLimitScope::Global,
+            wake_wide: true,
+            wake_affine: true,
+            latency: true,
+            busy_skip: true,
+            default_policy: Policy::Spread,
+            pack_threshold: PackThreshold::Cores,
+            preempt: true,
+            sched_latency: 6_000_000,
+            min_granularity: 750_000,
+            wakeup_granularity: 1_000_000,
+            migration_cost: 500_000,
+        }
+    }
+}
+
+impl SchedConfig {
+    /// The defaults for node-level placement in the dispatcher: jobs are not
+    /// time-sliced, node limit counts zones per searched domain.
+    pub fn cluster() -> Self {
+        Self {
+            preempt: false,
+            node_limit_scope: NodeLimitScope::Domain,
+            pack_threshold: PackThreshold::Fraction(1.0),
+            ..Self::default()
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! `sched`: the scheduling engine, one implementation of the Linux core
+//! scheduler's mechanisms over a generic topology, used by the agent (leaf =
+//! CPU, capacity 1), the dispatcher (leaf = node, capacity = its CPUs) and
+//! the simulator alike.
+//!
+//! Invariant: the engine does no I/O, reads no clock and spawns no thread.
+//! Callers pass time in; results come back as values and [`SchedEvent`]s.
+//!
+//! Map (each module says what it owns):
+//! - [`topology`]: the domain tree and per-leaf shortcuts (`sd_llc`, ...).
+//! - [`sparsemask`]: seed 000's reduced-contention bitmap, plain and atomic.
+//! - [`weight`], [`task`], [`rq`]: weights, tasks, per-leaf run queues.
+//! - [`sched`]: [`Sched`], the fair class and the state transitions.
+//! - [`select`]: `select_task_rq`, `select_idle_sibling`, `find_idlest`.
+//! - [`wake`]: `record_wakee`, `wake_wide` (seed 001).
+//! - [`steal`]: `try_steal` (seed 000).
+//! - [`overload`], [`busy`], [`pack`]: overload masks, busy flags
+//!   (seed 003), asymmetric packing (seed 002).
+//! - [`stats`], [`config`]: schedstats and tunables.
+
+pub mod busy;
+pub mod config;
+pub mod overload;
+pub mod pack;
+pub mod rq;
+pub mod sched;
+pub mod select;
+pub mod sparsemask;
+pub mod stats;
+pub mod steal;
+pub mod task;
+pub mod topology;
+pub mod wake;
+pub mod weight;
+
+pub use config::{NodeLimitScope, PackThreshold, Policy, SchedConfig};
+pub use sched::{Sched, SchedError, SchedEvent};
+pub use stats::Schedstats;
+pub use task::{LeafSet, Task, TaskId, TaskSpec, TaskState};
+pub use topology::{LeafId, Topology, TopologyBuilder};

@@ -1,0 +1,113 @@
+//! The run queue of one leaf: the running tasks, the fair timeline of
+//! waiting tasks ordered by vruntime, and seed 004's latency timeline.
+//!
+//! A leaf has a capacity `C` (1 for a CPU, the node's CPUs in the
+//! dispatcher). `nr_running` counts runnable demand, running and waiting;
+//! the leaf is *overloaded* when `nr_running > C`, which for `C = 1` is the
+//! kernel's `nr_running >= 2` (seed 000 patch 4). Keys carry an enqueue
+//! sequence number so that equal vruntimes keep FIFO order.
+
+use std::collections::BTreeSet;
+
+use crate::task::TaskId;
+
+/// Key in a timeline: (virtual time, enqueue sequence, task).
+pub type TimelineKey = (i64, u64, TaskId);
+
+/// One leaf's queue state. Mutated only by the engine.
+#[derive(Clone, Debug)]
+pub struct RunQueue {
+    /// Capacity units (`C`).
+    pub capacity: u32,
+    /// Runnable demand: running plus waiting.
+    pub nr_running: u32,
+    /// Demand of the running tasks.
+    pub running_demand: u32,
+    /// Tasks running now.
+    pub running: Vec<TaskId>,
+    /// Waiting tasks by vruntime (`tasks_timeline`).
+    pub(crate) tasks_timeline: BTreeSet<TimelineKey>,
+    /// Waiting latency-sensitive tasks by vruntime + latency_offset
+    /// (`latency_timeline`, seed 004).
+    pub(crate) latency_timeline: BTreeSet<TimelineKey>,
+    /// Sum of the weights of runnable tasks (`cfs_rq->load.weight`).
+    pub load_weight: u64,
+    /// Monotonic floor of the vruntimes (`min_vruntime`).
+    pub min_vruntime: i64,
+    /// Average idle period (`rq->avg_idle`).
+    pub avg_idle: u64,
+    /// When the leaf last became fully idle (`rq->idle_stamp`).
+    pub idle_stamp: Option<u64>,
+    /// Shadow of the overload-mask bit: set exactly on transitions.
+    pub(crate) overloaded: bool,
+}
+
+impl RunQueue {
+    /// An empty queue of `capacity` units.
+    pub fn new(capacity: u32, avg_idle: u64) -> Self {
+        Self {
+            capacity,
+            nr_running: 0,
+            running_demand: 0,
+            running: Vec::new(),
+            tasks_timeline: BTreeSet::new(),
+            latency_timeline: BTreeSet::new(),
+            load_weight: 0,
+            min_vruntime: 0,
+            avg_idle,
+            idle_stamp: None,
+            overloaded: false,
+        }
+    }
+
+    /// Number of waiting (runnable, not running) tasks.
+    pub fn nr_waiting(&self) -> usize {
+        self.tasks_timeline.len()
+    }
+
+    /// More runnable demand than capacity.
+    pub fn is_overloaded(&self) -> bool {
+        self.nr_running > self.capacity
+    }
+
+    /// Capacity not used by running tasks.
+    pub fn free(&self) -> u32 {
+        self.capacity.saturating_sub(self.running_demand)
+    }
+
+    /// Capacity a newcomer could use now: free capacity, or 0 when tasks
+    /// are already waiting (they go first).
+    pub fn fit_free(&self) -> u32 {
+        if self.tasks_timeline.is_empty() {
+            self.free()
+        } else {
+            0
+        }
+    }
+
+    /// Idle: nothing waiting and some capacity free. For `C = 1` this is the
+    /// kernel's `available_idle_cpu`.
+    pub fn is_idle(&self) -> bool {
+        self.fit_free() > 0
+    }
+
+    /// Nothing running or waiting.
+    pub fn is_empty(&self) -> bool {
+        self.nr_running == 0
+    }
+
+    /// Waiting tasks in fair (vruntime) order.
+    pub fn waiting(&self) -> impl Iterator<Item = TaskId> + '_ {
+        self.tasks_timeline.iter().map(|k| k.2)
+    }
+
+    /// Leftmost waiting task of the fair timeline.
+    pub(crate) fn first_fair(&self) -> Option<TimelineKey> {
+        self.tasks_timeline.first().copied()
+    }
+
+    /// Leftmost waiting task of the latency timeline.
+    pub(crate) fn first_latency(&self) -> Option<TimelineKey> {
+        self.latency_timeline.first().copied()
+    }
+}

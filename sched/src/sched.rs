@@ -1,0 +1,937 @@
+//! The engine: [`Sched`] owns the run queues, tasks, overload masks, busy
+//! flags, packing index and schedstats of one topology, and implements the
+//! fair class around them: enqueue/dequeue, `pick_next_entity` with the
+//! latency timeline, time slices on the tick, wakeup preemption, and the
+//! transitions that keep the masks and flags exact.
+//!
+//! Placement (`select_task_rq`) lives in `select`, stealing in `steal`;
+//! both are `impl Sched` blocks over the state kept here. The engine is
+//! synchronous and reads no clock: every call takes `now` in nanoseconds
+//! of the caller's clock (real in the agent and dispatcher, simulated in
+//! the harness). What changed for the outside world (a task started,
+//! stopped or moved) is reported as [`SchedEvent`]s.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::busy::BusyFlags;
+use crate::config::{NodeLimitScope, SchedConfig};
+use crate::overload::OverloadMasks;
+use crate::pack::PackIndex;
+use crate::rq::RunQueue;
+use crate::stats::Schedstats;
+use crate::task::{Task, TaskId, TaskSpec, TaskState};
+use crate::topology::{LeafId, NodeId, Topology};
+use crate::weight::{calc_delta_fair, nice_in_range};
+
+/// Errors of engine calls. Inputs that come from outside the process are
+/// validated into these, never panics.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SchedError {
+    /// No task with this id.
+    #[error("unknown task {0:?}")]
+    UnknownTask(TaskId),
+    /// A task with this id already exists.
+    #[error("task {0:?} already exists")]
+    DuplicateTask(TaskId),
+    /// A leaf index out of range.
+    #[error("leaf {leaf} out of range (topology has {nr_leaves} leaves)")]
+    BadLeaf {
+        /// The leaf given.
+        leaf: LeafId,
+        /// Number of leaves.
+        nr_leaves: usize,
+    },
+    /// nice or latency_nice outside -20..=19.
+    #[error("{field} = {value} is outside -20..=19")]
+    BadNice {
+        /// Which field.
+        field: &'static str,
+        /// The value given.
+        value: i32,
+    },
+    /// A task must occupy at least one capacity unit.
+    #[error("demand must be at least 1")]
+    ZeroDemand,
+    /// The task's affinity allows no leaf of this topology.
+    #[error("task {0:?} is allowed on no leaf")]
+    EmptyAffinity(TaskId),
+    /// The operation needs a sleeping task.
+    #[error("task {0:?} is already runnable")]
+    AlreadyRunnable(TaskId),
+    /// The leaf is not in the task's affinity.
+    #[error("task {task:?} may not run on leaf {leaf}")]
+    NotAllowed {
+        /// The task.
+        task: TaskId,
+        /// The leaf.
+        leaf: LeafId,
+    },
+}
+
+/// What changed for the outside world. The agent turns these into
+/// SIGCONT/SIGSTOP and affinity changes; the dispatcher into assignments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedEvent {
+    /// The task started running on the leaf.
+    Started {
+        /// The task.
+        task: TaskId,
+        /// The leaf.
+        leaf: LeafId,
+    },
+    /// The task stopped running but stays runnable on the leaf.
+    Preempted {
+        /// The task.
+        task: TaskId,
+        /// The leaf.
+        leaf: LeafId,
+    },
+    /// A waiting task moved between leaves (stolen).
+    Migrated {
+        /// The task.
+        task: TaskId,
+        /// Where it waited.
+        from: LeafId,
+        /// Where it runs or waits now.
+        to: LeafId,
+    },
+}
+
+/// Aggregates of a tree node's leaves, kept exact on every change so that
+/// cluster-scale descents cost O(depth x fanout), not O(leaves).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeAgg {
+    /// Sum of capacities.
+    pub capacity: u64,
+    /// Sum of runnable demand.
+    pub nr_running: u64,
+    /// Sum of `fit_free` (room for newcomers).
+    pub sum_free: u64,
+    /// Largest `fit_free` of one leaf.
+    pub max_free: u32,
+}
+
+/// The scheduling engine over one topology.
+#[derive(Debug)]
+pub struct Sched {
+    pub(crate) topo: Arc<Topology>,
+    pub(crate) config: SchedConfig,
+    pub(crate) rqs: Vec<RunQueue>,
+    pub(crate) tasks: HashMap<TaskId, Task>,
+    pub(crate) overload: OverloadMasks,
+    pub(crate) busy: BusyFlags,
+    pub(crate) agg: Vec<NodeAgg>,
+    pub(crate) pack: PackIndex,
+    pub(crate) stats: Schedstats,
+    pub(crate) events: Vec<SchedEvent>,
+    seq: u64,
+    /// Stealing within an LLC passes node-limit gating.
+    pub(crate) steal_llc_allowed: bool,
+    /// Per LLC: stealing from its sibling LLCs passes node-limit gating.
+    pub(crate) steal_cross_allowed: Vec<bool>,
+}
+
+impl Sched {
+    /// An engine over `topo` with every leaf of capacity `capacity`.
+    pub fn new(topo: Arc<Topology>, capacity: u32, config: SchedConfig) -> Self {
+        let caps = vec![capacity; topo.nr_leaves()];
+        Self::with_capacities(topo, &caps, config)
+    }
+
+    /// An engine with per-leaf capacities (`capacities[leaf]`; missing
+    /// entries are 0).
+    pub fn with_capacities(topo: Arc<Topology>, capacities: &[u32], config: SchedConfig) -> Self {
+        let n = topo.nr_leaves();
+        let avg_idle = 2 * config.migration_cost;
+        let rqs = (0..n)
+            .map(|l| RunQueue::new(capacities.get(l).copied().unwrap_or(0), avg_idle))
+            .collect();
+        let (steal_llc_allowed, steal_cross_allowed) = steal_gating(&topo, &config);
+        let mut s = Self {
+            overload: OverloadMasks::new(&topo),
+            busy: BusyFlags::new(&topo),
+            agg: vec![NodeAgg::default(); topo.nodes().len()],
+            pack: PackIndex::new(&topo),
+            topo,
+            config,
+            rqs,
+            tasks: HashMap::new(),
+            stats: Schedstats::default(),
+            events: Vec::new(),
+            seq: 0,
+            steal_llc_allowed,
+            steal_cross_allowed,
+        };
+        for leaf in 0..n {
+            s.refresh_aggregates(leaf);
+            if s.rqs[leaf].is_idle() {
+                s.rqs[leaf].idle_stamp = Some(0);
+            }
+        }
+        s
+    }
+
+    // ----- queries -----
+
+    /// The topology.
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.topo
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SchedConfig {
+        &self.config
+    }
+
+    /// Change feature switches; the topology-derived gating is recomputed.
+    pub fn set_config(&mut self, config: SchedConfig) {
+        let (llc, cross) = steal_gating(&self.topo, &config);
+        self.config = config;
+        self.steal_llc_allowed = llc;
+        self.steal_cross_allowed = cross;
+    }
+
+    /// The run queue of a leaf.
+    pub fn rq(&self, leaf: LeafId) -> &RunQueue {
+        &self.rqs[leaf]
+    }
+
+    /// A task.
+    pub fn task(&self, id: TaskId) -> Option<&Task> {
+        self.tasks.get(&id)
+    }
+
+    /// Number of tasks known.
+    pub fn nr_tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// The schedstats.
+    pub fn stats(&self) -> &Schedstats {
+        &self.stats
+    }
+
+    /// The overload masks.
+    pub fn overload_masks(&self) -> &OverloadMasks {
+        &self.overload
+    }
+
+    /// The busy flags.
+    pub fn busy_flags(&self) -> &BusyFlags {
+        &self.busy
+    }
+
+    /// Aggregates of a tree node.
+    pub fn aggregate(&self, node: NodeId) -> NodeAgg {
+        self.agg[node]
+    }
+
+    /// Take the events produced since the last call.
+    pub fn drain_events(&mut self) -> Vec<SchedEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Discard events (for callers that only read state).
+    pub fn clear_events(&mut self) {
+        self.events.clear();
+    }
+
+    // ----- tasks -----
+
+    /// Register a sleeping task.
+    pub fn add_task(&mut self, spec: TaskSpec) -> Result<(), SchedError> {
+        if self.tasks.contains_key(&spec.id) {
+            return Err(SchedError::DuplicateTask(spec.id));
+        }
+        if !nice_in_range(spec.nice) {
+            return Err(SchedError::BadNice {
+                field: "nice",
+                value: spec.nice,
+            });
+        }
+        if !nice_in_range(spec.latency_nice) {
+            return Err(SchedError::BadNice {
+                field: "latency_nice",
+                value: spec.latency_nice,
+            });
+        }
+        if spec.demand == 0 {
+            return Err(SchedError::ZeroDemand);
+        }
+        if let Some(a) = &spec.affinity
+            && !a.iter().any(|l| l < self.topo.nr_leaves())
+        {
+            return Err(SchedError::EmptyAffinity(spec.id));
+        }
+        let task = Task::new(spec, self.config.default_policy, self.config.sched_latency);
+        self.tasks.insert(task.id, task);
+        Ok(())
+    }
+
+    /// Remove a task (exit). A runnable task is dequeued first and its leaf
+    /// rescheduled.
+    pub fn remove_task(&mut self, id: TaskId, now: u64) -> Result<Task, SchedError> {
+        self.block(id, now)?;
+        self.tasks.remove(&id).ok_or(SchedError::UnknownTask(id))
+    }
+
+    fn check_leaf(&self, leaf: LeafId) -> Result<(), SchedError> {
+        if leaf < self.topo.nr_leaves() {
+            Ok(())
+        } else {
+            Err(SchedError::BadLeaf {
+                leaf,
+                nr_leaves: self.topo.nr_leaves(),
+            })
+        }
+    }
+
+    /// Wake a sleeping task (or start a new one): choose a leaf with
+    /// `select_task_rq`, enqueue it there, preempt if it should, run what
+    /// fits. `waker` is the task that woke it (its wakee_flips are
+    /// recorded); `sync` says the waker is about to sleep.
+    pub fn wake_up(
+        &mut self,
+        id: TaskId,
+        waker: Option<TaskId>,
+        sync: bool,
+        now: u64,
+    ) -> Result<LeafId, SchedError> {
+        let task = self.tasks.get(&id).ok_or(SchedError::UnknownTask(id))?;
+        if task.state != TaskState::Sleeping {
+            return Err(SchedError::AlreadyRunnable(id));
+        }
+        let leaf = self.select_task_rq(id, waker, sync, now);
+        self.activate(id, leaf, now);
+        Ok(leaf)
+    }
+
+    /// Wake a sleeping task on a leaf chosen by the caller.
+    pub fn wake_up_on(&mut self, id: TaskId, leaf: LeafId, now: u64) -> Result<(), SchedError> {
+        self.check_leaf(leaf)?;
+        let task = self.tasks.get(&id).ok_or(SchedError::UnknownTask(id))?;
+        if task.state != TaskState::Sleeping {
+            return Err(SchedError::AlreadyRunnable(id));
+        }
+        if !task.allowed(leaf) {
+            return Err(SchedError::NotAllowed { task: id, leaf });
+        }
+        self.activate(id, leaf, now);
+        Ok(())
+    }
+
+    fn activate(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        let prev = self.tasks[&id].prev_leaf;
+        if let Some(prev) = prev
+            && prev != leaf
+        {
+            self.stats.nr_migrations += 1;
+            let delta = self.rqs[leaf].min_vruntime - self.rqs[prev].min_vruntime;
+            if let Some(t) = self.tasks.get_mut(&id) {
+                t.vruntime += delta;
+            }
+        }
+        self.place_entity(id, leaf);
+        self.enqueue_task(id, leaf, true, now);
+        self.check_preempt_wakeup(leaf, id, now);
+        self.schedule(leaf, now);
+    }
+
+    /// The task stops being runnable (sleeps on I/O, a message, a
+    /// dependency). Its leaf then runs the next task, or goes idle and tries
+    /// to steal. A sleeping task is left as it is.
+    pub fn block(&mut self, id: TaskId, now: u64) -> Result<(), SchedError> {
+        let task = self.tasks.get(&id).ok_or(SchedError::UnknownTask(id))?;
+        match task.state {
+            TaskState::Sleeping => Ok(()),
+            TaskState::Queued(leaf) => {
+                self.dequeue_task(id, leaf, now);
+                Ok(())
+            }
+            TaskState::Running(leaf) => {
+                self.update_curr(id, now);
+                self.dequeue_task(id, leaf, now);
+                self.schedule(leaf, now);
+                Ok(())
+            }
+        }
+    }
+
+    /// Change a leaf's capacity (a node's schedulable CPUs changed, or a
+    /// CPU went offline: capacity 0). Overload and idle state follow.
+    pub fn set_capacity(
+        &mut self,
+        leaf: LeafId,
+        capacity: u32,
+        now: u64,
+    ) -> Result<(), SchedError> {
+        self.check_leaf(leaf)?;
+        self.rqs[leaf].capacity = capacity;
+        // Running tasks beyond the new capacity are preempted (latest first).
+        while self.rqs[leaf].running_demand > capacity {
+            let Some(&last) = self.rqs[leaf].running.last() else {
+                break;
+            };
+            self.put_prev(last, leaf, now);
+        }
+        self.rq_changed(leaf, now);
+        self.schedule(leaf, now);
+        Ok(())
+    }
+
+    /// The tick of one leaf: account the running tasks' time, end slices
+    /// that are used up (when time-slicing), and flag busy domains lazily.
+    pub fn tick(&mut self, leaf: LeafId, now: u64) {
+        let running = self.rqs[leaf].running.clone();
+        for &id in &running {
+            self.update_curr(id, now);
+        }
+        if self.config.preempt && !self.rqs[leaf].tasks_timeline.is_empty() {
+            for &id in &running {
+                if self.check_preempt_tick(leaf, id) {
+                    self.resched(leaf, id, now);
+                }
+            }
+        }
+        let rqs = &self.rqs;
+        self.busy.tick(&self.topo, leaf, |l| !rqs[l].is_idle());
+    }
+
+    // ----- the fair class -----
+
+    /// `place_entity` on wakeup: a sleeper gets at most half a latency
+    /// period of credit (GENTLE_FAIR_SLEEPERS); a new task starts at
+    /// `min_vruntime`.
+    fn place_entity(&mut self, id: TaskId, leaf: LeafId) {
+        let min_vruntime = self.rqs[leaf].min_vruntime;
+        let thresh = (self.config.sched_latency / 2) as i64;
+        if let Some(t) = self.tasks.get_mut(&id) {
+            if t.prev_leaf.is_none() && t.sum_exec_runtime == 0 {
+                t.vruntime = min_vruntime;
+            } else {
+                t.vruntime = t.vruntime.max(min_vruntime - thresh);
+            }
+        }
+    }
+
+    /// Put a runnable task in a leaf's queue (`enqueue_task_fair`).
+    pub(crate) fn enqueue_task(&mut self, id: TaskId, leaf: LeafId, wakeup: bool, now: u64) {
+        self.seq += 1;
+        let seq = self.seq;
+        let latency_enabled = self.config.latency;
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        t.state = TaskState::Queued(leaf);
+        t.prev_leaf = Some(leaf);
+        t.enqueue_seq = seq;
+        let rq = &mut self.rqs[leaf];
+        if let Some(stamp) = rq.idle_stamp.take()
+            && wakeup
+        {
+            // Leaving idle by a wakeup: update avg_idle as ttwu_do_wakeup
+            // does. A steal leaves it alone, as the seed's newidle path.
+            let delta = now.saturating_sub(stamp) as i64;
+            let avg = rq.avg_idle as i64;
+            rq.avg_idle = (avg + (delta - avg) / 8).max(0) as u64;
+            rq.avg_idle = rq.avg_idle.min(2 * self.config.migration_cost);
+        }
+        rq.tasks_timeline.insert((t.vruntime, seq, id));
+        if latency_enabled && t.latency_offset < 0 && wakeup {
+            rq.latency_timeline
+                .insert((t.vruntime + t.latency_offset, seq, id));
+            t.in_latency_tree = true;
+        }
+        rq.nr_running += t.demand;
+        rq.load_weight += t.weight;
+        self.rq_changed(leaf, now);
+    }
+
+    /// Take a task off its leaf (running or waiting) and make it sleep.
+    fn dequeue_task(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        let rq = &mut self.rqs[leaf];
+        match t.state {
+            TaskState::Running(_) => {
+                rq.running.retain(|&x| x != id);
+                rq.running_demand -= t.demand;
+            }
+            TaskState::Queued(_) => {
+                rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id));
+                if t.in_latency_tree {
+                    rq.latency_timeline
+                        .remove(&(t.vruntime + t.latency_offset, t.enqueue_seq, id));
+                    t.in_latency_tree = false;
+                }
+            }
+            TaskState::Sleeping => return,
+        }
+        rq.nr_running -= t.demand;
+        rq.load_weight -= t.weight;
+        t.state = TaskState::Sleeping;
+        self.update_min_vruntime(leaf);
+        self.rq_changed(leaf, now);
+    }
+
+    /// Detach a waiting task for migration (steal): out of the source
+    /// queue with its vruntime made relative to the destination.
+    pub(crate) fn migrate_queued(&mut self, id: TaskId, from: LeafId, to: LeafId, now: u64) {
+        self.dequeue_task(id, from, now);
+        let delta = self.rqs[to].min_vruntime - self.rqs[from].min_vruntime;
+        if let Some(t) = self.tasks.get_mut(&id) {
+            t.vruntime += delta;
+        }
+        self.stats.nr_migrations += 1;
+        self.events
+            .push(SchedEvent::Migrated { task: id, from, to });
+        self.enqueue_task(id, to, false, now);
+    }
+
+    /// Account execution since `exec_start` (`update_curr`).
+    fn update_curr(&mut self, id: TaskId, now: u64) {
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        let TaskState::Running(leaf) = t.state else {
+            return;
+        };
+        let delta = now.saturating_sub(t.exec_start);
+        if delta == 0 {
+            return;
+        }
+        t.exec_start = now;
+        t.sum_exec_runtime += delta;
+        t.vruntime += calc_delta_fair(delta, t.weight) as i64;
+        self.update_min_vruntime(leaf);
+    }
+
+    fn update_min_vruntime(&mut self, leaf: LeafId) {
+        let rq = &self.rqs[leaf];
+        let mut m: Option<i64> = rq.first_fair().map(|k| k.0);
+        for id in &rq.running {
+            if let Some(t) = self.tasks.get(id) {
+                m = Some(m.map_or(t.vruntime, |x| x.min(t.vruntime)));
+            }
+        }
+        if let Some(m) = m {
+            let rq = &mut self.rqs[leaf];
+            rq.min_vruntime = rq.min_vruntime.max(m);
+        }
+    }
+
+    /// `wakeup_latency_gran` of the latency-nice series: the latency offset
+    /// difference that counts when either entity is latency-sensitive.
+    fn wakeup_latency_gran(curr: &Task, se: &Task) -> i64 {
+        let mut offset = se.latency_offset;
+        if offset < 0 || curr.latency_offset < 0 {
+            offset -= curr.latency_offset;
+        }
+        offset.min(0)
+    }
+
+    /// `wakeup_preempt_entity(curr, se)`: 1 when `se` should preempt
+    /// `curr`, 0 when within a wakeup granularity, -1 when `curr` is ahead.
+    pub(crate) fn wakeup_preempt_entity(&self, curr: &Task, se: &Task) -> i32 {
+        let mut vdiff = curr.vruntime - se.vruntime;
+        if self.config.latency {
+            vdiff -= Self::wakeup_latency_gran(curr, se);
+        }
+        if vdiff <= 0 {
+            return -1;
+        }
+        let gran = calc_delta_fair(self.config.wakeup_granularity, se.weight) as i64;
+        if vdiff > gran { 1 } else { 0 }
+    }
+
+    /// `pick_next_entity`: the leftmost task of the fair timeline, unless
+    /// the leftmost latency-sensitive task may go first fairly
+    /// (`wakeup_preempt_entity(latency, se) < 1`, seed 004).
+    pub(crate) fn pick_next_entity(&self, leaf: LeafId) -> Option<TaskId> {
+        let rq = &self.rqs[leaf];
+        let left = rq.first_fair()?.2;
+        if self.config.latency
+            && let Some(lat) = rq.first_latency()
+            && lat.2 != left
+            && let (Some(l), Some(s)) = (self.tasks.get(&lat.2), self.tasks.get(&left))
+            && self.wakeup_preempt_entity(l, s) < 1
+        {
+            return Some(lat.2);
+        }
+        Some(left)
+    }
+
+    /// Waiting tasks of a leaf in next-to-run order: the latency pick (if
+    /// any) first, then the fair timeline.
+    pub(crate) fn next_to_run_order(&self, leaf: LeafId) -> Vec<TaskId> {
+        let rq = &self.rqs[leaf];
+        let mut out = Vec::with_capacity(rq.nr_waiting());
+        if let Some(first) = self.pick_next_entity(leaf) {
+            out.push(first);
+            out.extend(rq.waiting().filter(|&x| x != first));
+        }
+        out
+    }
+
+    /// Start a waiting task (`set_next_entity`).
+    fn set_next(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        let latency_first = self.rqs[leaf].first_fair().map(|k| k.2) != Some(id);
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        let rq = &mut self.rqs[leaf];
+        rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id));
+        if t.in_latency_tree {
+            rq.latency_timeline
+                .remove(&(t.vruntime + t.latency_offset, t.enqueue_seq, id));
+            t.in_latency_tree = false;
+        }
+        rq.running.push(id);
+        rq.running_demand += t.demand;
+        t.state = TaskState::Running(leaf);
+        t.exec_start = now;
+        t.prev_sum_exec_runtime = t.sum_exec_runtime;
+        t.recent_used_leaf = t.prev_leaf;
+        t.prev_leaf = Some(leaf);
+        if latency_first {
+            self.stats.latency_picks += 1;
+        }
+        // A preempted task picked again at once did not really stop.
+        if self.events.last() == Some(&SchedEvent::Preempted { task: id, leaf }) {
+            self.events.pop();
+            self.stats.nr_preemptions -= 1;
+        } else {
+            self.events.push(SchedEvent::Started { task: id, leaf });
+            self.stats.nr_switches += 1;
+        }
+        self.rq_changed(leaf, now);
+    }
+
+    /// Put a running task back in the queue (`put_prev_entity`); it goes
+    /// back to the latency timeline too if it ran less than
+    /// `min_granularity` (seed 004).
+    fn put_prev(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        self.update_curr(id, now);
+        self.seq += 1;
+        let seq = self.seq;
+        let latency_enabled = self.config.latency;
+        let min_gran = self.config.min_granularity;
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        let rq = &mut self.rqs[leaf];
+        rq.running.retain(|&x| x != id);
+        rq.running_demand -= t.demand;
+        t.state = TaskState::Queued(leaf);
+        t.enqueue_seq = seq;
+        rq.tasks_timeline.insert((t.vruntime, seq, id));
+        let delta_exec = t.sum_exec_runtime - t.prev_sum_exec_runtime;
+        if latency_enabled && t.latency_offset < 0 && delta_exec < min_gran {
+            rq.latency_timeline
+                .insert((t.vruntime + t.latency_offset, seq, id));
+            t.in_latency_tree = true;
+        }
+        self.stats.nr_preemptions += 1;
+        self.events.push(SchedEvent::Preempted { task: id, leaf });
+        self.rq_changed(leaf, now);
+    }
+
+    fn resched(&mut self, leaf: LeafId, curr: TaskId, now: u64) {
+        if self.tasks.get(&curr).map(|t| t.state) != Some(TaskState::Running(leaf)) {
+            return;
+        }
+        self.put_prev(curr, leaf, now);
+        self.schedule(leaf, now);
+    }
+
+    /// `sched_slice`: the task's share of the latency period by weight,
+    /// scaled by the leaf's capacity.
+    fn sched_slice(&self, leaf: LeafId, t: &Task) -> u64 {
+        let rq = &self.rqs[leaf];
+        let nr_latency = (self.config.sched_latency / self.config.min_granularity.max(1)).max(1);
+        let nr = rq.nr_running as u64;
+        let period = if nr > nr_latency {
+            nr * self.config.min_granularity
+        } else {
+            self.config.sched_latency
+        };
+        let load = rq.load_weight.max(t.weight);
+        ((period as u128 * t.weight as u128 * rq.capacity.max(1) as u128) / load as u128)
+            .min(period as u128) as u64
+    }
+
+    /// `check_preempt_tick`: true when the running task's slice is over.
+    fn check_preempt_tick(&self, leaf: LeafId, id: TaskId) -> bool {
+        let Some(t) = self.tasks.get(&id) else {
+            return false;
+        };
+        let ideal = self.sched_slice(leaf, t);
+        let delta_exec = t.sum_exec_runtime - t.prev_sum_exec_runtime;
+        if delta_exec > ideal {
+            return true;
+        }
+        if delta_exec < self.config.min_granularity {
+            return false;
+        }
+        match self.rqs[leaf].first_fair() {
+            Some(left) => t.vruntime - left.0 > ideal as i64,
+            None => false,
+        }
+    }
+
+    /// `check_preempt_wakeup`: a task queued behind full capacity preempts
+    /// the running task furthest ahead in vruntime when
+    /// `wakeup_preempt_entity` says so (latency offset included).
+    fn check_preempt_wakeup(&mut self, leaf: LeafId, id: TaskId, now: u64) {
+        if !self.config.preempt {
+            return;
+        }
+        let demand = match self.tasks.get(&id) {
+            Some(t) => t.demand,
+            None => return,
+        };
+        if self.rqs[leaf].free() >= demand {
+            return;
+        }
+        let running = self.rqs[leaf].running.clone();
+        for &c in &running {
+            self.update_curr(c, now);
+        }
+        let curr = running
+            .iter()
+            .filter_map(|c| self.tasks.get(c))
+            .max_by_key(|t| t.vruntime)
+            .map(|t| t.id);
+        let Some(curr) = curr else {
+            return;
+        };
+        let (Some(c), Some(p)) = (self.tasks.get(&curr), self.tasks.get(&id)) else {
+            return;
+        };
+        if self.wakeup_preempt_entity(c, p) == 1 {
+            self.put_prev(curr, leaf, now);
+        }
+    }
+
+    /// Run what fits (`pick_next_task`); when the leaf is left with room and
+    /// nothing to run, it is idle: newidle stealing (seed 000 patch 8).
+    pub fn schedule(&mut self, leaf: LeafId, now: u64) {
+        loop {
+            while let Some(next) = self.pick_next_entity(leaf) {
+                let demand = self.tasks.get(&next).map_or(u32::MAX, |t| t.demand);
+                if demand > self.rqs[leaf].free() {
+                    break;
+                }
+                self.set_next(next, leaf, now);
+            }
+            if !self.rqs[leaf].is_idle() || !self.rqs[leaf].tasks_timeline.is_empty() {
+                return;
+            }
+            if self.try_steal(leaf, now).is_none() {
+                return;
+            }
+        }
+    }
+
+    /// Called after every change of a leaf's queue: keeps the overload mask
+    /// (exactly on transitions), the busy flags (idle at once), the idle
+    /// stamp, the aggregates and the packing index in step.
+    pub(crate) fn rq_changed(&mut self, leaf: LeafId, now: u64) {
+        let rq = &mut self.rqs[leaf];
+        let overloaded = rq.is_overloaded();
+        if overloaded != rq.overloaded {
+            rq.overloaded = overloaded;
+            if overloaded {
+                self.overload.overload_set(&self.topo, leaf);
+            } else {
+                self.overload.overload_clear(&self.topo, leaf);
+            }
+        }
+        let rq = &mut self.rqs[leaf];
+        if rq.is_idle() {
+            if rq.idle_stamp.is_none() {
+                rq.idle_stamp = Some(now);
+            }
+            self.busy.mark_idle(&self.topo, leaf);
+        } else {
+            rq.idle_stamp = None;
+        }
+        self.refresh_aggregates(leaf);
+    }
+
+    fn refresh_aggregates(&mut self, leaf: LeafId) {
+        let rq = &self.rqs[leaf];
+        let fit = rq.fit_free();
+        self.agg[leaf] = NodeAgg {
+            capacity: rq.capacity as u64,
+            nr_running: rq.nr_running as u64,
+            sum_free: fit as u64,
+            max_free: fit,
+        };
+        self.pack.update(leaf, fit);
+        let mut node = self.topo.node(leaf).parent;
+        while let Some(d) = node {
+            let mut a = NodeAgg::default();
+            for &c in &self.topo.node(d).children {
+                let ca = self.agg[c];
+                a.capacity += ca.capacity;
+                a.nr_running += ca.nr_running;
+                a.sum_free += ca.sum_free;
+                a.max_free = a.max_free.max(ca.max_free);
+            }
+            if self.agg[d] == a {
+                break;
+            }
+            self.agg[d] = a;
+            node = self.topo.node(d).parent;
+        }
+    }
+}
+
+/// Node-limit gating (seed 000 patch 9): whether stealing inside an LLC is
+/// allowed, and per LLC whether stealing from its sibling LLCs is.
+fn steal_gating(topo: &Topology, config: &SchedConfig) -> (bool, Vec<bool>) {
+    let limit = config.steal_node_limit;
+    match config.node_limit_scope {
+        NodeLimitScope::Global => {
+            let ok = topo.nr_numa() <= limit;
+            (ok, vec![ok; topo.llcs().len()])
+        }
+        NodeLimitScope::Domain => {
+            let cross = topo
+                .llcs()
+                .iter()
+                .map(|llc| match topo.node(llc.node).parent {
+                    Some(p) => topo.numa_span(p) <= limit,
+                    None => true,
+                })
+                .collect();
+            (true, cross)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SchedConfig;
+
+    fn engine(spec: &str) -> Sched {
+        Sched::new(
+            Arc::new(Topology::from_spec(spec).unwrap()),
+            1,
+            SchedConfig::default(),
+        )
+    }
+
+    #[test]
+    fn wake_runs_then_queues_and_overloads() {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("1s:1c:1t").unwrap()),
+            1,
+            SchedConfig::default(),
+        );
+        for i in 0..3 {
+            s.add_task(TaskSpec::new(TaskId(i))).unwrap();
+        }
+        assert_eq!(s.wake_up(TaskId(0), None, false, 0).unwrap(), 0);
+        assert_eq!(s.task(TaskId(0)).unwrap().state, TaskState::Running(0));
+        assert!(!s.overload_masks().test(s.topology(), 0));
+        s.wake_up(TaskId(1), None, false, 10).unwrap();
+        assert!(s.rq(0).is_overloaded());
+        assert!(s.overload_masks().test(s.topology(), 0));
+        s.block(TaskId(0), 20).unwrap();
+        assert_eq!(s.task(TaskId(1)).unwrap().state, TaskState::Running(0));
+        assert!(!s.overload_masks().test(s.topology(), 0));
+        let ev = s.drain_events();
+        assert_eq!(
+            ev.first(),
+            Some(&SchedEvent::Started {
+                task: TaskId(0),
+                leaf: 0
+            })
+        );
+    }
+
+    #[test]
+    fn bad_input_is_an_error() {
+        let mut s = engine("1s:2c:1t");
+        let mut spec = TaskSpec::new(TaskId(1));
+        spec.nice = 40;
+        assert!(matches!(
+            s.add_task(spec),
+            Err(SchedError::BadNice { field: "nice", .. })
+        ));
+        let mut spec = TaskSpec::new(TaskId(1));
+        spec.demand = 0;
+        assert_eq!(s.add_task(spec), Err(SchedError::ZeroDemand));
+        s.add_task(TaskSpec::new(TaskId(1))).unwrap();
+        assert_eq!(
+            s.add_task(TaskSpec::new(TaskId(1))),
+            Err(SchedError::DuplicateTask(TaskId(1)))
+        );
+        assert!(matches!(
+            s.wake_up_on(TaskId(1), 9, 0),
+            Err(SchedError::BadLeaf { .. })
+        ));
+        assert_eq!(
+            s.wake_up(TaskId(7), None, false, 0),
+            Err(SchedError::UnknownTask(TaskId(7)))
+        );
+        s.wake_up(TaskId(1), None, false, 0).unwrap();
+        assert_eq!(
+            s.wake_up(TaskId(1), None, false, 0),
+            Err(SchedError::AlreadyRunnable(TaskId(1)))
+        );
+    }
+
+    #[test]
+    fn tick_time_slices_two_tasks() {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("1s:1c:1t").unwrap()),
+            1,
+            SchedConfig::default(),
+        );
+        for i in 0..2 {
+            s.add_task(TaskSpec::new(TaskId(i))).unwrap();
+            s.wake_up_on(TaskId(i), 0, 0).unwrap();
+        }
+        let mut now = 0;
+        for _ in 0..1000 {
+            now += 1_000_000;
+            s.tick(0, now);
+        }
+        let a = s.task(TaskId(0)).unwrap().sum_exec_runtime as f64;
+        let b = s.task(TaskId(1)).unwrap().sum_exec_runtime as f64;
+        assert!((a / b - 1.0).abs() < 0.02, "{a} vs {b}");
+    }
+
+    #[test]
+    fn capacity_and_demand() {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("1z:1r:1n").unwrap()),
+            8,
+            SchedConfig::cluster(),
+        );
+        let mut big = TaskSpec::new(TaskId(1));
+        big.demand = 6;
+        s.add_task(big).unwrap();
+        let mut big2 = TaskSpec::new(TaskId(2));
+        big2.demand = 4;
+        s.add_task(big2).unwrap();
+        s.wake_up_on(TaskId(1), 0, 0).unwrap();
+        s.wake_up_on(TaskId(2), 0, 0).unwrap();
+        assert_eq!(s.rq(0).running_demand, 6);
+        assert!(s.rq(0).is_overloaded());
+        s.set_capacity(0, 12, 1).unwrap();
+        assert_eq!(s.rq(0).running_demand, 10);
+        assert!(!s.rq(0).is_overloaded());
+        s.set_capacity(0, 5, 2).unwrap();
+        assert!(s.rq(0).running_demand <= 5);
+        assert!(s.rq(0).is_overloaded());
+    }
+}

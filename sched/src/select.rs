@@ -1,0 +1,371 @@
+//! Placement, `select_task_rq`: where a waking or new task goes.
+//!
+//! The order is the kernel's `select_task_rq_fair` with the seeds'
+//! changes: `record_wakee`, then `wake_wide` (seed 001) decides whether the
+//! waker's leaf is a candidate at all; `wake_affine` picks between the
+//! waker's leaf and the previous one; `select_idle_sibling` looks for idle
+//! room near that target in the kernel's order (target, prev if it shares
+//! the LLC, recently used, idle core, idle leaf, idle SMT sibling, else
+//! target), counting the schedstats of seed 000 patch 10 and skipping LLCs
+//! flagged fully busy (seed 003). New tasks without a waker, and wakees
+//! sent wide that have no previous leaf, take the slow path `find_idlest`,
+//! a descent of the domain tree on exact aggregates; the pack policy
+//! (seed 002) takes the highest-priority core with room while the load is
+//! below the threshold.
+
+use crate::config::{PackThreshold, Policy};
+use crate::sched::Sched;
+use crate::task::{TaskId, TaskState};
+use crate::topology::LeafId;
+use crate::wake::{record_wakee, wake_wide};
+
+/// `imbalance_pct` of the LLC-level domain (117 in the kernel).
+const IMBALANCE_PCT: u64 = 117;
+
+impl Sched {
+    /// Where task `id` should run. Records the waker's wakee flips.
+    pub fn select_task_rq(
+        &mut self,
+        id: TaskId,
+        waker: Option<TaskId>,
+        sync: bool,
+        now: u64,
+    ) -> LeafId {
+        let Some(task) = self.tasks.get(&id) else {
+            return 0;
+        };
+        let (prev, policy, demand) = (task.prev_leaf, task.policy, task.demand);
+        let this = waker.and_then(|w| self.leaf_of(w));
+        if let Some(w) = waker
+            && w != id
+            && let Some(wt) = self.tasks.get_mut(&w)
+        {
+            record_wakee(wt, id, now);
+        }
+
+        if policy == Policy::Pack
+            && self.pack_active(demand)
+            && let Some(leaf) = self.pack_target(id, prev.or(this))
+        {
+            self.stats.pack_placed += 1;
+            return leaf;
+        }
+
+        let mut want_affine = false;
+        if let (Some(w), Some(this)) = (waker, this)
+            && self.config.wake_affine
+            && w != id
+        {
+            let wide = self.config.wake_wide
+                && match (self.tasks.get(&id), self.tasks.get(&w)) {
+                    (Some(p), Some(wt)) => wake_wide(p, wt, self.topo.sd_llc_size(this)),
+                    _ => false,
+                };
+            if wide {
+                self.stats.wake_wide += 1;
+            }
+            want_affine = !wide && self.allowed(id, this);
+        }
+
+        match prev.filter(|&p| self.allowed(id, p)) {
+            None => {
+                if let (true, Some(this)) = (want_affine, this) {
+                    self.stats.wake_affine += 1;
+                    self.select_idle_sibling(id, this, this)
+                } else {
+                    self.find_idlest(id)
+                }
+            }
+            Some(prev) => {
+                let target = match (want_affine, this) {
+                    (true, Some(this)) => self.wake_affine(id, waker, this, prev, sync),
+                    _ => prev,
+                };
+                self.select_idle_sibling(id, prev, target)
+            }
+        }
+    }
+
+    /// The leaf a task is on or last was on.
+    pub fn leaf_of(&self, id: TaskId) -> Option<LeafId> {
+        let t = self.tasks.get(&id)?;
+        match t.state {
+            TaskState::Running(l) | TaskState::Queued(l) => Some(l),
+            TaskState::Sleeping => t.prev_leaf,
+        }
+    }
+
+    fn allowed(&self, id: TaskId, leaf: LeafId) -> bool {
+        self.tasks.get(&id).is_some_and(|t| t.allowed(leaf))
+    }
+
+    /// True when the task may start on `leaf` now: allowed, nothing waiting
+    /// there, and room for its demand (`available_idle_cpu` at C = 1).
+    pub fn fits(&self, id: TaskId, leaf: LeafId) -> bool {
+        self.tasks
+            .get(&id)
+            .is_some_and(|t| t.allowed(leaf) && self.rqs[leaf].fit_free() >= t.demand)
+    }
+
+    /// `wake_affine`: the waker's leaf or the previous one (WA_IDLE, then
+    /// WA_WEIGHT).
+    fn wake_affine(
+        &mut self,
+        id: TaskId,
+        waker: Option<TaskId>,
+        this: LeafId,
+        prev: LeafId,
+        sync: bool,
+    ) -> LeafId {
+        // wake_affine_idle
+        if self.rqs[this].is_idle() && self.topo.share_llc(this, prev) {
+            let t = if self.rqs[prev].is_idle() { prev } else { this };
+            if t == this {
+                self.stats.wake_affine += 1;
+            }
+            return t;
+        }
+        if sync && self.rqs[this].nr_running == 1 {
+            self.stats.wake_affine += 1;
+            return this;
+        }
+        // wake_affine_weight
+        let weight = self.tasks.get(&id).map_or(0, |t| t.weight);
+        let waker_weight = match (sync, waker.and_then(|w| self.tasks.get(&w))) {
+            (true, Some(w)) => w.weight,
+            _ => 0,
+        };
+        let this_load = self.rqs[this].load_weight.saturating_sub(waker_weight) + weight;
+        let this_eff = this_load as u128 * 100 * self.rqs[prev].capacity.max(1) as u128;
+        let prev_eff = self.rqs[prev].load_weight as u128
+            * (100 + (IMBALANCE_PCT - 100) / 2) as u128
+            * self.rqs[this].capacity.max(1) as u128;
+        if this_eff < prev_eff {
+            self.stats.wake_affine += 1;
+            this
+        } else {
+            prev
+        }
+    }
+
+    /// `select_idle_sibling`: idle room near `target`, in the kernel's
+    /// order; `target` when there is none.
+    pub fn select_idle_sibling(&mut self, id: TaskId, prev: LeafId, target: LeafId) -> LeafId {
+        self.stats.sis_scanned += 1;
+        if self.fits(id, target) {
+            self.stats.sis_easy += 1;
+            return target;
+        }
+        if prev != target && self.topo.share_llc(prev, target) && self.fits(id, prev) {
+            self.stats.sis_easy += 1;
+            return prev;
+        }
+        let recent = self.tasks.get(&id).and_then(|t| t.recent_used_leaf);
+        if let Some(recent) = recent
+            && recent != prev
+            && recent != target
+            && self.topo.share_llc(recent, target)
+            && self.fits(id, recent)
+        {
+            if let Some(t) = self.tasks.get_mut(&id) {
+                t.recent_used_leaf = Some(prev);
+            }
+            self.stats.sis_easy += 1;
+            return recent;
+        }
+        if self.config.busy_skip && self.busy.is_busy(self.topo.sd_llc(target)) {
+            self.stats.busy_skip += 1;
+            self.stats.sis_none += 1;
+            return target;
+        }
+        if let Some(leaf) = self.select_idle_core(id, target) {
+            self.stats.sis_core += 1;
+            return leaf;
+        }
+        if let Some(leaf) = self.select_idle_cpu(id, target) {
+            self.stats.sis_cpu += 1;
+            return leaf;
+        }
+        if let Some(leaf) = self.select_idle_smt(id, target) {
+            self.stats.sis_cpu += 1;
+            return leaf;
+        }
+        self.stats.sis_none += 1;
+        target
+    }
+
+    /// `select_idle_core`: a core of the target's LLC whose every leaf is
+    /// empty, scanning from the target with wrap. Only on SMT machines.
+    fn select_idle_core(&mut self, id: TaskId, target: LeafId) -> Option<LeafId> {
+        if self.topo.smt_siblings(target).len() < 2 {
+            return None;
+        }
+        let topo = self.topo.clone();
+        let members = &topo.llcs()[topo.llc_of(target)].members;
+        let start = topo.llc_pos(target);
+        let n = members.len();
+        let mut last_core = usize::MAX;
+        for i in 0..n {
+            let leaf = members[(start + i) % n];
+            let core = topo.core_of(leaf);
+            if core == last_core {
+                continue;
+            }
+            last_core = core;
+            let sibs = topo.smt_siblings(leaf);
+            self.stats.sis_scanned += sibs.len() as u64;
+            if sibs.iter().all(|&s| self.rqs[s].is_empty())
+                && let Some(&l) = sibs.iter().find(|&&s| self.fits(id, s))
+            {
+                return Some(l);
+            }
+        }
+        None
+    }
+
+    /// `select_idle_cpu`: the first leaf of the target's LLC with room,
+    /// scanning from the target with wrap.
+    fn select_idle_cpu(&mut self, id: TaskId, target: LeafId) -> Option<LeafId> {
+        let topo = self.topo.clone();
+        let members = &topo.llcs()[topo.llc_of(target)].members;
+        let start = topo.llc_pos(target);
+        let n = members.len();
+        for i in 0..n {
+            let leaf = members[(start + i) % n];
+            self.stats.sis_scanned += 1;
+            if self.fits(id, leaf) {
+                return Some(leaf);
+            }
+        }
+        None
+    }
+
+    /// `select_idle_smt`: an SMT sibling of the target with room.
+    fn select_idle_smt(&mut self, id: TaskId, target: LeafId) -> Option<LeafId> {
+        let topo = self.topo.clone();
+        topo.smt_siblings(target)
+            .iter()
+            .copied()
+            .find(|&s| s != target && self.fits(id, s))
+    }
+
+    /// The slow path (`find_idlest_cpu`): descend from the root into the
+    /// child with the largest share of free capacity that can hold the
+    /// task. A root flagged fully busy is not scanned: the task goes to the
+    /// least-loaded leaf, found on the aggregates. Always returns a leaf the
+    /// task is allowed on.
+    pub fn find_idlest(&mut self, id: TaskId) -> LeafId {
+        self.stats.find_idlest += 1;
+        let Some(task) = self.tasks.get(&id) else {
+            return 0;
+        };
+        let demand = task.demand;
+        if let Some(aff) = task.affinity.clone() {
+            // Constrained tasks: examine only their allowed leaves.
+            let mut best: Option<(LeafId, (bool, u64, i64))> = None;
+            for leaf in aff.iter().filter(|&l| l < self.topo.nr_leaves()) {
+                self.stats.sis_scanned += 1;
+                let rq = &self.rqs[leaf];
+                let key = (
+                    rq.fit_free() >= demand,
+                    rq.fit_free() as u64,
+                    -(rq.nr_running as i64 * 1024 / rq.capacity.max(1) as i64),
+                );
+                if best.as_ref().is_none_or(|b| key > b.1) {
+                    best = Some((leaf, key));
+                }
+            }
+            return best.map_or(0, |b| b.0);
+        }
+        let root = self.topo.root();
+        let skip_busy = self.config.busy_skip;
+        if skip_busy && self.busy.is_busy(root) {
+            self.stats.busy_skip += 1;
+            return self.least_loaded();
+        }
+        if self.agg[root].max_free < demand {
+            return self.least_loaded();
+        }
+        let mut node = root;
+        loop {
+            let children = &self.topo.node(node).children;
+            if children.is_empty() {
+                return node;
+            }
+            let mut best: Option<(usize, u128, u64)> = None;
+            for &c in children {
+                let a = self.agg[c];
+                self.stats.sis_scanned += 1;
+                if a.max_free < demand || (skip_busy && self.busy.is_busy(c)) {
+                    continue;
+                }
+                // Compare sum_free / capacity without division.
+                let share = (a.sum_free as u128) << 32;
+                let share = share / a.capacity.max(1) as u128;
+                if best.is_none_or(|b| (share, a.sum_free) > (b.1, b.2)) {
+                    best = Some((c, share, a.sum_free));
+                }
+            }
+            match best {
+                Some((c, _, _)) => node = c,
+                None => return self.least_loaded(),
+            }
+        }
+    }
+
+    /// The leaf with the least runnable demand per capacity, by descent on
+    /// the aggregates; leaves of capacity 0 only when all are.
+    fn least_loaded(&self) -> LeafId {
+        let mut node = self.topo.root();
+        loop {
+            let children = &self.topo.node(node).children;
+            if children.is_empty() {
+                return node;
+            }
+            node = *children
+                .iter()
+                .min_by_key(|&&c| {
+                    let a = self.agg[c];
+                    if a.capacity == 0 {
+                        u128::MAX
+                    } else {
+                        ((a.nr_running as u128) << 32) / a.capacity as u128
+                    }
+                })
+                .unwrap_or(&children[0]);
+        }
+    }
+
+    /// True while the pack policy applies (seed 002): load below the
+    /// threshold.
+    pub fn pack_active(&self, demand: u32) -> bool {
+        let root = self.agg[self.topo.root()];
+        match self.config.pack_threshold {
+            PackThreshold::Cores => root.nr_running < self.topo.cores().len() as u64,
+            PackThreshold::Fraction(f) => {
+                (root.nr_running + demand as u64) as f64 <= f * root.capacity as f64
+            }
+        }
+    }
+
+    /// The leaf of the highest-priority (lowest-numbered) core with room;
+    /// within that core, `prefer` if it has room, so that a task never
+    /// moves between the thread groups of one core.
+    pub fn pack_target(&self, id: TaskId, prefer: Option<LeafId>) -> Option<LeafId> {
+        let task = self.tasks.get(&id)?;
+        let mut from = 0;
+        loop {
+            let (pos, leaf) = self.pack.first_fit_from(task.demand, from)?;
+            if task.allowed(leaf) {
+                if let Some(p) = prefer
+                    && self.topo.core_of(p) == self.topo.core_of(leaf)
+                    && self.fits(id, p)
+                {
+                    return Some(p);
+                }
+                return Some(leaf);
+            }
+            from = pos + 1;
+        }
+    }
+}

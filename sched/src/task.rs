@@ -1,0 +1,186 @@
+//! Tasks: the schedulable entities (a job's process or 1-CPU share in the
+//! agent; a job in the dispatcher) and their per-task scheduler state, the
+//! fields of the kernel's `task_struct`/`sched_entity` that the seeds use.
+
+use std::sync::Arc;
+
+use crate::config::Policy;
+use crate::topology::LeafId;
+
+/// The caller's id of a task; the engine never invents ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(pub u64);
+
+/// A set of leaves a task may run on (`cpus_allowed`; cluster: the nodes
+/// matching a job's node selector).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeafSet {
+    words: Vec<u64>,
+}
+
+impl LeafSet {
+    /// The empty set over `nr_leaves` leaves.
+    pub fn new(nr_leaves: usize) -> Self {
+        Self {
+            words: vec![0; nr_leaves.div_ceil(64)],
+        }
+    }
+
+    /// A set holding `leaves`.
+    pub fn from_leaves(nr_leaves: usize, leaves: impl IntoIterator<Item = LeafId>) -> Self {
+        let mut s = Self::new(nr_leaves);
+        for l in leaves {
+            s.insert(l);
+        }
+        s
+    }
+
+    /// Add a leaf (ignored when out of range).
+    pub fn insert(&mut self, leaf: LeafId) {
+        if let Some(w) = self.words.get_mut(leaf / 64) {
+            *w |= 1 << (leaf % 64);
+        }
+    }
+
+    /// True when the set holds `leaf`.
+    pub fn contains(&self, leaf: LeafId) -> bool {
+        self.words
+            .get(leaf / 64)
+            .is_some_and(|w| w & (1 << (leaf % 64)) != 0)
+    }
+
+    /// True when the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.words.iter().all(|&w| w == 0)
+    }
+
+    /// The leaves in the set, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = LeafId> + '_ {
+        self.words.iter().enumerate().flat_map(|(i, &w)| {
+            (0..64)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| i * 64 + b)
+        })
+    }
+}
+
+/// What the caller says about a new task.
+#[derive(Clone, Debug)]
+pub struct TaskSpec {
+    /// The caller's id.
+    pub id: TaskId,
+    /// Nice, -20..=19: the weight.
+    pub nice: i32,
+    /// Latency-nice, -20..=19: negative enters the latency timeline.
+    pub latency_nice: i32,
+    /// Capacity units the task occupies while running (1 for a CPU task,
+    /// the job's CPUs in the dispatcher).
+    pub demand: u32,
+    /// Leaves the task may run on; `None` = all.
+    pub affinity: Option<Arc<LeafSet>>,
+    /// Placement policy; `None` = the engine's default.
+    pub policy: Option<Policy>,
+}
+
+impl TaskSpec {
+    /// A nice-0, latency-nice-0, demand-1 task allowed everywhere.
+    pub fn new(id: TaskId) -> Self {
+        Self {
+            id,
+            nice: 0,
+            latency_nice: 0,
+            demand: 1,
+            affinity: None,
+            policy: None,
+        }
+    }
+}
+
+/// Where a task is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskState {
+    /// Not runnable (blocked, or never woken).
+    Sleeping,
+    /// Runnable and waiting in a leaf's run queue.
+    Queued(LeafId),
+    /// Running on a leaf.
+    Running(LeafId),
+}
+
+/// A task and its scheduler state.
+#[derive(Clone, Debug)]
+pub struct Task {
+    /// The caller's id.
+    pub id: TaskId,
+    /// Nice value.
+    pub nice: i32,
+    /// Load weight from nice.
+    pub weight: u64,
+    /// Latency-nice value.
+    pub latency_nice: i32,
+    /// `sched_latency * latency_nice / 40`.
+    pub latency_offset: i64,
+    /// Capacity units while running.
+    pub demand: u32,
+    /// Allowed leaves (`None` = all).
+    pub affinity: Option<Arc<LeafSet>>,
+    /// Placement policy.
+    pub policy: Policy,
+    /// Where the task is.
+    pub state: TaskState,
+    /// Virtual runtime, ns of nice-0 time.
+    pub vruntime: i64,
+    /// Total execution time, ns.
+    pub sum_exec_runtime: u64,
+    /// `sum_exec_runtime` when the task last started running.
+    pub prev_sum_exec_runtime: u64,
+    /// Clock when execution was last accounted.
+    pub exec_start: u64,
+    /// The leaf it last ran or queued on (`task_cpu`).
+    pub prev_leaf: Option<LeafId>,
+    /// A leaf it recently used (`recent_used_cpu`).
+    pub recent_used_leaf: Option<LeafId>,
+    /// The task this one last woke (seed 001 `last_wakee`).
+    pub last_wakee: Option<TaskId>,
+    /// Times it switched wakee since the last decay (`wakee_flips`,
+    /// `nr_wakee_switch` in seed 001).
+    pub wakee_flips: u32,
+    /// Clock of the last once-a-second wipe of `wakee_flips`.
+    pub wakee_flip_decay_ts: u64,
+    /// Queued in the latency timeline too.
+    pub(crate) in_latency_tree: bool,
+    /// Woken since it last ran (used for the latency timeline's rule).
+    pub(crate) enqueue_seq: u64,
+}
+
+impl Task {
+    pub(crate) fn new(spec: TaskSpec, default_policy: Policy, sched_latency: u64) -> Self {
+        Self {
+            id: spec.id,
+            nice: spec.nice,
+            weight: crate::weight::nice_to_weight(spec.nice),
+            latency_nice: spec.latency_nice,
+            latency_offset: crate::weight::calc_latency_offset(sched_latency, spec.latency_nice),
+            demand: spec.demand,
+            affinity: spec.affinity,
+            policy: spec.policy.unwrap_or(default_policy),
+            state: TaskState::Sleeping,
+            vruntime: 0,
+            sum_exec_runtime: 0,
+            prev_sum_exec_runtime: 0,
+            exec_start: 0,
+            prev_leaf: None,
+            recent_used_leaf: None,
+            last_wakee: None,
+            wakee_flips: 0,
+            wakee_flip_decay_ts: 0,
+            in_latency_tree: false,
+            enqueue_seq: 0,
+        }
+    }
+
+    /// True when the task may run on `leaf`.
+    pub fn allowed(&self, leaf: LeafId) -> bool {
+        self.affinity.as_ref().is_none_or(|a| a.contains(leaf))
+    }
+}

@@ -1,0 +1,1048 @@
+//! The topology tree: scheduling domains over leaves, built from per-leaf
+//! attributes, with the kernel's per-leaf shortcuts.
+//!
+//! A *leaf* is what a task runs on: a logical CPU in the agent, a node in the
+//! dispatcher. Callers describe each leaf by one group key per level,
+//! innermost level first (CPU: core, LLC, NUMA node, package; cluster: host
+//! group, rack, zone, region). The builder turns that into a tree:
+//!
+//! * **Nesting is enforced.** A leaf's group at level `l` is the set of leaves
+//!   that share its keys at `l` *and at every outer level*. An LLC that is
+//!   larger than a NUMA node (Intel sub-NUMA clustering) is therefore split per
+//!   NUMA node, which is what the kernel's x86 topology code does when it sees
+//!   an LLC spanning nodes ("not on the same node! Ignoring dependency").
+//! * **Degenerate levels are dropped** (seed 002, "build topology
+//!   dynamically"): a domain with a single child is removed and its flags are
+//!   merged into the child, so a machine whose LLC is its package gets one
+//!   domain flagged `LLC | NUMA | PACKAGE`, not three identical ones.
+//! * **Spans need not be contiguous** in leaf ids: x86 numbers SMT siblings
+//!   `c` and `c + ncores`, big.LITTLE has LLCs {0,3,4,5} and {1,2}. Every span
+//!   is a range of [`Topology::order`], a depth-first order of the leaves.
+//!
+//! Per-leaf shortcuts mirror the kernel's `sd_llc`, `sd_llc_size`,
+//! `sd_llc_id` and `cpu_smt_mask` (seed 001 patch 2, seed 000 patch 2).
+//! The tree is immutable: a change of hardware (hotplug, a node joining)
+//! builds a new one, as scx_utils does.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::{BitOr, BitOrAssign, Range};
+
+use thiserror::Error;
+
+/// Dense index of a leaf, `0..nr_leaves`.
+pub type LeafId = usize;
+/// Index of a tree node. Leaves are nodes `0..nr_leaves`; domains follow.
+pub type NodeId = usize;
+
+/// What a domain's leaves share. Several flags survive on one domain when
+/// degenerate levels are merged.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct DomainFlags(u8);
+
+impl DomainFlags {
+    /// No sharing property (a plain grouping level, or the root).
+    pub const NONE: Self = Self(0);
+    /// Hardware threads of one core (cluster: nodes of one host group).
+    pub const SMT: Self = Self(1);
+    /// Leaves sharing a last-level cache (cluster: a rack). Overload masks
+    /// and `sd_llc` live at this level.
+    pub const LLC: Self = Self(2);
+    /// A NUMA node (cluster: a zone). Counted for node-limit gating.
+    pub const NUMA: Self = Self(4);
+    /// A package / socket (cluster: a region).
+    pub const PACKAGE: Self = Self(8);
+
+    /// True when every flag of `other` is set in `self`.
+    pub fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0 && other.0 != 0
+    }
+}
+
+impl BitOr for DomainFlags {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
+}
+
+impl BitOrAssign for DomainFlags {
+    fn bitor_assign(&mut self, rhs: Self) {
+        self.0 |= rhs.0;
+    }
+}
+
+impl fmt::Debug for DomainFlags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut names = Vec::new();
+        for (flag, name) in [
+            (Self::SMT, "SMT"),
+            (Self::LLC, "LLC"),
+            (Self::NUMA, "NUMA"),
+            (Self::PACKAGE, "PACKAGE"),
+        ] {
+            if self.contains(flag) {
+                names.push(name);
+            }
+        }
+        if names.is_empty() {
+            write!(f, "NONE")
+        } else {
+            write!(f, "{}", names.join("|"))
+        }
+    }
+}
+
+/// Errors from building a topology. These come from outside input (sysfs,
+/// node labels, a spec string), so they are values, never panics.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum TopologyError {
+    /// A topology needs at least one leaf.
+    #[error("topology has no leaves")]
+    NoLeaves,
+    /// A level gave a key count different from the number of leaves.
+    #[error("level {level:?} has {got} keys for {expected} leaves")]
+    KeyCount {
+        /// The level's name.
+        level: String,
+        /// Number of leaves.
+        expected: usize,
+        /// Number of keys given.
+        got: usize,
+    },
+    /// A topology spec string could not be parsed.
+    #[error("bad topology spec {spec:?}: {reason}")]
+    BadSpec {
+        /// The spec as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+/// One level of the description: a name, what it shares, and a group key per
+/// leaf. Leaves with equal keys (and equal keys at every outer level) form
+/// one domain.
+#[derive(Clone, Debug)]
+pub struct LevelSpec {
+    /// Name shown in dumps ("SMT", "LLC", "NUMA", "PKG", "rack", "zone").
+    pub name: String,
+    /// What the leaves of one group share.
+    pub flags: DomainFlags,
+    /// Group key of each leaf, indexed by [`LeafId`].
+    pub keys: Vec<u64>,
+}
+
+/// Collects levels and builds a [`Topology`].
+#[derive(Clone, Debug)]
+pub struct TopologyBuilder {
+    os_ids: Vec<u64>,
+    levels: Vec<LevelSpec>,
+}
+
+impl TopologyBuilder {
+    /// A builder for leaves whose outside ids (CPU number, node index) are
+    /// `os_ids`; dense leaf `i` is `os_ids[i]`.
+    pub fn new(os_ids: Vec<u64>) -> Self {
+        Self {
+            os_ids,
+            levels: Vec::new(),
+        }
+    }
+
+    /// Add the next level, innermost first.
+    pub fn level(mut self, name: &str, flags: DomainFlags, keys: Vec<u64>) -> Self {
+        self.levels.push(LevelSpec {
+            name: name.to_string(),
+            flags,
+            keys,
+        });
+        self
+    }
+
+    /// Build the tree; see the module documentation for the rules.
+    pub fn build(self) -> Result<Topology, TopologyError> {
+        Topology::build(self.os_ids, self.levels)
+    }
+}
+
+/// A node of the tree: a leaf (no children) or a domain.
+#[derive(Clone, Debug)]
+pub struct Domain {
+    /// The enclosing domain; `None` for the root.
+    pub parent: Option<NodeId>,
+    /// Child nodes (domains or leaves); empty for a leaf.
+    pub children: Vec<NodeId>,
+    /// The leaves below, as a range of [`Topology::order`].
+    pub span: Range<usize>,
+    /// What the leaves share (merged when degenerate levels were dropped).
+    pub flags: DomainFlags,
+    /// Index of the level that made this domain (0 = leaf, `l + 1` = level
+    /// `l` of the description, `nr_levels + 1` = the root).
+    pub level: usize,
+}
+
+/// A last-level-cache group (cluster: a rack).
+#[derive(Clone, Debug)]
+pub struct Llc {
+    /// The leaves sharing it, ascending by leaf id.
+    pub members: Vec<LeafId>,
+    /// The tree node whose span is exactly this group.
+    pub node: NodeId,
+}
+
+/// The immutable scheduling-domain tree and its per-leaf shortcuts.
+#[derive(Clone, Debug)]
+pub struct Topology {
+    os_ids: Vec<u64>,
+    level_names: Vec<String>,
+    nodes: Vec<Domain>,
+    order: Vec<LeafId>,
+    root: NodeId,
+    /// `cores[c]` = leaves of core `c`, ascending; cores are numbered by
+    /// their lowest leaf id, so core 0 is the highest packing priority.
+    cores: Vec<Vec<LeafId>>,
+    core_of: Vec<usize>,
+    llcs: Vec<Llc>,
+    llc_of: Vec<usize>,
+    llc_pos: Vec<usize>,
+    numa_of: Vec<usize>,
+    nr_numa: usize,
+    /// For each LLC, the index of its parent domain's list of child LLCs
+    /// (the seed's proposed per-domain list of LLC masks).
+    llc_siblings: Vec<Vec<usize>>,
+}
+
+impl Topology {
+    fn build(os_ids: Vec<u64>, levels: Vec<LevelSpec>) -> Result<Self, TopologyError> {
+        let n = os_ids.len();
+        if n == 0 {
+            return Err(TopologyError::NoLeaves);
+        }
+        for level in &levels {
+            if level.keys.len() != n {
+                return Err(TopologyError::KeyCount {
+                    level: level.name.clone(),
+                    expected: n,
+                    got: level.keys.len(),
+                });
+            }
+        }
+        let nr_levels = levels.len();
+
+        // Group ids per level, from the outside in, so that groups nest.
+        // gid[l][leaf]; level nr_levels is the root (one group).
+        let mut gid = vec![vec![0usize; n]; nr_levels + 1];
+        let mut ngroups = vec![0usize; nr_levels + 1];
+        ngroups[nr_levels] = 1;
+        for l in (0..nr_levels).rev() {
+            let mut intern: HashMap<(usize, u64), usize> = HashMap::new();
+            // Intern in leaf-id order so group numbering follows lowest leaf.
+            let (inner, outer) = gid.split_at_mut(l + 1);
+            for ((g, &parent), &key) in inner[l].iter_mut().zip(&outer[0]).zip(&levels[l].keys) {
+                let next = intern.len();
+                *g = *intern.entry((parent, key)).or_insert(next);
+            }
+            ngroups[l] = intern.len();
+        }
+
+        // Shortcut groups, from the undegenerated description: a singleton
+        // LLC or core is still an LLC or core of size 1.
+        let highest_with = |flag: DomainFlags| -> Option<usize> {
+            (0..nr_levels)
+                .rev()
+                .find(|&l| levels[l].flags.contains(flag))
+        };
+        let lowest_with = |flag: DomainFlags| -> Option<usize> {
+            (0..nr_levels).find(|&l| levels[l].flags.contains(flag))
+        };
+        let groups_of = |l: Option<usize>| -> (Vec<usize>, usize) {
+            match l {
+                Some(l) => (gid[l].clone(), ngroups[l]),
+                None => ((0..n).collect(), n),
+            }
+        };
+        let (core_gid, _) = groups_of(lowest_with(DomainFlags::SMT));
+        let (llc_gid, nr_llc) = groups_of(highest_with(DomainFlags::LLC));
+        let (numa_gid, nr_numa) = match highest_with(DomainFlags::NUMA) {
+            Some(l) => (gid[l].clone(), ngroups[l]),
+            None => (vec![0; n], 1),
+        };
+
+        // Tree nodes: leaves first, then every (level, group), then the root.
+        let mut nodes: Vec<Domain> = (0..n)
+            .map(|_| Domain {
+                parent: None,
+                children: Vec::new(),
+                span: 0..0,
+                flags: DomainFlags::NONE,
+                level: 0,
+            })
+            .collect();
+        let mut base = vec![0usize; nr_levels + 1];
+        for l in 0..=nr_levels {
+            base[l] = nodes.len();
+            for _ in 0..ngroups[l] {
+                nodes.push(Domain {
+                    parent: None,
+                    children: Vec::new(),
+                    span: 0..0,
+                    flags: if l < nr_levels {
+                        levels[l].flags
+                    } else {
+                        DomainFlags::NONE
+                    },
+                    level: l + 1,
+                });
+            }
+        }
+        let root = base[nr_levels];
+        for leaf in 0..n {
+            let mut child = leaf;
+            for (b, g) in base.iter().zip(&gid) {
+                let node = b + g[leaf];
+                if nodes[child].parent.is_none() {
+                    nodes[child].parent = Some(node);
+                    nodes[node].children.push(child);
+                }
+                child = node;
+            }
+        }
+
+        // Drop degenerate domains: one child means the same span.
+        let mut alive = vec![true; nodes.len()];
+        for id in n..nodes.len() {
+            if nodes[id].children.len() != 1 {
+                continue;
+            }
+            let child = nodes[id].children[0];
+            let parent = nodes[id].parent;
+            let flags = nodes[id].flags;
+            if child >= n {
+                // Keep the lower domain, as the kernel does, with both flags.
+                nodes[child].flags |= flags;
+            }
+            if parent.is_none() && child < n {
+                // A one-leaf machine: keep a root domain over the leaf.
+                continue;
+            }
+            nodes[child].parent = parent;
+            if let Some(p) = parent {
+                for c in nodes[p].children.iter_mut() {
+                    if *c == id {
+                        *c = child;
+                    }
+                }
+            }
+            alive[id] = false;
+        }
+        let root = if alive[root] {
+            root
+        } else {
+            // The root collapsed into its only child: that child is the root.
+            let mut r = 0;
+            while let Some(p) = nodes[r].parent {
+                r = p;
+            }
+            r
+        };
+
+        // Compact: renumber surviving domains after the leaves.
+        let mut remap = vec![usize::MAX; nodes.len()];
+        let mut compact = Vec::with_capacity(nodes.len());
+        for (id, node) in nodes.iter().enumerate() {
+            if alive[id] {
+                remap[id] = compact.len();
+                compact.push(node.clone());
+            }
+        }
+        for node in compact.iter_mut() {
+            node.parent = node.parent.map(|p| remap[p]);
+            for c in node.children.iter_mut() {
+                *c = remap[*c];
+            }
+            node.children.sort_by_key(|&c| c);
+        }
+        let root = remap[root];
+        let mut nodes = compact;
+
+        // Depth-first order of leaves; children visited in order of their
+        // lowest leaf, so spans follow leaf numbering where they can.
+        let mut min_leaf = vec![usize::MAX; nodes.len()];
+        for leaf in 0..n {
+            let mut id = Some(leaf);
+            while let Some(x) = id {
+                if min_leaf[x] <= leaf {
+                    break;
+                }
+                min_leaf[x] = leaf;
+                id = nodes[x].parent;
+            }
+        }
+        for node in nodes.iter_mut() {
+            node.children.sort_by_key(|&c| min_leaf[c]);
+        }
+        let mut order = Vec::with_capacity(n);
+        assign_spans(&mut nodes, root, &mut order);
+
+        // Cores, ranked by lowest leaf id.
+        let (cores, core_of) = rank_groups(&core_gid);
+        let (llc_members, llc_of) = rank_groups(&llc_gid);
+        debug_assert_eq!(llc_members.len(), nr_llc);
+        let mut llc_pos = vec![0; n];
+        for members in &llc_members {
+            for (pos, &leaf) in members.iter().enumerate() {
+                llc_pos[leaf] = pos;
+            }
+        }
+        let llcs: Vec<Llc> = llc_members
+            .into_iter()
+            .map(|members| {
+                let size = members.len();
+                let mut node = members[0];
+                while nodes[node].span.len() < size {
+                    match nodes[node].parent {
+                        Some(p) => node = p,
+                        None => break,
+                    }
+                }
+                Llc { members, node }
+            })
+            .collect();
+        let (_, numa_of) = rank_groups(&numa_gid);
+
+        // Per-LLC sibling list: the LLCs under the parent of this LLC's node.
+        let mut llc_at_node: HashMap<NodeId, usize> = HashMap::new();
+        for (i, llc) in llcs.iter().enumerate() {
+            llc_at_node.insert(llc.node, i);
+        }
+        let llc_siblings = llcs
+            .iter()
+            .enumerate()
+            .map(|(i, llc)| match nodes[llc.node].parent {
+                None => vec![i],
+                Some(p) => {
+                    let span = nodes[p].span.clone();
+                    let mut seen = Vec::new();
+                    for &leaf in &order[span] {
+                        let l = llc_of[leaf];
+                        if !seen.contains(&l) {
+                            seen.push(l);
+                        }
+                    }
+                    seen.sort_unstable();
+                    seen
+                }
+            })
+            .collect();
+
+        Ok(Self {
+            os_ids,
+            level_names: levels.into_iter().map(|l| l.name).collect(),
+            nodes,
+            order,
+            root,
+            cores,
+            core_of,
+            llcs,
+            llc_of,
+            llc_pos,
+            numa_of,
+            nr_numa,
+            llc_siblings,
+        })
+    }
+
+    /// Number of leaves.
+    pub fn nr_leaves(&self) -> usize {
+        self.os_ids.len()
+    }
+
+    /// The outside id of a leaf (CPU number, node index).
+    pub fn os_id(&self, leaf: LeafId) -> u64 {
+        self.os_ids[leaf]
+    }
+
+    /// The dense id of the leaf with outside id `os_id`.
+    pub fn leaf_of_os_id(&self, os_id: u64) -> Option<LeafId> {
+        self.os_ids.iter().position(|&x| x == os_id)
+    }
+
+    /// All tree nodes; leaves are `0..nr_leaves`.
+    pub fn nodes(&self) -> &[Domain] {
+        &self.nodes
+    }
+
+    /// One tree node.
+    pub fn node(&self, id: NodeId) -> &Domain {
+        &self.nodes[id]
+    }
+
+    /// The root domain.
+    pub fn root(&self) -> NodeId {
+        self.root
+    }
+
+    /// Leaves in depth-first order; every span is a range of it.
+    pub fn order(&self) -> &[LeafId] {
+        &self.order
+    }
+
+    /// The leaves of a node's span.
+    pub fn span(&self, node: NodeId) -> &[LeafId] {
+        &self.order[self.nodes[node].span.clone()]
+    }
+
+    /// Name of a node's level ("leaf", a level name, or "root").
+    pub fn level_name(&self, node: NodeId) -> &str {
+        let level = self.nodes[node].level;
+        if level == 0 {
+            "leaf"
+        } else if level <= self.level_names.len() {
+            &self.level_names[level - 1]
+        } else {
+            "root"
+        }
+    }
+
+    /// The domains enclosing a leaf, innermost first, ending at the root.
+    pub fn ancestors(&self, leaf: LeafId) -> Ancestors<'_> {
+        Ancestors {
+            topo: self,
+            next: self.nodes[leaf].parent,
+        }
+    }
+
+    /// The SMT siblings of a leaf, itself included (`cpu_smt_mask`).
+    pub fn smt_siblings(&self, leaf: LeafId) -> &[LeafId] {
+        &self.cores[self.core_of[leaf]]
+    }
+
+    /// The core of a leaf; core numbers rank cores by their lowest leaf id.
+    pub fn core_of(&self, leaf: LeafId) -> usize {
+        self.core_of[leaf]
+    }
+
+    /// All cores, each a list of leaves.
+    pub fn cores(&self) -> &[Vec<LeafId>] {
+        &self.cores
+    }
+
+    /// The LLC group of a leaf (index into [`Topology::llcs`]).
+    pub fn llc_of(&self, leaf: LeafId) -> usize {
+        self.llc_of[leaf]
+    }
+
+    /// The leaf's position within its LLC's member list: its element number
+    /// in that LLC's overload mask.
+    pub fn llc_pos(&self, leaf: LeafId) -> usize {
+        self.llc_pos[leaf]
+    }
+
+    /// All LLC groups.
+    pub fn llcs(&self) -> &[Llc] {
+        &self.llcs
+    }
+
+    /// The tree node of the leaf's LLC (`sd_llc`; the leaf itself when its
+    /// LLC is a singleton).
+    pub fn sd_llc(&self, leaf: LeafId) -> NodeId {
+        self.llcs[self.llc_of[leaf]].node
+    }
+
+    /// Number of leaves sharing the leaf's LLC (`sd_llc_size`, the wake_wide
+    /// factor of seed 001 patch 2).
+    pub fn sd_llc_size(&self, leaf: LeafId) -> usize {
+        self.llcs[self.llc_of[leaf]].members.len()
+    }
+
+    /// The lowest leaf of the leaf's LLC (`sd_llc_id`).
+    pub fn sd_llc_id(&self, leaf: LeafId) -> LeafId {
+        self.llcs[self.llc_of[leaf]].members[0]
+    }
+
+    /// True when two leaves share an LLC (`cpus_share_cache`).
+    pub fn share_llc(&self, a: LeafId, b: LeafId) -> bool {
+        self.llc_of[a] == self.llc_of[b]
+    }
+
+    /// The NUMA node (cluster: zone) of a leaf, ranked by lowest leaf id.
+    pub fn numa_of(&self, leaf: LeafId) -> usize {
+        self.numa_of[leaf]
+    }
+
+    /// Number of NUMA nodes (cluster: zones).
+    pub fn nr_numa(&self) -> usize {
+        self.nr_numa
+    }
+
+    /// Number of distinct NUMA nodes under a tree node.
+    pub fn numa_span(&self, node: NodeId) -> usize {
+        let mut seen: Vec<usize> = self.span(node).iter().map(|&l| self.numa_of[l]).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        seen.len()
+    }
+
+    /// The LLCs under the parent domain of this LLC, this one included: the
+    /// per-domain list of LLC masks proposed in seed 000 for stealing across
+    /// LLCs.
+    pub fn llc_siblings(&self, llc: usize) -> &[usize] {
+        &self.llc_siblings[llc]
+    }
+
+    /// Build a test or demo topology from a short spec; see [`TopoSpec`].
+    pub fn from_spec(spec: &str) -> Result<Self, TopologyError> {
+        TopoSpec::parse(spec)?.build()
+    }
+}
+
+/// Iterator over a leaf's enclosing domains, innermost first.
+pub struct Ancestors<'a> {
+    topo: &'a Topology,
+    next: Option<NodeId>,
+}
+
+impl Iterator for Ancestors<'_> {
+    type Item = NodeId;
+    fn next(&mut self) -> Option<NodeId> {
+        let id = self.next?;
+        self.next = self.topo.nodes[id].parent;
+        Some(id)
+    }
+}
+
+fn assign_spans(nodes: &mut [Domain], root: NodeId, order: &mut Vec<LeafId>) {
+    // Iterative DFS: (node, next child index, span start).
+    let mut stack: Vec<(NodeId, usize, usize)> = vec![(root, 0, order.len())];
+    while let Some(top) = stack.last_mut() {
+        let (id, idx, start) = *top;
+        if nodes[id].children.is_empty() {
+            order.push(id);
+            nodes[id].span = start..order.len();
+            stack.pop();
+            continue;
+        }
+        if idx < nodes[id].children.len() {
+            top.1 += 1;
+            let child = nodes[id].children[idx];
+            stack.push((child, 0, order.len()));
+        } else {
+            nodes[id].span = start..order.len();
+            stack.pop();
+        }
+    }
+}
+
+/// Renumber group ids by lowest member; return members per group and the
+/// new group of each leaf.
+fn rank_groups(gid: &[usize]) -> (Vec<Vec<LeafId>>, Vec<usize>) {
+    let mut rank: HashMap<usize, usize> = HashMap::new();
+    let mut groups: Vec<Vec<LeafId>> = Vec::new();
+    let mut of = vec![0; gid.len()];
+    for (leaf, &g) in gid.iter().enumerate() {
+        let r = *rank.entry(g).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[r].push(leaf);
+        of[leaf] = r;
+    }
+    (groups, of)
+}
+
+/// A short description of a test or demo topology.
+///
+/// * Machines: `S s:C c:T t` with options, e.g. `2s:22c:2t` (seed 000's
+///   88-CPU X6-2), `1s:10c:2t`, `6s:16c:8t:linear` (POWER10 SMT8).
+///   Options: `llc=N` (cores per LLC; default the whole socket),
+///   `numa=N` (NUMA nodes per socket; default 1), `linear` (number CPUs core
+///   by core, as POWER does; the default numbers them as x86 Linux does:
+///   first thread of every core, then the second threads).
+/// * Clusters: `Z z:R r:N n` with an optional `H h` (nodes per host group),
+///   e.g. `2z:4r:8n`: 2 zones of 4 racks of 8 nodes; leaves are nodes
+///   numbered zone by zone, rack by rack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TopoSpec {
+    /// A machine of CPUs.
+    Machine {
+        /// Sockets (packages).
+        sockets: usize,
+        /// Cores per socket.
+        cores: usize,
+        /// Hardware threads per core.
+        threads: usize,
+        /// Cores per LLC (`None`: one LLC per socket).
+        cores_per_llc: Option<usize>,
+        /// NUMA nodes per socket.
+        numa_per_socket: usize,
+        /// Number CPUs core by core instead of x86-style.
+        linear: bool,
+    },
+    /// A cluster of nodes.
+    Cluster {
+        /// Zones.
+        zones: usize,
+        /// Racks per zone.
+        racks: usize,
+        /// Nodes per rack.
+        nodes: usize,
+        /// Nodes per host group (`None`: no host-group level).
+        hostgroup: Option<usize>,
+    },
+}
+
+impl TopoSpec {
+    /// Parse a spec string (see the type's documentation).
+    pub fn parse(spec: &str) -> Result<Self, TopologyError> {
+        let bad = |reason: &str| TopologyError::BadSpec {
+            spec: spec.to_string(),
+            reason: reason.to_string(),
+        };
+        let mut counts: HashMap<char, usize> = HashMap::new();
+        let mut opts: HashMap<String, usize> = HashMap::new();
+        let mut linear = false;
+        for part in spec.split(':').map(str::trim) {
+            if part.is_empty() {
+                return Err(bad("empty field"));
+            }
+            if part == "linear" {
+                linear = true;
+            } else if let Some((k, v)) = part.split_once('=') {
+                let v: usize = v
+                    .parse()
+                    .map_err(|_| bad(&format!("{k}= wants a number")))?;
+                opts.insert(k.to_string(), v);
+            } else {
+                let unit = part.chars().last().ok_or_else(|| bad("empty field"))?;
+                let num: usize = part[..part.len() - unit.len_utf8()]
+                    .parse()
+                    .map_err(|_| bad(&format!("{part:?} is not <number><unit>")))?;
+                if counts.insert(unit, num).is_some() {
+                    return Err(bad(&format!("unit {unit} given twice")));
+                }
+            }
+        }
+        for (&unit, &num) in &counts {
+            if num == 0 {
+                return Err(bad(&format!("count for {unit} must be > 0")));
+            }
+        }
+        for (k, &v) in &opts {
+            if v == 0 {
+                return Err(bad(&format!("{k} must be > 0")));
+            }
+        }
+        if counts.contains_key(&'s') {
+            for k in opts.keys() {
+                if k != "llc" && k != "numa" {
+                    return Err(bad(&format!("unknown option {k}")));
+                }
+            }
+            let get = |u: char| counts.get(&u).copied();
+            for u in counts.keys() {
+                if !matches!(u, 's' | 'c' | 't') {
+                    return Err(bad(&format!("unknown unit {u} in a machine spec")));
+                }
+            }
+            let cores = get('c').ok_or_else(|| bad("missing <N>c (cores per socket)"))?;
+            let numa = opts.get("numa").copied().unwrap_or(1);
+            if cores % numa != 0 {
+                return Err(bad("cores per socket must divide evenly into numa nodes"));
+            }
+            Ok(TopoSpec::Machine {
+                sockets: get('s').unwrap_or(1),
+                cores,
+                threads: get('t').unwrap_or(1),
+                cores_per_llc: opts.get("llc").copied(),
+                numa_per_socket: numa,
+                linear,
+            })
+        } else if counts.contains_key(&'z') || counts.contains_key(&'n') {
+            for u in counts.keys() {
+                if !matches!(u, 'z' | 'r' | 'n' | 'h') {
+                    return Err(bad(&format!("unknown unit {u} in a cluster spec")));
+                }
+            }
+            if !opts.is_empty() || linear {
+                return Err(bad("cluster specs take no options"));
+            }
+            Ok(TopoSpec::Cluster {
+                zones: counts.get(&'z').copied().unwrap_or(1),
+                racks: counts.get(&'r').copied().unwrap_or(1),
+                nodes: counts
+                    .get(&'n')
+                    .copied()
+                    .ok_or_else(|| bad("missing <N>n"))?,
+                hostgroup: counts.get(&'h').copied(),
+            })
+        } else {
+            Err(bad("want <S>s:<C>c:<T>t or <Z>z:<R>r:<N>n"))
+        }
+    }
+
+    /// Build the topology this spec describes.
+    pub fn build(&self) -> Result<Topology, TopologyError> {
+        match *self {
+            TopoSpec::Machine {
+                sockets,
+                cores,
+                threads,
+                cores_per_llc,
+                numa_per_socket,
+                linear,
+            } => {
+                let ncores = sockets * cores;
+                let n = ncores * threads;
+                // Leaf i is CPU i; derive its (socket, core, thread).
+                let mut os_ids = Vec::with_capacity(n);
+                let (mut core_k, mut llc_k, mut numa_k, mut pkg_k) =
+                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for cpu in 0..n {
+                    let (global_core, _thread) = if linear {
+                        (cpu / threads, cpu % threads)
+                    } else {
+                        (cpu % ncores, cpu / ncores)
+                    };
+                    let socket = global_core / cores;
+                    let core_in_socket = global_core % cores;
+                    let llc = match cores_per_llc {
+                        Some(k) => socket * cores.div_ceil(k) + core_in_socket / k,
+                        None => socket,
+                    };
+                    let numa =
+                        socket * numa_per_socket + core_in_socket / (cores / numa_per_socket);
+                    os_ids.push(cpu as u64);
+                    core_k.push(global_core as u64);
+                    llc_k.push(llc as u64);
+                    numa_k.push(numa as u64);
+                    pkg_k.push(socket as u64);
+                }
+                TopologyBuilder::new(os_ids)
+                    .level("SMT", DomainFlags::SMT, core_k)
+                    .level("LLC", DomainFlags::LLC, llc_k)
+                    .level("NUMA", DomainFlags::NUMA, numa_k)
+                    .level("PKG", DomainFlags::PACKAGE, pkg_k)
+                    .build()
+            }
+            TopoSpec::Cluster {
+                zones,
+                racks,
+                nodes,
+                hostgroup,
+            } => {
+                let n = zones * racks * nodes;
+                let os_ids: Vec<u64> = (0..n as u64).collect();
+                let rack: Vec<u64> = (0..n).map(|i| (i / nodes) as u64).collect();
+                let zone: Vec<u64> = (0..n).map(|i| (i / (nodes * racks)) as u64).collect();
+                let mut b = TopologyBuilder::new(os_ids);
+                if let Some(h) = hostgroup {
+                    let hg: Vec<u64> = (0..n)
+                        .map(|i| ((i / nodes) * nodes.div_ceil(h) + (i % nodes) / h) as u64)
+                        .collect();
+                    b = b.level("hostgroup", DomainFlags::SMT, hg);
+                }
+                b.level("rack", DomainFlags::LLC, rack)
+                    .level("zone", DomainFlags::NUMA, zone)
+                    .build()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sorted(mut v: Vec<usize>) -> Vec<usize> {
+        v.sort_unstable();
+        v
+    }
+
+    /// Every node's span is the union of its children's; spans nest.
+    fn check_tree(t: &Topology) {
+        let mut seen = vec![0; t.nr_leaves()];
+        for &l in t.span(t.root()) {
+            seen[l] += 1;
+        }
+        assert!(seen.iter().all(|&c| c == 1), "root spans every leaf once");
+        for (id, node) in t.nodes().iter().enumerate() {
+            if node.children.is_empty() {
+                assert!(id < t.nr_leaves());
+                assert_eq!(t.span(id), &[id]);
+                continue;
+            }
+            assert!(
+                node.children.len() >= 2 || id == t.root(),
+                "node {id} is degenerate"
+            );
+            let mut union: Vec<usize> = node
+                .children
+                .iter()
+                .flat_map(|&c| t.span(c).to_vec())
+                .collect();
+            union.sort_unstable();
+            assert_eq!(union, sorted(t.span(id).to_vec()));
+            for &c in &node.children {
+                assert_eq!(t.node(c).parent, Some(id));
+            }
+        }
+    }
+
+    #[test]
+    fn x6_2_one_socket() {
+        let t = Topology::from_spec("1s:10c:2t").unwrap();
+        check_tree(&t);
+        assert_eq!(t.nr_leaves(), 20);
+        // x86 numbering: siblings are c and c + 10.
+        assert_eq!(t.smt_siblings(3), &[3, 13]);
+        assert_eq!(t.sd_llc_size(0), 20);
+        assert_eq!(t.sd_llc_id(17), 0);
+        // One socket: LLC = NUMA = package = machine, all merged in the root.
+        let root = t.root();
+        assert_eq!(t.sd_llc(5), root);
+        assert!(
+            t.node(root)
+                .flags
+                .contains(DomainFlags::LLC | DomainFlags::NUMA)
+        );
+        assert_eq!(t.node(root).children.len(), 10, "10 cores below the LLC");
+        assert_eq!(t.nr_numa(), 1);
+    }
+
+    #[test]
+    fn x6_2_two_sockets_88_cpus() {
+        let t = Topology::from_spec("2s:22c:2t").unwrap();
+        check_tree(&t);
+        assert_eq!(t.nr_leaves(), 88);
+        assert_eq!(t.smt_siblings(0), &[0, 44]);
+        assert_eq!(t.smt_siblings(22), &[22, 66]);
+        assert_eq!(t.sd_llc_size(0), 44);
+        assert!(t.share_llc(0, 21) && t.share_llc(0, 65) && !t.share_llc(0, 22));
+        assert_eq!(t.nr_numa(), 2);
+        assert_eq!(t.node(t.root()).children.len(), 2);
+        let llc = t.node(t.sd_llc(0));
+        assert!(
+            llc.flags
+                .contains(DomainFlags::LLC | DomainFlags::NUMA | DomainFlags::PACKAGE)
+        );
+        assert_eq!(t.llc_siblings(t.llc_of(0)), &[0, 1]);
+    }
+
+    #[test]
+    fn power10_smt8_linear_with_sparse_numa_keys() {
+        // Seed 002's POWER10: SMT8, NUMA node ids 0,1,4,5 interleaved every
+        // 8 CPUs; each core its own LLC (L2 shared by a thread group).
+        let n = 320;
+        let os: Vec<u64> = (0..n).collect();
+        let core: Vec<u64> = (0..n).map(|c| c / 8).collect();
+        let numa_ids = [0u64, 1, 4, 5];
+        let numa: Vec<u64> = (0..n).map(|c| numa_ids[((c / 8) % 4) as usize]).collect();
+        let t = TopologyBuilder::new(os)
+            .level("SMT", DomainFlags::SMT, core.clone())
+            .level("LLC", DomainFlags::LLC, core)
+            .level("NUMA", DomainFlags::NUMA, numa)
+            .build()
+            .unwrap();
+        check_tree(&t);
+        assert_eq!(t.nr_numa(), 4);
+        assert_eq!(t.smt_siblings(9), &[8, 9, 10, 11, 12, 13, 14, 15]);
+        assert_eq!(t.sd_llc_size(9), 8);
+        // SMT == LLC span: one domain with both flags.
+        let d = t.node(t.sd_llc(9));
+        assert!(d.flags.contains(DomainFlags::SMT | DomainFlags::LLC));
+        // NUMA node of CPU 8 holds CPUs 8-15, 40-47, ...: not contiguous.
+        let numa_node = t.node(t.sd_llc(9)).parent.unwrap();
+        let span = sorted(t.span(numa_node).to_vec());
+        assert_eq!(&span[..10], &[8, 9, 10, 11, 12, 13, 14, 15, 40, 41]);
+    }
+
+    #[test]
+    fn big_little_noncontiguous_llcs() {
+        let os: Vec<u64> = (0..6).collect();
+        let llc = vec![0, 1, 1, 0, 0, 0];
+        let t = TopologyBuilder::new(os)
+            .level("LLC", DomainFlags::LLC, llc)
+            .build()
+            .unwrap();
+        check_tree(&t);
+        assert_eq!(t.llcs()[t.llc_of(0)].members, vec![0, 3, 4, 5]);
+        assert_eq!(t.llcs()[t.llc_of(1)].members, vec![1, 2]);
+        assert_eq!(t.llc_pos(4), 2);
+        assert_eq!(t.smt_siblings(2), &[2]);
+        assert_eq!(sorted(t.span(t.sd_llc(3)).to_vec()), vec![0, 3, 4, 5]);
+    }
+
+    #[test]
+    fn sub_numa_clustering_splits_llc() {
+        // 8 CPUs, one L3, two NUMA nodes (SNC-2): LLC is split per node.
+        let os: Vec<u64> = (0..8).collect();
+        let t = TopologyBuilder::new(os)
+            .level("LLC", DomainFlags::LLC, vec![0; 8])
+            .level("NUMA", DomainFlags::NUMA, vec![0, 0, 0, 0, 1, 1, 1, 1])
+            .level("PKG", DomainFlags::PACKAGE, vec![0; 8])
+            .build()
+            .unwrap();
+        check_tree(&t);
+        assert_eq!(t.nr_numa(), 2);
+        assert_eq!(t.sd_llc_size(0), 4);
+        assert!(!t.share_llc(0, 4));
+    }
+
+    #[test]
+    fn single_leaf_and_errors() {
+        let t = TopologyBuilder::new(vec![7]).build().unwrap();
+        check_tree(&t);
+        assert_eq!(t.sd_llc_size(0), 1);
+        assert_eq!(t.os_id(0), 7);
+        assert_eq!(t.leaf_of_os_id(7), Some(0));
+        assert_eq!(
+            TopologyBuilder::new(vec![]).build().unwrap_err(),
+            TopologyError::NoLeaves
+        );
+        assert!(matches!(
+            TopologyBuilder::new(vec![0, 1])
+                .level("x", DomainFlags::LLC, vec![0])
+                .build(),
+            Err(TopologyError::KeyCount { .. })
+        ));
+        for bad in [
+            "",
+            "2s:0c",
+            "2x:3c",
+            "2s:c",
+            "1s:3c:numa=2",
+            "2z:3r",
+            "2z:4n:llc=2",
+            "1s:2c:foo=1",
+        ] {
+            assert!(Topology::from_spec(bad).is_err(), "{bad} should not parse");
+        }
+    }
+
+    #[test]
+    fn cluster_spec() {
+        let t = Topology::from_spec("2z:4r:8n:2h").unwrap();
+        check_tree(&t);
+        assert_eq!(t.nr_leaves(), 64);
+        assert_eq!(t.nr_numa(), 2);
+        assert_eq!(t.llcs().len(), 8);
+        assert_eq!(t.sd_llc_size(9), 8);
+        assert_eq!(t.smt_siblings(9), &[8, 9]);
+        assert_eq!(t.numa_span(t.root()), 2);
+        assert_eq!(t.llc_siblings(0), &[0, 1, 2, 3]);
+        let big = Topology::from_spec("10z:100r:100n").unwrap();
+        assert_eq!(big.nr_leaves(), 100_000);
+    }
+
+    #[test]
+    fn llc_per_n_cores_and_numa_per_socket() {
+        let t = Topology::from_spec("2s:8c:2t:llc=4:numa=2").unwrap();
+        check_tree(&t);
+        assert_eq!(t.llcs().len(), 4);
+        assert_eq!(t.sd_llc_size(0), 8);
+        assert_eq!(t.nr_numa(), 4);
+        let seen: Vec<usize> = t.ancestors(0).map(|d| t.node(d).level).collect();
+        assert!(seen.windows(2).all(|w| w[0] < w[1]));
+    }
+}
