@@ -16,8 +16,11 @@
 //! - [`steal`]: `try_steal` (seed 000).
 //! - [`overload`], [`busy`], [`pack`]: overload masks, busy flags
 //!   (seed 003), asymmetric packing (seed 002).
+//! - [`alloc`]: k idle leaves aligned to a core, LLC, NUMA node or package,
+//!   and the per-level free summary agents report.
 //! - [`stats`], [`config`]: schedstats and tunables.
 
+pub mod alloc;
 pub mod busy;
 pub mod config;
 pub mod overload;
@@ -33,6 +36,7 @@ pub mod topology;
 pub mod wake;
 pub mod weight;
 
+pub use alloc::{Align, FreeSummary};
 pub use config::{NodeLimitScope, PackThreshold, Policy, SchedConfig};
 pub use sched::{Sched, SchedError, SchedEvent};
 pub use stats::Schedstats;

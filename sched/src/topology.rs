@@ -208,6 +208,10 @@ pub struct Topology {
     llc_pos: Vec<usize>,
     numa_of: Vec<usize>,
     nr_numa: usize,
+    /// Leaves of each NUMA node, ascending, ranked by lowest leaf.
+    numa_groups: Vec<Vec<LeafId>>,
+    /// Leaves of each package, ascending, ranked by lowest leaf.
+    package_groups: Vec<Vec<LeafId>>,
     /// For each LLC, the index of its parent domain's list of child LLCs
     /// (the seed's proposed per-domain list of LLC masks).
     llc_siblings: Vec<Vec<usize>>,
@@ -409,7 +413,12 @@ impl Topology {
                 Llc { members, node }
             })
             .collect();
-        let (_, numa_of) = rank_groups(&numa_gid);
+        let (numa_groups, numa_of) = rank_groups(&numa_gid);
+        let pkg_gid = match highest_with(DomainFlags::PACKAGE) {
+            Some(l) => gid[l].clone(),
+            None => vec![0; n],
+        };
+        let (package_groups, _) = rank_groups(&pkg_gid);
 
         // Per-LLC sibling list: the LLCs under the parent of this LLC's node.
         let mut llc_at_node: HashMap<NodeId, usize> = HashMap::new();
@@ -449,6 +458,8 @@ impl Topology {
             llc_pos,
             numa_of,
             nr_numa,
+            numa_groups,
+            package_groups,
             llc_siblings,
         })
     }
@@ -574,6 +585,17 @@ impl Topology {
     /// Number of NUMA nodes (cluster: zones).
     pub fn nr_numa(&self) -> usize {
         self.nr_numa
+    }
+
+    /// Leaves of each NUMA node (cluster: zone).
+    pub fn numa_groups(&self) -> &[Vec<LeafId>] {
+        &self.numa_groups
+    }
+
+    /// Leaves of each package (cluster: region); the whole topology when
+    /// no level is flagged PACKAGE.
+    pub fn package_groups(&self) -> &[Vec<LeafId>] {
+        &self.package_groups
     }
 
     /// Number of distinct NUMA nodes under a tree node.

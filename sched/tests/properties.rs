@@ -459,3 +459,57 @@ fn latency_nice_runs_wakee_sooner() {
         "latency-nice -20 waits {latency} ns, nice 0 waits {base} ns"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// find_aligned returns k idle, allowed leaves of one domain of the
+    /// level, and finds them whenever some domain has k such leaves.
+    #[test]
+    fn aligned_allocation_matches_oracle(
+        topo_idx in 0..5usize,
+        busy_seed in any::<u64>(),
+        allow_seed in proptest::option::of(any::<u64>()),
+        k in 1..6usize,
+        align_idx in 0..5usize,
+        pack in any::<bool>(),
+    ) {
+        let topo = Arc::new(Topology::from_spec(TOPOLOGIES[topo_idx]).unwrap());
+        let n = topo.nr_leaves();
+        let mut s = Sched::new(topo.clone(), 1, SchedConfig::default());
+        for l in 0..n {
+            if (busy_seed >> (l % 64)) & 1 == 1 {
+                let id = TaskId(l as u64);
+                s.add_task(TaskSpec::new(id)).unwrap();
+                s.wake_up_on(id, l, 0).unwrap();
+            }
+        }
+        let allowed = allow_seed.map(|a| LeafSet::from_leaves(n, (0..n).filter(|l| (a >> (l % 64)) & 1 == 1)));
+        let align = sched::Align::ALL[align_idx];
+        let policy = if pack { Policy::Pack } else { Policy::Spread };
+        let ok = |l: usize| s.rq(l).is_idle() && allowed.as_ref().is_none_or(|a| a.contains(l));
+        let groups = sched::alloc::align_groups(&topo, align);
+        let possible = groups.iter().any(|g| g.iter().filter(|&&l| ok(l)).count() >= k);
+        match s.find_aligned(k, align, policy, allowed.as_ref()) {
+            None => prop_assert!(!possible, "a domain had room for {}", k),
+            Some(got) => {
+                prop_assert_eq!(got.len(), k);
+                let mut uniq = got.clone();
+                uniq.sort_unstable();
+                uniq.dedup();
+                prop_assert_eq!(uniq.len(), k, "duplicate leaves");
+                prop_assert!(got.iter().all(|&l| ok(l)), "a leaf is busy or not allowed");
+                prop_assert!(groups.iter().any(|g| got.iter().all(|l| g.contains(l))), "leaves span domains");
+            }
+        }
+        let f = s.free_summary();
+        for align in sched::Align::ALL {
+            let brute = sched::alloc::align_groups(&topo, align)
+                .iter()
+                .map(|g| g.iter().filter(|&&l| s.rq(l).is_idle()).count() as u32)
+                .max()
+                .unwrap_or(0);
+            prop_assert_eq!(f.get(align), brute);
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! Aligned allocation: `k` idle leaves inside one domain of a chosen level
+//! (same core, same LLC, same NUMA node, same package, or anywhere), and the
+//! per-level free summary an agent reports so that the dispatcher knows what
+//! a node can give a job with a given alignment.
+//!
+//! This is not in the seeds (the kernel places one task at a time); it is
+//! what a batch scheduler adds on top (Slurm's task/affinity, Kubernetes'
+//! topology manager). It uses the same notion of idle as the rest of the
+//! engine (`RunQueue::is_idle`) and the same policies: *spread* takes the
+//! best-fitting domain (fewest idle leaves that still hold the request, to
+//! keep large holes for large jobs) and inside it one leaf per idle core
+//! before second hardware threads; *pack* takes the lowest-numbered domain
+//! with room and fills cores in order (seed 002's priority).
+
+use crate::config::Policy;
+use crate::sched::Sched;
+use crate::task::LeafSet;
+use crate::topology::{LeafId, Topology};
+
+/// The domain a multi-leaf request must fit in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Align {
+    /// Hardware threads of one core (cluster: one host group).
+    Core,
+    /// One last-level cache (cluster: one rack).
+    Llc,
+    /// One NUMA node (cluster: one zone).
+    Numa,
+    /// One package / socket.
+    Package,
+    /// Anywhere.
+    #[default]
+    Any,
+}
+
+impl Align {
+    /// All levels, innermost first.
+    pub const ALL: [Align; 5] = [
+        Align::Core,
+        Align::Llc,
+        Align::Numa,
+        Align::Package,
+        Align::Any,
+    ];
+
+    /// Lower-case name ("core", "llc", "numa", "package", "any").
+    pub fn name(self) -> &'static str {
+        match self {
+            Align::Core => "core",
+            Align::Llc => "llc",
+            Align::Numa => "numa",
+            Align::Package => "package",
+            Align::Any => "any",
+        }
+    }
+
+    /// Parse a lower-case name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+}
+
+/// The groups of leaves at an alignment level, each ascending, ranked by
+/// lowest leaf.
+pub fn align_groups(topo: &Topology, align: Align) -> Vec<&[LeafId]> {
+    match align {
+        Align::Core => topo.cores().iter().map(Vec::as_slice).collect(),
+        Align::Llc => topo.llcs().iter().map(|l| l.members.as_slice()).collect(),
+        Align::Numa => topo.numa_groups().iter().map(Vec::as_slice).collect(),
+        Align::Package => topo.package_groups().iter().map(Vec::as_slice).collect(),
+        Align::Any => vec![topo.span(topo.root())],
+    }
+}
+
+/// Idle leaves available per alignment level: for each level, the largest
+/// number of idle leaves inside one domain of that level.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FreeSummary {
+    /// Most idle leaves in one core.
+    pub core: u32,
+    /// Most idle leaves in one LLC.
+    pub llc: u32,
+    /// Most idle leaves in one NUMA node.
+    pub numa: u32,
+    /// Most idle leaves in one package.
+    pub package: u32,
+    /// Idle leaves in all.
+    pub any: u32,
+}
+
+impl FreeSummary {
+    /// The value for one level.
+    pub fn get(&self, align: Align) -> u32 {
+        match align {
+            Align::Core => self.core,
+            Align::Llc => self.llc,
+            Align::Numa => self.numa,
+            Align::Package => self.package,
+            Align::Any => self.any,
+        }
+    }
+
+    fn set(&mut self, align: Align, v: u32) {
+        match align {
+            Align::Core => self.core = v,
+            Align::Llc => self.llc = v,
+            Align::Numa => self.numa = v,
+            Align::Package => self.package = v,
+            Align::Any => self.any = v,
+        }
+    }
+}
+
+impl Sched {
+    /// Idle leaves per alignment level (what the agent reports).
+    pub fn free_summary(&self) -> FreeSummary {
+        let mut s = FreeSummary::default();
+        for align in Align::ALL {
+            let best = align_groups(&self.topo, align)
+                .iter()
+                .map(|g| g.iter().filter(|&&l| self.rqs[l].is_idle()).count() as u32)
+                .max()
+                .unwrap_or(0);
+            s.set(align, best);
+        }
+        s
+    }
+
+    /// Choose `k` idle leaves inside one domain of level `align`, allowed by
+    /// `allowed` (all when `None`), by `policy`; `None` when no domain has
+    /// room (the request waits).
+    pub fn find_aligned(
+        &self,
+        k: usize,
+        align: Align,
+        policy: Policy,
+        allowed: Option<&LeafSet>,
+    ) -> Option<Vec<LeafId>> {
+        if k == 0 {
+            return Some(Vec::new());
+        }
+        let ok = |l: LeafId| self.rqs[l].is_idle() && allowed.is_none_or(|a| a.contains(l));
+        let mut best: Option<(usize, &[LeafId])> = None;
+        for group in align_groups(&self.topo, align) {
+            let idle = group.iter().filter(|&&l| ok(l)).count();
+            if idle < k {
+                continue;
+            }
+            match policy {
+                Policy::Pack => {
+                    best = Some((idle, group));
+                    break;
+                }
+                Policy::Spread => {
+                    if best.is_none_or(|(b, _)| idle < b) {
+                        best = Some((idle, group));
+                    }
+                }
+            }
+        }
+        let (_, group) = best?;
+        // Leaves of the group, core by core in rank order.
+        let mut by_core: Vec<Vec<LeafId>> = Vec::new();
+        let mut last_core = usize::MAX;
+        let mut leaves: Vec<LeafId> = group.iter().copied().filter(|&l| ok(l)).collect();
+        leaves.sort_by_key(|&l| (self.topo.core_of(l), l));
+        for l in leaves {
+            let core = self.topo.core_of(l);
+            if core != last_core {
+                by_core.push(Vec::new());
+                last_core = core;
+            }
+            if let Some(v) = by_core.last_mut() {
+                v.push(l);
+            }
+        }
+        let mut out = Vec::with_capacity(k);
+        match policy {
+            Policy::Pack => {
+                out.extend(by_core.iter().flatten().copied().take(k));
+            }
+            Policy::Spread => {
+                // Whole idle cores first, one thread each, then the rest.
+                by_core.sort_by_key(|c| {
+                    let core_size = self.topo.smt_siblings(c[0]).len();
+                    (c.len() != core_size, self.topo.core_of(c[0]))
+                });
+                let mut round = 0;
+                while out.len() < k {
+                    let before = out.len();
+                    for c in &by_core {
+                        if let Some(&l) = c.get(round) {
+                            out.push(l);
+                            if out.len() == k {
+                                break;
+                            }
+                        }
+                    }
+                    if out.len() == before {
+                        break;
+                    }
+                    round += 1;
+                }
+            }
+        }
+        (out.len() == k).then_some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SchedConfig;
+    use crate::task::{TaskId, TaskSpec};
+    use std::sync::Arc;
+
+    fn engine(spec: &str) -> Sched {
+        Sched::new(
+            Arc::new(Topology::from_spec(spec).unwrap()),
+            1,
+            SchedConfig::default(),
+        )
+    }
+
+    fn occupy(s: &mut Sched, leaves: &[LeafId]) {
+        for &l in leaves {
+            let id = TaskId(s.nr_tasks() as u64);
+            s.add_task(TaskSpec::new(id)).unwrap();
+            s.wake_up_on(id, l, 0).unwrap();
+        }
+    }
+
+    #[test]
+    fn summary_per_level() {
+        let mut s = engine("2s:4c:2t");
+        // x86 numbering: core c = {c, c + 8}; socket 0 = cores 0..4.
+        let f = s.free_summary();
+        assert_eq!((f.core, f.llc, f.numa, f.package, f.any), (2, 8, 8, 8, 16));
+        occupy(&mut s, &[0, 1, 2, 3, 8]);
+        let f = s.free_summary();
+        assert_eq!(f.core, 2, "cores of socket 1 are whole");
+        assert_eq!(f.llc, 8);
+        assert_eq!(f.any, 11);
+        occupy(&mut s, &[4]);
+        assert_eq!(s.free_summary().llc, 7);
+    }
+
+    #[test]
+    fn aligned_requests_fit_one_domain_or_wait() {
+        let mut s = engine("2s:4c:2t");
+        occupy(&mut s, &[0, 1, 2, 4, 5]);
+        // Socket 0 (cores 0-3 = CPUs 0-3, 8-11) has 3 busy, 5 idle.
+        let idle0 = [0usize, 1, 2, 3, 8, 9, 10, 11]
+            .iter()
+            .filter(|&&l| s.rq(l).is_idle())
+            .count();
+        assert_eq!(idle0, 5);
+        let got = s.find_aligned(6, Align::Llc, Policy::Spread, None).unwrap();
+        assert!(
+            got.iter().all(|&l| s.topology().llc_of(l) == 1),
+            "only socket 1 holds 6"
+        );
+        assert_eq!(
+            s.find_aligned(7, Align::Llc, Policy::Spread, None)
+                .map(|v| v.len()),
+            None
+        );
+        assert_eq!(
+            s.find_aligned(9, Align::Any, Policy::Spread, None)
+                .map(|v| v.len()),
+            Some(9)
+        );
+        // Best fit: a 4-leaf request goes to the fuller socket 0 (5 idle).
+        let got = s.find_aligned(4, Align::Llc, Policy::Spread, None).unwrap();
+        assert!(got.iter().all(|&l| s.topology().llc_of(l) == 0));
+        // A whole core.
+        let core = s
+            .find_aligned(2, Align::Core, Policy::Spread, None)
+            .unwrap();
+        assert_eq!(s.topology().core_of(core[0]), s.topology().core_of(core[1]));
+    }
+
+    #[test]
+    fn spread_takes_idle_cores_first_pack_fills_cores() {
+        let s = engine("1s:4c:2t");
+        let spread = s.find_aligned(4, Align::Llc, Policy::Spread, None).unwrap();
+        let cores: std::collections::HashSet<usize> =
+            spread.iter().map(|&l| s.topology().core_of(l)).collect();
+        assert_eq!(cores.len(), 4, "one thread per core: {spread:?}");
+        let pack = s.find_aligned(4, Align::Llc, Policy::Pack, None).unwrap();
+        assert_eq!(pack, vec![0, 4, 1, 5], "cores 0 and 1 filled");
+    }
+
+    #[test]
+    fn affinity_restricts() {
+        let s = engine("1s:4c:1t");
+        let allowed = LeafSet::from_leaves(4, [1, 3]);
+        assert_eq!(
+            s.find_aligned(2, Align::Any, Policy::Pack, Some(&allowed)),
+            Some(vec![1, 3])
+        );
+        assert_eq!(
+            s.find_aligned(3, Align::Any, Policy::Pack, Some(&allowed)),
+            None
+        );
+        assert_eq!(Align::from_name("numa"), Some(Align::Numa));
+        assert_eq!(Align::from_name("rack"), None);
+    }
+}
