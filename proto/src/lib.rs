@@ -1,0 +1,13 @@
+//! `dispatch-proto`: the public gRPC API of the dispatcher
+//! (`proto/dispatch/v1/*.proto`, documented field by field there) and the
+//! Rust code tonic/prost generate from it. Nothing else lives here.
+
+/// Package `dispatch.v1`: messages, clients and servers.
+#[allow(clippy::large_enum_variant)] // generated oneofs; boxing would change the API
+pub mod v1 {
+    tonic::include_proto!("dispatch.v1");
+}
+
+/// The encoded `FileDescriptorSet` of `dispatch.v1`, for server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/dispatch_v1_descriptor.bin"));
