@@ -43,6 +43,17 @@ impl Align {
         Align::Any,
     ];
 
+    /// Index in [`Align::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            Align::Core => 0,
+            Align::Llc => 1,
+            Align::Numa => 2,
+            Align::Package => 3,
+            Align::Any => 4,
+        }
+    }
+
     /// Lower-case name ("core", "llc", "numa", "package", "any").
     pub fn name(self) -> &'static str {
         match self {
@@ -100,7 +111,20 @@ impl FreeSummary {
         }
     }
 
-    fn set(&mut self, align: Align, v: u32) {
+    /// Make the levels consistent: a domain's room can never exceed the
+    /// room of the domains enclosing it, so each level is capped by every
+    /// wider one. Real summaries already satisfy this; reports from outside
+    /// are normalised so that "no room anywhere" really means no room.
+    pub fn normalized(mut self) -> Self {
+        let mut cap = u32::MAX;
+        for align in Align::ALL.into_iter().rev() {
+            cap = cap.min(self.get(align));
+            self.set(align, cap);
+        }
+        self
+    }
+
+    pub(crate) fn set(&mut self, align: Align, v: u32) {
         match align {
             Align::Core => self.core = v,
             Align::Llc => self.llc = v,
@@ -111,19 +135,26 @@ impl FreeSummary {
     }
 }
 
+/// Idle leaves per alignment level of `topo`, where `is_idle` says which
+/// leaves are idle: for the agent its own run queues, for the dispatcher
+/// its model of a node's CPUs.
+pub fn free_summary_of(topo: &Topology, is_idle: impl Fn(LeafId) -> bool) -> FreeSummary {
+    let mut s = FreeSummary::default();
+    for align in Align::ALL {
+        let best = align_groups(topo, align)
+            .iter()
+            .map(|g| g.iter().filter(|&&l| is_idle(l)).count() as u32)
+            .max()
+            .unwrap_or(0);
+        s.set(align, best);
+    }
+    s
+}
+
 impl Sched {
     /// Idle leaves per alignment level (what the agent reports).
     pub fn free_summary(&self) -> FreeSummary {
-        let mut s = FreeSummary::default();
-        for align in Align::ALL {
-            let best = align_groups(&self.topo, align)
-                .iter()
-                .map(|g| g.iter().filter(|&&l| self.rqs[l].is_idle()).count() as u32)
-                .max()
-                .unwrap_or(0);
-            s.set(align, best);
-        }
-        s
+        free_summary_of(&self.topo, |l| self.rqs[l].is_idle())
     }
 
     /// Choose `k` idle leaves inside one domain of level `align`, allowed by
@@ -136,75 +167,90 @@ impl Sched {
         policy: Policy,
         allowed: Option<&LeafSet>,
     ) -> Option<Vec<LeafId>> {
-        if k == 0 {
-            return Some(Vec::new());
+        find_aligned_in(&self.topo, k, align, policy, allowed, |l| {
+            self.rqs[l].is_idle()
+        })
+    }
+}
+
+/// [`Sched::find_aligned`] over any idle predicate (the dispatcher's model
+/// of a node's CPUs uses it without an engine per node).
+pub fn find_aligned_in(
+    topo: &Topology,
+    k: usize,
+    align: Align,
+    policy: Policy,
+    allowed: Option<&LeafSet>,
+    is_idle: impl Fn(LeafId) -> bool,
+) -> Option<Vec<LeafId>> {
+    if k == 0 {
+        return Some(Vec::new());
+    }
+    let ok = |l: LeafId| is_idle(l) && allowed.is_none_or(|a| a.contains(l));
+    let mut best: Option<(usize, &[LeafId])> = None;
+    for group in align_groups(topo, align) {
+        let idle = group.iter().filter(|&&l| ok(l)).count();
+        if idle < k {
+            continue;
         }
-        let ok = |l: LeafId| self.rqs[l].is_idle() && allowed.is_none_or(|a| a.contains(l));
-        let mut best: Option<(usize, &[LeafId])> = None;
-        for group in align_groups(&self.topo, align) {
-            let idle = group.iter().filter(|&&l| ok(l)).count();
-            if idle < k {
-                continue;
-            }
-            match policy {
-                Policy::Pack => {
-                    best = Some((idle, group));
-                    break;
-                }
-                Policy::Spread => {
-                    if best.is_none_or(|(b, _)| idle < b) {
-                        best = Some((idle, group));
-                    }
-                }
-            }
-        }
-        let (_, group) = best?;
-        // Leaves of the group, core by core in rank order.
-        let mut by_core: Vec<Vec<LeafId>> = Vec::new();
-        let mut last_core = usize::MAX;
-        let mut leaves: Vec<LeafId> = group.iter().copied().filter(|&l| ok(l)).collect();
-        leaves.sort_by_key(|&l| (self.topo.core_of(l), l));
-        for l in leaves {
-            let core = self.topo.core_of(l);
-            if core != last_core {
-                by_core.push(Vec::new());
-                last_core = core;
-            }
-            if let Some(v) = by_core.last_mut() {
-                v.push(l);
-            }
-        }
-        let mut out = Vec::with_capacity(k);
         match policy {
             Policy::Pack => {
-                out.extend(by_core.iter().flatten().copied().take(k));
+                best = Some((idle, group));
+                break;
             }
             Policy::Spread => {
-                // Whole idle cores first, one thread each, then the rest.
-                by_core.sort_by_key(|c| {
-                    let core_size = self.topo.smt_siblings(c[0]).len();
-                    (c.len() != core_size, self.topo.core_of(c[0]))
-                });
-                let mut round = 0;
-                while out.len() < k {
-                    let before = out.len();
-                    for c in &by_core {
-                        if let Some(&l) = c.get(round) {
-                            out.push(l);
-                            if out.len() == k {
-                                break;
-                            }
-                        }
-                    }
-                    if out.len() == before {
-                        break;
-                    }
-                    round += 1;
+                if best.is_none_or(|(b, _)| idle < b) {
+                    best = Some((idle, group));
                 }
             }
         }
-        (out.len() == k).then_some(out)
     }
+    let (_, group) = best?;
+    // Leaves of the group, core by core in rank order.
+    let mut by_core: Vec<Vec<LeafId>> = Vec::new();
+    let mut last_core = usize::MAX;
+    let mut leaves: Vec<LeafId> = group.iter().copied().filter(|&l| ok(l)).collect();
+    leaves.sort_by_key(|&l| (topo.core_of(l), l));
+    for l in leaves {
+        let core = topo.core_of(l);
+        if core != last_core {
+            by_core.push(Vec::new());
+            last_core = core;
+        }
+        if let Some(v) = by_core.last_mut() {
+            v.push(l);
+        }
+    }
+    let mut out = Vec::with_capacity(k);
+    match policy {
+        Policy::Pack => {
+            out.extend(by_core.iter().flatten().copied().take(k));
+        }
+        Policy::Spread => {
+            // Whole idle cores first, one thread each, then the rest.
+            by_core.sort_by_key(|c| {
+                let core_size = topo.smt_siblings(c[0]).len();
+                (c.len() != core_size, topo.core_of(c[0]))
+            });
+            let mut round = 0;
+            while out.len() < k {
+                let before = out.len();
+                for c in &by_core {
+                    if let Some(&l) = c.get(round) {
+                        out.push(l);
+                        if out.len() == k {
+                            break;
+                        }
+                    }
+                }
+                if out.len() == before {
+                    break;
+                }
+                round += 1;
+            }
+        }
+    }
+    (out.len() == k).then_some(out)
 }
 
 #[cfg(test)]
@@ -289,6 +335,19 @@ mod tests {
         assert_eq!(cores.len(), 4, "one thread per core: {spread:?}");
         let pack = s.find_aligned(4, Align::Llc, Policy::Pack, None).unwrap();
         assert_eq!(pack, vec![0, 4, 1, 5], "cores 0 and 1 filled");
+    }
+
+    #[test]
+    fn normalized_caps_inner_levels_by_outer() {
+        let s = FreeSummary {
+            core: 2,
+            llc: 9,
+            numa: 4,
+            package: 6,
+            any: 5,
+        }
+        .normalized();
+        assert_eq!((s.core, s.llc, s.numa, s.package, s.any), (2, 4, 4, 5, 5));
     }
 
     #[test]

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::alloc::{Align, FreeSummary};
 use crate::task::TaskId;
 
 /// Key in a timeline: (virtual time, enqueue sequence, task).
@@ -40,6 +41,10 @@ pub struct RunQueue {
     pub idle_stamp: Option<u64>,
     /// Shadow of the overload-mask bit: set exactly on transitions.
     pub(crate) overloaded: bool,
+    /// Room per alignment level inside the leaf, when the leaf is itself a
+    /// machine (the dispatcher's nodes): what its agent reported, lowered
+    /// conservatively as jobs start until the next report. `None` for CPUs.
+    pub(crate) align_free: Option<FreeSummary>,
 }
 
 impl RunQueue {
@@ -57,6 +62,7 @@ impl RunQueue {
             avg_idle,
             idle_stamp: None,
             overloaded: false,
+            align_free: None,
         }
     }
 
@@ -85,10 +91,31 @@ impl RunQueue {
         }
     }
 
+    /// The leaf's room per alignment level, if it is a machine.
+    pub fn align_free(&self) -> Option<FreeSummary> {
+        self.align_free
+    }
+
+    /// Room a newcomer with alignment `align` could use now: `fit_free`,
+    /// capped by the leaf's per-level room when it has one.
+    pub fn room(&self, align: Align) -> u32 {
+        let f = self.fit_free();
+        match &self.align_free {
+            None => f,
+            Some(s) => f.min(s.get(align)),
+        }
+    }
+
+    /// True when a task of `demand` and `align` can start now, ignoring
+    /// the queue (used when picking the queue's own next task).
+    pub fn can_start(&self, demand: u32, align: Align) -> bool {
+        self.free() >= demand && self.align_free.is_none_or(|s| s.get(align) >= demand)
+    }
+
     /// Idle: nothing waiting and some capacity free. For `C = 1` this is the
     /// kernel's `available_idle_cpu`.
     pub fn is_idle(&self) -> bool {
-        self.fit_free() > 0
+        self.room(Align::Any) > 0
     }
 
     /// Nothing running or waiting.

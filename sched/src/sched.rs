@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+use crate::alloc::{Align, FreeSummary};
 use crate::busy::BusyFlags;
 use crate::config::{NodeLimitScope, SchedConfig};
 use crate::overload::OverloadMasks;
@@ -112,6 +113,9 @@ pub struct NodeAgg {
     pub sum_free: u64,
     /// Largest `fit_free` of one leaf.
     pub max_free: u32,
+    /// Largest room of one leaf per alignment level (indexed by
+    /// [`Align::index`]).
+    pub max_room: [u32; 5],
 }
 
 /// The scheduling engine over one topology.
@@ -382,6 +386,22 @@ impl Sched {
         Ok(())
     }
 
+    /// Set a machine leaf's room per alignment level (from its agent's
+    /// report, or the caller's model of its CPUs); `None` = no alignment
+    /// constraint inside the leaf.
+    pub fn set_free_summary(
+        &mut self,
+        leaf: LeafId,
+        summary: Option<FreeSummary>,
+        now: u64,
+    ) -> Result<(), SchedError> {
+        self.check_leaf(leaf)?;
+        self.rqs[leaf].align_free = summary.map(FreeSummary::normalized);
+        self.rq_changed(leaf, now);
+        self.schedule(leaf, now);
+        Ok(())
+    }
+
     /// The tick of one leaf: account the running tasks' time, end slices
     /// that are used up (when time-slicing), and flag busy domains lazily.
     pub fn tick(&mut self, leaf: LeafId, now: u64) {
@@ -592,6 +612,12 @@ impl Sched {
         }
         rq.running.push(id);
         rq.running_demand += t.demand;
+        if let Some(s) = rq.align_free.as_mut() {
+            // Conservative until the caller reports the real room again.
+            for align in Align::ALL {
+                s.set(align, s.get(align).saturating_sub(t.demand));
+            }
+        }
         t.state = TaskState::Running(leaf);
         t.exec_start = now;
         t.prev_sum_exec_runtime = t.sum_exec_runtime;
@@ -722,8 +748,11 @@ impl Sched {
     pub fn schedule(&mut self, leaf: LeafId, now: u64) {
         loop {
             while let Some(next) = self.pick_next_entity(leaf) {
-                let demand = self.tasks.get(&next).map_or(u32::MAX, |t| t.demand);
-                if demand > self.rqs[leaf].free() {
+                let Some((demand, align)) = self.tasks.get(&next).map(|t| (t.demand, t.align))
+                else {
+                    break;
+                };
+                if !self.rqs[leaf].can_start(demand, align) {
                     break;
                 }
                 self.set_next(next, leaf, now);
@@ -766,11 +795,16 @@ impl Sched {
     fn refresh_aggregates(&mut self, leaf: LeafId) {
         let rq = &self.rqs[leaf];
         let fit = rq.fit_free();
+        let mut max_room = [0; 5];
+        for align in Align::ALL {
+            max_room[align.index()] = rq.room(align);
+        }
         self.agg[leaf] = NodeAgg {
             capacity: rq.capacity as u64,
             nr_running: rq.nr_running as u64,
             sum_free: fit as u64,
             max_free: fit,
+            max_room,
         };
         self.pack.update(leaf, fit);
         let mut node = self.topo.node(leaf).parent;
@@ -782,6 +816,9 @@ impl Sched {
                 a.nr_running += ca.nr_running;
                 a.sum_free += ca.sum_free;
                 a.max_free = a.max_free.max(ca.max_free);
+                for (m, c) in a.max_room.iter_mut().zip(ca.max_room) {
+                    *m = (*m).max(c);
+                }
             }
             if self.agg[d] == a {
                 break;

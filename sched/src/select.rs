@@ -104,7 +104,7 @@ impl Sched {
     pub fn fits(&self, id: TaskId, leaf: LeafId) -> bool {
         self.tasks
             .get(&id)
-            .is_some_and(|t| t.allowed(leaf) && self.rqs[leaf].fit_free() >= t.demand)
+            .is_some_and(|t| t.allowed(leaf) && self.rqs[leaf].room(t.align) >= t.demand)
     }
 
     /// `wake_affine`: the waker's leaf or the previous one (WA_IDLE, then
@@ -259,7 +259,7 @@ impl Sched {
         let Some(task) = self.tasks.get(&id) else {
             return 0;
         };
-        let demand = task.demand;
+        let (demand, align) = (task.demand, task.align);
         if let Some(aff) = task.affinity.clone() {
             // Constrained tasks: examine only their allowed leaves.
             let mut best: Option<(LeafId, (bool, u64, i64))> = None;
@@ -267,8 +267,8 @@ impl Sched {
                 self.stats.sis_scanned += 1;
                 let rq = &self.rqs[leaf];
                 let key = (
-                    rq.fit_free() >= demand,
-                    rq.fit_free() as u64,
+                    rq.room(align) >= demand,
+                    rq.room(align) as u64,
                     -(rq.nr_running as i64 * 1024 / rq.capacity.max(1) as i64),
                 );
                 if best.as_ref().is_none_or(|b| key > b.1) {
@@ -283,7 +283,7 @@ impl Sched {
             self.stats.busy_skip += 1;
             return self.least_loaded();
         }
-        if self.agg[root].max_free < demand {
+        if self.agg[root].max_room[align.index()] < demand {
             return self.least_loaded();
         }
         let mut node = root;
@@ -296,7 +296,7 @@ impl Sched {
             for &c in children {
                 let a = self.agg[c];
                 self.stats.sis_scanned += 1;
-                if a.max_free < demand || (skip_busy && self.busy.is_busy(c)) {
+                if a.max_room[align.index()] < demand || (skip_busy && self.busy.is_busy(c)) {
                     continue;
                 }
                 // Compare sum_free / capacity without division.
@@ -356,7 +356,7 @@ impl Sched {
         let mut from = 0;
         loop {
             let (pos, leaf) = self.pack.first_fit_from(task.demand, from)?;
-            if task.allowed(leaf) {
+            if self.fits(id, leaf) {
                 if let Some(p) = prefer
                     && self.topo.core_of(p) == self.topo.core_of(leaf)
                     && self.fits(id, p)

@@ -121,6 +121,8 @@ impl Sched {
         let Some(t) = self.tasks.get(&p) else {
             return false;
         };
-        t.state == TaskState::Queued(src) && t.allowed(dst) && t.demand <= self.rqs[dst].fit_free()
+        t.state == TaskState::Queued(src)
+            && t.allowed(dst)
+            && t.demand <= self.rqs[dst].room(t.align)
     }
 }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::alloc::Align;
 use crate::config::Policy;
 use crate::topology::LeafId;
 
@@ -80,6 +81,9 @@ pub struct TaskSpec {
     pub affinity: Option<Arc<LeafSet>>,
     /// Placement policy; `None` = the engine's default.
     pub policy: Option<Policy>,
+    /// Where the task's capacity units must be inside a leaf that is a
+    /// machine (a job's CPUs on one LLC, ...); `Any` for CPU tasks.
+    pub align: Align,
 }
 
 impl TaskSpec {
@@ -92,6 +96,7 @@ impl TaskSpec {
             demand: 1,
             affinity: None,
             policy: None,
+            align: Align::Any,
         }
     }
 }
@@ -126,6 +131,8 @@ pub struct Task {
     pub affinity: Option<Arc<LeafSet>>,
     /// Placement policy.
     pub policy: Policy,
+    /// Alignment inside a machine leaf.
+    pub align: Align,
     /// Where the task is.
     pub state: TaskState,
     /// Virtual runtime, ns of nice-0 time.
@@ -164,6 +171,7 @@ impl Task {
             demand: spec.demand,
             affinity: spec.affinity,
             policy: spec.policy.unwrap_or(default_policy),
+            align: spec.align,
             state: TaskState::Sleeping,
             vruntime: 0,
             sum_exec_runtime: 0,

@@ -56,6 +56,10 @@ enum Op {
     Advance {
         ns: u64,
     },
+    SetFree {
+        leaf: usize,
+        free: Option<[u32; 5]>,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -68,6 +72,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::TickAll),
         1 => (0..64usize, 0..4u32).prop_map(|(leaf, capacity)| Op::SetCapacity { leaf, capacity }),
         2 => (1..5_000_000u64).prop_map(|ns| Op::Advance { ns }),
+        1 => (0..64usize, proptest::option::of(proptest::array::uniform5(0..4u32)))
+            .prop_map(|(leaf, free)| Op::SetFree { leaf, free }),
     ]
 }
 
@@ -78,6 +84,7 @@ struct TaskGen {
     latency_nice: i32,
     affinity_seed: Option<u64>,
     pack: bool,
+    align: usize,
 }
 
 fn task_gen() -> impl Strategy<Value = TaskGen> {
@@ -87,14 +94,16 @@ fn task_gen() -> impl Strategy<Value = TaskGen> {
         -20..20i32,
         proptest::option::weighted(0.3, any::<u64>()),
         any::<bool>(),
+        0..5usize,
     )
         .prop_map(
-            |(demand, nice, latency_nice, affinity_seed, pack)| TaskGen {
+            |(demand, nice, latency_nice, affinity_seed, pack, align)| TaskGen {
                 demand,
                 nice,
                 latency_nice,
                 affinity_seed,
                 pack,
+                align,
             },
         )
 }
@@ -157,6 +166,7 @@ fn build(sc: &Scenario) -> Sched {
         spec.nice = t.nice;
         spec.latency_nice = t.latency_nice;
         spec.policy = t.pack.then_some(Policy::Pack);
+        spec.align = sched::Align::ALL[t.align];
         if let Some(seed) = t.affinity_seed {
             let mut leaves: Vec<usize> = (0..n).filter(|l| (seed >> (l % 64)) & 1 == 1).collect();
             if leaves.is_empty() {
@@ -198,6 +208,16 @@ fn apply(s: &mut Sched, op: &Op, now: &mut u64, nr_tasks: usize) -> Vec<SchedEve
         }
         Op::SetCapacity { leaf, capacity } => s.set_capacity(leaf % n, capacity, *now).unwrap(),
         Op::Advance { ns } => *now += ns,
+        Op::SetFree { leaf, free } => {
+            let summary = free.map(|f| sched::FreeSummary {
+                core: f[0],
+                llc: f[1],
+                numa: f[2],
+                package: f[3],
+                any: f[4],
+            });
+            s.set_free_summary(leaf % n, summary, *now).unwrap();
+        }
     }
     s.drain_events()
 }
@@ -269,6 +289,15 @@ fn check_invariants(s: &Sched, nr_tasks: usize) -> Result<(), TestCaseError> {
     );
     let max_free = (0..n).map(|l| s.rq(l).fit_free()).max().unwrap_or(0);
     prop_assert_eq!(root.max_free, max_free);
+    for align in sched::Align::ALL {
+        let max_room = (0..n).map(|l| s.rq(l).room(align)).max().unwrap_or(0);
+        prop_assert_eq!(
+            root.max_room[align.index()],
+            max_room,
+            "max_room {:?}",
+            align
+        );
+    }
     Ok(())
 }
 
@@ -307,7 +336,7 @@ proptest! {
     /// room, with or without busy flags; find_idlest finds room iff some
     /// leaf anywhere has it.
     #[test]
-    fn busy_skip_never_misses_an_idle_leaf(sc in scenario(), probe_demand in 1..3u32, target in 0..64usize) {
+    fn busy_skip_never_misses_an_idle_leaf(sc in scenario(), probe_demand in 1..3u32, target in 0..64usize, align in 0..5usize) {
         let mut s = build(&sc);
         let nr_tasks = sc.tasks.len();
         let mut now = 0;
@@ -323,6 +352,7 @@ proptest! {
         let probe = TaskId(1_000);
         let mut spec = TaskSpec::new(probe);
         spec.demand = probe_demand;
+        spec.align = sched::Align::ALL[align];
         s.add_task(spec).unwrap();
         let topo = s.topology().clone();
         let target = target % n;
