@@ -1,0 +1,9 @@
+//! The dispatcher: accepts jobs over gRPC, keeps the cluster's nodes and
+//! jobs, places jobs on nodes with the `sched` engine (leaves = nodes), and
+//! drives agents over their streams.
+//!
+//! - [`spec`]: job-spec validation (errors name the field).
+//! - [`store`]: durable state (embedded redb by default).
+
+pub mod spec;
+pub mod store;

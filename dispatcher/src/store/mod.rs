@@ -1,0 +1,91 @@
+//! Durable state behind one interface: the embedded single-file store by
+//! default, etcd when users outgrow one dispatcher (a later issue).
+//!
+//! The core commits every batch of state changes before it acknowledges
+//! any of them (to a client, an agent, or a watcher), so after a crash the
+//! store holds every accepted job in its last acknowledged state.
+
+pub mod embedded;
+
+use std::collections::HashMap;
+
+use proto::v1::Job;
+use thiserror::Error;
+
+/// An administrative state of a node that must survive restarts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeAdmin {
+    /// Schedulable.
+    Ready,
+    /// No new jobs.
+    Cordoned,
+    /// No new jobs; running ones finish.
+    Draining,
+}
+
+impl NodeAdmin {
+    fn to_u8(self) -> u8 {
+        match self {
+            NodeAdmin::Ready => 0,
+            NodeAdmin::Cordoned => 1,
+            NodeAdmin::Draining => 2,
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            1 => NodeAdmin::Cordoned,
+            2 => NodeAdmin::Draining,
+            _ => NodeAdmin::Ready,
+        }
+    }
+}
+
+/// One change in a commit.
+#[derive(Clone, Debug)]
+pub enum Write {
+    /// Insert or replace a job by id.
+    PutJob(Job),
+    /// Remove a job (garbage collection of old terminal jobs).
+    DeleteJob(String),
+    /// A node's administrative state.
+    PutNodeAdmin(String, NodeAdmin),
+    /// The next job number.
+    PutNextJob(u64),
+}
+
+/// Everything the store holds, read at start-up.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// All jobs.
+    pub jobs: Vec<Job>,
+    /// Administrative node states.
+    pub node_admin: HashMap<String, NodeAdmin>,
+    /// The next job number to hand out.
+    pub next_job: u64,
+}
+
+/// Store failures.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// The backend failed.
+    #[error("store backend: {0}")]
+    Backend(String),
+    /// A stored record could not be decoded.
+    #[error("corrupt record {key:?}: {reason}")]
+    Corrupt {
+        /// The record's key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A durable store of the dispatcher's state.
+pub trait Store: Send + 'static {
+    /// Read everything.
+    fn load(&self) -> Result<Snapshot, StoreError>;
+    /// Apply `writes` atomically and durably: when this returns `Ok`, all
+    /// of them survive a crash; when it fails, none is visible.
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError>;
+}
