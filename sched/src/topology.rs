@@ -110,6 +110,14 @@ pub enum TopologyError {
         /// Number of keys given.
         got: usize,
     },
+    /// A level's groups do not partition the leaves.
+    #[error("level {level:?}: {reason}")]
+    BadGroups {
+        /// The level's name.
+        level: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A topology spec string could not be parsed.
     #[error("bad topology spec {spec:?}: {reason}")]
     BadSpec {
@@ -158,6 +166,31 @@ impl TopologyBuilder {
             keys,
         });
         self
+    }
+
+    /// Add a level given as groups of outside ids (e.g. the CPU lists an
+    /// agent reports: SMT sibling lists, LLC lists, ...). Every leaf must be
+    /// in exactly one group.
+    pub fn level_from_groups(self, name: &str, flags: DomainFlags, groups: &[Vec<u64>]) -> Result<Self, TopologyError> {
+        let bad = |reason: String| TopologyError::BadGroups {
+            level: name.to_string(),
+            reason,
+        };
+        let index: HashMap<u64, usize> = self.os_ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+        let mut keys = vec![u64::MAX; self.os_ids.len()];
+        for (g, group) in groups.iter().enumerate() {
+            for id in group {
+                let leaf = *index.get(id).ok_or_else(|| bad(format!("id {id} is not a leaf")))?;
+                if keys[leaf] != u64::MAX {
+                    return Err(bad(format!("id {id} is in two groups")));
+                }
+                keys[leaf] = g as u64;
+            }
+        }
+        if let Some(leaf) = keys.iter().position(|&k| k == u64::MAX) {
+            return Err(bad(format!("id {} is in no group", self.os_ids[leaf])));
+        }
+        Ok(self.level(name, flags, keys))
     }
 
     /// Build the tree; see the module documentation for the rules.
@@ -1040,6 +1073,25 @@ mod tests {
         ] {
             assert!(Topology::from_spec(bad).is_err(), "{bad} should not parse");
         }
+    }
+
+    #[test]
+    fn levels_from_groups() {
+        let t = TopologyBuilder::new(vec![0, 1, 2, 3])
+            .level_from_groups("SMT", DomainFlags::SMT, &[vec![0, 2], vec![1, 3]])
+            .unwrap()
+            .level_from_groups("LLC", DomainFlags::LLC, &[vec![0, 1, 2, 3]])
+            .unwrap()
+            .build()
+            .unwrap();
+        assert_eq!(t.smt_siblings(0), &[0, 2]);
+        let b = || TopologyBuilder::new(vec![0, 1]);
+        assert!(matches!(
+            b().level_from_groups("x", DomainFlags::LLC, &[vec![0]]),
+            Err(TopologyError::BadGroups { .. })
+        ));
+        assert!(b().level_from_groups("x", DomainFlags::LLC, &[vec![0, 1], vec![1]]).is_err());
+        assert!(b().level_from_groups("x", DomainFlags::LLC, &[vec![0, 1, 7]]).is_err());
     }
 
     #[test]
