@@ -19,10 +19,13 @@
 //! - [`alloc`]: k idle leaves aligned to a core, LLC, NUMA node or package,
 //!   and the per-level free summary agents report.
 //! - [`stats`], [`config`]: schedstats and tunables.
+//! - [`harness`]: the discrete-event harness that reproduces the seeds'
+//!   experiments on this engine (the simulator grows from it).
 
 pub mod alloc;
 pub mod busy;
 pub mod config;
+pub mod harness;
 pub mod overload;
 pub mod pack;
 pub mod rq;

@@ -1,0 +1,156 @@
+//! Prints the seeds' tables from the discrete-event harness
+//! (`sched::harness`): seed 000's hackbench table (steal off vs on) and
+//! seed 001's pgbench-style tables (wake_wide off vs on).
+//!
+//! ```text
+//! cargo run --release -p sched --example seeds -- \
+//!     [--groups 1,2,3,4,8] [--loops 1000] [--items 40000] [--rounds 2000] [--seed 1]
+//! ```
+
+use std::process::ExitCode;
+
+use sched::SchedConfig;
+use sched::harness::{hackbench, report, wakeaffine};
+
+struct Args {
+    groups: Vec<usize>,
+    loops: u64,
+    items: u64,
+    rounds: u64,
+    seed: u64,
+}
+
+fn parse_list(s: &str) -> Option<Vec<usize>> {
+    s.split(',').map(|x| x.trim().parse().ok()).collect()
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut a = Args {
+        groups: vec![1, 2, 3, 4, 8],
+        loops: 1000,
+        items: 40_000,
+        rounds: 2_000,
+        seed: 1,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let num = || {
+            value
+                .parse::<u64>()
+                .map_err(|e| format!("{flag} {value}: {e}"))
+        };
+        match flag.as_str() {
+            "--groups" => {
+                a.groups =
+                    parse_list(&value).ok_or_else(|| format!("--groups {value}: bad list"))?
+            }
+            "--loops" => a.loops = num()?,
+            "--items" => a.items = num()?,
+            "--rounds" => a.rounds = num()?,
+            "--seed" => a.seed = num()?,
+            _ => return Err(format!("unknown argument {flag}")),
+        }
+    }
+    Ok(a)
+}
+
+fn run(a: &Args) -> Result<(), sched::harness::HarnessError> {
+    let mut hb = hackbench::HackbenchParams {
+        loops: a.loops,
+        ..Default::default()
+    };
+    hb.harness.seed = a.seed;
+    println!(
+        "== seed 000: hackbench <grps> process {} on {} ({} tasks per group, pipes of {} messages),",
+        hb.loops,
+        hb.topology,
+        2 * hb.fds,
+        hb.pipe_capacity
+    );
+    println!(
+        "   sched_wakeup_granularity_ns={}; counts per CPU; steal off (baseline) vs on (new)",
+        hackbench::SEED_WAKEUP_GRANULARITY
+    );
+    let (base, new) = hackbench::run_comparison(&hb, &a.groups)?;
+    print!("{}", report::hackbench_tables(&base, &new));
+    println!();
+    println!("steal gates (totals; steal_cost = 10 us):");
+    let all: Vec<_> = base.iter().chain(&new).cloned().collect();
+    print!("{}", report::steal_gate_table(&all));
+    for r in &all {
+        for p in &r.problems {
+            println!("PROBLEM (grps {}, steal {}): {p}", r.groups, r.steal);
+        }
+    }
+
+    let mut fan = wakeaffine::FanoutParams {
+        items: a.items,
+        ..Default::default()
+    };
+    fan.harness.seed = a.seed;
+    let workers = [4, 8, 16, 24, 32, 48, 64];
+    println!();
+    let title = format!(
+        "== seed 001: fan-out, 1 server -> W workers ({} us) -> {} collectors, {} items, {}\n   (wake_wide factor = sd_llc_size = 20; cross-LLC stealing on in both arms)",
+        fan.work_ns / 1000,
+        fan.collectors,
+        fan.items,
+        fan.topology
+    );
+    let cfg = wakeaffine::wake_wide_config(false);
+    let (b, w) = wakeaffine::fanout_comparison(&fan, &workers, &cfg)?;
+    print!("{}", report::wake_table(&title, "workers", &b, &w));
+    let mut problems: Vec<_> = b
+        .iter()
+        .chain(&w)
+        .flat_map(|r| r.problems.clone())
+        .collect();
+
+    let mut pp = wakeaffine::PingpongParams {
+        rounds: a.rounds,
+        ..Default::default()
+    };
+    pp.harness.seed = a.seed;
+    println!();
+    let title = format!(
+        "== seed 001: 1:1 ping-pong pairs ({} us + {} us per round trip), {} rounds, {}",
+        pp.work_ns / 1000,
+        pp.think_ns / 1000,
+        pp.rounds,
+        pp.topology
+    );
+    let (b, w) = wakeaffine::pingpong_comparison(&pp, &[4, 8, 16, 24, 32, 48], &cfg)?;
+    print!("{}", report::wake_table(&title, "pairs", &b, &w));
+    problems.extend(b.iter().chain(&w).flat_map(|r| r.problems.clone()));
+
+    println!();
+    let title = "== for contrast: fan-out with SchedConfig::default() (no cross-LLC balancing):\n   a pile-up in one LLC is permanent, so results follow the start transient";
+    let (b, w) = wakeaffine::fanout_comparison(&fan, &workers, &SchedConfig::default())?;
+    print!("{}", report::wake_table(title, "workers", &b, &w));
+    problems.extend(b.iter().chain(&w).flat_map(|r| r.problems.clone()));
+    for p in problems {
+        println!("PROBLEM: {p}");
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("seeds: {e}");
+            eprintln!(
+                "usage: seeds [--groups 1,2,3,4,8] [--loops N] [--items N] [--rounds N] [--seed N]"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("seeds: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
