@@ -5,5 +5,6 @@
 //! - [`spec`]: job-spec validation (errors name the field).
 //! - [`store`]: durable state (embedded redb by default).
 
+pub mod cluster;
 pub mod spec;
 pub mod store;

@@ -69,13 +69,25 @@ fn err(prefix: &str, field: &str, message: impl Into<String>) -> SpecError {
 /// `specs[3]`).
 pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result<(), SpecError> {
     if spec.name.len() > limits.max_label_bytes {
-        return Err(err(prefix, "name", format!("longer than {} bytes", limits.max_label_bytes)));
+        return Err(err(
+            prefix,
+            "name",
+            format!("longer than {} bytes", limits.max_label_bytes),
+        ));
     }
     if spec.group.len() > limits.max_label_bytes {
-        return Err(err(prefix, "group", format!("longer than {} bytes", limits.max_label_bytes)));
+        return Err(err(
+            prefix,
+            "group",
+            format!("longer than {} bytes", limits.max_label_bytes),
+        ));
     }
     if spec.command.is_empty() {
-        return Err(err(prefix, "command", "required: the program and its arguments"));
+        return Err(err(
+            prefix,
+            "command",
+            "required: the program and its arguments",
+        ));
     }
     if spec.command[0].is_empty() {
         return Err(err(prefix, "command[0]", "the program name is empty"));
@@ -84,7 +96,11 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
         return Err(err(
             prefix,
             "command",
-            format!("{} entries, at most {}", spec.command.len(), limits.max_command_entries),
+            format!(
+                "{} entries, at most {}",
+                spec.command.len(),
+                limits.max_command_entries
+            ),
         ));
     }
     for (i, arg) in spec.command.iter().enumerate() {
@@ -93,17 +109,33 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
         }
     }
     if spec.env.len() > limits.max_map_entries {
-        return Err(err(prefix, "env", format!("{} entries, at most {}", spec.env.len(), limits.max_map_entries)));
+        return Err(err(
+            prefix,
+            "env",
+            format!(
+                "{} entries, at most {}",
+                spec.env.len(),
+                limits.max_map_entries
+            ),
+        ));
     }
     for (k, v) in &spec.env {
         if k.is_empty() {
             return Err(err(prefix, "env", "a variable name is empty"));
         }
         if k.contains('=') || k.contains('\0') {
-            return Err(err(prefix, &format!("env[{k:?}]"), "names may not contain '=' or NUL"));
+            return Err(err(
+                prefix,
+                &format!("env[{k:?}]"),
+                "names may not contain '=' or NUL",
+            ));
         }
         if v.contains('\0') {
-            return Err(err(prefix, &format!("env[{k:?}]"), "value contains a NUL byte"));
+            return Err(err(
+                prefix,
+                &format!("env[{k:?}]"),
+                "value contains a NUL byte",
+            ));
         }
     }
     if spec.cwd.contains('\0') {
@@ -113,22 +145,48 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
         return Err(err(prefix, "cwd", "must be an absolute path"));
     }
     let bytes: usize = spec.command.iter().map(String::len).sum::<usize>()
-        + spec.env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        + spec
+            .env
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
         + spec.cwd.len();
     if bytes > limits.max_spec_bytes {
-        return Err(err(prefix, "command", format!("command, env and cwd total {bytes} bytes, at most {}", limits.max_spec_bytes)));
+        return Err(err(
+            prefix,
+            "command",
+            format!(
+                "command, env and cwd total {bytes} bytes, at most {}",
+                limits.max_spec_bytes
+            ),
+        ));
     }
     if spec.cpus == 0 {
         spec.cpus = 1;
     }
     if spec.cpus > limits.max_cpus {
-        return Err(err(prefix, "cpus", format!("{} is more than the largest allowed ({})", spec.cpus, limits.max_cpus)));
+        return Err(err(
+            prefix,
+            "cpus",
+            format!(
+                "{} is more than the largest allowed ({})",
+                spec.cpus, limits.max_cpus
+            ),
+        ));
     }
     if Alignment::try_from(spec.alignment).is_err() {
-        return Err(err(prefix, "alignment", format!("unknown value {}", spec.alignment)));
+        return Err(err(
+            prefix,
+            "alignment",
+            format!("unknown value {}", spec.alignment),
+        ));
     }
     if PlacementPolicy::try_from(spec.policy).is_err() {
-        return Err(err(prefix, "policy", format!("unknown value {}", spec.policy)));
+        return Err(err(
+            prefix,
+            "policy",
+            format!("unknown value {}", spec.policy),
+        ));
     }
     if spec.node_selector.len() > limits.max_map_entries {
         return Err(err(prefix, "node_selector", "too many entries"));
@@ -139,16 +197,32 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
         }
     }
     if !(-20..=19).contains(&spec.latency_nice) {
-        return Err(err(prefix, "latency_nice", format!("{} is outside -20..19", spec.latency_nice)));
+        return Err(err(
+            prefix,
+            "latency_nice",
+            format!("{} is outside -20..19", spec.latency_nice),
+        ));
     }
     if !(-20..=19).contains(&spec.nice) {
-        return Err(err(prefix, "nice", format!("{} is outside -20..19", spec.nice)));
+        return Err(err(
+            prefix,
+            "nice",
+            format!("{} is outside -20..19", spec.nice),
+        ));
     }
     if spec.retries > limits.max_retries {
-        return Err(err(prefix, "retries", format!("{} is more than {}", spec.retries, limits.max_retries)));
+        return Err(err(
+            prefix,
+            "retries",
+            format!("{} is more than {}", spec.retries, limits.max_retries),
+        ));
     }
     if spec.array_count > limits.max_array {
-        return Err(err(prefix, "array_count", format!("{} is more than {}", spec.array_count, limits.max_array)));
+        return Err(err(
+            prefix,
+            "array_count",
+            format!("{} is more than {}", spec.array_count, limits.max_array),
+        ));
     }
     if spec.timeout_ms > 366 * 24 * 3600 * 1000 {
         return Err(err(prefix, "timeout_ms", "more than a year"));
@@ -204,19 +278,28 @@ mod tests {
         check(|s| s.command = vec!["x".into(); 5000], "spec.command");
         check(|s| s.name = "n".repeat(300), "spec.name");
         check(|s| s.group = "g".repeat(300), "spec.group");
-        check(|s| {
-            s.env.insert(String::new(), "v".into());
-        }, "spec.env");
-        check(|s| {
-            s.env.insert("A=B".into(), "v".into());
-        }, "spec.env[\"A=B\"]");
+        check(
+            |s| {
+                s.env.insert(String::new(), "v".into());
+            },
+            "spec.env",
+        );
+        check(
+            |s| {
+                s.env.insert("A=B".into(), "v".into());
+            },
+            "spec.env[\"A=B\"]",
+        );
         check(|s| s.cwd = "relative".into(), "spec.cwd");
         check(|s| s.cpus = 5000, "spec.cpus");
         check(|s| s.alignment = 99, "spec.alignment");
         check(|s| s.policy = 7, "spec.policy");
-        check(|s| {
-            s.node_selector.insert(String::new(), "x".into());
-        }, "spec.node_selector");
+        check(
+            |s| {
+                s.node_selector.insert(String::new(), "x".into());
+            },
+            "spec.node_selector",
+        );
         check(|s| s.latency_nice = -21, "spec.latency_nice");
         check(|s| s.latency_nice = 20, "spec.latency_nice");
         check(|s| s.nice = 20, "spec.nice");

@@ -26,9 +26,11 @@ pub struct EmbeddedStore {
 impl EmbeddedStore {
     /// Open (or create) the store in `dir` (file `dispatch.redb`).
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|e| StoreError::Backend(format!("create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::Backend(format!("create {}: {e}", dir.display())))?;
         let path = dir.join("dispatch.redb");
-        let db = Database::create(&path).map_err(|e| StoreError::Backend(format!("open {}: {e}", path.display())))?;
+        let db = Database::create(&path)
+            .map_err(|e| StoreError::Backend(format!("open {}: {e}", path.display())))?;
         let tx = db.begin_write().map_err(backend)?;
         {
             tx.open_table(JOBS).map_err(backend)?;
@@ -56,10 +58,14 @@ impl Store for EmbeddedStore {
         let nodes = tx.open_table(NODES).map_err(backend)?;
         for row in nodes.iter().map_err(backend)? {
             let (k, v) = row.map_err(backend)?;
-            snap.node_admin.insert(k.value().to_string(), NodeAdmin::from_u8(v.value()));
+            snap.node_admin
+                .insert(k.value().to_string(), NodeAdmin::from_u8(v.value()));
         }
         let meta = tx.open_table(META).map_err(backend)?;
-        snap.next_job = meta.get("next_job").map_err(backend)?.map_or(1, |v| v.value());
+        snap.next_job = meta
+            .get("next_job")
+            .map_err(backend)?
+            .map_or(1, |v| v.value());
         Ok(snap)
     }
 
@@ -75,13 +81,16 @@ impl Store for EmbeddedStore {
             for w in writes {
                 match w {
                     Write::PutJob(job) => {
-                        jobs.insert(job.id.as_str(), job.encode_to_vec().as_slice()).map_err(backend)?;
+                        jobs.insert(job.id.as_str(), job.encode_to_vec().as_slice())
+                            .map_err(backend)?;
                     }
                     Write::DeleteJob(id) => {
                         jobs.remove(id.as_str()).map_err(backend)?;
                     }
                     Write::PutNodeAdmin(name, admin) => {
-                        nodes.insert(name.as_str(), admin.to_u8()).map_err(backend)?;
+                        nodes
+                            .insert(name.as_str(), admin.to_u8())
+                            .map_err(backend)?;
                     }
                     Write::PutNextJob(n) => {
                         meta.insert("next_job", *n).map_err(backend)?;
@@ -113,14 +122,17 @@ mod tests {
             let mut s = EmbeddedStore::open(dir.path()).unwrap();
             assert_eq!(s.load().unwrap().next_job, 1);
             s.commit(&[
-                Write::PutJob(job("j-1", JobState::Pending)),
-                Write::PutJob(job("j-2", JobState::Running)),
+                Write::PutJob(Box::new(job("j-1", JobState::Pending))),
+                Write::PutJob(Box::new(job("j-2", JobState::Running))),
                 Write::PutNextJob(3),
                 Write::PutNodeAdmin("n1".into(), NodeAdmin::Cordoned),
             ])
             .unwrap();
-            s.commit(&[Write::PutJob(job("j-1", JobState::Succeeded)), Write::DeleteJob("j-2".into())])
-                .unwrap();
+            s.commit(&[
+                Write::PutJob(Box::new(job("j-1", JobState::Succeeded))),
+                Write::DeleteJob("j-2".into()),
+            ])
+            .unwrap();
         }
         let s = EmbeddedStore::open(dir.path()).unwrap();
         let snap = s.load().unwrap();

@@ -45,7 +45,7 @@ impl NodeAdmin {
 #[derive(Clone, Debug)]
 pub enum Write {
     /// Insert or replace a job by id.
-    PutJob(Job),
+    PutJob(Box<Job>),
     /// Remove a job (garbage collection of old terminal jobs).
     DeleteJob(String),
     /// A node's administrative state.

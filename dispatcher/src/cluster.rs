@@ -1,0 +1,1571 @@
+//! The cluster state and the job lifecycle: nodes (their topology, labels,
+//! load, administrative state and a model of their CPUs), jobs, and the
+//! node-level `sched` engine that places jobs (leaves = nodes, capacity =
+//! CPUs, LLC level = rack, NUMA level = zone, SMT level = host group).
+//!
+//! Everything here is synchronous and does no I/O: each operation mutates
+//! the state and appends what must happen outside to an [`Effects`] —
+//! store writes, messages to agents, events for watchers — which the core
+//! (`core.rs`) commits to the store *before* it acknowledges anything.
+//!
+//! Job states for users: PENDING (accepted, waiting for room: queued on a
+//! node in the engine or matching no node yet), ASSIGNED (sent to its
+//! node's agent), RUNNING (the agent started it), then SUCCEEDED / FAILED /
+//! CANCELLED / LOST. In the engine a PENDING job queued on a node is a
+//! waiting task (stealable by idle nodes of the rack), an ASSIGNED or
+//! RUNNING job a running task.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use proto::v1::{
+    Assign, Cancel, CpuGroup, DispatcherMessage, FreeSummary as PbFree, Job, JobEvent, JobSpec,
+    JobState, JobStatus, ListJobsRequest, NodeLoad, NodeState, Register, dispatcher_message,
+};
+use sched::alloc::{find_aligned_in, free_summary_of};
+use sched::topology::{DomainFlags, TopologyBuilder};
+use sched::{
+    FreeSummary, LeafId, LeafSet, Sched, SchedConfig, SchedEvent, TaskId, TaskSpec, TaskState,
+    Topology,
+};
+use tonic::Status;
+
+use crate::spec::{SpecLimits, align_of, policy_of, validate};
+use crate::store::{NodeAdmin, Snapshot, Write};
+
+/// Labels and timings of the cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Label naming a node's zone (the NUMA level of the cluster).
+    pub zone_label: String,
+    /// Label naming a node's rack (the LLC level).
+    pub rack_label: String,
+    /// Label naming a node's host group (the SMT level).
+    pub hostgroup_label: String,
+    /// Label naming a node's region (the package level).
+    pub region_label: String,
+    /// Agents report at least this often.
+    pub heartbeat_interval_ms: u64,
+    /// Reports missed before a node is DOWN.
+    pub missed_heartbeats: u64,
+    /// The node-level engine's configuration.
+    pub engine: SchedConfig,
+    /// Spec limits.
+    pub limits: SpecLimits,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        let mut engine = SchedConfig::cluster();
+        engine.steal_cross_llc = true;
+        engine.steal_cost = 0;
+        Self {
+            zone_label: "topology.kubernetes.io/zone".into(),
+            rack_label: "dispatch.io/rack".into(),
+            hostgroup_label: "dispatch.io/hostgroup".into(),
+            region_label: "topology.kubernetes.io/region".into(),
+            heartbeat_interval_ms: 1000,
+            missed_heartbeats: 3,
+            engine,
+            limits: SpecLimits::default(),
+        }
+    }
+}
+
+/// What an operation requires of the outside world.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Store writes, committed before anything else is released.
+    pub writes: Vec<Write>,
+    /// Messages to agents, by node name.
+    pub to_agents: Vec<(String, DispatcherMessage)>,
+    /// Job events for watchers.
+    pub events: Vec<JobEvent>,
+}
+
+/// A node as the dispatcher knows it.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    /// Unique name.
+    pub name: String,
+    /// Labels.
+    pub labels: HashMap<String, String>,
+    /// Zone, rack, host group and region derived from labels.
+    pub zone: String,
+    /// Rack.
+    pub rack: String,
+    /// Host group ("" when unlabelled: the node is its own group).
+    pub hostgroup: String,
+    /// Region.
+    pub region: String,
+    /// The topology as reported.
+    pub topology: proto::v1::Topology,
+    /// The same, as an engine tree over CPU numbers (for alignment).
+    pub cpu_topo: Arc<Topology>,
+    /// The dispatcher's model of which CPUs its jobs hold (by dense CPU).
+    pub cpu_busy: Vec<bool>,
+    /// Memory offered to jobs.
+    pub memory_bytes: u64,
+    /// The last load report.
+    pub load: NodeLoad,
+    /// Administrative state.
+    pub admin: NodeAdmin,
+    /// The agent's stream is open.
+    pub connected: bool,
+    /// Marked down after missed heartbeats.
+    pub down: bool,
+    /// Last report time.
+    pub last_heartbeat_ms: i64,
+}
+
+impl NodeInfo {
+    /// Number of CPUs.
+    pub fn nr_cpus(&self) -> u32 {
+        self.topology.cpus.len() as u32
+    }
+
+    /// The state shown to users.
+    pub fn state(&self) -> NodeState {
+        if self.down {
+            NodeState::Down
+        } else {
+            match self.admin {
+                NodeAdmin::Ready => NodeState::Ready,
+                NodeAdmin::Cordoned => NodeState::Cordoned,
+                NodeAdmin::Draining => NodeState::Draining,
+            }
+        }
+    }
+
+    fn schedulable(&self) -> bool {
+        !self.down && self.connected && self.admin == NodeAdmin::Ready
+    }
+
+    fn model_summary(&self) -> FreeSummary {
+        free_summary_of(&self.cpu_topo, |l| !self.cpu_busy[l])
+    }
+
+    /// The proto view.
+    pub fn to_proto(&self) -> proto::v1::Node {
+        let topo = &self.topology;
+        let cores = topo.smt.len() as u32;
+        proto::v1::Node {
+            name: self.name.clone(),
+            labels: self.labels.clone(),
+            topology: Some(topo.clone()),
+            load: Some(self.load.clone()),
+            state: self.state() as i32,
+            last_heartbeat_ms: self.last_heartbeat_ms,
+            sockets: topo.package.len() as u32,
+            numa_nodes: topo.numa.len() as u32,
+            llcs: topo.llc.len() as u32,
+            cores,
+            threads_per_core: (topo.cpus.len() as u32).checked_div(cores).unwrap_or(0),
+            zone: self.zone.clone(),
+            rack: self.rack.clone(),
+        }
+    }
+}
+
+/// A job and its dispatcher-side bookkeeping.
+#[derive(Clone, Debug)]
+struct JobEntry {
+    job: Job,
+    task: TaskId,
+    /// CPUs the dispatcher's model gave it on its node (dense CPU indexes).
+    model_cpus: Vec<LeafId>,
+}
+
+fn is_terminal(state: i32) -> bool {
+    matches!(
+        JobState::try_from(state),
+        Ok(JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Lost)
+    )
+}
+
+/// Parse "j-12" / "j-12.3" into an ordering key.
+fn job_key(id: &str) -> Option<(u64, u32)> {
+    let rest = id.strip_prefix("j-")?;
+    match rest.split_once('.') {
+        None => Some((rest.parse().ok()?, 0)),
+        Some((n, i)) => Some((n.parse().ok()?, i.parse::<u32>().ok()?.checked_add(1)?)),
+    }
+}
+
+/// Build an engine tree over a node's CPUs from its reported topology.
+pub fn cpu_topology(topo: &proto::v1::Topology) -> Result<Topology, String> {
+    if topo.cpus.is_empty() {
+        return Err("topology.cpus: empty".into());
+    }
+    let ids: Vec<u64> = topo.cpus.iter().map(|&c| c as u64).collect();
+    let groups = |g: &[CpuGroup]| -> Vec<Vec<u64>> {
+        g.iter()
+            .map(|x| x.cpus.iter().map(|&c| c as u64).collect())
+            .collect()
+    };
+    let mut b = TopologyBuilder::new(ids);
+    for (name, flags, list) in [
+        ("SMT", DomainFlags::SMT, &topo.smt),
+        ("LLC", DomainFlags::LLC, &topo.llc),
+        ("NUMA", DomainFlags::NUMA, &topo.numa),
+        ("PKG", DomainFlags::PACKAGE, &topo.package),
+    ] {
+        if !list.is_empty() {
+            b = b
+                .level_from_groups(name, flags, &groups(list))
+                .map_err(|e| format!("topology.{}: {e}", name.to_lowercase()))?;
+        }
+    }
+    b.build().map_err(|e| format!("topology: {e}"))
+}
+
+/// The cluster.
+pub struct Cluster {
+    cfg: ClusterConfig,
+    nodes: BTreeMap<String, NodeInfo>,
+    /// Administrative states restored from the store for nodes that have
+    /// not registered yet.
+    restored_admin: HashMap<String, NodeAdmin>,
+    /// Leaf of the engine -> node name, and back.
+    leaf_node: Vec<String>,
+    node_leaf: HashMap<String, LeafId>,
+    engine: Option<Sched>,
+    engine_dirty: bool,
+    jobs: BTreeMap<(u64, u32), JobEntry>,
+    task_job: HashMap<TaskId, (u64, u32)>,
+    next_job: u64,
+    next_task: u64,
+    /// PENDING jobs not in the engine: no node matches them yet.
+    unplaced: BTreeMap<(u64, u32), ()>,
+    /// ASSIGNED/RUNNING jobs restored from the store whose node has not
+    /// reported them yet, with the deadline after which they count as lost.
+    awaiting_node: BTreeMap<(u64, u32), i64>,
+    /// Jobs whose cancel was requested while on a node.
+    cancelling: HashSet<(u64, u32)>,
+    /// Terminal jobs whose engine task is kept (sleeping) so later jobs can
+    /// name them as waker; oldest first, bounded.
+    retained_tasks: std::collections::VecDeque<TaskId>,
+}
+
+/// Engine tasks of finished jobs kept for wake_wide / wake_affine history.
+const RETAINED_TASKS: usize = 100_000;
+
+fn now_state(job: &Job) -> JobState {
+    JobState::try_from(job.state).unwrap_or(JobState::Unspecified)
+}
+
+impl Cluster {
+    /// An empty cluster.
+    pub fn new(cfg: ClusterConfig) -> Self {
+        Self {
+            cfg,
+            nodes: BTreeMap::new(),
+            restored_admin: HashMap::new(),
+            leaf_node: Vec::new(),
+            node_leaf: HashMap::new(),
+            engine: None,
+            engine_dirty: false,
+            jobs: BTreeMap::new(),
+            task_job: HashMap::new(),
+            next_job: 1,
+            next_task: 1,
+            unplaced: BTreeMap::new(),
+            awaiting_node: BTreeMap::new(),
+            cancelling: HashSet::new(),
+            retained_tasks: Default::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.cfg
+    }
+
+    /// The node-level engine (None until a node registers).
+    pub fn engine(&self) -> Option<&Sched> {
+        self.engine.as_ref()
+    }
+
+    /// Number of jobs known (all states).
+    pub fn nr_jobs(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Restore from a store snapshot (after a restart). PENDING jobs wait
+    /// for nodes; ASSIGNED/RUNNING ones wait for their node to re-register
+    /// and report them, until `now + grace_ms`.
+    pub fn restore(&mut self, snap: Snapshot, now: i64, grace_ms: i64) {
+        self.next_job = snap.next_job.max(1);
+        self.restored_admin = snap.node_admin;
+        for job in snap.jobs {
+            let Some(key) = job_key(&job.id) else {
+                continue;
+            };
+            match now_state(&job) {
+                JobState::Pending | JobState::Unspecified => {
+                    self.unplaced.insert(key, ());
+                }
+                JobState::Assigned | JobState::Running => {
+                    self.awaiting_node.insert(key, now + grace_ms);
+                }
+                _ => {}
+            }
+            let task = self.new_task_id();
+            self.task_job.insert(task, key);
+            self.jobs.insert(
+                key,
+                JobEntry {
+                    job,
+                    task,
+                    model_cpus: Vec::new(),
+                },
+            );
+        }
+    }
+
+    fn new_task_id(&mut self) -> TaskId {
+        let t = TaskId(self.next_task);
+        self.next_task += 1;
+        t
+    }
+
+    // ------------------------------------------------------------------
+    // Queries
+
+    /// One job by id.
+    pub fn get_job(&self, id: &str) -> Result<Job, Status> {
+        let key = job_key(id).ok_or_else(|| Status::not_found(format!("id: no job {id:?}")))?;
+        match self.jobs.get(&key) {
+            Some(e) => Ok(e.job.clone()),
+            None if self.jobs.range((key.0, 1)..(key.0 + 1, 0)).next().is_some() => {
+                Err(Status::not_found(format!(
+                    "id: {id} is an array; its elements are {id}.0, {id}.1, ... (dispatchctl ls --array {id})"
+                )))
+            }
+            None => Err(Status::not_found(format!("id: no job {id:?}"))),
+        }
+    }
+
+    /// Jobs matching a request, newest first, one page.
+    pub fn list_jobs(&self, req: &ListJobsRequest) -> Result<(Vec<Job>, String), Status> {
+        let page = match req.page_size {
+            0 => 100,
+            n if n > 10_000 => return Err(Status::invalid_argument("page_size: at most 10000")),
+            n => n as usize,
+        };
+        let upper =
+            if req.page_token.is_empty() {
+                None
+            } else {
+                Some(job_key(&req.page_token).ok_or_else(|| {
+                    Status::invalid_argument("page_token: not a token from ListJobs")
+                })?)
+            };
+        let states: HashSet<i32> = req.states.iter().copied().collect();
+        let iter: Box<dyn Iterator<Item = (&(u64, u32), &JobEntry)>> = match upper {
+            Some(u) => Box::new(self.jobs.range(..u).rev()),
+            None => Box::new(self.jobs.iter().rev()),
+        };
+        let mut out = Vec::new();
+        let mut next = String::new();
+        for (_, e) in iter {
+            let j = &e.job;
+            if (!states.is_empty() && !states.contains(&j.state))
+                || (!req.node.is_empty() && j.node != req.node)
+                || (!req.group.is_empty() && j.spec.as_ref().is_none_or(|s| s.group != req.group))
+                || (!req.array_id.is_empty() && j.array_id != req.array_id)
+            {
+                continue;
+            }
+            if out.len() == page {
+                next = out.last().map(|j: &Job| j.id.clone()).unwrap_or_default();
+                break;
+            }
+            out.push(j.clone());
+        }
+        Ok((out, next))
+    }
+
+    /// All jobs whose id is in `ids` (all jobs when empty), for watchers
+    /// that want the current state first.
+    pub fn jobs_matching(&self, ids: &[String]) -> Vec<Job> {
+        if ids.is_empty() {
+            return self.jobs.values().map(|e| e.job.clone()).collect();
+        }
+        ids.iter().filter_map(|id| self.get_job(id).ok()).collect()
+    }
+
+    /// All nodes, by name.
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeInfo> {
+        self.nodes.values()
+    }
+
+    /// One node.
+    pub fn node(&self, name: &str) -> Result<&NodeInfo, Status> {
+        self.nodes
+            .get(name)
+            .ok_or_else(|| Status::not_found(format!("name: no node {name:?}")))
+    }
+
+    /// Connected node names.
+    pub fn connected_nodes(&self) -> Vec<String> {
+        self.nodes
+            .values()
+            .filter(|n| n.connected)
+            .map(|n| n.name.clone())
+            .collect()
+    }
+
+    // ------------------------------------------------------------------
+    // Submission and placement
+
+    /// Accept jobs: validate every spec (nothing is created if one is
+    /// bad), create the jobs (arrays expand), persist and place them.
+    pub fn submit(
+        &mut self,
+        mut specs: Vec<JobSpec>,
+        batch: bool,
+        now: i64,
+        fx: &mut Effects,
+    ) -> Result<Vec<Job>, Status> {
+        if specs.is_empty() {
+            return Err(Status::invalid_argument("specs: empty"));
+        }
+        if specs.len() > 10_000 {
+            return Err(Status::invalid_argument("specs: at most 10000 per call"));
+        }
+        let mut total = 0u64;
+        for (i, spec) in specs.iter_mut().enumerate() {
+            let prefix = if batch {
+                format!("specs[{i}]")
+            } else {
+                "spec".to_string()
+            };
+            validate(spec, &prefix, &self.cfg.limits)?;
+            if !spec.waker.is_empty() {
+                let known = job_key(&spec.waker).is_some_and(|k| self.jobs.contains_key(&k));
+                if !known {
+                    return Err(Status::invalid_argument(format!(
+                        "{prefix}.waker: no job {:?}",
+                        spec.waker
+                    )));
+                }
+            }
+            total += spec.array_count.max(1) as u64;
+        }
+        if total > self.cfg.limits.max_array as u64 {
+            return Err(Status::invalid_argument(format!(
+                "specs: {total} jobs in one call, at most {}",
+                self.cfg.limits.max_array
+            )));
+        }
+        self.ensure_engine(now, fx);
+        let mut created = Vec::new();
+        for spec in specs {
+            let n = self.next_job;
+            self.next_job += 1;
+            let count = spec.array_count;
+            if count > 1 {
+                for i in 0..count {
+                    let key = (n, i + 1);
+                    let job = Job {
+                        id: format!("j-{n}.{i}"),
+                        spec: Some(spec.clone()),
+                        state: JobState::Pending as i32,
+                        attempt: 1,
+                        submit_time_ms: now,
+                        array_id: format!("j-{n}"),
+                        array_index: i,
+                        ..Default::default()
+                    };
+                    created.push(key);
+                    self.insert_job(key, job);
+                }
+            } else {
+                let key = (n, 0);
+                let job = Job {
+                    id: format!("j-{n}"),
+                    spec: Some(spec),
+                    state: JobState::Pending as i32,
+                    attempt: 1,
+                    submit_time_ms: now,
+                    ..Default::default()
+                };
+                created.push(key);
+                self.insert_job(key, job);
+            }
+        }
+        fx.writes.push(Write::PutNextJob(self.next_job));
+        for &key in &created {
+            self.persist(key, fx);
+            self.emit(key, JobState::Unspecified, now, fx);
+            self.place(key, now, fx);
+        }
+        self.process_events(now, fx);
+        Ok(created
+            .iter()
+            .filter_map(|k| self.jobs.get(k).map(|e| e.job.clone()))
+            .collect())
+    }
+
+    fn insert_job(&mut self, key: (u64, u32), job: Job) {
+        let task = self.new_task_id();
+        self.task_job.insert(task, key);
+        self.jobs.insert(
+            key,
+            JobEntry {
+                job,
+                task,
+                model_cpus: Vec::new(),
+            },
+        );
+    }
+
+    fn persist(&self, key: (u64, u32), fx: &mut Effects) {
+        if let Some(e) = self.jobs.get(&key) {
+            fx.writes.push(Write::PutJob(Box::new(e.job.clone())));
+        }
+    }
+
+    fn emit(&self, key: (u64, u32), previous: JobState, now: i64, fx: &mut Effects) {
+        if let Some(e) = self.jobs.get(&key) {
+            fx.events.push(JobEvent {
+                job: Some(e.job.clone()),
+                previous_state: previous as i32,
+                time_ms: now,
+            });
+        }
+    }
+
+    /// Nodes a spec may run on, as engine leaves; `Err(reason)` when none.
+    fn allowed_leaves(&self, spec: &JobSpec) -> Result<Option<Arc<LeafSet>>, String> {
+        let align = align_of(spec);
+        let mut all = true;
+        let mut leaves = Vec::new();
+        for (leaf, name) in self.leaf_node.iter().enumerate() {
+            let Some(n) = self.nodes.get(name) else {
+                all = false;
+                continue;
+            };
+            let fits_labels = spec
+                .node_selector
+                .iter()
+                .all(|(k, v)| n.labels.get(k) == Some(v));
+            let fits_mem = spec.memory_bytes == 0
+                || n.memory_bytes == 0
+                || n.memory_bytes >= spec.memory_bytes;
+            let largest = free_summary_of(&n.cpu_topo, |_| true).get(align);
+            let fits_cpus = largest >= spec.cpus;
+            if fits_labels && fits_mem && fits_cpus {
+                leaves.push(leaf);
+            } else {
+                all = false;
+            }
+        }
+        if leaves.is_empty() {
+            let mut why = Vec::new();
+            if !spec.node_selector.is_empty() {
+                why.push(format!("selector {:?}", spec.node_selector));
+            }
+            why.push(format!("{} CPUs aligned to {}", spec.cpus, align.name()));
+            if spec.memory_bytes > 0 {
+                why.push(format!("{} bytes of memory", spec.memory_bytes));
+            }
+            return Err(format!("no node matches {}", why.join(", ")));
+        }
+        if all {
+            Ok(None)
+        } else {
+            Ok(Some(Arc::new(LeafSet::from_leaves(
+                self.leaf_node.len(),
+                leaves,
+            ))))
+        }
+    }
+
+    fn task_spec(&self, e: &JobEntry, affinity: Option<Arc<LeafSet>>) -> TaskSpec {
+        let spec = e.job.spec.clone().unwrap_or_default();
+        TaskSpec {
+            id: e.task,
+            nice: spec.nice,
+            latency_nice: spec.latency_nice,
+            demand: spec.cpus.max(1),
+            affinity,
+            policy: Some(policy_of(&spec)),
+            align: align_of(&spec),
+        }
+    }
+
+    /// Place a PENDING job: into the engine (which runs it on a node with
+    /// room or queues it on one), or into `unplaced` when no node matches.
+    fn place(&mut self, key: (u64, u32), now: i64, fx: &mut Effects) {
+        let Some(e) = self.jobs.get(&key) else {
+            return;
+        };
+        let spec = e.job.spec.clone().unwrap_or_default();
+        let task = e.task;
+        if self.engine.is_none() {
+            self.set_pending_reason(key, "no nodes registered yet".into());
+            self.unplaced.insert(key, ());
+            return;
+        }
+        let allowed = match self.allowed_leaves(&spec) {
+            Ok(a) => a,
+            Err(reason) => {
+                self.set_pending_reason(key, reason);
+                self.unplaced.insert(key, ());
+                self.persist(key, fx);
+                return;
+            }
+        };
+        self.unplaced.remove(&key);
+        let tspec = self.task_spec(&self.jobs[&key], allowed);
+        let waker = job_key(&spec.waker)
+            .and_then(|k| self.jobs.get(&k))
+            .map(|w| w.task)
+            .filter(|t| self.engine.as_ref().is_some_and(|en| en.task(*t).is_some()));
+        let Some(engine) = self.engine.as_mut() else {
+            return;
+        };
+        if engine.task(task).is_some() {
+            let _ = engine.remove_task(task, now as u64);
+        }
+        if let Err(err) = engine.add_task(tspec) {
+            self.set_pending_reason(key, format!("engine refused the job: {err}"));
+            self.unplaced.insert(key, ());
+            return;
+        }
+        let before = *engine.stats();
+        let leaf = match engine.wake_up(task, waker, false, now as u64) {
+            Ok(l) => l,
+            Err(err) => {
+                self.set_pending_reason(key, format!("engine refused the job: {err}"));
+                return;
+            }
+        };
+        let after = *engine.stats();
+        let node = self.leaf_node.get(leaf).cloned().unwrap_or_default();
+        let why = placement_reason(&before, &after, waker.is_some());
+        let state = engine.task(task).map(|t| t.state);
+        if let Some(e) = self.jobs.get_mut(&key) {
+            let retry = e
+                .job
+                .reason
+                .split(" | ")
+                .find(|p| p.starts_with("retry "))
+                .map(str::to_string);
+            e.job.node = node.clone();
+            e.job.reason = match state {
+                Some(TaskState::Queued(_)) => format!("queued on {node} ({why}): no node has room"),
+                _ => format!("{why} -> {node}"),
+            };
+            if let Some(retry) = retry {
+                e.job.reason = format!("{retry} | {}", e.job.reason);
+            }
+        }
+    }
+
+    fn set_pending_reason(&mut self, key: (u64, u32), reason: String) {
+        if let Some(e) = self.jobs.get_mut(&key) {
+            e.job.reason = reason;
+            e.job.node.clear();
+        }
+    }
+
+    /// Turn engine events into job transitions and agent messages.
+    fn process_events(&mut self, now: i64, fx: &mut Effects) {
+        loop {
+            let events = match self.engine.as_mut() {
+                Some(e) => e.drain_events(),
+                None => return,
+            };
+            if events.is_empty() {
+                return;
+            }
+            for ev in events {
+                match ev {
+                    SchedEvent::Started { task, leaf } => self.on_started(task, leaf, now, fx),
+                    SchedEvent::Migrated { task, from, to } => {
+                        let (Some(from), Some(to)) = (
+                            self.leaf_node.get(from).cloned(),
+                            self.leaf_node.get(to).cloned(),
+                        ) else {
+                            continue;
+                        };
+                        let scope = self.move_scope(&from, &to);
+                        if let Some(key) = self.task_job.get(&task).copied()
+                            && let Some(e) = self.jobs.get_mut(&key)
+                        {
+                            e.job.node = to.clone();
+                            e.job.reason =
+                                format!("steal: {to} took it from overloaded {from} ({scope})");
+                        }
+                    }
+                    SchedEvent::Preempted { .. } => {}
+                }
+            }
+        }
+    }
+
+    fn move_scope(&self, from: &str, to: &str) -> &'static str {
+        match (self.nodes.get(from), self.nodes.get(to)) {
+            (Some(a), Some(b)) if a.zone == b.zone && a.rack == b.rack => "same rack",
+            (Some(a), Some(b)) if a.zone == b.zone => "same zone",
+            _ => "another zone",
+        }
+    }
+
+    fn on_started(&mut self, task: TaskId, leaf: LeafId, now: i64, fx: &mut Effects) {
+        let Some(key) = self.task_job.get(&task).copied() else {
+            return;
+        };
+        let Some(name) = self.leaf_node.get(leaf).cloned() else {
+            return;
+        };
+        let Some(e) = self.jobs.get(&key) else {
+            return;
+        };
+        let st = now_state(&e.job);
+        if st != JobState::Pending {
+            // A job already on its node re-entering a rebuilt engine.
+            return;
+        }
+        let spec = e.job.spec.clone().unwrap_or_default();
+        // Model the CPUs the agent will give it.
+        let cpus = match self.nodes.get_mut(&name) {
+            Some(n) => {
+                let chosen = find_aligned_in(
+                    &n.cpu_topo,
+                    spec.cpus as usize,
+                    align_of(&spec),
+                    policy_of(&spec),
+                    None,
+                    |l| !n.cpu_busy[l],
+                )
+                .unwrap_or_default();
+                for &c in &chosen {
+                    n.cpu_busy[c] = true;
+                }
+                chosen
+            }
+            None => Vec::new(),
+        };
+        self.sync_summary(&name, now);
+        let Some(e) = self.jobs.get_mut(&key) else {
+            return;
+        };
+        e.model_cpus = cpus;
+        e.job.state = JobState::Assigned as i32;
+        if e.job.reason.contains("queued on ") && e.job.node == name {
+            e.job.reason = format!("started on {name} when it had room; was {}", e.job.reason);
+        }
+        e.job.node = name.clone();
+        let msg = DispatcherMessage {
+            msg: Some(dispatcher_message::Msg::Assign(Assign {
+                job_id: e.job.id.clone(),
+                attempt: e.job.attempt,
+                spec: e.job.spec.clone(),
+            })),
+        };
+        fx.to_agents.push((name, msg));
+        self.persist(key, fx);
+        self.emit(key, JobState::Pending, now, fx);
+    }
+
+    /// Push a node's modelled free summary into the engine.
+    fn sync_summary(&mut self, name: &str, now: i64) {
+        let (Some(n), Some(&leaf)) = (self.nodes.get(name), self.node_leaf.get(name)) else {
+            return;
+        };
+        let summary = n.model_summary();
+        if let Some(engine) = self.engine.as_mut() {
+            let _ = engine.set_free_summary(leaf, Some(summary), now as u64);
+        }
+    }
+
+    /// The node's capacity as the engine should see it: its CPUs when it
+    /// takes new jobs, else just what its jobs hold (so nothing new fits
+    /// and nothing running is disturbed).
+    fn effective_capacity(&self, name: &str) -> u32 {
+        let Some(n) = self.nodes.get(name) else {
+            return 0;
+        };
+        if n.schedulable() {
+            return n.nr_cpus();
+        }
+        self.jobs
+            .values()
+            .filter(|e| {
+                e.job.node == name
+                    && matches!(now_state(&e.job), JobState::Assigned | JobState::Running)
+            })
+            .map(|e| e.job.spec.as_ref().map_or(1, |s| s.cpus.max(1)))
+            .sum()
+    }
+
+    fn refresh_capacity(&mut self, name: &str, now: i64, fx: &mut Effects) {
+        let cap = self.effective_capacity(name);
+        let Some(&leaf) = self.node_leaf.get(name) else {
+            return;
+        };
+        let schedulable = self.nodes.get(name).is_some_and(NodeInfo::schedulable);
+        if let Some(engine) = self.engine.as_mut() {
+            let _ = engine.set_capacity(leaf, cap, now as u64);
+        }
+        if !schedulable {
+            // Jobs queued here cannot start: place them again elsewhere.
+            let queued: Vec<TaskId> = self
+                .engine
+                .as_ref()
+                .map_or(Vec::new(), |e| e.rq(leaf).waiting().collect());
+            for task in queued {
+                if let Some(key) = self.task_job.get(&task).copied() {
+                    if let Some(engine) = self.engine.as_mut() {
+                        let _ = engine.block(task, now as u64);
+                    }
+                    self.place(key, now, fx);
+                }
+            }
+        }
+        self.process_events(now, fx);
+    }
+
+    // ------------------------------------------------------------------
+    // The engine over the node set
+
+    fn ensure_engine(&mut self, now: i64, fx: &mut Effects) {
+        if self.engine_dirty {
+            self.engine_dirty = false;
+            self.rebuild_engine(now, fx);
+        }
+    }
+
+    /// Build the node-level engine for the current node set and put every
+    /// job that is on a node back into it.
+    fn rebuild_engine(&mut self, now: i64, fx: &mut Effects) {
+        if self.nodes.is_empty() {
+            self.engine = None;
+            self.leaf_node.clear();
+            self.node_leaf.clear();
+            return;
+        }
+        let mut order: Vec<&NodeInfo> = self.nodes.values().collect();
+        order.sort_by(|a, b| {
+            (&a.region, &a.zone, &a.rack, &a.hostgroup, &a.name).cmp(&(
+                &b.region,
+                &b.zone,
+                &b.rack,
+                &b.hostgroup,
+                &b.name,
+            ))
+        });
+        let mut intern: HashMap<String, u64> = HashMap::new();
+        let mut key = |s: String| -> u64 {
+            let next = intern.len() as u64;
+            *intern.entry(s).or_insert(next)
+        };
+        let n = order.len();
+        let (mut hg, mut rack, mut zone, mut region) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let has_hostgroups = order.iter().any(|x| !x.hostgroup.is_empty());
+        for x in &order {
+            let hgname = if x.hostgroup.is_empty() {
+                format!("node:{}", x.name)
+            } else {
+                x.hostgroup.clone()
+            };
+            hg.push(key(format!(
+                "h\0{}\0{}\0{}\0{}",
+                x.region, x.zone, x.rack, hgname
+            )));
+            rack.push(key(format!("r\0{}\0{}\0{}", x.region, x.zone, x.rack)));
+            zone.push(key(format!("z\0{}\0{}", x.region, x.zone)));
+            region.push(key(format!("g\0{}", x.region)));
+        }
+        let mut b = TopologyBuilder::new((0..n as u64).collect());
+        if has_hostgroups {
+            b = b.level("hostgroup", DomainFlags::SMT, hg);
+        }
+        let topo = match b
+            .level("rack", DomainFlags::LLC, rack)
+            .level("zone", DomainFlags::NUMA, zone)
+            .level("region", DomainFlags::PACKAGE, region)
+            .build()
+        {
+            Ok(t) => Arc::new(t),
+            Err(err) => {
+                tracing::error!(%err, "cannot build the cluster topology");
+                return;
+            }
+        };
+        self.leaf_node = order.iter().map(|x| x.name.clone()).collect();
+        self.node_leaf = self
+            .leaf_node
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i))
+            .collect();
+        let caps: Vec<u32> = self
+            .leaf_node
+            .iter()
+            .map(|n| self.nodes.get(n).map_or(0, NodeInfo::nr_cpus))
+            .collect();
+        let engine = Sched::with_capacities(topo, &caps, self.cfg.engine.clone());
+        // Jobs on nodes first (they hold capacity), then queued ones.
+        let mut on_nodes = Vec::new();
+        let mut queued = Vec::new();
+        for (&key, e) in &self.jobs {
+            if self.awaiting_node.contains_key(&key) || self.unplaced.contains_key(&key) {
+                continue;
+            }
+            match now_state(&e.job) {
+                JobState::Assigned | JobState::Running => on_nodes.push(key),
+                JobState::Pending => queued.push(key),
+                _ => {}
+            }
+        }
+        self.engine = Some(engine);
+        for key in on_nodes {
+            let Some(e) = self.jobs.get(&key) else {
+                continue;
+            };
+            let Some(&leaf) = self.node_leaf.get(&e.job.node) else {
+                continue;
+            };
+            let tspec = self.task_spec(e, None);
+            let task = e.task;
+            if let Some(engine) = self.engine.as_mut()
+                && engine.add_task(tspec).is_ok()
+            {
+                let _ = engine.wake_up_on(task, leaf, now as u64);
+            }
+        }
+        // Started events of jobs already on nodes are ignored by on_started.
+        self.process_events(now, fx);
+        let names: Vec<String> = self.leaf_node.clone();
+        for name in &names {
+            let cap = self.effective_capacity(name);
+            if let (Some(engine), Some(&leaf)) = (self.engine.as_mut(), self.node_leaf.get(name)) {
+                let _ = engine.set_capacity(leaf, cap, now as u64);
+            }
+            self.sync_summary(name, now);
+        }
+        for key in queued {
+            self.place(key, now, fx);
+        }
+        let unplaced: Vec<(u64, u32)> = self.unplaced.keys().copied().collect();
+        for key in unplaced {
+            self.place(key, now, fx);
+        }
+        self.process_events(now, fx);
+    }
+
+    // ------------------------------------------------------------------
+    // Agents
+
+    /// An agent registers (or re-registers after a reconnect).
+    pub fn register(&mut self, reg: Register, now: i64, fx: &mut Effects) -> Result<u64, Status> {
+        if reg.node.is_empty() {
+            return Err(Status::invalid_argument("register.node: empty"));
+        }
+        let topology = reg
+            .topology
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("register.topology: missing"))?;
+        let cpu_topo = Arc::new(
+            cpu_topology(&topology)
+                .map_err(|e| Status::invalid_argument(format!("register.{e}")))?,
+        );
+        let label = |k: &str, default: &str| {
+            reg.labels
+                .get(k)
+                .cloned()
+                .unwrap_or_else(|| default.to_string())
+        };
+        let zone = label(&self.cfg.zone_label, "default");
+        let rack = label(&self.cfg.rack_label, "default");
+        let hostgroup = label(&self.cfg.hostgroup_label, "");
+        let region = label(&self.cfg.region_label, "default");
+        let admin = self
+            .nodes
+            .get(&reg.node)
+            .map(|n| n.admin)
+            .or_else(|| self.restored_admin.get(&reg.node).copied())
+            .unwrap_or(NodeAdmin::Ready);
+        let changed = match self.nodes.get(&reg.node) {
+            None => true,
+            Some(old) => {
+                old.topology != topology
+                    || old.zone != zone
+                    || old.rack != rack
+                    || old.hostgroup != hostgroup
+                    || old.region != region
+            }
+        };
+        let nr = cpu_topo.nr_leaves();
+        let node = NodeInfo {
+            name: reg.node.clone(),
+            labels: reg.labels.clone(),
+            zone,
+            rack,
+            hostgroup,
+            region,
+            topology,
+            cpu_topo,
+            cpu_busy: vec![false; nr],
+            memory_bytes: reg.memory_bytes,
+            load: NodeLoad::default(),
+            admin,
+            connected: true,
+            down: false,
+            last_heartbeat_ms: now,
+        };
+        let old = self.nodes.insert(reg.node.clone(), node);
+        // Re-mark CPUs held by jobs the dispatcher has on this node.
+        let held: Vec<(u64, u32)> = self
+            .jobs
+            .iter()
+            .filter(|(_, e)| {
+                e.job.node == reg.node
+                    && matches!(now_state(&e.job), JobState::Assigned | JobState::Running)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for key in &held {
+            self.remodel_cpus(*key);
+        }
+        if changed {
+            self.engine_dirty = true;
+        }
+        // Reconcile what the agent reports with what we believe.
+        let reported: HashMap<String, JobStatus> = reg
+            .jobs
+            .iter()
+            .map(|s| (s.job_id.clone(), s.clone()))
+            .collect();
+        for status in reg.jobs {
+            let key = job_key(&status.job_id);
+            let ours = key.and_then(|k| self.jobs.get(&k)).map(|e| {
+                (
+                    e.job.attempt == status.attempt && (e.job.node == reg.node),
+                    is_terminal(e.job.state),
+                )
+            });
+            match ours {
+                Some((true, false)) => {
+                    if let Some(k) = key {
+                        self.awaiting_node.remove(&k);
+                        if !self.engine_dirty {
+                            self.engine_add_on_node(k, now);
+                        }
+                    }
+                    self.apply_status(&reg.node, status, now, fx);
+                }
+                _ => {
+                    // Unknown, stale attempt, or already finished here: make
+                    // sure it does not run twice.
+                    if matches!(
+                        JobState::try_from(status.state),
+                        Ok(JobState::Running | JobState::Assigned)
+                    ) {
+                        fx.to_agents.push((
+                            reg.node.clone(),
+                            DispatcherMessage {
+                                msg: Some(dispatcher_message::Msg::Cancel(Cancel {
+                                    job_id: status.job_id.clone(),
+                                    attempt: status.attempt,
+                                })),
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        // Jobs we had on this node that the agent no longer knows.
+        if old.is_some() || !reported.is_empty() || !held.is_empty() {
+            for key in held {
+                let Some(e) = self.jobs.get(&key) else {
+                    continue;
+                };
+                if reported.contains_key(&e.job.id) || is_terminal(e.job.state) {
+                    continue;
+                }
+                if now_state(&e.job) == JobState::Assigned && !self.awaiting_node.contains_key(&key)
+                {
+                    // The Assign may have been lost with the old stream: resend.
+                    fx.to_agents.push((
+                        reg.node.clone(),
+                        DispatcherMessage {
+                            msg: Some(dispatcher_message::Msg::Assign(Assign {
+                                job_id: e.job.id.clone(),
+                                attempt: e.job.attempt,
+                                spec: e.job.spec.clone(),
+                            })),
+                        },
+                    ));
+                } else {
+                    self.awaiting_node.remove(&key);
+                    self.job_lost_on_node(key, "its agent restarted without it", now, fx);
+                }
+            }
+        }
+        self.ensure_engine(now, fx);
+        self.refresh_capacity(&reg.node, now, fx);
+        self.sync_summary(&reg.node, now);
+        self.retry_unplaced(now, fx);
+        self.process_events(now, fx);
+        Ok(self.cfg.heartbeat_interval_ms)
+    }
+
+    fn engine_add_on_node(&mut self, key: (u64, u32), now: i64) {
+        let Some(e) = self.jobs.get(&key) else { return };
+        let Some(&leaf) = self.node_leaf.get(&e.job.node) else {
+            return;
+        };
+        let tspec = self.task_spec(e, None);
+        let task = e.task;
+        if let Some(engine) = self.engine.as_mut() {
+            if engine.task(task).is_none() && engine.add_task(tspec).is_err() {
+                return;
+            }
+            if engine
+                .task(task)
+                .is_some_and(|t| t.state == TaskState::Sleeping)
+            {
+                let _ = engine.wake_up_on(task, leaf, now as u64);
+            }
+        }
+    }
+
+    /// Mark a job's modelled CPUs on its node from the CPUs it reported (or
+    /// a fresh aligned choice when it reported none).
+    fn remodel_cpus(&mut self, key: (u64, u32)) {
+        let Some(e) = self.jobs.get(&key) else { return };
+        let Some(n) = self.nodes.get_mut(&e.job.node) else {
+            return;
+        };
+        let spec = e.job.spec.clone().unwrap_or_default();
+        for &c in &e.model_cpus {
+            if let Some(b) = n.cpu_busy.get_mut(c) {
+                *b = false;
+            }
+        }
+        let mut cpus: Vec<LeafId> = e
+            .job
+            .cpus
+            .iter()
+            .filter_map(|&c| n.cpu_topo.leaf_of_os_id(c as u64))
+            .collect();
+        if cpus.is_empty() {
+            cpus = find_aligned_in(
+                &n.cpu_topo,
+                spec.cpus as usize,
+                align_of(&spec),
+                policy_of(&spec),
+                None,
+                |l| !n.cpu_busy[l],
+            )
+            .unwrap_or_default();
+        }
+        for &c in &cpus {
+            n.cpu_busy[c] = true;
+        }
+        if let Some(e) = self.jobs.get_mut(&key) {
+            e.model_cpus = cpus;
+        }
+    }
+
+    /// A load report (the heartbeat).
+    pub fn load_report(&mut self, node: &str, load: NodeLoad, now: i64) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.load = load;
+            n.last_heartbeat_ms = now;
+        }
+    }
+
+    /// A job status from an agent.
+    pub fn job_status(&mut self, node: &str, status: JobStatus, now: i64, fx: &mut Effects) {
+        self.ensure_engine(now, fx);
+        let key = job_key(&status.job_id);
+        let current = key
+            .and_then(|k| self.jobs.get(&k))
+            .map(|e| (e.job.attempt, e.job.node.clone(), e.job.state));
+        match current {
+            Some((attempt, ref n, state))
+                if attempt == status.attempt && n == node && !is_terminal(state) =>
+            {
+                self.apply_status(node, status, now, fx);
+                self.process_events(now, fx);
+            }
+            _ => {
+                if matches!(JobState::try_from(status.state), Ok(JobState::Running)) {
+                    fx.to_agents.push((
+                        node.to_string(),
+                        DispatcherMessage {
+                            msg: Some(dispatcher_message::Msg::Cancel(Cancel {
+                                job_id: status.job_id,
+                                attempt: status.attempt,
+                            })),
+                        },
+                    ));
+                }
+            }
+        }
+    }
+
+    fn apply_status(&mut self, node: &str, status: JobStatus, now: i64, fx: &mut Effects) {
+        let Some(key) = job_key(&status.job_id) else {
+            return;
+        };
+        let Some(e) = self.jobs.get(&key) else { return };
+        let previous = now_state(&e.job);
+        match JobState::try_from(status.state).unwrap_or(JobState::Unspecified) {
+            JobState::Running => {
+                if let Some(e) = self.jobs.get_mut(&key) {
+                    e.job.state = JobState::Running as i32;
+                    e.job.cpus = status.cpus.clone();
+                    if e.job.start_time_ms == 0 {
+                        e.job.start_time_ms = if status.time_ms > 0 {
+                            status.time_ms
+                        } else {
+                            now
+                        };
+                    }
+                }
+                self.remodel_cpus(key);
+                self.sync_summary(node, now);
+                if previous != JobState::Running {
+                    self.persist(key, fx);
+                    self.emit(key, previous, now, fx);
+                }
+            }
+            JobState::Assigned => {}
+            terminal @ (JobState::Succeeded
+            | JobState::Failed
+            | JobState::Cancelled
+            | JobState::Lost) => {
+                if let Some(e) = self.jobs.get_mut(&key) {
+                    e.job.exit_code = status.exit_code;
+                    e.job.signal = status.signal;
+                    if !status.cpus.is_empty() {
+                        e.job.cpus = status.cpus.clone();
+                    }
+                    if e.job.start_time_ms == 0 && status.time_ms > 0 {
+                        e.job.start_time_ms = status.time_ms;
+                    }
+                    if !status.message.is_empty() {
+                        e.job.reason = status.message.clone();
+                    }
+                }
+                self.finish(key, terminal, now, fx);
+            }
+            JobState::Pending | JobState::Unspecified => {}
+        }
+    }
+
+    /// Put a job in a terminal state: free its CPUs and its engine
+    /// capacity (which may start or steal queued jobs), persist, announce.
+    fn finish(&mut self, key: (u64, u32), state: JobState, now: i64, fx: &mut Effects) {
+        let Some(e) = self.jobs.get_mut(&key) else {
+            return;
+        };
+        let previous = now_state(&e.job);
+        if is_terminal(e.job.state) {
+            return;
+        }
+        e.job.state = state as i32;
+        e.job.end_time_ms = now;
+        let node = e.job.node.clone();
+        let task = e.task;
+        let cpus = std::mem::take(&mut e.model_cpus);
+        self.cancelling.remove(&key);
+        self.unplaced.remove(&key);
+        self.awaiting_node.remove(&key);
+        if let Some(n) = self.nodes.get_mut(&node) {
+            for c in cpus {
+                if let Some(b) = n.cpu_busy.get_mut(c) {
+                    *b = false;
+                }
+            }
+        }
+        if let Some(engine) = self.engine.as_mut()
+            && engine.task(task).is_some()
+        {
+            let _ = engine.block(task, now as u64);
+            self.retained_tasks.push_back(task);
+            while self.retained_tasks.len() > RETAINED_TASKS {
+                if let Some(old) = self.retained_tasks.pop_front() {
+                    let _ = engine.remove_task(old, now as u64);
+                }
+            }
+        }
+        self.persist(key, fx);
+        self.emit(key, previous, now, fx);
+        if !node.is_empty() && self.node_leaf.contains_key(&node) {
+            let schedulable = self.nodes.get(&node).is_some_and(NodeInfo::schedulable);
+            if !schedulable {
+                self.refresh_capacity(&node, now, fx);
+            }
+            self.sync_summary(&node, now);
+        }
+        self.process_events(now, fx);
+    }
+
+    /// The agent's stream closed. The node stays up until its heartbeats
+    /// are overdue, so a quick reconnect loses nothing.
+    pub fn disconnected(&mut self, node: &str) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.connected = false;
+        }
+    }
+
+    /// A job on a lost node: retry it within its budget, else LOST.
+    fn job_lost_on_node(&mut self, key: (u64, u32), why: &str, now: i64, fx: &mut Effects) {
+        let Some(e) = self.jobs.get(&key) else { return };
+        if is_terminal(e.job.state) {
+            return;
+        }
+        if self.cancelling.contains(&key) {
+            self.finish(key, JobState::Cancelled, now, fx);
+            return;
+        }
+        let retries = e.job.spec.as_ref().map_or(0, |s| s.retries);
+        let node = e.job.node.clone();
+        if e.job.attempt <= retries {
+            let previous = now_state(&e.job);
+            let task = e.task;
+            if let Some(n) = self.nodes.get_mut(&node) {
+                for &c in &e.model_cpus {
+                    if let Some(b) = n.cpu_busy.get_mut(c) {
+                        *b = false;
+                    }
+                }
+            }
+            if let Some(engine) = self.engine.as_mut()
+                && engine.task(task).is_some()
+            {
+                let _ = engine.remove_task(task, now as u64);
+            }
+            if let Some(e) = self.jobs.get_mut(&key) {
+                e.model_cpus.clear();
+                e.job.attempt += 1;
+                e.job.state = JobState::Pending as i32;
+                e.job.cpus.clear();
+                e.job.start_time_ms = 0;
+                e.job.reason = format!(
+                    "retry {} of {retries}: node {node} lost ({why})",
+                    e.job.attempt - 1
+                );
+                e.job.node.clear();
+            }
+            self.persist(key, fx);
+            self.emit(key, previous, now, fx);
+            self.place(key, now, fx);
+        } else {
+            if let Some(e) = self.jobs.get_mut(&key) {
+                e.job.reason = format!("node {node} lost ({why}), no retries left");
+            }
+            self.finish(key, JobState::Lost, now, fx);
+        }
+    }
+
+    /// Periodic work: overdue heartbeats make nodes DOWN, restored jobs
+    /// whose node never came back are lost, busy flags are set lazily.
+    pub fn tick(&mut self, now: i64, fx: &mut Effects) {
+        self.ensure_engine(now, fx);
+        let deadline = (self.cfg.heartbeat_interval_ms * self.cfg.missed_heartbeats) as i64;
+        let overdue: Vec<String> = self
+            .nodes
+            .values()
+            .filter(|n| !n.down && now - n.last_heartbeat_ms > deadline)
+            .map(|n| n.name.clone())
+            .collect();
+        for name in overdue {
+            tracing::warn!(node = %name, "node missed its heartbeats: marking it down");
+            if let Some(n) = self.nodes.get_mut(&name) {
+                n.down = true;
+                n.connected = false;
+            }
+            let on_node: Vec<(u64, u32)> = self
+                .jobs
+                .iter()
+                .filter(|(_, e)| {
+                    e.job.node == name
+                        && matches!(now_state(&e.job), JobState::Assigned | JobState::Running)
+                })
+                .map(|(k, _)| *k)
+                .collect();
+            for key in on_node {
+                self.job_lost_on_node(key, "missed heartbeats", now, fx);
+            }
+            self.refresh_capacity(&name, now, fx);
+        }
+        let expired: Vec<(u64, u32)> = self
+            .awaiting_node
+            .iter()
+            .filter(|&(_, &d)| d <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in expired {
+            self.awaiting_node.remove(&key);
+            self.job_lost_on_node(
+                key,
+                "its node did not come back after a dispatcher restart",
+                now,
+                fx,
+            );
+        }
+        if let Some(engine) = self.engine.as_mut() {
+            for leaf in 0..engine.topology().nr_leaves() {
+                engine.tick(leaf, now as u64);
+            }
+        }
+        self.process_events(now, fx);
+    }
+
+    fn retry_unplaced(&mut self, now: i64, fx: &mut Effects) {
+        let keys: Vec<(u64, u32)> = self.unplaced.keys().copied().collect();
+        for key in keys {
+            self.place(key, now, fx);
+            self.persist(key, fx);
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Users' actions
+
+    /// Cancel a job, or every element of an array.
+    pub fn cancel(&mut self, id: &str, now: i64, fx: &mut Effects) -> Result<Job, Status> {
+        self.ensure_engine(now, fx);
+        let key = job_key(id).ok_or_else(|| Status::not_found(format!("id: no job {id:?}")))?;
+        if !self.jobs.contains_key(&key) && key.1 == 0 {
+            let elements: Vec<(u64, u32)> = self
+                .jobs
+                .range((key.0, 1)..(key.0 + 1, 0))
+                .map(|(k, _)| *k)
+                .collect();
+            if elements.is_empty() {
+                return Err(Status::not_found(format!("id: no job {id:?}")));
+            }
+            for k in &elements {
+                self.cancel_one(*k, now, fx);
+            }
+            let first = self
+                .jobs
+                .get(&elements[0])
+                .map(|e| e.job.clone())
+                .unwrap_or_default();
+            return Ok(first);
+        }
+        if !self.jobs.contains_key(&key) {
+            return Err(Status::not_found(format!("id: no job {id:?}")));
+        }
+        self.cancel_one(key, now, fx);
+        self.process_events(now, fx);
+        self.get_job(id)
+    }
+
+    fn cancel_one(&mut self, key: (u64, u32), now: i64, fx: &mut Effects) {
+        let Some(e) = self.jobs.get(&key) else { return };
+        match now_state(&e.job) {
+            JobState::Pending | JobState::Unspecified => {
+                if let Some(e) = self.jobs.get_mut(&key) {
+                    e.job.reason = "cancelled by user while pending".into();
+                }
+                self.finish(key, JobState::Cancelled, now, fx);
+            }
+            JobState::Assigned | JobState::Running => {
+                let node = e.job.node.clone();
+                let connected = self
+                    .nodes
+                    .get(&node)
+                    .is_some_and(|n| n.connected && !n.down);
+                if connected {
+                    self.cancelling.insert(key);
+                    fx.to_agents.push((
+                        node,
+                        DispatcherMessage {
+                            msg: Some(dispatcher_message::Msg::Cancel(Cancel {
+                                job_id: e.job.id.clone(),
+                                attempt: e.job.attempt,
+                            })),
+                        },
+                    ));
+                } else {
+                    if let Some(e) = self.jobs.get_mut(&key) {
+                        e.job.reason = format!("cancelled by user; node {node} unreachable");
+                    }
+                    self.finish(key, JobState::Cancelled, now, fx);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Cordon, drain or uncordon a node.
+    pub fn set_node_admin(
+        &mut self,
+        name: &str,
+        admin: NodeAdmin,
+        now: i64,
+        fx: &mut Effects,
+    ) -> Result<proto::v1::Node, Status> {
+        self.ensure_engine(now, fx);
+        let n = self
+            .nodes
+            .get_mut(name)
+            .ok_or_else(|| Status::not_found(format!("name: no node {name:?}")))?;
+        n.admin = admin;
+        fx.writes.push(Write::PutNodeAdmin(name.to_string(), admin));
+        self.refresh_capacity(name, now, fx);
+        self.node(name).map(NodeInfo::to_proto)
+    }
+}
+
+/// Why the engine put a job where it did, from the schedstats it moved.
+fn placement_reason(
+    before: &sched::Schedstats,
+    after: &sched::Schedstats,
+    has_waker: bool,
+) -> String {
+    let mut parts = Vec::new();
+    if after.pack_placed > before.pack_placed {
+        parts.push("pack: lowest-numbered node with room");
+    }
+    if after.wake_wide > before.wake_wide {
+        parts.push("wake_wide: the waker fans out, spread");
+    } else if has_waker && after.wake_affine > before.wake_affine {
+        parts.push("wake_affine: near the waker");
+    }
+    if after.busy_skip > before.busy_skip {
+        parts.push("busy-skip: cluster full, no scan");
+    }
+    if after.sis_easy > before.sis_easy {
+        parts.push("select_idle_sibling: target had room");
+    } else if after.sis_core > before.sis_core {
+        parts.push("select_idle_sibling: idle host group in the rack");
+    } else if after.sis_cpu > before.sis_cpu {
+        parts.push("select_idle_sibling: idle node in the rack");
+    } else if after.find_idlest > before.find_idlest {
+        parts.push("find_idlest: emptiest zone, rack and node");
+    }
+    if parts.is_empty() {
+        parts.push("placed");
+    }
+    parts.join("; ")
+}
+
+/// Convert an engine summary to the API's.
+pub fn free_to_proto(s: FreeSummary) -> PbFree {
+    PbFree {
+        core: s.core,
+        llc: s.llc,
+        numa: s.numa,
+        package: s.package,
+        any: s.any,
+    }
+}
+
+#[cfg(test)]
+#[path = "cluster_tests.rs"]
+mod tests;

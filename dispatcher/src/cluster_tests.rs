@@ -1,0 +1,383 @@
+//! Unit tests of the job lifecycle on the cluster state, driven the way the
+//! core drives it (register, submit, statuses, ticks), with no I/O.
+
+use super::*;
+use proto::v1::{CpuGroup, Register};
+
+fn groups(g: &[Vec<usize>], topo: &Topology) -> Vec<CpuGroup> {
+    g.iter()
+        .map(|v| CpuGroup {
+            cpus: v.iter().map(|&l| topo.os_id(l) as u32).collect(),
+        })
+        .collect()
+}
+
+/// The API topology of a synthetic machine.
+pub(crate) fn machine(spec: &str) -> proto::v1::Topology {
+    let t = Topology::from_spec(spec).unwrap();
+    let llcs: Vec<Vec<usize>> = t.llcs().iter().map(|l| l.members.clone()).collect();
+    proto::v1::Topology {
+        cpus: (0..t.nr_leaves()).map(|l| t.os_id(l) as u32).collect(),
+        smt: groups(t.cores(), &t),
+        llc: groups(&llcs, &t),
+        numa: groups(t.numa_groups(), &t),
+        package: groups(t.package_groups(), &t),
+    }
+}
+
+fn register(c: &mut Cluster, name: &str, spec: &str, zone: &str, rack: &str, now: i64) -> Effects {
+    let mut fx = Effects::default();
+    let mut labels = HashMap::new();
+    labels.insert("topology.kubernetes.io/zone".to_string(), zone.to_string());
+    labels.insert("dispatch.io/rack".to_string(), rack.to_string());
+    c.register(
+        Register {
+            node: name.into(),
+            labels,
+            topology: Some(machine(spec)),
+            ..Default::default()
+        },
+        now,
+        &mut fx,
+    )
+    .unwrap();
+    fx
+}
+
+fn job(cpus: u32) -> JobSpec {
+    JobSpec {
+        command: vec!["true".into()],
+        cpus,
+        ..Default::default()
+    }
+}
+
+fn assigns(fx: &Effects) -> Vec<(String, String)> {
+    fx.to_agents
+        .iter()
+        .filter_map(|(n, m)| match &m.msg {
+            Some(dispatcher_message::Msg::Assign(a)) => Some((n.clone(), a.job_id.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn status(id: &str, attempt: u32, state: JobState) -> JobStatus {
+    JobStatus {
+        job_id: id.into(),
+        attempt,
+        state: state as i32,
+        ..Default::default()
+    }
+}
+
+fn state_of(c: &Cluster, id: &str) -> JobState {
+    JobState::try_from(c.get_job(id).unwrap().state).unwrap()
+}
+
+#[test]
+fn submit_assign_run_finish_then_queued_job_starts() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "n1", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    let jobs = c.submit(vec![job(2), job(2)], true, 1, &mut fx).unwrap();
+    assert_eq!(jobs.len(), 2);
+    assert_eq!(assigns(&fx), vec![("n1".to_string(), "j-1".to_string())]);
+    assert_eq!(state_of(&c, "j-1"), JobState::Assigned);
+    assert_eq!(state_of(&c, "j-2"), JobState::Pending);
+    assert!(c.get_job("j-2").unwrap().reason.contains("queued on n1"));
+    // Persist before acknowledge: every created job is in the writes.
+    let puts = fx
+        .writes
+        .iter()
+        .filter(|w| matches!(w, Write::PutJob(_)))
+        .count();
+    assert!(puts >= 2);
+    let mut fx = Effects::default();
+    c.job_status("n1", status("j-1", 1, JobState::Running), 2, &mut fx);
+    assert_eq!(state_of(&c, "j-1"), JobState::Running);
+    let mut fx = Effects::default();
+    c.job_status("n1", status("j-1", 1, JobState::Succeeded), 3, &mut fx);
+    assert_eq!(state_of(&c, "j-1"), JobState::Succeeded);
+    assert_eq!(assigns(&fx), vec![("n1".to_string(), "j-2".to_string())]);
+}
+
+#[test]
+fn bad_specs_create_nothing() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "n1", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    let mut bad = job(1);
+    bad.latency_nice = 99;
+    let err = c.submit(vec![job(1), bad], true, 1, &mut fx).unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("specs[1].latency_nice"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(c.nr_jobs(), 0);
+    assert!(fx.writes.is_empty());
+    let mut w = job(1);
+    w.waker = "j-77".into();
+    let err = c.submit(vec![w], false, 1, &mut fx).unwrap_err();
+    assert!(err.message().starts_with("spec.waker"), "{}", err.message());
+    assert_eq!(c.get_job("j-9").unwrap_err().code(), tonic::Code::NotFound);
+    assert_eq!(
+        c.get_job("bogus").unwrap_err().code(),
+        tonic::Code::NotFound
+    );
+}
+
+#[test]
+fn alignment_and_selector_are_respected() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    // Two LLCs of 4 CPUs each on n-small; one LLC of 8 on n-big.
+    register(&mut c, "n-small", "2s:4c:1t", "z1", "r1", 0);
+    register(&mut c, "n-big", "1s:8c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    let mut j = job(6);
+    j.alignment = proto::v1::Alignment::Llc as i32;
+    c.submit(vec![j], false, 1, &mut fx).unwrap();
+    assert_eq!(assigns(&fx), vec![("n-big".to_string(), "j-1".to_string())]);
+    let mut j = job(1);
+    j.node_selector
+        .insert("dispatch.io/rack".into(), "nowhere".into());
+    c.submit(vec![j], false, 2, &mut fx).unwrap();
+    let pending = c.get_job("j-2").unwrap();
+    assert_eq!(
+        JobState::try_from(pending.state).unwrap(),
+        JobState::Pending
+    );
+    assert!(
+        pending.reason.contains("no node matches"),
+        "{}",
+        pending.reason
+    );
+    // A node with the label arrives: the job is placed there.
+    let mut fx = Effects::default();
+    let mut labels = HashMap::new();
+    labels.insert("dispatch.io/rack".to_string(), "nowhere".to_string());
+    c.register(
+        Register {
+            node: "n-far".into(),
+            labels,
+            topology: Some(machine("1s:2c:1t")),
+            ..Default::default()
+        },
+        3,
+        &mut fx,
+    )
+    .unwrap();
+    assert_eq!(assigns(&fx), vec![("n-far".to_string(), "j-2".to_string())]);
+}
+
+#[test]
+fn idle_node_steals_from_overloaded_node_of_its_rack() {
+    for limit in [1, 2] {
+        steal_within_node_limit(limit);
+    }
+}
+
+fn steal_within_node_limit(limit: usize) {
+    let mut cfg = ClusterConfig::default();
+    cfg.engine.steal_node_limit = limit;
+    let mut c = Cluster::new(cfg);
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    register(&mut c, "b", "1s:2c:1t", "z1", "r1", 0);
+    register(&mut c, "far", "1s:2c:1t", "z2", "r9", 0);
+    let mut fx = Effects::default();
+    c.set_node_admin("b", NodeAdmin::Cordoned, 0, &mut fx)
+        .unwrap();
+    c.set_node_admin("far", NodeAdmin::Cordoned, 0, &mut fx)
+        .unwrap();
+    // Only a takes jobs: one runs, two queue on it.
+    let mut fx = Effects::default();
+    c.submit(vec![job(2), job(2), job(2)], true, 1, &mut fx)
+        .unwrap();
+    assert_eq!(assigns(&fx), vec![("a".to_string(), "j-1".to_string())]);
+    assert!(c.engine().unwrap().rq(0).is_overloaded());
+    // b comes back idle: it steals a queued job from a, its rack peer.
+    let mut fx = Effects::default();
+    c.set_node_admin("b", NodeAdmin::Ready, 2, &mut fx).unwrap();
+    let started = assigns(&fx);
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert_eq!(started[0].0, "b");
+    assert_eq!(c.engine().unwrap().stats().steal, 1);
+    let j = c.get_job(&started[0].1).unwrap();
+    assert!(
+        j.reason
+            .contains("steal: b took it from overloaded a (same rack)"),
+        "{}",
+        j.reason
+    );
+    // far is in another zone: with a node limit of 1 zone it may not
+    // steal across zones; with the default limit of 2 it may.
+    let mut fx = Effects::default();
+    c.set_node_admin("far", NodeAdmin::Ready, 3, &mut fx)
+        .unwrap();
+    if limit == 1 {
+        assert!(assigns(&fx).is_empty());
+        assert_eq!(c.engine().unwrap().stats().steal, 1);
+    } else {
+        let started = assigns(&fx);
+        assert_eq!(started.len(), 1);
+        let j = c.get_job(&started[0].1).unwrap();
+        assert!(
+            j.reason.contains("from overloaded a (another zone)"),
+            "{}",
+            j.reason
+        );
+    }
+}
+
+#[test]
+fn node_loss_retries_within_budget_else_lost() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    let mut retried = job(2);
+    retried.retries = 1;
+    c.submit(vec![retried, job(2)], true, 1, &mut fx).unwrap();
+    c.job_status("a", status("j-1", 1, JobState::Running), 2, &mut fx);
+    register(&mut c, "b", "1s:2c:1t", "z1", "r1", 2);
+    // Heartbeats: b reports, a does not.
+    for t in [1000, 2000, 3000, 4000] {
+        c.load_report("b", NodeLoad::default(), t);
+        let mut fx = Effects::default();
+        c.tick(t, &mut fx);
+    }
+    let j1 = c.get_job("j-1").unwrap();
+    assert_eq!(j1.attempt, 2, "{j1:?}");
+    assert_eq!(j1.node, "b");
+    assert!(j1.reason.contains("node a lost"), "{}", j1.reason);
+    // j-2 was queued on a or running on b; either way it is not lost.
+    assert_ne!(state_of(&c, "j-2"), JobState::Lost);
+    assert_eq!(c.node("a").unwrap().state(), NodeState::Down);
+    // A job with no retries on a lost node is LOST.
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    c.submit(vec![job(1)], false, 1, &mut fx).unwrap();
+    c.tick(10_000, &mut fx);
+    assert_eq!(state_of(&c, "j-1"), JobState::Lost);
+}
+
+#[test]
+fn cancel_pending_running_and_arrays() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:1c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    c.submit(vec![job(1), job(1)], true, 1, &mut fx).unwrap();
+    let mut fx = Effects::default();
+    c.cancel("j-2", 2, &mut fx).unwrap();
+    assert_eq!(state_of(&c, "j-2"), JobState::Cancelled);
+    let mut fx = Effects::default();
+    c.cancel("j-1", 3, &mut fx).unwrap();
+    assert!(
+        fx.to_agents
+            .iter()
+            .any(|(_, m)| matches!(m.msg, Some(dispatcher_message::Msg::Cancel(_))))
+    );
+    assert_eq!(
+        state_of(&c, "j-1"),
+        JobState::Assigned,
+        "until the agent confirms"
+    );
+    c.job_status("a", status("j-1", 1, JobState::Cancelled), 4, &mut fx);
+    assert_eq!(state_of(&c, "j-1"), JobState::Cancelled);
+    // Arrays.
+    let mut arr = job(1);
+    arr.array_count = 5;
+    let created = c.submit(vec![arr], false, 5, &mut fx).unwrap();
+    assert_eq!(created.len(), 5);
+    assert_eq!(created[4].id, "j-3.4");
+    assert_eq!(c.get_job("j-3").unwrap_err().code(), tonic::Code::NotFound);
+    c.cancel("j-3", 6, &mut fx).unwrap();
+    let pending = (0..5)
+        .filter(|i| state_of(&c, &format!("j-3.{i}")) == JobState::Pending)
+        .count();
+    assert_eq!(pending, 0);
+}
+
+#[test]
+fn list_pages_newest_first() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    let mut fx = Effects::default();
+    c.submit((0..25).map(|_| job(1)).collect(), true, 1, &mut fx)
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let (page, next) = c
+            .list_jobs(&ListJobsRequest {
+                page_size: 10,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .unwrap();
+        seen.extend(page.into_iter().map(|j| j.id));
+        if next.is_empty() {
+            break;
+        }
+        token = next;
+    }
+    assert_eq!(seen.len(), 25);
+    assert_eq!(seen[0], "j-25");
+    assert_eq!(seen[24], "j-1");
+    assert!(
+        c.list_jobs(&ListJobsRequest {
+            page_token: "zz".into(),
+            ..Default::default()
+        })
+        .is_err()
+    );
+}
+
+#[test]
+fn restore_reconciles_with_agents() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    c.submit(vec![job(1), job(1), job(1)], true, 1, &mut fx)
+        .unwrap();
+    c.job_status("a", status("j-1", 1, JobState::Running), 2, &mut fx);
+    // Snapshot what the store would hold.
+    let snap = Snapshot {
+        jobs: c.jobs.values().map(|e| e.job.clone()).collect(),
+        node_admin: HashMap::new(),
+        next_job: 4,
+    };
+    let mut d = Cluster::new(ClusterConfig::default());
+    d.restore(snap, 100, 5_000);
+    // The agent comes back and reports j-1 still running; j-2 (assigned)
+    // is not reported, so it is re-sent.
+    let mut fx = Effects::default();
+    let mut labels = HashMap::new();
+    labels.insert("topology.kubernetes.io/zone".to_string(), "z1".to_string());
+    labels.insert("dispatch.io/rack".to_string(), "r1".to_string());
+    d.register(
+        Register {
+            node: "a".into(),
+            labels,
+            topology: Some(machine("1s:2c:1t")),
+            jobs: vec![status("j-1", 1, JobState::Running)],
+            ..Default::default()
+        },
+        200,
+        &mut fx,
+    )
+    .unwrap();
+    assert_eq!(state_of(&d, "j-1"), JobState::Running);
+    d.load_report("a", NodeLoad::default(), 5_500);
+    let mut fx = Effects::default();
+    d.tick(6_000, &mut fx);
+    assert_ne!(state_of(&d, "j-1"), JobState::Lost);
+    // j-2 was restored as ASSIGNED but the agent did not report it: lost.
+    assert_eq!(state_of(&d, "j-2"), JobState::Lost);
+    // j-3 was pending and is placed again.
+    assert_ne!(state_of(&d, "j-3"), JobState::Lost);
+    let mut fx = Effects::default();
+    let j = d.submit(vec![job(1)], false, 7_000, &mut fx).unwrap();
+    assert_eq!(j[0].id, "j-4", "ids continue after a restart");
+}
