@@ -3,4 +3,7 @@
 //!
 //! Module ownership: [`topology`] is the only module that reads `/sys`.
 
+pub mod exec;
+pub mod local;
+pub mod runtime;
 pub mod topology;

@@ -21,6 +21,17 @@ struct Cli {
 enum Command {
     /// Discover the machine's CPU topology and print it as a tree or JSON.
     Topology(TopologyArgs),
+    /// Supervise one job (internal: the executor starts it; see
+    /// `agent::exec::shim`).
+    #[command(hide = true)]
+    Shim(ShimArgs),
+}
+
+#[derive(Debug, Args)]
+struct ShimArgs {
+    /// The job directory holding `spec.json`.
+    #[arg(long, value_name = "DIR")]
+    job_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -54,6 +65,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Topology(args) => cmd_topology(&args),
+        Command::Shim(args) => return agent::exec::shim::main(&args.job_dir),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

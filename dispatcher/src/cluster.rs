@@ -1183,6 +1183,13 @@ impl Cluster {
         }
     }
 
+    /// Any message from an agent proves it alive.
+    pub fn load_report_time(&mut self, node: &str, now: i64) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.last_heartbeat_ms = now;
+        }
+    }
+
     /// A job status from an agent.
     pub fn job_status(&mut self, node: &str, status: JobStatus, now: i64, fx: &mut Effects) {
         self.ensure_engine(now, fx);

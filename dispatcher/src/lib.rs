@@ -6,5 +6,7 @@
 //! - [`store`]: durable state (embedded redb by default).
 
 pub mod cluster;
+pub mod core;
+pub mod server;
 pub mod spec;
 pub mod store;

@@ -171,16 +171,28 @@ impl TopologyBuilder {
     /// Add a level given as groups of outside ids (e.g. the CPU lists an
     /// agent reports: SMT sibling lists, LLC lists, ...). Every leaf must be
     /// in exactly one group.
-    pub fn level_from_groups(self, name: &str, flags: DomainFlags, groups: &[Vec<u64>]) -> Result<Self, TopologyError> {
+    pub fn level_from_groups(
+        self,
+        name: &str,
+        flags: DomainFlags,
+        groups: &[Vec<u64>],
+    ) -> Result<Self, TopologyError> {
         let bad = |reason: String| TopologyError::BadGroups {
             level: name.to_string(),
             reason,
         };
-        let index: HashMap<u64, usize> = self.os_ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+        let index: HashMap<u64, usize> = self
+            .os_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| (id, i))
+            .collect();
         let mut keys = vec![u64::MAX; self.os_ids.len()];
         for (g, group) in groups.iter().enumerate() {
             for id in group {
-                let leaf = *index.get(id).ok_or_else(|| bad(format!("id {id} is not a leaf")))?;
+                let leaf = *index
+                    .get(id)
+                    .ok_or_else(|| bad(format!("id {id} is not a leaf")))?;
                 if keys[leaf] != u64::MAX {
                     return Err(bad(format!("id {id} is in two groups")));
                 }
@@ -1090,8 +1102,14 @@ mod tests {
             b().level_from_groups("x", DomainFlags::LLC, &[vec![0]]),
             Err(TopologyError::BadGroups { .. })
         ));
-        assert!(b().level_from_groups("x", DomainFlags::LLC, &[vec![0, 1], vec![1]]).is_err());
-        assert!(b().level_from_groups("x", DomainFlags::LLC, &[vec![0, 1, 7]]).is_err());
+        assert!(
+            b().level_from_groups("x", DomainFlags::LLC, &[vec![0, 1], vec![1]])
+                .is_err()
+        );
+        assert!(
+            b().level_from_groups("x", DomainFlags::LLC, &[vec![0, 1, 7]])
+                .is_err()
+        );
     }
 
     #[test]

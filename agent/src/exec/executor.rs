@@ -1,0 +1,979 @@
+//! The executor API the local scheduler drives: [`Executor`] spawns jobs
+//! through shims, signals, re-pins and cancels them, watches their shims,
+//! delivers every exit once per executor on a channel, re-adopts jobs
+//! after an agent restart and shuts down as configured.
+//!
+//! One executor owns a state directory (an exclusive `flock` on
+//! `<state_dir>/lock`); each job lives in `<state_dir>/jobs/<id>/` (see
+//! the table in `jobdir.rs`). Exit delivery is at least once across
+//! restarts: a finished job's directory stays, and every new executor's
+//! [`Executor::readopt`] reports it again, until the consumer calls
+//! [`Executor::ack`] (keep the logs) or [`Executor::remove`] (delete them).
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::{Pid, geteuid};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::cgroup::{self, CgroupSupport};
+use super::error::{ExecError, Result};
+use super::group::JobProcs;
+use super::jobdir::{JobDir, read_json, read_pid, write_atomic, write_json};
+use super::procfs;
+use super::spec::{
+    CancelRequest, JobExec, JobExit, JobOutcome, RunAs, SPEC_VERSION, ShimSpec, validate_cpus,
+    validate_id,
+};
+
+/// What [`Executor::shutdown`] does with running jobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShutdownMode {
+    /// Cancel every job (SIGTERM, SIGKILL after `shutdown_grace`) and wait
+    /// for their exits.
+    #[default]
+    KillJobs,
+    /// Leave jobs running under their shims; a later executor on the same
+    /// state directory re-adopts them with [`Executor::readopt`].
+    LeaveRunning,
+}
+
+/// Configuration of an [`Executor`].
+#[derive(Debug, Clone)]
+pub struct ExecConfig {
+    /// Directory for the lock and the job directories (created if needed).
+    pub state_dir: PathBuf,
+    /// Cap on each of a job's `stdout` and `stderr` files, bytes.
+    pub log_cap_bytes: u64,
+    /// The unprivileged uid/gid jobs run as when the agent runs as root.
+    /// Ignored (with a warning) when the agent is not root.
+    pub run_as: Option<(u32, u32)>,
+    /// Allow jobs to run as root (when the agent is root and `run_as` is
+    /// unset or uid 0). Off by default: such spawns are refused.
+    pub allow_root: bool,
+    /// A cgroup v2 directory under which to create one cgroup per job
+    /// (see `cgroup.rs`); `None`: no cgroups.
+    pub cgroup_root: Option<PathBuf>,
+    /// What [`Executor::shutdown`] does with running jobs.
+    pub shutdown: ShutdownMode,
+    /// Grace between SIGTERM and SIGKILL on `KillJobs` shutdown.
+    pub shutdown_grace: Duration,
+    /// The binary that runs the shim as `<shim_exe> shim --job-dir DIR`:
+    /// the agent binary itself.
+    pub shim_exe: PathBuf,
+    /// How long [`Executor::spawn`] waits for the shim's answer.
+    pub shim_start_timeout: Duration,
+    /// How often the shim of a re-adopted job (not a child of this
+    /// process) is checked.
+    pub adopt_poll_interval: Duration,
+}
+
+impl ExecConfig {
+    /// Defaults: 64 MiB log cap, no `run_as`, root refused, no cgroups,
+    /// `KillJobs` with a 10 s grace, this executable as the shim.
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        ExecConfig {
+            state_dir: state_dir.into(),
+            log_cap_bytes: 64 << 20,
+            run_as: None,
+            allow_root: false,
+            cgroup_root: None,
+            shutdown: ShutdownMode::KillJobs,
+            shutdown_grace: Duration::from_secs(10),
+            // /proc/self/exe resolves in the forked child, which is still
+            // this binary: a working fallback.
+            shim_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
+            shim_start_timeout: Duration::from_secs(30),
+            adopt_poll_interval: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobState {
+    /// Its shim runs; `stopped` after [`Executor::stop`] until
+    /// [`Executor::cont`].
+    Running {
+        /// Stopped with SIGSTOP.
+        stopped: bool,
+    },
+    /// It ended.
+    Finished(JobExit),
+}
+
+/// A snapshot of one job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobStatus {
+    /// The job.
+    pub id: String,
+    /// Its directory (logs: `stdout`, `stderr`).
+    pub dir: PathBuf,
+    /// Pid of its first process, which is also its process group id.
+    pub pid: Option<u32>,
+    /// Pid of its shim.
+    pub shim_pid: Option<u32>,
+    /// The CPUs it is pinned to.
+    pub cpus: Vec<u32>,
+    /// Its cgroup, if it has one.
+    pub cgroup: Option<PathBuf>,
+    /// Running or finished.
+    pub state: JobState,
+}
+
+/// What [`Executor::readopt`] found in the state directory. Every exit in
+/// `exited` and `lost` is also delivered on the exit channel.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadoptReport {
+    /// Jobs whose shim still runs: watched again.
+    pub reattached: Vec<String>,
+    /// Jobs that finished (`status.json`) without an `ack`.
+    pub exited: Vec<String>,
+    /// Jobs whose shim is gone without a status: their leftovers were
+    /// killed and the exit is [`JobOutcome::Lost`].
+    pub lost: Vec<String>,
+    /// Directories that could not be read (warned about, left alone).
+    pub skipped: Vec<String>,
+}
+
+/// A started job: its pids and paths, and a way to wait for its exit.
+#[derive(Debug, Clone)]
+pub struct JobHandle {
+    id: String,
+    pid: u32,
+    shim_pid: u32,
+    dir: PathBuf,
+    cgroup: Option<PathBuf>,
+    exit: watch::Receiver<Option<JobExit>>,
+}
+
+impl JobHandle {
+    /// The job's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    /// Pid of the job's first process (= its process group id).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+    /// Pid of its shim.
+    pub fn shim_pid(&self) -> u32 {
+        self.shim_pid
+    }
+    /// Its directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+    /// The file its stdout goes to (readable while it runs).
+    pub fn stdout_path(&self) -> PathBuf {
+        self.dir.join("stdout")
+    }
+    /// The file its stderr goes to (readable while it runs).
+    pub fn stderr_path(&self) -> PathBuf {
+        self.dir.join("stderr")
+    }
+    /// Its cgroup, if it has one.
+    pub fn cgroup(&self) -> Option<&Path> {
+        self.cgroup.as_deref()
+    }
+    /// The exit, if it has been observed.
+    pub fn try_exit(&self) -> Option<JobExit> {
+        self.exit.borrow().clone()
+    }
+    /// Wait for the job's exit.
+    pub async fn wait(&mut self) -> Result<JobExit> {
+        loop {
+            if let Some(exit) = self.exit.borrow_and_update().clone() {
+                return Ok(exit);
+            }
+            if self.exit.changed().await.is_err() {
+                return self
+                    .exit
+                    .borrow()
+                    .clone()
+                    .ok_or_else(|| ExecError::ExecutorGone(self.id.clone()));
+            }
+        }
+    }
+}
+
+/// One tracked job.
+#[derive(Debug)]
+struct Job {
+    dir: JobDir,
+    pid: Option<i32>,
+    shim_pid: Option<i32>,
+    cpus: Vec<u32>,
+    cgroup: Option<PathBuf>,
+    stopped: bool,
+    exit_tx: watch::Sender<Option<JobExit>>,
+    monitor: Option<JoinHandle<()>>,
+}
+
+impl Job {
+    fn exit(&self) -> Option<JobExit> {
+        self.exit_tx.borrow().clone()
+    }
+
+    /// The job's processes, if it is running and its shim is the one we
+    /// know (checked against /proc, against pid reuse).
+    fn running_procs(&self, id: &str) -> Result<JobProcs<'_>> {
+        let not_running = || ExecError::NotRunning(id.to_owned());
+        if self.exit().is_some() {
+            return Err(not_running());
+        }
+        let (Some(pgid), Some(shim)) = (self.pid, self.shim_pid) else {
+            return Err(not_running());
+        };
+        if !procfs::is_shim_for(shim, self.dir.path()) {
+            return Err(not_running());
+        }
+        Ok(JobProcs {
+            pgid,
+            shim: Some(shim),
+            cgroup: self.cgroup.as_deref(),
+        })
+    }
+
+    fn status(&self, id: &str) -> JobStatus {
+        let to_u32 = |p: Option<i32>| p.and_then(|p| u32::try_from(p).ok());
+        JobStatus {
+            id: id.to_owned(),
+            dir: self.dir.path().to_owned(),
+            pid: to_u32(self.pid),
+            shim_pid: to_u32(self.shim_pid),
+            cpus: self.cpus.clone(),
+            cgroup: self.cgroup.clone(),
+            state: match self.exit() {
+                Some(exit) => JobState::Finished(exit),
+                None => JobState::Running {
+                    stopped: self.stopped,
+                },
+            },
+        }
+    }
+}
+
+/// State shared with the monitor tasks.
+#[derive(Debug)]
+struct Shared {
+    jobs: Mutex<HashMap<String, Job>>,
+    exits_tx: mpsc::UnboundedSender<JobExit>,
+}
+
+impl Shared {
+    fn jobs(&self) -> MutexGuard<'_, HashMap<String, Job>> {
+        // A panic while holding the lock leaves consistent data (every
+        // update is a single assignment), so poisoning is ignored.
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn finish(&self, id: &str, exit: JobExit) {
+        if let Some(job) = self.jobs().get_mut(id) {
+            job.stopped = false;
+            job.exit_tx.send_replace(Some(exit.clone()));
+        }
+        // Nobody listening is fine: the exit stays on disk.
+        let _ = self.exits_tx.send(exit);
+    }
+}
+
+/// How a monitor learns that a shim has gone.
+enum ShimWatch {
+    /// Our child: wait for it.
+    Child(tokio::process::Child),
+    /// Someone else's (re-adopted): poll /proc and `status.json`.
+    Adopted(Option<i32>, Duration),
+}
+
+/// Runs jobs through shims; see the module documentation.
+#[derive(Debug)]
+pub struct Executor {
+    cfg: ExecConfig,
+    jobs_dir: PathBuf,
+    cgroup: Option<CgroupSupport>,
+    shared: Arc<Shared>,
+    exits_rx: Mutex<Option<mpsc::UnboundedReceiver<JobExit>>>,
+    shut_down: AtomicBool,
+    _lock: File,
+}
+
+impl Executor {
+    /// Open (create) the state directory, lock it, probe cgroups. Needs no
+    /// runtime; `spawn` and `readopt` run on tokio.
+    pub fn new(mut cfg: ExecConfig) -> Result<Executor> {
+        fs::create_dir_all(&cfg.state_dir)
+            .map_err(|e| ExecError::io("create", &cfg.state_dir, e))?;
+        cfg.state_dir = cfg
+            .state_dir
+            .canonicalize()
+            .map_err(|e| ExecError::io("resolve", &cfg.state_dir, e))?;
+        let lock_path = cfg.state_dir.join("lock");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| ExecError::io("open", &lock_path, e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => {
+                return Err(ExecError::StateDirLocked(cfg.state_dir.clone()));
+            }
+            Err(TryLockError::Error(e)) => return Err(ExecError::io("flock", &lock_path, e)),
+        }
+        let jobs_dir = cfg.state_dir.join("jobs");
+        fs::create_dir_all(&jobs_dir).map_err(|e| ExecError::io("create", &jobs_dir, e))?;
+
+        let root = geteuid().is_root();
+        match cfg.run_as {
+            Some((uid, gid)) if !root => tracing::warn!(
+                uid,
+                gid,
+                "not running as root: run_as is ignored, jobs run as the agent's user"
+            ),
+            Some((0, _)) | None if root && !cfg.allow_root => tracing::warn!(
+                "running as root without an unprivileged run_as and without allow_root: every spawn will be refused"
+            ),
+            _ => {}
+        }
+        let cgroup = match &cfg.cgroup_root {
+            None => {
+                tracing::info!("no cgroup root configured: jobs get no cgroup");
+                None
+            }
+            Some(root) => match CgroupSupport::probe(root) {
+                Ok(support) => {
+                    tracing::info!(
+                        root = %support.root.display(),
+                        cpuset = support.cpuset,
+                        memory = support.memory,
+                        "one cgroup v2 per job"
+                    );
+                    Some(support)
+                }
+                Err(reason) => {
+                    tracing::warn!(%reason, "jobs get no cgroup");
+                    None
+                }
+            },
+        };
+        let (exits_tx, exits_rx) = mpsc::unbounded_channel();
+        Ok(Executor {
+            cfg,
+            jobs_dir,
+            cgroup,
+            shared: Arc::new(Shared {
+                jobs: Mutex::new(HashMap::new()),
+                exits_tx,
+            }),
+            exits_rx: Mutex::new(Some(exits_rx)),
+            shut_down: AtomicBool::new(false),
+            _lock: lock,
+        })
+    }
+
+    /// The configuration (with the state directory made absolute).
+    pub fn config(&self) -> &ExecConfig {
+        &self.cfg
+    }
+
+    /// What job cgroups get on this machine (`None`: no cgroups; the
+    /// reason was logged by [`Executor::new`]).
+    pub fn cgroup_support(&self) -> Option<&CgroupSupport> {
+        self.cgroup.as_ref()
+    }
+
+    /// The channel of job exits: every exit this executor observes, once,
+    /// including those found by [`Executor::readopt`]. `None` after the
+    /// first call.
+    pub fn take_exits(&self) -> Option<mpsc::UnboundedReceiver<JobExit>> {
+        self.exits_rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    fn resolve_run_as(&self, id: &str) -> Result<Option<RunAs>> {
+        if !geteuid().is_root() {
+            return Ok(None);
+        }
+        match self.cfg.run_as {
+            Some((uid, gid)) if uid != 0 => Ok(Some(RunAs { uid, gid })),
+            Some((uid, gid)) if self.cfg.allow_root => Ok(Some(RunAs { uid, gid })),
+            None if self.cfg.allow_root => Ok(None),
+            _ => Err(ExecError::RefuseRoot(id.to_owned())),
+        }
+    }
+
+    /// Start a job and return once it runs (its shim has forked and exec'd
+    /// it) or could not start.
+    pub async fn spawn(&self, job: JobExec) -> Result<JobHandle> {
+        if self.shut_down.load(Ordering::SeqCst) {
+            return Err(ExecError::ShutDown);
+        }
+        job.validate()?;
+        let run_as = self.resolve_run_as(&job.id)?;
+        if self.shared.jobs().contains_key(&job.id) {
+            return Err(ExecError::AlreadyExists(job.id));
+        }
+        let dir = JobDir::new(self.jobs_dir.join(&job.id));
+        match fs::create_dir(dir.path()) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(ExecError::AlreadyExists(job.id));
+            }
+            Err(e) => return Err(ExecError::io("create", dir.path(), e)),
+        }
+        let result = self.start(&job, run_as, &dir).await;
+        if result.is_err() {
+            let _ = fs::remove_dir_all(dir.path());
+        }
+        result
+    }
+
+    async fn start(&self, job: &JobExec, run_as: Option<RunAs>, dir: &JobDir) -> Result<JobHandle> {
+        let id = job.id.as_str();
+        let cgroup = match &self.cgroup {
+            Some(support) => match support.create_job(id, &job.cpus, job.memory_max) {
+                Ok(path) => Some(path),
+                Err(e) => {
+                    tracing::warn!(job = id, error = %e, "running the job without a cgroup");
+                    None
+                }
+            },
+            None => {
+                if job.memory_max.is_some() {
+                    tracing::warn!(job = id, "memory_max not enforced: no cgroup");
+                }
+                None
+            }
+        };
+        let result = self.start_shim(job, run_as, dir, cgroup.clone()).await;
+        if result.is_err()
+            && let Some(cg) = &cgroup
+            && let Err(e) = cgroup::remove(cg).await
+        {
+            tracing::warn!(job = id, error = %e, "could not remove the job's cgroup");
+        }
+        result
+    }
+
+    async fn start_shim(
+        &self,
+        job: &JobExec,
+        run_as: Option<RunAs>,
+        dir: &JobDir,
+        cgroup: Option<PathBuf>,
+    ) -> Result<JobHandle> {
+        let id = job.id.clone();
+        let spec = ShimSpec {
+            version: SPEC_VERSION,
+            job: job.clone(),
+            run_as,
+            log_cap_bytes: self.cfg.log_cap_bytes,
+            cgroup: cgroup.clone(),
+        };
+        write_json(&dir.spec(), &spec)?;
+        let log_path = dir.shim_log();
+        let log = File::create(&log_path).map_err(|e| ExecError::io("create", &log_path, e))?;
+        let mut cmd = tokio::process::Command::new(&self.cfg.shim_exe);
+        cmd.arg("shim")
+            .arg("--job-dir")
+            .arg(dir.path())
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(false);
+        // Safety: runs in the forked child before exec and only calls
+        // setsid(2), which is async-signal-safe; it allocates nothing (the
+        // error path builds an io::Error from an errno, no allocation).
+        unsafe {
+            cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(io::Error::from));
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| ExecError::io("start the shim", &self.cfg.shim_exe, e))?;
+        let shim_pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+        let Some(stdout) = child.stdout.take() else {
+            return Err(ExecError::StartFailed {
+                id,
+                reason: "no pipe to the shim".into(),
+            });
+        };
+        let mut line = String::new();
+        let answer = tokio::time::timeout(
+            self.cfg.shim_start_timeout,
+            BufReader::new(stdout).read_line(&mut line),
+        )
+        .await;
+        let pid = match answer {
+            Ok(Ok(_)) if line.starts_with("ok ") => line[3..].trim().parse::<i32>().ok(),
+            Ok(_) => None,
+            Err(_elapsed) => {
+                // A hung shim: kill it and whatever it may have started.
+                let _ = child.start_kill();
+                if let Ok(Some(pgid)) = read_pid(&dir.pid()) {
+                    JobProcs {
+                        pgid,
+                        shim: None,
+                        cgroup: cgroup.as_deref(),
+                    }
+                    .kill_all();
+                }
+                let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+                return Err(ExecError::ShimTimeout {
+                    id,
+                    secs: self.cfg.shim_start_timeout.as_secs_f64(),
+                });
+            }
+        };
+        let Some(pid) = pid else {
+            let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
+            let reason = match line.strip_prefix("err ") {
+                Some(reason) => reason.trim().to_owned(),
+                None => {
+                    let log = fs::read_to_string(&log_path).unwrap_or_default();
+                    format!(
+                        "the shim exited without answering: {}",
+                        log.trim().lines().last().unwrap_or("(shim.log is empty)")
+                    )
+                }
+            };
+            return Err(ExecError::StartFailed { id, reason });
+        };
+
+        let (exit_tx, exit_rx) = watch::channel(None);
+        self.shared.jobs().insert(
+            id.clone(),
+            Job {
+                dir: dir.clone(),
+                pid: Some(pid),
+                shim_pid: Some(shim_pid),
+                cpus: job.cpus.clone(),
+                cgroup: cgroup.clone(),
+                stopped: false,
+                exit_tx,
+                monitor: None,
+            },
+        );
+        self.start_monitor(&id, ShimWatch::Child(child));
+        Ok(JobHandle {
+            id,
+            pid: u32::try_from(pid).unwrap_or(0),
+            shim_pid: u32::try_from(shim_pid).unwrap_or(0),
+            dir: dir.path().to_owned(),
+            cgroup,
+            exit: exit_rx,
+        })
+    }
+
+    fn start_monitor(&self, id: &str, shim: ShimWatch) {
+        let mut jobs = self.shared.jobs();
+        let Some(job) = jobs.get_mut(id) else {
+            return;
+        };
+        let task = monitor(
+            Arc::clone(&self.shared),
+            id.to_owned(),
+            job.dir.clone(),
+            job.pid,
+            job.cgroup.clone(),
+            shim,
+        );
+        job.monitor = Some(tokio::spawn(task));
+    }
+
+    fn with_job<T>(&self, id: &str, f: impl FnOnce(&mut Job) -> Result<T>) -> Result<T> {
+        let mut jobs = self.shared.jobs();
+        let job = jobs
+            .get_mut(id)
+            .ok_or_else(|| ExecError::UnknownJob(id.to_owned()))?;
+        f(job)
+    }
+
+    fn signal(&self, id: &str, sig: Signal) -> Result<()> {
+        self.with_job(id, |job| {
+            let n = job.running_procs(id)?.signal(sig)?;
+            if n == 0 {
+                return Err(ExecError::NotRunning(id.to_owned()));
+            }
+            match sig {
+                Signal::SIGSTOP => job.stopped = true,
+                Signal::SIGCONT => job.stopped = false,
+                _ => {}
+            }
+            Ok(())
+        })
+    }
+
+    /// SIGSTOP the whole job (its process group and any escaped process).
+    pub fn stop(&self, id: &str) -> Result<()> {
+        self.signal(id, Signal::SIGSTOP)
+    }
+
+    /// SIGCONT the whole job.
+    pub fn cont(&self, id: &str) -> Result<()> {
+        self.signal(id, Signal::SIGCONT)
+    }
+
+    /// Pin every thread of every process of the job (and its shim) to
+    /// `cpus`, and its cgroup's `cpuset.cpus` when it has one. Returns the
+    /// number of threads pinned.
+    pub fn repin(&self, id: &str, cpus: &[u32]) -> Result<usize> {
+        validate_cpus(cpus)?;
+        self.with_job(id, |job| {
+            let n = job.running_procs(id)?.pin(cpus, id)?;
+            job.cpus = cpus.to_vec();
+            if let Err(e) = write_json(&job.dir.cpus(), &cpus) {
+                tracing::warn!(job = id, error = %e, "re-pinned, but could not record the CPUs");
+            }
+            Ok(n)
+        })
+    }
+
+    /// Cancel a job: SIGTERM (and SIGCONT) to the whole job now, SIGKILL
+    /// to everything left after `grace`. Returns at once; the exit
+    /// ([`JobOutcome::Cancelled`]) arrives on the channel. The shim carries
+    /// out the escalation, so it completes even if the agent stops.
+    pub fn cancel(&self, id: &str, grace: Duration) -> Result<()> {
+        self.with_job(id, |job| {
+            job.running_procs(id)?;
+            let Some(shim) = job.shim_pid else {
+                return Err(ExecError::NotRunning(id.to_owned()));
+            };
+            let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+            write_json(&job.dir.cancel(), &CancelRequest { grace_ms })?;
+            kill(Pid::from_raw(shim), Signal::SIGUSR1)
+                .map_err(|e| ExecError::sys("kill(SIGUSR1)", format!("shim {shim} of job {id}"), e))
+        })
+    }
+
+    /// A snapshot of one job: tracked, or finished on disk.
+    pub fn status(&self, id: &str) -> Result<JobStatus> {
+        if let Some(job) = self.shared.jobs().get(id) {
+            return Ok(job.status(id));
+        }
+        validate_id(id).map_err(|_| ExecError::UnknownJob(id.to_owned()))?;
+        let dir = JobDir::new(self.jobs_dir.join(id));
+        let exit: JobExit =
+            read_json(&dir.status())?.ok_or_else(|| ExecError::UnknownJob(id.to_owned()))?;
+        let spec: Option<ShimSpec> = read_json(&dir.spec()).ok().flatten();
+        let to_u32 = |p: Option<i32>| p.and_then(|p| u32::try_from(p).ok());
+        Ok(JobStatus {
+            id: id.to_owned(),
+            dir: dir.path().to_owned(),
+            pid: to_u32(read_pid(&dir.pid()).ok().flatten()),
+            shim_pid: to_u32(read_pid(&dir.shim_pid()).ok().flatten()),
+            cpus: read_json(&dir.cpus())
+                .ok()
+                .flatten()
+                .or_else(|| spec.as_ref().map(|s| s.job.cpus.clone()))
+                .unwrap_or_default(),
+            cgroup: spec.and_then(|s| s.cgroup),
+            state: JobState::Finished(exit),
+        })
+    }
+
+    /// Snapshots of every tracked job, sorted by id.
+    pub fn list(&self) -> Vec<JobStatus> {
+        let mut out: Vec<JobStatus> = self
+            .shared
+            .jobs()
+            .iter()
+            .map(|(id, job)| job.status(id))
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out
+    }
+
+    /// A handle on a tracked job (for instance a re-adopted one).
+    pub fn handle(&self, id: &str) -> Result<JobHandle> {
+        self.with_job(id, |job| {
+            Ok(JobHandle {
+                id: id.to_owned(),
+                pid: job.pid.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
+                shim_pid: job
+                    .shim_pid
+                    .and_then(|p| u32::try_from(p).ok())
+                    .unwrap_or(0),
+                dir: job.dir.path().to_owned(),
+                cgroup: job.cgroup.clone(),
+                exit: job.exit_tx.subscribe(),
+            })
+        })
+    }
+
+    /// Mark a finished job's exit as consumed: later `readopt`s skip it,
+    /// its directory (logs) stays. Stops tracking it.
+    pub fn ack(&self, id: &str) -> Result<()> {
+        let dir = self.finished_dir(id)?;
+        write_atomic(&dir.acked(), b"")?;
+        self.shared.jobs().remove(id);
+        Ok(())
+    }
+
+    /// Delete a finished job's directory (logs included) and stop tracking
+    /// it; its id can be used again.
+    pub fn remove(&self, id: &str) -> Result<()> {
+        let dir = self.finished_dir(id)?;
+        fs::remove_dir_all(dir.path()).map_err(|e| ExecError::io("remove", dir.path(), e))?;
+        self.shared.jobs().remove(id);
+        Ok(())
+    }
+
+    fn finished_dir(&self, id: &str) -> Result<JobDir> {
+        match self.status(id)?.state {
+            JobState::Finished(_) => Ok(JobDir::new(self.jobs_dir.join(id))),
+            JobState::Running { .. } => Err(ExecError::StillRunning(id.to_owned())),
+        }
+    }
+
+    /// Scan the state directory for jobs this executor does not track:
+    /// re-attach those whose shim still runs, report (on the exit channel)
+    /// those that finished while no executor watched and have not been
+    /// acked, and clean up after shims that vanished without a status.
+    pub async fn readopt(&self) -> Result<ReadoptReport> {
+        let mut report = ReadoptReport::default();
+        let entries =
+            fs::read_dir(&self.jobs_dir).map_err(|e| ExecError::io("list", &self.jobs_dir, e))?;
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        for id in names {
+            if validate_id(&id).is_err() || self.shared.jobs().contains_key(&id) {
+                continue;
+            }
+            let dir = JobDir::new(self.jobs_dir.join(&id));
+            if dir.acked().exists() {
+                continue;
+            }
+            let spec = match read_json::<ShimSpec>(&dir.spec()) {
+                Ok(Some(spec)) => spec,
+                Ok(None) => {
+                    tracing::warn!(job = %id, dir = %dir.path().display(), "no spec.json: the job never started; left alone");
+                    report.skipped.push(id);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(job = %id, error = %e, "unreadable job directory; left alone");
+                    report.skipped.push(id);
+                    continue;
+                }
+            };
+            let shim_pid = read_pid(&dir.shim_pid()).ok().flatten();
+            let alive =
+                |shim: Option<i32>| shim.is_some_and(|p| procfs::is_shim_for(p, dir.path()));
+            let mut pid = read_pid(&dir.pid()).ok().flatten();
+            // A shim still starting: give it the start timeout to write `pid`.
+            let deadline = tokio::time::Instant::now() + self.cfg.shim_start_timeout;
+            while pid.is_none()
+                && alive(shim_pid)
+                && !dir.status().exists()
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                pid = read_pid(&dir.pid()).ok().flatten();
+            }
+            let finished = dir.status().exists();
+            let running = !finished && alive(shim_pid);
+            if finished {
+                report.exited.push(id.clone());
+            } else if running {
+                report.reattached.push(id.clone());
+            } else {
+                report.lost.push(id.clone());
+            }
+            let stopped = running && pid.and_then(procfs::stat).is_some_and(|s| s.state == 'T');
+            let cpus = read_json::<Vec<u32>>(&dir.cpus())
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| spec.job.cpus.clone());
+            let (exit_tx, _) = watch::channel(None);
+            self.shared.jobs().insert(
+                id.clone(),
+                Job {
+                    dir,
+                    pid,
+                    shim_pid,
+                    cpus,
+                    cgroup: spec.cgroup.clone(),
+                    stopped,
+                    exit_tx,
+                    monitor: None,
+                },
+            );
+            self.start_monitor(
+                &id,
+                ShimWatch::Adopted(shim_pid, self.cfg.adopt_poll_interval),
+            );
+        }
+        Ok(report)
+    }
+
+    /// Shut down as configured: with `KillJobs`, cancel every running job
+    /// with `shutdown_grace` and wait for their exits (delivered on the
+    /// channel); with `LeaveRunning`, stop watching and leave the shims to
+    /// their jobs. Either way no process is orphaned: a job without its
+    /// shim is killed. Later spawns fail.
+    pub async fn shutdown(&self) -> Result<()> {
+        self.shut_down.store(true, Ordering::SeqCst);
+        if self.cfg.shutdown == ShutdownMode::KillJobs {
+            let running: Vec<String> = self
+                .shared
+                .jobs()
+                .iter()
+                .filter(|(_, j)| j.exit().is_none())
+                .map(|(id, _)| id.clone())
+                .collect();
+            let mut waits = Vec::new();
+            for id in running {
+                match self.cancel(&id, self.cfg.shutdown_grace) {
+                    Ok(()) | Err(ExecError::NotRunning(_)) => {}
+                    Err(e) => tracing::warn!(job = %id, error = %e, "cancel on shutdown failed"),
+                }
+                if let Ok(h) = self.handle(&id) {
+                    waits.push(h);
+                }
+            }
+            let limit = self.cfg.shutdown_grace + self.cfg.shim_start_timeout;
+            for mut h in waits {
+                if tokio::time::timeout(limit, h.wait()).await.is_err() {
+                    tracing::warn!(
+                        job = h.id(),
+                        "no exit after the shutdown grace: killing it and its shim"
+                    );
+                    let procs = JobProcs {
+                        pgid: i32::try_from(h.pid()).unwrap_or(0),
+                        shim: None,
+                        cgroup: h.cgroup(),
+                    };
+                    if procs.pgid > 0 {
+                        procs.kill_all();
+                    }
+                    if let Ok(shim) = i32::try_from(h.shim_pid())
+                        && shim > 0
+                        && procfs::is_shim_for(shim, h.dir())
+                    {
+                        let _ = kill(Pid::from_raw(shim), Signal::SIGKILL);
+                    }
+                }
+            }
+        }
+        self.abort_monitors();
+        Ok(())
+    }
+
+    fn abort_monitors(&self) {
+        for job in self.shared.jobs().values_mut() {
+            if let Some(task) = job.monitor.take() {
+                task.abort();
+            }
+        }
+    }
+}
+
+impl Drop for Executor {
+    /// Dropping without [`Executor::shutdown`] is an agent crash as far as
+    /// jobs are concerned: they keep running under their shims.
+    fn drop(&mut self) {
+        self.abort_monitors();
+    }
+}
+
+/// Watch one shim until it is gone, then collect the job's exit.
+async fn monitor(
+    shared: Arc<Shared>,
+    id: String,
+    dir: JobDir,
+    pid: Option<i32>,
+    cgroup: Option<PathBuf>,
+    shim: ShimWatch,
+) {
+    let poll = match shim {
+        ShimWatch::Child(mut child) => match child.wait().await {
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(job = %id, error = %e, "waiting for the shim; polling instead");
+                let pid = child.id().and_then(|p| i32::try_from(p).ok());
+                Some((pid, Duration::from_millis(100)))
+            }
+        },
+        ShimWatch::Adopted(shim_pid, every) => Some((shim_pid, every)),
+    };
+    if let Some((shim_pid, every)) = poll {
+        while !dir.status().exists() && shim_pid.is_some_and(|p| procfs::is_shim_for(p, dir.path()))
+        {
+            tokio::time::sleep(every).await;
+        }
+    }
+    let exit = collect_exit(&id, &dir, pid, cgroup.as_deref());
+    if let Some(cg) = &cgroup
+        && let Err(e) = cgroup::remove(cg).await
+    {
+        tracing::warn!(job = %id, error = %e, "could not remove the job's cgroup");
+    }
+    shared.finish(&id, exit);
+}
+
+/// The job's `status.json`; or, if the shim vanished without one, kill
+/// what is left of the job and record it as lost.
+fn collect_exit(id: &str, dir: &JobDir, pid: Option<i32>, cgroup: Option<&Path>) -> JobExit {
+    let problem = match read_json::<JobExit>(&dir.status()) {
+        Ok(Some(mut exit)) => {
+            exit.id = id.to_owned();
+            return exit;
+        }
+        Ok(None) => "the shim exited without writing status.json (see shim.log)".to_owned(),
+        Err(e) => format!("unreadable status: {e}"),
+    };
+    tracing::warn!(job = id, problem = %problem, "job lost; killing what is left of it");
+    if let Some(cg) = cgroup {
+        cgroup::kill_all(cg);
+    }
+    if let Some(pgid) = pid {
+        // The group id can only have been reused if the whole group is
+        // gone; a live leader must be the job's own (same start time).
+        let recorded = fs::read_to_string(dir.starttime())
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok());
+        let ours = match procfs::stat(pgid) {
+            Some(leader) => recorded == Some(leader.starttime),
+            None => true,
+        };
+        if ours {
+            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+        }
+    }
+    let exit = JobExit::bare(id, JobOutcome::Lost(problem));
+    if let Err(e) = write_json(&dir.status(), &exit) {
+        tracing::warn!(job = id, error = %e, "could not record the lost job");
+    }
+    exit
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shareable_across_tasks() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Executor>();
+        send_sync::<JobHandle>();
+        send_sync::<ExecError>();
+    }
+}

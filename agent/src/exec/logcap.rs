@@ -1,0 +1,132 @@
+//! Size-capped job logs. The shim reads the job's stdout and stderr pipes
+//! and appends to `stdout` / `stderr` in the job directory through a
+//! [`CappedLog`]: bytes go straight to the file (readable while the job
+//! runs) until the cap, the rest is read and dropped (the job never blocks
+//! on a full pipe), and the first dropped byte creates a `<stream>.truncated`
+//! marker so readers see the truncation before the job ends.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::pipe;
+
+use super::error::{ExecError, Result};
+
+/// Counters of one stream, shared with the shim's supervisor so they
+/// survive the pump task.
+#[derive(Debug, Default)]
+pub(crate) struct LogStats {
+    pub written: AtomicU64,
+    pub truncated: AtomicBool,
+}
+
+/// An append-only file that accepts at most `cap` bytes.
+#[derive(Debug)]
+pub(crate) struct CappedLog {
+    file: File,
+    path: PathBuf,
+    cap: u64,
+    marker: PathBuf,
+    stats: Arc<LogStats>,
+}
+
+impl CappedLog {
+    /// Create (truncate) `path`; `marker` is created on the first byte past
+    /// the cap.
+    pub fn create(path: &Path, cap: u64, marker: PathBuf) -> Result<Self> {
+        let file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| ExecError::io("create", path, e))?;
+        Ok(CappedLog {
+            file,
+            path: path.to_owned(),
+            cap,
+            marker,
+            stats: Arc::default(),
+        })
+    }
+
+    pub fn stats(&self) -> Arc<LogStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Append what fits under the cap; note truncation of the rest.
+    pub fn append(&mut self, buf: &[u8]) -> io::Result<()> {
+        let written = self.stats.written.load(Ordering::Relaxed);
+        let room = self.cap.saturating_sub(written);
+        let take = usize::try_from(room).unwrap_or(usize::MAX).min(buf.len());
+        if take > 0 {
+            self.file.write_all(&buf[..take])?;
+            self.stats
+                .written
+                .store(written + take as u64, Ordering::Relaxed);
+        }
+        if take < buf.len() && !self.stats.truncated.swap(true, Ordering::Relaxed) {
+            File::create(&self.marker)?;
+        }
+        Ok(())
+    }
+
+    /// Copy `pipe` into the log until EOF. Write errors (disk full) stop
+    /// the copy into the file but the pipe keeps being drained.
+    pub async fn pump(mut self, mut pipe: pipe::Receiver) {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut failed = false;
+        loop {
+            let n = match pipe.read(&mut buf).await {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    eprintln!("reading the job's pipe for {}: {e}", self.path.display());
+                    break;
+                }
+            };
+            if !failed && let Err(e) = self.append(&buf[..n]) {
+                eprintln!(
+                    "writing {}: {e}; dropping further output",
+                    self.path.display()
+                );
+                failed = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn keeps_exactly_the_prefix_under_the_cap(
+            cap in 0u64..300,
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..80), 0..10),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("out");
+            let marker = dir.path().join("out.truncated");
+            let mut log = CappedLog::create(&path, cap, marker.clone()).unwrap();
+            let stats = log.stats();
+            let all: Vec<u8> = chunks.concat();
+            for c in &chunks {
+                log.append(c).unwrap();
+            }
+            let kept = std::fs::read(&path).unwrap();
+            let want = &all[..all.len().min(cap as usize)];
+            prop_assert_eq!(&kept[..], want);
+            let truncated = all.len() as u64 > cap;
+            prop_assert_eq!(stats.truncated.load(Ordering::Relaxed), truncated);
+            prop_assert_eq!(marker.exists(), truncated);
+            prop_assert_eq!(stats.written.load(Ordering::Relaxed), want.len() as u64);
+        }
+    }
+}

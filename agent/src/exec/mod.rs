@@ -1,0 +1,54 @@
+//! The process executor: runs the jobs the local scheduler places, for
+//! real, pinned on the CPUs it chose.
+//!
+//! Every job runs under its own **shim** (`agent shim --job-dir DIR`, see
+//! [`shim`]), containerd-style: the shim is the job's parent, a child
+//! subreaper in its own session; it owns the job's pipes, limits, timeout
+//! and exit status, and writes everything a restarted agent needs into the
+//! job directory. The agent side, [`Executor`], is a thin tokio-friendly
+//! controller over those directories and process groups, so an agent
+//! restart loses nothing: [`Executor::readopt`] re-attaches to running
+//! shims and reports the exits that happened meanwhile.
+//!
+//! What the scheduler calls: [`Executor::spawn`] with a [`JobExec`];
+//! [`Executor::stop`] / [`Executor::cont`] (SIGSTOP/SIGCONT of the whole
+//! job, for time slicing); [`Executor::repin`] (every thread of every
+//! process, for migrations and steals); [`Executor::cancel`];
+//! [`Executor::status`]; the exit channel from [`Executor::take_exits`]
+//! ([`JobExit`] with a [`JobOutcome`]); [`Executor::shutdown`].
+//!
+//! Module map (each file owns one thing):
+//! - `executor.rs`: the [`Executor`] API, job tracking, exit delivery,
+//!   re-adoption, shutdown.
+//! - [`shim`]: the per-job supervisor process.
+//! - `spec.rs`: [`JobExec`], [`JobExit`], [`JobOutcome`], [`Rlimit`], the
+//!   on-disk `spec.json` / `status.json` / `cancel` forms, validation.
+//! - `jobdir.rs`: the job directory's layout and atomic writes.
+//! - `group.rs`: a job's processes and threads; signalling and pinning all
+//!   of them.
+//! - [`procfs`]: reading `/proc` (stat, process groups, threads, shim
+//!   identity).
+//! - `logcap.rs`: the size-capped stdout/stderr files.
+//! - [`cgroup`]: cgroup v2 per job, the only code that writes under
+//!   `/sys/fs/cgroup`.
+//! - `error.rs`: [`ExecError`].
+
+pub mod cgroup;
+mod error;
+mod executor;
+mod group;
+mod jobdir;
+mod logcap;
+pub mod procfs;
+pub mod shim;
+mod spec;
+
+pub use cgroup::CgroupSupport;
+pub use error::{ExecError, Result};
+pub use executor::{
+    ExecConfig, Executor, JobHandle, JobState, JobStatus, ReadoptReport, ShutdownMode,
+};
+pub use spec::{
+    DEFAULT_KILL_GRACE, DEFAULT_PATH, JobExec, JobExit, JobOutcome, RLIM_INFINITY, Rlimit,
+    RlimitResource,
+};

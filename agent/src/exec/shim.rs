@@ -1,0 +1,525 @@
+//! The job shim: `agent shim --job-dir DIR`, one process per job, started by
+//! the executor and independent of it afterwards (containerd-shim style),
+//! so jobs survive an agent restart and their exit status is never lost.
+//!
+//! Why a re-exec of the agent binary rather than a bare fork: the agent is
+//! a multi-threaded tokio process, and a forked child of such a process may
+//! only make async-signal-safe calls until it execs; the shim must allocate,
+//! parse JSON, run timers and loop on `waitpid` for as long as the job
+//! lives. A fresh image has none of the parent's locks, threads or file
+//! descriptors (everything the agent opens is close-on-exec), shows up in
+//! `ps` as `agent shim --job-dir ...`, which is also how a restarted agent
+//! recognises it, and keeps running the old binary's inode across upgrades.
+//!
+//! What the shim does, in order:
+//! 1. reads `spec.json`; becomes a session leader (`setsid`, the executor
+//!    also does it between fork and exec) and a child subreaper
+//!    (`PR_SET_CHILD_SUBREAPER`), writes `shim.pid`, pins itself to the
+//!    job's CPUs (`sched_setaffinity`; the job inherits the mask);
+//! 2. forks the job; between fork and exec the child calls `setsid` (its
+//!    own session and process group, pgid = its pid), enters its cgroup,
+//!    applies the rlimits, and when configured drops to the unprivileged
+//!    uid/gid (`setgroups`, `setgid`, `setuid`, in that order) before
+//!    exec'ing the command with a clean environment, cwd, stdin from
+//!    `/dev/null` and stdout/stderr into pipes read by the shim;
+//! 3. writes `pid`, then answers the executor on its stdout (`ok <pid>` or
+//!    `err <reason>`; the only thing it ever writes there) and points its
+//!    stdout at `/dev/null`;
+//! 4. copies the pipes into `stdout`/`stderr` under the size cap, reaps
+//!    every child (`waitpid(-1)` on SIGCHLD, so double-forked grandchildren
+//!    re-parented to it are reaped too), enforces the timeout, and obeys
+//!    cancel requests (SIGUSR1 after the agent wrote `cancel`; SIGTERM or
+//!    SIGINT to the shim itself count as a cancel with the job's grace):
+//!    SIGTERM + SIGCONT to the job (a stopped job must run to see the
+//!    TERM), SIGKILL to everything after the grace;
+//! 5. when the job's main process has exited, SIGKILLs whatever is left of
+//!    the job and reaps until `ECHILD`: a job never outlives its main
+//!    process, so nothing is orphaned;
+//! 6. writes `status.json` atomically (outcome, exit code or signal, times,
+//!    truncation flags, CPU time from `getrusage(RUSAGE_CHILDREN)`) and
+//!    exits.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sched::sched_setaffinity;
+use nix::sys::prctl;
+use nix::sys::resource::{Resource, UsageWho, getrusage};
+use nix::sys::signal::Signal;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{Gid, Pid, Uid, getpid, getsid, setgid, setgroups, setsid, setuid};
+use tokio::net::unix::pipe;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
+
+use super::cgroup;
+use super::error::{ExecError, Result};
+use super::group::{JobProcs, cpu_set};
+use super::jobdir::{JobDir, read_json, write_atomic, write_json, write_pid};
+use super::logcap::{CappedLog, LogStats};
+use super::procfs;
+use super::spec::{CancelRequest, DEFAULT_PATH, JobExit, JobOutcome, ShimSpec, now_ms};
+
+/// How long the shim waits for the job's pipes to reach EOF after every
+/// process of the job has been reaped (only a process outside the job that
+/// was handed the pipe could hold them open).
+const PIPE_DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
+/// Entry point of `agent shim --job-dir DIR`.
+pub fn main(job_dir: &Path) -> ExitCode {
+    let mut handshake = Handshake { done: false };
+    match run(job_dir, &mut handshake) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("agent shim {}: {err}", job_dir.display());
+            handshake.fail(&start_failure(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Why the job did not start, without the job-id prefix the executor adds.
+fn start_failure(err: &ExecError) -> String {
+    match err {
+        ExecError::StartFailed { reason, .. } => reason.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The one-line answer to the executor on the shim's stdout.
+struct Handshake {
+    done: bool,
+}
+
+impl Handshake {
+    fn ok(&mut self, pid: i32) {
+        self.done = true;
+        let mut out = io::stdout().lock();
+        // The executor may have given up waiting (and closed its end): that
+        // is its business, the job runs on.
+        let _ = writeln!(out, "ok {pid}").and_then(|()| out.flush());
+        drop(out);
+        // Nothing else may go to the executor's pipe: point stdout at
+        // /dev/null. (Rust ignores SIGPIPE, so a closed pipe would only
+        // give write errors; this keeps them away too.)
+        match File::options().write(true).open("/dev/null") {
+            Ok(null) => {
+                if let Err(e) = nix::unistd::dup2_stdout(&null) {
+                    eprintln!("dup2 /dev/null onto stdout: {e}");
+                }
+            }
+            Err(e) => eprintln!("open /dev/null: {e}"),
+        }
+    }
+
+    fn fail(&mut self, reason: &str) {
+        if !self.done {
+            self.done = true;
+            let mut out = io::stdout().lock();
+            let _ = writeln!(out, "err {}", reason.replace('\n', " "));
+            let _ = out.flush();
+        }
+    }
+}
+
+fn run(dir: &Path, handshake: &mut Handshake) -> Result<()> {
+    let jd = JobDir::new(dir);
+    let spec: ShimSpec = read_json(&jd.spec())?.ok_or_else(|| {
+        ExecError::io(
+            "read",
+            jd.spec(),
+            io::Error::new(io::ErrorKind::NotFound, "no spec.json"),
+        )
+    })?;
+    let me = getpid();
+    if getsid(None).ok() != Some(me) {
+        setsid().map_err(|e| ExecError::sys("setsid", "the shim", e))?;
+    }
+    prctl::set_child_subreaper(true)
+        .map_err(|e| ExecError::sys("prctl(PR_SET_CHILD_SUBREAPER)", "the shim", e))?;
+    write_pid(&jd.shim_pid(), me.as_raw())?;
+    let set = cpu_set(&spec.job.cpus)?;
+    sched_setaffinity(Pid::from_raw(0), &set)
+        .map_err(|e| ExecError::sys("sched_setaffinity", "the shim", e))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ExecError::io("start the tokio runtime in", dir, e))?;
+    runtime.block_on(supervise(&jd, &spec, handshake))
+}
+
+/// A started job: its pid and the pipes of its output.
+struct Started {
+    pid: i32,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+/// Fork and exec the job. Everything the child needs is prepared here, so
+/// that between fork and exec it only makes system calls.
+fn start_job(spec: &ShimSpec) -> Result<Started> {
+    let job = &spec.job;
+    let cgroup_procs = match &spec.cgroup {
+        Some(cg) => match cgroup::open_procs(cg) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("running job {} outside its cgroup: {e}", job.id);
+                None
+            }
+        },
+        None => None,
+    };
+    let limits: Vec<(Resource, u64, u64)> = job
+        .rlimits
+        .iter()
+        .map(|l| (l.resource.to_nix(), l.soft, l.hard))
+        .collect();
+    let ids = spec
+        .run_as
+        .map(|r| (Uid::from_raw(r.uid), Gid::from_raw(r.gid)));
+    // The child reports which step failed through this pipe; exec closes it.
+    let (err_read, err_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+        .map_err(|e| ExecError::sys("pipe2", format!("job {}", job.id), e))?;
+
+    let mut cmd = Command::new(&job.command);
+    cmd.args(&job.args)
+        .env_clear()
+        .envs(&job.env)
+        .current_dir(job.cwd.as_deref().unwrap_or(Path::new("/")))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if !job.env.contains_key("PATH") {
+        cmd.env("PATH", DEFAULT_PATH);
+    }
+    let setup = move || child_setup(&err_write, cgroup_procs.as_ref(), &limits, ids);
+    // Safety: `setup` runs in the forked child before exec. It only calls
+    // async-signal-safe system calls (setsid, write, setrlimit, setgroups,
+    // setgid, setuid) through nix wrappers that do not allocate, on data
+    // (file descriptors, a Vec built before the fork) that it only reads; it
+    // takes no locks and does not touch the parent's tokio state.
+    unsafe {
+        cmd.pre_exec(setup);
+    }
+    let spawned = cmd.spawn();
+    drop(cmd); // closes our copy of err_write (owned by the closure)
+    match spawned {
+        Ok(mut child) => {
+            let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+                return Err(ExecError::StartFailed {
+                    id: job.id.clone(),
+                    reason: "no pipes for stdout/stderr".into(),
+                });
+            };
+            let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+            Ok(Started {
+                pid,
+                stdout: out.into(),
+                stderr: err.into(),
+            })
+        }
+        Err(e) => {
+            let mut step = String::new();
+            let _ = File::from(err_read).read_to_string(&mut step);
+            let step = if step.is_empty() {
+                format!("exec {}", job.command)
+            } else {
+                step
+            };
+            Err(ExecError::StartFailed {
+                id: job.id.clone(),
+                reason: format!("{step}: {e}"),
+            })
+        }
+    }
+}
+
+/// Between fork and exec, in the job's process. Only system calls.
+fn child_setup(
+    err_pipe: &OwnedFd,
+    cgroup_procs: Option<&File>,
+    limits: &[(Resource, u64, u64)],
+    ids: Option<(Uid, Gid)>,
+) -> io::Result<()> {
+    let fail = |step: &'static str, errno: Errno| {
+        let _ = nix::unistd::write(err_pipe, step.as_bytes());
+        io::Error::from_raw_os_error(errno as i32)
+    };
+    setsid().map_err(|e| fail("setsid", e))?;
+    if let Some(procs) = cgroup_procs {
+        cgroup::enter_self(procs).map_err(|e| fail("write cgroup.procs", e))?;
+    }
+    for &(resource, soft, hard) in limits {
+        nix::sys::resource::setrlimit(resource, soft, hard).map_err(|e| fail("setrlimit", e))?;
+    }
+    if let Some((uid, gid)) = ids {
+        setgroups(&[gid]).map_err(|e| fail("setgroups", e))?;
+        setgid(gid).map_err(|e| fail("setgid", e))?;
+        setuid(uid).map_err(|e| fail("setuid", e))?;
+    }
+    Ok(())
+}
+
+/// Why the shim is terminating the job.
+#[derive(Debug, Clone, Copy)]
+struct Termination {
+    outcome: TermReason,
+    kill_at: Instant,
+    killed: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum TermReason {
+    Cancelled,
+    TimedOut,
+}
+
+async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> Result<()> {
+    let sig = |kind: SignalKind, name: &'static str| {
+        signal(kind).map_err(|e| ExecError::io("install a handler for", name, e))
+    };
+    // Handlers first: a SIGCHLD or a cancel must not be missed.
+    let mut sigchld = sig(SignalKind::child(), "SIGCHLD")?;
+    let mut sigusr1 = sig(SignalKind::user_defined1(), "SIGUSR1")?;
+    let mut sigterm = sig(SignalKind::terminate(), "SIGTERM")?;
+    let mut sigint = sig(SignalKind::interrupt(), "SIGINT")?;
+    let mut sighup = sig(SignalKind::hangup(), "SIGHUP")?;
+
+    let job = &spec.job;
+    let started_at_ms = now_ms();
+    let out_log = CappedLog::create(
+        &jd.stdout(),
+        spec.log_cap_bytes,
+        jd.truncated_marker("stdout"),
+    )?;
+    let err_log = CappedLog::create(
+        &jd.stderr(),
+        spec.log_cap_bytes,
+        jd.truncated_marker("stderr"),
+    )?;
+    let (out_stats, err_stats) = (out_log.stats(), err_log.stats());
+
+    let started = match start_job(spec) {
+        Ok(s) => s,
+        Err(e) => {
+            // If no agent is listening any more, readopt() reports this.
+            let exit = JobExit::bare(&job.id, JobOutcome::StartFailed(start_failure(&e)));
+            write_json(&jd.status(), &exit)?;
+            return Err(e);
+        }
+    };
+    let pid = started.pid;
+    let procs = JobProcs {
+        pgid: pid,
+        shim: Some(getpid().as_raw()),
+        cgroup: spec.cgroup.as_deref(),
+    };
+    let pump = |fd: OwnedFd, log: CappedLog| -> Result<tokio::task::JoinHandle<()>> {
+        let rx = pipe::Receiver::from_owned_fd(fd)
+            .map_err(|e| ExecError::io("watch the output pipe of", jd.path(), e))?;
+        Ok(tokio::spawn(log.pump(rx)))
+    };
+    let identity = match procfs::stat(pid) {
+        Some(st) => write_atomic(&jd.starttime(), format!("{}\n", st.starttime).as_bytes()),
+        None => Ok(()), // already gone: nothing to misidentify
+    };
+    let tasks = identity
+        .and_then(|()| write_pid(&jd.pid(), pid))
+        .and_then(|()| {
+            let out_task = pump(started.stdout, out_log)?;
+            let err_task = pump(started.stderr, err_log)?;
+            Ok((out_task, err_task))
+        });
+    let (out_task, err_task) = match tasks {
+        Ok(t) => t,
+        Err(e) => {
+            // Unsupervised, the job must not run: kill it and report.
+            let mut main = None;
+            loop {
+                procs.kill_all();
+                if reap(pid, &mut main) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let exit = JobExit::bare(&job.id, JobOutcome::StartFailed(start_failure(&e)));
+            write_json(&jd.status(), &exit)?;
+            return Err(e);
+        }
+    };
+    handshake.ok(pid);
+    let timeout_at = job.timeout.map(|t| Instant::now() + t);
+    let far = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
+    let mut term: Option<Termination> = None;
+    let mut main: Option<WaitStatus> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+
+    loop {
+        let no_children = reap(pid, &mut main);
+        if main.is_some() {
+            if no_children {
+                break;
+            }
+            // The main process is gone: nothing of the job may outlive it.
+            procs.kill_all();
+        }
+        let kill_at = term.filter(|t| !t.killed).map(|t| t.kill_at);
+        let running = main.is_none();
+        tokio::select! {
+            _ = sigchld.recv() => {}
+            _ = tick.tick() => {}
+            _ = sighup.recv() => {}
+            _ = sigusr1.recv() => {
+                let grace = read_json::<CancelRequest>(&jd.cancel())
+                    .ok()
+                    .flatten()
+                    .map_or(job.kill_grace, |c| Duration::from_millis(c.grace_ms));
+                if running {
+                    terminate(&procs, &mut term, TermReason::Cancelled, grace);
+                }
+            }
+            _ = sigterm.recv() => if running {
+                terminate(&procs, &mut term, TermReason::Cancelled, job.kill_grace);
+            },
+            _ = sigint.recv() => if running {
+                terminate(&procs, &mut term, TermReason::Cancelled, job.kill_grace);
+            },
+            _ = tokio::time::sleep_until(timeout_at.unwrap_or(far)),
+                if running && term.is_none() && timeout_at.is_some() => {
+                terminate(&procs, &mut term, TermReason::TimedOut, job.kill_grace);
+            }
+            _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() => {
+                procs.kill_all();
+                if let Some(t) = term.as_mut() {
+                    t.killed = true;
+                }
+            }
+        }
+    }
+
+    // Every process of the job is reaped: the pipes have no writer left.
+    let drain = async {
+        let _ = out_task.await;
+        let _ = err_task.await;
+    };
+    if tokio::time::timeout(PIPE_DRAIN_LIMIT, drain).await.is_err() {
+        eprintln!("job output pipes still open after every process exited; stopped reading");
+    }
+
+    let exit = exit_record(
+        job.id.clone(),
+        main,
+        term.map(|t| t.outcome),
+        started_at_ms,
+        &out_stats,
+        &err_stats,
+    );
+    write_json(&jd.status(), &exit)
+}
+
+/// Start terminating the job: SIGTERM and SIGCONT now, SIGKILL after
+/// `grace`. A second request can only bring the SIGKILL closer.
+fn terminate(
+    procs: &JobProcs<'_>,
+    term: &mut Option<Termination>,
+    reason: TermReason,
+    grace: Duration,
+) {
+    let kill_at = Instant::now() + grace;
+    match term {
+        Some(t) => t.kill_at = t.kill_at.min(kill_at),
+        None => {
+            if let Err(e) = procs.signal(Signal::SIGTERM) {
+                eprintln!("{e}");
+            }
+            let _ = procs.signal(Signal::SIGCONT);
+            *term = Some(Termination {
+                outcome: reason,
+                kill_at,
+                killed: false,
+            });
+        }
+    }
+}
+
+/// Reap every child that has exited; remember the main process's status.
+/// Returns true when the shim has no child left (`ECHILD`).
+fn reap(main_pid: i32, main: &mut Option<WaitStatus>) -> bool {
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => return false,
+            Ok(status) => {
+                if status.pid() == Some(Pid::from_raw(main_pid))
+                    && matches!(status, WaitStatus::Exited(..) | WaitStatus::Signaled(..))
+                {
+                    *main = Some(status);
+                }
+            }
+            Err(Errno::EINTR) => {}
+            Err(Errno::ECHILD) => return true,
+            Err(e) => {
+                eprintln!("waitpid: {e}");
+                return false;
+            }
+        }
+    }
+}
+
+fn exit_record(
+    id: String,
+    main: Option<WaitStatus>,
+    term: Option<TermReason>,
+    started_at_ms: u64,
+    out: &Arc<LogStats>,
+    err: &Arc<LogStats>,
+) -> JobExit {
+    let (exit_code, signal) = match main {
+        Some(WaitStatus::Exited(_, code)) => (Some(code), None),
+        Some(WaitStatus::Signaled(_, sig, _)) => (None, Some(sig as i32)),
+        _ => (None, None),
+    };
+    let outcome = match (term, exit_code, signal) {
+        (Some(TermReason::Cancelled), ..) => JobOutcome::Cancelled,
+        (Some(TermReason::TimedOut), ..) => JobOutcome::TimedOut,
+        (None, Some(code), _) => JobOutcome::Exited(code),
+        (None, None, Some(sig)) => JobOutcome::Signaled(sig),
+        (None, None, None) => JobOutcome::Lost("the main process was never reaped".into()),
+    };
+    let (user_cpu_ms, sys_cpu_ms, max_rss_kib) = match getrusage(UsageWho::RUSAGE_CHILDREN) {
+        Ok(u) => {
+            let ms = |t: nix::sys::time::TimeVal| {
+                u64::try_from(t.tv_sec() * 1000 + t.tv_usec() / 1000).unwrap_or(0)
+            };
+            (
+                ms(u.user_time()),
+                ms(u.system_time()),
+                u64::try_from(u.max_rss()).unwrap_or(0),
+            )
+        }
+        Err(_) => (0, 0, 0),
+    };
+    JobExit {
+        id,
+        outcome,
+        exit_code,
+        signal,
+        started_at_ms,
+        ended_at_ms: now_ms(),
+        stdout_bytes: out.written.load(Ordering::Relaxed),
+        stderr_bytes: err.written.load(Ordering::Relaxed),
+        stdout_truncated: out.truncated.load(Ordering::Relaxed),
+        stderr_truncated: err.truncated.load(Ordering::Relaxed),
+        user_cpu_ms,
+        sys_cpu_ms,
+        max_rss_kib,
+    }
+}

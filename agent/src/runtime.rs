@@ -1,0 +1,788 @@
+//! The agent's runtime: the stream to the dispatcher, glued to the local
+//! scheduler ([`crate::local`]) and the executor ([`crate::exec`]).
+//!
+//! One task owns everything mutable and reacts, in a single `select!`, to:
+//! dispatcher messages (Assign, Cancel, Steal, LogRequest), job exits from
+//! the executor, the scheduler tick (time slices), and the report timer
+//! (LoadReport, which is also the heartbeat). On a broken stream it
+//! reconnects with backoff and registers again, listing every job it runs
+//! or recently finished, so the dispatcher can reconcile; jobs keep
+//! running meanwhile.
+//!
+//! Synthetic topologies (`--topology 2s:8c:2t`) are scheduled as given and
+//! mapped onto the real CPUs for pinning (synthetic CPU `i` runs on the
+//! `i mod n`-th allowed real CPU), which the log says at start.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use proto::v1::agent_service_client::AgentServiceClient;
+use proto::v1::{
+    AgentMessage, CpuGroup, CpuLoad, DispatcherMessage, FreeSummary as PbFree, JobSpec, JobState,
+    JobStatus, LoadReport, LogData, LogRequest, LogStream, NodeLoad, Register, StealReply,
+    agent_message, dispatcher_message,
+};
+use sched::{Align, Policy};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::exec::{ExecConfig, Executor, JobExec, JobExit, JobOutcome, ShutdownMode};
+use crate::local::{Action, LocalConfig, LocalJob, LocalScheduler};
+use crate::topology::MachineTopology;
+
+/// How the agent runs.
+#[derive(Clone, Debug)]
+pub struct AgentOptions {
+    /// Dispatcher URLs, tried in order.
+    pub dispatchers: Vec<String>,
+    /// This node's name.
+    pub node: String,
+    /// Labels (zone, rack, ...).
+    pub labels: HashMap<String, String>,
+    /// The machine (real or synthetic).
+    pub machine: MachineTopology,
+    /// Real CPUs jobs may be pinned to (synthetic CPUs map onto these).
+    pub real_cpus: Vec<u32>,
+    /// Memory offered to jobs, bytes (0 = unknown).
+    pub memory_bytes: u64,
+    /// The executor's configuration (state directory, logs, users).
+    pub exec: ExecConfig,
+    /// The local scheduler's configuration.
+    pub local: LocalConfig,
+    /// Scheduler tick.
+    pub tick: Duration,
+    /// Finished jobs' directories (logs) are kept this long.
+    pub retention: Duration,
+}
+
+/// The local id of a dispatcher job attempt (an executor job directory).
+fn local_id(job_id: &str, attempt: u32) -> String {
+    format!("{job_id}_a{attempt}")
+}
+
+fn parse_local_id(id: &str) -> Option<(String, u32)> {
+    let (job, attempt) = id.rsplit_once("_a")?;
+    Some((job.to_string(), attempt.parse().ok()?))
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The API's form of a machine topology.
+pub fn topology_proto(m: &MachineTopology) -> proto::v1::Topology {
+    let groups = |g: Vec<Vec<u32>>| g.into_iter().map(|cpus| CpuGroup { cpus }).collect();
+    proto::v1::Topology {
+        cpus: m.cpu_ids(),
+        smt: groups(m.smt_groups()),
+        llc: groups(m.llc_groups()),
+        numa: groups(m.numa_groups()),
+        package: groups(m.package_groups()),
+    }
+}
+
+fn align_of(spec: &JobSpec) -> Align {
+    use proto::v1::Alignment;
+    match Alignment::try_from(spec.alignment).unwrap_or(Alignment::Any) {
+        Alignment::Any => Align::Any,
+        Alignment::Core => Align::Core,
+        Alignment::Llc => Align::Llc,
+        Alignment::Numa => Align::Numa,
+        Alignment::Package => Align::Package,
+    }
+}
+
+fn policy_of(spec: &JobSpec) -> Policy {
+    if spec.policy == proto::v1::PlacementPolicy::Pack as i32 {
+        Policy::Pack
+    } else {
+        Policy::Spread
+    }
+}
+
+/// This machine's host name (the default node name).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Total memory from /proc/meminfo, bytes.
+pub fn memory_total() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+struct Pending {
+    spec: JobSpec,
+}
+
+struct Agent {
+    opts: AgentOptions,
+    exec: Arc<Executor>,
+    local: LocalScheduler,
+    /// Local id -> what the dispatcher sent.
+    jobs: HashMap<String, Pending>,
+    /// Finished attempts not yet known to be reported: re-sent on register.
+    recent: BTreeMap<String, (JobStatus, Instant)>,
+    start: Instant,
+    out: Option<mpsc::UnboundedSender<AgentMessage>>,
+}
+
+impl Agent {
+    fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn real(&self, cpus: &[u32]) -> Vec<u32> {
+        let n = self.opts.real_cpus.len().max(1);
+        let mut out: Vec<u32> = cpus
+            .iter()
+            .map(|&c| {
+                let idx = self
+                    .opts
+                    .machine
+                    .cpu_ids()
+                    .iter()
+                    .position(|&x| x == c)
+                    .unwrap_or(c as usize);
+                self.opts.real_cpus.get(idx % n).copied().unwrap_or(0)
+            })
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    fn send(&self, msg: agent_message::Msg) {
+        if let Some(out) = &self.out {
+            let _ = out.send(AgentMessage { msg: Some(msg) });
+        }
+    }
+
+    fn send_status(
+        &mut self,
+        id: &str,
+        state: JobState,
+        cpus: Vec<u32>,
+        exit: Option<&JobExit>,
+        message: String,
+    ) {
+        let Some((job_id, attempt)) = parse_local_id(id) else {
+            return;
+        };
+        let status = JobStatus {
+            job_id,
+            attempt,
+            state: state as i32,
+            cpus,
+            exit_code: exit.and_then(|e| e.exit_code).unwrap_or(0),
+            signal: exit.and_then(|e| e.signal).unwrap_or(0),
+            message,
+            time_ms: now_ms(),
+        };
+        if state != JobState::Running {
+            self.recent
+                .insert(id.to_string(), (status.clone(), Instant::now()));
+        }
+        self.send(agent_message::Msg::Status(status));
+    }
+
+    async fn carry_out(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Start { id, cpus } => self.start_job(&id, cpus).await,
+                Action::Stop { id } => {
+                    if let Err(err) = self.exec.stop(&id) {
+                        tracing::warn!(%id, %err, "cannot stop job");
+                    }
+                }
+                Action::Cont { id, cpus } => {
+                    let real = self.real(&cpus);
+                    if let Err(err) = self.exec.repin(&id, &real) {
+                        tracing::warn!(%id, %err, "cannot re-pin job");
+                    }
+                    if let Err(err) = self.exec.cont(&id) {
+                        tracing::warn!(%id, %err, "cannot continue job");
+                    }
+                }
+                Action::Repin { id, cpus } => {
+                    let real = self.real(&cpus);
+                    if let Err(err) = self.exec.repin(&id, &real) {
+                        tracing::warn!(%id, %err, "cannot re-pin job");
+                    }
+                }
+            }
+        }
+    }
+
+    async fn start_job(&mut self, id: &str, cpus: Vec<u32>) {
+        let Some(p) = self.jobs.get(id) else {
+            return;
+        };
+        let spec = &p.spec;
+        let real = self.real(&cpus);
+        let mut job = JobExec::new(
+            id,
+            spec.command.first().cloned().unwrap_or_default(),
+            real.clone(),
+        );
+        job.args = spec.command.iter().skip(1).cloned().collect();
+        job.env = spec
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        job.cwd = (!spec.cwd.is_empty()).then(|| PathBuf::from(&spec.cwd));
+        job.memory_max = (spec.memory_bytes > 0).then_some(spec.memory_bytes);
+        job.timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
+        match self.exec.spawn(job).await {
+            Ok(_) => {
+                tracing::info!(%id, ?cpus, ?real, "job started");
+                self.send_status(id, JobState::Running, cpus, None, String::new());
+            }
+            Err(err) => {
+                tracing::warn!(%id, %err, "job failed to start");
+                let now = self.now_ns();
+                let actions = self.local.job_exited(id, now);
+                self.jobs.remove(id);
+                self.send_status(
+                    id,
+                    JobState::Failed,
+                    cpus,
+                    None,
+                    format!("could not start: {err}"),
+                );
+                Box::pin(self.carry_out(actions)).await;
+            }
+        }
+    }
+
+    async fn on_assign(&mut self, job_id: String, attempt: u32, spec: JobSpec) {
+        let id = local_id(&job_id, attempt);
+        if self.jobs.contains_key(&id) || self.recent.contains_key(&id) {
+            return; // a re-sent Assign after a reconnect
+        }
+        let local = LocalJob {
+            id: id.clone(),
+            cpus: spec.cpus.max(1),
+            align: align_of(&spec),
+            policy: policy_of(&spec),
+            nice: spec.nice,
+            latency_nice: spec.latency_nice,
+        };
+        self.jobs.insert(id.clone(), Pending { spec });
+        let now = self.now_ns();
+        match self.local.submit(local, now) {
+            Ok(actions) => self.carry_out(actions).await,
+            Err(reason) => {
+                self.jobs.remove(&id);
+                self.send_status(&id, JobState::Failed, Vec::new(), None, reason);
+            }
+        }
+    }
+
+    async fn on_cancel(&mut self, job_id: &str, attempt: u32) {
+        let id = local_id(job_id, attempt);
+        if self.local.is_started(&id) {
+            if let Err(err) = self.exec.cancel(&id, crate::exec::DEFAULT_KILL_GRACE) {
+                tracing::warn!(%id, %err, "cannot cancel job");
+            }
+            // The exit arrives through the executor's channel.
+        } else if self.local.contains(&id) {
+            let now = self.now_ns();
+            let actions = self.local.job_exited(&id, now);
+            self.jobs.remove(&id);
+            self.send_status(
+                &id,
+                JobState::Cancelled,
+                Vec::new(),
+                None,
+                "cancelled before it started".into(),
+            );
+            self.carry_out(actions).await;
+        } else if let Some((status, _)) = self.recent.get(&id) {
+            // Already finished: say so again.
+            let status = status.clone();
+            self.send(agent_message::Msg::Status(status));
+        } else if self.exec.status(&id).is_ok() {
+            let _ = self.exec.cancel(&id, crate::exec::DEFAULT_KILL_GRACE);
+        }
+    }
+
+    async fn on_exit(&mut self, exit: JobExit) {
+        let id = exit.id.clone();
+        let now = self.now_ns();
+        let cpus = self
+            .local
+            .cpus_of(&id)
+            .map(|c| c.to_vec())
+            .unwrap_or_default();
+        let actions = self.local.job_exited(&id, now);
+        self.jobs.remove(&id);
+        let (state, message) = match &exit.outcome {
+            JobOutcome::Exited(0) => (JobState::Succeeded, String::new()),
+            JobOutcome::Exited(code) => (JobState::Failed, format!("exited with status {code}")),
+            JobOutcome::Signaled(sig) => (JobState::Failed, format!("killed by signal {sig}")),
+            JobOutcome::TimedOut => (JobState::Failed, "timeout".to_string()),
+            JobOutcome::Cancelled => (JobState::Cancelled, "cancelled".to_string()),
+            JobOutcome::StartFailed(e) => (JobState::Failed, format!("could not start: {e}")),
+            JobOutcome::Lost(e) => (JobState::Failed, format!("lost on the node: {e}")),
+        };
+        tracing::info!(%id, ?state, "job ended");
+        self.send_status(&id, state, cpus, Some(&exit), message);
+        let _ = self.exec.ack(&id);
+        self.carry_out(actions).await;
+    }
+
+    fn on_steal(&mut self, job_id: String, attempt: u32) {
+        let id = local_id(&job_id, attempt);
+        let released = self.local.contains(&id) && !self.local.is_started(&id);
+        if released {
+            let now = self.now_ns();
+            let _ = self.local.job_exited(&id, now);
+            self.jobs.remove(&id);
+        }
+        self.send(agent_message::Msg::StealReply(StealReply {
+            job_id,
+            attempt,
+            released,
+        }));
+    }
+
+    fn load(&self) -> NodeLoad {
+        let free = self.local.free_summary();
+        let stats = self.local.engine().stats();
+        let schedstats: HashMap<String, u64> = [
+            ("sis_easy", stats.sis_easy),
+            ("sis_core", stats.sis_core),
+            ("sis_cpu", stats.sis_cpu),
+            ("sis_none", stats.sis_none),
+            ("steal", stats.steal),
+            ("steal_fail", stats.steal_fail),
+            ("steal_smt", stats.steal_smt),
+            ("steal_cross_llc", stats.steal_cross_llc),
+            ("busy_skip", stats.busy_skip),
+            ("nr_preemptions", stats.nr_preemptions),
+            ("nr_migrations", stats.nr_migrations),
+            ("latency_picks", stats.latency_picks),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        NodeLoad {
+            cpus: self
+                .local
+                .cpu_loads()
+                .into_iter()
+                .map(|(cpu, busy, runnable)| CpuLoad {
+                    cpu,
+                    busy,
+                    runnable,
+                })
+                .collect(),
+            overloaded: self.local.overloaded(),
+            avg_idle_ns: self.local.avg_idle(),
+            free: Some(PbFree {
+                core: free.core,
+                llc: free.llc,
+                numa: free.numa,
+                package: free.package,
+                any: free.any,
+            }),
+            running_jobs: self.local.nr_running() as u32,
+            waiting_jobs: self.local.nr_waiting() as u32,
+            schedstats,
+        }
+    }
+
+    fn register_msg(&mut self) -> Register {
+        // Forget finished attempts older than the retention.
+        let keep = self.opts.retention;
+        self.recent.retain(|_, (_, t)| t.elapsed() < keep);
+        let mut jobs: Vec<JobStatus> = Vec::new();
+        for st in self.exec.list() {
+            if let crate::exec::JobState::Running { .. } = st.state
+                && let Some((job_id, attempt)) = parse_local_id(&st.id)
+            {
+                let cpus = self
+                    .local
+                    .cpus_of(&st.id)
+                    .map(|c| c.to_vec())
+                    .unwrap_or_default();
+                jobs.push(JobStatus {
+                    job_id,
+                    attempt,
+                    state: JobState::Running as i32,
+                    cpus,
+                    time_ms: now_ms(),
+                    ..Default::default()
+                });
+            }
+        }
+        jobs.extend(self.recent.values().map(|(s, _)| s.clone()));
+        Register {
+            node: self.opts.node.clone(),
+            labels: self.opts.labels.clone(),
+            topology: Some(topology_proto(&self.opts.machine)),
+            memory_bytes: self.opts.memory_bytes,
+            jobs,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+
+    /// Serve a log request on its own task.
+    fn serve_log(&self, req: LogRequest) {
+        let Some(out) = self.out.clone() else { return };
+        let found = self
+            .jobs
+            .keys()
+            .chain(self.recent.keys())
+            .find(|id| parse_local_id(id).is_some_and(|(j, _)| j == req.job_id))
+            .cloned()
+            .or_else(|| {
+                self.exec
+                    .list()
+                    .into_iter()
+                    .map(|s| s.id)
+                    .filter(|id| parse_local_id(id).is_some_and(|(j, _)| j == req.job_id))
+                    .max()
+            });
+        let status = found.as_ref().and_then(|id| self.exec.status(id).ok());
+        let exec = self.exec.clone();
+        tokio::spawn(async move {
+            let reply = |data: Vec<u8>, offset: u64, eof: bool, error: String| AgentMessage {
+                msg: Some(agent_message::Msg::Log(LogData {
+                    request_id: req.request_id,
+                    data,
+                    offset,
+                    truncated: false,
+                    eof,
+                    error,
+                })),
+            };
+            let (Some(id), Some(status)) = (found, status) else {
+                let _ = out.send(reply(
+                    Vec::new(),
+                    0,
+                    true,
+                    format!("no logs of job {} on this node", req.job_id),
+                ));
+                return;
+            };
+            let name = if req.stream == LogStream::Stderr as i32 {
+                "stderr"
+            } else {
+                "stdout"
+            };
+            let path = status.dir.join(name);
+            let mut offset = req.offset;
+            loop {
+                let chunk = read_chunk(&path, offset, 64 * 1024).await;
+                match chunk {
+                    Ok(data) if !data.is_empty() => {
+                        let n = data.len() as u64;
+                        if out.send(reply(data, offset, false, String::new())).is_err() {
+                            return;
+                        }
+                        offset += n;
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(err) => {
+                        let _ = out.send(reply(
+                            Vec::new(),
+                            offset,
+                            true,
+                            format!("reading {}: {err}", path.display()),
+                        ));
+                        return;
+                    }
+                }
+                let finished = !matches!(
+                    exec.status(&id).map(|s| s.state),
+                    Ok(crate::exec::JobState::Running { .. })
+                );
+                if !req.follow || finished {
+                    // One more read after the end, then EOF.
+                    if let Ok(data) = read_chunk(&path, offset, 64 * 1024).await
+                        && !data.is_empty()
+                    {
+                        let n = data.len() as u64;
+                        let _ = out.send(reply(data, offset, false, String::new()));
+                        offset += n;
+                        continue;
+                    }
+                    let _ = out.send(reply(Vec::new(), offset, true, String::new()));
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+    }
+}
+
+async fn read_chunk(path: &Path, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut f = match tokio::fs::File::open(path).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    f.seek(std::io::SeekFrom::Start(offset)).await?;
+    let mut buf = vec![0; max];
+    let n = f.read(&mut buf).await?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// Run the agent until `stop` becomes true.
+pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<()> {
+    if opts.dispatchers.is_empty() {
+        anyhow::bail!("no dispatcher address given");
+    }
+    let machine_cpus = opts.machine.cpu_ids();
+    if machine_cpus.len() > opts.real_cpus.len() {
+        tracing::info!(
+            synthetic = machine_cpus.len(),
+            real = opts.real_cpus.len(),
+            "the topology has more CPUs than this machine: synthetic CPUs are mapped onto the real ones for pinning"
+        );
+    }
+    let topo = Arc::new(
+        opts.machine
+            .to_sched()
+            .context("building the engine topology")?,
+    );
+    let exec = Arc::new(Executor::new(opts.exec.clone()).context("starting the executor")?);
+    let mut exits = exec
+        .take_exits()
+        .context("the executor's exit channel was already taken")?;
+    let mut agent = Agent {
+        local: LocalScheduler::new(topo, opts.local.clone()),
+        opts,
+        exec: exec.clone(),
+        jobs: HashMap::new(),
+        recent: BTreeMap::new(),
+        start: Instant::now(),
+        out: None,
+    };
+    // Jobs left running by a previous agent on this state directory.
+    let report = exec.readopt().await.context("re-adopting jobs")?;
+    for id in &report.reattached {
+        if let (Ok(st), Some(_)) = (exec.status(id), parse_local_id(id)) {
+            let local = LocalJob {
+                id: id.clone(),
+                cpus: st.cpus.len().max(1) as u32,
+                align: Align::Any,
+                policy: Policy::Spread,
+                nice: 0,
+                latency_nice: 0,
+            };
+            let now = agent.now_ns();
+            agent.local.adopt(local, &st.cpus, now);
+            agent.jobs.insert(
+                id.clone(),
+                Pending {
+                    spec: JobSpec::default(),
+                },
+            );
+        }
+    }
+    if !report.reattached.is_empty() || !report.exited.is_empty() {
+        tracing::info!(
+            reattached = report.reattached.len(),
+            exited = report.exited.len(),
+            "re-adopted jobs"
+        );
+    }
+
+    let mut backoff = Duration::from_millis(100);
+    let mut which = 0usize;
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        let url = agent.opts.dispatchers[which % agent.opts.dispatchers.len()].clone();
+        which += 1;
+        match session(&mut agent, &url, &mut exits, &mut stop).await {
+            Ok(()) => break,
+            Err(err) => {
+                agent.out = None;
+                tracing::warn!(%url, "dispatcher stream: {err:#}; reconnecting in {backoff:?}");
+            }
+        }
+        // Keep handling exits and ticks while disconnected.
+        let deadline = tokio::time::Instant::now() + backoff;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                Some(exit) = exits.recv() => agent.on_exit(exit).await,
+                _ = stop.changed() => break,
+            }
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+    exec.shutdown().await.context("stopping the executor")?;
+    Ok(())
+}
+
+/// One connected session; returns Ok when asked to stop.
+async fn session(
+    agent: &mut Agent,
+    url: &str,
+    exits: &mut mpsc::UnboundedReceiver<JobExit>,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<()> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
+        .with_context(|| format!("bad dispatcher address {url}"))?
+        .connect_timeout(Duration::from_secs(3))
+        .tcp_nodelay(true);
+    let channel = endpoint
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {url}"))?;
+    let mut client = AgentServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let register = agent.register_msg();
+    let _ = tx.send(AgentMessage {
+        msg: Some(agent_message::Msg::Register(register)),
+    });
+    let mut inbound = client
+        .attach(UnboundedReceiverStream::new(rx))
+        .await
+        .with_context(|| format!("attaching to {url}"))?
+        .into_inner();
+    let first = inbound.message().await.context("waiting for Registered")?;
+    let interval = match first.and_then(|m| m.msg) {
+        Some(dispatcher_message::Msg::Registered(r)) => {
+            Duration::from_millis(r.heartbeat_interval_ms.max(50))
+        }
+        _ => anyhow::bail!("the dispatcher did not answer Registered"),
+    };
+    agent.out = Some(tx);
+    tracing::info!(%url, node = %agent.opts.node, "registered with the dispatcher");
+    let mut tick = tokio::time::interval(agent.opts.tick);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut report = tokio::time::interval(interval / 2);
+    report.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            msg = inbound.next() => {
+                let msg = match msg {
+                    Some(Ok(DispatcherMessage { msg: Some(m) })) => m,
+                    Some(Ok(_)) => continue,
+                    Some(Err(status)) => anyhow::bail!("stream error: {status}"),
+                    None => anyhow::bail!("the dispatcher closed the stream"),
+                };
+                match msg {
+                    dispatcher_message::Msg::Assign(a) => {
+                        let spec = a.spec.unwrap_or_default();
+                        agent.on_assign(a.job_id, a.attempt, spec).await;
+                    }
+                    dispatcher_message::Msg::Cancel(c) => agent.on_cancel(&c.job_id, c.attempt).await,
+                    dispatcher_message::Msg::Steal(s) => agent.on_steal(s.job_id, s.attempt),
+                    dispatcher_message::Msg::LogRequest(r) => agent.serve_log(r),
+                    dispatcher_message::Msg::Registered(_) => {}
+                }
+            }
+            Some(exit) = exits.recv() => agent.on_exit(exit).await,
+            _ = tick.tick() => {
+                let now = agent.now_ns();
+                let actions = agent.local.tick(now);
+                agent.carry_out(actions).await;
+            }
+            _ = report.tick() => {
+                let load = agent.load();
+                agent.send(agent_message::Msg::Load(LoadReport { load: Some(load) }));
+            }
+            _ = stop.changed() => {
+                if *stop.borrow() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
+
+/// The single-machine default: an agent for this machine (or a synthetic
+/// one) attached to the dispatcher at `url`, with its state under `dir`.
+pub async fn run_dev(
+    url: String,
+    dir: PathBuf,
+    topology: Option<String>,
+    stop: watch::Receiver<bool>,
+) -> Result<()> {
+    let reader = crate::topology::SysfsReader::host();
+    let allowed = reader
+        .default_allowed()
+        .context("reading this process's CPU affinity")?;
+    let real = reader
+        .read(allowed.as_deref())
+        .context("discovering this machine's topology")?;
+    let machine = match &topology {
+        Some(spec) => crate::topology::synthetic(spec)
+            .with_context(|| format!("synthetic topology {spec}"))?,
+        None => real.clone(),
+    };
+    let mut exec = ExecConfig::new(dir.join("jobs"));
+    exec.shutdown = ShutdownMode::KillJobs;
+    if nix::unistd::geteuid().is_root() {
+        // Never run jobs as root by default: nobody/nogroup.
+        exec.run_as = Some((65534, 65534));
+    }
+    let node = hostname();
+    let opts = AgentOptions {
+        dispatchers: vec![url],
+        node,
+        labels: HashMap::new(),
+        real_cpus: real.cpu_ids(),
+        machine,
+        memory_bytes: memory_total(),
+        exec,
+        local: LocalConfig {
+            oversubscribe: true,
+            ..LocalConfig::default()
+        },
+        tick: Duration::from_millis(10),
+        retention: Duration::from_secs(3600),
+    };
+    run(opts, stop).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_ids_round_trip() {
+        assert_eq!(local_id("j-12.3", 2), "j-12.3_a2");
+        assert_eq!(parse_local_id("j-12.3_a2"), Some(("j-12.3".to_string(), 2)));
+        assert_eq!(parse_local_id("nope"), None);
+    }
+
+    #[test]
+    fn topology_proto_matches_groups() {
+        let m = crate::topology::synthetic("2s:2c:2t").unwrap();
+        let t = topology_proto(&m);
+        assert_eq!(t.cpus.len(), 8);
+        assert_eq!(t.smt.len(), 4);
+        assert_eq!(t.llc.len(), 2);
+        assert_eq!(t.package.len(), 2);
+    }
+}

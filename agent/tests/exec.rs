@@ -1,0 +1,980 @@
+//! The process executor against real processes: shims, process groups,
+//! pinning, signals, logs, limits, users, re-adoption and cgroups, checked
+//! from /proc. No mocks. Every test uses its own temporary state directory
+//! and kills what it started, even when it fails.
+//!
+//! Runs as root (CI) and as an ordinary user; root-only checks (switching
+//! to uid 65534, refusing root) say when they are skipped. Waits poll with
+//! small sleeps and generous limits for a loaded 2-CPU machine; no test
+//! asserts how fast anything is.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agent::exec::{
+    ExecConfig, ExecError, Executor, JobExec, JobExit, JobHandle, JobOutcome, JobState,
+    RlimitResource, ShutdownMode, cgroup,
+};
+use nix::sched::{CpuSet, sched_getaffinity};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::{Pid, geteuid};
+use tempfile::TempDir;
+
+/// Limit for anything to happen (a job to start, exit, be seen in /proc).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn is_root() -> bool {
+    geteuid().is_root()
+}
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_max_level(tracing::Level::INFO)
+        .try_init();
+}
+
+/// The CPUs this test process may use (the machine may have more).
+fn allowed_cpus() -> Vec<u32> {
+    let set = sched_getaffinity(Pid::from_raw(0)).expect("sched_getaffinity");
+    (0..CpuSet::count())
+        .filter(|&i| set.is_set(i).unwrap_or(false))
+        .map(|i| i as u32)
+        .collect()
+}
+
+/// Two CPUs to move jobs between (the same one twice on a 1-CPU box).
+fn two_cpus() -> (u32, u32) {
+    let cpus = allowed_cpus();
+    (cpus[0], *cpus.last().expect("at least one CPU"))
+}
+
+fn config(state_dir: &Path) -> ExecConfig {
+    let mut cfg = ExecConfig::new(state_dir);
+    cfg.shim_exe = PathBuf::from(env!("CARGO_BIN_EXE_agent"));
+    // As root, jobs run as nobody (the executor refuses root by default).
+    cfg.run_as = is_root().then_some((65534, 65534));
+    cfg.shim_start_timeout = PATIENCE;
+    cfg.log_cap_bytes = 1 << 20;
+    cfg.shutdown = ShutdownMode::LeaveRunning;
+    cfg.adopt_poll_interval = Duration::from_millis(50);
+    cfg
+}
+
+fn sh(id: &str, script: &str, cpus: Vec<u32>) -> JobExec {
+    JobExec::new(id, "/bin/sh", cpus).args(["-c", script])
+}
+
+/// A state directory whose jobs are killed when the test ends, however it
+/// ends.
+struct Fixture {
+    dir: TempDir,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        init_tracing();
+        Fixture {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+    fn executor(&self) -> Executor {
+        Executor::new(config(self.path())).expect("Executor::new")
+    }
+    fn executor_with(&self, f: impl FnOnce(&mut ExecConfig)) -> Executor {
+        let mut cfg = config(self.path());
+        f(&mut cfg);
+        Executor::new(cfg).expect("Executor::new")
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let Ok(entries) = fs::read_dir(self.path().join("jobs")) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let read = |name: &str| -> Option<i32> {
+                fs::read_to_string(entry.path().join(name))
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()
+            };
+            if let Some(pgid) = read("pid")
+                && stat(pgid).is_some_and(|s| s.session == pgid)
+            {
+                let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+            }
+            if let Some(shim) = read("shim.pid")
+                && fs::read(format!("/proc/{shim}/cmdline"))
+                    .is_ok_and(|c| c.windows(4).any(|w| w == b"shim"))
+            {
+                let _ = kill(Pid::from_raw(shim), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// A job script that waits until its shell gets SIGUSR1, then runs `then`
+/// (signals need no shared directory the job's user could not reach).
+fn gated(then: &str) -> String {
+    format!("trap '{then}' USR1; while :; do sleep 0.05; done")
+}
+
+/// Release a [`gated`] job whose shell is `pid`.
+fn open_gate(pid: u32) {
+    kill(Pid::from_raw(pid as i32), Signal::SIGUSR1).expect("signal the gated job");
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Stat {
+    state: char,
+    ppid: i32,
+    pgrp: i32,
+    session: i32,
+    utime: u64,
+    starttime: u64,
+}
+
+/// /proc/<pid>/stat, parsed here independently of the executor.
+fn stat(pid: i32) -> Option<Stat> {
+    let text = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest: Vec<&str> = text[text.rfind(')')? + 1..].split_whitespace().collect();
+    Some(Stat {
+        state: rest[0].chars().next()?,
+        ppid: rest[1].parse().ok()?,
+        pgrp: rest[2].parse().ok()?,
+        session: rest[3].parse().ok()?,
+        utime: rest[11].parse().ok()?,
+        starttime: rest[19].parse().ok()?,
+    })
+}
+
+fn proc_status(path: &str, field: &str) -> Option<String> {
+    let text = fs::read_to_string(path).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .map(|v| v.trim().to_owned())
+}
+
+fn all_pids() -> Vec<i32> {
+    fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Live processes of the job: its process group and its shim's children.
+fn job_pids(pgid: i32, shim: i32) -> BTreeSet<i32> {
+    all_pids()
+        .into_iter()
+        .filter(|&p| stat(p).is_some_and(|s| (s.pgrp == pgid || s.ppid == shim) && s.state != 'Z'))
+        .collect()
+}
+
+fn tids(pid: i32) -> Vec<i32> {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn thread_cpus(pid: i32, tid: i32) -> Option<String> {
+    proc_status(
+        &format!("/proc/{pid}/task/{tid}/status"),
+        "Cpus_allowed_list",
+    )
+}
+
+fn comm(pid: i32) -> String {
+    fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// Whether the process identified by (pid, start time) no longer exists
+/// (reaped; a zombie still counts as existing unless `zombie_ok`).
+fn gone(pid: i32, starttime: u64, zombie_ok: bool) -> bool {
+    match stat(pid) {
+        None => true,
+        Some(s) => s.starttime != starttime || (zombie_ok && s.state == 'Z'),
+    }
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_exit(handle: &mut JobHandle) -> JobExit {
+    tokio::time::timeout(PATIENCE, handle.wait())
+        .await
+        .unwrap_or_else(|_| panic!("job {} did not exit", handle.id()))
+        .expect("exit")
+}
+
+async fn next_exit(rx: &mut tokio::sync::mpsc::UnboundedReceiver<JobExit>) -> JobExit {
+    tokio::time::timeout(PATIENCE, rx.recv())
+        .await
+        .expect("no exit event in time")
+        .expect("exit channel closed")
+}
+
+/// Not a test of its own: the body of a multi-threaded job. Run as a job
+/// with `EXEC_TEST_THREAD_HELPER=1`, it starts 3 threads and sleeps; in a
+/// normal test run it returns at once.
+#[test]
+fn thread_helper() {
+    if std::env::var_os("EXEC_TEST_THREAD_HELPER").is_none() {
+        return;
+    }
+    for _ in 0..3 {
+        std::thread::spawn(|| std::thread::sleep(Duration::from_secs(60)));
+    }
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_and_repins_every_process_of_the_job() {
+    let fx = Fixture::new();
+    let exec = fx.executor();
+    let (a, b) = two_cpus();
+    let mut h = exec
+        .spawn(sh("pin", "sleep 30 & sleep 30 & wait", vec![a]))
+        .await
+        .expect("spawn");
+    let (pgid, shim) = (h.pid() as i32, h.shim_pid() as i32);
+    eventually("sh and its two sleeps", || job_pids(pgid, shim).len() == 3).await;
+    let procs = job_pids(pgid, shim);
+    let check_all = |want: u32| {
+        for &pid in procs.iter().chain([shim].iter()) {
+            let threads = tids(pid);
+            assert!(!threads.is_empty(), "pid {pid} vanished");
+            for tid in threads {
+                assert_eq!(
+                    thread_cpus(pid, tid).as_deref(),
+                    Some(want.to_string().as_str()),
+                    "thread {tid} of pid {pid} ({})",
+                    comm(pid)
+                );
+            }
+        }
+    };
+    check_all(a);
+    let pinned = exec.repin("pin", &[b]).expect("repin");
+    assert!(
+        pinned >= 4,
+        "pinned {pinned} threads: 3 processes and the shim"
+    );
+    check_all(b);
+    assert_eq!(exec.status("pin").unwrap().cpus, vec![b]);
+    exec.cancel("pin", Duration::ZERO).unwrap();
+    assert_eq!(wait_exit(&mut h).await.outcome, JobOutcome::Cancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repins_every_thread_of_a_multithreaded_job() {
+    let fx = Fixture::new();
+    // The job is this test binary, which the unprivileged run_as user may
+    // not be able to reach (a target dir under /root): run it as ourselves.
+    let exec = fx.executor_with(|c| {
+        c.run_as = None;
+        c.allow_root = true;
+    });
+    let (a, b) = two_cpus();
+    let me = std::env::current_exe().unwrap();
+    let job = JobExec::new("threads", me.to_string_lossy(), vec![a])
+        .args([
+            "--exact",
+            "thread_helper",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env("EXEC_TEST_THREAD_HELPER", "1");
+    let mut h = exec.spawn(job).await.expect("spawn");
+    let pid = h.pid() as i32;
+    // main thread + libtest's test thread + 3
+    eventually("5 threads", || tids(pid).len() >= 5).await;
+    for tid in tids(pid) {
+        assert_eq!(thread_cpus(pid, tid), Some(a.to_string()), "tid {tid}");
+    }
+    exec.repin("threads", &[b]).expect("repin");
+    for tid in tids(pid) {
+        assert_eq!(thread_cpus(pid, tid), Some(b.to_string()), "tid {tid}");
+    }
+    exec.cancel("threads", Duration::ZERO).unwrap();
+    assert_eq!(wait_exit(&mut h).await.outcome, JobOutcome::Cancelled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_exit_codes_signals_and_start_failures() {
+    let fx = Fixture::new();
+    let exec = fx.executor();
+    let cpus = allowed_cpus();
+
+    let mut h = exec
+        .spawn(sh("code", "exit 7", cpus.clone()))
+        .await
+        .unwrap();
+    let exit = wait_exit(&mut h).await;
+    assert_eq!(exit.outcome, JobOutcome::Exited(7));
+    assert_eq!((exit.exit_code, exit.signal), (Some(7), None));
+    assert!(exit.ended_at_ms >= exit.started_at_ms);
+    let on_disk: JobExit =
+        serde_json::from_slice(&fs::read(h.dir().join("status.json")).unwrap()).unwrap();
+    assert_eq!(on_disk, exit);
+
+    let mut h = exec
+        .spawn(sh("sig", "kill -KILL $$", cpus.clone()))
+        .await
+        .unwrap();
+    let exit = wait_exit(&mut h).await;
+    assert_eq!(exit.outcome, JobOutcome::Signaled(9));
+    assert_eq!((exit.exit_code, exit.signal), (None, Some(9)));
+
+    let err = exec
+        .spawn(JobExec::new(
+            "missing",
+            "/nonexistent/program",
+            cpus.clone(),
+        ))
+        .await
+        .expect_err("a missing program cannot start");
+    match &err {
+        ExecError::StartFailed { id, reason } => {
+            assert_eq!(id, "missing");
+            assert!(reason.contains("exec /nonexistent/program"), "{reason}");
+        }
+        other => panic!("unexpected error {other}"),
+    }
+    // Nothing is left behind: the id can be used again.
+    assert!(!fx.path().join("jobs/missing").exists());
+    let mut h = exec
+        .spawn(JobExec::new("missing", "/bin/true", cpus))
+        .await
+        .unwrap();
+    assert_eq!(wait_exit(&mut h).await.outcome, JobOutcome::Exited(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn captures_output_live_and_caps_it() {
+    let fx = Fixture::new();
+    let exec = fx.executor_with(|c| c.log_cap_bytes = 1000);
+    let cpus = allowed_cpus();
+
+    // Readable while the job runs.
+    let mut h = exec
+        .spawn(sh(
+            "live",
+            "echo out; echo err >&2; exec sleep 30",
+            cpus.clone(),
+        ))
+        .await
+        .unwrap();
+    eventually("stdout and stderr while running", || {
+        fs::read_to_string(h.stdout_path()).is_ok_and(|s| s == "out\n")
+            && fs::read_to_string(h.stderr_path()).is_ok_and(|s| s == "err\n")
+    })
+    .await;
+    assert!(matches!(
+        exec.status("live").unwrap().state,
+        JobState::Running { .. }
+    ));
+    exec.cancel("live", Duration::ZERO).unwrap();
+    let exit = wait_exit(&mut h).await;
+    assert_eq!((exit.stdout_bytes, exit.stderr_bytes), (4, 4));
+    assert!(!exit.stdout_truncated && !exit.stderr_truncated);
+
+    // Capped, with the truncation noted.
+    let mut h = exec
+        .spawn(sh(
+            "capped",
+            "head -c 5000 /dev/zero | tr '\\000' x; echo tail >&2; exit 3",
+            cpus,
+        ))
+        .await
+        .unwrap();
+    let exit = wait_exit(&mut h).await;
+    assert_eq!(exit.outcome, JobOutcome::Exited(3));
+    let out = fs::read(h.stdout_path()).unwrap();
+    assert_eq!(out.len(), 1000);
+    assert!(out.iter().all(|&c| c == b'x'));
+    assert!(exit.stdout_truncated && exit.stdout_bytes == 1000);
+    assert!(h.dir().join("stdout.truncated").exists());
+    assert_eq!(fs::read_to_string(h.stderr_path()).unwrap(), "tail\n");
+    assert!(!exit.stderr_truncated && !h.dir().join("stderr.truncated").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_terms_then_kills_the_whole_group_and_grandchildren() {
+    let fx = Fixture::new();
+    let exec = fx.executor();
+    // Everything ignores SIGTERM; one grandchild double-forks inside the
+    // group, another also leaves the group and the session (setsid).
+    let script = r#"trap "" TERM; (sleep 300 &); (setsid sleep 301 &); sleep 60"#;
+    let mut h = exec
+        .spawn(sh("cancel", script, allowed_cpus()))
+        .await
+        .unwrap();
+    let (pgid, shim) = (h.pid() as i32, h.shim_pid() as i32);
+    eventually("sh and three sleeps (two re-parented to the shim)", || {
+        let pids = job_pids(pgid, shim);
+        pids.len() == 4
+            && pids.iter().filter(|&&p| comm(p) == "sleep").count() == 3
+            && pids
+                .iter()
+                .any(|&p| stat(p).is_some_and(|s| s.pgrp != pgid))
+    })
+    .await;
+    let victims: Vec<(i32, u64)> = job_pids(pgid, shim)
+        .into_iter()
+        .filter_map(|p| Some((p, stat(p)?.starttime)))
+        .collect();
+
+    let grace = Duration::from_millis(1500);
+    let asked = Instant::now();
+    exec.cancel("cancel", grace).unwrap();
+    let exit = wait_exit(&mut h).await;
+    // SIGTERM was ignored, so only the SIGKILL after the grace ended it.
+    assert!(asked.elapsed() >= grace, "killed before the grace period");
+    assert_eq!(exit.outcome, JobOutcome::Cancelled);
+    assert_eq!(exit.signal, Some(9));
+    for (pid, start) in victims {
+        assert!(
+            gone(pid, start, false),
+            "pid {pid} ({}) survived",
+            comm(pid)
+        );
+    }
+    assert!(job_pids(pgid, shim).is_empty());
+    assert!(exec.cancel("cancel", grace).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_and_cont_a_cpu_spinner() {
+    let fx = Fixture::new();
+    let exec = fx.executor();
+    let (a, _) = two_cpus();
+    let mut h = exec
+        .spawn(sh("spin", "while :; do :; done", vec![a]))
+        .await
+        .unwrap();
+    let pid = h.pid() as i32;
+    eventually("the spinner uses CPU", || {
+        stat(pid).is_some_and(|s| s.utime > 0)
+    })
+    .await;
+
+    exec.stop("spin").unwrap();
+    eventually("state T", || stat(pid).is_some_and(|s| s.state == 'T')).await;
+    assert_eq!(
+        exec.status("spin").unwrap().state,
+        JobState::Running { stopped: true }
+    );
+    let before = stat(pid).unwrap().utime;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = stat(pid).unwrap();
+    assert_eq!(after.state, 'T');
+    assert_eq!(after.utime, before, "a stopped job must not run");
+
+    exec.cont("spin").unwrap();
+    eventually("running again", || {
+        stat(pid).is_some_and(|s| s.state != 'T' && s.utime > before)
+    })
+    .await;
+    assert_eq!(
+        exec.status("spin").unwrap().state,
+        JobState::Running { stopped: false }
+    );
+
+    // A stopped job can still be cancelled (SIGTERM is followed by SIGCONT).
+    exec.stop("spin").unwrap();
+    eventually("stopped again", || {
+        stat(pid).is_some_and(|s| s.state == 'T')
+    })
+    .await;
+    exec.cancel("spin", Duration::from_secs(30)).unwrap();
+    let exit = wait_exit(&mut h).await;
+    assert_eq!(exit.outcome, JobOutcome::Cancelled);
+    assert_eq!(
+        exit.signal,
+        Some(15),
+        "ended by the SIGTERM, not the SIGKILL"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_terminates_the_group() {
+    let fx = Fixture::new();
+    let exec = fx.executor();
+    let job = sh(
+        "slow",
+        r#"trap "" TERM; sleep 60 & sleep 60"#,
+        allowed_cpus(),
+    )
+    .timeout(Duration::from_secs(1), Duration::from_millis(300));
+    let mut h = exec.spawn(job).await.unwrap();
+    let (pgid, shim) = (h.pid() as i32, h.shim_pid() as i32);
+    eventually("sh and two sleeps", || job_pids(pgid, shim).len() == 3).await;
+    let victims: Vec<(i32, u64)> = job_pids(pgid, shim)
+        .into_iter()
+        .filter_map(|p| Some((p, stat(p)?.starttime)))
+        .collect();
+    let exit = wait_exit(&mut h).await;
+    assert_eq!(exit.outcome, JobOutcome::TimedOut);
+    assert_eq!(exit.signal, Some(9));
+    for (pid, start) in victims {
+        assert!(gone(pid, start, false), "pid {pid} survived the timeout");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_as_the_configured_user_and_refuses_root() {
+    let fx = Fixture::new();
+    let cpus = allowed_cpus();
+    let uid_of = |pid: u32| {
+        let path = format!("/proc/{pid}/status");
+        (
+            proc_status(&path, "Uid"),
+            proc_status(&path, "Gid"),
+            proc_status(&path, "Groups"),
+        )
+    };
+    if !is_root() {
+        // Not root: run_as is ignored and jobs run as this user.
+        let exec = fx.executor_with(|c| c.run_as = Some((65534, 65534)));
+        let mut h = exec.spawn(sh("me", "exec sleep 30", cpus)).await.unwrap();
+        let me = geteuid().as_raw();
+        let (uid, _, _) = uid_of(h.pid());
+        assert_eq!(uid, Some(format!("{me}\t{me}\t{me}\t{me}")));
+        exec.cancel("me", Duration::ZERO).unwrap();
+        wait_exit(&mut h).await;
+        eprintln!("not root: the uid switch and the root refusal are not exercised");
+        return;
+    }
+    {
+        let exec = fx.executor();
+        let mut h = exec
+            .spawn(sh("nobody", "exec sleep 30", cpus.clone()))
+            .await
+            .unwrap();
+        let (uid, gid, groups) = uid_of(h.pid());
+        assert_eq!(uid.as_deref(), Some("65534\t65534\t65534\t65534"));
+        assert_eq!(gid.as_deref(), Some("65534\t65534\t65534\t65534"));
+        assert_eq!(groups.as_deref(), Some("65534"));
+        // The shim itself stays root (it must manage the job's cgroup and
+        // write its status).
+        let (shim_uid, _, _) = uid_of(h.shim_pid());
+        assert_eq!(shim_uid.as_deref(), Some("0\t0\t0\t0"));
+        exec.cancel("nobody", Duration::ZERO).unwrap();
+        wait_exit(&mut h).await;
+    }
+    for run_as in [None, Some((0, 0))] {
+        let exec = fx.executor_with(|c| c.run_as = run_as);
+        let err = exec
+            .spawn(sh("root", "exit 0", cpus.clone()))
+            .await
+            .expect_err("root must be refused");
+        assert!(
+            matches!(err, ExecError::RefuseRoot(ref id) if id == "root"),
+            "{err}"
+        );
+        assert!(!fx.path().join("jobs/root").exists());
+    }
+    let exec = fx.executor_with(|c| {
+        c.run_as = None;
+        c.allow_root = true;
+    });
+    let mut h = exec.spawn(sh("root", "exec sleep 30", cpus)).await.unwrap();
+    let (uid, _, _) = uid_of(h.pid());
+    assert_eq!(uid.as_deref(), Some("0\t0\t0\t0"));
+    exec.cancel("root", Duration::ZERO).unwrap();
+    wait_exit(&mut h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readopts_a_running_job_after_the_executor_is_dropped() {
+    let fx = Fixture::new();
+    let (a, b) = two_cpus();
+    let (pid, shim) = {
+        let exec = fx.executor();
+        let h = exec
+            .spawn(sh("re", &gated("exit 5"), vec![a]))
+            .await
+            .unwrap();
+        (h.pid() as i32, h.shim_pid() as i32)
+        // dropped without shutdown: an agent crash
+    };
+    assert!(
+        stat(shim).is_some_and(|s| s.state != 'Z'),
+        "the shim must outlive the executor"
+    );
+    assert!(stat(pid).is_some_and(|s| s.state != 'Z'), "so must the job");
+
+    let exec = fx.executor();
+    let mut exits = exec.take_exits().unwrap();
+    let report = exec.readopt().await.unwrap();
+    assert_eq!(report.reattached, vec!["re".to_owned()]);
+    assert!(report.exited.is_empty() && report.lost.is_empty());
+    let status = exec.status("re").unwrap();
+    assert_eq!(status.pid, Some(pid as u32));
+    assert_eq!(status.state, JobState::Running { stopped: false });
+    // The re-adopted job is under control.
+    exec.repin("re", &[b]).unwrap();
+    assert_eq!(
+        proc_status(&format!("/proc/{pid}/status"), "Cpus_allowed_list"),
+        Some(b.to_string())
+    );
+    let mut h = exec.handle("re").unwrap();
+
+    open_gate(pid as u32);
+    let exit = next_exit(&mut exits).await;
+    assert_eq!(
+        (exit.id.as_str(), &exit.outcome),
+        ("re", &JobOutcome::Exited(5))
+    );
+    assert_eq!(wait_exit(&mut h).await, exit);
+}
+
+/// Not a test of its own: an agent process for
+/// `readopts_after_the_agent_process_exits`. With `EXEC_TEST_AGENT_HELPER`
+/// set to a state directory, it starts a gated job there and exits without
+/// shutting the executor down; in a normal test run it returns at once.
+#[test]
+fn agent_helper() {
+    let Some(state) = std::env::var_os("EXEC_TEST_AGENT_HELPER") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let exec = Executor::new(config(Path::new(&state))).unwrap();
+        exec.spawn(sh("restart", &gated("exit 6"), allowed_cpus()))
+            .await
+            .unwrap();
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readopts_after_the_agent_process_exits() {
+    let fx = Fixture::new();
+    let helper = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "agent_helper", "--test-threads=1", "--quiet"])
+        .env("EXEC_TEST_AGENT_HELPER", fx.path())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run the helper agent");
+    assert!(helper.success());
+    let dir = fx.path().join("jobs/restart");
+    let read = |name: &str| -> i32 {
+        fs::read_to_string(dir.join(name))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (pid, shim) = (read("pid"), read("shim.pid"));
+    // The agent that started it is gone; the shim is nobody's child here.
+    let shim_stat = stat(shim).expect("the shim outlives its agent");
+    assert_ne!(shim_stat.ppid, std::process::id() as i32);
+
+    let exec = fx.executor();
+    let mut exits = exec.take_exits().unwrap();
+    let report = exec.readopt().await.unwrap();
+    assert_eq!(report.reattached, vec!["restart".to_owned()]);
+    exec.stop("restart").unwrap();
+    eventually("stopped", || stat(pid).is_some_and(|s| s.state == 'T')).await;
+    exec.cont("restart").unwrap();
+    open_gate(pid as u32);
+    let exit = next_exit(&mut exits).await;
+    assert_eq!(exit.outcome, JobOutcome::Exited(6));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_an_exit_that_happened_while_no_executor_ran() {
+    let fx = Fixture::new();
+    let (pid, dir) = {
+        let exec = fx.executor();
+        let h = exec
+            .spawn(sh("offline", &gated("exit 4"), allowed_cpus()))
+            .await
+            .unwrap();
+        exec.shutdown().await.unwrap(); // LeaveRunning
+        assert!(matches!(
+            exec.spawn(sh("late", "exit 0", allowed_cpus())).await,
+            Err(ExecError::ShutDown)
+        ));
+        (h.pid(), h.dir().to_owned())
+    };
+    open_gate(pid);
+    eventually("status.json written by the shim alone", || {
+        dir.join("status.json").exists()
+    })
+    .await;
+
+    {
+        let exec = fx.executor();
+        let mut exits = exec.take_exits().unwrap();
+        let report = exec.readopt().await.unwrap();
+        assert_eq!(report.exited, vec!["offline".to_owned()]);
+        assert!(report.reattached.is_empty());
+        let exit = next_exit(&mut exits).await;
+        assert_eq!(exit.outcome, JobOutcome::Exited(4));
+        // Until acked, every new executor reports it again.
+        exec.ack("offline").unwrap();
+    }
+    let exec = fx.executor();
+    let mut exits = exec.take_exits().unwrap();
+    let report = exec.readopt().await.unwrap();
+    assert!(
+        report.exited.is_empty(),
+        "acked exits are not reported again"
+    );
+    assert!(exits.try_recv().is_err());
+    // The logs and the status stay readable until remove().
+    assert!(matches!(
+        exec.status("offline").unwrap().state,
+        JobState::Finished(JobExit {
+            outcome: JobOutcome::Exited(4),
+            ..
+        })
+    ));
+    exec.remove("offline").unwrap();
+    assert!(!dir.exists());
+    assert!(matches!(
+        exec.status("offline"),
+        Err(ExecError::UnknownJob(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_with_kill_jobs_leaves_nothing() {
+    let fx = Fixture::new();
+    let exec = fx.executor_with(|c| {
+        c.shutdown = ShutdownMode::KillJobs;
+        c.shutdown_grace = Duration::from_millis(500);
+    });
+    let mut exits = exec.take_exits().unwrap();
+    let mut victims = Vec::new();
+    for id in ["k1", "k2"] {
+        let h = exec
+            .spawn(sh(id, "sleep 60 & sleep 60", allowed_cpus()))
+            .await
+            .unwrap();
+        let (pgid, shim) = (h.pid() as i32, h.shim_pid() as i32);
+        eventually("two sleeps", || job_pids(pgid, shim).len() == 3).await;
+        victims.extend(
+            job_pids(pgid, shim)
+                .into_iter()
+                .chain([shim])
+                .filter_map(|p| Some((p, stat(p)?.starttime))),
+        );
+    }
+    exec.shutdown().await.unwrap();
+    let mut ids = vec![next_exit(&mut exits).await, next_exit(&mut exits).await]
+        .into_iter()
+        .map(|e| {
+            assert_eq!(e.outcome, JobOutcome::Cancelled);
+            e.id
+        })
+        .collect::<Vec<_>>();
+    ids.sort();
+    assert_eq!(ids, ["k1", "k2"]);
+    for (pid, start) in victims {
+        // The shims are the executor's children, reaped by tokio.
+        eventually("every job process and shim gone", || gone(pid, start, true)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shim_killed_outright_loses_the_job_but_leaves_no_orphan() {
+    let fx = Fixture::new();
+    let exec = fx.executor();
+    let mut h = exec
+        .spawn(sh("orphan", "sleep 60 & sleep 60", allowed_cpus()))
+        .await
+        .unwrap();
+    let (pgid, shim) = (h.pid() as i32, h.shim_pid() as i32);
+    eventually("two sleeps", || job_pids(pgid, shim).len() == 3).await;
+    let victims: Vec<(i32, u64)> = job_pids(pgid, shim)
+        .into_iter()
+        .filter_map(|p| Some((p, stat(p)?.starttime)))
+        .collect();
+    kill(Pid::from_raw(shim), Signal::SIGKILL).unwrap();
+    let exit = wait_exit(&mut h).await;
+    assert!(matches!(exit.outcome, JobOutcome::Lost(_)), "{exit:?}");
+    for (pid, start) in victims {
+        // Re-parented to init, which reaps them in its own time.
+        eventually("the job's processes killed", || gone(pid, start, true)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applies_rlimits() {
+    let fx = Fixture::new();
+    let exec = fx.executor();
+    let job = sh("limits", "exec sleep 30", allowed_cpus())
+        .rlimit(RlimitResource::Nofile, 123, 456)
+        .rlimit(RlimitResource::Core, 0, 0);
+    let mut h = exec.spawn(job).await.unwrap();
+    let limits = fs::read_to_string(format!("/proc/{}/limits", h.pid())).unwrap();
+    let row = |name: &str| -> Vec<String> {
+        let line = limits
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in limits"));
+        line[name.len()..]
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(row("Max open files")[..2], ["123", "456"]);
+    assert_eq!(row("Max core file size")[..2], ["0", "0"]);
+    exec.cancel("limits", Duration::ZERO).unwrap();
+    wait_exit(&mut h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejects_bad_requests_with_typed_errors() {
+    let fx = Fixture::new();
+    let exec = fx.executor();
+    let cpus = allowed_cpus();
+    assert!(matches!(
+        exec.spawn(sh("../escape", "exit 0", cpus.clone())).await,
+        Err(ExecError::InvalidId(_))
+    ));
+    assert!(matches!(
+        exec.spawn(sh("nocpu", "exit 0", vec![])).await,
+        Err(ExecError::InvalidCpus { .. })
+    ));
+    assert!(matches!(
+        Executor::new(config(fx.path())),
+        Err(ExecError::StateDirLocked(_))
+    ));
+    assert!(matches!(exec.stop("nope"), Err(ExecError::UnknownJob(_))));
+
+    let mut h = exec
+        .spawn(sh("dup", "exec sleep 30", cpus.clone()))
+        .await
+        .unwrap();
+    assert!(matches!(
+        exec.spawn(sh("dup", "exit 0", cpus.clone())).await,
+        Err(ExecError::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        exec.remove("dup"),
+        Err(ExecError::StillRunning(_))
+    ));
+    assert!(matches!(
+        exec.repin("dup", &[u32::MAX]),
+        Err(ExecError::InvalidCpus { .. })
+    ));
+    exec.cancel("dup", Duration::ZERO).unwrap();
+    wait_exit(&mut h).await;
+    assert!(matches!(exec.stop("dup"), Err(ExecError::NotRunning(_))));
+    assert!(matches!(
+        exec.repin("dup", &cpus),
+        Err(ExecError::NotRunning(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_cgroup_per_job_where_cgroup_v2_is_writable() {
+    let fx = Fixture::new();
+    let (a, b) = two_cpus();
+    let (Some(mount), Some(own)) = (cgroup::cgroup2_mount(), cgroup::own_cgroup()) else {
+        eprintln!("no cgroup2 hierarchy: cgroup part not exercised");
+        return;
+    };
+    let root = mount
+        .join(own.strip_prefix("/").unwrap_or(&own))
+        .join(format!("agent-exec-test-{}", std::process::id()));
+    let exec = fx.executor_with(|c| c.cgroup_root = Some(root.clone()));
+    let Some(support) = exec.cgroup_support().cloned() else {
+        eprintln!(
+            "{} not usable (see the warning): cgroup part not exercised",
+            root.display()
+        );
+        return;
+    };
+    eprintln!("cgroups: {support:?}");
+    let mut h = exec
+        .spawn(sh("cg", "sleep 30 & sleep 30 & wait", vec![a]).memory_max(256 << 20))
+        .await
+        .unwrap();
+    let (pgid, shim) = (h.pid() as i32, h.shim_pid() as i32);
+    let cg = h.cgroup().expect("the job has a cgroup").to_owned();
+    assert_eq!(cg, root.join("job-cg"));
+    eventually("three processes in the job's cgroup", || {
+        fs::read_to_string(cg.join("cgroup.procs")).is_ok_and(|s| s.split_whitespace().count() == 3)
+    })
+    .await;
+    let members: BTreeSet<i32> = fs::read_to_string(cg.join("cgroup.procs"))
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(members, job_pids(pgid, shim));
+    assert!(
+        !members.contains(&shim),
+        "the shim stays outside the job's cgroup"
+    );
+    if support.cpuset {
+        assert_eq!(
+            fs::read_to_string(cg.join("cpuset.cpus")).unwrap().trim(),
+            a.to_string()
+        );
+    }
+    if support.memory {
+        assert_eq!(
+            fs::read_to_string(cg.join("memory.max")).unwrap().trim(),
+            (256u64 << 20).to_string()
+        );
+    }
+    exec.repin("cg", &[b]).unwrap();
+    for pid in &members {
+        for tid in tids(*pid) {
+            assert_eq!(thread_cpus(*pid, tid), Some(b.to_string()));
+        }
+    }
+    if support.cpuset {
+        assert_eq!(
+            fs::read_to_string(cg.join("cpuset.cpus")).unwrap().trim(),
+            b.to_string()
+        );
+    }
+    exec.cancel("cg", Duration::ZERO).unwrap();
+    assert_eq!(wait_exit(&mut h).await.outcome, JobOutcome::Cancelled);
+    assert!(!cg.exists(), "the job's cgroup is removed after its exit");
+    drop(exec);
+    fs::remove_dir(&root).expect("remove the test's cgroup root");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_jobs_without_a_cgroup_when_the_root_is_unusable() {
+    let fx = Fixture::new();
+    let not_cgroup = tempfile::tempdir().unwrap();
+    let exec = fx.executor_with(|c| c.cgroup_root = Some(not_cgroup.path().to_owned()));
+    assert!(exec.cgroup_support().is_none());
+    let mut h = exec
+        .spawn(sh("nocg", "exit 0", allowed_cpus()).memory_max(1 << 30))
+        .await
+        .expect("a job never fails for lack of cgroups");
+    assert!(h.cgroup().is_none());
+    assert_eq!(wait_exit(&mut h).await.outcome, JobOutcome::Exited(0));
+}

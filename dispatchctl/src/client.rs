@@ -1,0 +1,334 @@
+//! The connection to the dispatcher: the two gRPC service clients over one
+//! channel, error mapping (unreachable vs. refused by the server) and the
+//! calls the commands share (listing every page, node actions).
+
+use std::time::Duration;
+
+use proto::v1 as pb;
+use proto::v1::job_service_client::JobServiceClient;
+use proto::v1::node_service_client::NodeServiceClient;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+use crate::{Error, Result};
+
+/// How long to wait for the TCP + HTTP/2 connection.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest message accepted from the dispatcher (a 10,000-job page).
+const MAX_MESSAGE: usize = 256 << 20;
+
+/// A connected client of the dispatcher's JobService and NodeService.
+#[derive(Clone)]
+pub struct Client {
+    addr: String,
+    /// `dispatch.v1.JobService`.
+    pub jobs: JobServiceClient<Channel>,
+    /// `dispatch.v1.NodeService`.
+    pub nodes: NodeServiceClient<Channel>,
+}
+
+/// Node administration calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeOp {
+    Drain,
+    Cordon,
+    Uncordon,
+}
+
+impl Client {
+    /// Connects now, so that an unreachable dispatcher is reported before
+    /// anything else happens.
+    pub async fn connect(addr: &str) -> Result<Self> {
+        let unreachable = |cause: String| Error::Unreachable {
+            addr: addr.to_string(),
+            cause,
+        };
+        let endpoint = Endpoint::from_shared(addr.to_string())
+            .map_err(|e| unreachable(error_cause(&e)))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true);
+        let channel = match tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect()).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Err(unreachable(error_cause(&e))),
+            Err(_) => return Err(unreachable("timed out".to_string())),
+        };
+        Ok(Client::from_channel(addr, channel))
+    }
+
+    /// A client over an existing channel (e.g. a lazily connected one).
+    pub fn from_channel(addr: &str, channel: Channel) -> Self {
+        Client {
+            addr: addr.to_string(),
+            jobs: JobServiceClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE),
+            nodes: NodeServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE),
+        }
+    }
+
+    /// The dispatcher's address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Maps a status from a call: a lost connection (see
+    /// [`is_disconnect`]) is [`Error::Unreachable`] (exit 2); anything else
+    /// is the dispatcher's answer (exit 1).
+    pub fn error(&self, status: Status) -> Error {
+        if is_disconnect(&status) {
+            let cause = status_cause(&status);
+            Error::Unreachable {
+                addr: self.addr.clone(),
+                cause,
+            }
+        } else {
+            Error::Rpc(status)
+        }
+    }
+
+    /// Submits one spec (an array when `spec.array_count > 1`).
+    pub async fn submit(&mut self, spec: pb::JobSpec) -> Result<Vec<pb::Job>> {
+        let req = pb::SubmitJobRequest { spec: Some(spec) };
+        match self.jobs.submit_job(req).await {
+            Ok(r) => Ok(r.into_inner().jobs),
+            Err(s) => Err(self.error(s)),
+        }
+    }
+
+    /// One job.
+    pub async fn get_job(&mut self, id: &str) -> Result<pb::Job> {
+        let req = pb::GetJobRequest { id: id.to_string() };
+        match self.jobs.get_job(req).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(s) => Err(self.error(s)),
+        }
+    }
+
+    /// Cancels one job (or array).
+    pub async fn cancel_job(&mut self, id: &str) -> Result<pb::Job> {
+        let req = pb::CancelJobRequest { id: id.to_string() };
+        match self.jobs.cancel_job(req).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(s) => Err(self.error(s)),
+        }
+    }
+
+    /// Every job matching `filter`, following page tokens, stopping after
+    /// `limit` jobs when given. `filter.page_token` is ignored.
+    pub async fn list_all_jobs(
+        &mut self,
+        filter: &pb::ListJobsRequest,
+        limit: Option<u64>,
+    ) -> Result<Vec<pb::Job>> {
+        let mut jobs = Vec::new();
+        let mut token = String::new();
+        loop {
+            let want = limit.map(|l| l.saturating_sub(jobs.len() as u64));
+            let page_size = match want {
+                Some(w) => w.clamp(1, 1000) as u32,
+                None if filter.page_size > 0 => filter.page_size,
+                None => 1000,
+            };
+            let req = pb::ListJobsRequest {
+                page_size,
+                page_token: token.clone(),
+                ..filter.clone()
+            };
+            let page = match self.jobs.list_jobs(req).await {
+                Ok(r) => r.into_inner(),
+                Err(s) => return Err(self.error(s)),
+            };
+            jobs.extend(page.jobs);
+            if let Some(l) = limit
+                && jobs.len() as u64 >= l
+            {
+                jobs.truncate(l as usize);
+                return Ok(jobs);
+            }
+            // An unchanged token would loop forever: treat it as the end.
+            if page.next_page_token.is_empty() || page.next_page_token == token {
+                return Ok(jobs);
+            }
+            token = page.next_page_token;
+        }
+    }
+
+    /// All nodes, sorted by name.
+    pub async fn list_nodes(&mut self) -> Result<Vec<pb::Node>> {
+        match self.nodes.list_nodes(pb::ListNodesRequest {}).await {
+            Ok(r) => Ok(r.into_inner().nodes),
+            Err(s) => Err(self.error(s)),
+        }
+    }
+
+    /// One node.
+    pub async fn get_node(&mut self, name: &str) -> Result<pb::Node> {
+        let req = pb::GetNodeRequest {
+            name: name.to_string(),
+        };
+        match self.nodes.get_node(req).await {
+            Ok(r) => Ok(r.into_inner()),
+            Err(s) => Err(self.error(s)),
+        }
+    }
+
+    /// Drain, cordon or uncordon a node.
+    pub async fn node_op(&mut self, op: NodeOp, name: &str) -> Result<pb::Node> {
+        let req = pb::NodeActionRequest {
+            name: name.to_string(),
+        };
+        let r = match op {
+            NodeOp::Drain => self.nodes.drain_node(req).await,
+            NodeOp::Cordon => self.nodes.cordon_node(req).await,
+            NodeOp::Uncordon => self.nodes.uncordon_node(req).await,
+        };
+        r.map(tonic::Response::into_inner)
+            .map_err(|s| self.error(s))
+    }
+}
+
+/// The most useful words for why a connection failed: the kind of the
+/// underlying I/O error (`connection refused`, `timed out`) when there is
+/// one, else the innermost error's message.
+pub fn error_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut innermost = e.to_string();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return io_cause(io);
+        }
+        innermost = err.to_string();
+        cur = err.source();
+    }
+    innermost
+}
+
+fn io_cause(io: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match io.kind() {
+        K::ConnectionRefused => "connection refused".to_string(),
+        K::TimedOut => "timed out".to_string(),
+        K::ConnectionReset => "connection reset".to_string(),
+        K::AddrNotAvailable => "address not available".to_string(),
+        K::HostUnreachable => "host unreachable".to_string(),
+        K::NetworkUnreachable => "network unreachable".to_string(),
+        _ => io.to_string(),
+    }
+}
+
+/// Whether a status means the connection failed rather than that the
+/// dispatcher answered: UNAVAILABLE, or any status tonic made locally from
+/// a transport error (those carry a source; statuses read off the wire do
+/// not). A stream cut by a dying server, for instance, ends with UNKNOWN
+/// "h2 protocol error: error reading a body from connection".
+pub fn is_disconnect(status: &Status) -> bool {
+    status.code() == Code::Unavailable || std::error::Error::source(status).is_some()
+}
+
+/// Why an UNAVAILABLE status happened: the transport's I/O error when
+/// tonic kept it (`connection refused`), else the status message.
+pub fn status_cause(status: &Status) -> String {
+    match std::error::Error::source(status) {
+        Some(src) => error_cause(src),
+        None if status.message().is_empty() => "unavailable".to_string(),
+        None => status.message().to_string(),
+    }
+}
+
+/// `<message> [<code>]`, e.g. `spec.cpus: must be at least 1
+/// [invalid_argument]`: the dispatcher's message names the bad field.
+pub fn describe_status(s: &Status) -> String {
+    let code = code_name(s.code());
+    if s.message().is_empty() {
+        format!("the dispatcher answered {code}")
+    } else {
+        format!("{} [{code}]", s.message())
+    }
+}
+
+/// The gRPC code in snake_case.
+pub fn code_name(c: Code) -> &'static str {
+    match c {
+        Code::Ok => "ok",
+        Code::Cancelled => "cancelled",
+        Code::Unknown => "unknown",
+        Code::InvalidArgument => "invalid_argument",
+        Code::DeadlineExceeded => "deadline_exceeded",
+        Code::NotFound => "not_found",
+        Code::AlreadyExists => "already_exists",
+        Code::PermissionDenied => "permission_denied",
+        Code::ResourceExhausted => "resource_exhausted",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::Aborted => "aborted",
+        Code::OutOfRange => "out_of_range",
+        Code::Unimplemented => "unimplemented",
+        Code::Internal => "internal",
+        Code::Unavailable => "unavailable",
+        Code::DataLoss => "data_loss",
+        Code::Unauthenticated => "unauthenticated",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_read_well() {
+        let s = Status::invalid_argument("spec.cpus: must be at least 1");
+        assert_eq!(
+            describe_status(&s),
+            "spec.cpus: must be at least 1 [invalid_argument]"
+        );
+        assert_eq!(
+            describe_status(&Status::not_found("")),
+            "the dispatcher answered not_found"
+        );
+        assert_eq!(
+            Error::Rpc(Status::not_found("job j-9 not found")).to_string(),
+            "job j-9 not found [not_found]"
+        );
+    }
+
+    #[test]
+    fn causes_come_from_the_io_error() {
+        #[derive(Debug)]
+        struct Wrap(std::io::Error);
+        impl std::fmt::Display for Wrap {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("transport error")
+            }
+        }
+        impl std::error::Error for Wrap {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Wrap(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(error_cause(&e), "connection refused");
+    }
+
+    #[test]
+    fn disconnects_are_told_from_answers() {
+        // What tonic makes from a broken connection carries its cause.
+        let broken = Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert!(is_disconnect(&broken));
+        assert_eq!(status_cause(&broken), "connection reset");
+        assert!(is_disconnect(&Status::unavailable("down")));
+        // Statuses the dispatcher sent, whatever their code, are answers.
+        assert!(!is_disconnect(&Status::unknown("boom")));
+        assert!(!is_disconnect(&Status::internal("bug")));
+        assert!(!is_disconnect(&Status::not_found("job j-1 not found")));
+    }
+
+    #[tokio::test]
+    async fn unavailable_maps_to_unreachable() {
+        let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let c = Client::from_channel("http://127.0.0.1:1", channel);
+        let e = c.error(Status::unavailable("tcp connect error"));
+        assert_eq!(e.exit_code(), crate::EXIT_UNREACHABLE);
+        assert!(e.to_string().contains("(tcp connect error)"), "{e}");
+        let e = c.error(Status::invalid_argument("spec.nice: out of range"));
+        assert_eq!(e.exit_code(), crate::EXIT_ERROR);
+    }
+}

@@ -1,0 +1,454 @@
+//! The core: one thread that owns the [`Cluster`] and the store, and the
+//! protocol by which everything else talks to it.
+//!
+//! gRPC handlers send [`Command`]s and await a reply. The core takes a
+//! batch of commands at a time, applies each to the cluster (which only
+//! records effects), then:
+//!
+//! 1. commits all store writes of the batch in one durable transaction;
+//! 2. only then replies to the callers, sends messages to agents and
+//!    publishes job events.
+//!
+//! So nothing is acknowledged before it is persisted, and the batch makes
+//! that cheap (one fsync for many submissions). If a commit fails the
+//! dispatcher cannot keep its promise and exits: a restart recovers from
+//! the store, and agents re-report their jobs.
+
+use std::collections::HashMap;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use proto::v1::{
+    DispatcherMessage, Job, JobEvent, JobSpec, ListJobsRequest, LogChunk, LogRequest, Node,
+    Register, Registered, StreamLogsRequest, agent_message, dispatcher_message,
+};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tonic::Status;
+
+use crate::cluster::{Cluster, Effects};
+use crate::store::{NodeAdmin, Store};
+
+/// Unix time in milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Outbound half of an agent's stream.
+pub type AgentTx = mpsc::UnboundedSender<Result<DispatcherMessage, Status>>;
+/// Outbound half of a log stream.
+pub type LogTx = mpsc::UnboundedSender<Result<LogChunk, Status>>;
+
+type Reply<T> = oneshot::Sender<Result<T, Status>>;
+
+/// A request to the core.
+pub enum Command {
+    /// SubmitJob / SubmitJobs.
+    Submit {
+        /// The specs.
+        specs: Vec<JobSpec>,
+        /// From SubmitJobs (errors name `specs[i]`).
+        batch: bool,
+        /// Reply.
+        reply: Reply<Vec<Job>>,
+    },
+    /// CancelJob.
+    Cancel {
+        /// Job or array id.
+        id: String,
+        /// Reply.
+        reply: Reply<Job>,
+    },
+    /// GetJob.
+    Get {
+        /// Job id.
+        id: String,
+        /// Reply.
+        reply: Reply<Job>,
+    },
+    /// ListJobs.
+    List {
+        /// The request.
+        req: ListJobsRequest,
+        /// Reply: a page and the next token.
+        reply: Reply<(Vec<Job>, String)>,
+    },
+    /// WatchJobs: the current state of matching jobs and a subscription
+    /// taken at the same instant, so no change is missed.
+    Watch {
+        /// Ids (all when empty).
+        ids: Vec<String>,
+        /// Send current states first.
+        include_current: bool,
+        /// Reply.
+        reply: Reply<(Vec<Job>, broadcast::Receiver<JobEvent>)>,
+    },
+    /// StreamLogs.
+    Logs {
+        /// The request.
+        req: StreamLogsRequest,
+        /// Where chunks go.
+        tx: LogTx,
+        /// Reply when the request reached the agent (or failed).
+        reply: Reply<()>,
+    },
+    /// ListNodes.
+    Nodes {
+        /// Reply.
+        reply: Reply<Vec<Node>>,
+    },
+    /// GetNode.
+    Node {
+        /// Node name.
+        name: String,
+        /// Reply.
+        reply: Reply<Node>,
+    },
+    /// Drain / cordon / uncordon.
+    NodeAdmin {
+        /// Node name.
+        name: String,
+        /// New state.
+        admin: NodeAdmin,
+        /// Reply.
+        reply: Reply<Node>,
+    },
+    /// An agent opened its stream and registered.
+    Attach {
+        /// Its registration.
+        register: Register,
+        /// Where to send it messages.
+        tx: AgentTx,
+        /// Reply: the session number.
+        reply: Reply<u64>,
+    },
+    /// A message from an agent's stream.
+    FromAgent {
+        /// Node name.
+        node: String,
+        /// Session from Attach.
+        session: u64,
+        /// The message.
+        msg: agent_message::Msg,
+    },
+    /// An agent's stream ended.
+    Detach {
+        /// Node name.
+        node: String,
+        /// Session from Attach.
+        session: u64,
+    },
+    /// Stop the core (tests, shutdown).
+    Shutdown,
+}
+
+/// How callers reach the core.
+#[derive(Clone)]
+pub struct CoreHandle {
+    tx: std_mpsc::Sender<Command>,
+}
+
+impl CoreHandle {
+    /// Send a command and await its reply.
+    pub async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Status> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .map_err(|_| Status::unavailable("the dispatcher is shutting down"))?;
+        rx.await
+            .map_err(|_| Status::unavailable("the dispatcher is shutting down"))?
+    }
+
+    /// Send a command that has no reply.
+    pub fn send(&self, cmd: Command) {
+        let _ = self.tx.send(cmd);
+    }
+}
+
+/// Start the core on its own thread; returns the handle and the thread.
+pub fn spawn(cluster: Cluster, store: Box<dyn Store>) -> (CoreHandle, std::thread::JoinHandle<()>) {
+    let (tx, rx) = std_mpsc::channel();
+    let handle = CoreHandle { tx };
+    let thread = std::thread::Builder::new()
+        .name("dispatch-core".into())
+        .spawn(move || Core::new(cluster, store).run(rx))
+        .unwrap_or_else(|e| panic!("cannot start the core thread: {e}"));
+    (handle, thread)
+}
+
+struct AgentLink {
+    session: u64,
+    tx: AgentTx,
+}
+
+struct Core {
+    cluster: Cluster,
+    store: Box<dyn Store>,
+    events: broadcast::Sender<JobEvent>,
+    agents: HashMap<String, AgentLink>,
+    next_session: u64,
+    logs: HashMap<u64, (String, LogTx)>,
+    next_log: u64,
+}
+
+/// A reply to send once the batch is committed.
+type Deferred = Box<dyn FnOnce(bool) + Send>;
+
+fn defer<T: Send + 'static>(reply: Reply<T>, result: Result<T, Status>) -> Deferred {
+    Box::new(move |committed| {
+        let r = if committed {
+            result
+        } else {
+            Err(Status::unavailable("the store failed; nothing was changed"))
+        };
+        let _ = reply.send(r);
+    })
+}
+
+impl Core {
+    fn new(cluster: Cluster, store: Box<dyn Store>) -> Self {
+        let (events, _) = broadcast::channel(65_536);
+        Self {
+            cluster,
+            store,
+            events,
+            agents: HashMap::new(),
+            next_session: 1,
+            logs: HashMap::new(),
+            next_log: 1,
+        }
+    }
+
+    fn run(mut self, rx: std_mpsc::Receiver<Command>) {
+        let tick = Duration::from_millis(
+            (self.cluster.config().heartbeat_interval_ms / 2).clamp(10, 1000),
+        );
+        let mut next_tick = Instant::now() + tick;
+        loop {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            let first = match rx.recv_timeout(wait) {
+                Ok(cmd) => Some(cmd),
+                Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+            };
+            let mut batch: Vec<Command> = first.into_iter().collect();
+            while batch.len() < 4096 {
+                match rx.try_recv() {
+                    Ok(cmd) => batch.push(cmd),
+                    Err(_) => break,
+                }
+            }
+            let mut fx = Effects::default();
+            let mut replies: Vec<Deferred> = Vec::new();
+            let now = now_ms();
+            let mut stop = false;
+            for cmd in batch {
+                if matches!(cmd, Command::Shutdown) {
+                    stop = true;
+                    continue;
+                }
+                self.apply(cmd, now, &mut fx, &mut replies);
+            }
+            if Instant::now() >= next_tick {
+                self.cluster.tick(now, &mut fx);
+                next_tick = Instant::now() + tick;
+            }
+            let committed = match self.store.commit(&fx.writes) {
+                Ok(()) => true,
+                Err(err) => {
+                    tracing::error!(%err, "store commit failed: exiting so a restart recovers from the store");
+                    false
+                }
+            };
+            for r in replies {
+                r(committed);
+            }
+            if !committed {
+                std::process::exit(70);
+            }
+            for (node, msg) in fx.to_agents {
+                if let Some(link) = self.agents.get(&node) {
+                    let _ = link.tx.send(Ok(msg));
+                }
+            }
+            for ev in fx.events {
+                let _ = self.events.send(ev);
+            }
+            if stop {
+                return;
+            }
+        }
+    }
+
+    fn apply(&mut self, cmd: Command, now: i64, fx: &mut Effects, replies: &mut Vec<Deferred>) {
+        match cmd {
+            Command::Submit {
+                specs,
+                batch,
+                reply,
+            } => {
+                let r = self.cluster.submit(specs, batch, now, fx);
+                replies.push(defer(reply, r));
+            }
+            Command::Cancel { id, reply } => {
+                let r = self.cluster.cancel(&id, now, fx);
+                replies.push(defer(reply, r));
+            }
+            Command::Get { id, reply } => {
+                let _ = reply.send(self.cluster.get_job(&id));
+            }
+            Command::List { req, reply } => {
+                let _ = reply.send(self.cluster.list_jobs(&req));
+            }
+            Command::Watch {
+                ids,
+                include_current,
+                reply,
+            } => {
+                let current = if include_current {
+                    self.cluster.jobs_matching(&ids)
+                } else {
+                    Vec::new()
+                };
+                let _ = reply.send(Ok((current, self.events.subscribe())));
+            }
+            Command::Logs { req, tx, reply } => {
+                let _ = reply.send(self.start_logs(req, tx));
+            }
+            Command::Nodes { reply } => {
+                let _ = reply.send(Ok(self.cluster.nodes().map(|n| n.to_proto()).collect()));
+            }
+            Command::Node { name, reply } => {
+                let _ = reply.send(self.cluster.node(&name).map(|n| n.to_proto()));
+            }
+            Command::NodeAdmin { name, admin, reply } => {
+                let r = self.cluster.set_node_admin(&name, admin, now, fx);
+                replies.push(defer(reply, r));
+            }
+            Command::Attach {
+                register,
+                tx,
+                reply,
+            } => {
+                let node = register.node.clone();
+                match self.cluster.register(register, now, fx) {
+                    Ok(heartbeat_interval_ms) => {
+                        let session = self.next_session;
+                        self.next_session += 1;
+                        let hello = DispatcherMessage {
+                            msg: Some(dispatcher_message::Msg::Registered(Registered {
+                                heartbeat_interval_ms,
+                            })),
+                        };
+                        let _ = tx.send(Ok(hello));
+                        if let Some(old) =
+                            self.agents.insert(node.clone(), AgentLink { session, tx })
+                        {
+                            let _ = old.tx.send(Err(Status::aborted(
+                                "another agent registered with this node name",
+                            )));
+                        }
+                        tracing::info!(%node, session, "agent attached");
+                        replies.push(defer(reply, Ok(session)));
+                    }
+                    Err(status) => {
+                        let _ = reply.send(Err(status));
+                    }
+                }
+            }
+            Command::FromAgent { node, session, msg } => {
+                if self.agents.get(&node).map(|l| l.session) != Some(session) {
+                    return;
+                }
+                match msg {
+                    agent_message::Msg::Register(_) => {}
+                    agent_message::Msg::Load(report) => {
+                        self.cluster
+                            .load_report(&node, report.load.unwrap_or_default(), now);
+                    }
+                    agent_message::Msg::Status(status) => {
+                        self.cluster.load_report_time(&node, now);
+                        self.cluster.job_status(&node, status, now, fx);
+                    }
+                    agent_message::Msg::Log(data) => self.forward_log(data),
+                    agent_message::Msg::StealReply(_) => {}
+                }
+            }
+            Command::Detach { node, session } => {
+                if self.agents.get(&node).map(|l| l.session) == Some(session) {
+                    self.agents.remove(&node);
+                    self.cluster.disconnected(&node);
+                    tracing::info!(%node, session, "agent detached");
+                    // Log streams served by this agent end.
+                    self.logs.retain(|_, (n, tx)| {
+                        if *n == node {
+                            let _ = tx.send(Err(Status::unavailable(format!(
+                                "node {node} disconnected"
+                            ))));
+                            false
+                        } else {
+                            true
+                        }
+                    });
+                }
+            }
+            Command::Shutdown => {}
+        }
+    }
+
+    fn start_logs(&mut self, req: StreamLogsRequest, tx: LogTx) -> Result<(), Status> {
+        let job = self.cluster.get_job(&req.id)?;
+        if job.node.is_empty() || job.state == proto::v1::JobState::Pending as i32 {
+            return Err(Status::failed_precondition(format!(
+                "id: job {} has not started on a node yet",
+                req.id
+            )));
+        }
+        let link = self.agents.get(&job.node).ok_or_else(|| {
+            Status::unavailable(format!(
+                "node {} holding the logs of {} is not connected",
+                job.node, req.id
+            ))
+        })?;
+        let request_id = self.next_log;
+        self.next_log += 1;
+        let msg = DispatcherMessage {
+            msg: Some(dispatcher_message::Msg::LogRequest(LogRequest {
+                request_id,
+                job_id: req.id.clone(),
+                stream: req.stream,
+                offset: req.offset,
+                follow: req.follow,
+            })),
+        };
+        link.tx
+            .send(Ok(msg))
+            .map_err(|_| Status::unavailable(format!("node {} is not connected", job.node)))?;
+        self.logs.insert(request_id, (job.node, tx));
+        Ok(())
+    }
+
+    fn forward_log(&mut self, data: proto::v1::LogData) {
+        let Some((_, tx)) = self.logs.get(&data.request_id) else {
+            return;
+        };
+        let mut done = data.eof;
+        if !data.error.is_empty() {
+            let _ = tx.send(Err(Status::not_found(data.error.clone())));
+            done = true;
+        } else if !data.data.is_empty() || data.truncated {
+            let chunk = LogChunk {
+                data: data.data,
+                offset: data.offset,
+                truncated: data.truncated,
+            };
+            if tx.send(Ok(chunk)).is_err() {
+                done = true;
+            }
+        }
+        if done {
+            self.logs.remove(&data.request_id);
+        }
+    }
+}
