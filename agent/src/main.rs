@@ -1,5 +1,7 @@
 //! The node agent's command line. Each subcommand is a thin shell over the
-//! library: `agent topology` prints what [`agent::topology`] discovers.
+//! library: `agent run` attaches to a dispatcher and runs jobs
+//! ([`agent::runtime`]); `agent topology` prints what [`agent::topology`]
+//! discovers.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,12 +21,70 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Attach to a dispatcher and run the jobs it assigns to this node.
+    Run(RunArgs),
     /// Discover the machine's CPU topology and print it as a tree or JSON.
     Topology(TopologyArgs),
     /// Supervise one job (internal: the executor starts it; see
     /// `agent::exec::shim`).
     #[command(hide = true)]
     Shim(ShimArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Dispatcher URL(s), tried in order (e.g. http://10.0.0.1:50051).
+    #[arg(
+        long = "dispatcher",
+        env = "DISPATCH_SERVER",
+        value_delimiter = ',',
+        required = true
+    )]
+    dispatchers: Vec<String>,
+    /// This node's name (default: the host name).
+    #[arg(long, env = "DISPATCH_NODE_NAME")]
+    node_name: Option<String>,
+    /// Node labels, e.g. --label topology.kubernetes.io/zone=z1 --label dispatch.io/rack=r1.
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
+    /// Directory of job directories (logs, status); survives restarts.
+    #[arg(
+        long,
+        env = "DISPATCH_AGENT_STATE_DIR",
+        default_value = "/var/lib/dispatch-agent"
+    )]
+    state_dir: PathBuf,
+    /// Schedule a synthetic machine (e.g. 2s:8c:2t) mapped onto the real
+    /// CPUs for pinning, instead of this machine's topology.
+    #[arg(long, value_name = "SPEC")]
+    topology: Option<String>,
+    /// Read the topology under this root instead of /.
+    #[arg(long, value_name = "DIR", conflicts_with = "topology")]
+    sysfs_root: Option<PathBuf>,
+    /// Allow more runnable jobs than CPUs, time-sliced with SIGSTOP/SIGCONT.
+    #[arg(long)]
+    oversubscribe: bool,
+    /// Disable idle stealing between CPUs (for comparisons).
+    #[arg(long)]
+    no_steal: bool,
+    /// User id:group id jobs run as when the agent is root (default 65534:65534).
+    #[arg(long, value_name = "UID:GID")]
+    run_as: Option<String>,
+    /// Let jobs run as root (only with an explicit operator decision).
+    #[arg(long)]
+    allow_root: bool,
+    /// Cap on each job's stdout and stderr, bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    log_cap_bytes: u64,
+    /// A cgroup v2 directory to create one cgroup per job under.
+    #[arg(long)]
+    cgroup_root: Option<PathBuf>,
+    /// On shutdown: kill jobs, or leave them running to be re-adopted.
+    #[arg(long, value_parser = ["kill", "leave"], default_value = "kill")]
+    on_shutdown: String,
+    /// Scheduler tick, milliseconds.
+    #[arg(long, default_value_t = 10)]
+    tick_ms: u64,
 }
 
 #[derive(Debug, Args)]
@@ -64,6 +124,7 @@ struct TopologyArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => cmd_run(args),
         Command::Topology(args) => cmd_topology(&args),
         Command::Shim(args) => return agent::exec::shim::main(&args.job_dir),
     };
@@ -115,4 +176,106 @@ fn load_topology(args: &TopologyArgs) -> Result<MachineTopology> {
     reader
         .read(allowed.as_deref())
         .with_context(|| format!("reading the topology under {}", reader.root().display()))
+}
+
+fn cmd_run(args: RunArgs) -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let reader = SysfsReader::new(
+        args.sysfs_root
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("/")),
+    );
+    let allowed = SysfsReader::host()
+        .default_allowed()
+        .context("reading this process's CPU affinity")?;
+    let real = SysfsReader::host()
+        .read(allowed.as_deref())
+        .context("discovering this machine's CPUs")?;
+    let machine = match &args.topology {
+        Some(spec) => topology::synthetic(spec).with_context(|| format!("--topology {spec:?}"))?,
+        None if args.sysfs_root.is_some() => reader
+            .read(None)
+            .with_context(|| format!("reading the topology under {}", reader.root().display()))?,
+        None => real.clone(),
+    };
+    let mut labels = std::collections::HashMap::new();
+    for l in &args.labels {
+        let (k, v) = l
+            .split_once('=')
+            .with_context(|| format!("--label {l:?}: want KEY=VALUE"))?;
+        if k.is_empty() {
+            anyhow::bail!("--label {l:?}: the key is empty");
+        }
+        labels.insert(k.to_string(), v.to_string());
+    }
+    let mut exec = agent::exec::ExecConfig::new(args.state_dir.clone());
+    exec.log_cap_bytes = args.log_cap_bytes;
+    exec.allow_root = args.allow_root;
+    exec.cgroup_root = args.cgroup_root.clone();
+    exec.shutdown = if args.on_shutdown == "leave" {
+        agent::exec::ShutdownMode::LeaveRunning
+    } else {
+        agent::exec::ShutdownMode::KillJobs
+    };
+    let is_root = nix::unistd::geteuid().is_root();
+    exec.run_as = match &args.run_as {
+        Some(s) => {
+            let (u, g) = s
+                .split_once(':')
+                .with_context(|| format!("--run-as {s:?}: want UID:GID"))?;
+            Some((
+                u.parse()
+                    .with_context(|| format!("--run-as {s:?}: bad uid"))?,
+                g.parse()
+                    .with_context(|| format!("--run-as {s:?}: bad gid"))?,
+            ))
+        }
+        None if is_root && !args.allow_root => Some((65534, 65534)),
+        None => None,
+    };
+    let mut local = agent::local::LocalConfig {
+        oversubscribe: args.oversubscribe,
+        ..agent::local::LocalConfig::default()
+    };
+    local.engine.steal = !args.no_steal;
+    let opts = agent::runtime::AgentOptions {
+        dispatchers: args.dispatchers.clone(),
+        node: args
+            .node_name
+            .clone()
+            .unwrap_or_else(agent::runtime::hostname),
+        labels,
+        real_cpus: real.cpu_ids(),
+        machine,
+        memory_bytes: agent::runtime::memory_total(),
+        exec,
+        local,
+        tick: std::time::Duration::from_millis(args.tick_ms.max(1)),
+        retention: std::time::Duration::from_secs(3600),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(t) => t,
+                    Err(_) => return,
+                };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            let _ = stop_tx.send(true);
+        });
+        agent::runtime::run(opts, stop_rx).await
+    })
 }

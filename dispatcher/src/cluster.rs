@@ -1090,9 +1090,15 @@ impl Cluster {
                 if reported.contains_key(&e.job.id) || is_terminal(e.job.state) {
                     continue;
                 }
-                if now_state(&e.job) == JobState::Assigned && !self.awaiting_node.contains_key(&key)
-                {
-                    // The Assign may have been lost with the old stream: resend.
+                if now_state(&e.job) == JobState::Assigned {
+                    // The Assign may have been lost with the old stream or a
+                    // dispatcher crash: resend (the agent ignores duplicates).
+                    if self.awaiting_node.remove(&key).is_some() && !self.engine_dirty {
+                        self.engine_add_on_node(key, now);
+                    }
+                    let Some(e) = self.jobs.get(&key) else {
+                        continue;
+                    };
                     fx.to_agents.push((
                         reg.node.clone(),
                         DispatcherMessage {
