@@ -1,0 +1,333 @@
+//! The end-to-end harness: starts real `dispatcher` and `agent` processes
+//! on loopback ports chosen at random, gives tests gRPC clients and the
+//! `dispatchctl` binary, and kills and reaps everything on drop (a process
+//! group per child, so shims and jobs go too).
+//!
+//! Binaries come from the workspace's target directory; when one is
+//! missing (a `cargo test -p e2e` on a clean tree) the harness builds it
+//! with the same cargo.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use proto::v1::job_service_client::JobServiceClient;
+use proto::v1::node_service_client::NodeServiceClient;
+use tonic::transport::Channel;
+
+/// The directory holding the workspace's binaries.
+pub fn bin_dir() -> PathBuf {
+    // target/<profile>/deps/<test-exe>
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default()
+}
+
+static BUILD: Once = Once::new();
+
+/// Path of a workspace binary, built if missing.
+pub fn binary(name: &str) -> PathBuf {
+    BUILD.call_once(|| {
+        let missing = ["dispatcher", "agent", "dispatchctl"].iter().any(|b| !bin_dir().join(b).exists());
+        if missing {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = Command::new(cargo)
+                .args(["build", "-p", "dispatcher", "-p", "agent", "-p", "dispatchctl", "--bins"])
+                .status();
+            assert!(status.is_ok_and(|s| s.success()), "building the binaries for the end-to-end tests failed");
+        }
+    });
+    bin_dir().join(name)
+}
+
+/// A free loopback port (bound then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+/// A child process in its own process group, killed with its group on
+/// drop.
+pub struct Proc {
+    child: Option<Child>,
+    /// What it is, for messages.
+    pub name: String,
+    /// Its stderr log file.
+    pub log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        cmd.stdout(Stdio::from(file.try_clone()?)).stderr(Stdio::from(file)).stdin(Stdio::null());
+        cmd.process_group(0);
+        let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
+        Ok(Self {
+            child: Some(child),
+            name: name.to_string(),
+            log,
+        })
+    }
+
+    /// Process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Send a signal to the process only.
+    pub fn signal(&self, sig: Signal) {
+        let _ = nix::sys::signal::kill(Pid::from_raw(self.pid() as i32), sig);
+    }
+
+    /// SIGKILL the process only (not its group: jobs under shims live on)
+    /// and reap it.
+    pub fn kill9(&mut self) {
+        self.signal(Signal::SIGKILL);
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+    }
+
+    /// True while it runs.
+    pub fn alive(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Its log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let pgid = Pid::from_raw(c.id() as i32);
+            let _ = killpg(pgid, Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if matches!(c.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = killpg(pgid, Signal::SIGKILL);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A dispatcher process.
+pub struct Dispatcher {
+    /// The process.
+    pub proc: Proc,
+    /// Its address, `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// Its port.
+    pub port: u16,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+    extra: Vec<String>,
+}
+
+impl Dispatcher {
+    /// Start a dispatcher with its data under `dir`; `extra` flags are
+    /// appended (e.g. `--heartbeat-ms 200`).
+    pub fn start(dir: &Path, extra: &[&str]) -> Result<Self> {
+        let port = free_port();
+        Self::start_on(dir, port, extra.iter().map(|s| s.to_string()).collect())
+    }
+
+    fn start_on(dir: &Path, port: u16, extra: Vec<String>) -> Result<Self> {
+        let data_dir = dir.join("dispatcher");
+        let mut cmd = Command::new(binary("dispatcher"));
+        cmd.arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(&extra)
+            .env("RUST_LOG", "info");
+        let log = dir.join(format!("dispatcher-{port}-{}.log", now_nanos()));
+        let proc = Proc::spawn("dispatcher", cmd, log)?;
+        let url = format!("http://127.0.0.1:{port}");
+        let mut d = Self {
+            proc,
+            url,
+            port,
+            data_dir,
+            extra,
+        };
+        d.wait_ready(Duration::from_secs(30))?;
+        Ok(d)
+    }
+
+    /// Wait until it answers gRPC.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if !self.proc.alive() {
+                bail!("the dispatcher exited:\n{}", self.proc.log_text());
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("the dispatcher did not listen within {timeout:?}:\n{}", self.proc.log_text())
+    }
+
+    /// SIGKILL it and start it again on the same port and data.
+    pub fn kill9_and_restart(&mut self, dir: &Path) -> Result<()> {
+        self.proc.kill9();
+        let fresh = Self::start_on(dir, self.port, self.extra.clone())?;
+        *self = fresh;
+        Ok(())
+    }
+
+    /// A job client.
+    pub async fn jobs(&self) -> Result<JobServiceClient<Channel>> {
+        let ch = Channel::from_shared(self.url.clone())?.connect().await?;
+        Ok(JobServiceClient::new(ch).max_decoding_message_size(256 << 20))
+    }
+
+    /// A node client.
+    pub async fn nodes(&self) -> Result<NodeServiceClient<Channel>> {
+        let ch = Channel::from_shared(self.url.clone())?.connect().await?;
+        Ok(NodeServiceClient::new(ch))
+    }
+}
+
+fn now_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+/// An agent process.
+pub struct Agent {
+    /// The process.
+    pub proc: Proc,
+    /// Its node name.
+    pub node: String,
+}
+
+impl Agent {
+    /// Start an agent named `node` with a synthetic `topology`, `labels`
+    /// (KEY=VALUE) and `extra` flags, attached to `dispatcher_url`.
+    pub fn start(dir: &Path, dispatcher_url: &str, node: &str, topology: &str, labels: &[&str], extra: &[&str]) -> Result<Self> {
+        let mut cmd = Command::new(binary("agent"));
+        cmd.arg("run")
+            .arg("--dispatcher")
+            .arg(dispatcher_url)
+            .arg("--node-name")
+            .arg(node)
+            .arg("--state-dir")
+            .arg(dir.join(format!("agent-{node}")))
+            .arg("--topology")
+            .arg(topology)
+            .env("RUST_LOG", "info");
+        for l in labels {
+            cmd.arg("--label").arg(l);
+        }
+        cmd.args(extra);
+        let log = dir.join(format!("agent-{node}-{}.log", now_nanos()));
+        let proc = Proc::spawn(&format!("agent {node}"), cmd, log)?;
+        Ok(Self {
+            proc,
+            node: node.to_string(),
+        })
+    }
+}
+
+/// Run `dispatchctl` against `url`; returns (exit code, stdout, stderr).
+pub fn dispatchctl(url: &str, args: &[&str]) -> Result<(i32, String, String)> {
+    let out = Command::new(binary("dispatchctl"))
+        .arg("--server")
+        .arg(url)
+        .args(args)
+        .env_remove("DISPATCH_SERVER")
+        .env("DISPATCH_CONFIG", "/nonexistent/dispatch-config.json")
+        .output()
+        .context("running dispatchctl")?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+/// Poll `f` every 50 ms until it returns `Some`, or fail after `timeout`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Wait until `n` nodes are READY.
+pub async fn wait_nodes(d: &Dispatcher, n: usize, timeout: Duration) -> Result<()> {
+    let mut client = d.nodes().await?;
+    eventually(timeout, &format!("{n} ready nodes"), || {
+        let mut c = client.clone();
+        async move {
+            let nodes = c.list_nodes(proto::v1::ListNodesRequest {}).await.ok()?.into_inner().nodes;
+            let ready = nodes.iter().filter(|x| x.state == proto::v1::NodeState::Ready as i32).count();
+            (ready >= n).then_some(())
+        }
+    })
+    .await?;
+    client = d.nodes().await?;
+    drop(client);
+    Ok(())
+}
+
+/// Every job, all pages.
+pub async fn all_jobs(client: &mut JobServiceClient<Channel>) -> Result<Vec<proto::v1::Job>> {
+    let mut out = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list_jobs(proto::v1::ListJobsRequest {
+                page_size: 10_000,
+                page_token: token.clone(),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        out.extend(page.jobs);
+        if page.next_page_token.is_empty() {
+            return Ok(out);
+        }
+        token = page.next_page_token;
+    }
+}
+
+/// True for the terminal states.
+pub fn is_terminal(state: i32) -> bool {
+    use proto::v1::JobState;
+    matches!(
+        JobState::try_from(state),
+        Ok(JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Lost)
+    )
+}

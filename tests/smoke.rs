@@ -1,0 +1,51 @@
+//! The README's promise: a dispatcher and agents on loopback run real jobs
+//! submitted with dispatchctl, pinned to the CPUs the agents chose.
+
+use std::time::Duration;
+
+use e2e::{Agent, Dispatcher, all_jobs, dispatchctl, eventually, is_terminal, wait_nodes};
+use proto::v1::{JobSpec, JobState, SubmitJobsRequest};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_run_on_agents_and_report_back() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = Dispatcher::start(dir.path(), &["--heartbeat-ms", "300"])?;
+    let _a = Agent::start(dir.path(), &d.url, "n1", "1s:2c:2t", &["dispatch.io/rack=r1"], &[])?;
+    let _b = Agent::start(dir.path(), &d.url, "n2", "1s:2c:2t", &["dispatch.io/rack=r1"], &[])?;
+    wait_nodes(&d, 2, Duration::from_secs(20)).await?;
+
+    // dispatchctl submit --wait returns the job's exit code.
+    let (code, out, err) = dispatchctl(&d.url, &["submit", "--wait", "--", "sh", "-c", "exit 7"])?;
+    assert_eq!(code, 7, "stdout {out} stderr {err}");
+
+    let mut jobs = d.jobs().await?;
+    let specs: Vec<JobSpec> = (0..20)
+        .map(|i| JobSpec {
+            command: vec!["sh".into(), "-c".into(), format!("grep Cpus_allowed_list /proc/self/status; echo job {i}")],
+            cpus: 1 + (i % 2),
+            ..Default::default()
+        })
+        .collect();
+    jobs.submit_jobs(SubmitJobsRequest { specs }).await?;
+    let done = eventually(Duration::from_secs(60), "all jobs terminal", || {
+        let mut c = jobs.clone();
+        async move {
+            let all = all_jobs(&mut c).await.ok()?;
+            all.iter().all(|j| is_terminal(j.state)).then_some(all)
+        }
+    })
+    .await?;
+    assert_eq!(done.len(), 21);
+    for j in &done {
+        if j.spec.as_ref().is_some_and(|s| s.command.len() == 3 && s.command[2].contains("echo job")) {
+            assert_eq!(j.state, JobState::Succeeded as i32, "{j:?}");
+            assert_eq!(j.cpus.len() as u32, j.spec.as_ref().map_or(1, |s| s.cpus), "{j:?}");
+            assert!(j.node == "n1" || j.node == "n2");
+        }
+    }
+    // Logs come back through the dispatcher.
+    let (code, out, _) = dispatchctl(&d.url, &["logs", &done[0].id])?;
+    assert_eq!(code, 0);
+    assert!(out.contains("Cpus_allowed_list"), "{out}");
+    Ok(())
+}
