@@ -61,9 +61,10 @@ struct RunArgs {
     /// Read the topology under this root instead of /.
     #[arg(long, value_name = "DIR", conflicts_with = "topology")]
     sysfs_root: Option<PathBuf>,
-    /// Allow more runnable jobs than CPUs, time-sliced with SIGSTOP/SIGCONT.
-    #[arg(long)]
-    oversubscribe: bool,
+    /// Accept up to N runnable jobs per CPU, time-sliced with SIGSTOP/SIGCONT
+    /// in vruntime order (1 = no oversubscription).
+    #[arg(long, default_value_t = 1)]
+    oversubscribe: u32,
     /// Disable idle stealing between CPUs (for comparisons).
     #[arg(long)]
     no_steal: bool,
@@ -239,7 +240,7 @@ fn cmd_run(args: RunArgs) -> Result<()> {
         None => None,
     };
     let mut local = agent::local::LocalConfig {
-        oversubscribe: args.oversubscribe,
+        oversubscribe: args.oversubscribe > 1,
         ..agent::local::LocalConfig::default()
     };
     local.engine.steal = !args.no_steal;
@@ -255,6 +256,7 @@ fn cmd_run(args: RunArgs) -> Result<()> {
         memory_bytes: agent::runtime::memory_total(),
         exec,
         local,
+        oversubscribe: args.oversubscribe.max(1),
         tick: std::time::Duration::from_millis(args.tick_ms.max(1)),
         retention: std::time::Duration::from_secs(3600),
     };

@@ -53,6 +53,9 @@ pub struct AgentOptions {
     pub exec: ExecConfig,
     /// The local scheduler's configuration.
     pub local: LocalConfig,
+    /// Runnable jobs per CPU announced to the dispatcher when the local
+    /// scheduler oversubscribes.
+    pub oversubscribe: u32,
     /// Scheduler tick.
     pub tick: Duration,
     /// Finished jobs' directories (logs) are kept this long.
@@ -443,6 +446,11 @@ impl Agent {
             memory_bytes: self.opts.memory_bytes,
             jobs,
             version: env!("CARGO_PKG_VERSION").to_string(),
+            oversubscribe: if self.opts.local.oversubscribe {
+                self.opts.oversubscribe.max(1)
+            } else {
+                1
+            },
         }
     }
 
@@ -759,6 +767,7 @@ pub async fn run_dev(
             oversubscribe: true,
             ..LocalConfig::default()
         },
+        oversubscribe: 2,
         tick: Duration::from_millis(10),
         retention: Duration::from_secs(3600),
     };

@@ -106,6 +106,8 @@ pub struct NodeInfo {
     pub cpu_busy: Vec<bool>,
     /// Memory offered to jobs.
     pub memory_bytes: u64,
+    /// Runnable jobs per CPU the agent accepts (1 = no oversubscription).
+    pub oversubscribe: u32,
     /// The last load report.
     pub load: NodeLoad,
     /// Administrative state.
@@ -122,6 +124,12 @@ impl NodeInfo {
     /// Number of CPUs.
     pub fn nr_cpus(&self) -> u32 {
         self.topology.cpus.len() as u32
+    }
+
+    /// Capacity in the node-level engine: CPUs times the agent's
+    /// oversubscription.
+    pub fn slots(&self) -> u32 {
+        self.nr_cpus() * self.oversubscribe.max(1)
     }
 
     /// The state shown to users.
@@ -777,9 +785,11 @@ impl Cluster {
         let (Some(n), Some(&leaf)) = (self.nodes.get(name), self.node_leaf.get(name)) else {
             return;
         };
-        let summary = n.model_summary();
+        // An oversubscribed agent time-slices and aligns in its own queue:
+        // only its slot count limits placement.
+        let summary = (n.oversubscribe <= 1).then(|| n.model_summary());
         if let Some(engine) = self.engine.as_mut() {
-            let _ = engine.set_free_summary(leaf, Some(summary), now as u64);
+            let _ = engine.set_free_summary(leaf, summary, now as u64);
         }
     }
 
@@ -791,7 +801,7 @@ impl Cluster {
             return 0;
         };
         if n.schedulable() {
-            return n.nr_cpus();
+            return n.slots();
         }
         self.jobs
             .values()
@@ -908,7 +918,7 @@ impl Cluster {
         let caps: Vec<u32> = self
             .leaf_node
             .iter()
-            .map(|n| self.nodes.get(n).map_or(0, NodeInfo::nr_cpus))
+            .map(|n| self.nodes.get(n).map_or(0, NodeInfo::slots))
             .collect();
         let engine = Sched::with_capacities(topo, &caps, self.cfg.engine.clone());
         // Jobs on nodes first (they hold capacity), then queued ones.
@@ -995,7 +1005,8 @@ impl Cluster {
         let changed = match self.nodes.get(&reg.node) {
             None => true,
             Some(old) => {
-                old.topology != topology
+                old.oversubscribe != reg.oversubscribe.max(1)
+                    || old.topology != topology
                     || old.zone != zone
                     || old.rack != rack
                     || old.hostgroup != hostgroup
@@ -1014,6 +1025,7 @@ impl Cluster {
             cpu_topo,
             cpu_busy: vec![false; nr],
             memory_bytes: reg.memory_bytes,
+            oversubscribe: reg.oversubscribe.max(1),
             load: NodeLoad::default(),
             admin,
             connected: true,
