@@ -24,7 +24,10 @@ use tonic::transport::Channel;
 pub fn bin_dir() -> PathBuf {
     // target/<profile>/deps/<test-exe>
     let exe = std::env::current_exe().unwrap_or_default();
-    exe.parent().and_then(Path::parent).map(Path::to_path_buf).unwrap_or_default()
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
 }
 
 static BUILD: Once = Once::new();
@@ -32,13 +35,27 @@ static BUILD: Once = Once::new();
 /// Path of a workspace binary, built if missing.
 pub fn binary(name: &str) -> PathBuf {
     BUILD.call_once(|| {
-        let missing = ["dispatcher", "agent", "dispatchctl"].iter().any(|b| !bin_dir().join(b).exists());
+        let missing = ["dispatcher", "agent", "dispatchctl"]
+            .iter()
+            .any(|b| !bin_dir().join(b).exists());
         if missing {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let status = Command::new(cargo)
-                .args(["build", "-p", "dispatcher", "-p", "agent", "-p", "dispatchctl", "--bins"])
+                .args([
+                    "build",
+                    "-p",
+                    "dispatcher",
+                    "-p",
+                    "agent",
+                    "-p",
+                    "dispatchctl",
+                    "--bins",
+                ])
                 .status();
-            assert!(status.is_ok_and(|s| s.success()), "building the binaries for the end-to-end tests failed");
+            assert!(
+                status.is_ok_and(|s| s.success()),
+                "building the binaries for the end-to-end tests failed"
+            );
         }
     });
     bin_dir().join(name)
@@ -65,8 +82,11 @@ pub struct Proc {
 impl Proc {
     fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Result<Self> {
         use std::os::unix::process::CommandExt;
-        let file = std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        cmd.stdout(Stdio::from(file.try_clone()?)).stderr(Stdio::from(file)).stdin(Stdio::null());
+        let file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        cmd.stdout(Stdio::from(file.try_clone()?))
+            .stderr(Stdio::from(file))
+            .stdin(Stdio::null());
         cmd.process_group(0);
         let child = cmd.spawn().with_context(|| format!("starting {name}"))?;
         Ok(Self {
@@ -184,7 +204,10 @@ impl Dispatcher {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        bail!("the dispatcher did not listen within {timeout:?}:\n{}", self.proc.log_text())
+        bail!(
+            "the dispatcher did not listen within {timeout:?}:\n{}",
+            self.proc.log_text()
+        )
     }
 
     /// SIGKILL it and start it again on the same port and data.
@@ -225,7 +248,14 @@ pub struct Agent {
 impl Agent {
     /// Start an agent named `node` with a synthetic `topology`, `labels`
     /// (KEY=VALUE) and `extra` flags, attached to `dispatcher_url`.
-    pub fn start(dir: &Path, dispatcher_url: &str, node: &str, topology: &str, labels: &[&str], extra: &[&str]) -> Result<Self> {
+    pub fn start(
+        dir: &Path,
+        dispatcher_url: &str,
+        node: &str,
+        topology: &str,
+        labels: &[&str],
+        extra: &[&str],
+    ) -> Result<Self> {
         let mut cmd = Command::new(binary("agent"));
         cmd.arg("run")
             .arg("--dispatcher")
@@ -291,8 +321,16 @@ pub async fn wait_nodes(d: &Dispatcher, n: usize, timeout: Duration) -> Result<(
     eventually(timeout, &format!("{n} ready nodes"), || {
         let mut c = client.clone();
         async move {
-            let nodes = c.list_nodes(proto::v1::ListNodesRequest {}).await.ok()?.into_inner().nodes;
-            let ready = nodes.iter().filter(|x| x.state == proto::v1::NodeState::Ready as i32).count();
+            let nodes = c
+                .list_nodes(proto::v1::ListNodesRequest {})
+                .await
+                .ok()?
+                .into_inner()
+                .nodes;
+            let ready = nodes
+                .iter()
+                .filter(|x| x.state == proto::v1::NodeState::Ready as i32)
+                .count();
             (ready >= n).then_some(())
         }
     })

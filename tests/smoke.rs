@@ -10,8 +10,22 @@ use proto::v1::{JobSpec, JobState, SubmitJobsRequest};
 async fn jobs_run_on_agents_and_report_back() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let d = Dispatcher::start(dir.path(), &["--heartbeat-ms", "300"])?;
-    let _a = Agent::start(dir.path(), &d.url, "n1", "1s:2c:2t", &["dispatch.io/rack=r1"], &[])?;
-    let _b = Agent::start(dir.path(), &d.url, "n2", "1s:2c:2t", &["dispatch.io/rack=r1"], &[])?;
+    let _a = Agent::start(
+        dir.path(),
+        &d.url,
+        "n1",
+        "1s:2c:2t",
+        &["dispatch.io/rack=r1"],
+        &[],
+    )?;
+    let _b = Agent::start(
+        dir.path(),
+        &d.url,
+        "n2",
+        "1s:2c:2t",
+        &["dispatch.io/rack=r1"],
+        &[],
+    )?;
     wait_nodes(&d, 2, Duration::from_secs(20)).await?;
 
     // dispatchctl submit --wait returns the job's exit code.
@@ -21,7 +35,11 @@ async fn jobs_run_on_agents_and_report_back() -> anyhow::Result<()> {
     let mut jobs = d.jobs().await?;
     let specs: Vec<JobSpec> = (0..20)
         .map(|i| JobSpec {
-            command: vec!["sh".into(), "-c".into(), format!("grep Cpus_allowed_list /proc/self/status; echo job {i}")],
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("grep Cpus_allowed_list /proc/self/status; echo job {i}"),
+            ],
             cpus: 1 + (i % 2),
             ..Default::default()
         })
@@ -37,9 +55,16 @@ async fn jobs_run_on_agents_and_report_back() -> anyhow::Result<()> {
     .await?;
     assert_eq!(done.len(), 21);
     for j in &done {
-        if j.spec.as_ref().is_some_and(|s| s.command.len() == 3 && s.command[2].contains("echo job")) {
+        if j.spec
+            .as_ref()
+            .is_some_and(|s| s.command.len() == 3 && s.command[2].contains("echo job"))
+        {
             assert_eq!(j.state, JobState::Succeeded as i32, "{j:?}");
-            assert_eq!(j.cpus.len() as u32, j.spec.as_ref().map_or(1, |s| s.cpus), "{j:?}");
+            assert_eq!(
+                j.cpus.len() as u32,
+                j.spec.as_ref().map_or(1, |s| s.cpus),
+                "{j:?}"
+            );
             assert!(j.node == "n1" || j.node == "n2");
         }
     }
