@@ -1127,12 +1127,23 @@ impl Cluster {
                 }
             }
         }
-        self.ensure_engine(now, fx);
-        self.refresh_capacity(&reg.node, now, fx);
-        self.sync_summary(&reg.node, now);
-        self.retry_unplaced(now, fx);
-        self.process_events(now, fx);
+        if !self.engine_dirty {
+            // A known node re-registered: no new tree needed.
+            self.refresh_capacity(&reg.node, now, fx);
+            self.sync_summary(&reg.node, now);
+            self.retry_unplaced(now, fx);
+            self.process_events(now, fx);
+        }
+        // Otherwise the tree is rebuilt once by `settle` (the core calls it
+        // after every batch), so a thousand agents registering at once
+        // cost one rebuild, not a thousand.
         Ok(self.cfg.heartbeat_interval_ms)
+    }
+
+    /// Apply deferred work (a rebuilt node tree after registrations, which
+    /// also places waiting jobs). The core calls it after every batch.
+    pub fn settle(&mut self, now: i64, fx: &mut Effects) {
+        self.ensure_engine(now, fx);
     }
 
     fn engine_add_on_node(&mut self, key: (u64, u32), now: i64) {

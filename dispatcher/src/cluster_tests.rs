@@ -41,6 +41,7 @@ fn register(c: &mut Cluster, name: &str, spec: &str, zone: &str, rack: &str, now
         &mut fx,
     )
     .unwrap();
+    c.settle(now, &mut fx);
     fx
 }
 
@@ -169,6 +170,7 @@ fn alignment_and_selector_are_respected() {
         &mut fx,
     )
     .unwrap();
+    c.settle(3, &mut fx);
     assert_eq!(assigns(&fx), vec![("n-far".to_string(), "j-2".to_string())]);
 }
 
@@ -368,6 +370,7 @@ fn restore_reconciles_with_agents() {
         &mut fx,
     )
     .unwrap();
+    d.settle(200, &mut fx);
     assert_eq!(state_of(&d, "j-1"), JobState::Running);
     assert!(
         assigns(&fx).contains(&("a".to_string(), "j-2".to_string())),

@@ -250,6 +250,7 @@ impl Core {
                 }
                 self.apply(cmd, now, &mut fx, &mut replies);
             }
+            self.cluster.settle(now, &mut fx);
             if Instant::now() >= next_tick {
                 self.cluster.tick(now, &mut fx);
                 next_tick = Instant::now() + tick;
