@@ -253,6 +253,13 @@ pub struct Cluster {
     /// Terminal jobs whose engine task is kept (sleeping) so later jobs can
     /// name them as waker; oldest first, bounded.
     retained_tasks: std::collections::VecDeque<TaskId>,
+    /// Engine trees of node topologies, by encoded topology.
+    topo_cache: HashMap<Vec<u8>, Arc<Topology>>,
+    /// Per leaf: the largest aligned room of the whole (empty) node and its
+    /// memory (u64::MAX when unknown).
+    leaf_shape: Vec<(FreeSummary, u64)>,
+    /// The smallest of each over all leaves.
+    leaf_shape_min: (FreeSummary, u64),
 }
 
 /// Engine tasks of finished jobs kept for wake_wide / wake_affine history.
@@ -281,6 +288,9 @@ impl Cluster {
             awaiting_node: BTreeMap::new(),
             cancelling: HashSet::new(),
             retained_tasks: Default::default(),
+            topo_cache: HashMap::new(),
+            leaf_shape: Vec::new(),
+            leaf_shape_min: (FreeSummary::default(), 0),
         }
     }
 
@@ -548,6 +558,13 @@ impl Cluster {
     /// Nodes a spec may run on, as engine leaves; `Err(reason)` when none.
     fn allowed_leaves(&self, spec: &JobSpec) -> Result<Option<Arc<LeafSet>>, String> {
         let align = align_of(spec);
+        // Fast path: no selector and every node is big enough.
+        if spec.node_selector.is_empty()
+            && spec.cpus <= self.leaf_shape_min.0.get(align)
+            && (spec.memory_bytes == 0 || spec.memory_bytes <= self.leaf_shape_min.1)
+        {
+            return Ok(None);
+        }
         let mut all = true;
         let mut leaves = Vec::new();
         for (leaf, name) in self.leaf_node.iter().enumerate() {
@@ -555,15 +572,13 @@ impl Cluster {
                 all = false;
                 continue;
             };
+            let (largest, memory) = self.leaf_shape[leaf];
             let fits_labels = spec
                 .node_selector
                 .iter()
                 .all(|(k, v)| n.labels.get(k) == Some(v));
-            let fits_mem = spec.memory_bytes == 0
-                || n.memory_bytes == 0
-                || n.memory_bytes >= spec.memory_bytes;
-            let largest = free_summary_of(&n.cpu_topo, |_| true).get(align);
-            let fits_cpus = largest >= spec.cpus;
+            let fits_mem = spec.memory_bytes == 0 || memory >= spec.memory_bytes;
+            let fits_cpus = largest.get(align) >= spec.cpus;
             if fits_labels && fits_mem && fits_cpus {
                 leaves.push(leaf);
             } else {
@@ -915,6 +930,42 @@ impl Cluster {
             .enumerate()
             .map(|(i, n)| (n.clone(), i))
             .collect();
+        self.leaf_shape = self
+            .leaf_node
+            .iter()
+            .map(|name| match self.nodes.get(name) {
+                Some(n) => (
+                    free_summary_of(&n.cpu_topo, |_| true),
+                    if n.memory_bytes == 0 {
+                        u64::MAX
+                    } else {
+                        n.memory_bytes
+                    },
+                ),
+                None => (FreeSummary::default(), 0),
+            })
+            .collect();
+        let mut min = (
+            FreeSummary {
+                core: u32::MAX,
+                llc: u32::MAX,
+                numa: u32::MAX,
+                package: u32::MAX,
+                any: u32::MAX,
+            },
+            u64::MAX,
+        );
+        for (f, m) in &self.leaf_shape {
+            min.0 = FreeSummary {
+                core: min.0.core.min(f.core),
+                llc: min.0.llc.min(f.llc),
+                numa: min.0.numa.min(f.numa),
+                package: min.0.package.min(f.package),
+                any: min.0.any.min(f.any),
+            };
+            min.1 = min.1.min(*m);
+        }
+        self.leaf_shape_min = min;
         let caps: Vec<u32> = self
             .leaf_node
             .iter()
@@ -982,10 +1033,20 @@ impl Cluster {
             .topology
             .clone()
             .ok_or_else(|| Status::invalid_argument("register.topology: missing"))?;
-        let cpu_topo = Arc::new(
-            cpu_topology(&topology)
-                .map_err(|e| Status::invalid_argument(format!("register.{e}")))?,
-        );
+        // Fleets are mostly identical machines: share one engine tree per
+        // distinct topology.
+        let shape = prost::Message::encode_to_vec(&topology);
+        let cpu_topo = match self.topo_cache.get(&shape) {
+            Some(t) => t.clone(),
+            None => {
+                let t = Arc::new(
+                    cpu_topology(&topology)
+                        .map_err(|e| Status::invalid_argument(format!("register.{e}")))?,
+                );
+                self.topo_cache.insert(shape, t.clone());
+                t
+            }
+        };
         let label = |k: &str, default: &str| {
             reg.labels
                 .get(k)
