@@ -132,6 +132,71 @@ fn run(a: &Args) -> Result<(), sched::harness::HarnessError> {
     for p in problems {
         println!("PROBLEM: {p}");
     }
+
+    println!();
+    cross_llc_and_node_limit(a)
+}
+
+/// Beyond the seed: stealing one level up (the other LLCs of the parent
+/// domain, Steve Sistare's per-domain list of LLC masks), measured against
+/// LLC-only stealing on a 2-socket machine; and node-limit gating on a
+/// 4-socket one (4 NUMA nodes > the limit of 2: no stealing at all).
+fn cross_llc_and_node_limit(a: &Args) -> Result<(), sched::harness::HarnessError> {
+    println!(
+        "== beyond the seed: cross-LLC stealing and node-limit gating (hackbench, {} loops)",
+        a.loops
+    );
+    println!(
+        "{:>10} {:>5} {:>22} {:>9} {:>7} {:>8} {:>9} {:>9}",
+        "topology", "grps", "config", "time", "%busy", "steal", "crossllc", "%speedup"
+    );
+    for (topology, groups) in [("2s:10c:2t", [1usize, 2, 4]), ("4s:10c:2t", [1, 2, 4])] {
+        for g in groups {
+            let mut hb = hackbench::HackbenchParams {
+                topology: topology.to_string(),
+                groups: g,
+                loops: a.loops,
+                ..Default::default()
+            };
+            hb.harness.seed = a.seed;
+            let off = hackbench::seed_config(false);
+            let llc = hackbench::seed_config(true);
+            let cross = SchedConfig {
+                steal_cross_llc: true,
+                ..hackbench::seed_config(true)
+            };
+            let base = hackbench::run(&hb, &off)?;
+            for (name, cfg) in [
+                ("no steal", &off),
+                ("steal LLC", &llc),
+                ("steal LLC+cross", &cross),
+            ] {
+                let r = if std::ptr::eq(cfg, &off) {
+                    base.clone()
+                } else {
+                    hackbench::run(&hb, cfg)?
+                };
+                let speedup = 100.0 * (base.run.elapsed_s() / r.run.elapsed_s() - 1.0);
+                println!(
+                    "{:>10} {:>5} {:>22} {:>9.4} {:>7.2} {:>8} {:>9} {:>9.1}",
+                    topology,
+                    g,
+                    name,
+                    r.run.elapsed_s(),
+                    r.run.pct_busy(),
+                    r.run.stats.steal,
+                    r.run.stats.steal_cross_llc,
+                    speedup
+                );
+                for p in &r.problems {
+                    println!("PROBLEM: {p}");
+                }
+            }
+        }
+    }
+    println!(
+        "(4s:10c:2t has 4 NUMA nodes > steal_node_limit 2: gating turns stealing off, as seed 000 patch 9 does)"
+    );
     Ok(())
 }
 
