@@ -14,6 +14,20 @@
 //! * `iter_wrap_idle`: the same pass with no writers (the sparse mask reads
 //!   `nelems / 8` cache lines, the dense one `nelems / 512`).
 //! * `set_clear`: uncontended `set_elem` + `clear_elem` pairs.
+//! * `set_clear_contended`: writer throughput, the sparsemask's real
+//!   benefit. Each writer owns one 8-element group of a 64-element mask, as
+//!   neighbouring CPUs own their elements of an LLC's overload mask: the
+//!   benchmark thread group 0 (elements 0..8), a background "hammer" thread
+//!   group 1 (elements 8..16). In the sparse mask the two groups are
+//!   different 64-byte chunks; in the dense bitmap they are the same word,
+//!   so every update of either thread takes the cache line away from the
+//!   other (false sharing). Measured: time per `set_elem` + `clear_elem`
+//!   pair of the benchmark thread, cycling over its 8 elements, with the
+//!   parameter `writers` = 1 (alone: the reference) or 2 (while the hammer
+//!   does the same set/clear pairs on its own elements non-stop). The
+//!   hammer's own rate is printed to stderr, which shows it really ran
+//!   alongside. Needs two CPUs to mean anything; on one CPU the threads
+//!   time-slice instead of contending.
 //!
 //! Background threads run inside `std::thread::scope` and stop through a flag
 //! that is raised on drop, so the benchmark also ends cleanly under
@@ -21,6 +35,7 @@
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use sched::sparsemask::{AtomicSparseMask, DenseAtomicBitmap};
@@ -171,5 +186,88 @@ fn set_clear(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, iter_wrap_contended, iter_wrap_idle, set_clear);
+/// Elements per writer in `set_clear_contended`: one sparse chunk at
+/// density 3.
+const GROUP: usize = 1 << SPARSE_DENSITY;
+/// Mask size of `set_clear_contended` (one LLC's worth of CPUs).
+const CONTENDED_NELEMS: usize = 64;
+
+/// Measures the benchmark thread's set+clear pairs on elements
+/// `0..GROUP` while, if `contended`, a hammer thread does the same on
+/// `GROUP..2 * GROUP` (same dense word, different sparse chunk).
+fn bench_set_clear_contended<M: Bitmap>(c: &mut Criterion, name: &str, mask: &M, contended: bool) {
+    let mine: Vec<usize> = (0..GROUP).collect();
+    let theirs: Vec<usize> = (GROUP..2 * GROUP).collect();
+    let stop = AtomicBool::new(false);
+    let started = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let hammer = contended.then(|| {
+            let (stop, started, theirs) = (&stop, &started, &theirs);
+            s.spawn(move || {
+                started.store(true, Ordering::Release);
+                let t0 = Instant::now();
+                let mut pairs = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for &e in theirs {
+                        mask.set(e);
+                        mask.clear(e);
+                    }
+                    pairs += theirs.len() as u64;
+                }
+                (pairs, t0.elapsed())
+            })
+        });
+        {
+            // Raised when this block ends, also on a panic in criterion.
+            let _stop = StopOnDrop(&stop);
+            while contended && !started.load(Ordering::Acquire) {
+                std::hint::spin_loop();
+            }
+            let mut g = c.benchmark_group("set_clear_contended");
+            let mut i = 0;
+            let writers = if contended { 2 } else { 1 };
+            g.bench_function(BenchmarkId::new(name, format!("writers={writers}")), |b| {
+                b.iter(|| {
+                    let e = mine[i % GROUP];
+                    i += 1;
+                    mask.set(black_box(e));
+                    mask.clear(black_box(e));
+                });
+            });
+            g.finish();
+        }
+        if let Some(h) = hammer {
+            let (pairs, took) = h.join().expect("hammer thread");
+            eprintln!(
+                "set_clear_contended/{name}: hammer did {pairs} pairs, {:.1} ns/pair",
+                took.as_nanos() as f64 / pairs.max(1) as f64
+            );
+        }
+    });
+}
+
+fn set_clear_contended(c: &mut Criterion) {
+    for contended in [false, true] {
+        bench_set_clear_contended(
+            c,
+            "sparse_d3",
+            &AtomicSparseMask::with_density(CONTENDED_NELEMS, SPARSE_DENSITY),
+            contended,
+        );
+        bench_set_clear_contended(
+            c,
+            "dense",
+            &DenseAtomicBitmap::new(CONTENDED_NELEMS),
+            contended,
+        );
+    }
+}
+
+criterion_group!(
+    benches,
+    iter_wrap_contended,
+    iter_wrap_idle,
+    set_clear,
+    set_clear_contended
+);
 criterion_main!(benches);

@@ -353,6 +353,9 @@ impl Sched {
             TaskState::Sleeping => Ok(()),
             TaskState::Queued(leaf) => {
                 self.dequeue_task(id, leaf, now);
+                // The head of the queue may have been what blocked the
+                // others (a big task waiting for room): run what fits now.
+                self.schedule(leaf, now);
                 Ok(())
             }
             TaskState::Running(leaf) => {
@@ -510,6 +513,9 @@ impl Sched {
         self.events
             .push(SchedEvent::Migrated { task: id, from, to });
         self.enqueue_task(id, to, false, now);
+        // With demands, the task taken may have been what blocked the
+        // source's queue: let the source run what now fits.
+        self.schedule(from, now);
     }
 
     /// Account execution since `exec_start` (`update_curr`).
@@ -583,6 +589,24 @@ impl Sched {
             return Some(lat.2);
         }
         Some(left)
+    }
+
+    /// The task a leaf would start next, if any: `pick_next_entity`,
+    /// except that a task needing more than the leaf's whole capacity (it
+    /// can never start here, only be stolen by a bigger leaf) does not
+    /// block the queue behind it.
+    pub fn next_to_run(&self, leaf: LeafId) -> Option<TaskId> {
+        self.next_startable(leaf)
+    }
+
+    fn next_startable(&self, leaf: LeafId) -> Option<TaskId> {
+        let capacity = self.rqs[leaf].capacity;
+        let ever_fits = |id: &TaskId| self.tasks.get(id).is_some_and(|t| t.demand <= capacity);
+        let first = self.pick_next_entity(leaf)?;
+        if ever_fits(&first) {
+            return Some(first);
+        }
+        self.rqs[leaf].waiting().find(ever_fits)
     }
 
     /// Waiting tasks of a leaf in next-to-run order: the latency pick (if
@@ -738,7 +762,10 @@ impl Sched {
         let (Some(c), Some(p)) = (self.tasks.get(&curr), self.tasks.get(&id)) else {
             return;
         };
-        if self.wakeup_preempt_entity(c, p) == 1 {
+        // Preempt only for a task that can then run: with capacities and
+        // demands the newcomer may not fit even in the preempted room.
+        let room = self.rqs[leaf].free() + c.demand;
+        if p.demand <= room && self.wakeup_preempt_entity(c, p) == 1 {
             self.put_prev(curr, leaf, now);
         }
     }
@@ -747,7 +774,7 @@ impl Sched {
     /// nothing to run, it is idle: newidle stealing (seed 000 patch 8).
     pub fn schedule(&mut self, leaf: LeafId, now: u64) {
         loop {
-            while let Some(next) = self.pick_next_entity(leaf) {
+            while let Some(next) = self.next_startable(leaf) {
                 let Some((demand, align)) = self.tasks.get(&next).map(|t| (t.demand, t.align))
                 else {
                     break;
@@ -945,6 +972,24 @@ mod tests {
         let a = s.task(TaskId(0)).unwrap().sum_exec_runtime as f64;
         let b = s.task(TaskId(1)).unwrap().sum_exec_runtime as f64;
         assert!((a / b - 1.0).abs() < 0.02, "{a} vs {b}");
+    }
+
+    #[test]
+    fn removing_a_queued_head_runs_what_fits_behind_it() {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("1z:1r:2n").unwrap()),
+            8,
+            SchedConfig::cluster(),
+        );
+        for (id, demand) in [(1, 6), (2, 4), (3, 2)] {
+            let mut spec = TaskSpec::new(TaskId(id));
+            spec.demand = demand;
+            s.add_task(spec).unwrap();
+            s.wake_up_on(TaskId(id), 0, id).unwrap();
+        }
+        assert_eq!(s.task(TaskId(3)).unwrap().state, TaskState::Queued(0));
+        s.block(TaskId(2), 4).unwrap();
+        assert_eq!(s.task(TaskId(3)).unwrap().state, TaskState::Running(0));
     }
 
     #[test]

@@ -250,6 +250,16 @@ fn check_invariants(s: &Sched, nr_tasks: usize) -> Result<(), TestCaseError> {
             "leaf {} runs over capacity",
             leaf
         );
+        // Work conservation: the task next in line never fits and waits.
+        if let Some(next) = s.next_to_run(leaf) {
+            let t = s.task(next).unwrap();
+            prop_assert!(
+                !rq.can_start(t.demand, t.align),
+                "leaf {} leaves {:?} waiting although it fits",
+                leaf,
+                next
+            );
+        }
         let overloaded = demand[leaf] > rq.capacity;
         prop_assert_eq!(
             s.overload_masks().test(&topo, leaf),
