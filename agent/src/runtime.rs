@@ -631,7 +631,10 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
         match session(&mut agent, &url, &mut exits, &mut stop).await {
             Ok(()) => break,
             Err(err) => {
-                agent.out = None;
+                if agent.out.take().is_some() {
+                    // It had registered: a fresh failure, retry quickly.
+                    backoff = Duration::from_millis(100);
+                }
                 tracing::warn!(%url, "dispatcher stream: {err:#}; reconnecting in {backoff:?}");
             }
         }

@@ -363,6 +363,9 @@ pub async fn follow_log(
     stream: pb::LogStream,
     io: &mut Io<'_>,
 ) -> Result<()> {
+    // Fix: waiting on an unknown id never ended (the watch simply has no
+    // events for it); ask for the job first so a typo fails with NOT_FOUND.
+    client.get_job(id).await?;
     let ids = [id.to_string()];
     wait_for(client, &ids, |s| {
         s == JobStateView::Running || s.is_terminal()
@@ -729,7 +732,13 @@ pub async fn logs(client: &mut Client, a: &LogsArgs, io: &mut Io<'_>) -> Result<
 /// `dispatchctl watch`.
 pub async fn watch(client: &mut Client, a: &WatchArgs, io: &mut Io<'_>) -> Result<u8> {
     let targeted = !a.ids.is_empty();
-    let mut pending: HashSet<String> = a.ids.iter().cloned().collect();
+    // Fix: `watch ID` waited forever for an unknown id, and for an array's
+    // id (its events carry the elements' ids, so the array id was never
+    // seen ending). Resolve each id to the jobs to wait for first.
+    let mut pending: HashSet<String> = HashSet::new();
+    for id in &a.ids {
+        pending.extend(jobs_of(client, id).await?);
+    }
     let req = pb::WatchJobsRequest {
         ids: a.ids.clone(),
         include_current: targeted || a.current,
@@ -761,6 +770,27 @@ pub async fn watch(client: &mut Client, a: &WatchArgs, io: &mut Io<'_>) -> Resul
         }
     }
     Ok(EXIT_OK)
+}
+
+/// The job ids `id` stands for: itself, or for an array's id its
+/// elements; the dispatcher's NOT_FOUND when it is neither.
+async fn jobs_of(client: &mut Client, id: &str) -> Result<Vec<String>> {
+    match client.get_job(id).await {
+        Ok(job) => Ok(vec![job.id]),
+        Err(Error::Rpc(s)) if s.code() == tonic::Code::NotFound => {
+            let filter = pb::ListJobsRequest {
+                array_id: id.to_string(),
+                ..Default::default()
+            };
+            let elements = client.list_all_jobs(&filter, None).await?;
+            if elements.is_empty() {
+                Err(Error::Rpc(s))
+            } else {
+                Ok(elements.into_iter().map(|j| j.id).collect())
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// One `watch` line: `TIME  ID  PREVIOUS -> STATE  NODE  REASON`, with the

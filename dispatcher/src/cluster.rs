@@ -405,12 +405,26 @@ impl Cluster {
     }
 
     /// All jobs whose id is in `ids` (all jobs when empty), for watchers
-    /// that want the current state first.
+    /// that want the current state first. An array's id matches its
+    /// elements, as it does for the watch's later events.
     pub fn jobs_matching(&self, ids: &[String]) -> Vec<Job> {
         if ids.is_empty() {
             return self.jobs.values().map(|e| e.job.clone()).collect();
         }
-        ids.iter().filter_map(|id| self.get_job(id).ok()).collect()
+        // Fix: an array id used to match nothing here (it is not a job of
+        // its own), so `WatchJobs{ids: [array], include_current}` skipped
+        // the elements' current states. Each job is sent once, in id order.
+        let mut keys = std::collections::BTreeSet::new();
+        for key in ids.iter().filter_map(|id| job_key(id)) {
+            if self.jobs.contains_key(&key) {
+                keys.insert(key);
+            } else if key.1 == 0 {
+                keys.extend(self.jobs.range((key.0, 1)..(key.0 + 1, 0)).map(|(k, _)| *k));
+            }
+        }
+        keys.iter()
+            .filter_map(|k| self.jobs.get(k).map(|e| e.job.clone()))
+            .collect()
     }
 
     /// All nodes, by name.
@@ -751,6 +765,19 @@ impl Cluster {
         let st = now_state(&e.job);
         if st != JobState::Pending {
             // A job already on its node re-entering a rebuilt engine.
+            return;
+        }
+        // Fix: events are drained after whole operations, so a Started
+        // event may be stale: the task was started here, then preempted
+        // (the node's capacity shrank) and placed elsewhere before the
+        // event was read. Only the leaf the task runs on now counts;
+        // acting on the stale event assigned the job to the wrong node.
+        let running_here = self
+            .engine
+            .as_ref()
+            .and_then(|en| en.task(task))
+            .is_some_and(|t| t.state == TaskState::Running(leaf));
+        if !running_here {
             return;
         }
         let spec = e.job.spec.clone().unwrap_or_default();
@@ -1265,11 +1292,27 @@ impl Cluster {
         }
     }
 
-    /// A load report (the heartbeat).
-    pub fn load_report(&mut self, node: &str, load: NodeLoad, now: i64) {
+    /// A load report (the heartbeat). A node marked DOWN whose stream
+    /// stayed open (it stalled, then recovered) is back: its jobs were
+    /// already retried or lost, and anything it still runs from before is
+    /// cancelled when it reports it.
+    pub fn load_report(&mut self, node: &str, load: NodeLoad, now: i64, fx: &mut Effects) {
+        let mut revived = false;
         if let Some(n) = self.nodes.get_mut(node) {
             n.load = load;
             n.last_heartbeat_ms = now;
+            if n.down && n.connected {
+                n.down = false;
+                revived = true;
+            }
+        }
+        if revived {
+            tracing::info!(%node, "node reports again: it is up");
+            self.ensure_engine(now, fx);
+            self.refresh_capacity(node, now, fx);
+            self.sync_summary(node, now);
+            self.retry_unplaced(now, fx);
+            self.process_events(now, fx);
         }
     }
 
@@ -1455,6 +1498,14 @@ impl Cluster {
                 );
                 e.job.node.clear();
             }
+            // Fix: shrink the lost node's engine capacity to what its
+            // remaining jobs hold *before* placing the retry. Removing the
+            // task freed capacity on that node, so the engine could start
+            // the retry right back on the DOWN node (found end to end:
+            // tests/cluster.rs, a killed agent's job ASSIGNED to it again).
+            if !self.nodes.get(&node).is_some_and(NodeInfo::schedulable) {
+                self.refresh_capacity(&node, now, fx);
+            }
             self.persist(key, fx);
             self.emit(key, previous, now, fx);
             self.place(key, now, fx);
@@ -1481,7 +1532,6 @@ impl Cluster {
             tracing::warn!(node = %name, "node missed its heartbeats: marking it down");
             if let Some(n) = self.nodes.get_mut(&name) {
                 n.down = true;
-                n.connected = false;
             }
             let on_node: Vec<(u64, u32)> = self
                 .jobs

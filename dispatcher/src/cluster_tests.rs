@@ -245,7 +245,7 @@ fn node_loss_retries_within_budget_else_lost() {
     register(&mut c, "b", "1s:2c:1t", "z1", "r1", 2);
     // Heartbeats: b reports, a does not.
     for t in [1000, 2000, 3000, 4000] {
-        c.load_report("b", NodeLoad::default(), t);
+        c.load_report("b", NodeLoad::default(), t, &mut Effects::default());
         let mut fx = Effects::default();
         c.tick(t, &mut fx);
     }
@@ -377,7 +377,7 @@ fn restore_reconciles_with_agents() {
         "{:?}",
         assigns(&fx)
     );
-    d.load_report("a", NodeLoad::default(), 5_500);
+    d.load_report("a", NodeLoad::default(), 5_500, &mut Effects::default());
     let mut fx = Effects::default();
     d.tick(6_000, &mut fx);
     assert_ne!(state_of(&d, "j-1"), JobState::Lost);
@@ -389,4 +389,71 @@ fn restore_reconciles_with_agents() {
     let mut fx = Effects::default();
     let j = d.submit(vec![job(1)], false, 7_000, &mut fx).unwrap();
     assert_eq!(j[0].id, "j-4", "ids continue after a restart");
+}
+
+/// Regression (found by tests/cluster.rs): when a node is lost, removing
+/// one retried job's task freed capacity on the DOWN node, and the next
+/// retry was started right back there (ASSIGNED to the dead node).
+#[test]
+fn retries_after_node_loss_never_go_back_to_the_lost_node() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a1", "1s:2c:2t", "z1", "r1", 0);
+    register(&mut c, "a2", "1s:2c:2t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    c.set_node_admin("a2", NodeAdmin::Cordoned, 0, &mut fx)
+        .unwrap();
+    let specs = (0..4)
+        .map(|i| JobSpec {
+            retries: i % 2,
+            ..job(1)
+        })
+        .collect();
+    c.submit(specs, true, 1, &mut fx).unwrap();
+    for i in 1..=4 {
+        c.job_status(
+            "a1",
+            status(&format!("j-{i}"), 1, JobState::Running),
+            2,
+            &mut fx,
+        );
+    }
+    c.set_node_admin("a2", NodeAdmin::Ready, 3, &mut fx)
+        .unwrap();
+    let mut sent = Vec::new();
+    for t in [1000, 2000, 3000, 4000] {
+        c.load_report("a2", NodeLoad::default(), t, &mut Effects::default());
+        let mut fx = Effects::default();
+        c.tick(t, &mut fx);
+        sent.extend(assigns(&fx));
+    }
+    assert_eq!(c.node("a1").unwrap().state(), NodeState::Down);
+    assert!(sent.iter().all(|(n, _)| n == "a2"), "{sent:?}");
+    for id in ["j-2", "j-4"] {
+        let j = c.get_job(id).unwrap();
+        assert_eq!(
+            (state_of(&c, id), j.node.as_str(), j.attempt),
+            (JobState::Assigned, "a2", 2),
+            "{j:?}"
+        );
+    }
+    for id in ["j-1", "j-3"] {
+        assert_eq!(state_of(&c, id), JobState::Lost);
+    }
+}
+
+/// A node marked DOWN for missed heartbeats whose stream stayed open comes
+/// back when it reports again, and takes jobs again.
+#[test]
+fn a_stalled_node_comes_back_when_it_reports_again() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    c.tick(10_000, &mut fx);
+    assert_eq!(c.node("a").unwrap().state(), NodeState::Down);
+    c.submit(vec![job(1)], false, 10_001, &mut fx).unwrap();
+    assert_eq!(state_of(&c, "j-1"), JobState::Pending);
+    let mut fx = Effects::default();
+    c.load_report("a", NodeLoad::default(), 10_002, &mut fx);
+    assert_eq!(c.node("a").unwrap().state(), NodeState::Ready);
+    assert_eq!(assigns(&fx), vec![("a".to_string(), "j-1".to_string())]);
 }

@@ -366,7 +366,7 @@ impl Core {
                     agent_message::Msg::Register(_) => {}
                     agent_message::Msg::Load(report) => {
                         self.cluster
-                            .load_report(&node, report.load.unwrap_or_default(), now);
+                            .load_report(&node, report.load.unwrap_or_default(), now, fx);
                     }
                     agent_message::Msg::Status(status) => {
                         self.cluster.load_report_time(&node, now);
