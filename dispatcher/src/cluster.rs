@@ -255,6 +255,11 @@ pub struct Cluster {
     retained_tasks: std::collections::VecDeque<TaskId>,
     /// Engine trees of node topologies, by encoded topology.
     topo_cache: HashMap<Vec<u8>, Arc<Topology>>,
+    /// ASSIGNED jobs (sent, not reported started) and when they were sent:
+    /// candidates for agent-level stealing.
+    assigned_at: BTreeMap<(u64, u32), i64>,
+    /// Jobs an agent was asked to give back (Steal), and when.
+    steal_requested: HashMap<(u64, u32), i64>,
     /// Per leaf: the largest aligned room of the whole (empty) node and its
     /// memory (u64::MAX when unknown).
     leaf_shape: Vec<(FreeSummary, u64)>,
@@ -289,6 +294,8 @@ impl Cluster {
             cancelling: HashSet::new(),
             retained_tasks: Default::default(),
             topo_cache: HashMap::new(),
+            assigned_at: BTreeMap::new(),
+            steal_requested: HashMap::new(),
             leaf_shape: Vec::new(),
             leaf_shape_min: (FreeSummary::default(), 0),
         }
@@ -689,7 +696,7 @@ impl Cluster {
                 .job
                 .reason
                 .split(" | ")
-                .find(|p| p.starts_with("retry "))
+                .find(|p| p.starts_with("retry ") || p.contains("gave it back"))
                 .map(str::to_string);
             e.job.node = node.clone();
             e.job.reason = match state {
@@ -806,6 +813,7 @@ impl Cluster {
         };
         e.model_cpus = cpus;
         e.job.state = JobState::Assigned as i32;
+        self.assigned_at.insert(key, now);
         if e.job.reason.contains("queued on ") && e.job.node == name {
             e.job.reason = format!("started on {name} when it had room; was {}", e.job.reason);
         }
@@ -1361,6 +1369,8 @@ impl Cluster {
         let previous = now_state(&e.job);
         match JobState::try_from(status.state).unwrap_or(JobState::Unspecified) {
             JobState::Running => {
+                self.assigned_at.remove(&key);
+                self.steal_requested.remove(&key);
                 if let Some(e) = self.jobs.get_mut(&key) {
                     e.job.state = JobState::Running as i32;
                     e.job.cpus = status.cpus.clone();
@@ -1421,6 +1431,8 @@ impl Cluster {
         self.cancelling.remove(&key);
         self.unplaced.remove(&key);
         self.awaiting_node.remove(&key);
+        self.assigned_at.remove(&key);
+        self.steal_requested.remove(&key);
         if let Some(n) = self.nodes.get_mut(&node) {
             for c in cpus {
                 if let Some(b) = n.cpu_busy.get_mut(c) {
@@ -1486,6 +1498,8 @@ impl Cluster {
             {
                 let _ = engine.remove_task(task, now as u64);
             }
+            self.assigned_at.remove(&key);
+            self.steal_requested.remove(&key);
             if let Some(e) = self.jobs.get_mut(&key) {
                 e.model_cpus.clear();
                 e.job.attempt += 1;
@@ -1567,6 +1581,119 @@ impl Cluster {
                 engine.tick(leaf, now as u64);
             }
         }
+        self.process_events(now, fx);
+        self.request_agent_steals(now, fx);
+    }
+
+    /// Idle stealing one level down: a job sent to an agent that has not
+    /// started it (an oversubscribed agent holds it in its own queue, e.g.
+    /// a gang waiting for aligned CPUs) is asked back (`Steal`) when a node
+    /// of the same rack has room for it, the seed's steal across the
+    /// dispatcher/agent boundary. At most one request per idle node per
+    /// tick; the agent answers with `StealReply`.
+    fn request_agent_steals(&mut self, now: i64, fx: &mut Effects) {
+        let grace = self.cfg.heartbeat_interval_ms as i64;
+        let Some(engine) = self.engine.as_ref() else {
+            return;
+        };
+        let mut idle_by_rack: HashMap<(String, String), Vec<u32>> = HashMap::new();
+        for (leaf, name) in self.leaf_node.iter().enumerate() {
+            let Some(n) = self.nodes.get(name) else {
+                continue;
+            };
+            let room = engine.rq(leaf).room(sched::Align::Any);
+            if n.schedulable() && room > 0 {
+                idle_by_rack
+                    .entry((n.zone.clone(), n.rack.clone()))
+                    .or_default()
+                    .push(room);
+            }
+        }
+        if idle_by_rack.is_empty() {
+            return;
+        }
+        let mut requests = Vec::new();
+        for (&key, &at) in &self.assigned_at {
+            if now - at < grace || self.steal_requested.contains_key(&key) {
+                continue;
+            }
+            let Some(e) = self.jobs.get(&key) else {
+                continue;
+            };
+            let Some(n) = self.nodes.get(&e.job.node) else {
+                continue;
+            };
+            let cpus = e.job.spec.as_ref().map_or(1, |s| s.cpus.max(1));
+            let Some(rooms) = idle_by_rack.get_mut(&(n.zone.clone(), n.rack.clone())) else {
+                continue;
+            };
+            if let Some(pos) = rooms.iter().position(|&r| r >= cpus) {
+                rooms.swap_remove(pos);
+                requests.push((key, e.job.node.clone(), e.job.id.clone(), e.job.attempt));
+            }
+        }
+        for (key, node, job_id, attempt) in requests {
+            self.steal_requested.insert(key, now);
+            fx.to_agents.push((
+                node,
+                DispatcherMessage {
+                    msg: Some(dispatcher_message::Msg::Steal(proto::v1::Steal {
+                        job_id,
+                        attempt,
+                    })),
+                },
+            ));
+        }
+    }
+
+    /// An agent's answer to `Steal`: a released job is placed again (on
+    /// the node with room, normally).
+    pub fn steal_reply(
+        &mut self,
+        node: &str,
+        reply: proto::v1::StealReply,
+        now: i64,
+        fx: &mut Effects,
+    ) {
+        let Some(key) = job_key(&reply.job_id) else {
+            return;
+        };
+        self.steal_requested.remove(&key);
+        if !reply.released {
+            return;
+        }
+        let Some(e) = self.jobs.get(&key) else { return };
+        if e.job.attempt != reply.attempt
+            || e.job.node != node
+            || now_state(&e.job) != JobState::Assigned
+        {
+            return;
+        }
+        let task = e.task;
+        let cpus = e.model_cpus.clone();
+        self.ensure_engine(now, fx);
+        self.assigned_at.remove(&key);
+        if let Some(n) = self.nodes.get_mut(node) {
+            for c in cpus {
+                if let Some(b) = n.cpu_busy.get_mut(c) {
+                    *b = false;
+                }
+            }
+        }
+        if let Some(engine) = self.engine.as_mut() {
+            let _ = engine.remove_task(task, now as u64);
+        }
+        if let Some(e) = self.jobs.get_mut(&key) {
+            e.model_cpus.clear();
+            e.job.state = JobState::Pending as i32;
+            e.job.node.clear();
+            e.job.reason =
+                format!("steal: {node} gave it back unstarted (an idle rack peer had room)");
+        }
+        self.persist(key, fx);
+        self.emit(key, JobState::Assigned, now, fx);
+        self.sync_summary(node, now);
+        self.place(key, now, fx);
         self.process_events(now, fx);
     }
 

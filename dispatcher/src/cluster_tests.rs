@@ -457,3 +457,64 @@ fn a_stalled_node_comes_back_when_it_reports_again() {
     assert_eq!(c.node("a").unwrap().state(), NodeState::Ready);
     assert_eq!(assigns(&fx), vec![("a".to_string(), "j-1".to_string())]);
 }
+
+/// A job an oversubscribed agent holds unstarted is asked back when a
+/// rack peer has room, and placed there once the agent releases it.
+#[test]
+fn agent_held_jobs_are_stolen_by_idle_rack_peers() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    let mut fx = Effects::default();
+    let mut labels = HashMap::new();
+    labels.insert("topology.kubernetes.io/zone".to_string(), "z1".to_string());
+    labels.insert("dispatch.io/rack".to_string(), "r1".to_string());
+    c.register(
+        Register {
+            node: "a".into(),
+            labels: labels.clone(),
+            topology: Some(machine("1s:2c:1t")),
+            oversubscribe: 2,
+            ..Default::default()
+        },
+        0,
+        &mut fx,
+    )
+    .unwrap();
+    register(&mut c, "b", "1s:2c:1t", "z1", "r1", 0);
+    c.set_node_admin("b", NodeAdmin::Cordoned, 0, &mut fx)
+        .unwrap();
+    let mut fx = Effects::default();
+    c.submit(vec![job(1), job(1), job(1)], true, 1, &mut fx)
+        .unwrap();
+    assert_eq!(assigns(&fx).len(), 3, "a takes 2 CPUs x 2 slots");
+    c.job_status("a", status("j-1", 1, JobState::Running), 2, &mut fx);
+    c.job_status("a", status("j-2", 1, JobState::Running), 2, &mut fx);
+    c.set_node_admin("b", NodeAdmin::Ready, 3, &mut fx).unwrap();
+    for t in [500, 1000, 1500] {
+        c.load_report("a", NodeLoad::default(), t, &mut fx);
+        c.load_report("b", NodeLoad::default(), t, &mut fx);
+    }
+    let mut fx = Effects::default();
+    c.tick(1500, &mut fx);
+    let steals: Vec<_> = fx
+        .to_agents
+        .iter()
+        .filter_map(|(n, m)| match &m.msg {
+            Some(dispatcher_message::Msg::Steal(s)) => Some((n.clone(), s.job_id.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(steals, vec![("a".to_string(), "j-3".to_string())]);
+    let mut fx = Effects::default();
+    c.steal_reply(
+        "a",
+        proto::v1::StealReply {
+            job_id: "j-3".into(),
+            attempt: 1,
+            released: true,
+        },
+        1600,
+        &mut fx,
+    );
+    assert_eq!(assigns(&fx), vec![("b".to_string(), "j-3".to_string())]);
+    assert!(c.get_job("j-3").unwrap().reason.contains("gave it back"));
+}

@@ -373,7 +373,9 @@ impl Core {
                         self.cluster.job_status(&node, status, now, fx);
                     }
                     agent_message::Msg::Log(data) => self.forward_log(data),
-                    agent_message::Msg::StealReply(_) => {}
+                    agent_message::Msg::StealReply(reply) => {
+                        self.cluster.steal_reply(&node, reply, now, fx);
+                    }
                 }
             }
             Command::Detach { node, session } => {
