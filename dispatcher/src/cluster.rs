@@ -191,6 +191,12 @@ fn is_terminal(state: i32) -> bool {
     )
 }
 
+/// The engine's clock: nanoseconds (the dispatcher's is milliseconds), so
+/// `avg_idle` and the steal cost compare in one unit.
+fn engine_ns(now_ms: i64) -> u64 {
+    (now_ms.max(0) as u64).saturating_mul(1_000_000)
+}
+
 /// Parse "j-12" / "j-12.3" into an ordering key.
 fn job_key(id: &str) -> Option<(u64, u32)> {
     let rest = id.strip_prefix("j-")?;
@@ -304,6 +310,23 @@ impl Cluster {
     /// The configuration.
     pub fn config(&self) -> &ClusterConfig {
         &self.cfg
+    }
+
+    /// Steals the node-level engine has made so far.
+    pub fn steals(&self) -> u64 {
+        self.engine.as_ref().map_or(0, |e| e.stats().steal)
+    }
+
+    /// Set the cost of a steal, measured by the caller (nanoseconds): a
+    /// node steals only if its average idle period exceeds it (seed 000's
+    /// SCHED_STEAL_COST, which the dispatcher measures instead of assuming).
+    pub fn set_steal_cost(&mut self, ns: u64) {
+        self.cfg.engine.steal_cost = ns;
+        if let Some(engine) = self.engine.as_mut() {
+            let mut c = engine.config().clone();
+            c.steal_cost = ns;
+            engine.set_config(c);
+        }
     }
 
     /// The node-level engine (None until a node registers).
@@ -672,7 +695,7 @@ impl Cluster {
             return;
         };
         if engine.task(task).is_some() {
-            let _ = engine.remove_task(task, now as u64);
+            let _ = engine.remove_task(task, engine_ns(now));
         }
         if let Err(err) = engine.add_task(tspec) {
             self.set_pending_reason(key, format!("engine refused the job: {err}"));
@@ -680,7 +703,7 @@ impl Cluster {
             return;
         }
         let before = *engine.stats();
-        let leaf = match engine.wake_up(task, waker, false, now as u64) {
+        let leaf = match engine.wake_up(task, waker, false, engine_ns(now)) {
             Ok(l) => l,
             Err(err) => {
                 self.set_pending_reason(key, format!("engine refused the job: {err}"));
@@ -839,7 +862,7 @@ impl Cluster {
         // only its slot count limits placement.
         let summary = (n.oversubscribe <= 1).then(|| n.model_summary());
         if let Some(engine) = self.engine.as_mut() {
-            let _ = engine.set_free_summary(leaf, summary, now as u64);
+            let _ = engine.set_free_summary(leaf, summary, engine_ns(now));
         }
     }
 
@@ -870,7 +893,7 @@ impl Cluster {
         };
         let schedulable = self.nodes.get(name).is_some_and(NodeInfo::schedulable);
         if let Some(engine) = self.engine.as_mut() {
-            let _ = engine.set_capacity(leaf, cap, now as u64);
+            let _ = engine.set_capacity(leaf, cap, engine_ns(now));
         }
         if !schedulable {
             // Jobs queued here cannot start: place them again elsewhere.
@@ -881,7 +904,7 @@ impl Cluster {
             for task in queued {
                 if let Some(key) = self.task_job.get(&task).copied() {
                     if let Some(engine) = self.engine.as_mut() {
-                        let _ = engine.block(task, now as u64);
+                        let _ = engine.block(task, engine_ns(now));
                     }
                     self.place(key, now, fx);
                 }
@@ -1033,7 +1056,7 @@ impl Cluster {
             if let Some(engine) = self.engine.as_mut()
                 && engine.add_task(tspec).is_ok()
             {
-                let _ = engine.wake_up_on(task, leaf, now as u64);
+                let _ = engine.wake_up_on(task, leaf, engine_ns(now));
             }
         }
         // Started events of jobs already on nodes are ignored by on_started.
@@ -1042,7 +1065,7 @@ impl Cluster {
         for name in &names {
             let cap = self.effective_capacity(name);
             if let (Some(engine), Some(&leaf)) = (self.engine.as_mut(), self.node_leaf.get(name)) {
-                let _ = engine.set_capacity(leaf, cap, now as u64);
+                let _ = engine.set_capacity(leaf, cap, engine_ns(now));
             }
             self.sync_summary(name, now);
         }
@@ -1257,7 +1280,7 @@ impl Cluster {
                 .task(task)
                 .is_some_and(|t| t.state == TaskState::Sleeping)
             {
-                let _ = engine.wake_up_on(task, leaf, now as u64);
+                let _ = engine.wake_up_on(task, leaf, engine_ns(now));
             }
         }
     }
@@ -1443,11 +1466,11 @@ impl Cluster {
         if let Some(engine) = self.engine.as_mut()
             && engine.task(task).is_some()
         {
-            let _ = engine.block(task, now as u64);
+            let _ = engine.block(task, engine_ns(now));
             self.retained_tasks.push_back(task);
             while self.retained_tasks.len() > RETAINED_TASKS {
                 if let Some(old) = self.retained_tasks.pop_front() {
-                    let _ = engine.remove_task(old, now as u64);
+                    let _ = engine.remove_task(old, engine_ns(now));
                 }
             }
         }
@@ -1496,7 +1519,7 @@ impl Cluster {
             if let Some(engine) = self.engine.as_mut()
                 && engine.task(task).is_some()
             {
-                let _ = engine.remove_task(task, now as u64);
+                let _ = engine.remove_task(task, engine_ns(now));
             }
             self.assigned_at.remove(&key);
             self.steal_requested.remove(&key);
@@ -1578,7 +1601,7 @@ impl Cluster {
         }
         if let Some(engine) = self.engine.as_mut() {
             for leaf in 0..engine.topology().nr_leaves() {
-                engine.tick(leaf, now as u64);
+                engine.tick(leaf, engine_ns(now));
             }
         }
         self.process_events(now, fx);
@@ -1681,7 +1704,7 @@ impl Cluster {
             }
         }
         if let Some(engine) = self.engine.as_mut() {
-            let _ = engine.remove_task(task, now as u64);
+            let _ = engine.remove_task(task, engine_ns(now));
         }
         if let Some(e) = self.jobs.get_mut(&key) {
             e.model_cpus.clear();

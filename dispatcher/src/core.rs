@@ -42,6 +42,9 @@ pub type LogTx = mpsc::UnboundedSender<Result<LogChunk, Status>>;
 
 type Reply<T> = oneshot::Sender<Result<T, Status>>;
 
+/// Ceiling of the measured steal cost (the kernel's migration cost).
+const MAX_STEAL_COST_NS: u64 = 500_000;
+
 /// A request to the core.
 pub enum Command {
     /// SubmitJob / SubmitJobs.
@@ -190,6 +193,8 @@ struct Core {
     next_session: u64,
     logs: HashMap<u64, (String, LogTx)>,
     next_log: u64,
+    /// Measured cost of a node-level steal, ns (moving average).
+    steal_cost: u64,
 }
 
 /// A reply to send once the batch is committed.
@@ -217,6 +222,7 @@ impl Core {
             next_session: 1,
             logs: HashMap::new(),
             next_log: 1,
+            steal_cost: 0,
         }
     }
 
@@ -248,10 +254,32 @@ impl Core {
                     stop = true;
                     continue;
                 }
+                // Steals happen when a job's end frees a node: time those
+                // agent messages. The whole message's cost, shared by its
+                // steals, is an upper bound, conservative like the seed's
+                // 10 us; capped so that a slow outlier cannot switch
+                // stealing off for good (no steals, no new samples).
+                let measured = matches!(cmd, Command::FromAgent { .. });
+                let steals = self.cluster.steals();
+                let started = Instant::now();
                 self.apply(cmd, now, &mut fx, &mut replies);
+                let stolen = self.cluster.steals() - steals;
+                if measured
+                    && let Some(sample) = (started.elapsed().as_nanos() as u64).checked_div(stolen)
+                {
+                    let sample = sample.min(MAX_STEAL_COST_NS);
+                    self.steal_cost = if self.steal_cost == 0 {
+                        sample
+                    } else {
+                        (7 * self.steal_cost + sample) / 8
+                    };
+                }
             }
             self.cluster.settle(now, &mut fx);
             if Instant::now() >= next_tick {
+                if self.steal_cost > 0 {
+                    self.cluster.set_steal_cost(self.steal_cost);
+                }
                 self.cluster.tick(now, &mut fx);
                 next_tick = Instant::now() + tick;
             }
