@@ -22,12 +22,15 @@ use tonic::transport::Channel;
 
 /// The directory holding the workspace's binaries.
 pub fn bin_dir() -> PathBuf {
-    // target/<profile>/deps/<test-exe>
+    // target/<profile>/deps/<test-exe>, or target/<profile>/<bin> for this
+    // crate's own binaries (the benchmarks in bin/).
     let exe = std::env::current_exe().unwrap_or_default();
-    exe.parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
+    let dir = exe.parent().unwrap_or(Path::new(""));
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().unwrap_or(dir).to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 static BUILD: Once = Once::new();
@@ -51,6 +54,8 @@ pub fn binary(name: &str) -> PathBuf {
                     "dispatchctl",
                     "--bins",
                 ])
+                // A benchmark run with --release needs release binaries.
+                .args(bin_dir().ends_with("release").then_some("--release"))
                 .status();
             assert!(
                 status.is_ok_and(|s| s.success()),
@@ -368,4 +373,85 @@ pub fn is_terminal(state: i32) -> bool {
         JobState::try_from(state),
         Ok(JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Lost)
     )
+}
+
+impl Dispatcher {
+    /// Start the one-command default, `dispatcher --dev --listen
+    /// 127.0.0.1:PORT --data-dir DIR/dispatcher` (an in-process agent for
+    /// this machine). Its stdout goes to the log with stderr, so
+    /// [`Proc::log_text`] shows what it printed.
+    pub fn start_dev(dir: &Path, extra: &[&str]) -> Result<Self> {
+        let port = free_port();
+        let data_dir = dir.join("dispatcher");
+        let mut cmd = Command::new(binary("dispatcher"));
+        cmd.arg("--dev")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .args(extra)
+            .env("RUST_LOG", "info");
+        let log = dir.join(format!("dispatcher-dev-{port}-{}.log", now_nanos()));
+        let proc = Proc::spawn("dispatcher --dev", cmd, log)?;
+        let mut d = Self {
+            proc,
+            url: format!("http://127.0.0.1:{port}"),
+            port,
+            data_dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        d.wait_ready(Duration::from_secs(30))?;
+        Ok(d)
+    }
+}
+
+/// Like [`dispatchctl`], but kills it and fails if it has not exited
+/// within `timeout` (for commands that must end on their own: `watch ID`,
+/// `logs -f`, `submit --wait`).
+pub fn dispatchctl_timeout(
+    url: &str,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<(i32, String, String)> {
+    use std::io::Read;
+    let mut child = Command::new(binary("dispatchctl"))
+        .arg("--server")
+        .arg(url)
+        .args(args)
+        .env_remove("DISPATCH_SERVER")
+        .env("DISPATCH_CONFIG", "/nonexistent/dispatch-config.json")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("running dispatchctl")?;
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            String::from_utf8_lossy(&buf).into_owned()
+        })
+    };
+    let out = child.stdout.take().map(|s| drain(Box::new(s)));
+    let err = child.stderr.take().map(|s| drain(Box::new(s)));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = out.and_then(|h| h.join().ok()).unwrap_or_default();
+    let err = err.and_then(|h| h.join().ok()).unwrap_or_default();
+    match status {
+        Some(st) => Ok((st.code().unwrap_or(-1), out, err)),
+        None => bail!(
+            "dispatchctl {args:?} did not exit within {timeout:?}\nstdout: {out}\nstderr: {err}"
+        ),
+    }
 }
