@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use proto::v1::agent_service_client::AgentServiceClient;
 use proto::v1::{
-    AgentMessage, CpuGroup, CpuLoad, DispatcherMessage, FreeSummary as PbFree, JobSpec, JobState,
-    JobStatus, LoadReport, LogData, LogRequest, LogStream, NodeLoad, Register, StealReply,
-    agent_message, dispatcher_message,
+    AgentMessage, CpuGroup, CpuLoad, DispatcherMessage, JobSpec, JobState, JobStatus, LoadReport,
+    LogData, LogRequest, LogStream, NodeLoad, Register, StealReply, agent_message,
+    dispatcher_message,
 };
 use sched::{Align, Policy};
 use tokio::sync::{mpsc, watch};
@@ -87,25 +87,6 @@ pub fn topology_proto(m: &MachineTopology) -> proto::v1::Topology {
         llc: groups(m.llc_groups()),
         numa: groups(m.numa_groups()),
         package: groups(m.package_groups()),
-    }
-}
-
-fn align_of(spec: &JobSpec) -> Align {
-    use proto::v1::Alignment;
-    match Alignment::try_from(spec.alignment).unwrap_or(Alignment::Any) {
-        Alignment::Any => Align::Any,
-        Alignment::Core => Align::Core,
-        Alignment::Llc => Align::Llc,
-        Alignment::Numa => Align::Numa,
-        Alignment::Package => Align::Package,
-    }
-}
-
-fn policy_of(spec: &JobSpec) -> Policy {
-    if spec.policy == proto::v1::PlacementPolicy::Pack as i32 {
-        Policy::Pack
-    } else {
-        Policy::Spread
     }
 }
 
@@ -284,8 +265,8 @@ impl Agent {
         let local = LocalJob {
             id: id.clone(),
             cpus: spec.cpus.max(1),
-            align: align_of(&spec),
-            policy: policy_of(&spec),
+            align: proto::engine::align(spec.alignment),
+            policy: proto::engine::policy(spec.policy),
             nice: spec.nice,
             latency_nice: spec.latency_nice,
         };
@@ -401,13 +382,7 @@ impl Agent {
                 .collect(),
             overloaded: self.local.overloaded(),
             avg_idle_ns: self.local.avg_idle(),
-            free: Some(PbFree {
-                core: free.core,
-                llc: free.llc,
-                numa: free.numa,
-                package: free.package,
-                any: free.any,
-            }),
+            free: Some(proto::engine::free_summary(free)),
             running_jobs: self.local.nr_running() as u32,
             waiting_jobs: self.local.nr_waiting() as u32,
             schedstats,

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use dispatcher::cluster::{Cluster, ClusterConfig, Effects};
-use proto::v1::{CpuGroup, JobSpec, JobState, JobStatus, Register};
+use proto::v1::{JobSpec, JobState, JobStatus, Register};
 use sched::Topology;
 
 /// SplitMix64: a tiny seeded generator, so runs are reproducible.
@@ -37,22 +37,9 @@ impl Rng {
 }
 
 fn machine(spec: &str) -> proto::v1::Topology {
-    let t = Topology::from_spec(spec).unwrap_or_else(|e| panic!("bad spec {spec}: {e}"));
-    let groups = |g: &[Vec<usize>]| -> Vec<CpuGroup> {
-        g.iter()
-            .map(|v| CpuGroup {
-                cpus: v.iter().map(|&l| t.os_id(l) as u32).collect(),
-            })
-            .collect()
-    };
-    let llcs: Vec<Vec<usize>> = t.llcs().iter().map(|l| l.members.clone()).collect();
-    proto::v1::Topology {
-        cpus: (0..t.nr_leaves()).map(|l| t.os_id(l) as u32).collect(),
-        smt: groups(t.cores()),
-        llc: groups(&llcs),
-        numa: groups(t.numa_groups()),
-        package: groups(t.package_groups()),
-    }
+    proto::engine::topology(
+        &Topology::from_spec(spec).unwrap_or_else(|e| panic!("bad spec {spec}: {e}")),
+    )
 }
 
 const NODE_SPEC: &str = "2s:8c:2t";

@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use proto::v1::{
-    Assign, Cancel, CpuGroup, DispatcherMessage, FreeSummary as PbFree, Job, JobEvent, JobSpec,
-    JobState, JobStatus, ListJobsRequest, NodeLoad, NodeState, Register, dispatcher_message,
+    Assign, Cancel, CpuGroup, DispatcherMessage, Job, JobEvent, JobSpec, JobState, JobStatus,
+    ListJobsRequest, NodeLoad, NodeState, Register, dispatcher_message,
 };
 use sched::alloc::{find_aligned_in, free_summary_of};
 use sched::topology::{DomainFlags, TopologyBuilder};
@@ -147,6 +147,15 @@ impl NodeInfo {
 
     fn schedulable(&self) -> bool {
         !self.down && self.connected && self.admin == NodeAdmin::Ready
+    }
+
+    /// Mark CPUs of the model free again (a job ended or moved).
+    fn release(&mut self, cpus: &[LeafId]) {
+        for &c in cpus {
+            if let Some(b) = self.cpu_busy.get_mut(c) {
+                *b = false;
+            }
+        }
     }
 
     fn model_summary(&self) -> FreeSummary {
@@ -1293,11 +1302,7 @@ impl Cluster {
             return;
         };
         let spec = e.job.spec.clone().unwrap_or_default();
-        for &c in &e.model_cpus {
-            if let Some(b) = n.cpu_busy.get_mut(c) {
-                *b = false;
-            }
-        }
+        n.release(&e.model_cpus);
         let mut cpus: Vec<LeafId> = e
             .job
             .cpus
@@ -1457,11 +1462,7 @@ impl Cluster {
         self.assigned_at.remove(&key);
         self.steal_requested.remove(&key);
         if let Some(n) = self.nodes.get_mut(&node) {
-            for c in cpus {
-                if let Some(b) = n.cpu_busy.get_mut(c) {
-                    *b = false;
-                }
-            }
+            n.release(&cpus);
         }
         if let Some(engine) = self.engine.as_mut()
             && engine.task(task).is_some()
@@ -1510,11 +1511,7 @@ impl Cluster {
             let previous = now_state(&e.job);
             let task = e.task;
             if let Some(n) = self.nodes.get_mut(&node) {
-                for &c in &e.model_cpus {
-                    if let Some(b) = n.cpu_busy.get_mut(c) {
-                        *b = false;
-                    }
-                }
+                n.release(&e.model_cpus);
             }
             if let Some(engine) = self.engine.as_mut()
                 && engine.task(task).is_some()
@@ -1697,11 +1694,7 @@ impl Cluster {
         self.ensure_engine(now, fx);
         self.assigned_at.remove(&key);
         if let Some(n) = self.nodes.get_mut(node) {
-            for c in cpus {
-                if let Some(b) = n.cpu_busy.get_mut(c) {
-                    *b = false;
-                }
-            }
+            n.release(&cpus);
         }
         if let Some(engine) = self.engine.as_mut() {
             let _ = engine.remove_task(task, engine_ns(now));
@@ -1850,17 +1843,6 @@ fn placement_reason(
         parts.push("placed");
     }
     parts.join("; ")
-}
-
-/// Convert an engine summary to the API's.
-pub fn free_to_proto(s: FreeSummary) -> PbFree {
-    PbFree {
-        core: s.core,
-        llc: s.llc,
-        numa: s.numa,
-        package: s.package,
-        any: s.any,
-    }
 }
 
 #[cfg(test)]

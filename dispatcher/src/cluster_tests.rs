@@ -2,27 +2,11 @@
 //! core drives it (register, submit, statuses, ticks), with no I/O.
 
 use super::*;
-use proto::v1::{CpuGroup, Register};
-
-fn groups(g: &[Vec<usize>], topo: &Topology) -> Vec<CpuGroup> {
-    g.iter()
-        .map(|v| CpuGroup {
-            cpus: v.iter().map(|&l| topo.os_id(l) as u32).collect(),
-        })
-        .collect()
-}
+use proto::v1::Register;
 
 /// The API topology of a synthetic machine.
 pub(crate) fn machine(spec: &str) -> proto::v1::Topology {
-    let t = Topology::from_spec(spec).unwrap();
-    let llcs: Vec<Vec<usize>> = t.llcs().iter().map(|l| l.members.clone()).collect();
-    proto::v1::Topology {
-        cpus: (0..t.nr_leaves()).map(|l| t.os_id(l) as u32).collect(),
-        smt: groups(t.cores(), &t),
-        llc: groups(&llcs, &t),
-        numa: groups(t.numa_groups(), &t),
-        package: groups(t.package_groups(), &t),
-    }
+    proto::engine::topology(&Topology::from_spec(spec).unwrap())
 }
 
 fn register(c: &mut Cluster, name: &str, spec: &str, zone: &str, rack: &str, now: i64) -> Effects {

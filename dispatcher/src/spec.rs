@@ -232,21 +232,12 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
 
 /// The engine's alignment for a (validated) spec.
 pub fn align_of(spec: &JobSpec) -> Align {
-    match Alignment::try_from(spec.alignment).unwrap_or(Alignment::Any) {
-        Alignment::Any => Align::Any,
-        Alignment::Core => Align::Core,
-        Alignment::Llc => Align::Llc,
-        Alignment::Numa => Align::Numa,
-        Alignment::Package => Align::Package,
-    }
+    proto::engine::align(spec.alignment)
 }
 
 /// The engine's policy for a (validated) spec.
 pub fn policy_of(spec: &JobSpec) -> Policy {
-    match PlacementPolicy::try_from(spec.policy).unwrap_or(PlacementPolicy::Spread) {
-        PlacementPolicy::Spread => Policy::Spread,
-        PlacementPolicy::Pack => Policy::Pack,
-    }
+    proto::engine::policy(spec.policy)
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! `dispatch-proto`: the public gRPC API of the dispatcher
 //! (`proto/dispatch/v1/*.proto`, documented field by field there) and the
-//! Rust code tonic/prost generate from it. Nothing else lives here.
+//! Rust code tonic/prost generate from it, plus [`engine`]: the
+//! conversions between API types and the engine's.
+
+pub mod engine;
 
 /// Package `dispatch.v1`: messages, clients and servers.
 #[allow(clippy::large_enum_variant)] // generated oneofs; boxing would change the API
