@@ -126,6 +126,8 @@ struct Agent {
     recent: BTreeMap<String, (JobStatus, Instant)>,
     start: Instant,
     out: Option<mpsc::UnboundedSender<AgentMessage>>,
+    /// Real CPUs each running job is pinned to now.
+    pinned: HashMap<String, Vec<u32>>,
 }
 
 impl Agent {
@@ -198,8 +200,13 @@ impl Agent {
                 }
                 Action::Cont { id, cpus } => {
                     let real = self.real(&cpus);
-                    if let Err(err) = self.exec.repin(&id, &real) {
-                        tracing::warn!(%id, %err, "cannot re-pin job");
+                    // Re-pinning walks every thread of the job in /proc:
+                    // only when the job comes back on other CPUs.
+                    if self.pinned.get(&id) != Some(&real) {
+                        if let Err(err) = self.exec.repin(&id, &real) {
+                            tracing::warn!(%id, %err, "cannot re-pin job");
+                        }
+                        self.pinned.insert(id.clone(), real);
                     }
                     if let Err(err) = self.exec.cont(&id) {
                         tracing::warn!(%id, %err, "cannot continue job");
@@ -210,6 +217,7 @@ impl Agent {
                     if let Err(err) = self.exec.repin(&id, &real) {
                         tracing::warn!(%id, %err, "cannot re-pin job");
                     }
+                    self.pinned.insert(id.clone(), real);
                 }
             }
         }
@@ -238,6 +246,7 @@ impl Agent {
         match self.exec.spawn(job).await {
             Ok(_) => {
                 tracing::info!(%id, ?cpus, ?real, "job started");
+                self.pinned.insert(id.to_string(), real.clone());
                 self.send_status(id, JobState::Running, cpus, None, String::new());
             }
             Err(err) => {
@@ -319,6 +328,7 @@ impl Agent {
             .unwrap_or_default();
         let actions = self.local.job_exited(&id, now);
         self.jobs.remove(&id);
+        self.pinned.remove(&id);
         let (state, message) = match &exit.outcome {
             JobOutcome::Exited(0) => (JobState::Succeeded, String::new()),
             JobOutcome::Exited(code) => (JobState::Failed, format!("exited with status {code}")),
@@ -564,6 +574,7 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
         recent: BTreeMap::new(),
         start: Instant::now(),
         out: None,
+        pinned: HashMap::new(),
     };
     // Jobs left running by a previous agent on this state directory.
     let report = exec.readopt().await.context("re-adopting jobs")?;
