@@ -5,5 +5,6 @@
 
 pub mod exec;
 pub mod local;
+pub mod metrics;
 pub mod runtime;
 pub mod topology;

@@ -68,6 +68,10 @@ struct RunArgs {
     /// Disable idle stealing between CPUs (for comparisons).
     #[arg(long)]
     no_steal: bool,
+    /// Serve Prometheus metrics on `GET http://ADDR/metrics` (off by
+    /// default), e.g. 0.0.0.0:9101.
+    #[arg(long, env = "DISPATCH_AGENT_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// User id:group id jobs run as when the agent is root (default 65534:65534).
     #[arg(long, value_name = "UID:GID")]
     run_as: Option<String>,
@@ -260,11 +264,22 @@ fn cmd_run(args: RunArgs) -> Result<()> {
         tick: std::time::Duration::from_millis(args.tick_ms.max(1)),
         retention: std::time::Duration::from_secs(3600),
     };
+    let metrics_listen = args.metrics_listen;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
+        if let Some(addr) = metrics_listen {
+            let metrics = std::sync::Arc::new(
+                agent::metrics::AgentMetrics::new().context("registering the metrics")?,
+            );
+            let bound = agent::metrics::spawn_server(addr, metrics.registry.clone())
+                .await
+                .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+            agent::metrics::install(metrics);
+            tracing::info!(%bound, "serving Prometheus metrics on /metrics");
+        }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
             let mut term =

@@ -705,6 +705,9 @@ async fn session(
                 agent.carry_out(actions).await;
             }
             _ = report.tick() => {
+                if let Some(metrics) = crate::metrics::installed() {
+                    metrics.sample(&agent.local);
+                }
                 let load = agent.load();
                 agent.send(agent_message::Msg::Load(LoadReport { load: Some(load) }));
             }

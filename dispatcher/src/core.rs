@@ -281,6 +281,9 @@ impl Core {
                     self.cluster.set_steal_cost(self.steal_cost);
                 }
                 self.cluster.tick(now, &mut fx);
+                if let Some(m) = crate::metrics::installed() {
+                    m.sample(&self.cluster, now);
+                }
                 next_tick = Instant::now() + tick;
             }
             let committed = match self.store.commit(&fx.writes) {
@@ -301,6 +304,12 @@ impl Core {
                     let _ = link.tx.send(Ok(msg));
                 }
             }
+            if let Some(m) = crate::metrics::installed() {
+                m.observe_events(&fx.events);
+            }
+            if let Some(t) = crate::telemetry::installed() {
+                t.observe_events(&fx.events);
+            }
             for ev in fx.events {
                 let _ = self.events.send(ev);
             }
@@ -317,7 +326,15 @@ impl Core {
                 batch,
                 reply,
             } => {
+                let (n, started) = (specs.len(), Instant::now());
                 let r = self.cluster.submit(specs, batch, now, fx);
+                let secs = started.elapsed().as_secs_f64();
+                if let Some(m) = crate::metrics::installed() {
+                    m.observe_submit(n, secs);
+                }
+                if let Some(t) = crate::telemetry::installed() {
+                    t.observe_submit(n, secs);
+                }
                 replies.push(defer(reply, r));
             }
             Command::Cancel { id, reply } => {

@@ -7,6 +7,8 @@
 
 pub mod cluster;
 pub mod core;
+pub mod metrics;
 pub mod server;
 pub mod spec;
 pub mod store;
+pub mod telemetry;

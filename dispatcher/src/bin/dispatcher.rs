@@ -49,6 +49,15 @@ struct Args {
     /// many zones.
     #[arg(long, default_value_t = 2)]
     steal_zone_limit: usize,
+    /// Serve Prometheus metrics on `GET http://ADDR/metrics` (off by
+    /// default), e.g. 0.0.0.0:9100.
+    #[arg(long, env = "DISPATCH_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// Export traces and metrics over OTLP/gRPC to this collector (e.g.
+    /// http://otel-collector:4317). Off by default; the standard
+    /// OTEL_EXPORTER_OTLP_* variables also turn it on and configure it.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -104,6 +113,32 @@ async fn run(args: Args) -> Result<()> {
     cfg.engine.steal_node_limit = args.steal_zone_limit;
     let grace = (args.heartbeat_ms * args.missed_heartbeats * 2) as i64;
     let restored = snapshot.jobs.len();
+    let otlp = dispatcher::telemetry::wanted(args.otlp_endpoint.as_deref());
+    let mut telemetry = None;
+    if args.metrics_listen.is_some() || otlp {
+        let metrics = std::sync::Arc::new(
+            dispatcher::metrics::Metrics::new().context("registering the metrics")?,
+        );
+        if let Some(addr) = args.metrics_listen {
+            let bound = agent::metrics::spawn_server(addr, metrics.registry.clone())
+                .await
+                .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+            tracing::info!(%bound, "serving Prometheus metrics on /metrics");
+            println!("metrics on http://{bound}/metrics");
+        }
+        if otlp {
+            let t = dispatcher::telemetry::Telemetry::init(
+                args.otlp_endpoint.as_deref(),
+                metrics.clone(),
+            )
+            .context("starting the OTLP exporters")?;
+            let t = std::sync::Arc::new(t);
+            dispatcher::telemetry::install(t.clone());
+            telemetry = Some(t);
+            tracing::info!(endpoint = ?args.otlp_endpoint, "exporting traces and metrics over OTLP");
+        }
+        dispatcher::metrics::install(metrics);
+    }
     let mut cluster = Cluster::new(cfg);
     cluster.restore(snapshot, dispatcher::core::now_ms(), grace);
     let (core, core_thread) = dispatcher::core::spawn(cluster, Box::new(store));
@@ -164,5 +199,8 @@ async fn run(args: Args) -> Result<()> {
     }
     core.send(dispatcher::core::Command::Shutdown);
     let _ = tokio::task::spawn_blocking(move || core_thread.join()).await;
+    if let Some(t) = telemetry {
+        t.shutdown().await;
+    }
     Ok(())
 }

@@ -1,0 +1,367 @@
+//! Prometheus metrics of the dispatcher.
+//!
+//! Off by default: `dispatcher --metrics-listen ADDR` installs [`Metrics`]
+//! ([`install`]) and serves `GET /metrics` (the server is
+//! [`agent::metrics::serve`]). The core thread samples the cluster into the
+//! registry on every tick and records placements as they happen; every
+//! metric is an atomic, so a scrape never blocks the core and the core
+//! never waits on a scrape.
+//!
+//! | name | type | labels |
+//! |---|---|---|
+//! | `dispatch_jobs` | gauge | `state` (pending, assigned, running, succeeded, ...), `class` = latency / normal |
+//! | `dispatch_nodes` | gauge | `state` = ready / down / disconnected / draining / cordoned |
+//! | `dispatch_placement_seconds` | histogram | time the core spent placing a submitted job |
+//! | `dispatch_placements_total` | counter | jobs sent to a node (PENDING -> ASSIGNED) |
+//! | `dispatch_steals_total` | counter | `level` = node (same host group) / rack / zone (cross-rack) |
+//! | `dispatch_steal_failures_total` | counter | |
+//! | `dispatch_busy_skip_total` | counter | |
+//! | `dispatch_overload_mask_weight` | gauge | `rack` (zone/rack) |
+//! | `dispatch_utilization` | gauge | `level` = cluster / zone / rack, `domain` |
+//! | `dispatch_agent_heartbeat_lag_seconds` | gauge | `node` |
+//! | `dispatch_schedstat_total` | counter | `stat` = every schedstats field |
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use agent::metrics::EngineCounters;
+use prometheus::proto::MetricType;
+use prometheus::{GaugeVec, Histogram, HistogramOpts, IntCounter, IntGaugeVec, Opts, Registry};
+use proto::v1::{JobEvent, JobState};
+
+use crate::cluster::{Cluster, NodeInfo};
+use crate::store::NodeAdmin;
+
+/// The dispatcher's metrics.
+pub struct Metrics {
+    /// The registry served on /metrics.
+    pub registry: Registry,
+    jobs: IntGaugeVec,
+    nodes: IntGaugeVec,
+    placement_seconds: Histogram,
+    placements: IntCounter,
+    overload: IntGaugeVec,
+    utilization: GaugeVec,
+    heartbeat_lag: GaugeVec,
+    engine: EngineCounters,
+    /// Series set at the last sample, to drop those that went away.
+    seen: Mutex<Seen>,
+    /// Jobs by (state, class), kept from events between full recounts.
+    counts: Mutex<JobCounts>,
+    families: Vec<(String, String, MetricType)>,
+}
+
+/// Jobs are counted from the batch's events; a full recount (O(jobs), on
+/// the core) happens at most this often, to start and to correct drift.
+const RECOUNT_MS: i64 = 30_000;
+
+#[derive(Default)]
+struct JobCounts {
+    by: HashMap<(i32, &'static str), i64>,
+    last_full_ms: Option<i64>,
+}
+
+#[derive(Default)]
+struct Seen {
+    racks: Vec<String>,
+    domains: Vec<(String, String)>,
+    nodes: Vec<String>,
+}
+
+/// The short name of a job state (`JOB_STATE_RUNNING` -> `running`).
+pub fn state_name(state: JobState) -> String {
+    state
+        .as_str_name()
+        .trim_start_matches("JOB_STATE_")
+        .to_ascii_lowercase()
+}
+
+fn class_of(job: &proto::v1::Job) -> &'static str {
+    match &job.spec {
+        Some(spec) if spec.latency_nice < 0 => "latency",
+        _ => "normal",
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every dispatcher metric.
+    pub fn new() -> prometheus::Result<Self> {
+        let registry = Registry::new();
+        let jobs = IntGaugeVec::new(
+            Opts::new("dispatch_jobs", "Jobs by state and latency class."),
+            &["state", "class"],
+        )?;
+        let nodes = IntGaugeVec::new(Opts::new("dispatch_nodes", "Nodes by state."), &["state"])?;
+        let placement_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "dispatch_placement_seconds",
+                "Time the core spent validating and placing a submitted job (the batch's time shared by its jobs).",
+            )
+            .buckets(prometheus::exponential_buckets(1e-6, 4.0, 12)?),
+        )?;
+        let placements = IntCounter::new(
+            "dispatch_placements_total",
+            "Jobs placed on a node and sent to its agent (PENDING -> ASSIGNED).",
+        )?;
+        let overload = IntGaugeVec::new(
+            Opts::new(
+                "dispatch_overload_mask_weight",
+                "Overloaded nodes per rack (weight of the rack's overload mask).",
+            ),
+            &["rack"],
+        )?;
+        let utilization = GaugeVec::new(
+            Opts::new(
+                "dispatch_utilization",
+                "Fraction of CPUs held by jobs, per domain (the dispatcher's model).",
+            ),
+            &["level", "domain"],
+        )?;
+        let heartbeat_lag = GaugeVec::new(
+            Opts::new(
+                "dispatch_agent_heartbeat_lag_seconds",
+                "Time since the node's agent last reported.",
+            ),
+            &["node"],
+        )?;
+        registry.register(Box::new(jobs.clone()))?;
+        registry.register(Box::new(nodes.clone()))?;
+        registry.register(Box::new(placement_seconds.clone()))?;
+        registry.register(Box::new(placements.clone()))?;
+        registry.register(Box::new(overload.clone()))?;
+        registry.register(Box::new(utilization.clone()))?;
+        registry.register(Box::new(heartbeat_lag.clone()))?;
+        let engine = EngineCounters::new(&registry, "dispatch", ["node", "rack", "zone"])?;
+        let mut families = Vec::new();
+        {
+            use prometheus::core::Collector;
+            let mut add = |c: &dyn Collector, ty: MetricType| {
+                for d in c.desc() {
+                    families.push((d.fq_name.clone(), d.help.clone(), ty));
+                }
+            };
+            add(&jobs, MetricType::GAUGE);
+            add(&nodes, MetricType::GAUGE);
+            add(&placements, MetricType::COUNTER);
+            add(&overload, MetricType::GAUGE);
+            add(&utilization, MetricType::GAUGE);
+            add(&heartbeat_lag, MetricType::GAUGE);
+            add(&engine.schedstat, MetricType::COUNTER);
+            add(&engine.steals, MetricType::COUNTER);
+            add(&engine.steal_failures, MetricType::COUNTER);
+            add(&engine.busy_skip, MetricType::COUNTER);
+        }
+        for state in ["ready", "down", "disconnected", "draining", "cordoned"] {
+            nodes.with_label_values(&[state]);
+        }
+        for class in ["latency", "normal"] {
+            for state in [
+                JobState::Pending,
+                JobState::Assigned,
+                JobState::Running,
+                JobState::Succeeded,
+                JobState::Failed,
+                JobState::Cancelled,
+                JobState::Lost,
+            ] {
+                jobs.with_label_values(&[state_name(state).as_str(), class]);
+            }
+        }
+        Ok(Self {
+            registry,
+            jobs,
+            nodes,
+            placement_seconds,
+            placements,
+            overload,
+            utilization,
+            heartbeat_lag,
+            engine,
+            seen: Mutex::new(Seen::default()),
+            counts: Mutex::new(JobCounts::default()),
+            families,
+        })
+    }
+
+    /// Name, help and type of every counter and gauge family (registered
+    /// even before they have series), for bridging to OTLP.
+    pub fn families(&self) -> &[(String, String, MetricType)] {
+        &self.families
+    }
+
+    /// The core placed `n` submitted jobs in `seconds`.
+    pub fn observe_submit(&self, n: usize, seconds: f64) {
+        let each = seconds / n.max(1) as f64;
+        for _ in 0..n {
+            self.placement_seconds.observe(each);
+        }
+    }
+
+    /// Job events of a committed batch.
+    pub fn observe_events(&self, events: &[JobEvent]) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        for ev in events {
+            if let Some(job) = &ev.job {
+                let class = class_of(job);
+                if ev.previous_state != JobState::Unspecified as i32 {
+                    *counts.by.entry((ev.previous_state, class)).or_default() -= 1;
+                }
+                *counts.by.entry((job.state, class)).or_default() += 1;
+            }
+            if ev.job.as_ref().map(|j| j.state) == Some(JobState::Assigned as i32)
+                && ev.previous_state != JobState::Assigned as i32
+            {
+                self.placements.inc();
+            }
+        }
+    }
+
+    /// Sample the cluster (the core calls this on its tick).
+    pub fn sample(&self, cluster: &Cluster, now_ms: i64) {
+        // Jobs by state and class.
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if counts
+            .last_full_ms
+            .is_none_or(|t| now_ms - t >= RECOUNT_MS || now_ms < t)
+        {
+            counts.by.clear();
+            for job in cluster.jobs_matching(&[]) {
+                *counts.by.entry((job.state, class_of(&job))).or_default() += 1;
+            }
+            counts.last_full_ms = Some(now_ms);
+        }
+        let jobs = &counts.by;
+        for class in ["latency", "normal"] {
+            for s in 1..=16 {
+                let Ok(state) = JobState::try_from(s) else {
+                    continue;
+                };
+                let n = jobs.get(&(s, class)).copied().unwrap_or(0);
+                self.jobs
+                    .with_label_values(&[state_name(state).as_str(), class])
+                    .set(n.max(0));
+            }
+        }
+        drop(counts);
+        // Nodes, utilization and heartbeat lag.
+        let mut states: BTreeMap<&'static str, i64> = [
+            ("ready", 0),
+            ("down", 0),
+            ("disconnected", 0),
+            ("draining", 0),
+            ("cordoned", 0),
+        ]
+        .into_iter()
+        .collect();
+        let mut util: BTreeMap<(String, String), (usize, usize)> = BTreeMap::new();
+        let mut lag_nodes = Vec::new();
+        for n in cluster.nodes() {
+            *states.entry(node_state(n)).or_default() += 1;
+            let busy = n.cpu_busy.iter().filter(|&&b| b).count();
+            let cpus = n.cpu_busy.len();
+            for key in [
+                ("cluster".to_string(), "all".to_string()),
+                ("zone".to_string(), n.zone.clone()),
+                ("rack".to_string(), format!("{}/{}", n.zone, n.rack)),
+            ] {
+                let e = util.entry(key).or_default();
+                e.0 += busy;
+                e.1 += cpus;
+            }
+            if n.connected {
+                let lag = (now_ms - n.last_heartbeat_ms).max(0) as f64 / 1000.0;
+                self.heartbeat_lag
+                    .with_label_values(&[n.name.as_str()])
+                    .set(lag);
+                lag_nodes.push(n.name.clone());
+            }
+        }
+        for (state, n) in states {
+            self.nodes.with_label_values(&[state]).set(n);
+        }
+        for ((level, domain), (busy, cpus)) in &util {
+            self.utilization
+                .with_label_values(&[level.as_str(), domain.as_str()])
+                .set(*busy as f64 / (*cpus).max(1) as f64);
+        }
+        // Overload-mask weight per rack: the engine's leaves are the nodes
+        // sorted by (region, zone, rack, host group, name).
+        let mut racks = Vec::new();
+        if let Some(engine) = cluster.engine() {
+            let mut order: Vec<&NodeInfo> = cluster.nodes().collect();
+            order.sort_by(|a, b| {
+                (&a.region, &a.zone, &a.rack, &a.hostgroup, &a.name).cmp(&(
+                    &b.region,
+                    &b.zone,
+                    &b.rack,
+                    &b.hostgroup,
+                    &b.name,
+                ))
+            });
+            let topo = engine.topology();
+            if topo.nr_leaves() == order.len() {
+                for (i, llc) in topo.llcs().iter().enumerate() {
+                    let Some(&leaf) = llc.members.first() else {
+                        continue;
+                    };
+                    let n = order[topo.os_id(leaf) as usize];
+                    let rack = format!("{}/{}", n.zone, n.rack);
+                    self.overload
+                        .with_label_values(&[rack.as_str()])
+                        .set(engine.overload_masks().weight(i) as i64);
+                    racks.push(rack);
+                }
+            }
+            self.engine.sample(engine.stats());
+        }
+        // Forget series of racks, domains and nodes that went away.
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        for r in &seen.racks {
+            if !racks.contains(r) {
+                let _ = self.overload.remove_label_values(&[r.as_str()]);
+            }
+        }
+        for (l, d) in &seen.domains {
+            if !util.contains_key(&(l.clone(), d.clone())) {
+                let _ = self
+                    .utilization
+                    .remove_label_values(&[l.as_str(), d.as_str()]);
+            }
+        }
+        for n in &seen.nodes {
+            if !lag_nodes.contains(n) {
+                let _ = self.heartbeat_lag.remove_label_values(&[n.as_str()]);
+            }
+        }
+        seen.racks = racks;
+        seen.domains = util.into_keys().collect();
+        seen.nodes = lag_nodes;
+    }
+}
+
+fn node_state(n: &NodeInfo) -> &'static str {
+    if n.down {
+        "down"
+    } else if !n.connected {
+        "disconnected"
+    } else {
+        match n.admin {
+            NodeAdmin::Draining => "draining",
+            NodeAdmin::Cordoned => "cordoned",
+            NodeAdmin::Ready => "ready",
+        }
+    }
+}
+
+static METRICS: OnceLock<Arc<Metrics>> = OnceLock::new();
+
+/// Install the process's metrics (once); the core samples into them from
+/// then on.
+pub fn install(metrics: Arc<Metrics>) {
+    let _ = METRICS.set(metrics);
+}
+
+/// The installed metrics, if any.
+pub fn installed() -> Option<&'static Arc<Metrics>> {
+    METRICS.get()
+}
