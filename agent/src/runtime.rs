@@ -128,6 +128,8 @@ struct Agent {
     out: Option<mpsc::UnboundedSender<AgentMessage>>,
     /// Real CPUs each running job is pinned to now.
     pinned: HashMap<String, Vec<u32>>,
+    /// The overloaded CPUs at the last report.
+    last_overloaded: Vec<u32>,
 }
 
 impl Agent {
@@ -575,6 +577,7 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
         start: Instant::now(),
         out: None,
         pinned: HashMap::new(),
+        last_overloaded: Vec::new(),
     };
     // Jobs left running by a previous agent on this state directory.
     let report = exec.readopt().await.context("re-adopting jobs")?;
@@ -716,6 +719,14 @@ async fn session(
                     return Ok(());
                 }
             }
+        }
+        // Report at once on every overload transition, not only on the
+        // timer: the dispatcher's view of where work waits stays fresh.
+        let overloaded = agent.local.overloaded();
+        if overloaded != agent.last_overloaded {
+            agent.last_overloaded = overloaded;
+            let load = agent.load();
+            agent.send(agent_message::Msg::Load(LoadReport { load: Some(load) }));
         }
     }
 }
