@@ -9,7 +9,9 @@
 //! measurements ([`RunStats`]). The experiments live in submodules:
 //! [`hackbench`] (seed 000), [`wakeaffine`] (seed 001), with [`pipe`] (the
 //! bounded message channel both use), [`rng`] (the seeded PRNG) and
-//! [`report`] (tables in the seeds' columns).
+//! [`report`] (tables in the seeds' columns) and [`queue`] (the timed event
+//! queue and loop, generic over the event type, shared with the cluster
+//! simulator).
 //!
 //! # Model
 //!
@@ -48,18 +50,17 @@
 
 pub mod hackbench;
 pub mod pipe;
+pub mod queue;
 pub mod report;
 pub mod rng;
 pub mod wakeaffine;
-
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
 
 use crate::sched::{Sched, SchedError, SchedEvent};
 use crate::stats::Schedstats;
 use crate::task::{TaskId, TaskSpec};
 use crate::topology::LeafId;
 
+pub use queue::{EventQueue, drive};
 pub use rng::Rng;
 
 /// Nanoseconds in a second.
@@ -337,27 +338,6 @@ enum EventKind {
     Timer { task: u32 },
 }
 
-/// A timed event; ordered by (time, seq) as a min-heap.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Event {
-    time: u64,
-    seq: u64,
-    kind: EventKind,
-}
-
-impl Ord for Event {
-    fn cmp(&self, other: &Self) -> Ordering {
-        // Reversed: BinaryHeap is a max-heap, the earliest event must win.
-        (other.time, other.seq).cmp(&(self.time, self.seq))
-    }
-}
-
-impl PartialOrd for Event {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
 /// The harness's view of one task.
 #[derive(Clone, Debug, Default)]
 struct TaskSim {
@@ -388,8 +368,7 @@ pub struct Harness<W> {
     workload: W,
     config: HarnessConfig,
     now: u64,
-    seq: u64,
-    queue: BinaryHeap<Event>,
+    queue: EventQueue<EventKind>,
     tasks: Vec<TaskSim>,
     /// Tasks running per leaf, as seen from the events.
     running: Vec<u32>,
@@ -417,8 +396,7 @@ impl<W: Workload> Harness<W> {
             workload,
             config,
             now: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: EventQueue::new(),
             tasks: Vec::new(),
             running: vec![0; n],
             tick_armed: vec![false; n],
@@ -481,14 +459,16 @@ impl<W: Workload> Harness<W> {
     /// Run until no event is left (or the time limit) and return the
     /// measurements. Running tasks are accounted up to the end.
     pub fn run(&mut self) -> RunStats {
-        while let Some(ev) = self.queue.pop() {
-            if self.config.time_limit.is_some_and(|lim| ev.time > lim) {
-                self.queue.push(ev);
+        while let Some(time) = self.queue.peek_time() {
+            if self.config.time_limit.is_some_and(|lim| time > lim) {
                 break;
             }
-            self.now = ev.time;
+            let Some((time, kind)) = self.queue.pop() else {
+                break;
+            };
+            self.now = time;
             self.stats.events += 1;
-            match ev.kind {
+            match kind {
                 EventKind::Burst { task, epoch } => self.on_burst_done(task as usize, epoch),
                 EventKind::Tick { leaf } => self.on_tick(leaf as usize),
                 EventKind::Timer { task } => self.on_timer(task as usize),
@@ -520,12 +500,7 @@ impl<W: Workload> Harness<W> {
     }
 
     fn push(&mut self, time: u64, kind: EventKind) {
-        self.seq += 1;
-        self.queue.push(Event {
-            time,
-            seq: self.seq,
-            kind,
-        });
+        self.queue.push(time, kind);
     }
 
     fn arm_tick(&mut self, leaf: LeafId) {

@@ -1,0 +1,304 @@
+//! Per-policy results computed from a run's job records: utilization,
+//! makespan and its lower bound, response time (mean, p50, p99), wait,
+//! bounded slowdown, the latency class's tails, steals and how far they
+//! moved jobs, locality of released jobs to their waker, active nodes
+//! (packing), and the scheduler's cost.
+//!
+//! Definitions. A *logical job* is a workload job, or all parts of a split
+//! trace job (submitted together; it ends with its last part). Response =
+//! end - submit; wait = last part's start - submit; bounded slowdown =
+//! max(1, response / max(run, tau)) with tau = 10 s (Feitelson's bound, so
+//! that very short jobs do not dominate). Utilization = total work /
+//! (capacity x makespan); makespan = last end - first submit; its lower
+//! bound = total work / capacity. Jobs submitted before `warmup` are run
+//! but not measured (response metrics only).
+
+use serde::Serialize;
+
+use crate::US_PER_S;
+use crate::cpu::CpuStats;
+use crate::engine::{RunOutput, Sample};
+use crate::layout::Layout;
+use crate::policy::Counters;
+use crate::workload::{JobKind, Workload};
+
+/// The slowdown bound tau, µs.
+pub const BSLD_TAU_US: u64 = 10 * US_PER_S;
+
+/// The results of one policy.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyReport {
+    /// Policy name.
+    pub policy: String,
+    /// Logical jobs measured (after warm-up).
+    pub jobs: u64,
+    /// Workload jobs (parts included).
+    pub tasks: u64,
+    /// Jobs never finished.
+    pub unfinished: u64,
+    /// Total work / (capacity x makespan).
+    pub utilization: f64,
+    /// Last end - first submit, seconds.
+    pub makespan_s: f64,
+    /// Total work / capacity, seconds.
+    pub makespan_lb_s: f64,
+    /// Mean response time, seconds.
+    pub resp_mean_s: f64,
+    /// Median response time, seconds.
+    pub resp_p50_s: f64,
+    /// 99th percentile response time, seconds.
+    pub resp_p99_s: f64,
+    /// Mean wait (submit to start), seconds.
+    pub wait_mean_s: f64,
+    /// 99th percentile wait, seconds.
+    pub wait_p99_s: f64,
+    /// Mean bounded slowdown.
+    pub bsld_mean: f64,
+    /// Latency-class jobs measured.
+    pub latency_jobs: u64,
+    /// Their 99th percentile response, seconds.
+    pub latency_resp_p99_s: f64,
+    /// Their 99th percentile wait, seconds.
+    pub latency_wait_p99_s: f64,
+    /// 99th percentile wait of the other jobs, seconds.
+    pub batch_wait_p99_s: f64,
+    /// Mean response of fan-out children, seconds (0 if none).
+    pub fanout_child_resp_mean_s: f64,
+    /// Jobs moved by a steal.
+    pub steals: u64,
+    /// Of those, to another rack.
+    pub cross_rack_moves: u64,
+    /// Of those, to another zone.
+    pub cross_zone_moves: u64,
+    /// Jobs released by another job's end (fan-out children, stages).
+    pub woken_jobs: u64,
+    /// Of those, percent run on their waker's node.
+    pub near_waker_node_pct: f64,
+    /// Of those, percent run in their waker's rack.
+    pub near_waker_rack_pct: f64,
+    /// Time-averaged nodes running at least one job.
+    pub active_nodes_mean: f64,
+    /// Most nodes active at a sample.
+    pub active_nodes_max: u32,
+    /// Nodes of the cluster.
+    pub nodes: u64,
+    /// Placement decisions (jobs submitted to the policy).
+    pub decisions: u64,
+    /// Decisions per second of wall time inside the policy.
+    pub decisions_per_s: f64,
+    /// Percent of the run's wall time spent inside the policy.
+    pub sched_share_pct: f64,
+    /// Wall time inside the policy, seconds.
+    pub sched_wall_s: f64,
+    /// Wall time of the run, seconds (setup excluded).
+    pub wall_s: f64,
+    /// Wall time of the setup (registering nodes), seconds.
+    pub setup_s: f64,
+    /// Events simulated.
+    pub events: u64,
+    /// The policy's counters.
+    pub counters: Counters,
+    /// CPU-level measurements.
+    pub cpu: Option<CpuStats>,
+    /// Sorted response times, seconds (for plots).
+    #[serde(skip)]
+    pub responses: Vec<f64>,
+    /// Samples of the cluster's state (for plots).
+    #[serde(skip)]
+    pub samples: Vec<Sample>,
+}
+
+/// Nearest-rank percentile of sorted values (0 when empty).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// Compute the report of `out`. Logical jobs submitted before `warmup_us`
+/// are not measured.
+pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> PolicyReport {
+    let s = |us: f64| us / US_PER_S as f64;
+    let recs = &out.records;
+    let n = recs.len();
+    // Logical jobs: (submit, last start, last end, longest run, latency).
+    let mut groups: Vec<(u64, u64, u64, u64, bool, JobKind)> = Vec::new();
+    let mut group_of: Vec<u32> = vec![u32::MAX; n];
+    let mut first_submit = u64::MAX;
+    let mut last_end = 0u64;
+    let mut finished_work = 0f64;
+    for (i, (j, r)) in w.jobs.iter().zip(recs).enumerate() {
+        if r.end == u64::MAX {
+            continue;
+        }
+        first_submit = first_submit.min(r.submit);
+        last_end = last_end.max(r.end);
+        finished_work += j.cpus as f64 * j.duration_us as f64;
+        let g = j.group as usize;
+        if group_of[g] == u32::MAX {
+            group_of[g] = groups.len() as u32;
+            groups.push((r.submit, r.start, r.end, j.duration_us, j.latency, j.kind));
+        } else {
+            let e = &mut groups[group_of[g] as usize];
+            e.1 = e.1.max(r.start);
+            e.2 = e.2.max(r.end);
+            e.3 = e.3.max(j.duration_us);
+        }
+        group_of[i] = group_of[g];
+    }
+    let groups_total = w
+        .jobs
+        .iter()
+        .enumerate()
+        .filter(|(i, j)| j.group as usize == *i)
+        .count();
+    let finished_groups = groups.len();
+    let mut resp = Vec::new();
+    let mut wait = Vec::new();
+    let mut bsld = Vec::new();
+    let mut lat_resp = Vec::new();
+    let mut lat_wait = Vec::new();
+    let mut batch_wait = Vec::new();
+    let mut child_resp = Vec::new();
+    for &(submit, start, end, run, latency, kind) in &groups {
+        if submit < warmup_us {
+            continue;
+        }
+        let r = (end - submit) as f64;
+        let wt = start.saturating_sub(submit) as f64;
+        resp.push(s(r));
+        wait.push(s(wt));
+        bsld.push((r / run.max(BSLD_TAU_US) as f64).max(1.0));
+        if latency {
+            lat_resp.push(s(r));
+            lat_wait.push(s(wt));
+        } else {
+            batch_wait.push(s(wt));
+        }
+        if kind == JobKind::FanoutChild {
+            child_resp.push(s(r));
+        }
+    }
+    let (mut woken, mut same_node, mut same_rack) = (0u64, 0u64, 0u64);
+    for (j, r) in w.jobs.iter().zip(recs) {
+        if let Some(p) = j.after
+            && r.node != u32::MAX
+            && let Some(pr) = recs.get(p as usize)
+            && pr.node != u32::MAX
+        {
+            woken += 1;
+            if pr.node == r.node {
+                same_node += 1;
+            }
+            if layout.rack_of(pr.node) == layout.rack_of(r.node) {
+                same_rack += 1;
+            }
+        }
+    }
+    let capacity = layout.capacity().max(1) as f64;
+    let work = w.work_cpu_us();
+    let makespan = last_end.saturating_sub(first_submit.min(last_end)) as f64;
+    let pct = |a: u64, b: u64| {
+        if b == 0 {
+            0.0
+        } else {
+            100.0 * a as f64 / b as f64
+        }
+    };
+    let resp = sorted(resp);
+    let wait = sorted(wait);
+    let lat_resp = sorted(lat_resp);
+    let lat_wait = sorted(lat_wait);
+    let batch_wait = sorted(batch_wait);
+    PolicyReport {
+        policy: out.policy,
+        jobs: resp.len() as u64,
+        tasks: n as u64,
+        unfinished: (groups_total - finished_groups) as u64,
+        utilization: if makespan > 0.0 {
+            finished_work / (capacity * makespan)
+        } else {
+            0.0
+        },
+        makespan_s: s(makespan),
+        makespan_lb_s: s(work / capacity),
+        resp_mean_s: mean(&resp),
+        resp_p50_s: percentile(&resp, 50.0),
+        resp_p99_s: percentile(&resp, 99.0),
+        wait_mean_s: mean(&wait),
+        wait_p99_s: percentile(&wait, 99.0),
+        bsld_mean: mean(&bsld),
+        latency_jobs: lat_resp.len() as u64,
+        latency_resp_p99_s: percentile(&lat_resp, 99.0),
+        latency_wait_p99_s: percentile(&lat_wait, 99.0),
+        batch_wait_p99_s: percentile(&batch_wait, 99.0),
+        fanout_child_resp_mean_s: mean(&child_resp),
+        steals: out.counters.steals,
+        cross_rack_moves: out.counters.cross_rack,
+        cross_zone_moves: out.counters.cross_zone,
+        woken_jobs: woken,
+        near_waker_node_pct: pct(same_node, woken),
+        near_waker_rack_pct: pct(same_rack, woken),
+        active_nodes_mean: if last_end > 0 {
+            out.active_node_us / last_end as f64
+        } else {
+            0.0
+        },
+        active_nodes_max: out
+            .samples
+            .iter()
+            .map(|x| x.active_nodes)
+            .max()
+            .unwrap_or(0),
+        nodes: layout.nr_nodes() as u64,
+        decisions: out.decisions,
+        decisions_per_s: if out.sched_wall_s > 0.0 {
+            out.decisions as f64 / out.sched_wall_s
+        } else {
+            0.0
+        },
+        sched_share_pct: if out.wall_s > 0.0 {
+            100.0 * out.sched_wall_s / out.wall_s
+        } else {
+            0.0
+        },
+        sched_wall_s: out.sched_wall_s,
+        wall_s: out.wall_s,
+        setup_s: out.setup_s,
+        events: out.events,
+        counters: out.counters,
+        cpu: out.cpu,
+        responses: resp,
+        samples: out.samples,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 50.0);
+        assert_eq!(percentile(&v, 99.0), 99.0);
+        assert_eq!(percentile(&v, 100.0), 100.0);
+        assert_eq!(percentile(&[], 99.0), 0.0);
+        assert_eq!(percentile(&[7.0], 1.0), 7.0);
+    }
+}

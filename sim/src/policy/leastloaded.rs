@@ -1,0 +1,201 @@
+//! The Kubernetes-like baseline: LeastAllocated scoring on CPU (the node
+//! with the most free CPUs among those where the job fits now; ties to the
+//! lowest-numbered node), and a central pending queue for jobs that fit
+//! nowhere, ordered latency class first (a PriorityClass) then by
+//! arrival, retried whenever CPUs free up. A pending job does not block
+//! later ones that fit (the scheduler moves on to the next pod).
+//!
+//! A max segment tree over free CPUs gives the choice in O(log n) and the
+//! pending queue is bucketed by CPU count, so a retry costs O(sizes).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Counters, Move, Placer, Started, SubmitReq};
+use crate::error::Result;
+use crate::layout::Layout;
+
+/// Max segment tree over per-node free CPUs; `argmax` is the lowest index
+/// among the maxima.
+struct MaxTree {
+    size: usize,
+    t: Vec<u32>,
+}
+
+impl MaxTree {
+    fn new(values: &[u32]) -> Self {
+        let size = values.len().next_power_of_two().max(1);
+        let mut t = vec![0; 2 * size];
+        t[size..size + values.len()].copy_from_slice(values);
+        for i in (1..size).rev() {
+            t[i] = t[2 * i].max(t[2 * i + 1]);
+        }
+        Self { size, t }
+    }
+
+    fn max(&self) -> u32 {
+        self.t[1]
+    }
+
+    fn argmax(&self) -> usize {
+        let mut i = 1;
+        while i < self.size {
+            i = if self.t[2 * i] >= self.t[2 * i + 1] {
+                2 * i
+            } else {
+                2 * i + 1
+            };
+        }
+        i - self.size
+    }
+
+    fn get(&self, leaf: usize) -> u32 {
+        self.t[self.size + leaf]
+    }
+
+    fn set(&mut self, leaf: usize, v: u32) {
+        let mut i = self.size + leaf;
+        self.t[i] = v;
+        while i > 1 {
+            i /= 2;
+            self.t[i] = self.t[2 * i].max(self.t[2 * i + 1]);
+        }
+    }
+}
+
+/// A pending job's order: (not latency class, arrival), then its index.
+type PendingKey = ((bool, u64), u32);
+
+pub(super) struct LeastLoaded {
+    free: MaxTree,
+    /// Pending jobs by CPU count: ((not latency, arrival), job).
+    pending: BTreeMap<u32, BTreeSet<PendingKey>>,
+    seq: u64,
+    cpus_of: Vec<u32>,
+    visits: u64,
+}
+
+impl LeastLoaded {
+    pub(super) fn new(layout: &Layout) -> Self {
+        let caps: Vec<u32> = (0..layout.nr_nodes() as u32)
+            .map(|i| layout.cpus(i))
+            .collect();
+        Self {
+            free: MaxTree::new(&caps),
+            pending: BTreeMap::new(),
+            seq: 0,
+            cpus_of: Vec::new(),
+            visits: 0,
+        }
+    }
+
+    fn start(&mut self, job: u32, cpus: u32, out: &mut Vec<Started>) {
+        let node = self.free.argmax();
+        self.visits += (self.free.size.trailing_zeros() + 1) as u64;
+        let f = self.free.get(node);
+        self.free.set(node, f - cpus);
+        out.push(Started {
+            job,
+            node: node as u32,
+            moved: Move::None,
+        });
+    }
+
+    /// Start pending jobs while one fits: each time the first (by class,
+    /// then arrival) among the bucket heads that fit the largest free node.
+    fn drain(&mut self, out: &mut Vec<Started>) {
+        loop {
+            let room = self.free.max();
+            let mut best: Option<(u32, (bool, u64))> = None;
+            for (&cpus, q) in self.pending.range(..=room) {
+                if let Some(&(key, _)) = q.first()
+                    && best.is_none_or(|b| key < b.1)
+                {
+                    best = Some((cpus, key));
+                }
+            }
+            let Some((cpus, _)) = best else {
+                return;
+            };
+            let Some(q) = self.pending.get_mut(&cpus) else {
+                return;
+            };
+            let Some((_, job)) = q.pop_first() else {
+                return;
+            };
+            if q.is_empty() {
+                self.pending.remove(&cpus);
+            }
+            self.start(job, cpus, out);
+        }
+    }
+}
+
+impl Placer for LeastLoaded {
+    fn submit(&mut self, _now: u64, jobs: &[SubmitReq], out: &mut Vec<Started>) -> Result<()> {
+        for j in jobs {
+            let i = j.job as usize;
+            if self.cpus_of.len() <= i {
+                self.cpus_of.resize(i + 1, 0);
+            }
+            self.cpus_of[i] = j.cpus;
+            if self.free.max() >= j.cpus {
+                self.start(j.job, j.cpus, out);
+            } else {
+                self.seq += 1;
+                self.pending
+                    .entry(j.cpus)
+                    .or_default()
+                    .insert(((!j.latency, self.seq), j.job));
+            }
+        }
+        Ok(())
+    }
+
+    fn finished(&mut self, _now: u64, job: u32, node: u32, out: &mut Vec<Started>) -> Result<()> {
+        let cpus = self.cpus_of.get(job as usize).copied().unwrap_or(0);
+        let f = self.free.get(node as usize);
+        self.free.set(node as usize, f + cpus);
+        self.drain(out);
+        Ok(())
+    }
+
+    fn counters(&self) -> Counters {
+        Counters {
+            visits: self.visits,
+            ..Counters::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn most_free_then_pending_in_class_order() {
+        let l = Layout::new("1z:1r:2n", "1s:4c:1t").unwrap();
+        let mut p = LeastLoaded::new(&l);
+        let mut out = Vec::new();
+        let req = |job, cpus, latency| SubmitReq {
+            job,
+            cpus,
+            latency,
+            waker: None,
+        };
+        p.submit(0, &[req(0, 3, false), req(1, 2, false)], &mut out)
+            .unwrap();
+        assert_eq!((out[0].node, out[1].node), (0, 1));
+        p.submit(
+            0,
+            &[req(2, 3, false), req(3, 3, true), req(4, 1, false)],
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out.len(), 3, "only the 1-CPU job fits now");
+        assert_eq!(out[2].node, 1);
+        out.clear();
+        p.finished(1, 0, 0, &mut out).unwrap();
+        assert_eq!(out[0].job, 3, "latency class first");
+        assert_eq!(out.len(), 1);
+    }
+}

@@ -1,0 +1,353 @@
+//! Placement policies behind one interface, [`Placer`]: the baselines
+//! implemented here as the comparison (they are *not* our algorithms) and
+//! "ours", the dispatcher's own [`dispatcher::cluster::Cluster`] with its
+//! mechanisms switched on or off.
+//!
+//! Names (`--policies`), parsed by [`PolicySpec::parse`]:
+//!
+//! | name | policy |
+//! |---|---|
+//! | `random` | a uniformly random node; FIFO queue on that node |
+//! | `least-loaded` | Kubernetes LeastAllocated-like: the node with the most free CPUs that fits now, else a central pending queue (latency class first, then arrival), retried when CPUs free up |
+//! | `pod[:D]` | power of D choices (default 2): probe D random nodes, join the least loaded ((running + queued CPUs) / capacity); FIFO node queues |
+//! | `sparrow[:D]` | Sparrow batch sampling: a batch of m jobs probes D x m nodes and places its jobs on the least loaded probes |
+//! | `ours` | the dispatcher (steal, cross-rack steal, wake_wide, latency classes, busy-skip on; spread) |
+//! | `ours-steal`, `ours-crossrack`, `ours-wakewide`, `ours-latency`, `ours-busyskip` | one mechanism off |
+//! | `ours+pack`, `ours+nodelimit[:N]` | packing (jobs ask PLACEMENT_POLICY_PACK); seed 000's node-limit gating (global scope, limit N = 2: no stealing when zones > N) |
+//!
+//! Modifiers combine: `ours-steal-wakewide+pack`.
+
+mod baseline;
+mod leastloaded;
+mod ours;
+
+pub use baseline::NodeQueues;
+pub use ours::OursPlacer;
+
+use serde::Serialize;
+
+use crate::error::{Result, bad_spec};
+use crate::layout::Layout;
+
+/// Which mechanisms "ours" runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OursFlags {
+    /// Idle stealing (seed 000).
+    pub steal: bool,
+    /// Stealing from the other racks of the zone.
+    pub cross_rack: bool,
+    /// wake_wide (seed 001).
+    pub wake_wide: bool,
+    /// Latency classes (seed 004).
+    pub latency: bool,
+    /// Busy-skip (seed 003).
+    pub busy_skip: bool,
+    /// Jobs ask for the pack policy (seed 002).
+    pub pack: bool,
+    /// Node-limit gating, global scope, with this limit.
+    pub node_limit: Option<usize>,
+}
+
+impl Default for OursFlags {
+    fn default() -> Self {
+        Self {
+            steal: true,
+            cross_rack: true,
+            wake_wide: true,
+            latency: true,
+            busy_skip: true,
+            pack: false,
+            node_limit: None,
+        }
+    }
+}
+
+/// A policy and its parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicyKind {
+    /// Uniformly random node.
+    Random,
+    /// Most free CPUs, central queue.
+    LeastLoaded,
+    /// Power of d choices.
+    Pod {
+        /// Probes per job.
+        d: u32,
+    },
+    /// Sparrow batch sampling.
+    Sparrow {
+        /// Probes per job of a batch.
+        d: u32,
+    },
+    /// The dispatcher.
+    Ours(OursFlags),
+}
+
+/// A named policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicySpec {
+    /// Canonical name.
+    pub name: String,
+    /// What it is.
+    pub kind: PolicyKind,
+}
+
+/// The baselines and "ours" (`--policies default`).
+pub const DEFAULT_POLICIES: &str = "random,least-loaded,pod:2,sparrow:2,ours";
+/// "ours" with each mechanism toggled (`--policies ablation`).
+pub const ABLATION_POLICIES: &str = "ours,ours-steal,ours-crossrack,ours-wakewide,ours-latency,ours-busyskip,ours+pack,ours+nodelimit";
+
+impl PolicySpec {
+    /// Parse one name (see the module's table).
+    pub fn parse(name: &str) -> Result<Self> {
+        const W: &str = "policy";
+        let name = name.trim();
+        let d_of = |rest: Option<&str>| -> Result<u32> {
+            match rest {
+                None => Ok(2),
+                Some(d) => d
+                    .parse()
+                    .ok()
+                    .filter(|&d| (1..=1000).contains(&d))
+                    .ok_or_else(|| bad_spec(W, name, "D is an integer 1..=1000")),
+            }
+        };
+        let (head, rest) = match name.split_once(':') {
+            Some((h, r)) if !h.starts_with("ours") => (h, Some(r)),
+            _ => (name, None),
+        };
+        let kind = match head {
+            "random" => PolicyKind::Random,
+            "least-loaded" | "leastloaded" | "k8s" => PolicyKind::LeastLoaded,
+            "pod" | "p2c" => PolicyKind::Pod { d: d_of(rest)? },
+            "sparrow" => PolicyKind::Sparrow { d: d_of(rest)? },
+            _ if head.starts_with("ours") => PolicyKind::Ours(parse_ours(name)?),
+            _ => {
+                return Err(bad_spec(
+                    W,
+                    name,
+                    "want random, least-loaded, pod[:D], sparrow[:D] or ours[-MECH|+pack|+nodelimit[:N]]...",
+                ));
+            }
+        };
+        let name = match &kind {
+            PolicyKind::Random => "random".to_string(),
+            PolicyKind::LeastLoaded => "least-loaded".to_string(),
+            PolicyKind::Pod { d } => format!("pod:{d}"),
+            PolicyKind::Sparrow { d } => format!("sparrow:{d}"),
+            PolicyKind::Ours(_) => name.to_string(),
+        };
+        Ok(Self { name, kind })
+    }
+
+    /// Parse a comma-separated list; `default`, `ablation` and `all` expand
+    /// to the preset lists.
+    pub fn parse_list(list: &str) -> Result<Vec<Self>> {
+        let mut out: Vec<Self> = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let expanded: Vec<&str> = match item {
+                "default" | "baselines" => DEFAULT_POLICIES.split(',').collect(),
+                "ablation" => ABLATION_POLICIES.split(',').collect(),
+                "all" => DEFAULT_POLICIES
+                    .split(',')
+                    .chain(ABLATION_POLICIES.split(','))
+                    .collect(),
+                one => vec![one],
+            };
+            for name in expanded {
+                let p = Self::parse(name)?;
+                if !out.iter().any(|q| q.name == p.name) {
+                    out.push(p);
+                }
+            }
+        }
+        if out.is_empty() {
+            return Err(bad_spec("policy list", list, "empty"));
+        }
+        Ok(out)
+    }
+
+    /// True for the dispatcher's policies.
+    pub fn is_ours(&self) -> bool {
+        matches!(self.kind, PolicyKind::Ours(_))
+    }
+}
+
+fn parse_ours(name: &str) -> Result<OursFlags> {
+    const W: &str = "policy";
+    let mut flags = OursFlags::default();
+    let mut rest = name
+        .strip_prefix("ours")
+        .ok_or_else(|| bad_spec(W, name, "not an ours policy"))?;
+    while !rest.is_empty() {
+        let on = match rest.as_bytes()[0] {
+            b'+' => true,
+            b'-' => false,
+            _ => return Err(bad_spec(W, name, "modifiers start with + or -")),
+        };
+        let body = &rest[1..];
+        let end = body.find(['+', '-']).unwrap_or(body.len());
+        let word = &body[..end];
+        rest = &body[end..];
+        match (word, on) {
+            ("steal", _) => flags.steal = on,
+            ("crossrack", _) => flags.cross_rack = on,
+            ("wakewide", _) => flags.wake_wide = on,
+            ("latency", _) => flags.latency = on,
+            ("busyskip", _) => flags.busy_skip = on,
+            ("pack", _) => flags.pack = on,
+            ("nodelimit", true) => flags.node_limit = Some(2),
+            ("nodelimit", false) => flags.node_limit = None,
+            (w, true) if w.starts_with("nodelimit:") => {
+                let n = w["nodelimit:".len()..]
+                    .parse()
+                    .map_err(|_| bad_spec(W, name, "nodelimit:N wants an integer"))?;
+                flags.node_limit = Some(n);
+            }
+            _ => {
+                return Err(bad_spec(
+                    W,
+                    name,
+                    format!(
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N])"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(flags)
+}
+
+/// A job handed to a policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubmitReq {
+    /// Index in the workload.
+    pub job: u32,
+    /// CPUs.
+    pub cpus: u32,
+    /// Latency class.
+    pub latency: bool,
+    /// The job whose end released it.
+    pub waker: Option<u32>,
+}
+
+/// How far a job moved after it was first queued (a steal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Move {
+    /// Not moved.
+    #[default]
+    None,
+    /// Within its rack.
+    SameRack,
+    /// To another rack of the zone.
+    CrossRack,
+    /// To another zone.
+    CrossZone,
+}
+
+/// A policy's decision: run this job on this node now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Started {
+    /// Job index.
+    pub job: u32,
+    /// Node index.
+    pub node: u32,
+    /// A steal brought it here.
+    pub moved: Move,
+}
+
+/// Counters a policy keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counters {
+    /// Jobs moved from the node they were queued on (steals).
+    pub steals: u64,
+    /// Of those, to another rack.
+    pub cross_rack: u64,
+    /// Of those, to another zone.
+    pub cross_zone: u64,
+    /// Nodes (or aggregates) examined by searches: the engine's
+    /// `sis_scanned + steal_scanned`, or the baselines' probes.
+    pub visits: u64,
+    /// Engine: wakeups placed near the waker.
+    pub wake_affine: u64,
+    /// Engine: wakeups spread by wake_wide.
+    pub wake_wide: u64,
+    /// Engine: searches skipped by busy-skip.
+    pub busy_skip: u64,
+    /// Engine: placements by the pack policy.
+    pub pack_placed: u64,
+    /// Engine: latency-class picks ahead of the fair order.
+    pub latency_picks: u64,
+}
+
+/// A placement policy driven by the simulation. Times are µs of simulated
+/// time.
+pub trait Placer {
+    /// Jobs arrive (one batch). Jobs that start now are appended to `out`.
+    fn submit(&mut self, now: u64, jobs: &[SubmitReq], out: &mut Vec<Started>) -> Result<()>;
+    /// A job ended on `node`: its CPUs are free.
+    fn finished(&mut self, now: u64, job: u32, node: u32, out: &mut Vec<Started>) -> Result<()>;
+    /// CPU-level mode: the node's agent started the job on these CPUs.
+    fn running(
+        &mut self,
+        _now: u64,
+        _job: u32,
+        _node: u32,
+        _cpus: &[u32],
+        _out: &mut Vec<Started>,
+    ) {
+    }
+    /// Periodic work ([`Placer::tick_period`]).
+    fn tick(&mut self, _now: u64, _out: &mut Vec<Started>) -> Result<()> {
+        Ok(())
+    }
+    /// Tick period in µs, if the policy wants ticks.
+    fn tick_period(&self) -> Option<u64> {
+        None
+    }
+    /// Counters so far.
+    fn counters(&self) -> Counters;
+}
+
+/// Build the placer for `spec` over `layout`. `tick_us` is the dispatcher's
+/// tick period; `seed` seeds the baselines' probes.
+pub fn build(
+    spec: &PolicySpec,
+    layout: &Layout,
+    tick_us: u64,
+    seed: u64,
+) -> Result<Box<dyn Placer>> {
+    Ok(match spec.kind {
+        PolicyKind::Random => Box::new(baseline::Sampling::new(layout, 1, false, seed)),
+        PolicyKind::Pod { d } => Box::new(baseline::Sampling::new(layout, d, false, seed)),
+        PolicyKind::Sparrow { d } => Box::new(baseline::Sampling::new(layout, d, true, seed)),
+        PolicyKind::LeastLoaded => Box::new(leastloaded::LeastLoaded::new(layout)),
+        PolicyKind::Ours(flags) => Box::new(OursPlacer::new(layout, flags, tick_us)?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_canonicalise() {
+        assert_eq!(PolicySpec::parse("p2c").unwrap().name, "pod:2");
+        assert_eq!(
+            PolicySpec::parse("sparrow:3").unwrap().kind,
+            PolicyKind::Sparrow { d: 3 }
+        );
+        let PolicyKind::Ours(f) = PolicySpec::parse("ours-steal+pack+nodelimit:1")
+            .unwrap()
+            .kind
+        else {
+            panic!("not ours")
+        };
+        assert!(!f.steal && f.pack && f.node_limit == Some(1) && f.wake_wide);
+        for bad in ["ours-warp", "pod:0", "fifo", "ours*pack", "sparrow:x"] {
+            assert!(PolicySpec::parse(bad).is_err(), "{bad}");
+        }
+        let all = PolicySpec::parse_list("all,ours").unwrap();
+        assert_eq!(all.len(), 12, "presets expand without duplicates");
+    }
+}

@@ -1,0 +1,254 @@
+//! "Ours": the dispatcher's [`Cluster`] itself, driven as the dispatcher
+//! core drives it — agents register (zone and rack labels, the node's CPU
+//! topology), jobs are submitted as `JobSpec`s (CPUs, latency_nice, the
+//! waker's job id, the pack policy when asked), `Assign` messages in
+//! [`Effects::to_agents`] say which jobs start where, a terminal
+//! `JobStatus` frees a job's node (which starts or steals queued jobs), and
+//! `tick` runs periodically (lazy busy flags). Feature switches go through
+//! `ClusterConfig::engine`. Steals and how far they went are read from the
+//! job's reason (`steal: X took it from overloaded Y (same rack)`).
+
+use dispatcher::cluster::{Cluster, ClusterConfig, Effects};
+use proto::v1::{JobSpec, JobState, JobStatus, PlacementPolicy, dispatcher_message};
+use sched::NodeLimitScope;
+
+use super::{Counters, Move, OursFlags, Placer, Started, SubmitReq};
+use crate::error::{Result, SimError};
+use crate::layout::Layout;
+
+/// Agents report every 2^40 ms: nodes never miss heartbeats in a run.
+const HEARTBEAT_MS: u64 = 1 << 40;
+
+/// Jobs per `submit` call (the API's limit).
+const MAX_SPECS: usize = 10_000;
+
+/// The dispatcher's `Cluster` as a [`Placer`].
+pub struct OursPlacer {
+    cluster: Cluster,
+    fx: Effects,
+    flags: OursFlags,
+    tick_us: u64,
+    /// Dispatcher job number of each workload job (0 = not submitted).
+    dnum: Vec<u64>,
+    /// Workload job of each dispatcher job number.
+    job_of: Vec<u32>,
+    cross_rack: u64,
+    cross_zone: u64,
+    same_rack: u64,
+    specs: Vec<JobSpec>,
+}
+
+fn ms(us: u64) -> i64 {
+    (us / 1000) as i64
+}
+
+impl OursPlacer {
+    /// Register every node of `layout` with a dispatcher configured by
+    /// `flags`.
+    pub fn new(layout: &Layout, flags: OursFlags, tick_us: u64) -> Result<Self> {
+        let mut cfg = ClusterConfig {
+            heartbeat_interval_ms: HEARTBEAT_MS,
+            ..ClusterConfig::default()
+        };
+        cfg.engine.steal = flags.steal;
+        cfg.engine.steal_cross_llc = flags.cross_rack;
+        cfg.engine.wake_wide = flags.wake_wide;
+        cfg.engine.latency = flags.latency;
+        cfg.engine.busy_skip = flags.busy_skip;
+        if let Some(limit) = flags.node_limit {
+            cfg.engine.node_limit_scope = NodeLimitScope::Global;
+            cfg.engine.steal_node_limit = limit;
+        }
+        let mut cluster = Cluster::new(cfg);
+        let mut fx = Effects::default();
+        for node in 0..layout.nr_nodes() as u32 {
+            cluster
+                .register(layout.register(node), 0, &mut fx)
+                .map_err(|s| SimError::Dispatcher {
+                    what: "register",
+                    message: s.message().to_string(),
+                })?;
+        }
+        cluster.settle(0, &mut fx);
+        fx = Effects::default();
+        Ok(Self {
+            cluster,
+            fx,
+            flags,
+            tick_us,
+            dnum: Vec::new(),
+            job_of: vec![u32::MAX],
+            cross_rack: 0,
+            cross_zone: 0,
+            same_rack: 0,
+            specs: Vec::new(),
+        })
+    }
+
+    /// The dispatcher (for tests and reports).
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    fn job_id(&self, job: u32) -> String {
+        format!("j-{}", self.dnum.get(job as usize).copied().unwrap_or(0))
+    }
+
+    fn steals(&self) -> u64 {
+        self.cluster.engine().map_or(0, |e| e.stats().steal)
+    }
+
+    /// Turn the effects of one call into starts; `stole` says whether the
+    /// engine stole during the call (only then are reasons read).
+    fn drain(&mut self, stole: bool, out: &mut Vec<Started>) {
+        self.fx.writes.clear();
+        self.fx.events.clear();
+        for (node, msg) in self.fx.to_agents.drain(..) {
+            let Some(dispatcher_message::Msg::Assign(a)) = msg.msg else {
+                continue;
+            };
+            let job = a
+                .job_id
+                .strip_prefix("j-")
+                .and_then(|n| n.parse::<usize>().ok())
+                .and_then(|n| self.job_of.get(n).copied());
+            let (Some(job), Some(node)) = (job, Layout::node_index(&node)) else {
+                continue;
+            };
+            let mut moved = Move::None;
+            if stole && let Ok(j) = self.cluster.get_job(&a.job_id) {
+                let r = j.reason.as_str();
+                if r.starts_with("steal:") {
+                    moved = if r.ends_with("(same rack)") {
+                        Move::SameRack
+                    } else if r.ends_with("(same zone)") {
+                        Move::CrossRack
+                    } else {
+                        Move::CrossZone
+                    };
+                }
+            }
+            match moved {
+                Move::SameRack => self.same_rack += 1,
+                Move::CrossRack => self.cross_rack += 1,
+                Move::CrossZone => self.cross_zone += 1,
+                Move::None => {}
+            }
+            out.push(Started { job, node, moved });
+        }
+    }
+}
+
+impl Placer for OursPlacer {
+    fn submit(&mut self, now: u64, jobs: &[SubmitReq], out: &mut Vec<Started>) -> Result<()> {
+        for chunk in jobs.chunks(MAX_SPECS) {
+            let mut specs = std::mem::take(&mut self.specs);
+            specs.clear();
+            for j in chunk {
+                specs.push(JobSpec {
+                    command: vec!["sim".to_string()],
+                    cpus: j.cpus,
+                    latency_nice: if j.latency { -10 } else { 0 },
+                    waker: j.waker.map(|w| self.job_id(w)).unwrap_or_default(),
+                    policy: if self.flags.pack {
+                        PlacementPolicy::Pack as i32
+                    } else {
+                        PlacementPolicy::Spread as i32
+                    },
+                    ..Default::default()
+                });
+            }
+            let before = self.steals();
+            let created = self
+                .cluster
+                .submit(specs, chunk.len() > 1, ms(now), &mut self.fx)
+                .map_err(|s| SimError::Dispatcher {
+                    what: "submit",
+                    message: s.message().to_string(),
+                })?;
+            for (j, job) in chunk.iter().zip(&created) {
+                let n = job
+                    .id
+                    .strip_prefix("j-")
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .ok_or_else(|| SimError::Dispatcher {
+                        what: "submit",
+                        message: format!("unexpected job id {:?}", job.id),
+                    })?;
+                let i = j.job as usize;
+                if self.dnum.len() <= i {
+                    self.dnum.resize(i + 1, 0);
+                }
+                self.dnum[i] = n;
+                if self.job_of.len() <= n as usize {
+                    self.job_of.resize(n as usize + 1, u32::MAX);
+                }
+                self.job_of[n as usize] = j.job;
+            }
+            // Assigns name jobs by id: the map must be complete first.
+            let stole = self.steals() != before;
+            self.drain(stole, out);
+        }
+        Ok(())
+    }
+
+    fn finished(&mut self, now: u64, job: u32, node: u32, out: &mut Vec<Started>) -> Result<()> {
+        let before = self.steals();
+        let status = JobStatus {
+            job_id: self.job_id(job),
+            attempt: 1,
+            state: JobState::Succeeded as i32,
+            ..Default::default()
+        };
+        self.cluster
+            .job_status(&Layout::node_name(node), status, ms(now), &mut self.fx);
+        let stole = self.steals() != before;
+        self.drain(stole, out);
+        Ok(())
+    }
+
+    fn running(&mut self, now: u64, job: u32, node: u32, cpus: &[u32], out: &mut Vec<Started>) {
+        let status = JobStatus {
+            job_id: self.job_id(job),
+            attempt: 1,
+            state: JobState::Running as i32,
+            cpus: cpus.to_vec(),
+            ..Default::default()
+        };
+        self.cluster
+            .job_status(&Layout::node_name(node), status, ms(now), &mut self.fx);
+        // A corrected CPU model may let a queued job start.
+        self.drain(false, out);
+    }
+
+    fn tick(&mut self, now: u64, out: &mut Vec<Started>) -> Result<()> {
+        let before = self.steals();
+        self.cluster.tick(ms(now), &mut self.fx);
+        let stole = self.steals() != before;
+        self.drain(stole, out);
+        Ok(())
+    }
+
+    fn tick_period(&self) -> Option<u64> {
+        Some(self.tick_us)
+    }
+
+    fn counters(&self) -> Counters {
+        let s = self
+            .cluster
+            .engine()
+            .map(|e| *e.stats())
+            .unwrap_or_default();
+        Counters {
+            steals: self.same_rack + self.cross_rack + self.cross_zone,
+            cross_rack: self.cross_rack,
+            cross_zone: self.cross_zone,
+            visits: s.sis_scanned + s.steal_scanned,
+            wake_affine: s.wake_affine,
+            wake_wide: s.wake_wide,
+            busy_skip: s.busy_skip,
+            pack_placed: s.pack_placed,
+            latency_picks: s.latency_picks,
+        }
+    }
+}
