@@ -149,6 +149,30 @@ impl NodeInfo {
         !self.down && self.connected && self.admin == NodeAdmin::Ready
     }
 
+    /// Mark CPUs of the model busy for a job: the CPUs it reported, or
+    /// (none reported yet) the aligned choice its agent will make.
+    fn claim(&mut self, spec: &JobSpec, reported: Vec<LeafId>) -> Vec<LeafId> {
+        let cpus = if reported.is_empty() {
+            find_aligned_in(
+                &self.cpu_topo,
+                spec.cpus as usize,
+                align_of(spec),
+                policy_of(spec),
+                None,
+                |l| !self.cpu_busy[l],
+            )
+            .unwrap_or_default()
+        } else {
+            reported
+        };
+        for &c in &cpus {
+            if let Some(b) = self.cpu_busy.get_mut(c) {
+                *b = true;
+            }
+        }
+        cpus
+    }
+
     /// Mark CPUs of the model free again (a job ended or moved).
     fn release(&mut self, cpus: &[LeafId]) {
         for &c in cpus {
@@ -822,21 +846,7 @@ impl Cluster {
         let spec = e.job.spec.clone().unwrap_or_default();
         // Model the CPUs the agent will give it.
         let cpus = match self.nodes.get_mut(&name) {
-            Some(n) => {
-                let chosen = find_aligned_in(
-                    &n.cpu_topo,
-                    spec.cpus as usize,
-                    align_of(&spec),
-                    policy_of(&spec),
-                    None,
-                    |l| !n.cpu_busy[l],
-                )
-                .unwrap_or_default();
-                for &c in &chosen {
-                    n.cpu_busy[c] = true;
-                }
-                chosen
-            }
+            Some(n) => n.claim(&spec, Vec::new()),
             None => Vec::new(),
         };
         self.sync_summary(&name, now);
@@ -1303,26 +1313,13 @@ impl Cluster {
         };
         let spec = e.job.spec.clone().unwrap_or_default();
         n.release(&e.model_cpus);
-        let mut cpus: Vec<LeafId> = e
+        let reported: Vec<LeafId> = e
             .job
             .cpus
             .iter()
             .filter_map(|&c| n.cpu_topo.leaf_of_os_id(c as u64))
             .collect();
-        if cpus.is_empty() {
-            cpus = find_aligned_in(
-                &n.cpu_topo,
-                spec.cpus as usize,
-                align_of(&spec),
-                policy_of(&spec),
-                None,
-                |l| !n.cpu_busy[l],
-            )
-            .unwrap_or_default();
-        }
-        for &c in &cpus {
-            n.cpu_busy[c] = true;
-        }
+        let cpus = n.claim(&spec, reported);
         if let Some(e) = self.jobs.get_mut(&key) {
             e.model_cpus = cpus;
         }

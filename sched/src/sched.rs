@@ -410,8 +410,9 @@ impl Sched {
     pub fn tick(&mut self, leaf: LeafId, now: u64) {
         let running = self.rqs[leaf].running.clone();
         for &id in &running {
-            self.update_curr(id, now);
+            self.account(id, now);
         }
+        self.update_min_vruntime(leaf);
         if self.config.preempt && !self.rqs[leaf].tasks_timeline.is_empty() {
             for &id in &running {
                 if self.check_preempt_tick(leaf, id) {
@@ -520,20 +521,27 @@ impl Sched {
 
     /// Account execution since `exec_start` (`update_curr`).
     fn update_curr(&mut self, id: TaskId, now: u64) {
-        let Some(t) = self.tasks.get_mut(&id) else {
-            return;
-        };
+        if let Some(leaf) = self.account(id, now) {
+            self.update_min_vruntime(leaf);
+        }
+    }
+
+    /// The accounting of `update_curr` without the `min_vruntime` update,
+    /// for callers that account every running task of a leaf and update
+    /// it once (the tick: O(k), not O(k^2), with k running tasks).
+    fn account(&mut self, id: TaskId, now: u64) -> Option<LeafId> {
+        let t = self.tasks.get_mut(&id)?;
         let TaskState::Running(leaf) = t.state else {
-            return;
+            return None;
         };
         let delta = now.saturating_sub(t.exec_start);
         if delta == 0 {
-            return;
+            return None;
         }
         t.exec_start = now;
         t.sum_exec_runtime += delta;
         t.vruntime += calc_delta_fair(delta, t.weight) as i64;
-        self.update_min_vruntime(leaf);
+        Some(leaf)
     }
 
     fn update_min_vruntime(&mut self, leaf: LeafId) {
