@@ -391,16 +391,7 @@ impl Cluster {
                 }
                 _ => {}
             }
-            let task = self.new_task_id();
-            self.task_job.insert(task, key);
-            self.jobs.insert(
-                key,
-                JobEntry {
-                    job,
-                    task,
-                    model_cpus: Vec::new(),
-                },
-            );
+            self.insert_job(key, job);
         }
     }
 

@@ -591,6 +591,30 @@ pub fn run_pingpong(
     })
 }
 
+/// Run `run` for each size with `wake_wide` off and on over `config`;
+/// returns `(base, wake_wide)`.
+fn off_and_on<P>(
+    sizes: &[usize],
+    config: &SchedConfig,
+    mut run: impl FnMut(usize, &SchedConfig) -> Result<P, HarnessError>,
+) -> Result<(Vec<P>, Vec<P>), HarnessError> {
+    let off = SchedConfig {
+        wake_wide: false,
+        ..config.clone()
+    };
+    let on = SchedConfig {
+        wake_wide: true,
+        ..config.clone()
+    };
+    let mut base = Vec::with_capacity(sizes.len());
+    let mut wide = Vec::with_capacity(sizes.len());
+    for &n in sizes {
+        base.push(run(n, &off)?);
+        wide.push(run(n, &on)?);
+    }
+    Ok((base, wide))
+}
+
 /// Fan-out with `wake_wide` off and on over `config` (see
 /// [`wake_wide_config`]), for each worker count. Returns `(base,
 /// wake_wide)`.
@@ -599,25 +623,15 @@ pub fn fanout_comparison(
     workers: &[usize],
     config: &SchedConfig,
 ) -> Result<(Vec<WakeResult>, Vec<WakeResult>), HarnessError> {
-    let mut base = Vec::with_capacity(workers.len());
-    let mut wide = Vec::with_capacity(workers.len());
-    for &w in workers {
-        let p = FanoutParams {
-            workers: w,
-            ..params.clone()
-        };
-        let off = SchedConfig {
-            wake_wide: false,
-            ..config.clone()
-        };
-        let on = SchedConfig {
-            wake_wide: true,
-            ..config.clone()
-        };
-        base.push(run_fanout(&p, &off)?);
-        wide.push(run_fanout(&p, &on)?);
-    }
-    Ok((base, wide))
+    off_and_on(workers, config, |w, c| {
+        run_fanout(
+            &FanoutParams {
+                workers: w,
+                ..params.clone()
+            },
+            c,
+        )
+    })
 }
 
 /// Ping-pong with `wake_wide` off and on over `config`, for each pair
@@ -627,23 +641,13 @@ pub fn pingpong_comparison(
     pairs: &[usize],
     config: &SchedConfig,
 ) -> Result<(Vec<WakeResult>, Vec<WakeResult>), HarnessError> {
-    let mut base = Vec::with_capacity(pairs.len());
-    let mut wide = Vec::with_capacity(pairs.len());
-    for &n in pairs {
-        let p = PingpongParams {
-            pairs: n,
-            ..params.clone()
-        };
-        let off = SchedConfig {
-            wake_wide: false,
-            ..config.clone()
-        };
-        let on = SchedConfig {
-            wake_wide: true,
-            ..config.clone()
-        };
-        base.push(run_pingpong(&p, &off)?);
-        wide.push(run_pingpong(&p, &on)?);
-    }
-    Ok((base, wide))
+    off_and_on(pairs, config, |n, c| {
+        run_pingpong(
+            &PingpongParams {
+                pairs: n,
+                ..params.clone()
+            },
+            c,
+        )
+    })
 }
