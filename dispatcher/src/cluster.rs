@@ -83,6 +83,28 @@ pub struct Effects {
     pub events: Vec<JobEvent>,
 }
 
+/// A placement or a steal, kept for observers (the web page): the last
+/// [`RECENT_MOVES`] of each, newest last.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Move {
+    /// When (Unix ms).
+    pub at_ms: i64,
+    /// Job id.
+    pub job: String,
+    /// The node it left ("" for a placement of a pending job).
+    pub from: String,
+    /// The node it went to (for a job an agent gave back: where it was
+    /// placed or queued again; "" when no node matches it now).
+    pub to: String,
+    /// For a placement, the job's reason (how the engine chose); for a
+    /// steal, its level: `same rack`, `same zone`, `another zone`, or
+    /// `agent gave it back` (the agent-level steal).
+    pub why: String,
+}
+
+/// How many placements and steals [`Cluster`] keeps for observers.
+pub const RECENT_MOVES: usize = 100;
+
 /// A node as the dispatcher knows it.
 #[derive(Clone, Debug)]
 pub struct NodeInfo {
@@ -304,6 +326,9 @@ pub struct Cluster {
     leaf_shape: Vec<(FreeSummary, u64)>,
     /// The smallest of each over all leaves.
     leaf_shape_min: (FreeSummary, u64),
+    /// The last placements and steals (bounded rings), for observers.
+    recent_placements: std::collections::VecDeque<Move>,
+    recent_steals: std::collections::VecDeque<Move>,
 }
 
 /// Engine tasks of finished jobs kept for wake_wide / wake_affine history.
@@ -337,6 +362,8 @@ impl Cluster {
             steal_requested: HashMap::new(),
             leaf_shape: Vec::new(),
             leaf_shape_min: (FreeSummary::default(), 0),
+            recent_placements: Default::default(),
+            recent_steals: Default::default(),
         }
     }
 
@@ -365,6 +392,33 @@ impl Cluster {
     /// The node-level engine (None until a node registers).
     pub fn engine(&self) -> Option<&Sched> {
         self.engine.as_ref()
+    }
+
+    /// The last placements (jobs sent to a node), oldest first.
+    pub fn recent_placements(&self) -> impl DoubleEndedIterator<Item = &Move> {
+        self.recent_placements.iter()
+    }
+
+    /// The last steals (queued jobs taken by idle nodes, and jobs agents
+    /// gave back unstarted), oldest first.
+    pub fn recent_steals(&self) -> impl DoubleEndedIterator<Item = &Move> {
+        self.recent_steals.iter()
+    }
+
+    /// The node's leaf in the node-level engine (None before the engine
+    /// includes it).
+    pub fn engine_leaf(&self, node: &str) -> Option<LeafId> {
+        if self.engine_dirty {
+            return None;
+        }
+        self.node_leaf.get(node).copied()
+    }
+
+    fn record_move(ring: &mut std::collections::VecDeque<Move>, m: Move) {
+        if ring.len() == RECENT_MOVES {
+            ring.pop_front();
+        }
+        ring.push_back(m);
     }
 
     /// Number of jobs known (all states).
@@ -790,6 +844,14 @@ impl Cluster {
                             e.job.node = to.clone();
                             e.job.reason =
                                 format!("steal: {to} took it from overloaded {from} ({scope})");
+                            let m = Move {
+                                at_ms: now,
+                                job: e.job.id.clone(),
+                                from,
+                                to,
+                                why: scope.to_string(),
+                            };
+                            Self::record_move(&mut self.recent_steals, m);
                         }
                     }
                     SchedEvent::Preempted { .. } => {}
@@ -858,6 +920,14 @@ impl Cluster {
                 spec: e.job.spec.clone(),
             })),
         };
+        let placed = Move {
+            at_ms: now,
+            job: e.job.id.clone(),
+            from: String::new(),
+            to: name.clone(),
+            why: e.job.reason.clone(),
+        };
+        Self::record_move(&mut self.recent_placements, placed);
         fx.to_agents.push((name, msg));
         self.persist(key, fx);
         self.emit(key, JobState::Pending, now, fx);
@@ -1708,6 +1778,18 @@ impl Cluster {
         self.sync_summary(node, now);
         self.place(key, now, fx);
         self.process_events(now, fx);
+        let m = Move {
+            at_ms: now,
+            job: reply.job_id,
+            from: node.to_string(),
+            to: self
+                .jobs
+                .get(&key)
+                .map(|e| e.job.node.clone())
+                .unwrap_or_default(),
+            why: "agent gave it back".into(),
+        };
+        Self::record_move(&mut self.recent_steals, m);
     }
 
     fn retry_unplaced(&mut self, now: i64, fx: &mut Effects) {

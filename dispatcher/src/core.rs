@@ -284,6 +284,9 @@ impl Core {
                 if let Some(m) = crate::metrics::installed() {
                     m.sample(&self.cluster, now);
                 }
+                if let Some(w) = crate::web::installed() {
+                    w.publish(&self.cluster, now);
+                }
                 next_tick = Instant::now() + tick;
             }
             let committed = match self.store.commit(&fx.writes) {

@@ -12,3 +12,4 @@ pub mod server;
 pub mod spec;
 pub mod store;
 pub mod telemetry;
+pub mod web;

@@ -216,6 +216,19 @@ impl Metrics {
         }
     }
 
+    /// Jobs by (state, class), as counted at the last sample and from the
+    /// events since; class is `latency` (latency_nice < 0) or `normal`.
+    pub fn job_counts(&self) -> Vec<(JobState, &'static str, i64)> {
+        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<(JobState, &'static str, i64)> = counts
+            .by
+            .iter()
+            .filter_map(|(&(s, class), &n)| Some((JobState::try_from(s).ok()?, class, n.max(0))))
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Sample the cluster (the core calls this on its tick).
     pub fn sample(&self, cluster: &Cluster, now_ms: i64) {
         // Jobs by state and class.

@@ -49,9 +49,18 @@ struct Args {
     /// many zones.
     #[arg(long, default_value_t = 2)]
     steal_zone_limit: usize,
-    /// Serve Prometheus metrics on `GET http://ADDR/metrics` (off by
-    /// default), e.g. 0.0.0.0:9100.
-    #[arg(long, env = "DISPATCH_METRICS_LISTEN", value_name = "ADDR")]
+    /// Serve the web page (`/`), its JSON API (`/api/v1/...`) and
+    /// Prometheus metrics (`/metrics`) on ADDR, e.g. 0.0.0.0:9100. Off by
+    /// default, except with --dev (127.0.0.1, the gRPC port + 1).
+    #[arg(long, env = "DISPATCH_HTTP_LISTEN", value_name = "ADDR")]
+    http_listen: Option<SocketAddr>,
+    /// The same as --http-listen (its older name).
+    #[arg(
+        long,
+        env = "DISPATCH_METRICS_LISTEN",
+        value_name = "ADDR",
+        conflicts_with = "http_listen"
+    )]
     metrics_listen: Option<SocketAddr>,
     /// Export traces and metrics over OTLP/gRPC to this collector (e.g.
     /// http://otel-collector:4317). Off by default; the standard
@@ -86,6 +95,37 @@ fn main() -> Result<()> {
     runtime.block_on(run(args))
 }
 
+/// Serve the web page, its API and /metrics on `addr`; with none given
+/// (--dev), on 127.0.0.1 at the gRPC port + 1, or any free port if that
+/// one is taken.
+async fn serve_http(
+    addr: Option<SocketAddr>,
+    grpc: &SocketAddr,
+    web: std::sync::Arc<dispatcher::web::Web>,
+    registry: prometheus::Registry,
+) -> Result<SocketAddr> {
+    if let Some(addr) = addr {
+        return dispatcher::web::spawn_server(addr, web, registry)
+            .await
+            .with_context(|| format!("binding the web endpoint {addr}"));
+    }
+    let port = match grpc.port() {
+        0 => 0,
+        p => p.checked_add(1).unwrap_or(0),
+    };
+    let next = SocketAddr::from(([127, 0, 0, 1], port));
+    match dispatcher::web::spawn_server(next, web.clone(), registry.clone()).await {
+        Ok(bound) => Ok(bound),
+        Err(err) => {
+            tracing::warn!(%next, %err, "the web page's default port is taken: using a free one");
+            let any = SocketAddr::from(([127, 0, 0, 1], 0));
+            dispatcher::web::spawn_server(any, web, registry)
+                .await
+                .context("binding the web endpoint on 127.0.0.1")
+        }
+    }
+}
+
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -115,16 +155,19 @@ async fn run(args: Args) -> Result<()> {
     let restored = snapshot.jobs.len();
     let otlp = dispatcher::telemetry::wanted(args.otlp_endpoint.as_deref());
     let mut telemetry = None;
-    if args.metrics_listen.is_some() || otlp {
+    let http_listen = args.http_listen.or(args.metrics_listen);
+    let dev_http = http_listen.is_none() && args.dev;
+    if http_listen.is_some() || dev_http || otlp {
         let metrics = std::sync::Arc::new(
             dispatcher::metrics::Metrics::new().context("registering the metrics")?,
         );
-        if let Some(addr) = args.metrics_listen {
-            let bound = agent::metrics::spawn_server(addr, metrics.registry.clone())
-                .await
-                .with_context(|| format!("binding the metrics endpoint {addr}"))?;
-            tracing::info!(%bound, "serving Prometheus metrics on /metrics");
-            println!("metrics on http://{bound}/metrics");
+        if http_listen.is_some() || dev_http {
+            let web = std::sync::Arc::new(dispatcher::web::Web::new(metrics.clone()));
+            dispatcher::web::install(web.clone());
+            let bound =
+                serve_http(http_listen, &args.listen, web, metrics.registry.clone()).await?;
+            tracing::info!(%bound, "serving the web page, its API and /metrics");
+            println!("web page on http://{bound}/ (Prometheus metrics on /metrics)");
         }
         if otlp {
             let t = dispatcher::telemetry::Telemetry::init(

@@ -1,0 +1,529 @@
+//! The dispatcher's own web page and its JSON API, served by the dispatcher
+//! (no external service): `dispatcher --http-listen ADDR` serves
+//!
+//! | path | what |
+//! |---|---|
+//! | `/` | the page (one self-contained HTML file, `web/page.html`) |
+//! | `/api/v1/cluster` | the aggregate: zones -> racks, queue depth by class, recent placements and steals |
+//! | `/api/v1/racks/{zone}/{rack}` | one rack's nodes, with free CPUs per LLC |
+//! | `/metrics` | Prometheus ([`crate::metrics`]) |
+//!
+//! The core builds a [`Snapshot`] on its tick (at most every
+//! [`PUBLISH_EVERY_MS`]) and swaps it in behind a short lock; handlers
+//! clone the `Arc` and serialise outside it, so a request never waits on
+//! the core and the core never waits on a request. The top-level view is
+//! per rack, never per node, so its size grows with racks, not nodes: at
+//! 10,000 nodes the page fetches the aggregate and one rack at a time.
+//!
+//! Numbers are the dispatcher's own model (what it places on):
+//! - busy CPUs: CPUs its jobs hold in the dispatcher's model of each node;
+//! - free CPUs: idle CPUs of nodes that take new jobs (ready, connected);
+//! - overloaded node: the node-level engine has jobs queued on it beyond its
+//!   capacity (its overload bit, seed 000), or its agent reports
+//!   overloaded CPUs (more runnable jobs than CPUs when oversubscribed);
+//! - down: marked down after missed heartbeats, or its agent disconnected.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::response::{IntoResponse, Response};
+use prometheus::Registry;
+use proto::v1::JobState;
+use serde::Serialize;
+
+use crate::cluster::{Cluster, Move, NodeInfo};
+use crate::metrics::Metrics;
+use crate::store::NodeAdmin;
+
+/// The page, embedded in the binary.
+pub const PAGE: &str = include_str!("web/page.html");
+
+/// The core rebuilds the snapshot at most this often (the page refreshes
+/// every 2 s).
+pub const PUBLISH_EVERY_MS: i64 = 1000;
+
+/// Counts of one domain (a rack, a zone, the cluster).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    /// Nodes.
+    pub nodes: u32,
+    /// Nodes down or disconnected.
+    pub down: u32,
+    /// Nodes draining or cordoned (and not down).
+    pub cordoned: u32,
+    /// CPUs of all nodes.
+    pub cpus: u64,
+    /// CPUs held by jobs (the dispatcher's model).
+    pub busy_cpus: u64,
+    /// Idle CPUs of nodes that take new jobs.
+    pub free_cpus: u64,
+    /// Nodes overloaded (see the module doc).
+    pub overloaded_nodes: u32,
+    /// Jobs waiting in the node-level engine's queues of these nodes.
+    pub queued_jobs: u64,
+    /// Jobs running, as the agents last reported.
+    pub running_jobs: u64,
+}
+
+impl Totals {
+    fn add(&mut self, o: &Totals) {
+        self.nodes += o.nodes;
+        self.down += o.down;
+        self.cordoned += o.cordoned;
+        self.cpus += o.cpus;
+        self.busy_cpus += o.busy_cpus;
+        self.free_cpus += o.free_cpus;
+        self.overloaded_nodes += o.overloaded_nodes;
+        self.queued_jobs += o.queued_jobs;
+        self.running_jobs += o.running_jobs;
+    }
+}
+
+/// One rack in the aggregate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RackView {
+    /// Rack name.
+    pub name: String,
+    /// Its counts.
+    pub totals: Totals,
+    /// The most idle CPUs in one LLC of one node taking new jobs: the
+    /// largest LLC-aligned job the rack can start now.
+    pub max_free_llc: u32,
+}
+
+/// One zone in the aggregate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ZoneView {
+    /// Zone name.
+    pub name: String,
+    /// The sum of its racks.
+    pub totals: Totals,
+    /// Its racks, by name.
+    pub racks: Vec<RackView>,
+}
+
+/// Jobs of one latency class by state (queue depth and what runs).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ClassQueue {
+    /// `latency` (latency_nice < 0) or `normal`.
+    pub class: &'static str,
+    /// PENDING: waiting for room (queued on a node or matching none yet).
+    pub pending: i64,
+    /// ASSIGNED: sent to a node, not started yet.
+    pub assigned: i64,
+    /// RUNNING.
+    pub running: i64,
+}
+
+/// A placement or steal, for the page.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MoveView {
+    /// When (Unix ms).
+    pub at_ms: i64,
+    /// Job id.
+    pub job: String,
+    /// From node ("" for a placement).
+    pub from: String,
+    /// To node.
+    pub to: String,
+    /// Reason (placement) or level (steal).
+    pub why: String,
+}
+
+impl From<&Move> for MoveView {
+    fn from(m: &Move) -> Self {
+        Self {
+            at_ms: m.at_ms,
+            job: m.job.clone(),
+            from: m.from.clone(),
+            to: m.to.clone(),
+            why: m.why.clone(),
+        }
+    }
+}
+
+/// `/api/v1/cluster`: bounded by the number of racks, not nodes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ClusterView {
+    /// When the core built it (Unix ms; 0 before the first tick).
+    pub generated_ms: i64,
+    /// The whole cluster.
+    pub totals: Totals,
+    /// Zones by name, each with its racks.
+    pub zones: Vec<ZoneView>,
+    /// Jobs by latency class.
+    pub queue: Vec<ClassQueue>,
+    /// Steals the node-level engine made since it was (re)built.
+    pub engine_steals: u64,
+    /// The last placements, newest first.
+    pub recent_placements: Vec<MoveView>,
+    /// The last steals, newest first.
+    pub recent_steals: Vec<MoveView>,
+}
+
+/// One node in a rack's detail.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeView {
+    /// Node name.
+    pub name: String,
+    /// ready / down / disconnected / draining / cordoned.
+    pub state: &'static str,
+    /// Host group ("" when unlabelled).
+    pub hostgroup: String,
+    /// CPUs.
+    pub cpus: u32,
+    /// CPUs held by jobs (the dispatcher's model).
+    pub busy_cpus: u32,
+    /// Per LLC (in the node's order): its CPUs.
+    pub llc_cpus: Vec<u32>,
+    /// Per LLC: idle CPUs (the dispatcher's model).
+    pub llc_free: Vec<u32>,
+    /// Overloaded (see the module doc).
+    pub overloaded: bool,
+    /// CPUs the agent reports overloaded.
+    pub overloaded_cpus: u32,
+    /// Jobs queued on it in the node-level engine.
+    pub queued_jobs: u64,
+    /// Jobs running, as its agent reported.
+    pub running_jobs: u32,
+    /// Jobs started but time-sliced out, as its agent reported.
+    pub waiting_jobs: u32,
+    /// CPUs its agent reported busy.
+    pub reported_busy_cpus: u32,
+    /// Time since its last report, ms.
+    pub heartbeat_age_ms: i64,
+}
+
+/// `/api/v1/racks/{zone}/{rack}`: one rack's nodes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RackDetail {
+    /// When the core built it (Unix ms).
+    pub generated_ms: i64,
+    /// Zone.
+    pub zone: String,
+    /// Rack.
+    pub rack: String,
+    /// Its counts (as in the aggregate).
+    pub totals: Totals,
+    /// Its nodes by name.
+    pub nodes: Vec<NodeView>,
+}
+
+/// What the core publishes on its tick.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The aggregate.
+    pub cluster: ClusterView,
+    /// Every rack's detail, by (zone, rack).
+    pub racks: BTreeMap<(String, String), RackDetail>,
+}
+
+fn node_state(n: &NodeInfo) -> &'static str {
+    if n.down {
+        "down"
+    } else if !n.connected {
+        "disconnected"
+    } else {
+        match n.admin {
+            NodeAdmin::Draining => "draining",
+            NodeAdmin::Cordoned => "cordoned",
+            NodeAdmin::Ready => "ready",
+        }
+    }
+}
+
+/// One node's view and its contribution to its rack's totals.
+fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals, u32) {
+    let (mut llc_cpus, mut llc_free) = (Vec::new(), Vec::new());
+    for llc in n.cpu_topo.llcs() {
+        llc_cpus.push(llc.members.len() as u32);
+        let free = llc
+            .members
+            .iter()
+            .filter(|&&l| !n.cpu_busy.get(l).copied().unwrap_or(false))
+            .count();
+        llc_free.push(free as u32);
+    }
+    let busy = n.cpu_busy.iter().filter(|&&b| b).count() as u32;
+    let cpus = n.cpu_busy.len() as u32;
+    let (queued, engine_overloaded) = match (cluster.engine(), cluster.engine_leaf(&n.name)) {
+        (Some(engine), Some(leaf)) if leaf < engine.topology().nr_leaves() => {
+            let rq = engine.rq(leaf);
+            (rq.nr_waiting() as u64, rq.is_overloaded())
+        }
+        _ => (0, false),
+    };
+    let overloaded_cpus = n.load.overloaded.len() as u32;
+    let overloaded = engine_overloaded || overloaded_cpus > 0;
+    let state = node_state(n);
+    let takes_jobs = state == "ready";
+    let view = NodeView {
+        name: n.name.clone(),
+        state,
+        hostgroup: n.hostgroup.clone(),
+        cpus,
+        busy_cpus: busy,
+        llc_cpus,
+        overloaded,
+        overloaded_cpus,
+        queued_jobs: queued,
+        running_jobs: n.load.running_jobs,
+        waiting_jobs: n.load.waiting_jobs,
+        reported_busy_cpus: n.load.cpus.iter().filter(|c| c.busy).count() as u32,
+        heartbeat_age_ms: (now_ms - n.last_heartbeat_ms).max(0),
+        llc_free: llc_free.clone(),
+    };
+    let totals = Totals {
+        nodes: 1,
+        down: u32::from(matches!(state, "down" | "disconnected")),
+        cordoned: u32::from(matches!(state, "draining" | "cordoned")),
+        cpus: u64::from(cpus),
+        busy_cpus: u64::from(busy),
+        free_cpus: if takes_jobs {
+            u64::from(cpus - busy)
+        } else {
+            0
+        },
+        overloaded_nodes: u32::from(overloaded),
+        queued_jobs: queued,
+        running_jobs: u64::from(n.load.running_jobs),
+    };
+    let max_free_llc = if takes_jobs {
+        llc_free.iter().copied().max().unwrap_or(0)
+    } else {
+        0
+    };
+    (view, totals, max_free_llc)
+}
+
+/// Build the snapshot: O(nodes x CPUs per node), on the core.
+/// `job_counts` are jobs by (state, class) (see [`Metrics::job_counts`]).
+pub fn build(
+    cluster: &Cluster,
+    job_counts: &[(JobState, &'static str, i64)],
+    now_ms: i64,
+) -> Snapshot {
+    let mut racks: BTreeMap<(String, String), (RackDetail, u32)> = BTreeMap::new();
+    for n in cluster.nodes() {
+        let (view, totals, max_free_llc) = node_view(cluster, n, now_ms);
+        let (detail, best) = racks
+            .entry((n.zone.clone(), n.rack.clone()))
+            .or_insert_with(|| {
+                (
+                    RackDetail {
+                        generated_ms: now_ms,
+                        zone: n.zone.clone(),
+                        rack: n.rack.clone(),
+                        totals: Totals::default(),
+                        nodes: Vec::new(),
+                    },
+                    0,
+                )
+            });
+        detail.totals.add(&totals);
+        detail.nodes.push(view);
+        *best = (*best).max(max_free_llc);
+    }
+    let mut view = ClusterView {
+        generated_ms: now_ms,
+        ..ClusterView::default()
+    };
+    for ((zone, rack), (detail, max_free_llc)) in &racks {
+        if view.zones.last().is_none_or(|z| &z.name != zone) {
+            view.zones.push(ZoneView {
+                name: zone.clone(),
+                totals: Totals::default(),
+                racks: Vec::new(),
+            });
+        }
+        if let Some(z) = view.zones.last_mut() {
+            z.totals.add(&detail.totals);
+            z.racks.push(RackView {
+                name: rack.clone(),
+                totals: detail.totals.clone(),
+                max_free_llc: *max_free_llc,
+            });
+        }
+        view.totals.add(&detail.totals);
+    }
+    for class in ["latency", "normal"] {
+        let count = |state: JobState| {
+            job_counts
+                .iter()
+                .filter(|(s, c, _)| *s == state && *c == class)
+                .map(|(_, _, n)| *n)
+                .sum()
+        };
+        view.queue.push(ClassQueue {
+            class,
+            pending: count(JobState::Pending),
+            assigned: count(JobState::Assigned),
+            running: count(JobState::Running),
+        });
+    }
+    view.engine_steals = cluster.steals();
+    view.recent_placements = cluster.recent_placements().rev().map(Into::into).collect();
+    view.recent_steals = cluster.recent_steals().rev().map(Into::into).collect();
+    Snapshot {
+        cluster: view,
+        racks: racks.into_iter().map(|(k, (d, _))| (k, d)).collect(),
+    }
+}
+
+/// The published snapshot and what the handlers need.
+pub struct Web {
+    current: Mutex<Arc<Snapshot>>,
+    last_built_ms: AtomicI64,
+    metrics: Arc<Metrics>,
+}
+
+impl Web {
+    /// An empty snapshot until the core's first tick; job counts come from
+    /// `metrics` (which the core samples on the same tick).
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            current: Mutex::new(Arc::new(Snapshot::default())),
+            last_built_ms: AtomicI64::new(i64::MIN),
+            metrics,
+        }
+    }
+
+    /// The core's tick: rebuild and publish if [`PUBLISH_EVERY_MS`] has
+    /// passed since the last build (or the clock went back).
+    pub fn publish(&self, cluster: &Cluster, now_ms: i64) {
+        let last = self.last_built_ms.load(Ordering::Relaxed);
+        if last != i64::MIN && now_ms >= last && now_ms - last < PUBLISH_EVERY_MS {
+            return;
+        }
+        self.last_built_ms.store(now_ms, Ordering::Relaxed);
+        let snap = Arc::new(build(cluster, &self.metrics.job_counts(), now_ms));
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = snap;
+    }
+
+    /// The last published snapshot.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+static WEB: OnceLock<Arc<Web>> = OnceLock::new();
+
+/// Install the process's web state (once); the core publishes into it
+/// from then on.
+pub fn install(web: Arc<Web>) {
+    let _ = WEB.set(web);
+}
+
+/// The installed web state, if any.
+pub fn installed() -> Option<&'static Arc<Web>> {
+    WEB.get()
+}
+
+#[derive(Clone)]
+struct AppState {
+    web: Arc<Web>,
+    registry: Registry,
+}
+
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => (
+            status,
+            [
+                (CONTENT_TYPE, "application/json"),
+                (CACHE_CONTROL, "no-store"),
+            ],
+            body,
+        )
+            .into_response(),
+        Err(err) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot encode the response: {err}"),
+        )
+            .into_response(),
+    }
+}
+
+async fn page() -> Response {
+    (
+        [
+            (CONTENT_TYPE, "text/html; charset=utf-8"),
+            (CACHE_CONTROL, "no-store"),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+async fn cluster_view(State(s): State<AppState>) -> Response {
+    let snap = s.web.snapshot();
+    json(StatusCode::OK, &snap.cluster)
+}
+
+async fn rack_detail(
+    State(s): State<AppState>,
+    Path((zone, rack)): Path<(String, String)>,
+) -> Response {
+    let snap = s.web.snapshot();
+    let key = (zone, rack);
+    match snap.racks.get(&key) {
+        Some(detail) => json(StatusCode::OK, detail),
+        None => json(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({
+                "error": format!("no rack {:?} in zone {:?}", key.1, key.0),
+            }),
+        ),
+    }
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    (
+        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        agent::metrics::render(&s.registry),
+    )
+        .into_response()
+}
+
+/// The routes: the page, the API and `/metrics`.
+pub fn router(web: Arc<Web>, registry: Registry) -> axum::Router {
+    axum::Router::new()
+        .route("/", axum::routing::get(page))
+        .route("/api/v1/cluster", axum::routing::get(cluster_view))
+        .route(
+            "/api/v1/racks/{zone}/{rack}",
+            axum::routing::get(rack_detail),
+        )
+        .route("/metrics", axum::routing::get(metrics))
+        .with_state(AppState { web, registry })
+}
+
+/// Bind `addr` and serve [`router`] on it in a background task; returns
+/// the bound address.
+pub async fn spawn_server(
+    addr: SocketAddr,
+    web: Arc<Web>,
+    registry: Registry,
+) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = router(web, registry);
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            tracing::error!(%err, "the web endpoint stopped");
+        }
+    });
+    Ok(bound)
+}
+
+#[cfg(test)]
+#[path = "web_tests.rs"]
+mod tests;
