@@ -455,3 +455,34 @@ pub fn dispatchctl_timeout(
         ),
     }
 }
+
+/// `GET http://127.0.0.1:PORT{path}` with a plain HTTP/1.1 request;
+/// returns (status code, body).
+pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
+        .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let raw = String::from_utf8(raw).context("the response is not UTF-8")?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .context("no end of HTTP headers")?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("no status in {head:?}"))?;
+    if head.lines().any(|l| {
+        l.to_ascii_lowercase()
+            .starts_with("transfer-encoding: chunked")
+    }) {
+        bail!("GET {path}: chunked responses are not supported here");
+    }
+    Ok((status, body.to_string()))
+}

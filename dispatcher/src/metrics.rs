@@ -1,8 +1,9 @@
 //! Prometheus metrics of the dispatcher.
 //!
-//! Off by default: `dispatcher --metrics-listen ADDR` installs [`Metrics`]
-//! ([`install`]) and serves `GET /metrics` (the server is
-//! [`agent::metrics::serve`]). The core thread samples the cluster into the
+//! Off by default: `dispatcher --http-listen ADDR` (or its older name
+//! `--metrics-listen`) installs [`Metrics`] ([`install`]) and serves
+//! `GET /metrics` beside the web page ([`crate::web::router`]). The core
+//! thread samples the cluster into the
 //! registry on every tick and records placements as they happen; every
 //! metric is an atomic, so a scrape never blocks the core and the core
 //! never waits on a scrape.
