@@ -170,6 +170,14 @@ fn check_overview(dom: &str, view: &Value) -> Result<()> {
         );
         ensure!(dom.contains(&want), "queue row `{want}` missing");
     }
+    let pending: i64 = view["queue"]
+        .as_array()
+        .context("queue")?
+        .iter()
+        .filter_map(|q| q["pending"].as_i64())
+        .sum();
+    let want = format!("data-class=\"total\" data-pending=\"{pending}\"");
+    ensure!(dom.contains(&want), "queue total `{want}` missing");
     for list in ["recent_steals", "recent_placements"] {
         let moves = view[list].as_array().context("moves")?;
         ensure!(!moves.is_empty(), "no {list} in {view}");
