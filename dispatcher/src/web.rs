@@ -308,11 +308,13 @@ pub fn build(
     job_counts: &[(JobState, &'static str, i64)],
     now_ms: i64,
 ) -> Snapshot {
-    let mut racks: BTreeMap<(String, String), (RackDetail, u32)> = BTreeMap::new();
+    // Keyed by borrowed names while nodes are visited: no allocation per
+    // node for the key.
+    let mut racks: BTreeMap<(&str, &str), (RackDetail, u32)> = BTreeMap::new();
     for n in cluster.nodes() {
         let (view, totals, max_free_llc) = node_view(cluster, n, now_ms);
         let (detail, best) = racks
-            .entry((n.zone.clone(), n.rack.clone()))
+            .entry((n.zone.as_str(), n.rack.as_str()))
             .or_insert_with(|| {
                 (
                     RackDetail {
@@ -333,10 +335,10 @@ pub fn build(
         generated_ms: now_ms,
         ..ClusterView::default()
     };
-    for ((zone, rack), (detail, max_free_llc)) in &racks {
-        if view.zones.last().is_none_or(|z| &z.name != zone) {
+    for (&(zone, rack), (detail, max_free_llc)) in &racks {
+        if view.zones.last().is_none_or(|z| z.name != zone) {
             view.zones.push(ZoneView {
-                name: zone.clone(),
+                name: zone.to_string(),
                 totals: Totals::default(),
                 racks: Vec::new(),
             });
@@ -344,7 +346,7 @@ pub fn build(
         if let Some(z) = view.zones.last_mut() {
             z.totals.add(&detail.totals);
             z.racks.push(RackView {
-                name: rack.clone(),
+                name: rack.to_string(),
                 totals: detail.totals.clone(),
                 max_free_llc: *max_free_llc,
             });
@@ -371,7 +373,10 @@ pub fn build(
     view.recent_steals = cluster.recent_steals().rev().map(Into::into).collect();
     Snapshot {
         cluster: view,
-        racks: racks.into_iter().map(|(k, (d, _))| (k, d)).collect(),
+        racks: racks
+            .into_iter()
+            .map(|((zone, rack), (d, _))| ((zone.to_string(), rack.to_string()), d))
+            .collect(),
     }
 }
 

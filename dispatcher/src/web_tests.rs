@@ -3,7 +3,7 @@
 //! placements, queues and steals show up.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use proto::v1::{CpuLoad, JobSpec, NodeLoad, Register};
 use sched::Topology;
@@ -168,12 +168,16 @@ fn ten_thousand_nodes_aggregate_per_rack_and_equal_brute_force() {
     let c = big_cluster(zones, racks, per_rack);
     assert_eq!(c.nodes().count(), 10_000);
     let counts = job_counts(&c);
-    let started = Instant::now();
+    // The core's cost per publish (reported, not asserted: the machine is
+    // shared); the best of a few runs.
+    let mut best = Duration::MAX;
+    for _ in 0..5 {
+        let started = Instant::now();
+        let _ = build(&c, &counts, 10);
+        best = best.min(started.elapsed());
+    }
+    eprintln!("snapshot of 10,000 nodes built in {best:?} (best of 5)");
     let snap = build(&c, &counts, 10);
-    eprintln!(
-        "snapshot of 10,000 nodes built in {:?} (debug build)",
-        started.elapsed()
-    );
     let view = &snap.cluster;
 
     // Every rack's totals and best LLC equal the brute-force sums.
