@@ -353,7 +353,9 @@ impl Metrics {
     }
 }
 
-fn node_state(n: &NodeInfo) -> &'static str {
+/// A node's state as metrics and the web page name it: ready / down /
+/// disconnected / draining / cordoned.
+pub fn node_state(n: &NodeInfo) -> &'static str {
     if n.down {
         "down"
     } else if !n.connected {

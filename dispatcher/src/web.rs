@@ -37,8 +37,7 @@ use proto::v1::JobState;
 use serde::Serialize;
 
 use crate::cluster::{Cluster, Move, NodeInfo};
-use crate::metrics::Metrics;
-use crate::store::NodeAdmin;
+use crate::metrics::{Metrics, node_state};
 
 /// The page, embedded in the binary.
 pub const PAGE: &str = include_str!("web/page.html");
@@ -223,20 +222,6 @@ pub struct Snapshot {
     pub racks: BTreeMap<(String, String), RackDetail>,
 }
 
-fn node_state(n: &NodeInfo) -> &'static str {
-    if n.down {
-        "down"
-    } else if !n.connected {
-        "disconnected"
-    } else {
-        match n.admin {
-            NodeAdmin::Draining => "draining",
-            NodeAdmin::Cordoned => "cordoned",
-            NodeAdmin::Ready => "ready",
-        }
-    }
-}
-
 /// One node's view and its contribution to its rack's totals.
 fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals, u32) {
     let (mut llc_cpus, mut llc_free) = (Vec::new(), Vec::new());
@@ -262,6 +247,11 @@ fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals,
     let overloaded = engine_overloaded || overloaded_cpus > 0;
     let state = node_state(n);
     let takes_jobs = state == "ready";
+    let max_free_llc = if takes_jobs {
+        llc_free.iter().copied().max().unwrap_or(0)
+    } else {
+        0
+    };
     let view = NodeView {
         name: n.name.clone(),
         state,
@@ -276,7 +266,7 @@ fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals,
         waiting_jobs: n.load.waiting_jobs,
         reported_busy_cpus: n.load.cpus.iter().filter(|c| c.busy).count() as u32,
         heartbeat_age_ms: (now_ms - n.last_heartbeat_ms).max(0),
-        llc_free: llc_free.clone(),
+        llc_free,
     };
     let totals = Totals {
         nodes: 1,
@@ -292,11 +282,6 @@ fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals,
         overloaded_nodes: u32::from(overloaded),
         queued_jobs: queued,
         running_jobs: u64::from(n.load.running_jobs),
-    };
-    let max_free_llc = if takes_jobs {
-        llc_free.iter().copied().max().unwrap_or(0)
-    } else {
-        0
     };
     (view, totals, max_free_llc)
 }

@@ -10,6 +10,7 @@ use sched::Topology;
 
 use super::*;
 use crate::cluster::{ClusterConfig, Effects, RECENT_MOVES};
+use crate::store::NodeAdmin;
 
 fn machine(spec: &str) -> proto::v1::Topology {
     proto::engine::topology(&Topology::from_spec(spec).unwrap())
