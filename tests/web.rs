@@ -7,7 +7,8 @@
 //! steals, and the drill-down of one rack with its nodes. A screenshot is
 //! checked to be a real 1400x900 PNG; with `WEB_UI_SCREENSHOT=PATH` (relative
 //! to the workspace) it is also saved there, which is how `docs/web-ui.png`
-//! is made:
+//! is made (a second test checks that `--dev` serves the page and prints
+//! its URL):
 //!
 //! ```sh
 //! WEB_UI_SCREENSHOT=docs/web-ui.png cargo test -p e2e --test web
@@ -447,5 +448,39 @@ async fn web_page_renders_the_cluster_in_headless_chromium() -> Result<()> {
         "{metrics}"
     );
     drop(agents);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_mode_serves_the_page_and_prints_its_url() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = Dispatcher::start_dev(dir.path(), &[])?;
+    let port: u16 = eventually(LONG, "the page's URL in the banner", || {
+        let log = d.proc.log_text();
+        async move {
+            let rest = log.split("web page on http://127.0.0.1:").nth(1)?;
+            rest.split('/').next()?.parse().ok()
+        }
+    })
+    .await?;
+    // The banner's dispatchctl line is still there.
+    ensure!(
+        d.proc
+            .log_text()
+            .contains(&format!("export DISPATCH_SERVER={}", d.url)),
+        "{}",
+        d.proc.log_text()
+    );
+    let (status, page) = http_get(port, "/")?;
+    ensure!(
+        status == 200 && page.contains("/api/v1/cluster"),
+        "{status}"
+    );
+    // The in-process agent shows up as one node.
+    eventually(LONG, "the --dev node in the API", move || async move {
+        let v = get_json(port, "/api/v1/cluster").ok()?;
+        (v["totals"]["nodes"] == 1).then_some(())
+    })
+    .await?;
     Ok(())
 }
