@@ -7,4 +7,5 @@ pub mod exec;
 pub mod local;
 pub mod metrics;
 pub mod runtime;
+pub mod telemetry;
 pub mod topology;

@@ -72,6 +72,11 @@ struct RunArgs {
     /// default), e.g. 0.0.0.0:9101.
     #[arg(long, env = "DISPATCH_AGENT_METRICS_LISTEN", value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Export traces and metrics over OTLP/gRPC to this collector (e.g.
+    /// http://otel-collector:4317). Off by default; the standard
+    /// OTEL_EXPORTER_OTLP_* variables also turn it on and configure it.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
     /// User id:group id jobs run as when the agent is root (default 65534:65534).
     #[arg(long, value_name = "UID:GID")]
     run_as: Option<String>,
@@ -265,20 +270,37 @@ fn cmd_run(args: RunArgs) -> Result<()> {
         retention: std::time::Duration::from_secs(3600),
     };
     let metrics_listen = args.metrics_listen;
+    let otlp_endpoint = args.otlp_endpoint.clone();
+    let otlp = agent::telemetry::wanted(otlp_endpoint.as_deref());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        if let Some(addr) = metrics_listen {
+        let mut exporters = None;
+        if metrics_listen.is_some() || otlp {
             let metrics = std::sync::Arc::new(
                 agent::metrics::AgentMetrics::new().context("registering the metrics")?,
             );
-            let bound = agent::metrics::spawn_server(addr, metrics.registry.clone())
-                .await
-                .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+            if let Some(addr) = metrics_listen {
+                let bound = agent::metrics::spawn_server(addr, metrics.registry.clone())
+                    .await
+                    .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+                tracing::info!(%bound, "serving Prometheus metrics on /metrics");
+            }
+            if otlp {
+                let e = agent::telemetry::Exporters::init("agent", otlp_endpoint.as_deref())
+                    .context("starting the OTLP exporters")?;
+                agent::telemetry::bridge_prometheus(
+                    &e.meter("agent"),
+                    &metrics.registry,
+                    &metrics.families(),
+                );
+                agent::telemetry::install_job_tracer(e.tracer("agent"));
+                tracing::info!(endpoint = ?otlp_endpoint, "exporting traces and metrics over OTLP");
+                exporters = Some(e);
+            }
             agent::metrics::install(metrics);
-            tracing::info!(%bound, "serving Prometheus metrics on /metrics");
         }
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(async move {
@@ -293,6 +315,10 @@ fn cmd_run(args: RunArgs) -> Result<()> {
             }
             let _ = stop_tx.send(true);
         });
-        agent::runtime::run(opts, stop_rx).await
+        let result = agent::runtime::run(opts, stop_rx).await;
+        if let Some(e) = exporters {
+            e.shutdown().await;
+        }
+        result
     })
 }

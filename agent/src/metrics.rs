@@ -19,16 +19,34 @@
 //! | `dispatch_agent_overload_mask_weight` | gauge | `llc` (index) |
 //! | `dispatch_agent_utilization` | gauge | `domain` = `llc/<i>` or `machine` |
 //! | `dispatch_agent_schedstat_total` | counter | `stat` = every schedstats field |
+//!
+//! With OTLP on ([`crate::telemetry`]) the same registry is exported as
+//! OTel instruments ([`AgentMetrics::families`]), so there is one set of
+//! metrics whichever way it is read.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use prometheus::core::Collector;
+use prometheus::proto::MetricType;
 use prometheus::{
     Encoder, GaugeVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use sched::Schedstats;
 
 use crate::local::LocalScheduler;
+
+/// A metric family: name, help and type. Listed at registration, because
+/// a gather leaves out labelled families that have no series yet, while
+/// an OTel instrument must be created up front.
+pub type Family = (String, String, MetricType);
+
+/// The families of `collector`, of type `ty`, appended to `out`.
+pub fn add_families(out: &mut Vec<Family>, collector: &dyn Collector, ty: MetricType) {
+    for d in collector.desc() {
+        out.push((d.fq_name.clone(), d.help.clone(), ty));
+    }
+}
 
 /// Every schedstats field by name, in declaration order.
 pub fn schedstat_fields(s: &Schedstats) -> [(&'static str, u64); 21] {
@@ -128,6 +146,16 @@ impl EngineCounters {
         })
     }
 
+    /// The families of these counters.
+    pub fn families(&self) -> Vec<Family> {
+        let mut out = Vec::new();
+        add_families(&mut out, &self.schedstat, MetricType::COUNTER);
+        add_families(&mut out, &self.steals, MetricType::COUNTER);
+        add_families(&mut out, &self.steal_failures, MetricType::COUNTER);
+        add_families(&mut out, &self.busy_skip, MetricType::COUNTER);
+        out
+    }
+
     /// Add what changed since the last sample.
     pub fn sample(&self, now: &Schedstats) {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
@@ -208,6 +236,16 @@ impl AgentMetrics {
             utilization,
             engine,
         })
+    }
+
+    /// Name, help and type of every family, for bridging to OTLP.
+    pub fn families(&self) -> Vec<Family> {
+        let mut out = Vec::new();
+        add_families(&mut out, &self.jobs, MetricType::GAUGE);
+        add_families(&mut out, &self.overload, MetricType::GAUGE);
+        add_families(&mut out, &self.utilization, MetricType::GAUGE);
+        out.extend(self.engine.families());
+        out
     }
 
     /// Copy the local scheduler's numbers into the registry.

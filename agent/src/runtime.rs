@@ -130,6 +130,8 @@ struct Agent {
     pinned: HashMap<String, Vec<u32>>,
     /// The overloaded CPUs at the last report.
     last_overloaded: Vec<u32>,
+    /// The jobs' spans (no-ops unless OTLP export is on).
+    traces: crate::telemetry::JobTraces,
 }
 
 impl Agent {
@@ -199,8 +201,11 @@ impl Agent {
                     if let Err(err) = self.exec.stop(&id) {
                         tracing::warn!(%id, %err, "cannot stop job");
                     }
+                    self.traces.stopped(&id);
                 }
                 Action::Cont { id, cpus } => {
+                    let topo = self.local.engine().topology();
+                    self.traces.moved(&id, "continued", &cpus, topo);
                     let real = self.real(&cpus);
                     // Re-pinning walks every thread of the job in /proc:
                     // only when the job comes back on other CPUs.
@@ -215,6 +220,8 @@ impl Agent {
                     }
                 }
                 Action::Repin { id, cpus } => {
+                    let topo = self.local.engine().topology();
+                    self.traces.moved(&id, "migrated", &cpus, topo);
                     let real = self.real(&cpus);
                     if let Err(err) = self.exec.repin(&id, &real) {
                         tracing::warn!(%id, %err, "cannot re-pin job");
@@ -245,14 +252,21 @@ impl Agent {
         job.cwd = (!spec.cwd.is_empty()).then(|| PathBuf::from(&spec.cwd));
         job.memory_max = (spec.memory_bytes > 0).then_some(spec.memory_bytes);
         job.timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
+        if let Some((job_id, attempt)) = parse_local_id(id) {
+            let node = self.opts.node.clone();
+            self.traces
+                .starting(id, (&job_id, attempt), &node, &cpus, &real);
+        }
         match self.exec.spawn(job).await {
             Ok(_) => {
+                self.traces.started(id, Ok(()));
                 tracing::info!(%id, ?cpus, ?real, "job started");
                 self.pinned.insert(id.to_string(), real.clone());
                 self.send_status(id, JobState::Running, cpus, None, String::new());
             }
             Err(err) => {
                 tracing::warn!(%id, %err, "job failed to start");
+                self.traces.started(id, Err(&err.to_string()));
                 let now = self.now_ns();
                 let actions = self.local.job_exited(id, now);
                 self.jobs.remove(id);
@@ -268,11 +282,18 @@ impl Agent {
         }
     }
 
-    async fn on_assign(&mut self, job_id: String, attempt: u32, spec: JobSpec) {
+    async fn on_assign(
+        &mut self,
+        job_id: String,
+        attempt: u32,
+        spec: JobSpec,
+        trace_context: &HashMap<String, String>,
+    ) {
         let id = local_id(&job_id, attempt);
         if self.jobs.contains_key(&id) || self.recent.contains_key(&id) {
             return; // a re-sent Assign after a reconnect
         }
+        self.traces.assigned(&id, trace_context);
         let local = LocalJob {
             id: id.clone(),
             cpus: spec.cpus.max(1),
@@ -287,6 +308,7 @@ impl Agent {
             Ok(actions) => self.carry_out(actions).await,
             Err(reason) => {
                 self.jobs.remove(&id);
+                self.traces.forget(&id);
                 self.send_status(&id, JobState::Failed, Vec::new(), None, reason);
             }
         }
@@ -303,6 +325,7 @@ impl Agent {
             let now = self.now_ns();
             let actions = self.local.job_exited(&id, now);
             self.jobs.remove(&id);
+            self.traces.forget(&id);
             self.send_status(
                 &id,
                 JobState::Cancelled,
@@ -341,6 +364,16 @@ impl Agent {
             JobOutcome::Lost(e) => (JobState::Failed, format!("lost on the node: {e}")),
         };
         tracing::info!(%id, ?state, "job ended");
+        self.traces.ended(
+            &id,
+            &state
+                .as_str_name()
+                .trim_start_matches("JOB_STATE_")
+                .to_ascii_lowercase(),
+            exit.exit_code.unwrap_or(0),
+            exit.signal.unwrap_or(0),
+            &message,
+        );
         self.send_status(&id, state, cpus, Some(&exit), message);
         let _ = self.exec.ack(&id);
         self.carry_out(actions).await;
@@ -353,6 +386,7 @@ impl Agent {
             let now = self.now_ns();
             let _ = self.local.job_exited(&id, now);
             self.jobs.remove(&id);
+            self.traces.forget(&id);
         }
         self.send(agent_message::Msg::StealReply(StealReply {
             job_id,
@@ -578,6 +612,7 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
         out: None,
         pinned: HashMap::new(),
         last_overloaded: Vec::new(),
+        traces: crate::telemetry::JobTraces::default(),
     };
     // Jobs left running by a previous agent on this state directory.
     let report = exec.readopt().await.context("re-adopting jobs")?;
@@ -693,7 +728,7 @@ async fn session(
                 match msg {
                     dispatcher_message::Msg::Assign(a) => {
                         let spec = a.spec.unwrap_or_default();
-                        agent.on_assign(a.job_id, a.attempt, spec).await;
+                        agent.on_assign(a.job_id, a.attempt, spec, &a.trace_context).await;
                     }
                     dispatcher_message::Msg::Cancel(c) => agent.on_cancel(&c.job_id, c.attempt).await,
                     dispatcher_message::Msg::Steal(s) => agent.on_steal(s.job_id, s.attempt),

@@ -914,10 +914,13 @@ impl Cluster {
         }
         e.job.node = name.clone();
         let msg = DispatcherMessage {
+            // The trace context is filled in by the core from the
+            // job's telemetry after the batch (the cluster does no tracing).
             msg: Some(dispatcher_message::Msg::Assign(Assign {
                 job_id: e.job.id.clone(),
                 attempt: e.job.attempt,
                 spec: e.job.spec.clone(),
+                ..Default::default()
             })),
         };
         let placed = Move {
@@ -1317,6 +1320,7 @@ impl Cluster {
                                 job_id: e.job.id.clone(),
                                 attempt: e.job.attempt,
                                 spec: e.job.spec.clone(),
+                                ..Default::default()
                             })),
                         },
                     ));

@@ -53,6 +53,9 @@ pub enum Command {
         specs: Vec<JobSpec>,
         /// From SubmitJobs (errors name `specs[i]`).
         batch: bool,
+        /// The request's W3C trace context (`traceparent`, `tracestate`
+        /// metadata), empty if none: the jobs' traces continue it.
+        trace_context: HashMap<String, String>,
         /// Reply.
         reply: Reply<Vec<Job>>,
     },
@@ -302,16 +305,24 @@ impl Core {
             if !committed {
                 std::process::exit(70);
             }
-            for (node, msg) in fx.to_agents {
+            // Spans first: an Assign carries its job's `run` span context,
+            // which the batch's events open.
+            let telemetry = crate::telemetry::installed();
+            if let Some(t) = telemetry {
+                t.observe_events(&fx.events);
+            }
+            for (node, mut msg) in fx.to_agents {
+                if let (Some(t), Some(dispatcher_message::Msg::Assign(a))) =
+                    (telemetry, msg.msg.as_mut())
+                {
+                    a.trace_context = t.trace_context(&a.job_id);
+                }
                 if let Some(link) = self.agents.get(&node) {
                     let _ = link.tx.send(Ok(msg));
                 }
             }
             if let Some(m) = crate::metrics::installed() {
                 m.observe_events(&fx.events);
-            }
-            if let Some(t) = crate::telemetry::installed() {
-                t.observe_events(&fx.events);
             }
             for ev in fx.events {
                 let _ = self.events.send(ev);
@@ -327,6 +338,7 @@ impl Core {
             Command::Submit {
                 specs,
                 batch,
+                trace_context,
                 reply,
             } => {
                 let (n, started) = (specs.len(), Instant::now());
@@ -337,6 +349,11 @@ impl Core {
                 }
                 if let Some(t) = crate::telemetry::installed() {
                     t.observe_submit(n, secs);
+                    if let Ok(jobs) = &r
+                        && !trace_context.is_empty()
+                    {
+                        t.adopt_parent(jobs.iter().map(|j| j.id.as_str()), &trace_context);
+                    }
                 }
                 replies.push(defer(reply, r));
             }

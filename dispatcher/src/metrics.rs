@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use agent::metrics::EngineCounters;
+use agent::metrics::{EngineCounters, Family, add_families};
 use prometheus::proto::MetricType;
 use prometheus::{GaugeVec, Histogram, HistogramOpts, IntCounter, IntGaugeVec, Opts, Registry};
 use proto::v1::{JobEvent, JobState};
@@ -49,7 +49,7 @@ pub struct Metrics {
     seen: Mutex<Seen>,
     /// Jobs by (state, class), kept from events between full recounts.
     counts: Mutex<JobCounts>,
-    families: Vec<(String, String, MetricType)>,
+    families: Vec<Family>,
 }
 
 /// Jobs are counted from the batch's events; a full recount (O(jobs), on
@@ -134,24 +134,13 @@ impl Metrics {
         registry.register(Box::new(heartbeat_lag.clone()))?;
         let engine = EngineCounters::new(&registry, "dispatch", ["node", "rack", "zone"])?;
         let mut families = Vec::new();
-        {
-            use prometheus::core::Collector;
-            let mut add = |c: &dyn Collector, ty: MetricType| {
-                for d in c.desc() {
-                    families.push((d.fq_name.clone(), d.help.clone(), ty));
-                }
-            };
-            add(&jobs, MetricType::GAUGE);
-            add(&nodes, MetricType::GAUGE);
-            add(&placements, MetricType::COUNTER);
-            add(&overload, MetricType::GAUGE);
-            add(&utilization, MetricType::GAUGE);
-            add(&heartbeat_lag, MetricType::GAUGE);
-            add(&engine.schedstat, MetricType::COUNTER);
-            add(&engine.steals, MetricType::COUNTER);
-            add(&engine.steal_failures, MetricType::COUNTER);
-            add(&engine.busy_skip, MetricType::COUNTER);
-        }
+        add_families(&mut families, &jobs, MetricType::GAUGE);
+        add_families(&mut families, &nodes, MetricType::GAUGE);
+        add_families(&mut families, &placements, MetricType::COUNTER);
+        add_families(&mut families, &overload, MetricType::GAUGE);
+        add_families(&mut families, &utilization, MetricType::GAUGE);
+        add_families(&mut families, &heartbeat_lag, MetricType::GAUGE);
+        families.extend(engine.families());
         for state in ["ready", "down", "disconnected", "draining", "cordoned"] {
             nodes.with_label_values(&[state]);
         }
@@ -186,7 +175,7 @@ impl Metrics {
 
     /// Name, help and type of every counter and gauge family (registered
     /// even before they have series), for bridging to OTLP.
-    pub fn families(&self) -> &[(String, String, MetricType)] {
+    pub fn families(&self) -> &[Family] {
         &self.families
     }
 

@@ -25,6 +25,16 @@ use crate::store::NodeAdmin;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// The W3C Trace Context headers of a request (`traceparent`,
+/// `tracestate`), for the submitted jobs' traces to continue the caller's.
+/// A malformed value is ignored (the job gets a trace of its own).
+fn trace_context(md: &tonic::metadata::MetadataMap) -> std::collections::HashMap<String, String> {
+    ["traceparent", "tracestate"]
+        .into_iter()
+        .filter_map(|k| Some((k.to_string(), md.get(k)?.to_str().ok()?.to_string())))
+        .collect()
+}
+
 /// Client-facing job service.
 #[derive(Clone)]
 pub struct Jobs {
@@ -37,6 +47,7 @@ impl JobService for Jobs {
         &self,
         req: Request<SubmitJobRequest>,
     ) -> Result<Response<SubmitJobResponse>, Status> {
+        let trace_context = trace_context(req.metadata());
         let spec = req
             .into_inner()
             .spec
@@ -46,6 +57,7 @@ impl JobService for Jobs {
             .call(|reply| Command::Submit {
                 specs: vec![spec],
                 batch: false,
+                trace_context,
                 reply,
             })
             .await?;
@@ -56,12 +68,14 @@ impl JobService for Jobs {
         &self,
         req: Request<SubmitJobsRequest>,
     ) -> Result<Response<SubmitJobsResponse>, Status> {
+        let trace_context = trace_context(req.metadata());
         let specs = req.into_inner().specs;
         let jobs = self
             .core
             .call(|reply| Command::Submit {
                 specs,
                 batch: true,
+                trace_context,
                 reply,
             })
             .await?;

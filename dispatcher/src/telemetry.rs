@@ -1,16 +1,10 @@
-//! OTLP export of traces and metrics (OpenTelemetry over gRPC).
+//! The dispatcher's OTLP traces and metrics (OpenTelemetry over gRPC).
 //!
-//! Off by default. On with `dispatcher --otlp-endpoint URL` or the standard
-//! environment (`OTEL_EXPORTER_OTLP_ENDPOINT`, or the per-signal
-//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `..._METRICS_ENDPOINT`; headers,
-//! timeout and compression from the other `OTEL_EXPORTER_OTLP_*`
-//! variables; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
-//! `OTEL_METRIC_EXPORT_INTERVAL`; `OTEL_SDK_DISABLED=true` turns it off).
-//!
-//! Placement never waits on a collector: spans go to the SDK's batch
-//! processor (a bounded queue drained by its own thread; spans are dropped
-//! when it is full) and metrics are read by a periodic reader on its own
-//! thread. Shutdown flushes on a blocking thread with a deadline.
+//! Off by default; on and configured exactly like the agent's (flag
+//! `--otlp-endpoint` or the standard `OTEL_*` environment): the pipelines,
+//! the Prometheus bridge and W3C propagation live in [`agent::telemetry`]
+//! and are shared. Placement never waits on a collector (batch exporters
+//! on their own threads).
 //!
 //! **Traces.** Each job gets a root span `job` (attributes `job.id`,
 //! `job.class`, `job.cpus`; ends when the job ends, with `job.state`) and
@@ -20,7 +14,11 @@
 //! `placed` (`dispatch.node`, `dispatch.reason`),
 //! `run` (from assignment to the end; `dispatch.node`), `started`
 //! (`dispatch.node`, `job.cpus_used`) and `finished` (`job.state`,
-//! `job.exit_code`).
+//! `job.exit_code`). When the SubmitJob(s) request carried a W3C
+//! `traceparent` in its metadata, `job` is a child of the client's span
+//! ([`Telemetry::adopt_parent`]). The core puts the `run` span's context
+//! in every `Assign` it sends ([`Telemetry::trace_context`]), so the
+//! agent's `job.start` / `job.run` spans join the same trace.
 //!
 //! **Metrics.** Every Prometheus metric of [`crate::metrics`] is bridged
 //! (counters lose their `_total` suffix: OTLP sums are named without it),
@@ -29,39 +27,30 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
 
-use opentelemetry::metrics::{Histogram, Meter, MeterProvider as _};
-use opentelemetry::trace::{Span as _, TraceContextExt, Tracer as _, TracerProvider as _};
+use agent::telemetry::{Exporters, TelemetryError};
+use opentelemetry::metrics::Histogram;
+use opentelemetry::trace::{Span as _, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig};
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
-use prometheus::proto::MetricType;
+use opentelemetry_sdk::trace::SdkTracer;
 use proto::v1::{Job, JobEvent, JobState};
 
 use crate::metrics::{Metrics, state_name};
 
 /// Is OTLP export asked for (flag or environment)?
 pub fn wanted(flag: Option<&str>) -> bool {
-    let env = |k: &str| std::env::var(k).is_ok_and(|v| !v.trim().is_empty());
-    if std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true")) {
-        return false;
-    }
-    flag.is_some()
-        || env("OTEL_EXPORTER_OTLP_ENDPOINT")
-        || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        || env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+    agent::telemetry::wanted(flag)
 }
 
 /// The exporters; dropped or [`Telemetry::shutdown`] at exit.
 pub struct Telemetry {
-    tracer_provider: SdkTracerProvider,
-    meter_provider: SdkMeterProvider,
+    exporters: Exporters,
     tracer: SdkTracer,
     placement_seconds: Histogram<f64>,
     jobs: Mutex<HashMap<String, JobTrace>>,
+    /// Remote parents of jobs just submitted, taken when their root span
+    /// opens (the same core batch).
+    parents: Mutex<HashMap<String, Context>>,
 }
 
 /// The open spans of a live job.
@@ -92,44 +81,55 @@ fn is_terminal(state: i32) -> bool {
 impl Telemetry {
     /// Build the OTLP exporters (inside a tokio runtime: the gRPC channel
     /// is created on it, connecting lazily) and bridge `metrics`.
-    pub fn init(endpoint: Option<&str>, metrics: Arc<Metrics>) -> anyhow::Result<Self> {
-        let mut resource = Resource::builder();
-        if std::env::var("OTEL_SERVICE_NAME").is_err() {
-            resource = resource.with_service_name("dispatcher");
-        }
-        let resource = resource.build();
-        let timeout = Duration::from_secs(3);
-        let mut spans = SpanExporter::builder().with_tonic();
-        if let Some(ep) = endpoint {
-            spans = spans.with_endpoint(ep).with_timeout(timeout);
-        }
-        let tracer_provider = SdkTracerProvider::builder()
-            .with_batch_exporter(spans.build()?)
-            .with_resource(resource.clone())
-            .build();
-        let mut mexp = MetricExporter::builder().with_tonic();
-        if let Some(ep) = endpoint {
-            mexp = mexp.with_endpoint(ep).with_timeout(timeout);
-        }
-        let reader = PeriodicReader::builder(mexp.build()?).build();
-        let meter_provider = SdkMeterProvider::builder()
-            .with_reader(reader)
-            .with_resource(resource)
-            .build();
-        let meter = meter_provider.meter("dispatcher");
-        bridge(&meter, &metrics);
+    pub fn init(endpoint: Option<&str>, metrics: Arc<Metrics>) -> Result<Self, TelemetryError> {
+        let exporters = Exporters::init("dispatcher", endpoint)?;
+        let meter = exporters.meter("dispatcher");
+        agent::telemetry::bridge_prometheus(&meter, &metrics.registry, metrics.families());
         let placement_seconds = meter
             .f64_histogram("dispatch_placement_seconds")
             .with_unit("s")
             .with_description("Time the core spent validating and placing a submitted job.")
             .build();
         Ok(Self {
-            tracer: tracer_provider.tracer("dispatcher"),
-            tracer_provider,
-            meter_provider,
+            tracer: exporters.tracer("dispatcher"),
+            exporters,
             placement_seconds,
             jobs: Mutex::new(HashMap::new()),
+            parents: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The pipelines (the `--dev` agent traces its jobs through them).
+    pub fn exporters(&self) -> &Exporters {
+        &self.exporters
+    }
+
+    /// The jobs `ids` were submitted by a request carrying the W3C trace
+    /// context `carrier`: their root spans become children of it. Call
+    /// before the batch's events are observed.
+    pub fn adopt_parent<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a str>,
+        carrier: &HashMap<String, String>,
+    ) {
+        let Some(parent) = agent::telemetry::extract(carrier) else {
+            return;
+        };
+        let mut parents = self.parents.lock().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            parents.insert(id.to_string(), parent.clone());
+        }
+    }
+
+    /// The W3C trace context to send with the job's `Assign`: its `run`
+    /// span (or its root); empty for a job without a live trace (one that
+    /// predates this process).
+    pub fn trace_context(&self, job_id: &str) -> HashMap<String, String> {
+        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        match jobs.get(job_id) {
+            Some(t) => agent::telemetry::inject(t.run.as_ref().unwrap_or(&t.root)),
+            None => HashMap::new(),
+        }
     }
 
     /// The core placed `n` submitted jobs in `seconds`.
@@ -159,7 +159,13 @@ impl Telemetry {
             let Some(job) = &ev.job else { continue };
             let id = KeyValue::new("job.id", job.id.clone());
             if ev.previous_state == JobState::Unspecified as i32 && !jobs.contains_key(&job.id) {
-                let mut root = self.tracer.start_with_context("job", &Context::new());
+                let parent = self
+                    .parents
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&job.id)
+                    .unwrap_or_default();
+                let mut root = self.tracer.start_with_context("job", &parent);
                 root.set_attributes([
                     id.clone(),
                     KeyValue::new("job.class", class_of(job)),
@@ -168,7 +174,7 @@ impl Telemetry {
                         job.spec.as_ref().map_or(1, |s| s.cpus.max(1)) as i64,
                     ),
                 ]);
-                let root = Context::new().with_span(root);
+                let root = parent.with_span(root);
                 self.instant("submit", &root, vec![id.clone()]);
                 let queued = self.open("queued", &root, vec![id.clone()]);
                 jobs.insert(
@@ -243,77 +249,9 @@ impl Telemetry {
         }
     }
 
-    /// Flush and stop the exporters, on a blocking thread, giving up after
-    /// a few seconds (a dead collector errors in about a second).
+    /// Flush and stop the exporters (bounded; see [`Exporters::shutdown`]).
     pub async fn shutdown(&self) {
-        let tracer_provider = self.tracer_provider.clone();
-        let meter_provider = self.meter_provider.clone();
-        let done = tokio::task::spawn_blocking(move || {
-            let _ = tracer_provider.shutdown_with_timeout(Duration::from_secs(3));
-            let _ = meter_provider.shutdown_with_timeout(Duration::from_secs(3));
-        });
-        let _ = tokio::time::timeout(Duration::from_secs(8), done).await;
-    }
-}
-
-/// Observe every Prometheus family of `metrics` as an OTel instrument.
-fn bridge(meter: &Meter, metrics: &Arc<Metrics>) {
-    for (name, help, ty) in metrics.families() {
-        let (name, help, ty) = (name.clone(), help.clone(), *ty);
-        let m = metrics.clone();
-        let observe = move |name: &str| -> Vec<(f64, Vec<KeyValue>)> {
-            m.registry
-                .gather()
-                .into_iter()
-                .filter(|f| f.name() == name)
-                .flat_map(|f| {
-                    let ty = f.get_field_type();
-                    f.get_metric()
-                        .iter()
-                        .map(|s| {
-                            let v = match ty {
-                                MetricType::COUNTER => s.get_counter().get_value(),
-                                _ => s.get_gauge().get_value(),
-                            };
-                            let attrs = s
-                                .get_label()
-                                .iter()
-                                .map(|l| KeyValue::new(l.name().to_string(), l.value().to_string()))
-                                .collect();
-                            (v, attrs)
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        };
-        match ty {
-            MetricType::COUNTER => {
-                let otel = name.trim_end_matches("_total").to_string();
-                let _ = meter
-                    .f64_observable_counter(otel)
-                    .with_description(help)
-                    .with_callback(move |o| {
-                        for (v, attrs) in observe(&name) {
-                            o.observe(v, &attrs);
-                        }
-                    })
-                    .build();
-            }
-            MetricType::GAUGE => {
-                let n = name.clone();
-                let _ = meter
-                    .f64_observable_gauge(n)
-                    .with_description(help)
-                    .with_callback(move |o| {
-                        for (v, attrs) in observe(&name) {
-                            o.observe(v, &attrs);
-                        }
-                    })
-                    .build();
-            }
-            // Histograms are recorded directly (observe_submit).
-            _ => {}
-        }
+        self.exporters.shutdown().await;
     }
 }
 

@@ -1,0 +1,453 @@
+//! OTLP export of traces and metrics (OpenTelemetry over gRPC), shared by
+//! the agent and the dispatcher, and the agent's spans of the jobs it runs.
+//!
+//! Off by default. On with `--otlp-endpoint URL` (agent and dispatcher) or
+//! the standard environment (`OTEL_EXPORTER_OTLP_ENDPOINT`, or the
+//! per-signal `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `..._METRICS_ENDPOINT`;
+//! headers, timeout and compression from the other `OTEL_EXPORTER_OTLP_*`
+//! variables; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
+//! `OTEL_METRIC_EXPORT_INTERVAL`, `OTEL_BSP_*`; `OTEL_SDK_DISABLED=true`
+//! turns it off).
+//!
+//! Nothing waits on a collector: spans go to the SDK's batch processor (a
+//! bounded queue drained by its own thread; spans are dropped when it is
+//! full) and metrics are read by a periodic reader on its own thread.
+//! Shutdown flushes on a blocking thread with a deadline.
+//!
+//! This module owns: building the exporters ([`Exporters`]), bridging a
+//! Prometheus registry to OTel instruments ([`bridge_prometheus`]), W3C
+//! trace-context propagation ([`inject`], [`extract`]), and the agent's job
+//! spans ([`JobTraces`]): `job.start` (from the local scheduler's Start to
+//! the shim running; `job.id`, `job.attempt`, `dispatch.node`,
+//! `job.cpus_used` (the scheduler's CPUs), `job.pinned_cpus` (the real
+//! ones)) and `job.run` (from then to the exit; events `stopped`,
+//! `continued`, `migrated` with the CPUs and, for a move, `steal.level` =
+//! smt / llc / cross_llc; ends with `job.state`, `job.exit_code`,
+//! `job.signal`). Both are children of the trace context the dispatcher
+//! sends in `Assign.trace_context`, so one trace covers the job from
+//! submission to exit across both processes.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use opentelemetry::metrics::{Meter, MeterProvider as _};
+use opentelemetry::propagation::TextMapPropagator as _;
+use opentelemetry::trace::{
+    Span as _, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
+use prometheus::Registry;
+use prometheus::proto::MetricType;
+
+use crate::metrics::Family;
+
+/// Why the exporters could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    /// The OTLP exporter rejected its configuration (endpoint, headers...).
+    #[error("building the OTLP exporter: {0}")]
+    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+}
+
+/// Is OTLP export asked for (flag or environment)?
+pub fn wanted(flag: Option<&str>) -> bool {
+    let env = |k: &str| std::env::var(k).is_ok_and(|v| !v.trim().is_empty());
+    if std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+        return false;
+    }
+    flag.is_some()
+        || env("OTEL_EXPORTER_OTLP_ENDPOINT")
+        || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        || env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+}
+
+/// The OTLP trace and metric pipelines of a process.
+#[derive(Clone)]
+pub struct Exporters {
+    tracer_provider: SdkTracerProvider,
+    meter_provider: SdkMeterProvider,
+}
+
+impl Exporters {
+    /// Build both exporters (inside a tokio runtime: the gRPC channels are
+    /// created on it and connect lazily). `default_service` is the
+    /// `service.name` unless `OTEL_SERVICE_NAME` says otherwise; `endpoint`
+    /// (the flag) overrides the environment's endpoint.
+    pub fn init(default_service: &str, endpoint: Option<&str>) -> Result<Self, TelemetryError> {
+        let mut resource = Resource::builder();
+        if std::env::var("OTEL_SERVICE_NAME").is_err() {
+            resource = resource.with_service_name(default_service.to_string());
+        }
+        let resource = resource.build();
+        let timeout = Duration::from_secs(3);
+        let mut spans = SpanExporter::builder().with_tonic();
+        if let Some(ep) = endpoint {
+            spans = spans.with_endpoint(ep).with_timeout(timeout);
+        }
+        let tracer_provider = SdkTracerProvider::builder()
+            .with_batch_exporter(spans.build()?)
+            .with_resource(resource.clone())
+            .build();
+        let mut metrics = MetricExporter::builder().with_tonic();
+        if let Some(ep) = endpoint {
+            metrics = metrics.with_endpoint(ep).with_timeout(timeout);
+        }
+        let reader = PeriodicReader::builder(metrics.build()?).build();
+        let meter_provider = SdkMeterProvider::builder()
+            .with_reader(reader)
+            .with_resource(resource)
+            .build();
+        Ok(Self {
+            tracer_provider,
+            meter_provider,
+        })
+    }
+
+    /// A tracer of this pipeline for instrumentation scope `scope`.
+    pub fn tracer(&self, scope: &'static str) -> SdkTracer {
+        self.tracer_provider.tracer(scope)
+    }
+
+    /// A meter of this pipeline for instrumentation scope `scope`.
+    pub fn meter(&self, scope: &'static str) -> Meter {
+        self.meter_provider.meter(scope)
+    }
+
+    /// Flush and stop the exporters on a blocking thread, giving up after
+    /// a few seconds (a dead collector errors in about a second).
+    pub async fn shutdown(&self) {
+        let tracer_provider = self.tracer_provider.clone();
+        let meter_provider = self.meter_provider.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let _ = tracer_provider.shutdown_with_timeout(Duration::from_secs(3));
+            let _ = meter_provider.shutdown_with_timeout(Duration::from_secs(3));
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(8), done).await;
+    }
+}
+
+/// Observe every counter and gauge family of `registry` listed in
+/// `families` as an OTel instrument of `meter`, read at each export.
+/// Counters lose their `_total` suffix (OTLP sums are named without it);
+/// histograms are left to the caller (OTel has no observable histogram).
+pub fn bridge_prometheus(meter: &Meter, registry: &Registry, families: &[Family]) {
+    for (name, help, ty) in families {
+        let (name, help, ty) = (name.clone(), help.clone(), *ty);
+        let registry = registry.clone();
+        let observe = move |name: &str| -> Vec<(f64, Vec<KeyValue>)> {
+            registry
+                .gather()
+                .into_iter()
+                .filter(|f| f.name() == name)
+                .flat_map(|f| {
+                    let ty = f.get_field_type();
+                    f.get_metric()
+                        .iter()
+                        .map(|s| {
+                            let v = match ty {
+                                MetricType::COUNTER => s.get_counter().get_value(),
+                                _ => s.get_gauge().get_value(),
+                            };
+                            let attrs = s
+                                .get_label()
+                                .iter()
+                                .map(|l| KeyValue::new(l.name().to_string(), l.value().to_string()))
+                                .collect();
+                            (v, attrs)
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        };
+        match ty {
+            MetricType::COUNTER => {
+                let otel = name.trim_end_matches("_total").to_string();
+                let _ = meter
+                    .f64_observable_counter(otel)
+                    .with_description(help)
+                    .with_callback(move |o| {
+                        for (v, attrs) in observe(&name) {
+                            o.observe(v, &attrs);
+                        }
+                    })
+                    .build();
+            }
+            MetricType::GAUGE => {
+                let otel = name.clone();
+                let _ = meter
+                    .f64_observable_gauge(otel)
+                    .with_description(help)
+                    .with_callback(move |o| {
+                        for (v, attrs) in observe(&name) {
+                            o.observe(v, &attrs);
+                        }
+                    })
+                    .build();
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The W3C Trace Context headers (`traceparent`, `tracestate`) naming the
+/// span active in `cx`; empty when it has none.
+pub fn inject(cx: &Context) -> HashMap<String, String> {
+    let mut carrier = HashMap::new();
+    if cx.span().span_context().is_valid() {
+        TraceContextPropagator::new().inject_context(cx, &mut carrier);
+    }
+    carrier
+}
+
+/// The remote span named by W3C Trace Context headers, as a parent
+/// context; `None` when `traceparent` is missing or malformed.
+pub fn extract(carrier: &HashMap<String, String>) -> Option<Context> {
+    let cx = TraceContextPropagator::new().extract(carrier);
+    cx.span().span_context().is_valid().then_some(cx)
+}
+
+static JOB_TRACER: OnceLock<SdkTracer> = OnceLock::new();
+
+/// Trace the jobs this process's agent runs with `tracer` (once). The
+/// agent binary installs its own; the dispatcher's `--dev` agent shares
+/// the dispatcher's.
+pub fn install_job_tracer(tracer: SdkTracer) {
+    let _ = JOB_TRACER.set(tracer);
+}
+
+/// The level a task moved across, from CPU `from` to CPU `to` (scheduler
+/// CPU numbers): `smt` (same core), `llc` (same last-level cache) or
+/// `cross_llc`; `None` for a CPU the topology does not have or no move.
+pub fn move_level(topo: &sched::Topology, from: u32, to: u32) -> Option<&'static str> {
+    let a = topo.leaf_of_os_id(u64::from(from))?;
+    let b = topo.leaf_of_os_id(u64::from(to))?;
+    if a == b {
+        None
+    } else if topo.core_of(a) == topo.core_of(b) {
+        Some("smt")
+    } else if topo.share_llc(a, b) {
+        Some("llc")
+    } else {
+        Some("cross_llc")
+    }
+}
+
+/// The open spans of one job attempt on this node.
+struct JobTrace {
+    /// The dispatcher's span (remote), or a fresh root.
+    parent: Context,
+    starting: Option<Context>,
+    run: Option<Context>,
+    cpus: Vec<u32>,
+}
+
+fn cpu_list(cpus: &[u32]) -> String {
+    cpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The agent's spans of the jobs it holds, by local id (job and attempt).
+/// Every method is a no-op when no job tracer is installed or the job was
+/// not announced with [`JobTraces::assigned`].
+#[derive(Default)]
+pub struct JobTraces {
+    jobs: HashMap<String, JobTrace>,
+}
+
+impl JobTraces {
+    fn tracer() -> Option<&'static SdkTracer> {
+        JOB_TRACER.get()
+    }
+
+    /// The dispatcher assigned the job `id` with `trace_context`.
+    pub fn assigned(&mut self, id: &str, trace_context: &HashMap<String, String>) {
+        if Self::tracer().is_none() {
+            return;
+        }
+        let parent = extract(trace_context).unwrap_or_default();
+        self.jobs.insert(
+            id.to_string(),
+            JobTrace {
+                parent,
+                starting: None,
+                run: None,
+                cpus: Vec::new(),
+            },
+        );
+    }
+
+    /// The agent starts the job on `cpus` (scheduler CPUs) pinned to
+    /// `pinned` (real CPUs): opens `job.start`.
+    pub fn starting(
+        &mut self,
+        id: &str,
+        (job_id, attempt): (&str, u32),
+        node: &str,
+        cpus: &[u32],
+        pinned: &[u32],
+    ) {
+        let (Some(tracer), Some(t)) = (Self::tracer(), self.jobs.get_mut(id)) else {
+            return;
+        };
+        let mut span = tracer.start_with_context("job.start", &t.parent);
+        span.set_attributes([
+            KeyValue::new("job.id", job_id.to_string()),
+            KeyValue::new("job.attempt", i64::from(attempt)),
+            KeyValue::new("dispatch.node", node.to_string()),
+            KeyValue::new("job.cpus_used", cpu_list(cpus)),
+            KeyValue::new("job.pinned_cpus", cpu_list(pinned)),
+        ]);
+        t.starting = Some(t.parent.with_span(span));
+        t.cpus = cpus.to_vec();
+    }
+
+    /// The shim runs (`Ok`) or could not start (`Err`): ends `job.start`
+    /// and, on success, opens `job.run`.
+    pub fn started(&mut self, id: &str, result: Result<(), &str>) {
+        let (Some(tracer), Some(t)) = (Self::tracer(), self.jobs.get_mut(id)) else {
+            return;
+        };
+        if let Some(cx) = t.starting.take() {
+            let span = cx.span();
+            if let Err(err) = result {
+                span.set_status(Status::error(err.to_string()));
+            }
+            span.end();
+        }
+        match result {
+            Ok(()) => {
+                let span = tracer.start_with_context("job.run", &t.parent);
+                t.run = Some(t.parent.with_span(span));
+            }
+            Err(_) => {
+                self.jobs.remove(id);
+            }
+        }
+    }
+
+    /// The job was time-sliced out (SIGSTOP).
+    pub fn stopped(&mut self, id: &str) {
+        if let Some(run) = self.jobs.get(id).and_then(|t| t.run.as_ref()) {
+            run.span().add_event("stopped", Vec::new());
+        }
+    }
+
+    /// The job runs again (`continued`, after a stop) or was re-pinned
+    /// while running (`migrated`) on `cpus`; a move to other CPUs carries
+    /// the level it crossed.
+    pub fn moved(&mut self, id: &str, event: &'static str, cpus: &[u32], topo: &sched::Topology) {
+        let Some(t) = self.jobs.get_mut(id) else {
+            return;
+        };
+        let Some(run) = &t.run else { return };
+        let mut attrs = vec![KeyValue::new("job.cpus_used", cpu_list(cpus))];
+        // The widest level any of the job's CPUs moved across.
+        let level = t
+            .cpus
+            .iter()
+            .zip(cpus)
+            .filter_map(|(&a, &b)| move_level(topo, a, b))
+            .max_by_key(|l| match *l {
+                "smt" => 0,
+                "llc" => 1,
+                _ => 2,
+            });
+        if let Some(level) = level {
+            attrs.push(KeyValue::new("steal.level", level));
+        }
+        run.span().add_event(event, attrs);
+        t.cpus = cpus.to_vec();
+    }
+
+    /// The job ended: ends `job.run` with its state and exit.
+    pub fn ended(&mut self, id: &str, state: &str, exit_code: i32, signal: i32, message: &str) {
+        let Some(t) = self.jobs.remove(id) else {
+            return;
+        };
+        if let Some(cx) = t.starting {
+            cx.span().end();
+        }
+        if let Some(run) = t.run {
+            let span = run.span();
+            span.set_attributes([
+                KeyValue::new("job.state", state.to_string()),
+                KeyValue::new("job.exit_code", i64::from(exit_code)),
+                KeyValue::new("job.signal", i64::from(signal)),
+            ]);
+            if !message.is_empty() {
+                span.set_attribute(KeyValue::new("job.message", message.to_string()));
+            }
+            if state != "succeeded" {
+                span.set_status(Status::error(message.to_string()));
+            }
+            span.end();
+        }
+    }
+
+    /// The job left the node without running (cancelled before it
+    /// started, stolen back by the dispatcher).
+    pub fn forget(&mut self, id: &str) {
+        self.jobs.remove(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+
+    #[test]
+    fn trace_context_round_trips_through_w3c_headers() {
+        let sc = SpanContext::new(
+            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+            SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+            TraceFlags::SAMPLED,
+            true,
+            TraceState::default(),
+        );
+        let cx = Context::new().with_remote_span_context(sc.clone());
+        let carrier = inject(&cx);
+        assert_eq!(
+            carrier.get("traceparent").map(String::as_str),
+            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+        );
+        let back = extract(&carrier).expect("a valid context");
+        assert_eq!(back.span().span_context().trace_id(), sc.trace_id());
+        assert_eq!(back.span().span_context().span_id(), sc.span_id());
+        assert!(back.span().span_context().is_remote());
+    }
+
+    #[test]
+    fn no_or_bad_traceparent_gives_no_parent() {
+        assert!(inject(&Context::new()).is_empty());
+        assert!(extract(&HashMap::new()).is_none());
+        let bad: HashMap<String, String> =
+            [("traceparent".to_string(), "00-nothex-00f067aa0ba902b7-01".to_string())].into();
+        assert!(extract(&bad).is_none());
+    }
+
+    #[test]
+    fn moves_are_classified_by_the_level_they_cross() {
+        // 1 socket, 2 LLCs of 2 cores of 2 threads: CPUs 0-7, siblings
+        // (0,1), (2,3), ...; LLC 0 = 0-3 under this spec's linear layout.
+        let m = crate::topology::synthetic("2s:2c:2t:linear").unwrap();
+        let topo = m.to_sched().unwrap();
+        let core0: Vec<u32> = m.smt_groups()[0].clone();
+        let llc0: Vec<u32> = m.llc_groups()[0].clone();
+        let llc1: Vec<u32> = m.llc_groups()[1].clone();
+        assert_eq!(move_level(&topo, core0[0], core0[0]), None);
+        assert_eq!(move_level(&topo, core0[0], core0[1]), Some("smt"));
+        let other_core = *llc0.iter().find(|c| !core0.contains(c)).unwrap();
+        assert_eq!(move_level(&topo, core0[0], other_core), Some("llc"));
+        assert_eq!(move_level(&topo, llc0[0], llc1[0]), Some("cross_llc"));
+        assert_eq!(move_level(&topo, 0, 999), None);
+    }
+}
