@@ -1,9 +1,14 @@
 //! OTLP export: a real OTLP/gRPC receiver (trace and metrics services from
-//! opentelemetry-proto) runs in the test; a dispatcher started with
-//! `--otlp-endpoint` and two agents run jobs; the receiver must get the
-//! jobs' spans (names, attributes, one trace per job) and the metrics.
-//! Then the receiver goes away and the dispatcher must keep placing jobs
-//! without delay.
+//! opentelemetry-proto) runs in the test.
+//!
+//! 1. A dispatcher started with `--otlp-endpoint` and two agents run jobs;
+//!    the receiver must get the jobs' spans (names, attributes, one trace
+//!    per job) and the metrics. Then the receiver goes away and the
+//!    dispatcher must keep placing jobs without delay.
+//! 2. A dispatcher and an agent both export: a job's trace crosses the
+//!    process boundary (the agent's `job.start` / `job.run` are children of
+//!    the dispatcher's `run` span, same trace id), continues a client's
+//!    `traceparent`, and the agent's metrics arrive by name.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
@@ -35,6 +40,8 @@ use tonic::transport::Channel;
 struct RxSpan {
     name: String,
     trace_id: Vec<u8>,
+    span_id: Vec<u8>,
+    parent_span_id: Vec<u8>,
     attrs: BTreeMap<String, String>,
     service: String,
 }
@@ -45,6 +52,13 @@ struct RxMetric {
     name: String,
     kind: &'static str,
     attrs: Vec<BTreeMap<String, String>>,
+    service: String,
+}
+
+fn service_of(r: &Option<opentelemetry_proto::tonic::resource::v1::Resource>) -> String {
+    r.as_ref()
+        .and_then(|r| attrs(&r.attributes).remove("service.name"))
+        .unwrap_or_default()
 }
 
 #[derive(Clone, Default)]
@@ -76,17 +90,16 @@ impl TraceService for Sink {
         req: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         let mut out = self.spans.lock().unwrap();
-        for rs in req.into_inner().resource_spans {
-            let service = rs
-                .resource
-                .as_ref()
-                .and_then(|r| attrs(&r.attributes).remove("service.name"))
-                .unwrap_or_default();
+        let req = req.into_inner();
+        for rs in req.resource_spans {
+            let service = service_of(&rs.resource);
             for ss in rs.scope_spans {
                 for s in ss.spans {
                     out.push(RxSpan {
                         name: s.name,
                         trace_id: s.trace_id,
+                        span_id: s.span_id,
+                        parent_span_id: s.parent_span_id,
                         attrs: attrs(&s.attributes),
                         service: service.clone(),
                     });
@@ -105,6 +118,7 @@ impl MetricsService for Sink {
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
         let mut out = self.metrics.lock().unwrap();
         for rm in req.into_inner().resource_metrics {
+            let service = service_of(&rm.resource);
             for sm in rm.scope_metrics {
                 for m in sm.metrics {
                     let (kind, points) = match &m.data {
@@ -126,6 +140,7 @@ impl MetricsService for Sink {
                         name: m.name,
                         kind,
                         attrs: points,
+                        service: service.clone(),
                     });
                 }
             }
@@ -153,29 +168,46 @@ async fn receiver(port: u16, sink: Sink) -> Result<tokio::sync::oneshot::Sender<
     Ok(tx)
 }
 
-/// The dispatcher, started here to set the OTEL_* environment; killed
-/// with its process group on drop.
+/// A process started here (to set the OTEL_* environment) in its own
+/// process group, killed with the group on drop.
+struct Group(Child);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = self.0.wait();
+    }
+}
+
+/// Start `cmd` in its own process group with its output in `log`.
+fn spawn(mut cmd: Command, log: &std::path::Path) -> Result<Group> {
+    use std::os::unix::process::CommandExt;
+    let file = std::fs::File::create(log)?;
+    cmd.env("OTEL_METRIC_EXPORT_INTERVAL", "300")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env_remove("OTEL_SDK_DISABLED")
+        .env_remove("OTEL_SERVICE_NAME")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::from(file.try_clone()?))
+        .stderr(Stdio::from(file))
+        .stdin(Stdio::null())
+        .process_group(0);
+    Ok(Group(cmd.spawn().context("starting a process")?))
+}
+
+/// The dispatcher.
 struct Disp {
-    child: Child,
+    _group: Group,
     url: String,
     log: std::path::PathBuf,
 }
 
-impl Drop for Disp {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::killpg(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        let _ = self.child.wait();
-    }
-}
-
 fn start_dispatcher(dir: &std::path::Path, otlp_port: u16) -> Result<Disp> {
-    use std::os::unix::process::CommandExt;
     let port = free_port();
     let log = dir.join("dispatcher.log");
-    let file = std::fs::File::create(&log)?;
     let mut cmd = Command::new(binary("dispatcher"));
     cmd.arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
@@ -184,18 +216,9 @@ fn start_dispatcher(dir: &std::path::Path, otlp_port: u16) -> Result<Disp> {
         .arg("--heartbeat-ms")
         .arg("300")
         .arg("--otlp-endpoint")
-        .arg(format!("http://127.0.0.1:{otlp_port}"))
-        .env("OTEL_METRIC_EXPORT_INTERVAL", "300")
-        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
-        .env_remove("OTEL_SDK_DISABLED")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::from(file.try_clone()?))
-        .stderr(Stdio::from(file))
-        .stdin(Stdio::null())
-        .process_group(0);
-    let child = cmd.spawn().context("starting the dispatcher")?;
+        .arg(format!("http://127.0.0.1:{otlp_port}"));
     let d = Disp {
-        child,
+        _group: spawn(cmd, &log)?,
         url: format!("http://127.0.0.1:{port}"),
         log,
     };
@@ -415,6 +438,279 @@ async fn spans_and_metrics_reach_an_otlp_receiver_and_placement_survives_its_los
         );
     }
     let log = std::fs::read_to_string(&d.log).unwrap_or_default();
+    assert!(!log.contains("panicked"), "{log}");
+    Ok(())
+}
+
+/// An agent exporting over OTLP to `otlp_port`.
+fn start_agent(
+    dir: &std::path::Path,
+    dispatcher_url: &str,
+    node: &str,
+    otlp_port: u16,
+) -> Result<(Group, std::path::PathBuf)> {
+    let log = dir.join(format!("agent-{node}.log"));
+    let mut cmd = Command::new(binary("agent"));
+    cmd.arg("run")
+        .arg("--dispatcher")
+        .arg(dispatcher_url)
+        .arg("--node-name")
+        .arg(node)
+        .arg("--state-dir")
+        .arg(dir.join(format!("agent-{node}")))
+        .arg("--topology")
+        .arg("1s:2c:2t")
+        .arg("--otlp-endpoint")
+        .arg(format!("http://127.0.0.1:{otlp_port}"));
+    Ok((spawn(cmd, &log)?, log))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+async fn wait_terminal(
+    jobs: &JobServiceClient<Channel>,
+    ids: &[String],
+) -> Result<Vec<proto::v1::Job>> {
+    let want: BTreeSet<String> = ids.iter().cloned().collect();
+    eventually(Duration::from_secs(60), "jobs terminal", || {
+        let mut c = jobs.clone();
+        let want = want.clone();
+        async move {
+            let all = all_jobs(&mut c).await.ok()?;
+            let mine: Vec<_> = all.into_iter().filter(|j| want.contains(&j.id)).collect();
+            (mine.len() == want.len() && mine.iter().all(|j| is_terminal(j.state))).then_some(mine)
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_trace_spans_client_dispatcher_and_agent() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sink = Sink::default();
+    let otlp_port = free_port();
+    let stop = receiver(otlp_port, sink.clone()).await?;
+    let d = start_dispatcher(dir.path(), otlp_port)?;
+    let (_agent, agent_log) = start_agent(dir.path(), &d.url, "n1", otlp_port)?;
+    let ch = Channel::from_shared(d.url.clone())?.connect().await?;
+    let mut jobs = JobServiceClient::new(ch.clone());
+    let nodes = proto::v1::node_service_client::NodeServiceClient::new(ch);
+    eventually(Duration::from_secs(20), "the node ready", || {
+        let mut c = nodes.clone();
+        async move {
+            let n = c
+                .list_nodes(proto::v1::ListNodesRequest {})
+                .await
+                .ok()?
+                .into_inner()
+                .nodes;
+            n.iter()
+                .any(|x| x.state == proto::v1::NodeState::Ready as i32)
+                .then_some(())
+        }
+    })
+    .await?;
+
+    // A client's trace: job A continues it (traceparent in the metadata).
+    let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let client_span = "00f067aa0ba902b7";
+    let mut req = tonic::Request::new(proto::v1::SubmitJobRequest {
+        spec: Some(JobSpec {
+            command: vec!["sh".into(), "-c".into(), "sleep 0.2".into()],
+            cpus: 1,
+            ..Default::default()
+        }),
+    });
+    req.metadata_mut().insert(
+        "traceparent",
+        format!("00-{client_trace}-{client_span}-01").parse()?,
+    );
+    let a = jobs.submit_job(req).await?.into_inner().jobs.remove(0);
+    // Job B: no client trace, two CPUs, fails with 3.
+    let b = jobs
+        .submit_jobs(SubmitJobsRequest {
+            specs: vec![JobSpec {
+                command: vec!["sh".into(), "-c".into(), "exit 3".into()],
+                cpus: 2,
+                ..Default::default()
+            }],
+        })
+        .await?
+        .into_inner()
+        .jobs
+        .remove(0);
+    let ids = vec![a.id.clone(), b.id.clone()];
+    let done = wait_terminal(&jobs, &ids).await?;
+    let job = |id: &str| done.iter().find(|j| j.id == id).unwrap().clone();
+    assert_eq!(
+        job(&a.id).state,
+        JobState::Succeeded as i32,
+        "{:?}",
+        job(&a.id)
+    );
+    assert_eq!(
+        job(&b.id).state,
+        JobState::Failed as i32,
+        "{:?}",
+        job(&b.id)
+    );
+
+    let spans = eventually(
+        Duration::from_secs(20),
+        "both jobs' spans from both sides",
+        || {
+            let sink = sink.clone();
+            let ids = ids.clone();
+            async move {
+                let spans = sink.spans.lock().unwrap().clone();
+                let has = |id: &str, name: &str| {
+                    spans.iter().any(|s| {
+                        s.name == name && s.attrs.get("job.id").map(String::as_str) == Some(id)
+                    })
+                };
+                ids.iter()
+                    .all(|id| {
+                        ["job", "run", "job.start", "job.run"]
+                            .iter()
+                            .all(|n| has(id, n))
+                    })
+                    .then_some(spans)
+            }
+        },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "spans: {:#?}\ndispatcher log:\n{}\nagent log:\n{}",
+            sink.spans.lock().unwrap(),
+            std::fs::read_to_string(&d.log).unwrap_or_default(),
+            std::fs::read_to_string(&agent_log).unwrap_or_default()
+        )
+    })?;
+
+    for (id, cpus, state, exit) in [(&a.id, 1, "succeeded", "0"), (&b.id, 2, "failed", "3")] {
+        let mine: Vec<&RxSpan> = spans
+            .iter()
+            .filter(|s| s.attrs.get("job.id") == Some(id))
+            .collect();
+        let one = |name: &str| -> &RxSpan {
+            let found: Vec<&&RxSpan> = mine.iter().filter(|s| s.name == name).collect();
+            assert_eq!(found.len(), 1, "{id}: {name}: {mine:#?}");
+            found[0]
+        };
+        let root = one("job");
+        let run = one("run");
+        let start = one("job.start");
+        let agent_run = one("job.run");
+        assert_eq!(root.service, "dispatcher");
+        assert_eq!(run.service, "dispatcher");
+        assert_eq!(start.service, "agent", "{start:?}");
+        assert_eq!(agent_run.service, "agent", "{agent_run:?}");
+        // One trace across both processes; the agent's spans are children
+        // of the dispatcher's run span.
+        for s in [run, start, agent_run] {
+            assert_eq!(s.trace_id, root.trace_id, "{id}: {s:?} vs {root:?}");
+        }
+        assert_eq!(run.parent_span_id, root.span_id);
+        assert_eq!(start.parent_span_id, run.span_id, "{id}: {start:?}");
+        assert_eq!(agent_run.parent_span_id, run.span_id, "{id}: {agent_run:?}");
+        assert_eq!(start.attrs["dispatch.node"], "n1");
+        assert_eq!(start.attrs["job.attempt"], job(id).attempt.to_string());
+        let used: Vec<&str> = start.attrs["job.cpus_used"].split(',').collect();
+        assert_eq!(used.len(), cpus, "{start:?}");
+        assert!(used.iter().all(|c| c.parse::<u32>().is_ok()), "{start:?}");
+        assert!(!start.attrs["job.pinned_cpus"].is_empty(), "{start:?}");
+        assert_eq!(agent_run.attrs["job.state"], state, "{agent_run:?}");
+        assert_eq!(agent_run.attrs["job.exit_code"], exit, "{agent_run:?}");
+    }
+    // Job A's trace is the client's; B's is its own.
+    let root = |id: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == "job" && s.attrs.get("job.id").map(String::as_str) == Some(id))
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(hex(&root(&a.id).trace_id), client_trace);
+    assert_eq!(hex(&root(&a.id).parent_span_id), client_span);
+    assert_ne!(hex(&root(&b.id).trace_id), client_trace);
+    assert!(root(&b.id).parent_span_id.is_empty());
+
+    // The agent's metrics, by name, kind and labels.
+    let want = [
+        ("dispatch_agent_jobs", "gauge", "state"),
+        ("dispatch_agent_steals", "counter", "level"),
+        ("dispatch_agent_steal_failures", "counter", ""),
+        ("dispatch_agent_busy_skip", "counter", ""),
+        ("dispatch_agent_overload_mask_weight", "gauge", "llc"),
+        ("dispatch_agent_utilization", "gauge", "domain"),
+        ("dispatch_agent_schedstat", "counter", "stat"),
+    ];
+    let metrics = eventually(Duration::from_secs(20), "the agent's metrics", || {
+        let sink = sink.clone();
+        async move {
+            let m: Vec<RxMetric> = sink
+                .metrics
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|m| m.service == "agent")
+                .cloned()
+                .collect();
+            want.iter()
+                .all(|(n, _, _)| m.iter().any(|x| x.name == *n))
+                .then_some(m)
+        }
+    })
+    .await
+    .with_context(|| {
+        let m = sink.metrics.lock().unwrap();
+        let names: BTreeSet<(&str, &str)> = m
+            .iter()
+            .map(|m| (m.service.as_str(), m.name.as_str()))
+            .collect();
+        format!("metrics received: {names:?}")
+    })?;
+    for (name, kind, label) in want {
+        let m = metrics.iter().rev().find(|m| m.name == name).unwrap();
+        assert_eq!(m.kind, kind, "{m:?}");
+        if !label.is_empty() {
+            assert!(m.attrs.iter().all(|a| a.contains_key(label)), "{m:?}");
+        }
+    }
+    let steals = metrics
+        .iter()
+        .rev()
+        .find(|m| m.name == "dispatch_agent_steals")
+        .unwrap();
+    let levels: BTreeSet<&str> = steals.attrs.iter().map(|a| a["level"].as_str()).collect();
+    assert_eq!(
+        levels,
+        BTreeSet::from(["smt", "llc", "cross_llc"]),
+        "{steals:?}"
+    );
+    let util = metrics
+        .iter()
+        .rev()
+        .find(|m| m.name == "dispatch_agent_utilization")
+        .unwrap();
+    assert!(
+        util.attrs.iter().any(|a| a["domain"] == "machine"),
+        "{util:?}"
+    );
+
+    // The collector goes away: the agent keeps running jobs.
+    let _ = stop.send(());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(
+        std::net::TcpStream::connect(("127.0.0.1", otlp_port)).is_err(),
+        "the receiver is still listening"
+    );
+    let (more, _) = run_jobs(&mut jobs, 3, 3).await?;
+    assert_eq!(more.len(), 3);
+    let log = std::fs::read_to_string(&agent_log).unwrap_or_default();
     assert!(!log.contains("panicked"), "{log}");
     Ok(())
 }

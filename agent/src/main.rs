@@ -22,7 +22,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Attach to a dispatcher and run the jobs it assigns to this node.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Discover the machine's CPU topology and print it as a tree or JSON.
     Topology(TopologyArgs),
     /// Supervise one job (internal: the executor starts it; see
@@ -134,7 +134,7 @@ struct TopologyArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => cmd_run(args),
+        Command::Run(args) => cmd_run(*args),
         Command::Topology(args) => cmd_topology(&args),
         Command::Shim(args) => return agent::exec::shim::main(&args.job_dir),
     };

@@ -245,6 +245,8 @@ struct JobTrace {
     starting: Option<Context>,
     run: Option<Context>,
     cpus: Vec<u32>,
+    /// `job.id`, `job.attempt`, `dispatch.node`: on every span.
+    ids: Vec<KeyValue>,
 }
 
 fn cpu_list(cpus: &[u32]) -> String {
@@ -280,6 +282,7 @@ impl JobTraces {
                 starting: None,
                 run: None,
                 cpus: Vec::new(),
+                ids: Vec::new(),
             },
         );
     }
@@ -297,14 +300,16 @@ impl JobTraces {
         let (Some(tracer), Some(t)) = (Self::tracer(), self.jobs.get_mut(id)) else {
             return;
         };
-        let mut span = tracer.start_with_context("job.start", &t.parent);
-        span.set_attributes([
+        t.ids = vec![
             KeyValue::new("job.id", job_id.to_string()),
             KeyValue::new("job.attempt", i64::from(attempt)),
             KeyValue::new("dispatch.node", node.to_string()),
+        ];
+        let mut span = tracer.start_with_context("job.start", &t.parent);
+        span.set_attributes(t.ids.iter().cloned().chain([
             KeyValue::new("job.cpus_used", cpu_list(cpus)),
             KeyValue::new("job.pinned_cpus", cpu_list(pinned)),
-        ]);
+        ]));
         t.starting = Some(t.parent.with_span(span));
         t.cpus = cpus.to_vec();
     }
@@ -324,7 +329,8 @@ impl JobTraces {
         }
         match result {
             Ok(()) => {
-                let span = tracer.start_with_context("job.run", &t.parent);
+                let mut span = tracer.start_with_context("job.run", &t.parent);
+                span.set_attributes(t.ids.iter().cloned());
                 t.run = Some(t.parent.with_span(span));
             }
             Err(_) => {
@@ -429,8 +435,11 @@ mod tests {
     fn no_or_bad_traceparent_gives_no_parent() {
         assert!(inject(&Context::new()).is_empty());
         assert!(extract(&HashMap::new()).is_none());
-        let bad: HashMap<String, String> =
-            [("traceparent".to_string(), "00-nothex-00f067aa0ba902b7-01".to_string())].into();
+        let bad: HashMap<String, String> = [(
+            "traceparent".to_string(),
+            "00-nothex-00f067aa0ba902b7-01".to_string(),
+        )]
+        .into();
         assert!(extract(&bad).is_none());
     }
 
