@@ -541,7 +541,20 @@ async fn a_jobs_trace_spans_client_dispatcher_and_agent() -> Result<()> {
         .into_inner()
         .jobs
         .remove(0);
-    let ids = vec![a.id.clone(), b.id.clone()];
+    // Job C: dispatchctl passes on the environment's TRACEPARENT.
+    let ctl_trace = "0af7651916cd43dd8448eb211c80319c";
+    let ctl_span = "b7ad6b7169203331";
+    let out = Command::new(binary("dispatchctl"))
+        .arg("--server")
+        .arg(&d.url)
+        .args(["submit", "--", "true"])
+        .env_remove("DISPATCH_SERVER")
+        .env("DISPATCH_CONFIG", "/nonexistent/dispatch-config.json")
+        .env("TRACEPARENT", format!("00-{ctl_trace}-{ctl_span}-01"))
+        .output()?;
+    ensure!(out.status.success(), "dispatchctl submit: {out:?}");
+    let c_id = String::from_utf8(out.stdout)?.trim().to_string();
+    let ids = vec![a.id.clone(), b.id.clone(), c_id.clone()];
     let done = wait_terminal(&jobs, &ids).await?;
     let job = |id: &str| done.iter().find(|j| j.id == id).unwrap().clone();
     assert_eq!(
@@ -635,6 +648,8 @@ async fn a_jobs_trace_spans_client_dispatcher_and_agent() -> Result<()> {
     };
     assert_eq!(hex(&root(&a.id).trace_id), client_trace);
     assert_eq!(hex(&root(&a.id).parent_span_id), client_span);
+    assert_eq!(hex(&root(&c_id).trace_id), ctl_trace);
+    assert_eq!(hex(&root(&c_id).parent_span_id), ctl_span);
     assert_ne!(hex(&root(&b.id).trace_id), client_trace);
     assert!(root(&b.id).parent_span_id.is_empty());
 

@@ -444,6 +444,84 @@ mod tests {
     }
 
     #[test]
+    fn job_spans_are_children_of_the_assigned_context_and_record_the_run() {
+        use opentelemetry_sdk::trace::InMemorySpanExporter;
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        install_job_tracer(provider.tracer("test"));
+        let m = crate::topology::synthetic("2s:2c:2t:linear").unwrap();
+        let topo = m.to_sched().unwrap();
+        let core0 = m.smt_groups()[0].clone();
+        let llc1 = m.llc_groups()[1].clone();
+        let parent: HashMap<String, String> = [(
+            "traceparent".to_string(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_string(),
+        )]
+        .into();
+        let mut traces = JobTraces::default();
+        traces.assigned("j-1_a2", &parent);
+        traces.starting("j-1_a2", ("j-1", 2), "n1", &[core0[0]], &[7]);
+        traces.started("j-1_a2", Ok(()));
+        traces.stopped("j-1_a2");
+        traces.moved("j-1_a2", "continued", &[core0[1]], &topo);
+        traces.moved("j-1_a2", "migrated", &[llc1[0]], &topo);
+        traces.ended("j-1_a2", "failed", 3, 0, "exited with status 3");
+        // A job that leaves before it starts leaves no span.
+        traces.assigned("j-2_a1", &parent);
+        traces.forget("j-2_a1");
+        traces.ended("j-2_a1", "cancelled", 0, 0, "");
+
+        let spans = exporter.get_finished_spans().unwrap();
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_ref()).collect();
+        assert_eq!(names, ["job.start", "job.run"]);
+        let attr = |s: &opentelemetry_sdk::trace::SpanData, k: &str| {
+            s.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == k)
+                .map(|kv| kv.value.to_string())
+        };
+        for s in &spans {
+            assert_eq!(
+                s.span_context.trace_id().to_string(),
+                "4bf92f3577b34da6a3ce929d0e0e4736"
+            );
+            assert_eq!(s.parent_span_id.to_string(), "00f067aa0ba902b7");
+            assert!(s.parent_span_is_remote);
+            assert_eq!(attr(s, "job.id").as_deref(), Some("j-1"));
+            assert_eq!(attr(s, "job.attempt").as_deref(), Some("2"));
+            assert_eq!(attr(s, "dispatch.node").as_deref(), Some("n1"));
+        }
+        let (start, run) = (&spans[0], &spans[1]);
+        assert_eq!(attr(start, "job.cpus_used"), Some(core0[0].to_string()));
+        assert_eq!(attr(start, "job.pinned_cpus").as_deref(), Some("7"));
+        assert_eq!(attr(run, "job.state").as_deref(), Some("failed"));
+        assert_eq!(attr(run, "job.exit_code").as_deref(), Some("3"));
+        assert!(matches!(run.status, Status::Error { .. }));
+        let events: Vec<(String, Option<String>)> = run
+            .events
+            .iter()
+            .map(|e| {
+                let level = e
+                    .attributes
+                    .iter()
+                    .find(|kv| kv.key.as_str() == "steal.level")
+                    .map(|kv| kv.value.to_string());
+                (e.name.to_string(), level)
+            })
+            .collect();
+        assert_eq!(
+            events,
+            [
+                ("stopped".to_string(), None),
+                ("continued".to_string(), Some("smt".to_string())),
+                ("migrated".to_string(), Some("cross_llc".to_string())),
+            ]
+        );
+    }
+
+    #[test]
     fn moves_are_classified_by_the_level_they_cross() {
         // 1 socket, 2 LLCs of 2 cores of 2 threads: CPUs 0-7, siblings
         // (0,1), (2,3), ...; LLC 0 = 0-3 under this spec's linear layout.

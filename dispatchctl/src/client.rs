@@ -84,9 +84,20 @@ impl Client {
         }
     }
 
-    /// Submits one spec (an array when `spec.array_count > 1`).
+    /// Submits one spec (an array when `spec.array_count > 1`). A trace
+    /// context in the environment (`TRACEPARENT`, `TRACESTATE`: OTel's
+    /// environment carrier, set by a traced shell script or CI step) goes
+    /// along as W3C metadata, so the job's trace continues the caller's.
     pub async fn submit(&mut self, spec: pb::JobSpec) -> Result<Vec<pb::Job>> {
-        let req = pb::SubmitJobRequest { spec: Some(spec) };
+        let mut req = tonic::Request::new(pb::SubmitJobRequest { spec: Some(spec) });
+        for (var, header) in [("TRACEPARENT", "traceparent"), ("TRACESTATE", "tracestate")] {
+            if let Some(value) = std::env::var(var)
+                .ok()
+                .and_then(|v| tonic::metadata::MetadataValue::try_from(v.trim()).ok())
+            {
+                req.metadata_mut().insert(header, value);
+            }
+        }
         match self.jobs.submit_job(req).await {
             Ok(r) => Ok(r.into_inner().jobs),
             Err(s) => Err(self.error(s)),
