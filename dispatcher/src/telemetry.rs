@@ -12,7 +12,8 @@
 //! publishes: `submit`, `queued` (from submission until it is sent to a
 //! node, waiting in a node's queue or for any node; `dispatch.reason`),
 //! `placed` (`dispatch.node`, `dispatch.reason`),
-//! `run` (from assignment to the end; `dispatch.node`), `started`
+//! `run` (from assignment to the end of the attempt; `dispatch.node`; a
+//! retried job has one per attempt), `started`
 //! (`dispatch.node`, `job.cpus_used`) and `finished` (`job.state`,
 //! `job.exit_code`). When the SubmitJob(s) request carried a W3C
 //! `traceparent` in its metadata, `job` is a child of the client's span
@@ -29,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use agent::telemetry::{Exporters, TelemetryError};
-use opentelemetry::metrics::Histogram;
+use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::trace::{Span as _, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracer;
@@ -44,7 +45,8 @@ pub fn wanted(flag: Option<&str>) -> bool {
 
 /// The exporters; dropped or [`Telemetry::shutdown`] at exit.
 pub struct Telemetry {
-    exporters: Exporters,
+    /// The OTLP pipelines (`None` in unit tests, which give a tracer).
+    exporters: Option<Exporters>,
     tracer: SdkTracer,
     placement_seconds: Histogram<f64>,
     jobs: Mutex<HashMap<String, JobTrace>>,
@@ -85,23 +87,29 @@ impl Telemetry {
         let exporters = Exporters::init("dispatcher", endpoint)?;
         let meter = exporters.meter("dispatcher");
         agent::telemetry::bridge_prometheus(&meter, &metrics.registry, metrics.families());
+        let tracer = exporters.tracer("dispatcher");
+        Ok(Self::new(Some(exporters), tracer, &meter))
+    }
+
+    fn new(exporters: Option<Exporters>, tracer: SdkTracer, meter: &Meter) -> Self {
         let placement_seconds = meter
             .f64_histogram("dispatch_placement_seconds")
             .with_unit("s")
             .with_description("Time the core spent validating and placing a submitted job.")
             .build();
-        Ok(Self {
-            tracer: exporters.tracer("dispatcher"),
+        Self {
             exporters,
+            tracer,
             placement_seconds,
             jobs: Mutex::new(HashMap::new()),
             parents: Mutex::new(HashMap::new()),
-        })
+        }
     }
 
-    /// The pipelines (the `--dev` agent traces its jobs through them).
-    pub fn exporters(&self) -> &Exporters {
-        &self.exporters
+    /// A tracer of the same pipeline for another instrumentation scope
+    /// (the `--dev` agent traces its jobs through it).
+    pub fn tracer(&self, scope: &'static str) -> Option<SdkTracer> {
+        self.exporters.as_ref().map(|e| e.tracer(scope))
     }
 
     /// The jobs `ids` were submitted by a request carrying the W3C trace
@@ -192,9 +200,17 @@ impl Telemetry {
             let node = KeyValue::new("dispatch.node", job.node.clone());
             let reason = KeyValue::new("dispatch.reason", job.reason.clone());
             match JobState::try_from(job.state).unwrap_or(JobState::Unspecified) {
-                // Back to PENDING (a retry, a steal back): queued again.
-                JobState::Pending if t.queued.is_none() => {
-                    t.queued = Some(self.open("queued", &t.root, vec![id.clone()]));
+                // Back to PENDING (a retry, a steal back): the attempt's
+                // run ends (the next Assign gets a run span of its own) and
+                // the job is queued again.
+                JobState::Pending => {
+                    if let Some(r) = t.run.take() {
+                        r.span().set_attribute(reason.clone());
+                        r.span().end();
+                    }
+                    if t.queued.is_none() {
+                        t.queued = Some(self.open("queued", &t.root, vec![id.clone()]));
+                    }
                 }
                 JobState::Assigned => {
                     if let Some(q) = t.queued.take() {
@@ -251,7 +267,9 @@ impl Telemetry {
 
     /// Flush and stop the exporters (bounded; see [`Exporters::shutdown`]).
     pub async fn shutdown(&self) {
-        self.exporters.shutdown().await;
+        if let Some(e) = &self.exporters {
+            e.shutdown().await;
+        }
     }
 }
 
@@ -265,4 +283,128 @@ pub fn install(t: Arc<Telemetry>) {
 /// The installed telemetry, if any.
 pub fn installed() -> Option<&'static Arc<Telemetry>> {
     TELEMETRY.get()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::metrics::SdkMeterProvider;
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+    use proto::v1::JobSpec;
+
+    fn event(id: &str, prev: JobState, state: JobState, node: &str, reason: &str) -> JobEvent {
+        JobEvent {
+            job: Some(Job {
+                id: id.into(),
+                state: state as i32,
+                node: node.into(),
+                reason: reason.into(),
+                spec: Some(JobSpec {
+                    cpus: 1,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            previous_state: prev as i32,
+            time_ms: 0,
+        }
+    }
+
+    fn telemetry() -> (Telemetry, InMemorySpanExporter) {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        let meter = SdkMeterProvider::default().meter("test");
+        (
+            Telemetry::new(None, provider.tracer("test"), &meter),
+            exporter,
+        )
+    }
+
+    fn named<'a>(spans: &'a [SpanData], name: &str) -> Vec<&'a SpanData> {
+        spans.iter().filter(|s| s.name == name).collect()
+    }
+
+    #[test]
+    fn a_job_continues_its_clients_trace_and_each_attempt_gets_a_run_span() {
+        use JobState::*;
+        let (t, exporter) = telemetry();
+        let client: HashMap<String, String> = [(
+            "traceparent".to_string(),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_string(),
+        )]
+        .into();
+        t.adopt_parent(["j-1"], &client);
+        assert!(t.trace_context("j-1").is_empty(), "no trace before events");
+        t.observe_events(&[
+            event("j-1", Unspecified, Pending, "", "waiting"),
+            event("j-1", Pending, Assigned, "n1", "idlest"),
+        ]);
+        let first = t.trace_context("j-1");
+        // The node is lost: the attempt ends, the job is placed again.
+        t.observe_events(&[event("j-1", Assigned, Pending, "", "node n1 down")]);
+        t.observe_events(&[event("j-1", Pending, Assigned, "n2", "idlest")]);
+        let second = t.trace_context("j-1");
+        t.observe_events(&[
+            event("j-1", Assigned, Running, "n2", ""),
+            event("j-1", Running, Succeeded, "n2", ""),
+        ]);
+        assert!(
+            t.trace_context("j-1").is_empty(),
+            "the trace ends with the job"
+        );
+
+        let spans = exporter.get_finished_spans().unwrap();
+        let root = named(&spans, "job");
+        assert_eq!(root.len(), 1);
+        let root = root[0];
+        assert_eq!(
+            root.span_context.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(root.parent_span_id.to_string(), "00f067aa0ba902b7");
+        let runs = named(&spans, "run");
+        assert_eq!(runs.len(), 2, "one run span per attempt");
+        assert_eq!(named(&spans, "placed").len(), 2);
+        assert_eq!(named(&spans, "queued").len(), 2);
+        // Each Assign named its own attempt's run span.
+        let tp = |sd: &SpanData| {
+            format!(
+                "00-{}-{}-01",
+                sd.span_context.trace_id(),
+                sd.span_context.span_id()
+            )
+        };
+        let mut sent = [first["traceparent"].clone(), second["traceparent"].clone()];
+        let mut ran = [tp(runs[0]), tp(runs[1])];
+        sent.sort();
+        ran.sort();
+        assert_eq!(sent, ran);
+        for s in &spans {
+            assert_eq!(s.span_context.trace_id(), root.span_context.trace_id());
+        }
+    }
+
+    #[test]
+    fn a_job_without_a_client_trace_is_a_root() {
+        use JobState::*;
+        let (t, exporter) = telemetry();
+        let bad: HashMap<String, String> =
+            [("traceparent".to_string(), "garbage".to_string())].into();
+        t.adopt_parent(["j-2"], &bad);
+        t.observe_events(&[
+            event("j-2", Unspecified, Pending, "", "waiting"),
+            event("j-2", Pending, Cancelled, "", "cancelled"),
+        ]);
+        let spans = exporter.get_finished_spans().unwrap();
+        let root = named(&spans, "job");
+        assert_eq!(root.len(), 1);
+        assert_eq!(
+            root[0].parent_span_id,
+            opentelemetry::trace::SpanId::INVALID
+        );
+    }
 }

@@ -177,7 +177,9 @@ async fn run(args: Args) -> Result<()> {
             .context("starting the OTLP exporters")?;
             let t = std::sync::Arc::new(t);
             // The --dev agent's job spans go out with the dispatcher's.
-            agent::telemetry::install_job_tracer(t.exporters().tracer("agent"));
+            if let Some(tracer) = t.tracer("agent") {
+                agent::telemetry::install_job_tracer(tracer);
+            }
             dispatcher::telemetry::install(t.clone());
             telemetry = Some(t);
             tracing::info!(endpoint = ?args.otlp_endpoint, "exporting traces and metrics over OTLP");
