@@ -5,10 +5,13 @@
 //!    the receiver must get the jobs' spans (names, attributes, one trace
 //!    per job) and the metrics. Then the receiver goes away and the
 //!    dispatcher must keep placing jobs without delay.
-//! 2. A dispatcher and an agent both export: a job's trace crosses the
-//!    process boundary (the agent's `job.start` / `job.run` are children of
-//!    the dispatcher's `run` span, same trace id), continues a client's
-//!    `traceparent`, and the agent's metrics arrive by name.
+//! 2. A dispatcher (`--otlp-endpoint`) and an agent (`OTEL_*` environment
+//!    only) both export: a job's trace crosses the process boundary (the
+//!    agent's `job.start` / `job.run` are children of the dispatcher's `run`
+//!    span, same trace id), continues a client's `traceparent` (gRPC
+//!    metadata, and `dispatchctl submit` with `TRACEPARENT`), and the
+//!    agent's metrics arrive by name; with the receiver gone the agent
+//!    keeps running jobs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
@@ -189,7 +192,6 @@ fn spawn(mut cmd: Command, log: &std::path::Path) -> Result<Group> {
     cmd.env("OTEL_METRIC_EXPORT_INTERVAL", "300")
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
         .env_remove("OTEL_SDK_DISABLED")
-        .env_remove("OTEL_SERVICE_NAME")
         .env("RUST_LOG", "info")
         .stdout(Stdio::from(file.try_clone()?))
         .stderr(Stdio::from(file))
@@ -216,7 +218,8 @@ fn start_dispatcher(dir: &std::path::Path, otlp_port: u16) -> Result<Disp> {
         .arg("--heartbeat-ms")
         .arg("300")
         .arg("--otlp-endpoint")
-        .arg(format!("http://127.0.0.1:{otlp_port}"));
+        .arg(format!("http://127.0.0.1:{otlp_port}"))
+        .env_remove("OTEL_SERVICE_NAME");
     let d = Disp {
         _group: spawn(cmd, &log)?,
         url: format!("http://127.0.0.1:{port}"),
@@ -442,12 +445,14 @@ async fn spans_and_metrics_reach_an_otlp_receiver_and_placement_survives_its_los
     Ok(())
 }
 
-/// An agent exporting over OTLP to `otlp_port`.
+/// An agent exporting over OTLP to `otlp_port`, configured by the standard
+/// environment alone (the dispatcher gets the flag), as `service`.
 fn start_agent(
     dir: &std::path::Path,
     dispatcher_url: &str,
     node: &str,
     otlp_port: u16,
+    service: &str,
 ) -> Result<(Group, std::path::PathBuf)> {
     let log = dir.join(format!("agent-{node}.log"));
     let mut cmd = Command::new(binary("agent"));
@@ -460,8 +465,11 @@ fn start_agent(
         .arg(dir.join(format!("agent-{node}")))
         .arg("--topology")
         .arg("1s:2c:2t")
-        .arg("--otlp-endpoint")
-        .arg(format!("http://127.0.0.1:{otlp_port}"));
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{otlp_port}"),
+        )
+        .env("OTEL_SERVICE_NAME", service);
     Ok((spawn(cmd, &log)?, log))
 }
 
@@ -493,7 +501,7 @@ async fn a_jobs_trace_spans_client_dispatcher_and_agent() -> Result<()> {
     let otlp_port = free_port();
     let stop = receiver(otlp_port, sink.clone()).await?;
     let d = start_dispatcher(dir.path(), otlp_port)?;
-    let (_agent, agent_log) = start_agent(dir.path(), &d.url, "n1", otlp_port)?;
+    let (_agent, agent_log) = start_agent(dir.path(), &d.url, "n1", otlp_port, "agent-n1")?;
     let ch = Channel::from_shared(d.url.clone())?.connect().await?;
     let mut jobs = JobServiceClient::new(ch.clone());
     let nodes = proto::v1::node_service_client::NodeServiceClient::new(ch);
@@ -619,8 +627,8 @@ async fn a_jobs_trace_spans_client_dispatcher_and_agent() -> Result<()> {
         let agent_run = one("job.run");
         assert_eq!(root.service, "dispatcher");
         assert_eq!(run.service, "dispatcher");
-        assert_eq!(start.service, "agent", "{start:?}");
-        assert_eq!(agent_run.service, "agent", "{agent_run:?}");
+        assert_eq!(start.service, "agent-n1", "{start:?}");
+        assert_eq!(agent_run.service, "agent-n1", "{agent_run:?}");
         // One trace across both processes; the agent's spans are children
         // of the dispatcher's run span.
         for s in [run, start, agent_run] {
@@ -671,7 +679,7 @@ async fn a_jobs_trace_spans_client_dispatcher_and_agent() -> Result<()> {
                 .lock()
                 .unwrap()
                 .iter()
-                .filter(|m| m.service == "agent")
+                .filter(|m| m.service == "agent-n1")
                 .cloned()
                 .collect();
             want.iter()
