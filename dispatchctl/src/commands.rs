@@ -614,6 +614,7 @@ pub fn list_request(a: &LsArgs) -> pb::ListJobsRequest {
         array_id: a.array.clone().unwrap_or_default(),
         page_size: 0,
         page_token: String::new(),
+        owner: String::new(),
     }
 }
 

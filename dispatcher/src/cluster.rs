@@ -500,6 +500,7 @@ impl Cluster {
                 || (!req.node.is_empty() && j.node != req.node)
                 || (!req.group.is_empty() && j.spec.as_ref().is_none_or(|s| s.group != req.group))
                 || (!req.array_id.is_empty() && j.array_id != req.array_id)
+                || (!req.owner.is_empty() && j.owner != req.owner)
             {
                 continue;
             }
@@ -561,8 +562,22 @@ impl Cluster {
 
     /// Accept jobs: validate every spec (nothing is created if one is
     /// bad), create the jobs (arrays expand), persist and place them.
+    /// The jobs have no owner (a dispatcher without tokens).
     pub fn submit(
         &mut self,
+        specs: Vec<JobSpec>,
+        batch: bool,
+        now: i64,
+        fx: &mut Effects,
+    ) -> Result<Vec<Job>, Status> {
+        self.submit_as("", specs, batch, now, fx)
+    }
+
+    /// [`Cluster::submit`] for `owner` (the authenticated caller's user),
+    /// recorded in each job and sent to its agent with the assignment.
+    pub fn submit_as(
+        &mut self,
+        owner: &str,
         mut specs: Vec<JobSpec>,
         batch: bool,
         now: i64,
@@ -616,6 +631,7 @@ impl Cluster {
                         submit_time_ms: now,
                         array_id: format!("j-{n}"),
                         array_index: i,
+                        owner: owner.to_string(),
                         ..Default::default()
                     };
                     created.push(key);
@@ -629,6 +645,7 @@ impl Cluster {
                     state: JobState::Pending as i32,
                     attempt: 1,
                     submit_time_ms: now,
+                    owner: owner.to_string(),
                     ..Default::default()
                 };
                 created.push(key);
@@ -920,6 +937,7 @@ impl Cluster {
                 job_id: e.job.id.clone(),
                 attempt: e.job.attempt,
                 spec: e.job.spec.clone(),
+                owner: e.job.owner.clone(),
                 ..Default::default()
             })),
         };
@@ -1320,6 +1338,7 @@ impl Cluster {
                                 job_id: e.job.id.clone(),
                                 attempt: e.job.attempt,
                                 spec: e.job.spec.clone(),
+                                owner: e.job.owner.clone(),
                                 ..Default::default()
                             })),
                         },

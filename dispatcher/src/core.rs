@@ -56,6 +56,8 @@ pub enum Command {
         /// The request's W3C trace context (`traceparent`, `tracestate`
         /// metadata), empty if none: the jobs' traces continue it.
         trace_context: HashMap<String, String>,
+        /// The submitting user (the jobs' owner; empty without tokens).
+        owner: String,
         /// Reply.
         reply: Reply<Vec<Job>>,
     },
@@ -339,10 +341,11 @@ impl Core {
                 specs,
                 batch,
                 trace_context,
+                owner,
                 reply,
             } => {
                 let (n, started) = (specs.len(), Instant::now());
-                let r = self.cluster.submit(specs, batch, now, fx);
+                let r = self.cluster.submit_as(&owner, specs, batch, now, fx);
                 let secs = started.elapsed().as_secs_f64();
                 if let Some(m) = crate::metrics::installed() {
                     m.observe_submit(n, secs);

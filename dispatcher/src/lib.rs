@@ -4,7 +4,10 @@
 //!
 //! - [`spec`]: job-spec validation (errors name the field).
 //! - [`store`]: durable state (embedded redb by default).
+//! - [`auth`]: bearer tokens and roles; [`tls`]: server TLS, agent
+//!   certificates and the local CA.
 
+pub mod auth;
 pub mod cluster;
 pub mod core;
 pub mod metrics;
@@ -12,4 +15,5 @@ pub mod server;
 pub mod spec;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod web;

@@ -1,7 +1,11 @@
 //! The gRPC services: JobService and NodeService for clients,
 //! AgentService for agents, plus health checking and server reflection
 //! (v1 and v1alpha). Handlers only translate between the wire and the
-//! core's commands.
+//! core's commands, after the access checks: each client call passes
+//! [`Access::check`] (bearer tokens and roles, see [`crate::auth`]) and
+//! jobs outside the caller's scope are answered as missing; an agent's
+//! Attach passes [`crate::tls::authorize_agent`] when client certificates
+//! are required.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -20,6 +24,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{Access, Action, Scope};
 use crate::core::{Command, CoreHandle};
 use crate::store::NodeAdmin;
 
@@ -39,6 +44,51 @@ fn trace_context(md: &tonic::metadata::MetadataMap) -> std::collections::HashMap
 #[derive(Clone)]
 pub struct Jobs {
     core: CoreHandle,
+    access: Access,
+}
+
+/// The answer for a job that does not exist or is outside the caller's
+/// scope: the same, so a user learns nothing of other users' jobs.
+fn no_job(id: &str) -> Status {
+    Status::not_found(format!("id: no job {id:?}"))
+}
+
+impl Jobs {
+    /// Whether job (or array) `id` is within `scope`; NOT_FOUND otherwise.
+    async fn check_scope(&self, scope: &Scope, id: &str) -> Result<(), Status> {
+        if *scope == Scope::All {
+            return Ok(());
+        }
+        let owner = match self
+            .core
+            .call(|reply| Command::Get {
+                id: id.to_string(),
+                reply,
+            })
+            .await
+        {
+            Ok(job) => job.owner,
+            Err(s) if s.code() == tonic::Code::NotFound => {
+                // An array id: its elements share its owner.
+                let req = ListJobsRequest {
+                    array_id: id.to_string(),
+                    page_size: 1,
+                    ..Default::default()
+                };
+                let (page, _) = self.core.call(|reply| Command::List { req, reply }).await?;
+                match page.into_iter().next() {
+                    Some(job) => job.owner,
+                    None => return Err(no_job(id)),
+                }
+            }
+            Err(s) => return Err(s),
+        };
+        if scope.covers(&owner) {
+            Ok(())
+        } else {
+            Err(no_job(id))
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -47,6 +97,7 @@ impl JobService for Jobs {
         &self,
         req: Request<SubmitJobRequest>,
     ) -> Result<Response<SubmitJobResponse>, Status> {
+        let owner = self.access.check(req.metadata(), Action::Submit)?.owner;
         let trace_context = trace_context(req.metadata());
         let spec = req
             .into_inner()
@@ -58,6 +109,7 @@ impl JobService for Jobs {
                 specs: vec![spec],
                 batch: false,
                 trace_context,
+                owner,
                 reply,
             })
             .await?;
@@ -68,6 +120,7 @@ impl JobService for Jobs {
         &self,
         req: Request<SubmitJobsRequest>,
     ) -> Result<Response<SubmitJobsResponse>, Status> {
+        let owner = self.access.check(req.metadata(), Action::Submit)?.owner;
         let trace_context = trace_context(req.metadata());
         let specs = req.into_inner().specs;
         let jobs = self
@@ -76,6 +129,7 @@ impl JobService for Jobs {
                 specs,
                 batch: true,
                 trace_context,
+                owner,
                 reply,
             })
             .await?;
@@ -83,17 +137,30 @@ impl JobService for Jobs {
     }
 
     async fn get_job(&self, req: Request<GetJobRequest>) -> Result<Response<Job>, Status> {
+        let scope = self.access.check(req.metadata(), Action::ReadJobs)?.scope;
         let id = req.into_inner().id;
-        Ok(Response::new(
-            self.core.call(|reply| Command::Get { id, reply }).await?,
-        ))
+        let job = self
+            .core
+            .call(|reply| Command::Get {
+                id: id.clone(),
+                reply,
+            })
+            .await?;
+        if !scope.covers(&job.owner) {
+            return Err(no_job(&id));
+        }
+        Ok(Response::new(job))
     }
 
     async fn list_jobs(
         &self,
         req: Request<ListJobsRequest>,
     ) -> Result<Response<ListJobsResponse>, Status> {
-        let req = req.into_inner();
+        let scope = self.access.check(req.metadata(), Action::ReadJobs)?.scope;
+        let mut req = req.into_inner();
+        if let Scope::Own(user) = scope {
+            req.owner = user;
+        }
         let (jobs, next_page_token) = self.core.call(|reply| Command::List { req, reply }).await?;
         Ok(Response::new(ListJobsResponse {
             jobs,
@@ -102,7 +169,9 @@ impl JobService for Jobs {
     }
 
     async fn cancel_job(&self, req: Request<CancelJobRequest>) -> Result<Response<Job>, Status> {
+        let scope = self.access.check(req.metadata(), Action::Cancel)?.scope;
         let id = req.into_inner().id;
+        self.check_scope(&scope, &id).await?;
         Ok(Response::new(
             self.core
                 .call(|reply| Command::Cancel { id, reply })
@@ -116,6 +185,7 @@ impl JobService for Jobs {
         &self,
         req: Request<WatchJobsRequest>,
     ) -> Result<Response<Self::WatchJobsStream>, Status> {
+        let scope = self.access.check(req.metadata(), Action::ReadJobs)?.scope;
         let req = req.into_inner();
         let ids = req.ids.clone();
         let (current, mut rx) = self
@@ -128,7 +198,7 @@ impl JobService for Jobs {
             .await?;
         let (tx, out) = mpsc::channel(1024);
         tokio::spawn(async move {
-            for job in current {
+            for job in current.into_iter().filter(|j| scope.covers(&j.owner)) {
                 let ev = JobEvent {
                     job: Some(job),
                     previous_state: 0,
@@ -148,6 +218,9 @@ impl JobService for Jobs {
                                 .iter()
                                 .any(|x| x == id || (!array.is_empty() && x == array))
                         {
+                            continue;
+                        }
+                        if !scope.covers(ev.job.as_ref().map_or("", |j| j.owner.as_str())) {
                             continue;
                         }
                         if tx.send(Ok(ev)).await.is_err() {
@@ -177,7 +250,9 @@ impl JobService for Jobs {
         &self,
         req: Request<StreamLogsRequest>,
     ) -> Result<Response<Self::StreamLogsStream>, Status> {
+        let scope = self.access.check(req.metadata(), Action::ReadJobs)?.scope;
         let req = req.into_inner();
+        self.check_scope(&scope, &req.id).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         self.core
             .call(|reply| Command::Logs { req, tx, reply })
@@ -190,6 +265,7 @@ impl JobService for Jobs {
 #[derive(Clone)]
 pub struct Nodes {
     core: CoreHandle,
+    access: Access,
 }
 
 impl Nodes {
@@ -198,6 +274,7 @@ impl Nodes {
         req: Request<NodeActionRequest>,
         admin: NodeAdmin,
     ) -> Result<Response<Node>, Status> {
+        self.access.check(req.metadata(), Action::AdminNodes)?;
         let name = req.into_inner().name;
         if name.is_empty() {
             return Err(Status::invalid_argument("name: empty"));
@@ -214,13 +291,15 @@ impl Nodes {
 impl NodeService for Nodes {
     async fn list_nodes(
         &self,
-        _req: Request<ListNodesRequest>,
+        req: Request<ListNodesRequest>,
     ) -> Result<Response<ListNodesResponse>, Status> {
+        self.access.check(req.metadata(), Action::ReadNodes)?;
         let nodes = self.core.call(|reply| Command::Nodes { reply }).await?;
         Ok(Response::new(ListNodesResponse { nodes }))
     }
 
     async fn get_node(&self, req: Request<GetNodeRequest>) -> Result<Response<Node>, Status> {
+        self.access.check(req.metadata(), Action::ReadNodes)?;
         let name = req.into_inner().name;
         Ok(Response::new(
             self.core
@@ -249,6 +328,9 @@ impl NodeService for Nodes {
 #[derive(Clone)]
 pub struct Agents {
     core: CoreHandle,
+    /// Agents must present a verified client certificate naming the node
+    /// they register as (`--tls-client-ca`).
+    require_client_cert: bool,
 }
 
 #[tonic::async_trait]
@@ -259,6 +341,7 @@ impl AgentService for Agents {
         &self,
         req: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
+        let peer_certs = crate::tls::peer_certs(&req);
         let mut inbound = req.into_inner();
         let first = inbound
             .message()
@@ -270,6 +353,10 @@ impl AgentService for Agents {
             ));
         };
         let node = register.node.clone();
+        if self.require_client_cert {
+            crate::tls::authorize_agent(peer_certs.as_deref().map(Vec::as_slice), &node)
+                .inspect_err(|status| tracing::warn!(%node, %status, "agent refused"))?;
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let session = self
             .core
@@ -302,10 +389,35 @@ impl AgentService for Agents {
     }
 }
 
-/// Serve every service on `addr` until `shutdown` resolves.
+/// How the services are secured: TLS on the port, client checks, agent
+/// checks. The default is plain text and open (the `--dev` default).
+#[derive(Clone, Default)]
+pub struct Security {
+    /// Serve TLS with this configuration.
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    /// Bearer tokens and roles for JobService and NodeService.
+    pub access: Access,
+    /// Agents must present a verified client certificate naming their
+    /// node (needs `tls` with a client CA).
+    pub require_agent_cert: bool,
+}
+
+/// Serve every service on `addr` until `shutdown` resolves, open and in
+/// plain text.
 pub async fn serve(
     core: CoreHandle,
     listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    serve_secured(core, listener, Security::default(), shutdown).await
+}
+
+/// Serve every service on `addr` until `shutdown` resolves, secured as
+/// `security` says.
+pub async fn serve_secured(
+    core: CoreHandle,
+    listener: tokio::net::TcpListener,
+    security: Security,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
@@ -327,15 +439,33 @@ pub async fn serve(
         .build_v1alpha()
         .unwrap_or_else(|e| panic!("the compiled-in descriptor set is valid: {e}"));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = security.tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let access = security.access;
+    builder
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(
-            JobServiceServer::new(Jobs { core: core.clone() }).max_decoding_message_size(64 << 20),
+            JobServiceServer::new(Jobs {
+                core: core.clone(),
+                access: access.clone(),
+            })
+            .max_decoding_message_size(64 << 20),
         )
-        .add_service(NodeServiceServer::new(Nodes { core: core.clone() }))
-        .add_service(AgentServiceServer::new(Agents { core }).max_decoding_message_size(64 << 20))
+        .add_service(NodeServiceServer::new(Nodes {
+            core: core.clone(),
+            access,
+        }))
+        .add_service(
+            AgentServiceServer::new(Agents {
+                core,
+                require_client_cert: security.require_agent_cert,
+            })
+            .max_decoding_message_size(64 << 20),
+        )
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }

@@ -1,8 +1,10 @@
 //! `dispatch-proto`: the public gRPC API of the dispatcher
 //! (`proto/dispatch/v1/*.proto`, documented field by field there) and the
 //! Rust code tonic/prost generate from it, plus [`engine`]: the
-//! conversions between API types and the engine's.
+//! conversions between API types and the engine's; [`client_security`]:
+//! the clients' TLS and bearer-token setup.
 
+pub mod client_security;
 pub mod engine;
 
 /// Package `dispatch.v1`: messages, clients and servers.
