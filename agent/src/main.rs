@@ -95,6 +95,25 @@ struct RunArgs {
     /// Scheduler tick, milliseconds.
     #[arg(long, default_value_t = 10)]
     tick_ms: u64,
+    /// Verify the dispatcher (https:// URLs) against this PEM CA: the agent
+    /// takes work only from a dispatcher whose certificate chains to it.
+    #[arg(long, env = "DISPATCH_TLS_CA", value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// This agent's PEM client certificate (issued for its node name, e.g.
+    /// by `dispatcher gen-certs --agent NODE`).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The name the dispatcher's certificate must carry, when it differs
+    /// from the URL's host.
+    #[arg(long, value_name = "NAME")]
+    tls_domain: Option<String>,
+    /// Run each job as the uid:gid mapped to its owner: a file of
+    /// `OWNER UID:GID` lines; other owners' jobs run as --run-as.
+    #[arg(long, value_name = "FILE")]
+    user_map: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -226,6 +245,10 @@ fn cmd_run(args: RunArgs) -> Result<()> {
     let mut exec = agent::exec::ExecConfig::new(args.state_dir.clone());
     exec.log_cap_bytes = args.log_cap_bytes;
     exec.allow_root = args.allow_root;
+    if let Some(path) = &args.user_map {
+        exec.user_map = agent::exec::UserMap::load(path, args.allow_root)
+            .with_context(|| format!("--user-map {}", path.display()))?;
+    }
     exec.cgroup_root = args.cgroup_root.clone();
     exec.shutdown = if args.on_shutdown == "leave" {
         agent::exec::ShutdownMode::LeaveRunning
@@ -255,6 +278,12 @@ fn cmd_run(args: RunArgs) -> Result<()> {
     local.engine.steal = !args.no_steal;
     let opts = agent::runtime::AgentOptions {
         dispatchers: args.dispatchers.clone(),
+        tls: proto::client_security::ClientTls {
+            ca: args.tls_ca.clone(),
+            cert: args.tls_cert.clone(),
+            key: args.tls_key.clone(),
+            domain: args.tls_domain.clone(),
+        },
         node: args
             .node_name
             .clone()

@@ -39,6 +39,9 @@ use crate::topology::MachineTopology;
 pub struct AgentOptions {
     /// Dispatcher URLs, tried in order.
     pub dispatchers: Vec<String>,
+    /// How the dispatcher is verified (`https://` URLs) and this agent's
+    /// client certificate.
+    pub tls: proto::client_security::ClientTls,
     /// This node's name.
     pub node: String,
     /// Labels (zone, rack, ...).
@@ -114,6 +117,8 @@ pub fn memory_total() -> u64 {
 
 struct Pending {
     spec: JobSpec,
+    /// The job's owner (picks the uid through the user map).
+    owner: String,
 }
 
 struct Agent {
@@ -252,6 +257,7 @@ impl Agent {
         job.cwd = (!spec.cwd.is_empty()).then(|| PathBuf::from(&spec.cwd));
         job.memory_max = (spec.memory_bytes > 0).then_some(spec.memory_bytes);
         job.timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
+        job.owner = p.owner.clone();
         if let Some((job_id, attempt)) = parse_local_id(id) {
             let node = self.opts.node.clone();
             self.traces
@@ -287,6 +293,7 @@ impl Agent {
         job_id: String,
         attempt: u32,
         spec: JobSpec,
+        owner: String,
         trace_context: &HashMap<String, String>,
     ) {
         let id = local_id(&job_id, attempt);
@@ -302,7 +309,7 @@ impl Agent {
             nice: spec.nice,
             latency_nice: spec.latency_nice,
         };
-        self.jobs.insert(id.clone(), Pending { spec });
+        self.jobs.insert(id.clone(), Pending { spec, owner });
         let now = self.now_ns();
         match self.local.submit(local, now) {
             Ok(actions) => self.carry_out(actions).await,
@@ -632,6 +639,7 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
                 id.clone(),
                 Pending {
                     spec: JobSpec::default(),
+                    owner: String::new(),
                 },
             );
         }
@@ -684,8 +692,8 @@ async fn session(
     exits: &mut mpsc::UnboundedReceiver<JobExit>,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<()> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
-        .with_context(|| format!("bad dispatcher address {url}"))?
+    let endpoint = proto::client_security::endpoint(url, &agent.opts.tls)
+        .with_context(|| format!("dispatcher address {url}"))?
         .connect_timeout(Duration::from_secs(3))
         .tcp_nodelay(true);
     let channel = endpoint
@@ -728,7 +736,7 @@ async fn session(
                 match msg {
                     dispatcher_message::Msg::Assign(a) => {
                         let spec = a.spec.unwrap_or_default();
-                        agent.on_assign(a.job_id, a.attempt, spec, &a.trace_context).await;
+                        agent.on_assign(a.job_id, a.attempt, spec, a.owner, &a.trace_context).await;
                     }
                     dispatcher_message::Msg::Cancel(c) => agent.on_cancel(&c.job_id, c.attempt).await,
                     dispatcher_message::Msg::Steal(s) => agent.on_steal(s.job_id, s.attempt),
@@ -770,6 +778,7 @@ async fn session(
 /// one) attached to the dispatcher at `url`, with its state under `dir`.
 pub async fn run_dev(
     url: String,
+    tls: proto::client_security::ClientTls,
     dir: PathBuf,
     topology: Option<String>,
     stop: watch::Receiver<bool>,
@@ -795,6 +804,7 @@ pub async fn run_dev(
     let node = hostname();
     let opts = AgentOptions {
         dispatchers: vec![url],
+        tls,
         node,
         labels: HashMap::new(),
         real_cpus: real.cpu_ids(),

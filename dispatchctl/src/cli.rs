@@ -14,8 +14,10 @@ pub const EXIT_CODES: &str = "\
 Exit codes:
   0    success
   1    error: the dispatcher refused the request (its message names the bad
-       field), an unknown id, or a bad config file
-  2    the dispatcher cannot be reached (not running, wrong --server)
+       field; also a missing or unknown token, or a role that may not), an
+       unknown id, or a bad config file
+  2    the dispatcher cannot be reached (not running, wrong --server, TLS
+       failure or unusable --tls-ca / token)
   64   bad command line (unknown flag, invalid value)
   With `submit --wait` / `--follow`, the job's own result instead:
   0    succeeded
@@ -52,6 +54,29 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "URL", help = "Dispatcher address (or DISPATCH_SERVER, or the config file)",
           long_help = SERVER_HELP, help_heading = "Global options", display_order = 1000)]
     pub server: Option<String>,
+
+    /// Verify an https:// dispatcher against this PEM CA certificate.
+    #[arg(
+        long,
+        global = true,
+        env = "DISPATCH_TLS_CA",
+        value_name = "FILE",
+        help_heading = "Global options",
+        display_order = 1001
+    )]
+    pub tls_ca: Option<std::path::PathBuf>,
+
+    /// Send the bearer token in FILE with every call (else the
+    /// DISPATCH_TOKEN variable's).
+    #[arg(
+        long,
+        global = true,
+        env = "DISPATCH_TOKEN_FILE",
+        value_name = "FILE",
+        help_heading = "Global options",
+        display_order = 1002
+    )]
+    pub token_file: Option<std::path::PathBuf>,
 
     #[command(subcommand)]
     pub command: Command,

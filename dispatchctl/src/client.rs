@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
+use proto::client_security::{AuthChannel, Bearer, ClientTls};
 use proto::v1 as pb;
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::{Error, Result};
@@ -22,9 +23,25 @@ const MAX_MESSAGE: usize = 256 << 20;
 pub struct Client {
     addr: String,
     /// `dispatch.v1.JobService`.
-    pub jobs: JobServiceClient<Channel>,
+    pub jobs: JobServiceClient<AuthChannel>,
     /// `dispatch.v1.NodeService`.
-    pub nodes: NodeServiceClient<Channel>,
+    pub nodes: NodeServiceClient<AuthChannel>,
+}
+
+/// [`Error::Unreachable`], with a hint when a plain-text URL may be
+/// talking to a TLS port (the connection opens, then breaks).
+fn unreachable(addr: &str, cause: String) -> Error {
+    let cause = if addr.starts_with("http://")
+        && !matches!(cause.as_str(), "connection refused" | "timed out")
+    {
+        format!("{cause}; if it serves TLS, use an https:// URL with --tls-ca")
+    } else {
+        cause
+    };
+    Error::Unreachable {
+        addr: addr.to_string(),
+        cause,
+    }
 }
 
 /// Node administration calls.
@@ -37,14 +54,11 @@ pub enum NodeOp {
 
 impl Client {
     /// Connects now, so that an unreachable dispatcher is reported before
-    /// anything else happens.
-    pub async fn connect(addr: &str) -> Result<Self> {
-        let unreachable = |cause: String| Error::Unreachable {
-            addr: addr.to_string(),
-            cause,
-        };
-        let endpoint = Endpoint::from_shared(addr.to_string())
-            .map_err(|e| unreachable(error_cause(&e)))?
+    /// anything else happens. `tls` verifies an `https://` dispatcher;
+    /// `bearer` goes with every call.
+    pub async fn connect(addr: &str, tls: &ClientTls, bearer: Bearer) -> Result<Self> {
+        let unreachable = |cause: String| unreachable(addr, cause);
+        let endpoint = proto::client_security::endpoint(addr, tls)?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true);
         let channel = match tokio::time::timeout(CONNECT_TIMEOUT, endpoint.connect()).await {
@@ -52,15 +66,17 @@ impl Client {
             Ok(Err(e)) => return Err(unreachable(error_cause(&e))),
             Err(_) => return Err(unreachable("timed out".to_string())),
         };
-        Ok(Client::from_channel(addr, channel))
+        Ok(Client::from_channel(addr, channel, bearer))
     }
 
     /// A client over an existing channel (e.g. a lazily connected one).
-    pub fn from_channel(addr: &str, channel: Channel) -> Self {
+    pub fn from_channel(addr: &str, channel: Channel, bearer: Bearer) -> Self {
         Client {
             addr: addr.to_string(),
-            jobs: JobServiceClient::new(channel.clone()).max_decoding_message_size(MAX_MESSAGE),
-            nodes: NodeServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE),
+            jobs: JobServiceClient::with_interceptor(channel.clone(), bearer.clone())
+                .max_decoding_message_size(MAX_MESSAGE),
+            nodes: NodeServiceClient::with_interceptor(channel, bearer)
+                .max_decoding_message_size(MAX_MESSAGE),
         }
     }
 
@@ -74,11 +90,7 @@ impl Client {
     /// is the dispatcher's answer (exit 1).
     pub fn error(&self, status: Status) -> Error {
         if is_disconnect(&status) {
-            let cause = status_cause(&status);
-            Error::Unreachable {
-                addr: self.addr.clone(),
-                cause,
-            }
+            unreachable(&self.addr, status_cause(&status))
         } else {
             Error::Rpc(status)
         }
@@ -334,8 +346,8 @@ mod tests {
 
     #[tokio::test]
     async fn unavailable_maps_to_unreachable() {
-        let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
-        let c = Client::from_channel("http://127.0.0.1:1", channel);
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let c = Client::from_channel("http://127.0.0.1:1", channel, Bearer::default());
         let e = c.error(Status::unavailable("tcp connect error"));
         assert_eq!(e.exit_code(), crate::EXIT_UNREACHABLE);
         assert!(e.to_string().contains("(tcp connect error)"), "{e}");

@@ -161,9 +161,8 @@ pub fn resolve_server(
 }
 
 /// Adds `http://` to a bare `host:port` and checks the result is an
-/// `http://` URL with a host that tonic accepts (the dispatcher serves
-/// plain HTTP/2; TLS is refused with a clear message rather than failing
-/// at connect time).
+/// `http://` or `https://` (TLS, see `--tls-ca`) URL with a host that
+/// tonic accepts.
 pub fn normalize_url(raw: &str) -> Result<String, String> {
     let url = if raw.contains("://") {
         raw.to_string()
@@ -171,12 +170,9 @@ pub fn normalize_url(raw: &str) -> Result<String, String> {
         format!("http://{raw}")
     };
     let (scheme, rest) = url.split_once("://").unwrap_or(("", ""));
-    if scheme == "https" {
-        return Err("TLS is not supported yet; use http://".to_string());
-    }
-    if scheme != "http" {
+    if scheme != "http" && scheme != "https" {
         return Err(format!(
-            "unsupported scheme {scheme:?}; use http://HOST:PORT"
+            "unsupported scheme {scheme:?}; use http://HOST:PORT or https://HOST:PORT"
         ));
     }
     let authority = rest.split('/').next().unwrap_or("");
@@ -302,7 +298,8 @@ mod tests {
             Ok("http://10.0.0.1:50051")
         );
         assert_eq!(normalize_url("http://h:1/").as_deref(), Ok("http://h:1"));
-        assert!(normalize_url("https://h").is_err());
+        assert_eq!(normalize_url("https://h:1").as_deref(), Ok("https://h:1"));
+        assert!(normalize_url("ftp://h:1").is_err());
         assert_eq!(normalize_url("[::1]:5").as_deref(), Ok("http://[::1]:5"));
     }
 }

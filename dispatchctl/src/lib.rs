@@ -30,6 +30,9 @@ pub use client::Client;
 pub const EXIT_OK: u8 = 0;
 /// Exit code: an error (refused request, unknown id, bad config file).
 pub const EXIT_ERROR: u8 = 1;
+/// Environment variable holding the bearer token (`--token-file` /
+/// `DISPATCH_TOKEN_FILE` wins).
+pub const TOKEN_ENV: &str = "DISPATCH_TOKEN";
 /// Exit code: the dispatcher cannot be reached.
 pub const EXIT_UNREACHABLE: u8 = 2;
 /// Exit code: bad command line.
@@ -45,6 +48,9 @@ pub enum Error {
          `dispatcher --dev` or set --server / DISPATCH_SERVER"
     )]
     Unreachable { addr: String, cause: String },
+    /// The TLS options or the token cannot be used.
+    #[error(transparent)]
+    Security(#[from] proto::client_security::SecurityError),
     /// The dispatcher answered with an error status.
     #[error("{}", client::describe_status(.0))]
     Rpc(tonic::Status),
@@ -72,7 +78,7 @@ impl Error {
     /// The process exit code for this error (see [`cli::EXIT_CODES`]).
     pub fn exit_code(&self) -> u8 {
         match self {
-            Error::Unreachable { .. } => EXIT_UNREACHABLE,
+            Error::Unreachable { .. } | Error::Security(_) => EXIT_UNREACHABLE,
             Error::Usage(_) => EXIT_USAGE,
             _ => EXIT_ERROR,
         }
@@ -103,6 +109,13 @@ pub async fn run(cli: cli::Cli, io: &mut Io<'_>) -> Result<u8> {
     if let cli::Command::Config(args) = &cli.command {
         return commands::config(&server, args, io);
     }
-    let mut client = Client::connect(&server.url).await?;
+    let tls = proto::client_security::ClientTls {
+        ca: cli.tls_ca.clone(),
+        ..Default::default()
+    };
+    let token =
+        proto::client_security::load_token(cli.token_file.as_deref(), env(TOKEN_ENV).as_deref())?;
+    let bearer = proto::client_security::Bearer::new(token.as_deref())?;
+    let mut client = Client::connect(&server.url, &tls, bearer).await?;
     commands::dispatch(&mut client, &server, cli.command, io).await
 }

@@ -60,6 +60,9 @@ pub struct ExecConfig {
     /// Allow jobs to run as root (when the agent is root and `run_as` is
     /// unset or uid 0). Off by default: such spawns are refused.
     pub allow_root: bool,
+    /// Owner-specific uid:gid (when the agent is root); owners not in the
+    /// map run as `run_as`.
+    pub user_map: super::UserMap,
     /// A cgroup v2 directory under which to create one cgroup per job
     /// (see `cgroup.rs`); `None`: no cgroups.
     pub cgroup_root: Option<PathBuf>,
@@ -86,6 +89,7 @@ impl ExecConfig {
             log_cap_bytes: 64 << 20,
             run_as: None,
             allow_root: false,
+            user_map: super::UserMap::default(),
             cgroup_root: None,
             shutdown: ShutdownMode::KillJobs,
             shutdown_grace: Duration::from_secs(10),
@@ -403,11 +407,17 @@ impl Executor {
             .take()
     }
 
-    fn resolve_run_as(&self, id: &str) -> Result<Option<RunAs>> {
+    /// The identity `job` runs as: its owner's entry in the user map,
+    /// else `run_as`; uid 0 only with `allow_root`.
+    fn resolve_run_as(&self, job: &JobExec) -> Result<Option<RunAs>> {
         if !geteuid().is_root() {
             return Ok(None);
         }
-        match self.cfg.run_as {
+        let id = &job.id;
+        let mapped = (!job.owner.is_empty())
+            .then(|| self.cfg.user_map.lookup(&job.owner))
+            .flatten();
+        match mapped.or(self.cfg.run_as) {
             Some((uid, gid)) if uid != 0 => Ok(Some(RunAs { uid, gid })),
             Some((uid, gid)) if self.cfg.allow_root => Ok(Some(RunAs { uid, gid })),
             None if self.cfg.allow_root => Ok(None),
@@ -422,7 +432,7 @@ impl Executor {
             return Err(ExecError::ShutDown);
         }
         job.validate()?;
-        let run_as = self.resolve_run_as(&job.id)?;
+        let run_as = self.resolve_run_as(&job)?;
         if self.shared.jobs().contains_key(&job.id) {
             return Err(ExecError::AlreadyExists(job.id));
         }

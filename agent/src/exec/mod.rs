@@ -31,6 +31,7 @@
 //! - `logcap.rs`: the size-capped stdout/stderr files.
 //! - [`cgroup`]: cgroup v2 per job, the only code that writes under
 //!   `/sys/fs/cgroup`.
+//! - [`usermap`]: which local uid:gid runs which owner's jobs.
 //! - `error.rs`: [`ExecError`].
 
 pub mod cgroup;
@@ -42,6 +43,7 @@ mod logcap;
 pub mod procfs;
 pub mod shim;
 mod spec;
+pub mod usermap;
 
 pub use cgroup::CgroupSupport;
 pub use error::{ExecError, Result};
@@ -52,3 +54,4 @@ pub use spec::{
     DEFAULT_KILL_GRACE, DEFAULT_PATH, JobExec, JobExit, JobOutcome, RLIM_INFINITY, Rlimit,
     RlimitResource,
 };
+pub use usermap::{UserMap, UserMapError};

@@ -52,6 +52,10 @@ pub struct JobExec {
     pub timeout: Option<Duration>,
     /// Grace between SIGTERM and SIGKILL on timeout.
     pub kill_grace: Duration,
+    /// Who submitted it (the dispatcher's `Job.owner`; empty when
+    /// unknown): picks the uid it runs as through the user map.
+    #[serde(default)]
+    pub owner: String,
 }
 
 impl JobExec {
@@ -69,6 +73,7 @@ impl JobExec {
             memory_max: None,
             timeout: None,
             kill_grace: DEFAULT_KILL_GRACE,
+            owner: String::new(),
         }
     }
 

@@ -70,6 +70,158 @@ struct Args {
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
+    /// Serve TLS with this PEM certificate chain (with --tls-key).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "tls_key",
+        conflicts_with = "dev_tls"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require agents to present a client certificate signed by this PEM CA
+    /// and naming their node (needs --tls-cert).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Require a bearer token on every JobService and NodeService call:
+    /// a file of `TOKEN ROLE USER` lines (ROLE: user, reader or admin).
+    #[arg(long, value_name = "FILE", env = "DISPATCH_TOKENS")]
+    tokens: Option<PathBuf>,
+    /// Make (or reuse) a local CA, a server certificate for localhost, the
+    /// local node's agent certificate and an admin token in DIR, and serve
+    /// with them (TLS, agent certificates and tokens all on).
+    #[arg(long, value_name = "DIR")]
+    dev_tls: Option<PathBuf>,
+}
+
+/// `dispatcher gen-certs`: issue certificates from the CA in a directory
+/// (made there when missing), e.g. an agent's client certificate.
+#[derive(Parser, Debug)]
+#[command(name = "dispatcher gen-certs")]
+struct GenCertsArgs {
+    /// Directory of the CA (`ca.pem`, `ca.key`); created with a new CA when
+    /// it has none (the --dev-tls directory works).
+    #[arg(long, value_name = "DIR")]
+    ca_dir: PathBuf,
+    /// Issue a client certificate for the agent of this node (repeatable):
+    /// written to OUT/agent-NODE.pem and OUT/agent-NODE.key.
+    #[arg(long = "agent", value_name = "NODE")]
+    agents: Vec<String>,
+    /// Issue a server certificate (CA_DIR/server.pem, server.key) for these
+    /// names or addresses (repeatable).
+    #[arg(long = "server-name", value_name = "NAME")]
+    server_names: Vec<String>,
+    /// Where agent certificates go (default: the CA directory).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Certificates are valid for this many days.
+    #[arg(long, default_value_t = 365)]
+    valid_days: u32,
+    /// Start the validity this many days in the past (with a short
+    /// --valid-days, makes an already expired certificate for tests).
+    #[arg(long, default_value_t = 0)]
+    backdate_days: u32,
+}
+
+fn gen_certs(args: GenCertsArgs) -> Result<()> {
+    let pki = dispatcher::tls::Pki::open_or_create(&args.ca_dir)
+        .with_context(|| format!("the CA in {}", args.ca_dir.display()))?;
+    let validity = dispatcher::tls::Validity {
+        backdate_days: args.backdate_days,
+        days: args.valid_days,
+    };
+    println!("CA certificate: {}", pki.ca_cert().display());
+    if !args.server_names.is_empty() {
+        let issued = pki.issue_server(&args.server_names, validity)?;
+        println!(
+            "server certificate: {} (key {})",
+            issued.cert.display(),
+            issued.key.display()
+        );
+    }
+    let out = args.out.unwrap_or_else(|| args.ca_dir.clone());
+    for node in &args.agents {
+        let issued = pki.issue_agent(node, validity, &out)?;
+        println!(
+            "agent certificate for {node}: {} (key {})",
+            issued.cert.display(),
+            issued.key.display()
+        );
+    }
+    Ok(())
+}
+
+/// The security the flags ask for, and what clients need to know.
+fn security(args: &Args) -> Result<(dispatcher::server::Security, Option<AgentTls>)> {
+    use dispatcher::auth::{Access, TokenTable};
+    use dispatcher::tls::{ServerTlsFiles, server_config};
+    let mut files = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(ServerTlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: args.tls_client_ca.clone(),
+        }),
+        _ => None,
+    };
+    let mut tokens = args.tokens.clone();
+    let mut dev_agent = None;
+    if let Some(dir) = &args.dev_tls {
+        let dev = dispatcher::tls::ensure_dev_tls(dir, &agent::runtime::hostname())
+            .with_context(|| format!("--dev-tls {}", dir.display()))?;
+        files = Some(ServerTlsFiles {
+            cert: dev.server.cert.clone(),
+            key: dev.server.key.clone(),
+            client_ca: Some(dev.ca.clone()),
+        });
+        if tokens.is_none() {
+            tokens = Some(dev.tokens.clone());
+        }
+        dev_agent = Some(AgentTls {
+            tls: proto::client_security::ClientTls {
+                ca: Some(dev.ca.clone()),
+                cert: Some(dev.agent.cert.clone()),
+                key: Some(dev.agent.key.clone()),
+                domain: Some("localhost".into()),
+            },
+            admin_token: dev.admin_token.clone(),
+        });
+    }
+    let access = match &tokens {
+        Some(path) => Access::with_tokens(
+            TokenTable::load(path).with_context(|| format!("--tokens {}", path.display()))?,
+        ),
+        None => Access::open(),
+    };
+    let tls = files
+        .as_ref()
+        .map(server_config)
+        .transpose()
+        .context("the server's TLS files")?;
+    let require_agent_cert = files.as_ref().is_some_and(|f| f.client_ca.is_some());
+    if access.is_enforced() && !require_agent_cert {
+        tracing::warn!(
+            "--tokens without --tls-client-ca: clients need tokens but agents are not authenticated"
+        );
+    }
+    if access.is_enforced() && tls.is_none() {
+        tracing::warn!("--tokens without TLS: tokens cross the network in plain text");
+    }
+    Ok((
+        dispatcher::server::Security {
+            tls,
+            access,
+            require_agent_cert,
+        },
+        dev_agent,
+    ))
+}
+
+/// What the --dev agent and the printed hints need under --dev-tls.
+struct AgentTls {
+    tls: proto::client_security::ClientTls,
+    admin_token: PathBuf,
 }
 
 fn main() -> Result<()> {
@@ -85,6 +237,9 @@ fn main() -> Result<()> {
             std::process::ExitCode::SUCCESS => 0,
             _ => 1,
         });
+    }
+    if argv.get(1).map(String::as_str) == Some("gen-certs") {
+        return gen_certs(GenCertsArgs::parse_from(&argv[1..]));
     }
     let args = Args::parse();
     init_logging(&args.log_format);
@@ -190,6 +345,17 @@ async fn run(args: Args) -> Result<()> {
     cluster.restore(snapshot, dispatcher::core::now_ms(), grace);
     let (core, core_thread) = dispatcher::core::spawn(cluster, Box::new(store));
 
+    let (security, dev_tls) = security(&args)?;
+    if args.dev && security.tls.is_some() && dev_tls.is_none() {
+        anyhow::bail!(
+            "--dev with --tls-cert: the local agent has no client certificate; use --dev-tls DIR"
+        );
+    }
+    let scheme = if security.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -199,17 +365,35 @@ async fn run(args: Args) -> Result<()> {
         "dispatcher listening on {addr} (data in {})",
         args.data_dir.display()
     );
-    println!("point dispatchctl at it:  export DISPATCH_SERVER=http://{addr}");
+    // The certificates name localhost: clients use that name.
+    let client_url = match (&dev_tls, addr) {
+        (Some(_), a) => format!("https://localhost:{}", a.port()),
+        (None, a) => format!("{scheme}://{a}"),
+    };
+    println!("point dispatchctl at it:  export DISPATCH_SERVER={client_url}");
+    if let Some(dev) = &dev_tls {
+        if let Some(ca) = &dev.tls.ca {
+            println!(
+                "                          export DISPATCH_TLS_CA={}",
+                ca.display()
+            );
+        }
+        println!(
+            "                          export DISPATCH_TOKEN_FILE={}",
+            dev.admin_token.display()
+        );
+    }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut agent_task = None;
     if args.dev {
-        let url = format!("http://{addr}");
+        let url = client_url.clone();
+        let tls = dev_tls.map(|d| d.tls).unwrap_or_default();
         let dir = args.data_dir.join("agent");
         let topo = args.dev_topology.clone();
         let stop = stop_rx.clone();
         agent_task = Some(tokio::spawn(async move {
-            if let Err(err) = agent::runtime::run_dev(url, dir, topo, stop).await {
+            if let Err(err) = agent::runtime::run_dev(url, tls, dir, topo, stop).await {
                 tracing::error!("the --dev agent stopped: {err:#}");
             }
         }));
@@ -237,7 +421,7 @@ async fn run(args: Args) -> Result<()> {
         tracing::info!("shutting down");
         let _ = stopper.send(true);
     };
-    dispatcher::server::serve(core.clone(), listener, shutdown)
+    dispatcher::server::serve_secured(core.clone(), listener, security, shutdown)
         .await
         .context("serving gRPC")?;
     let _ = stop_tx.send(true);
