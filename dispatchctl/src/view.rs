@@ -183,6 +183,8 @@ pub struct JobView {
     pub end_time_ms: Option<i64>,
     pub array_id: Option<String>,
     pub array_index: Option<u32>,
+    /// Who submitted it (`null` on a dispatcher without tokens).
+    pub owner: Option<String>,
     pub spec: Option<JobSpecView>,
 }
 
@@ -205,6 +207,7 @@ impl From<&pb::Job> for JobView {
             end_time_ms: nonzero_time(j.end_time_ms),
             array_index: array_id.as_ref().map(|_| j.array_index),
             array_id,
+            owner: nonempty(&j.owner),
             spec: j.spec.as_ref().map(JobSpecView::from),
         }
     }

@@ -127,7 +127,9 @@ pub fn cert_names(der: &[u8]) -> Result<Vec<String>, TlsError> {
     {
         for name in &san.value.general_names {
             if let x509_parser::extensions::GeneralName::DNSName(dns) = name {
-                names.push((*dns).to_string());
+                if !names.iter().any(|n| n == dns) {
+                    names.push((*dns).to_string());
+                }
             }
         }
     }
@@ -268,9 +270,12 @@ impl Pki {
         }
         let ca_key = generate("CA")?;
         let mut params = CertificateParams::default();
+        // A distinct name per CA: a certificate from another local CA then
+        // fails as "unknown issuer", not as a bad signature.
+        let tag: String = random_token()?.chars().take(8).collect();
         params
             .distinguished_name
-            .push(DnType::CommonName, "dispatch local CA");
+            .push(DnType::CommonName, format!("dispatch local CA {tag}"));
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
@@ -533,7 +538,7 @@ mod tests {
             .issue_agent("rack1-n07", Validity::default(), &dir.path().join("out"))
             .unwrap();
         let der = der_of(&issued.cert);
-        assert_eq!(cert_names(&der).unwrap(), vec!["rack1-n07", "rack1-n07"]);
+        assert_eq!(cert_names(&der).unwrap(), vec!["rack1-n07"]);
         let chain = vec![tonic::transport::CertificateDer::from(der)];
         assert!(authorize_agent(Some(&chain), "rack1-n07").is_ok());
         let e = authorize_agent(Some(&chain), "rack1-n08").unwrap_err();
