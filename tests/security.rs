@@ -428,7 +428,36 @@ async fn tokens_and_roles_decide_who_sees_and_does_what() -> Result<()> {
         "{err}"
     );
 
+    // Bob's watch of every job shows only his: with the current states
+    // first, alice's running job would come before his new one.
+    let mut bob = m.jobs(&d, BOB).await?;
+    let mut watch = bob
+        .watch_jobs(proto::v1::WatchJobsRequest {
+            ids: Vec::new(),
+            include_current: true,
+        })
+        .await?
+        .into_inner();
+    let bobs = bob
+        .submit_job(SubmitJobRequest {
+            spec: Some(sh("true")),
+        })
+        .await?
+        .into_inner()
+        .jobs
+        .remove(0);
+    let first = tokio::time::timeout(Duration::from_secs(30), watch.message())
+        .await
+        .context("waiting for bob's first watch event")??
+        .and_then(|e| e.job)
+        .context("the watch ended")?;
+    assert_eq!(first.id, bobs.id, "bob's watch showed {first:?}");
+    assert_eq!(first.owner, "bob");
+    drop(watch);
+
     // Alice and the reader see it; the reader cannot cancel it.
+    let (code, _, err) = m.ctl(&d, Some(ALICE), &["logs", &id])?;
+    assert_eq!(code, 0, "alice reads her own job's logs: {err}");
     let (code, out, err) = m.ctl(&d, Some(ALICE), &["ls", "-o", "json"])?;
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -460,7 +489,6 @@ async fn tokens_and_roles_decide_who_sees_and_does_what() -> Result<()> {
 
     // A user cannot pass another owner through the API either: the owner
     // filter is forced to the caller's own user.
-    let mut bob = m.jobs(&d, BOB).await?;
     let page = bob
         .list_jobs(proto::v1::ListJobsRequest {
             owner: "alice".into(),
@@ -468,7 +496,8 @@ async fn tokens_and_roles_decide_who_sees_and_does_what() -> Result<()> {
         })
         .await?
         .into_inner();
-    assert!(page.jobs.is_empty(), "{:?}", page.jobs);
+    let ids: Vec<&str> = page.jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids, vec![bobs.id.as_str()], "bob's own job only");
 
     // A plain-text client against the TLS port fails clearly (exit 2).
     let out = Command::new(binary("dispatchctl"))

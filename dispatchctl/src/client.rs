@@ -31,9 +31,12 @@ pub struct Client {
 /// [`Error::Unreachable`], with a hint when a plain-text URL may be
 /// talking to a TLS port (the connection opens, then breaks).
 fn unreachable(addr: &str, cause: String) -> Error {
-    let cause = if addr.starts_with("http://")
-        && !matches!(cause.as_str(), "connection refused" | "timed out")
-    {
+    // What an HTTP/2 client sees when a TLS server drops its cleartext
+    // bytes: the connection opened, then the protocol broke.
+    let broke = ["frame", "h2 protocol", "connection closed", "broken pipe"]
+        .iter()
+        .any(|w| cause.contains(w));
+    let cause = if addr.starts_with("http://") && broke {
         format!("{cause}; if it serves TLS, use an https:// URL with --tls-ca")
     } else {
         cause
@@ -351,6 +354,10 @@ mod tests {
         let e = c.error(Status::unavailable("tcp connect error"));
         assert_eq!(e.exit_code(), crate::EXIT_UNREACHABLE);
         assert!(e.to_string().contains("(tcp connect error)"), "{e}");
+        let e = c.error(Status::unavailable(
+            "connection error detected: frame with invalid size",
+        ));
+        assert!(e.to_string().contains("use an https:// URL"), "{e}");
         let e = c.error(Status::invalid_argument("spec.nice: out of range"));
         assert_eq!(e.exit_code(), crate::EXIT_ERROR);
     }

@@ -80,6 +80,7 @@ fn jobs() -> Vec<pb::Job> {
             end_time_ms: NOW - 2 * 60 * MIN,
             array_id: "j-10".into(),
             array_index: 3,
+            owner: "alice".into(),
         },
         pb::Job {
             id: "j-9".into(),
@@ -320,6 +321,7 @@ fn job_json_view_has_stable_names_and_lower_case_enums() {
             "id",
             "name",
             "node",
+            "owner",
             "reason",
             "signal",
             "spec",
@@ -353,6 +355,8 @@ fn job_json_view_has_stable_names_and_lower_case_enums() {
     assert_eq!(failed["signal"], 9);
     assert_eq!(failed["array_id"], "j-10");
     assert_eq!(failed["array_index"], 3);
+    assert_eq!(failed["owner"], "alice");
+    assert!(running["owner"].is_null(), "no owner without tokens");
 }
 
 #[test]

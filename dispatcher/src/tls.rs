@@ -126,10 +126,10 @@ pub fn cert_names(der: &[u8]) -> Result<Vec<String>, TlsError> {
         .map_err(|e| TlsError::Parse(e.to_string()))?
     {
         for name in &san.value.general_names {
-            if let x509_parser::extensions::GeneralName::DNSName(dns) = name {
-                if !names.iter().any(|n| n == dns) {
-                    names.push((*dns).to_string());
-                }
+            if let x509_parser::extensions::GeneralName::DNSName(dns) = name
+                && !names.iter().any(|n| n == dns)
+            {
+                names.push((*dns).to_string());
             }
         }
     }
