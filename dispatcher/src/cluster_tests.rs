@@ -502,3 +502,47 @@ fn agent_held_jobs_are_stolen_by_idle_rack_peers() {
     assert_eq!(assigns(&fx), vec![("b".to_string(), "j-3".to_string())]);
     assert!(c.get_job("j-3").unwrap().reason.contains("gave it back"));
 }
+
+#[test]
+fn owners_are_recorded_sent_with_assignments_and_filter_lists() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "n1", "1s:4c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    let alice = c
+        .submit_as("alice", vec![job(1)], false, 1, &mut fx)
+        .unwrap();
+    let bob = c.submit_as("bob", vec![job(1)], false, 2, &mut fx).unwrap();
+    assert_eq!(alice[0].owner, "alice");
+    assert_eq!(c.get_job(&bob[0].id).unwrap().owner, "bob");
+    // The agent learns each job's owner with its assignment.
+    let owners: Vec<(String, String)> = fx
+        .to_agents
+        .iter()
+        .filter_map(|(_, m)| match &m.msg {
+            Some(dispatcher_message::Msg::Assign(a)) => Some((a.job_id.clone(), a.owner.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        owners,
+        vec![
+            (alice[0].id.clone(), "alice".to_string()),
+            (bob[0].id.clone(), "bob".to_string())
+        ]
+    );
+    let (page, _) = c
+        .list_jobs(&ListJobsRequest {
+            owner: "bob".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|j| j.id.clone()).collect::<Vec<_>>(),
+        vec![bob[0].id.clone()]
+    );
+    let (all, _) = c.list_jobs(&ListJobsRequest::default()).unwrap();
+    assert_eq!(all.len(), 2);
+    // Without an owner (no tokens) the field stays empty.
+    let anon = c.submit(vec![job(1)], false, 3, &mut fx).unwrap();
+    assert_eq!(anon[0].owner, "");
+}
