@@ -511,6 +511,25 @@ async fn tokens_and_roles_decide_who_sees_and_does_what() -> Result<()> {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("use an https:// URL with --tls-ca"), "{err}");
+    // A client trusting another CA refuses the dispatcher (exit 2).
+    let out = Command::new(binary("dispatchctl"))
+        .args([
+            "--server",
+            &d.url,
+            "--tls-ca",
+            &m.path("other/ca.pem"),
+            "ls",
+        ])
+        .env("DISPATCH_TOKEN", ADMIN)
+        .env_remove("DISPATCH_TOKEN_FILE")
+        .env("DISPATCH_CONFIG", "/nonexistent/dispatch-config.json")
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("invalid peer certificate: UnknownIssuer"),
+        "{err}"
+    );
     // And https:// without a CA is refused before connecting.
     let out = Command::new(binary("dispatchctl"))
         .args(["--server", &d.url, "ls"])

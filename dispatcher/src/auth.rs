@@ -94,10 +94,19 @@ pub enum TokenFileError {
     Empty { path: PathBuf },
 }
 
-/// The tokens a dispatcher accepts, each mapped to its caller.
+/// The tokens a dispatcher accepts, each mapped to its caller. Kept and
+/// looked up by SHA-256 digest, so neither the table nor the time a lookup
+/// takes gives away a token's characters.
 #[derive(Debug, Clone, Default)]
 pub struct TokenTable {
-    by_token: HashMap<String, Caller>,
+    by_digest: HashMap<[u8; 32], Caller>,
+}
+
+fn digest(token: &str) -> [u8; 32] {
+    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
 }
 
 impl TokenTable {
@@ -119,7 +128,7 @@ impl TokenTable {
             line,
             why,
         };
-        let mut by_token = HashMap::new();
+        let mut by_digest = HashMap::new();
         let mut first_line = HashMap::new();
         for (i, raw) in text.lines().enumerate() {
             let line = i + 1;
@@ -164,38 +173,38 @@ impl TokenTable {
                     format!("user {user:?}: use letters, digits and . _ @ - only"),
                 ));
             }
-            if let Some(prev) = first_line.insert(token.to_string(), line) {
+            if let Some(prev) = first_line.insert(digest(token), line) {
                 return Err(bad(line, format!("the token repeats line {prev}'s")));
             }
-            by_token.insert(
-                token.to_string(),
+            by_digest.insert(
+                digest(token),
                 Caller {
                     user: user.to_string(),
                     role,
                 },
             );
         }
-        if by_token.is_empty() {
+        if by_digest.is_empty() {
             return Err(TokenFileError::Empty {
                 path: path.to_path_buf(),
             });
         }
-        Ok(TokenTable { by_token })
+        Ok(TokenTable { by_digest })
     }
 
     /// The caller `token` belongs to.
     pub fn lookup(&self, token: &str) -> Option<&Caller> {
-        self.by_token.get(token)
+        self.by_digest.get(&digest(token))
     }
 
     /// How many tokens.
     pub fn len(&self) -> usize {
-        self.by_token.len()
+        self.by_digest.len()
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.by_token.is_empty()
+        self.by_digest.is_empty()
     }
 }
 

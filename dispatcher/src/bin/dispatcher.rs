@@ -91,7 +91,8 @@ struct Args {
     tokens: Option<PathBuf>,
     /// Make (or reuse) a local CA, a server certificate for localhost, the
     /// local node's agent certificate and an admin token in DIR, and serve
-    /// with them (TLS, agent certificates and tokens all on).
+    /// with them (TLS, agent certificates and tokens all on). More
+    /// certificates from the same CA: `dispatcher gen-certs --help`.
     #[arg(long, value_name = "DIR")]
     dev_tls: Option<PathBuf>,
 }
