@@ -240,7 +240,10 @@ fn main() -> Result<()> {
         });
     }
     if argv.get(1).map(String::as_str) == Some("gen-certs") {
-        return gen_certs(GenCertsArgs::parse_from(&argv[1..]));
+        let rest = argv.iter().skip(2).cloned();
+        return gen_certs(GenCertsArgs::parse_from(
+            std::iter::once("dispatcher gen-certs".to_string()).chain(rest),
+        ));
     }
     let args = Args::parse();
     init_logging(&args.log_format);
@@ -296,6 +299,8 @@ fn init_logging(format: &str) {
 }
 
 async fn run(args: Args) -> Result<()> {
+    // Bad TLS files or tokens stop the start before anything is opened.
+    let (security, dev_tls) = security(&args)?;
     let store = EmbeddedStore::open(&args.data_dir.join("store"))
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
     let snapshot = store.load().context("reading the store")?;
@@ -346,7 +351,6 @@ async fn run(args: Args) -> Result<()> {
     cluster.restore(snapshot, dispatcher::core::now_ms(), grace);
     let (core, core_thread) = dispatcher::core::spawn(cluster, Box::new(store));
 
-    let (security, dev_tls) = security(&args)?;
     if args.dev && security.tls.is_some() && dev_tls.is_none() {
         anyhow::bail!(
             "--dev with --tls-cert: the local agent has no client certificate; use --dev-tls DIR"
