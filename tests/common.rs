@@ -486,3 +486,116 @@ pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
     }
     Ok((status, body.to_string()))
 }
+
+/// A real etcd server (Debian's `etcd-server`) on random loopback ports
+/// with its data in a directory it keeps across restarts; killed on drop.
+pub struct Etcd {
+    /// The process (None between [`Etcd::kill9`] and [`Etcd::restart`]).
+    pub proc: Option<Proc>,
+    /// Client URL, `http://127.0.0.1:PORT`.
+    pub url: String,
+    peer_port: u16,
+    metrics_port: u16,
+    dir: PathBuf,
+}
+
+impl Etcd {
+    /// Start etcd with its data under `dir/etcd` and wait until healthy.
+    pub fn start(dir: &Path) -> Result<Self> {
+        let client_port = free_port();
+        let mut e = Self {
+            proc: None,
+            url: format!("http://127.0.0.1:{client_port}"),
+            peer_port: free_port(),
+            metrics_port: free_port(),
+            dir: dir.to_path_buf(),
+        };
+        e.restart()?;
+        Ok(e)
+    }
+
+    /// (Re)start on the same ports and data directory; waits for /health.
+    pub fn restart(&mut self) -> Result<()> {
+        let data = self.dir.join("etcd");
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let mut cmd = Command::new("etcd");
+        cmd.arg("--name")
+            .arg("t")
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--listen-client-urls")
+            .arg(&self.url)
+            .arg("--advertise-client-urls")
+            .arg(&self.url)
+            .arg("--listen-peer-urls")
+            .arg(&peer)
+            .arg("--initial-advertise-peer-urls")
+            .arg(&peer)
+            .arg("--initial-cluster")
+            .arg(format!("t={peer}"))
+            .arg("--initial-cluster-state")
+            .arg("new")
+            .arg("--listen-metrics-urls")
+            .arg(format!("http://127.0.0.1:{}", self.metrics_port))
+            .arg("--logger=zap")
+            .arg("--log-outputs=stderr");
+        let log = self.dir.join(format!("etcd-{}.log", now_nanos()));
+        self.proc = Some(Proc::spawn("etcd", cmd, log)?);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.healthy() {
+                return Ok(());
+            }
+            let alive = self.proc.as_mut().is_some_and(Proc::alive);
+            if !alive || Instant::now() > deadline {
+                let log = self.proc.as_ref().map(Proc::log_text).unwrap_or_default();
+                bail!("etcd did not become healthy (is etcd-server installed?):\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// True when `GET /health` answers `"health":"true"`.
+    pub fn healthy(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let req = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        if s.write_all(req.as_bytes()).is_err() {
+            return false;
+        }
+        let mut body = String::new();
+        let _ = s.read_to_string(&mut body);
+        body.contains("\"health\":\"true\"")
+    }
+
+    /// SIGKILL it (the data directory stays for [`Etcd::restart`]).
+    pub fn kill9(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill9();
+        }
+    }
+}
+
+impl Dispatcher {
+    /// Start a dispatcher replica on etcd (`--store etcd`) with its own
+    /// data directory under `dir`; returns as soon as it listens (it may
+    /// be a follower).
+    pub fn start_replica(dir: &Path, etcd_url: &str, extra: &[&str]) -> Result<Self> {
+        let port = free_port();
+        let own = dir.join(format!("replica-{port}"));
+        std::fs::create_dir_all(&own)?;
+        let mut flags: Vec<String> = vec![
+            "--store".into(),
+            "etcd".into(),
+            "--etcd-endpoints".into(),
+            etcd_url.into(),
+            "--advertise-url".into(),
+            format!("http://127.0.0.1:{port}"),
+        ];
+        flags.extend(extra.iter().map(|s| s.to_string()));
+        Self::start_on(&own, port, flags)
+    }
+}

@@ -653,21 +653,29 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
     }
 
     let mut backoff = Duration::from_millis(100);
-    let mut which = 0usize;
+    // Replicas: follow a follower's leader hint, else rotate (the shared
+    // logic of proto::endpoints).
+    let mut endpoints = proto::endpoints::Endpoints::new(agent.opts.dispatchers.clone())?;
     loop {
         if *stop.borrow() {
             break;
         }
-        let url = agent.opts.dispatchers[which % agent.opts.dispatchers.len()].clone();
-        which += 1;
+        let url = endpoints.current().to_string();
         match session(&mut agent, &url, &mut exits, &mut stop).await {
             Ok(()) => break,
             Err(err) => {
                 if agent.out.take().is_some() {
                     // It had registered: a fresh failure, retry quickly.
+                    endpoints.succeeded();
                     backoff = Duration::from_millis(100);
                 }
-                tracing::warn!(%url, "dispatcher stream: {err:#}; reconnecting in {backoff:?}");
+                let next = endpoints.failed(err.downcast_ref::<tonic::Status>());
+                if let proto::endpoints::Next::Redirected(leader) = &next {
+                    tracing::info!(%url, %leader, "not the leader; following the hint");
+                    backoff = Duration::from_millis(50);
+                } else {
+                    tracing::warn!(%url, "dispatcher stream: {err:#}; reconnecting in {backoff:?}");
+                }
             }
         }
         // Keep handling exits and ticks while disconnected.
@@ -692,10 +700,8 @@ async fn session(
     exits: &mut mpsc::UnboundedReceiver<JobExit>,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<()> {
-    let endpoint = proto::client_security::endpoint(url, &agent.opts.tls)
-        .with_context(|| format!("dispatcher address {url}"))?
-        .connect_timeout(Duration::from_secs(3))
-        .tcp_nodelay(true);
+    let endpoint = proto::endpoints::endpoint(url, &agent.opts.tls)
+        .with_context(|| format!("dispatcher address {url}"))?;
     let channel = endpoint
         .connect()
         .await
@@ -706,12 +712,19 @@ async fn session(
     let _ = tx.send(AgentMessage {
         msg: Some(agent_message::Msg::Register(register)),
     });
-    let mut inbound = client
-        .attach(UnboundedReceiverStream::new(rx))
-        .await
-        .with_context(|| format!("attaching to {url}"))?
-        .into_inner();
-    let first = inbound.message().await.context("waiting for Registered")?;
+    // A dispatcher that accepts connections but does not answer (paused)
+    // must not hold the agent: bound the handshake.
+    let (mut inbound, first) = tokio::time::timeout(proto::endpoints::CONNECT_TIMEOUT * 2, async {
+        let mut inbound = client
+            .attach(UnboundedReceiverStream::new(rx))
+            .await
+            .with_context(|| format!("attaching to {url}"))?
+            .into_inner();
+        let first = inbound.message().await.context("waiting for Registered")?;
+        anyhow::Ok((inbound, first))
+    })
+    .await
+    .with_context(|| format!("{url} did not answer the registration"))??;
     let interval = match first.and_then(|m| m.msg) {
         Some(dispatcher_message::Msg::Registered(r)) => {
             Duration::from_millis(r.heartbeat_interval_ms.max(50))

@@ -72,6 +72,41 @@ impl Client {
         Ok(Client::from_channel(addr, channel, bearer))
     }
 
+    /// Connects to the leader among `addrs` (`URL[,URL...]`): follows a
+    /// follower's `dispatch-leader` hint and rotates past unreachable
+    /// replicas (proto::endpoints). When none answers, reports the first
+    /// unreachable one as [`Client::connect`] does.
+    pub async fn connect_leader(addrs: &str, tls: &ClientTls, bearer: Bearer) -> Result<Self> {
+        use proto::endpoints::{Endpoints, LeaderChannel, should_failover};
+        let endpoints =
+            Endpoints::new([addrs]).map_err(|e| Error::Usage(format!("--server: {e}")))?;
+        let patience = if endpoints.urls().len() > 1 {
+            CONNECT_TIMEOUT
+        } else {
+            Duration::ZERO
+        };
+        let mut leader = LeaderChannel::new(endpoints, patience).with_tls(tls.clone());
+        // Any answer but UNAVAILABLE comes from the leader (an empty id
+        // is simply not found there).
+        let found = leader
+            .call(|channel| {
+                let bearer = bearer.clone();
+                async move {
+                    let probe = pb::GetJobRequest { id: String::new() };
+                    let mut jobs = JobServiceClient::with_interceptor(channel.clone(), bearer);
+                    match jobs.get_job(probe).await {
+                        Err(s) if should_failover(&s) => Err(s),
+                        _ => Ok(channel),
+                    }
+                }
+            })
+            .await;
+        match found {
+            Ok(channel) => Ok(Client::from_channel(leader.current(), channel, bearer)),
+            Err(_) => Client::connect(leader.current(), tls, bearer).await,
+        }
+    }
+
     /// A client over an existing channel (e.g. a lazily connected one).
     pub fn from_channel(addr: &str, channel: Channel, bearer: Bearer) -> Self {
         Client {

@@ -152,11 +152,24 @@ pub fn resolve_server(
     } else {
         (DEFAULT_SERVER.to_string(), Source::Default)
     };
-    let url = normalize_url(&raw).map_err(|why| ConfigError::Address {
-        addr: raw.clone(),
-        source_name: source.to_string(),
-        why,
-    })?;
+    // Several replicas: URL,URL,... (each normalised; the client finds
+    // the leader among them).
+    let url = proto::endpoints::parse_list(&raw)
+        .iter()
+        .map(|u| normalize_url(u))
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|urls| {
+            if urls.is_empty() {
+                Err("no address".to_string())
+            } else {
+                Ok(urls.join(","))
+            }
+        })
+        .map_err(|why| ConfigError::Address {
+            addr: raw.clone(),
+            source_name: source.to_string(),
+            why,
+        })?;
     Ok(Server { url, source })
 }
 

@@ -116,6 +116,6 @@ pub async fn run(cli: cli::Cli, io: &mut Io<'_>) -> Result<u8> {
     let token =
         proto::client_security::load_token(cli.token_file.as_deref(), env(TOKEN_ENV).as_deref())?;
     let bearer = proto::client_security::Bearer::new(token.as_deref())?;
-    let mut client = Client::connect(&server.url, &tls, bearer).await?;
+    let mut client = Client::connect_leader(&server.url, &tls, bearer).await?;
     commands::dispatch(&mut client, &server, cli.command, io).await
 }

@@ -11,8 +11,10 @@
 //!
 //! So nothing is acknowledged before it is persisted, and the batch makes
 //! that cheap (one fsync for many submissions). If a commit fails the
-//! dispatcher cannot keep its promise and exits: a restart recovers from
-//! the store, and agents re-report their jobs.
+//! core cannot keep its promise and stops: with the embedded store the
+//! dispatcher exits and a restart recovers from the store; with etcd the
+//! replica steps down ([`crate::ha`]) and whichever replica leads next
+//! recovers from etcd. Either way agents re-report their jobs.
 
 use std::collections::HashMap;
 use std::sync::mpsc as std_mpsc;
@@ -26,7 +28,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Status;
 
 use crate::cluster::{Cluster, Effects};
-use crate::store::{NodeAdmin, Store};
+use crate::store::{NodeAdmin, Store, StoreError};
 
 /// Unix time in milliseconds.
 pub fn now_ms() -> i64 {
@@ -161,11 +163,8 @@ impl CoreHandle {
     /// Send a command and await its reply.
     pub async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Status> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(make(reply))
-            .map_err(|_| Status::unavailable("the dispatcher is shutting down"))?;
-        rx.await
-            .map_err(|_| Status::unavailable("the dispatcher is shutting down"))?
+        self.tx.send(make(reply)).map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Send a command that has no reply.
@@ -174,13 +173,40 @@ impl CoreHandle {
     }
 }
 
+fn stopped() -> Status {
+    Status::unavailable("the dispatcher is shutting down or stepped down as leader; retry")
+}
+
+/// What the core does when a commit fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnStoreFailure {
+    /// Exit the process (the single embedded-store dispatcher: a restart
+    /// recovers from the store).
+    ExitProcess,
+    /// Stop the core and return the error (a replica that steps down).
+    Stop,
+}
+
+/// Why the core's thread ended.
+#[derive(Debug)]
+pub enum CoreExit {
+    /// [`Command::Shutdown`], or every handle was dropped.
+    Shutdown,
+    /// A commit failed; nothing of that batch was acknowledged.
+    StoreFailed(StoreError),
+}
+
 /// Start the core on its own thread; returns the handle and the thread.
-pub fn spawn(cluster: Cluster, store: Box<dyn Store>) -> (CoreHandle, std::thread::JoinHandle<()>) {
+pub fn spawn(
+    cluster: Cluster,
+    store: Box<dyn Store>,
+    on_failure: OnStoreFailure,
+) -> (CoreHandle, std::thread::JoinHandle<CoreExit>) {
     let (tx, rx) = std_mpsc::channel();
     let handle = CoreHandle { tx };
     let thread = std::thread::Builder::new()
         .name("dispatch-core".into())
-        .spawn(move || Core::new(cluster, store).run(rx))
+        .spawn(move || Core::new(cluster, store, on_failure).run(rx))
         .unwrap_or_else(|e| panic!("cannot start the core thread: {e}"));
     (handle, thread)
 }
@@ -200,24 +226,40 @@ struct Core {
     next_log: u64,
     /// Measured cost of a node-level steal, ns (moving average).
     steal_cost: u64,
+    on_failure: OnStoreFailure,
 }
 
 /// A reply to send once the batch is committed.
-type Deferred = Box<dyn FnOnce(bool) + Send>;
+/// Called with `None` when the batch was committed, else with the status
+/// to answer instead.
+type Deferred = Box<dyn FnOnce(Option<&Status>) + Send>;
 
 fn defer<T: Send + 'static>(reply: Reply<T>, result: Result<T, Status>) -> Deferred {
-    Box::new(move |committed| {
-        let r = if committed {
-            result
-        } else {
-            Err(Status::unavailable("the store failed; nothing was changed"))
+    Box::new(move |failed| {
+        let r = match failed {
+            None => result,
+            Some(status) => Err(status.clone()),
         };
         let _ = reply.send(r);
     })
 }
 
+/// The answer to callers whose batch could not be committed.
+fn commit_failure(err: &StoreError) -> Status {
+    match err {
+        StoreError::Fenced(_) => Status::unavailable(
+            "this dispatcher lost its leadership before the change was stored; nothing was \
+             changed: retry on the leader",
+        ),
+        StoreError::Backend(_) | StoreError::Corrupt { .. } => Status::unavailable(format!(
+            "the store failed ({err}); the change may or may not have been stored: check \
+             before retrying"
+        )),
+    }
+}
+
 impl Core {
-    fn new(cluster: Cluster, store: Box<dyn Store>) -> Self {
+    fn new(cluster: Cluster, store: Box<dyn Store>, on_failure: OnStoreFailure) -> Self {
         let (events, _) = broadcast::channel(65_536);
         Self {
             cluster,
@@ -228,10 +270,21 @@ impl Core {
             logs: HashMap::new(),
             next_log: 1,
             steal_cost: 0,
+            on_failure,
         }
     }
 
-    fn run(mut self, rx: std_mpsc::Receiver<Command>) {
+    /// Ends every agent and log stream with `status` (the core stops).
+    fn close_streams(&mut self, status: &Status) {
+        for (_, link) in self.agents.drain() {
+            let _ = link.tx.send(Err(status.clone()));
+        }
+        for (_, (_, tx)) in self.logs.drain() {
+            let _ = tx.send(Err(status.clone()));
+        }
+    }
+
+    fn run(mut self, rx: std_mpsc::Receiver<Command>) -> CoreExit {
         let tick = Duration::from_millis(
             (self.cluster.config().heartbeat_interval_ms / 2).clamp(10, 1000),
         );
@@ -241,7 +294,10 @@ impl Core {
             let first = match rx.recv_timeout(wait) {
                 Ok(cmd) => Some(cmd),
                 Err(std_mpsc::RecvTimeoutError::Timeout) => None,
-                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => {
+                    self.close_streams(&stopped());
+                    return CoreExit::Shutdown;
+                }
             };
             let mut batch: Vec<Command> = first.into_iter().collect();
             while batch.len() < 4096 {
@@ -294,18 +350,21 @@ impl Core {
                 }
                 next_tick = Instant::now() + tick;
             }
-            let committed = match self.store.commit(&fx.writes) {
-                Ok(()) => true,
-                Err(err) => {
-                    tracing::error!(%err, "store commit failed: exiting so a restart recovers from the store");
-                    false
+            if let Err(err) = self.store.commit(&fx.writes) {
+                let status = commit_failure(&err);
+                for r in replies {
+                    r(Some(&status));
                 }
-            };
-            for r in replies {
-                r(committed);
+                self.close_streams(&status);
+                if self.on_failure == OnStoreFailure::ExitProcess {
+                    tracing::error!(%err, "store commit failed: exiting so a restart recovers from the store");
+                    std::process::exit(70);
+                }
+                tracing::error!(%err, "store commit failed: the core stops");
+                return CoreExit::StoreFailed(err);
             }
-            if !committed {
-                std::process::exit(70);
+            for r in replies {
+                r(None);
             }
             // Spans first: an Assign carries its job's `run` span context,
             // which the batch's events open.
@@ -330,7 +389,8 @@ impl Core {
                 let _ = self.events.send(ev);
             }
             if stop {
-                return;
+                self.close_streams(&stopped());
+                return CoreExit::Shutdown;
             }
         }
     }

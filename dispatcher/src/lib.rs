@@ -3,13 +3,16 @@
 //! drives agents over their streams.
 //!
 //! - [`spec`]: job-spec validation (errors name the field).
-//! - [`store`]: durable state (embedded redb by default).
+//! - [`store`]: durable state (embedded redb by default, or etcd).
+//! - [`ha`]: leader election among replicas on etcd, and the gate that
+//!   makes followers redirect.
 //! - [`auth`]: bearer tokens and roles; [`tls`]: server TLS, agent
 //!   certificates and the local CA.
 
 pub mod auth;
 pub mod cluster;
 pub mod core;
+pub mod ha;
 pub mod metrics;
 pub mod server;
 pub mod spec;

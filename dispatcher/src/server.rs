@@ -5,7 +5,9 @@
 //! [`Access::check`] (bearer tokens and roles, see [`crate::auth`]) and
 //! jobs outside the caller's scope are answered as missing; an agent's
 //! Attach passes [`crate::tls::authorize_agent`] when client certificates
-//! are required.
+//! are required. Only the leader serves: each handler asks the [`Gate`]
+//! for the core, which a follower answers with UNAVAILABLE naming the
+//! leader.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -25,7 +27,8 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Access, Action, Scope};
-use crate::core::{Command, CoreHandle};
+use crate::core::Command;
+use crate::ha::{Gate, Role};
 use crate::store::NodeAdmin;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -43,7 +46,7 @@ fn trace_context(md: &tonic::metadata::MetadataMap) -> std::collections::HashMap
 /// Client-facing job service.
 #[derive(Clone)]
 pub struct Jobs {
-    core: CoreHandle,
+    gate: Gate,
     access: Access,
 }
 
@@ -60,7 +63,8 @@ impl Jobs {
             return Ok(());
         }
         let owner = match self
-            .core
+            .gate
+            .core()?
             .call(|reply| Command::Get {
                 id: id.to_string(),
                 reply,
@@ -75,7 +79,11 @@ impl Jobs {
                     page_size: 1,
                     ..Default::default()
                 };
-                let (page, _) = self.core.call(|reply| Command::List { req, reply }).await?;
+                let (page, _) = self
+                    .gate
+                    .core()?
+                    .call(|reply| Command::List { req, reply })
+                    .await?;
                 match page.into_iter().next() {
                     Some(job) => job.owner,
                     None => return Err(no_job(id)),
@@ -104,7 +112,8 @@ impl JobService for Jobs {
             .spec
             .ok_or_else(|| Status::invalid_argument("spec: missing"))?;
         let jobs = self
-            .core
+            .gate
+            .core()?
             .call(|reply| Command::Submit {
                 specs: vec![spec],
                 batch: false,
@@ -124,7 +133,8 @@ impl JobService for Jobs {
         let trace_context = trace_context(req.metadata());
         let specs = req.into_inner().specs;
         let jobs = self
-            .core
+            .gate
+            .core()?
             .call(|reply| Command::Submit {
                 specs,
                 batch: true,
@@ -140,7 +150,8 @@ impl JobService for Jobs {
         let scope = self.access.check(req.metadata(), Action::ReadJobs)?.scope;
         let id = req.into_inner().id;
         let job = self
-            .core
+            .gate
+            .core()?
             .call(|reply| Command::Get {
                 id: id.clone(),
                 reply,
@@ -161,7 +172,11 @@ impl JobService for Jobs {
         if let Scope::Own(user) = scope {
             req.owner = user;
         }
-        let (jobs, next_page_token) = self.core.call(|reply| Command::List { req, reply }).await?;
+        let (jobs, next_page_token) = self
+            .gate
+            .core()?
+            .call(|reply| Command::List { req, reply })
+            .await?;
         Ok(Response::new(ListJobsResponse {
             jobs,
             next_page_token,
@@ -173,7 +188,8 @@ impl JobService for Jobs {
         let id = req.into_inner().id;
         self.check_scope(&scope, &id).await?;
         Ok(Response::new(
-            self.core
+            self.gate
+                .core()?
                 .call(|reply| Command::Cancel { id, reply })
                 .await?,
         ))
@@ -189,7 +205,8 @@ impl JobService for Jobs {
         let req = req.into_inner();
         let ids = req.ids.clone();
         let (current, mut rx) = self
-            .core
+            .gate
+            .core()?
             .call(|reply| Command::Watch {
                 ids: req.ids,
                 include_current: req.include_current,
@@ -235,7 +252,16 @@ impl JobService for Jobs {
                             .await;
                         return;
                     }
-                    Err(broadcast::error::RecvError::Closed) => return,
+                    Err(broadcast::error::RecvError::Closed) => {
+                        // The core stopped (shutdown, or this replica
+                        // stepped down): say so, so the watcher re-watches.
+                        let _ = tx
+                            .send(Err(Status::unavailable(
+                                "the dispatcher stopped or stepped down as leader; re-watch",
+                            )))
+                            .await;
+                        return;
+                    }
                 }
             }
         });
@@ -254,7 +280,8 @@ impl JobService for Jobs {
         let req = req.into_inner();
         self.check_scope(&scope, &req.id).await?;
         let (tx, rx) = mpsc::unbounded_channel();
-        self.core
+        self.gate
+            .core()?
             .call(|reply| Command::Logs { req, tx, reply })
             .await?;
         Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
@@ -264,7 +291,7 @@ impl JobService for Jobs {
 /// Client-facing node service.
 #[derive(Clone)]
 pub struct Nodes {
-    core: CoreHandle,
+    gate: Gate,
     access: Access,
 }
 
@@ -280,7 +307,8 @@ impl Nodes {
             return Err(Status::invalid_argument("name: empty"));
         }
         Ok(Response::new(
-            self.core
+            self.gate
+                .core()?
                 .call(|reply| Command::NodeAdmin { name, admin, reply })
                 .await?,
         ))
@@ -294,7 +322,11 @@ impl NodeService for Nodes {
         req: Request<ListNodesRequest>,
     ) -> Result<Response<ListNodesResponse>, Status> {
         self.access.check(req.metadata(), Action::ReadNodes)?;
-        let nodes = self.core.call(|reply| Command::Nodes { reply }).await?;
+        let nodes = self
+            .gate
+            .core()?
+            .call(|reply| Command::Nodes { reply })
+            .await?;
         Ok(Response::new(ListNodesResponse { nodes }))
     }
 
@@ -302,7 +334,8 @@ impl NodeService for Nodes {
         self.access.check(req.metadata(), Action::ReadNodes)?;
         let name = req.into_inner().name;
         Ok(Response::new(
-            self.core
+            self.gate
+                .core()?
                 .call(|reply| Command::Node { name, reply })
                 .await?,
         ))
@@ -327,7 +360,7 @@ impl NodeService for Nodes {
 /// The agents' stream.
 #[derive(Clone)]
 pub struct Agents {
-    core: CoreHandle,
+    gate: Gate,
     /// Agents must present a verified client certificate naming the node
     /// they register as (`--tls-client-ca`).
     require_client_cert: bool,
@@ -341,6 +374,9 @@ impl AgentService for Agents {
         &self,
         req: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
+        // The stream stays with the core it attached to: if this replica
+        // steps down, that core ends the stream and the agent moves on.
+        let core = self.gate.core()?;
         let peer_certs = crate::tls::peer_certs(&req);
         let mut inbound = req.into_inner();
         let first = inbound
@@ -358,15 +394,13 @@ impl AgentService for Agents {
                 .inspect_err(|status| tracing::warn!(%node, %status, "agent refused"))?;
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let session = self
-            .core
+        let session = core
             .call(|reply| Command::Attach {
                 register,
                 tx,
                 reply,
             })
             .await?;
-        let core = self.core.clone();
         tokio::spawn(async move {
             loop {
                 match inbound.next().await {
@@ -405,31 +439,53 @@ pub struct Security {
 /// Serve every service on `addr` until `shutdown` resolves, open and in
 /// plain text.
 pub async fn serve(
-    core: CoreHandle,
+    gate: Gate,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    serve_secured(core, listener, Security::default(), shutdown).await
+    serve_secured(gate, listener, Security::default(), shutdown).await
 }
 
 /// Serve every service on `addr` until `shutdown` resolves, secured as
-/// `security` says.
+/// `security` says. Health reports the three services SERVING while
+/// `gate` leads and NOT_SERVING on a follower.
 pub async fn serve_secured(
-    core: CoreHandle,
+    gate: Gate,
     listener: tokio::net::TcpListener,
     security: Security,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<JobServiceServer<Jobs>>()
-        .await;
-    health_reporter
-        .set_serving::<NodeServiceServer<Nodes>>()
-        .await;
-    health_reporter
-        .set_serving::<AgentServiceServer<Agents>>()
-        .await;
+    let mut roles = gate.watch();
+    tokio::spawn(async move {
+        loop {
+            let leads = matches!(&*roles.borrow_and_update(), Role::Leader(_));
+            if leads {
+                health_reporter
+                    .set_serving::<JobServiceServer<Jobs>>()
+                    .await;
+                health_reporter
+                    .set_serving::<NodeServiceServer<Nodes>>()
+                    .await;
+                health_reporter
+                    .set_serving::<AgentServiceServer<Agents>>()
+                    .await;
+            } else {
+                health_reporter
+                    .set_not_serving::<JobServiceServer<Jobs>>()
+                    .await;
+                health_reporter
+                    .set_not_serving::<NodeServiceServer<Nodes>>()
+                    .await;
+                health_reporter
+                    .set_not_serving::<AgentServiceServer<Agents>>()
+                    .await;
+            }
+            if roles.changed().await.is_err() {
+                return;
+            }
+        }
+    });
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .build_v1()
@@ -450,18 +506,18 @@ pub async fn serve_secured(
         .add_service(reflection_v1alpha)
         .add_service(
             JobServiceServer::new(Jobs {
-                core: core.clone(),
+                gate: gate.clone(),
                 access: access.clone(),
             })
             .max_decoding_message_size(64 << 20),
         )
         .add_service(NodeServiceServer::new(Nodes {
-            core: core.clone(),
+            gate: gate.clone(),
             access,
         }))
         .add_service(
             AgentServiceServer::new(Agents {
-                core,
+                gate,
                 require_client_cert: security.require_agent_cert,
             })
             .max_decoding_message_size(64 << 20),

@@ -2,9 +2,11 @@
 //! (`proto/dispatch/v1/*.proto`, documented field by field there) and the
 //! Rust code tonic/prost generate from it, plus [`engine`]: the
 //! conversions between API types and the engine's; [`client_security`]:
-//! the clients' TLS and bearer-token setup.
+//! the clients' TLS and bearer-token setup; [`endpoints`]: finding the
+//! leading dispatcher among replicas.
 
 pub mod client_security;
+pub mod endpoints;
 pub mod engine;
 
 /// Package `dispatch.v1`: messages, clients and servers.

@@ -1,15 +1,27 @@
 //! The `dispatcher` binary: the gRPC server over the core, with the
 //! embedded store by default. `--dev` also runs an agent for this machine
 //! in the same process, so one command gives a working system.
+//! `--store etcd` makes it one of several replicas sharing etcd: it
+//! campaigns for leadership and, while a follower, redirects.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use dispatcher::cluster::{Cluster, ClusterConfig};
 use dispatcher::store::Store;
 use dispatcher::store::embedded::EmbeddedStore;
+use dispatcher::store::etcd::TxnLimits;
+
+/// Where the dispatcher keeps its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum StoreKind {
+    /// One file under --data-dir; a single dispatcher.
+    Embedded,
+    /// etcd (--etcd-endpoints); several replicas, one elected leader.
+    Etcd,
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -67,6 +79,28 @@ struct Args {
     /// OTEL_EXPORTER_OTLP_* variables also turn it on and configure it.
     #[arg(long, value_name = "URL")]
     otlp_endpoint: Option<String>,
+    /// The state store: `embedded` (a file under --data-dir, one
+    /// dispatcher) or `etcd` (replicas with leader election).
+    #[arg(long, value_enum, env = "DISPATCH_STORE", default_value = "embedded")]
+    store: StoreKind,
+    /// etcd client URLs, comma-separated (with --store etcd).
+    #[arg(long, env = "DISPATCH_ETCD_ENDPOINTS", value_delimiter = ',')]
+    etcd_endpoints: Vec<String>,
+    /// Prefix of every key this dispatcher group keeps in etcd.
+    #[arg(long, env = "DISPATCH_ETCD_PREFIX", default_value = "/dispatch")]
+    etcd_prefix: String,
+    /// The URL clients and agents should use to reach this replica
+    /// (default: http(s)://LISTEN).
+    #[arg(long, env = "DISPATCH_ADVERTISE_URL", value_name = "URL")]
+    advertise_url: Option<String>,
+    /// TTL of the leader lease, seconds (etcd's minimum is 2): a leader
+    /// that stops renewing is replaced within about this long.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(2..=60))]
+    lease_ttl_secs: u64,
+    /// The etcd servers' --max-txn-ops: larger batches of writes go
+    /// through the store's redo log.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(2..))]
+    etcd_max_txn_ops: u64,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -301,9 +335,6 @@ fn init_logging(format: &str) {
 async fn run(args: Args) -> Result<()> {
     // Bad TLS files or tokens stop the start before anything is opened.
     let (security, dev_tls) = security(&args)?;
-    let store = EmbeddedStore::open(&args.data_dir.join("store"))
-        .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
-    let snapshot = store.load().context("reading the store")?;
     let mut cfg = ClusterConfig {
         heartbeat_interval_ms: args.heartbeat_ms,
         missed_heartbeats: args.missed_heartbeats,
@@ -313,7 +344,6 @@ async fn run(args: Args) -> Result<()> {
     };
     cfg.engine.steal_node_limit = args.steal_zone_limit;
     let grace = (args.heartbeat_ms * args.missed_heartbeats * 2) as i64;
-    let restored = snapshot.jobs.len();
     let otlp = dispatcher::telemetry::wanted(args.otlp_endpoint.as_deref());
     let mut telemetry = None;
     let http_listen = args.http_listen.or(args.metrics_listen);
@@ -347,9 +377,11 @@ async fn run(args: Args) -> Result<()> {
         }
         dispatcher::metrics::install(metrics);
     }
-    let mut cluster = Cluster::new(cfg);
-    cluster.restore(snapshot, dispatcher::core::now_ms(), grace);
-    let (core, core_thread) = dispatcher::core::spawn(cluster, Box::new(store));
+    let build = move |snapshot| {
+        let mut cluster = Cluster::new(cfg.clone());
+        cluster.restore(snapshot, dispatcher::core::now_ms(), grace);
+        cluster
+    };
 
     if args.dev && security.tls.is_some() && dev_tls.is_none() {
         anyhow::bail!(
@@ -365,15 +397,65 @@ async fn run(args: Args) -> Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr().context("reading the bound address")?;
-    tracing::info!(%addr, restored, "dispatcher listening");
-    println!(
-        "dispatcher listening on {addr} (data in {})",
-        args.data_dir.display()
-    );
     // The certificates name localhost: clients use that name.
     let client_url = match (&dev_tls, addr) {
         (Some(_), a) => format!("https://localhost:{}", a.port()),
         (None, a) => format!("{scheme}://{a}"),
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+
+    // The embedded store: this process is the only dispatcher and always
+    // leads. etcd: a replica that campaigns; the gate follows its role.
+    let mut single = None;
+    let mut replica = None;
+    let gate = match args.store {
+        StoreKind::Embedded => {
+            let store = EmbeddedStore::open(&args.data_dir.join("store"))
+                .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
+            let snapshot = store.load().context("reading the store")?;
+            let restored = snapshot.jobs.len();
+            let (core, core_thread) = dispatcher::core::spawn(
+                build(snapshot),
+                Box::new(store),
+                dispatcher::core::OnStoreFailure::ExitProcess,
+            );
+            tracing::info!(%addr, restored, "dispatcher listening");
+            println!(
+                "dispatcher listening on {addr} (data in {})",
+                args.data_dir.display()
+            );
+            single = Some((core.clone(), core_thread));
+            dispatcher::ha::Gate::always(core)
+        }
+        StoreKind::Etcd => {
+            if args.etcd_endpoints.is_empty() {
+                anyhow::bail!("--store etcd needs --etcd-endpoints URL[,URL...]");
+            }
+            let advertise_url = args
+                .advertise_url
+                .clone()
+                .unwrap_or_else(|| client_url.clone());
+            let ha = dispatcher::ha::HaConfig {
+                endpoints: args.etcd_endpoints.clone(),
+                prefix: args.etcd_prefix.clone(),
+                advertise_url: advertise_url.clone(),
+                lease_ttl: std::time::Duration::from_secs(args.lease_ttl_secs),
+                limits: TxnLimits {
+                    max_ops: args.etcd_max_txn_ops as usize,
+                    ..TxnLimits::default()
+                },
+            };
+            let (role_tx, role_rx) =
+                tokio::sync::watch::channel(dispatcher::ha::Role::Follower { leader: None });
+            let stop = stop_rx.clone();
+            replica = Some(tokio::spawn(dispatcher::ha::run(ha, build, role_tx, stop)));
+            tracing::info!(%addr, %advertise_url, "dispatcher replica listening; campaigning on etcd");
+            println!(
+                "dispatcher replica listening on {addr} as {advertise_url} (etcd {})",
+                args.etcd_endpoints.join(",")
+            );
+            dispatcher::ha::Gate::new(role_rx)
+        }
     };
     println!("point dispatchctl at it:  export DISPATCH_SERVER={client_url}");
     if let Some(dev) = &dev_tls {
@@ -389,7 +471,6 @@ async fn run(args: Args) -> Result<()> {
         );
     }
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut agent_task = None;
     if args.dev {
         let url = client_url.clone();
@@ -426,15 +507,20 @@ async fn run(args: Args) -> Result<()> {
         tracing::info!("shutting down");
         let _ = stopper.send(true);
     };
-    dispatcher::server::serve_secured(core.clone(), listener, security, shutdown)
+    dispatcher::server::serve_secured(gate, listener, security, shutdown)
         .await
         .context("serving gRPC")?;
     let _ = stop_tx.send(true);
     if let Some(task) = agent_task {
         let _ = task.await;
     }
-    core.send(dispatcher::core::Command::Shutdown);
-    let _ = tokio::task::spawn_blocking(move || core_thread.join()).await;
+    if let Some((core, core_thread)) = single {
+        core.send(dispatcher::core::Command::Shutdown);
+        let _ = tokio::task::spawn_blocking(move || core_thread.join()).await;
+    }
+    if let Some(task) = replica {
+        let _ = task.await;
+    }
     if let Some(t) = telemetry {
         t.shutdown().await;
     }

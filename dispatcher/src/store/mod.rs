@@ -1,11 +1,13 @@
 //! Durable state behind one interface: the embedded single-file store by
-//! default, etcd when users outgrow one dispatcher (a later issue).
+//! default ([`embedded`]), etcd for several dispatcher replicas with one
+//! elected leader ([`etcd`], fenced by the leader's lease).
 //!
 //! The core commits every batch of state changes before it acknowledges
 //! any of them (to a client, an agent, or a watcher), so after a crash the
 //! store holds every accepted job in its last acknowledged state.
 
 pub mod embedded;
+pub mod etcd;
 
 use std::collections::HashMap;
 
@@ -79,6 +81,11 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
+    /// This replica is not the leader any more (its lease expired or
+    /// another replica was elected): the write was refused and nothing
+    /// of it is visible. The replica must step down.
+    #[error("fenced, not the leader any more: {0}")]
+    Fenced(String),
 }
 
 /// A durable store of the dispatcher's state.

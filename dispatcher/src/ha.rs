@@ -1,0 +1,445 @@
+//! High availability on etcd: the election among dispatcher replicas,
+//! the leader's term, and the [`Gate`] through which every RPC learns
+//! whether this replica may serve it.
+//!
+//! Protocol (all keys under `--etcd-prefix` `P`):
+//!
+//! 1. A replica grants itself a lease of `--lease-ttl-secs` and keeps it
+//!    alive every TTL/3; each confirmed renewal extends its
+//!    [`LeaseClock`] by the TTL counted from when the renewal was *sent*,
+//!    so the local view never outlives etcd's.
+//! 2. It campaigns with one transaction: if `P/leader` does not exist,
+//!    create it with the replica's `--advertise-url`, attached to its
+//!    lease; otherwise read it. The winner's fence is (lease, the key's
+//!    create revision).
+//! 3. A follower ([`Role::Follower`]) answers every RPC with UNAVAILABLE
+//!    naming the leader read from `P/leader`
+//!    ([`proto::endpoints::not_leader`]) and campaigns again every
+//!    [`CAMPAIGN_POLL`]. When the leader's lease expires etcd deletes the
+//!    key and the next campaign wins.
+//! 4. The leader ([`Role::Starting`], then [`Role::Leader`]) loads the
+//!    state from etcd, restores the cluster and starts the core; every
+//!    commit is fenced ([`crate::store::etcd`]).
+//! 5. The term ends when the lease clock runs out (renewals failed for a
+//!    TTL, or etcd answered that the lease is gone) or a commit is
+//!    refused ([`StoreError::Fenced`]) or fails. The replica then answers
+//!    as a follower at once, stops the core (in-flight calls and agent
+//!    streams end with UNAVAILABLE; nothing is written: the store refuses
+//!    every write once the clock is lost), revokes its old lease (so a
+//!    live peer takes over without waiting for the TTL) and campaigns
+//!    again with a fresh lease.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+use tokio::sync::watch;
+use tonic::Status;
+
+use crate::cluster::Cluster;
+use crate::core::{CoreExit, CoreHandle, OnStoreFailure};
+use crate::store::etcd::{EtcdStore, Fence, LeaseClock, OP_TIMEOUT, TxnLimits};
+use crate::store::{Snapshot, Store, StoreError};
+
+/// How often a follower campaigns (and refreshes the leader's URL).
+pub const CAMPAIGN_POLL: Duration = Duration::from_millis(300);
+
+/// What this replica is.
+#[derive(Clone)]
+pub enum Role {
+    /// A follower; the leader's URL when known.
+    Follower {
+        /// The leader's advertise URL.
+        leader: Option<String>,
+    },
+    /// Elected, loading the state from the store.
+    Starting,
+    /// The leader, with its running core.
+    Leader(CoreHandle),
+}
+
+/// Every RPC's view of this replica's role.
+#[derive(Clone)]
+pub struct Gate {
+    role: watch::Receiver<Role>,
+}
+
+impl Gate {
+    /// A gate following `role`.
+    pub fn new(role: watch::Receiver<Role>) -> Self {
+        Self { role }
+    }
+
+    /// Always the leader (the single embedded-store dispatcher).
+    pub fn always(core: CoreHandle) -> Self {
+        let (tx, rx) = watch::channel(Role::Leader(core));
+        // The sender lives as long as the process: the role never changes.
+        std::mem::forget(tx);
+        Self { role: rx }
+    }
+
+    /// The core when this replica leads, else the status to answer.
+    pub fn core(&self) -> Result<CoreHandle, Status> {
+        match &*self.role.borrow() {
+            Role::Leader(core) => Ok(core.clone()),
+            Role::Starting => Err(Status::unavailable(
+                "this dispatcher was just elected leader and is loading its state; retry",
+            )),
+            Role::Follower { leader } => Err(proto::endpoints::not_leader(leader.as_deref())),
+        }
+    }
+
+    /// True while this replica leads.
+    pub fn is_leader(&self) -> bool {
+        matches!(&*self.role.borrow(), Role::Leader(_))
+    }
+
+    /// A receiver of role changes.
+    pub fn watch(&self) -> watch::Receiver<Role> {
+        self.role.clone()
+    }
+}
+
+/// A replica's etcd settings.
+#[derive(Clone, Debug)]
+pub struct HaConfig {
+    /// etcd client URLs.
+    pub endpoints: Vec<String>,
+    /// Key prefix, e.g. `/dispatch`.
+    pub prefix: String,
+    /// The URL clients and agents should use for this replica.
+    pub advertise_url: String,
+    /// Lease TTL (etcd's minimum is 2 s).
+    pub lease_ttl: Duration,
+    /// Transaction limits of the etcd servers.
+    pub limits: TxnLimits,
+}
+
+impl HaConfig {
+    fn leader_key(&self) -> String {
+        format!("{}/leader", self.prefix.trim_end_matches('/'))
+    }
+}
+
+/// Connects to etcd, retrying until it answers or `stop` turns true.
+async fn connect(cfg: &HaConfig, stop: &mut watch::Receiver<bool>) -> Option<Client> {
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
+        .with_keep_alive_while_idle(true);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match tokio::time::timeout(
+            OP_TIMEOUT,
+            Client::connect(cfg.endpoints.clone(), Some(opts.clone())),
+        )
+        .await
+        {
+            Ok(Ok(c)) => return Some(c),
+            Ok(Err(err)) => tracing::warn!(%err, "connecting to etcd; retrying in {backoff:?}"),
+            Err(_) => tracing::warn!("connecting to etcd timed out; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.changed() => {}
+        }
+        if *stop.borrow() {
+            return None;
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// A lease and the task renewing it.
+struct Lease {
+    id: i64,
+    clock: Arc<LeaseClock>,
+    keeper: tokio::task::JoinHandle<()>,
+}
+
+impl Lease {
+    async fn grant(client: &Client, ttl: Duration) -> Result<Self, String> {
+        let sent = Instant::now();
+        let mut leases = client.lease_client();
+        let resp = tokio::time::timeout(OP_TIMEOUT, leases.grant(ttl.as_secs() as i64, None))
+            .await
+            .map_err(|_| "lease grant timed out".to_string())?
+            .map_err(|e| format!("lease grant: {e}"))?;
+        let granted = Duration::from_secs(resp.ttl().max(0) as u64);
+        let clock = Arc::new(LeaseClock::new(sent, granted));
+        let keeper = tokio::spawn(keep_alive(client.clone(), resp.id(), ttl, clock.clone()));
+        Ok(Self {
+            id: resp.id(),
+            clock,
+            keeper,
+        })
+    }
+
+    /// Gives the lease up: no more writes under it, and etcd deletes the
+    /// keys attached to it (the leader key) so a peer can win at once.
+    async fn give_up(self, client: &Client) {
+        self.clock.lose();
+        self.keeper.abort();
+        let mut leases = client.lease_client();
+        match tokio::time::timeout(Duration::from_secs(1), leases.revoke(self.id)).await {
+            Ok(Ok(_)) => tracing::info!(lease = format!("{:x}", self.id), "lease revoked"),
+            Ok(Err(err)) => tracing::info!(%err, "revoking the old lease failed; it expires"),
+            Err(_) => tracing::info!("revoking the old lease timed out; it expires"),
+        }
+    }
+}
+
+/// Renews `lease` every TTL/3 until the clock is lost.
+async fn keep_alive(client: Client, lease: i64, ttl: Duration, clock: Arc<LeaseClock>) {
+    let period = ttl / 3;
+    let mut stream = None;
+    loop {
+        if !clock.valid() {
+            clock.lose();
+            return;
+        }
+        let sent = Instant::now();
+        let renewed = tokio::time::timeout(period, async {
+            if stream.is_none() {
+                stream = Some(client.lease_client().keep_alive(lease).await?);
+            }
+            let Some((keeper, responses)) = stream.as_mut() else {
+                return Ok(None);
+            };
+            keeper.keep_alive().await?;
+            responses.message().await
+        })
+        .await;
+        match renewed {
+            Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                clock.extend(sent, Duration::from_secs(resp.ttl() as u64));
+            }
+            Ok(Ok(Some(_))) => {
+                tracing::warn!(lease = format!("{lease:x}"), "etcd says the lease expired");
+                clock.lose();
+                return;
+            }
+            Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
+                // The stream broke (etcd restarted, connection lost) or the
+                // renewal is late: open a new one next time.
+                stream = None;
+            }
+        }
+        tokio::time::sleep(period.saturating_sub(sent.elapsed())).await;
+    }
+}
+
+/// One campaign: `Ok(Some(create_revision))` when this replica now holds
+/// the leader key, `Ok(None)` with the current leader written to `leader`.
+async fn campaign(
+    client: &Client,
+    cfg: &HaConfig,
+    lease: i64,
+    leader: &mut Option<String>,
+) -> Result<Option<i64>, String> {
+    let key = cfg.leader_key();
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key.as_str(),
+            cfg.advertise_url.as_str(),
+            Some(PutOptions::new().with_lease(lease)),
+        )])
+        .or_else([TxnOp::get(key.as_str(), None)]);
+    let mut kv = client.kv_client();
+    let resp = tokio::time::timeout(OP_TIMEOUT, kv.txn(txn))
+        .await
+        .map_err(|_| "campaign timed out".to_string())?
+        .map_err(|e| format!("campaign: {e}"))?;
+    if resp.succeeded() {
+        return Ok(Some(resp.header().map_or(0, |h| h.revision())));
+    }
+    for op in resp.op_responses() {
+        if let TxnOpResponse::Get(get) = op
+            && let Some(kv) = get.kvs().first()
+        {
+            if kv.lease() == lease {
+                // Ours already (an earlier campaign's answer was lost).
+                return Ok(Some(kv.create_revision()));
+            }
+            *leader = kv.value_str().ok().map(str::to_string);
+        }
+    }
+    Ok(None)
+}
+
+/// How a term ended.
+enum TermEnd {
+    Stop,
+    LeaseLost,
+    Core(CoreExit),
+}
+
+/// Runs the replica until `stop` turns true: campaign, lead, step down,
+/// campaign again. `build` makes the cluster from a loaded snapshot (the
+/// caller's configuration and restore grace).
+pub async fn run(
+    cfg: HaConfig,
+    build: impl Fn(Snapshot) -> Cluster,
+    role: watch::Sender<Role>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let Some(client) = connect(&cfg, &mut stop).await else {
+        return;
+    };
+    let mut leader: Option<String> = None;
+    let mut lease: Option<Lease> = None;
+    while !*stop.borrow() {
+        // Follower: campaign until elected.
+        let held = match lease.take() {
+            Some(l) if l.clock.valid() => l,
+            old => {
+                if let Some(old) = old {
+                    old.give_up(&client).await;
+                }
+                match Lease::grant(&client, cfg.lease_ttl).await {
+                    Ok(l) => l,
+                    Err(err) => {
+                        tracing::warn!(%err, "cannot get a lease; retrying");
+                        pause(&mut stop, CAMPAIGN_POLL).await;
+                        continue;
+                    }
+                }
+            }
+        };
+        let won = match campaign(&client, &cfg, held.id, &mut leader).await {
+            Ok(won) => won,
+            Err(err) => {
+                tracing::warn!(%err, "campaign failed; retrying");
+                None
+            }
+        };
+        let Some(create_revision) = won else {
+            role.send_if_modified(|r| match r {
+                Role::Follower { leader: l } if *l == leader => false,
+                _ => {
+                    *r = Role::Follower {
+                        leader: leader.clone(),
+                    };
+                    true
+                }
+            });
+            lease = Some(held);
+            pause(&mut stop, CAMPAIGN_POLL).await;
+            continue;
+        };
+        tracing::info!(
+            url = %cfg.advertise_url,
+            lease = format!("{:x}", held.id),
+            create_revision,
+            "elected leader"
+        );
+        let end = lead(
+            &client,
+            &cfg,
+            &build,
+            &role,
+            &mut stop,
+            &held,
+            create_revision,
+        )
+        .await;
+        let _ = role.send(Role::Follower { leader: None });
+        match &end {
+            TermEnd::Stop => tracing::info!("leader stopping"),
+            TermEnd::LeaseLost => {
+                tracing::warn!("stepped down: the leader lease was lost; nothing more is written")
+            }
+            TermEnd::Core(CoreExit::StoreFailed(StoreError::Fenced(why))) => {
+                tracing::warn!(%why, "stepped down: fenced, a write was refused")
+            }
+            TermEnd::Core(exit) => tracing::warn!(?exit, "stepped down: the core stopped"),
+        }
+        leader = None;
+        held.give_up(&client).await;
+    }
+}
+
+async fn pause(stop: &mut watch::Receiver<bool>, d: Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = stop.changed() => {}
+    }
+}
+
+/// One term as leader; returns when it ends, with the core stopped.
+async fn lead(
+    client: &Client,
+    cfg: &HaConfig,
+    build: &impl Fn(Snapshot) -> Cluster,
+    role: &watch::Sender<Role>,
+    stop: &mut watch::Receiver<bool>,
+    lease: &Lease,
+    create_revision: i64,
+) -> TermEnd {
+    let _ = role.send(Role::Starting);
+    let fence = Fence {
+        leader_key: cfg.leader_key(),
+        lease: lease.id,
+        create_revision,
+        clock: lease.clock.clone(),
+    };
+    let store = EtcdStore::new(
+        client,
+        tokio::runtime::Handle::current(),
+        &cfg.prefix,
+        fence,
+        cfg.limits,
+    );
+    let loaded = tokio::task::spawn_blocking(move || {
+        let snap = store.load();
+        (store, snap)
+    })
+    .await;
+    let (store, snapshot) = match loaded {
+        Ok((store, Ok(snap))) => (store, snap),
+        Ok((_, Err(err))) => return TermEnd::Core(CoreExit::StoreFailed(err)),
+        Err(err) => {
+            return TermEnd::Core(CoreExit::StoreFailed(StoreError::Backend(format!(
+                "loading the state: {err}"
+            ))));
+        }
+    };
+    let jobs = snapshot.jobs.len();
+    let cluster = build(snapshot);
+    let (core, thread) = crate::core::spawn(cluster, Box::new(store), OnStoreFailure::Stop);
+    let mut joined = tokio::task::spawn_blocking(move || thread.join());
+    let _ = role.send(Role::Leader(core.clone()));
+    tracing::info!(jobs, "leading: state loaded, placing");
+    let mut check = tokio::time::interval(Duration::from_millis(50));
+    let end = loop {
+        tokio::select! {
+            r = &mut joined => {
+                let exit = match r {
+                    Ok(Ok(exit)) => exit,
+                    _ => CoreExit::StoreFailed(StoreError::Backend("the core thread panicked".into())),
+                };
+                return TermEnd::Core(exit);
+            }
+            _ = check.tick() => {
+                if !lease.clock.valid() {
+                    break TermEnd::LeaseLost;
+                }
+            }
+            _ = stop.changed() => {
+                if *stop.borrow() {
+                    break TermEnd::Stop;
+                }
+            }
+        }
+    };
+    // Stop answering as leader first, then stop the core: from here every
+    // commit is refused (the clock is lost), so the core writes nothing.
+    let _ = role.send(Role::Follower { leader: None });
+    lease.clock.lose();
+    core.send(crate::core::Command::Shutdown);
+    let _ = joined.await;
+    end
+}

@@ -1,0 +1,542 @@
+//! The etcd store: the dispatcher's state under a key prefix in etcd,
+//! written only by the elected leader, every write fenced by its lease.
+//!
+//! Keys under the prefix `P` (`--etcd-prefix`, default `/dispatch`):
+//!
+//! | key | value |
+//! |---|---|
+//! | `P/leader` | the leader's advertise URL, attached to its lease ([`crate::ha`]) |
+//! | `P/jobs/<id>` | the job, protobuf (`dispatch.v1.Job`) |
+//! | `P/nodes/<name>` | `ready`, `cordoned` or `draining` |
+//! | `P/meta/next_job` | the next job number, decimal |
+//! | `P/redo/chunk/<n>`, `P/redo/commit` | a batch too large for one transaction (below) |
+//!
+//! **Fencing.** Every write is one etcd transaction whose compare is the
+//! [`Fence`]: the leader key still exists with this replica's lease and
+//! the create revision it had when this replica won. A deposed leader's
+//! transaction fails its compare and writes nothing
+//! ([`StoreError::Fenced`]); the store also refuses to write at all once
+//! the [`LeaseClock`] says the lease may have expired.
+//!
+//! **Atomic batches of any size.** etcd limits a transaction to
+//! `--max-txn-ops` operations (128 by default) and a request to
+//! `--max-request-bytes` (1.5 MiB). A batch of writes that fits
+//! ([`TxnLimits`]) is one transaction. A larger one (a 1,000-job
+//! submission, a DOWN node with hundreds of jobs) goes through a redo
+//! log, never as non-atomic pieces: its writes are first stored as
+//! encoded chunks under `P/redo/chunk/`, then the single key
+//! `P/redo/commit` is written — the commit point — then the writes are
+//! applied in fenced pieces and the log is deleted. [`EtcdStore::load`]
+//! replays a committed log that was not fully applied (and finishes it)
+//! and deletes the chunks of one that was never committed, so a crash at
+//! any step leaves either all or none of the batch.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, GetOptions, KvClient, PutOptions, Txn, TxnOp};
+use prost::Message;
+use proto::v1::Job;
+use tokio::runtime::Handle;
+
+use super::{NodeAdmin, Snapshot, Store, StoreError, Write};
+
+/// How long one etcd request may take before the store gives up on it.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Largest response the store accepts from etcd (a page of jobs).
+const MAX_DECODE: usize = 64 << 20;
+
+/// Jobs read per request when loading.
+const LOAD_PAGE: i64 = 1000;
+
+/// The limits of one etcd transaction the store respects; they must not
+/// exceed the etcd server's `--max-txn-ops` and `--max-request-bytes`.
+#[derive(Clone, Copy, Debug)]
+pub struct TxnLimits {
+    /// Operations in the success branch.
+    pub max_ops: usize,
+    /// Approximate bytes of keys and values in one request.
+    pub max_bytes: usize,
+}
+
+impl Default for TxnLimits {
+    /// etcd's defaults (128 operations, 1.5 MiB) with room for the
+    /// request's framing.
+    fn default() -> Self {
+        Self {
+            max_ops: 128,
+            max_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Whether this replica's lease may still be alive: extended by the
+/// keepalive loop on each confirmed renewal (from the time the renewal was
+/// *sent*, so the local view expires no later than etcd's), dropped for
+/// good by [`LeaseClock::lose`].
+#[derive(Debug)]
+pub struct LeaseClock {
+    base: Instant,
+    valid_until_ms: AtomicU64,
+    lost: AtomicBool,
+}
+
+impl LeaseClock {
+    /// A clock valid for `ttl` from `granted_at` (when the grant was sent).
+    pub fn new(granted_at: Instant, ttl: Duration) -> Self {
+        let clock = Self {
+            base: granted_at,
+            valid_until_ms: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
+        };
+        clock.extend(granted_at, ttl);
+        clock
+    }
+
+    /// A renewal sent at `sent_at` was confirmed with `ttl`.
+    pub fn extend(&self, sent_at: Instant, ttl: Duration) {
+        let until = sent_at.saturating_duration_since(self.base) + ttl;
+        self.valid_until_ms
+            .fetch_max(until.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// The lease is gone (expired, revoked, or this replica stepped down).
+    pub fn lose(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+    }
+
+    /// True while the lease may be alive and has not been given up.
+    pub fn valid(&self) -> bool {
+        !self.lost.load(Ordering::SeqCst)
+            && (self.base.elapsed().as_millis() as u64) < self.valid_until_ms.load(Ordering::SeqCst)
+    }
+}
+
+/// What makes a write the leader's: the leader key, the lease it must be
+/// attached to and its create revision at election.
+#[derive(Clone, Debug)]
+pub struct Fence {
+    /// `P/leader`.
+    pub leader_key: String,
+    /// This replica's lease.
+    pub lease: i64,
+    /// The leader key's create revision when this replica won.
+    pub create_revision: i64,
+    /// The local view of the lease.
+    pub clock: Arc<LeaseClock>,
+}
+
+impl Fence {
+    fn compares(&self) -> Vec<Compare> {
+        vec![
+            Compare::create_revision(
+                self.leader_key.as_str(),
+                CompareOp::Equal,
+                self.create_revision,
+            ),
+            Compare::lease(self.leader_key.as_str(), CompareOp::Equal, self.lease),
+        ]
+    }
+}
+
+/// One key's change after coalescing a batch (etcd refuses a transaction
+/// that touches a key twice).
+#[derive(Clone, Debug, PartialEq)]
+enum KeyOp {
+    Put(Vec<u8>),
+    Delete,
+}
+
+/// A batch's changes in the redo log.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RedoChunk {
+    #[prost(message, repeated, tag = "1")]
+    ops: Vec<RedoOp>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RedoOp {
+    #[prost(string, tag = "1")]
+    key: String,
+    #[prost(bytes = "vec", tag = "2")]
+    value: Vec<u8>,
+    #[prost(bool, tag = "3")]
+    delete: bool,
+}
+
+/// The store on etcd; see the module documentation.
+pub struct EtcdStore {
+    kv: KvClient,
+    runtime: Handle,
+    prefix: String,
+    fence: Fence,
+    limits: TxnLimits,
+}
+
+fn backend(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(format!("etcd {what}: {e}"))
+}
+
+fn admin_str(a: NodeAdmin) -> &'static str {
+    match a {
+        NodeAdmin::Ready => "ready",
+        NodeAdmin::Cordoned => "cordoned",
+        NodeAdmin::Draining => "draining",
+    }
+}
+
+fn parse_admin(s: &[u8]) -> Option<NodeAdmin> {
+    match s {
+        b"ready" => Some(NodeAdmin::Ready),
+        b"cordoned" => Some(NodeAdmin::Cordoned),
+        b"draining" => Some(NodeAdmin::Draining),
+        _ => None,
+    }
+}
+
+impl EtcdStore {
+    /// A store over `client` under `prefix`, writing as the holder of
+    /// `fence`. Its methods block on `runtime` (the dispatcher's): call
+    /// them from a thread outside the runtime (the core's thread, or
+    /// `spawn_blocking`).
+    pub fn new(
+        client: &Client,
+        runtime: Handle,
+        prefix: &str,
+        fence: Fence,
+        limits: TxnLimits,
+    ) -> Self {
+        Self {
+            kv: client
+                .kv_client()
+                .max_decoding_message_size(MAX_DECODE)
+                .max_encoding_message_size(MAX_DECODE),
+            runtime,
+            prefix: prefix.trim_end_matches('/').to_string(),
+            fence,
+            limits,
+        }
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}/{rest}", self.prefix)
+    }
+
+    fn redo_chunk_key(&self, n: usize) -> String {
+        self.key(&format!("redo/chunk/{n:08}"))
+    }
+
+    fn block_on<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, StoreError> {
+        self.runtime.block_on(async {
+            match tokio::time::timeout(OP_TIMEOUT, fut).await {
+                Ok(r) => r.map_err(|e| backend(what, e)),
+                Err(_) => Err(backend(what, format!("no answer within {OP_TIMEOUT:?}"))),
+            }
+        })
+    }
+
+    /// The batch as one change per key, the last one winning.
+    fn coalesce(&self, writes: &[Write]) -> BTreeMap<String, KeyOp> {
+        let mut ops = BTreeMap::new();
+        for w in writes {
+            let (k, op) = match w {
+                Write::PutJob(job) => (
+                    self.key(&format!("jobs/{}", job.id)),
+                    KeyOp::Put(job.encode_to_vec()),
+                ),
+                Write::DeleteJob(id) => (self.key(&format!("jobs/{id}")), KeyOp::Delete),
+                Write::PutNodeAdmin(name, admin) => (
+                    self.key(&format!("nodes/{name}")),
+                    KeyOp::Put(admin_str(*admin).as_bytes().to_vec()),
+                ),
+                Write::PutNextJob(n) => (
+                    self.key("meta/next_job"),
+                    KeyOp::Put(n.to_string().into_bytes()),
+                ),
+            };
+            ops.insert(k, op);
+        }
+        ops
+    }
+
+    fn op_size(key: &str, op: &KeyOp) -> usize {
+        key.len()
+            + 16
+            + match op {
+                KeyOp::Put(v) => v.len(),
+                KeyOp::Delete => 0,
+            }
+    }
+
+    /// Splits `ops` into pieces within the transaction limits.
+    fn pieces(&self, ops: &[(String, KeyOp)]) -> Vec<Vec<(String, KeyOp)>> {
+        let mut out: Vec<Vec<(String, KeyOp)>> = Vec::new();
+        let mut cur = Vec::new();
+        let mut bytes = 0;
+        for (k, op) in ops {
+            let size = Self::op_size(k, op);
+            if !cur.is_empty()
+                && (cur.len() >= self.limits.max_ops || bytes + size > self.limits.max_bytes)
+            {
+                out.push(std::mem::take(&mut cur));
+                bytes = 0;
+            }
+            bytes += size;
+            cur.push((k.clone(), op.clone()));
+        }
+        if !cur.is_empty() {
+            out.push(cur);
+        }
+        out
+    }
+
+    /// One fenced transaction: all of `ops` or, when this replica is not
+    /// the leader any more, none.
+    fn fenced_txn(&self, ops: Vec<TxnOp>) -> Result<(), StoreError> {
+        if !self.fence.clock.valid() {
+            return Err(StoreError::Fenced(
+                "the leader lease expired or was given up".into(),
+            ));
+        }
+        let txn = Txn::new().when(self.fence.compares()).and_then(ops);
+        let mut kv = self.kv.clone();
+        let resp = self.block_on("txn", async move { kv.txn(txn).await })?;
+        if resp.succeeded() {
+            Ok(())
+        } else {
+            self.fence.clock.lose();
+            Err(StoreError::Fenced(format!(
+                "the leader key {} no longer holds lease {:x} from revision {}",
+                self.fence.leader_key, self.fence.lease, self.fence.create_revision
+            )))
+        }
+    }
+
+    fn txn_ops(ops: &[(String, KeyOp)]) -> Vec<TxnOp> {
+        ops.iter()
+            .map(|(k, op)| match op {
+                KeyOp::Put(v) => TxnOp::put(k.as_str(), v.clone(), None),
+                KeyOp::Delete => TxnOp::delete(k.as_str(), None),
+            })
+            .collect()
+    }
+
+    /// Applies a committed redo log's changes and deletes the log.
+    fn finish_redo(&self, ops: &[(String, KeyOp)]) -> Result<(), StoreError> {
+        for piece in self.pieces(ops) {
+            self.fenced_txn(Self::txn_ops(&piece))?;
+        }
+        self.delete_redo()
+    }
+
+    fn delete_redo(&self) -> Result<(), StoreError> {
+        let prefix = self.key("redo/");
+        self.fenced_txn(vec![TxnOp::delete(
+            prefix.as_str(),
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )])
+    }
+
+    /// Writes a batch too large for one transaction through the redo log.
+    fn commit_through_redo(&self, ops: Vec<(String, KeyOp)>) -> Result<(), StoreError> {
+        let pieces = self.pieces(&ops);
+        // Each chunk record holds one piece: within the byte limit by
+        // construction, one put per transaction.
+        for (n, piece) in pieces.iter().enumerate() {
+            let chunk = RedoChunk {
+                ops: piece
+                    .iter()
+                    .map(|(k, op)| RedoOp {
+                        key: k.clone(),
+                        value: match op {
+                            KeyOp::Put(v) => v.clone(),
+                            KeyOp::Delete => Vec::new(),
+                        },
+                        delete: *op == KeyOp::Delete,
+                    })
+                    .collect(),
+            };
+            self.fenced_txn(vec![TxnOp::put(
+                self.redo_chunk_key(n),
+                chunk.encode_to_vec(),
+                None,
+            )])?;
+        }
+        // The commit point.
+        self.fenced_txn(vec![TxnOp::put(
+            self.key("redo/commit"),
+            pieces.len().to_string(),
+            None,
+        )])?;
+        self.finish_redo(&ops)
+    }
+
+    /// Every key under the prefix at one revision, page by page.
+    fn read_all(&self) -> Result<BTreeMap<String, Vec<u8>>, StoreError> {
+        let start = format!("{}/", self.prefix);
+        let end = {
+            let mut e = start.clone().into_bytes();
+            if let Some(last) = e.last_mut() {
+                *last += 1; // '/' + 1 = '0': the end of the prefix range
+            }
+            e
+        };
+        let mut out = BTreeMap::new();
+        let mut from = start.into_bytes();
+        let mut revision = 0;
+        loop {
+            let mut opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LOAD_PAGE);
+            if revision > 0 {
+                opts = opts.with_revision(revision);
+            }
+            let mut kv = self.kv.clone();
+            let key = from.clone();
+            let resp = self.block_on("get", async move { kv.get(key, Some(opts)).await })?;
+            if revision == 0 {
+                revision = resp.header().map_or(0, |h| h.revision());
+            }
+            let more = resp.more();
+            let kvs = resp.kvs();
+            for kv in kvs {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                out.insert(key, kv.value().to_vec());
+            }
+            match kvs.last() {
+                Some(last) if more => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(out),
+            }
+        }
+    }
+}
+
+impl Store for EtcdStore {
+    /// Reads the state. As the leader's first act it also completes a
+    /// committed redo log a previous leader left half applied (and drops
+    /// an uncommitted one), so the snapshot is exactly what was
+    /// acknowledged.
+    fn load(&self) -> Result<Snapshot, StoreError> {
+        let mut all = self.read_all()?;
+        let redo_prefix = self.key("redo/");
+        let commit_key = self.key("redo/commit");
+        let chunks: Vec<(String, Vec<u8>)> = all
+            .range(redo_prefix.clone()..)
+            .take_while(|(k, _)| k.starts_with(&redo_prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !chunks.is_empty() {
+            if let Some(count) = all.get(&commit_key) {
+                let count: usize =
+                    String::from_utf8_lossy(count)
+                        .parse()
+                        .map_err(|e| StoreError::Corrupt {
+                            key: commit_key.clone(),
+                            reason: format!("{e}"),
+                        })?;
+                let mut ops = Vec::new();
+                for n in 0..count {
+                    let key = self.redo_chunk_key(n);
+                    let raw = all.get(&key).ok_or_else(|| StoreError::Corrupt {
+                        key: key.clone(),
+                        reason: "a committed redo log misses this chunk".into(),
+                    })?;
+                    let chunk =
+                        RedoChunk::decode(raw.as_slice()).map_err(|e| StoreError::Corrupt {
+                            key: key.clone(),
+                            reason: e.to_string(),
+                        })?;
+                    for op in chunk.ops {
+                        let kop = if op.delete {
+                            KeyOp::Delete
+                        } else {
+                            KeyOp::Put(op.value)
+                        };
+                        ops.push((op.key, kop));
+                    }
+                }
+                tracing::warn!(
+                    writes = ops.len(),
+                    "finishing a committed batch a previous leader left half applied"
+                );
+                for (k, op) in &ops {
+                    match op {
+                        KeyOp::Put(v) => {
+                            all.insert(k.clone(), v.clone());
+                        }
+                        KeyOp::Delete => {
+                            all.remove(k);
+                        }
+                    }
+                }
+                self.finish_redo(&ops)?;
+            } else {
+                tracing::warn!("dropping an uncommitted batch a previous leader left");
+                self.delete_redo()?;
+            }
+        }
+        let jobs_prefix = self.key("jobs/");
+        let nodes_prefix = self.key("nodes/");
+        let mut snap = Snapshot {
+            next_job: 1,
+            ..Snapshot::default()
+        };
+        for (k, v) in &all {
+            if k.starts_with(&jobs_prefix) {
+                let job = Job::decode(v.as_slice()).map_err(|e| StoreError::Corrupt {
+                    key: k.clone(),
+                    reason: e.to_string(),
+                })?;
+                snap.jobs.push(job);
+            } else if let Some(name) = k.strip_prefix(&nodes_prefix) {
+                let admin = parse_admin(v).ok_or_else(|| StoreError::Corrupt {
+                    key: k.clone(),
+                    reason: format!("unknown node state {:?}", String::from_utf8_lossy(v)),
+                })?;
+                snap.node_admin.insert(name.to_string(), admin);
+            } else if *k == self.key("meta/next_job") {
+                snap.next_job =
+                    String::from_utf8_lossy(v)
+                        .parse()
+                        .map_err(|e| StoreError::Corrupt {
+                            key: k.clone(),
+                            reason: format!("{e}"),
+                        })?;
+            }
+        }
+        Ok(snap)
+    }
+
+    fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+        if !self.fence.clock.valid() {
+            return Err(StoreError::Fenced(
+                "the leader lease expired or was given up".into(),
+            ));
+        }
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let ops: Vec<(String, KeyOp)> = self.coalesce(writes).into_iter().collect();
+        let bytes: usize = ops.iter().map(|(k, op)| Self::op_size(k, op)).sum();
+        if ops.len() <= self.limits.max_ops && bytes <= self.limits.max_bytes {
+            self.fenced_txn(Self::txn_ops(&ops))
+        } else {
+            self.commit_through_redo(ops)
+        }
+    }
+}
+
+/// Options for puts of the leader key (attached to the lease).
+pub fn leader_put_options(lease: i64) -> PutOptions {
+    PutOptions::new().with_lease(lease)
+}
