@@ -41,7 +41,7 @@ pub fn not_leader(leader: Option<&str>) -> Status {
             }
             status
         }
-        None => Status::unavailable("not the leader; no leader is elected yet, retry"),
+        None => Status::unavailable("not the leader; the leader is not known yet, retry"),
     }
 }
 

@@ -1,0 +1,477 @@
+//! High availability on a real etcd (Debian's `etcd-server`, started by
+//! the harness on loopback): three dispatcher replicas with
+//! `--store etcd`, agents and the test's client given all three URLs and
+//! following the leader (`proto::endpoints`).
+//!
+//! - [`leader_sigkill_mid_run_loses_and_doubles_nothing`]: 1,000 jobs;
+//!   SIGKILL the leader while they run; another replica takes over and
+//!   every job ends SUCCEEDED, its command having run exactly once.
+//! - [`paused_leader_steps_down_without_writing`]: SIGSTOP the leader past
+//!   its lease; a follower takes over; SIGCONT: the old leader steps down
+//!   (it logs the step-down, answers with the redirect to the new leader)
+//!   and no job is lost or run twice.
+//! - [`etcd_restart_mid_run_loses_nothing`]: SIGKILL etcd mid-run and
+//!   restart it on the same data directory: every job still finishes
+//!   exactly once.
+//!
+//! "Exactly once" is checked outside the dispatcher: each job's command
+//! appends its own marker to a file, and each marker must appear once.
+//! Nothing asserts wall-clock timings; the time to a new leader is printed.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use e2e::{Agent, Dispatcher, Etcd, is_terminal};
+use proto::endpoints::{Endpoints, LeaderChannel};
+use proto::v1::job_service_client::JobServiceClient;
+use proto::v1::node_service_client::NodeServiceClient;
+use proto::v1::{
+    GetJobRequest, Job, JobSpec, JobState, ListJobsRequest, ListNodesRequest, NodeState,
+    SubmitJobsRequest,
+};
+use tonic::Code;
+
+/// The generous bound for anything that should take seconds.
+const LONG: Duration = Duration::from_secs(180);
+/// Generous bound for a new leader to be elected (the lease TTL is 3 s).
+const ELECTION: Duration = Duration::from_secs(30);
+
+/// Three replicas on one etcd, agents attached through the list of URLs.
+struct Ha {
+    dir: tempfile::TempDir,
+    etcd: Etcd,
+    replicas: Vec<Dispatcher>,
+    agents: Vec<Agent>,
+    urls: Vec<String>,
+}
+
+impl Ha {
+    fn start(agents: &[(&str, &str)]) -> Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir()?;
+        // Jobs run as an unprivileged user when the agent is root: they
+        // must be able to reach and append to the marker file.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+        let marks = dir.path().join("marks");
+        std::fs::create_dir(&marks)?;
+        std::fs::set_permissions(&marks, std::fs::Permissions::from_mode(0o777))?;
+        let etcd = Etcd::start(dir.path())?;
+        let replicas = (0..3)
+            .map(|_| Dispatcher::start_replica(dir.path(), &etcd.url, &["--lease-ttl-secs", "3"]))
+            .collect::<Result<Vec<_>>>()?;
+        let urls: Vec<String> = replicas.iter().map(|d| d.url.clone()).collect();
+        let all = urls.join(",");
+        let agents = agents
+            .iter()
+            .map(|(node, topo)| Agent::start(dir.path(), &all, node, topo, &[], &[]))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            dir,
+            etcd,
+            replicas,
+            agents,
+            urls,
+        })
+    }
+
+    /// The file every job appends its marker to.
+    fn marks(&self) -> PathBuf {
+        self.dir.path().join("marks").join("ran.txt")
+    }
+
+    /// A client that follows the leader.
+    fn client(&self) -> Result<LeaderChannel> {
+        Ok(LeaderChannel::new(
+            Endpoints::new(self.urls.clone())?,
+            Duration::from_secs(60),
+        ))
+    }
+
+    /// Tails of every log, for failure messages.
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for d in &self.replicas {
+            out += &format!(
+                "---- replica {} ----\n{}\n",
+                d.url,
+                tail(&d.proc.log_text(), 30)
+            );
+        }
+        for a in &self.agents {
+            out += &format!(
+                "---- agent {} ----\n{}\n",
+                a.node,
+                tail(&a.proc.log_text(), 15)
+            );
+        }
+        if let Some(p) = &self.etcd.proc {
+            out += &format!("---- etcd ----\n{}\n", tail(&p.log_text(), 10));
+        }
+        out
+    }
+
+    /// The index of the replica that answers as leader (skipping
+    /// `except`), waiting up to `timeout`.
+    async fn wait_leader(&self, except: Option<usize>, timeout: Duration) -> Result<usize> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            for (i, url) in self.urls.iter().enumerate() {
+                if Some(i) != except && answers_as_leader(url).await {
+                    return Ok(i);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no leader within {timeout:?}\n{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn wait_nodes(&self, n: usize) -> Result<()> {
+        let mut c = self.client()?;
+        let deadline = Instant::now() + LONG;
+        loop {
+            let nodes = c
+                .call(|ch| async move {
+                    NodeServiceClient::new(ch)
+                        .list_nodes(ListNodesRequest {})
+                        .await
+                })
+                .await
+                .map(|r| r.into_inner().nodes)
+                .unwrap_or_default();
+            let ready = nodes
+                .iter()
+                .filter(|x| x.state == NodeState::Ready as i32)
+                .count();
+            if ready >= n {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{n} nodes did not become ready\n{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Submits `n` jobs, each appending `m<i>` to `ran.txt` then sleeping
+    /// `sleep`, in SubmitJobs calls of `batch` (large batches go through
+    /// the etcd store's redo log). All are submitted before any fault.
+    async fn submit(&self, n: usize, batch: usize, sleep: &str) -> Result<Vec<String>> {
+        let marks = self.marks();
+        let specs: Vec<JobSpec> = (0..n)
+            .map(|i| JobSpec {
+                command: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    format!("echo m{i} >> {} && sleep {sleep}", marks.display()),
+                ],
+                ..Default::default()
+            })
+            .collect();
+        let mut c = self.client()?;
+        let mut ids = Vec::new();
+        for chunk in specs.chunks(batch) {
+            let req = SubmitJobsRequest {
+                specs: chunk.to_vec(),
+            };
+            let got = c
+                .call(|ch| {
+                    let req = req.clone();
+                    async move { JobServiceClient::new(ch).submit_jobs(req).await }
+                })
+                .await
+                .context("SubmitJobs")?
+                .into_inner()
+                .jobs;
+            ensure!(got.len() == chunk.len(), "a batch was acknowledged short");
+            ids.extend(got.into_iter().map(|j| j.id));
+        }
+        Ok(ids)
+    }
+
+    async fn jobs(&self) -> Result<Vec<Job>> {
+        let mut c = self.client()?;
+        let resp = c
+            .call(|ch| async move {
+                JobServiceClient::new(ch)
+                    .max_decoding_message_size(256 << 20)
+                    .list_jobs(ListJobsRequest {
+                        page_size: 10_000,
+                        ..Default::default()
+                    })
+                    .await
+            })
+            .await?;
+        Ok(resp.into_inner().jobs)
+    }
+
+    /// Waits until `pred` holds for the job list.
+    async fn wait_jobs(&self, what: &str, pred: impl Fn(&[Job]) -> bool) -> Result<Vec<Job>> {
+        let deadline = Instant::now() + LONG;
+        loop {
+            if let Ok(all) = self.jobs().await
+                && pred(&all)
+            {
+                return Ok(all);
+            }
+            if Instant::now() > deadline {
+                let all = self.jobs().await.unwrap_or_default();
+                let open: Vec<String> = all
+                    .iter()
+                    .filter(|j| !is_terminal(j.state))
+                    .take(20)
+                    .map(describe)
+                    .collect();
+                bail!(
+                    "timed out waiting for {what}; open jobs:\n{}\n{}",
+                    open.join("\n"),
+                    self.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Every submitted job is SUCCEEDED and its marker was written exactly
+    /// once; nothing else was written.
+    async fn check_exactly_once(&self, ids: &[String]) -> Result<()> {
+        let all = self
+            .wait_jobs("every job terminal", |all| {
+                all.len() >= ids.len() && all.iter().all(|j| is_terminal(j.state))
+            })
+            .await?;
+        ensure!(
+            all.len() == ids.len(),
+            "{} jobs listed, {} submitted",
+            all.len(),
+            ids.len()
+        );
+        let bad: Vec<String> = all
+            .iter()
+            .filter(|j| j.state != JobState::Succeeded as i32)
+            .take(20)
+            .map(describe)
+            .collect();
+        ensure!(
+            bad.is_empty(),
+            "jobs not SUCCEEDED:\n{}\n{}",
+            bad.join("\n"),
+            self.logs()
+        );
+        let text = std::fs::read_to_string(self.marks())?;
+        let mut seen: HashMap<&str, usize> = HashMap::new();
+        for line in text.lines() {
+            *seen.entry(line.trim()).or_default() += 1;
+        }
+        let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+        ensure!(twice.is_empty(), "commands ran more than once: {twice:?}");
+        ensure!(
+            seen.len() == ids.len(),
+            "{} distinct commands ran for {} jobs",
+            seen.len(),
+            ids.len()
+        );
+        Ok(())
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn describe(j: &Job) -> String {
+    format!(
+        "  {} {} node={:?} attempt={} reason={:?}",
+        j.id,
+        JobState::try_from(j.state).map_or("?", |s| s.as_str_name()),
+        j.node,
+        j.attempt,
+        j.reason
+    )
+}
+
+/// The replica at `url` answers a JobService call as the leader (any
+/// answer but UNAVAILABLE: an empty id is simply not found there).
+async fn answers_as_leader(url: &str) -> bool {
+    probe(url)
+        .await
+        .is_some_and(|r| r.err().is_none_or(|s| s.code() != Code::Unavailable))
+}
+
+/// One GetJob("") on a fresh connection, bounded in time; None when the
+/// replica does not answer (dead or paused).
+async fn probe(url: &str) -> Option<Result<(), tonic::Status>> {
+    tokio::time::timeout(Duration::from_secs(2), async {
+        let ch = proto::endpoints::endpoint(url).ok()?.connect().await.ok()?;
+        let r = JobServiceClient::new(ch)
+            .get_job(GetJobRequest { id: String::new() })
+            .await;
+        Some(r.map(|_| ()))
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+const AGENTS: &[(&str, &str)] = &[("a1", "1s:4c:1t"), ("a2", "1s:4c:1t"), ("a3", "1s:4c:1t")];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_sigkill_mid_run_loses_and_doubles_nothing() -> Result<()> {
+    const JOBS: usize = 1000;
+    let mut ha = Ha::start(AGENTS)?;
+    let leader = ha.wait_leader(None, ELECTION).await?;
+    // Followers redirect to it, by message and metadata.
+    for (i, url) in ha.urls.iter().enumerate() {
+        if i == leader {
+            continue;
+        }
+        let status = probe(url)
+            .await
+            .and_then(Result::err)
+            .context("a follower answered GetJob")?;
+        ensure!(status.code() == Code::Unavailable, "{status:?}");
+        ensure!(
+            status.message() == format!("not the leader; the leader is at {}", ha.urls[leader]),
+            "{status:?}"
+        );
+        ensure!(
+            proto::endpoints::leader_hint(&status).as_deref() == Some(ha.urls[leader].as_str()),
+            "{status:?}"
+        );
+    }
+    ha.wait_nodes(AGENTS.len()).await?;
+    // Batches of 250 exceed etcd's 128 operations per transaction: they
+    // are committed through the store's redo log.
+    let ids = ha.submit(JOBS, 250, "0.05").await?;
+    ensure!(ids.len() == JOBS);
+    ha.wait_jobs("some jobs finished and most still open", |all| {
+        let done = all.iter().filter(|j| is_terminal(j.state)).count();
+        done >= 20 && done < JOBS / 2
+    })
+    .await?;
+    let killed_at = Instant::now();
+    ha.replicas[leader].proc.kill9();
+    let next = ha.wait_leader(Some(leader), ELECTION).await?;
+    eprintln!(
+        "new leader {} answering {:?} after the SIGKILL of {}",
+        ha.urls[next],
+        killed_at.elapsed(),
+        ha.urls[leader]
+    );
+    ha.check_exactly_once(&ids).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_leader_steps_down_without_writing() -> Result<()> {
+    const JOBS: usize = 300;
+    let ha = Ha::start(&AGENTS[..2])?;
+    let leader = ha.wait_leader(None, ELECTION).await?;
+    ha.wait_nodes(2).await?;
+    let ids = ha.submit(JOBS, 100, "0.1").await?;
+    ha.wait_jobs("some jobs finished", |all| {
+        all.iter().filter(|j| is_terminal(j.state)).count() >= 20
+    })
+    .await?;
+    let old = &ha.replicas[leader];
+    // A client connected to the leader before the pause sends a
+    // submission while it is stopped: the request waits in the socket and
+    // reaches the old leader when it resumes, after it lost the lease.
+    let to_old = tonic::transport::Channel::from_shared(old.url.clone())?
+        .connect()
+        .await?;
+    old.proc.signal(nix::sys::signal::Signal::SIGSTOP);
+    let stopped_at = Instant::now();
+    let marks = ha.marks();
+    let late = tokio::spawn(async move {
+        let spec = JobSpec {
+            command: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("echo late >> {}", marks.display()),
+            ],
+            ..Default::default()
+        };
+        JobServiceClient::new(to_old)
+            .submit_jobs(SubmitJobsRequest { specs: vec![spec] })
+            .await
+    });
+    let next = ha.wait_leader(Some(leader), ELECTION).await;
+    // Resume it whatever happened, so a failure leaves no stopped process.
+    let next = match next {
+        Ok(n) => n,
+        Err(e) => {
+            old.proc.signal(nix::sys::signal::Signal::SIGCONT);
+            return Err(e);
+        }
+    };
+    eprintln!(
+        "new leader {} answering {:?} after the SIGSTOP",
+        ha.urls[next],
+        stopped_at.elapsed()
+    );
+    // Let the new leader work for a moment before the old one wakes up.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    old.proc.signal(nix::sys::signal::Signal::SIGCONT);
+    // It steps down on its own and redirects to the new leader.
+    let deadline = Instant::now() + ELECTION;
+    loop {
+        let redirected = probe(&old.url)
+            .await
+            .and_then(Result::err)
+            .and_then(|s| proto::endpoints::leader_hint(&s));
+        let log = old.proc.log_text();
+        if redirected.as_deref() == Some(ha.urls[next].as_str()) && log.contains("stepped down") {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the resumed leader did not step down (redirect {redirected:?})\n{}",
+                ha.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The submission it received after waking up was refused, and (below)
+    // no trace of it is stored: its write was fenced or never attempted.
+    let late = tokio::time::timeout(ELECTION, late)
+        .await
+        .context("the submission to the paused leader never returned")??;
+    match late {
+        Err(s) if s.code() == Code::Unavailable => {
+            eprintln!("submission to the resumed old leader: {}", s.message())
+        }
+        other => bail!(
+            "the deposed leader answered a submission with {other:?}\n{}",
+            ha.logs()
+        ),
+    }
+    ensure!(
+        ha.wait_leader(None, ELECTION).await? == next,
+        "leadership moved again after the old leader woke up\n{}",
+        ha.logs()
+    );
+    ha.check_exactly_once(&ids).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_restart_mid_run_loses_nothing() -> Result<()> {
+    const JOBS: usize = 300;
+    let mut ha = Ha::start(&AGENTS[..2])?;
+    ha.wait_leader(None, ELECTION).await?;
+    ha.wait_nodes(2).await?;
+    let ids = ha.submit(JOBS, 100, "0.1").await?;
+    ha.wait_jobs("some jobs finished", |all| {
+        all.iter().filter(|j| is_terminal(j.state)).count() >= 20
+    })
+    .await?;
+    ha.etcd.kill9();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ha.etcd.restart()?;
+    let next = ha.wait_leader(None, ELECTION).await?;
+    eprintln!("leader after the etcd restart: {}", ha.urls[next]);
+    ha.check_exactly_once(&ids).await
+}
