@@ -348,9 +348,9 @@ async fn leader_sigkill_mid_run_loses_and_doubles_nothing() -> Result<()> {
     // are committed through the store's redo log.
     let ids = ha.submit(JOBS, 250, "0.05").await?;
     ensure!(ids.len() == JOBS);
-    ha.wait_jobs("some jobs finished and most still open", |all| {
+    ha.wait_jobs("some jobs finished and many still open", |all| {
         let done = all.iter().filter(|j| is_terminal(j.state)).count();
-        done >= 20 && done < JOBS / 2
+        (20..JOBS - 200).contains(&done)
     })
     .await?;
     let killed_at = Instant::now();

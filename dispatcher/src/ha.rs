@@ -74,9 +74,8 @@ impl Gate {
 
     /// Always the leader (the single embedded-store dispatcher).
     pub fn always(core: CoreHandle) -> Self {
-        let (tx, rx) = watch::channel(Role::Leader(core));
-        // The sender lives as long as the process: the role never changes.
-        std::mem::forget(tx);
+        // With the sender gone the receiver keeps its value for good.
+        let (_, rx) = watch::channel(Role::Leader(core));
         Self { role: rx }
     }
 

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, KvClient, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, KvClient, Txn, TxnOp};
 use prost::Message;
 use proto::v1::Job;
 use tokio::runtime::Handle;
@@ -346,7 +346,19 @@ impl EtcdStore {
 
     /// Writes a batch too large for one transaction through the redo log.
     fn commit_through_redo(&self, ops: Vec<(String, KeyOp)>) -> Result<(), StoreError> {
-        let pieces = self.pieces(&ops);
+        let chunks = self.write_redo_chunks(&ops)?;
+        // The commit point.
+        self.fenced_txn(vec![TxnOp::put(
+            self.key("redo/commit"),
+            chunks.to_string(),
+            None,
+        )])?;
+        self.finish_redo(&ops)
+    }
+
+    /// Stores `ops` as redo chunks (not yet committed); returns how many.
+    fn write_redo_chunks(&self, ops: &[(String, KeyOp)]) -> Result<usize, StoreError> {
+        let pieces = self.pieces(ops);
         // Each chunk record holds one piece: within the byte limit by
         // construction, one put per transaction.
         for (n, piece) in pieces.iter().enumerate() {
@@ -369,13 +381,7 @@ impl EtcdStore {
                 None,
             )])?;
         }
-        // The commit point.
-        self.fenced_txn(vec![TxnOp::put(
-            self.key("redo/commit"),
-            pieces.len().to_string(),
-            None,
-        )])?;
-        self.finish_redo(&ops)
+        Ok(pieces.len())
     }
 
     /// Every key under the prefix at one revision, page by page.
@@ -536,7 +542,6 @@ impl Store for EtcdStore {
     }
 }
 
-/// Options for puts of the leader key (attached to the lease).
-pub fn leader_put_options(lease: i64) -> PutOptions {
-    PutOptions::new().with_lease(lease)
-}
+#[cfg(test)]
+#[path = "etcd_tests.rs"]
+mod tests;

@@ -1,0 +1,256 @@
+//! Tests of the etcd store against a real etcd (Debian's `etcd-server`,
+//! started on loopback by the end-to-end harness's `Etcd` helper).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, GetOptions, PutOptions};
+use proto::v1::{Job, JobState};
+
+use super::*;
+
+const PREFIX: &str = "/t";
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    _etcd: e2e::Etcd,
+    runtime: tokio::runtime::Runtime,
+    client: Client,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = e2e::Etcd::start(dir.path()).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = runtime
+        .block_on(Client::connect([etcd.url.as_str()], None))
+        .unwrap();
+    Setup {
+        _dir: dir,
+        _etcd: etcd,
+        runtime,
+        client,
+    }
+}
+
+impl Setup {
+    /// Becomes the leader with a fresh lease (replacing any leader key),
+    /// as `ha` does, and returns the fence.
+    fn elect(&self) -> Fence {
+        let mut c = self.client.clone();
+        let key = format!("{PREFIX}/leader");
+        self.runtime.block_on(async {
+            let sent = Instant::now();
+            let lease = c.lease_grant(10, None).await.unwrap();
+            c.delete(key.as_str(), None).await.unwrap();
+            let put = c
+                .put(
+                    key.as_str(),
+                    "http://me",
+                    Some(PutOptions::new().with_lease(lease.id())),
+                )
+                .await
+                .unwrap();
+            Fence {
+                leader_key: key.clone(),
+                lease: lease.id(),
+                create_revision: put.header().unwrap().revision(),
+                clock: Arc::new(LeaseClock::new(sent, Duration::from_secs(10))),
+            }
+        })
+    }
+
+    fn store(&self, fence: Fence, limits: TxnLimits) -> EtcdStore {
+        EtcdStore::new(
+            &self.client,
+            self.runtime.handle().clone(),
+            PREFIX,
+            fence,
+            limits,
+        )
+    }
+
+    fn keys(&self, under: &str) -> Vec<String> {
+        let mut c = self.client.clone();
+        let key = format!("{PREFIX}/{under}");
+        let resp = self
+            .runtime
+            .block_on(c.get(key, Some(GetOptions::new().with_prefix().with_keys_only())))
+            .unwrap();
+        resp.kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .collect()
+    }
+}
+
+fn job(id: &str, state: JobState) -> Job {
+    Job {
+        id: id.into(),
+        state: state as i32,
+        ..Default::default()
+    }
+}
+
+fn put(id: &str, state: JobState) -> Write {
+    Write::PutJob(Box::new(job(id, state)))
+}
+
+#[test]
+fn commits_load_back_and_batches_may_touch_a_key_twice() {
+    let s = setup();
+    let mut store = s.store(s.elect(), TxnLimits::default());
+    assert_eq!(store.load().unwrap().next_job, 1);
+    store
+        .commit(&[
+            put("j-1", JobState::Pending),
+            put("j-2", JobState::Running),
+            // The same key twice in one batch: the last write wins.
+            put("j-1", JobState::Assigned),
+            Write::PutNextJob(3),
+            Write::PutNodeAdmin("n1".into(), NodeAdmin::Cordoned),
+        ])
+        .unwrap();
+    store
+        .commit(&[
+            put("j-1", JobState::Succeeded),
+            Write::DeleteJob("j-2".into()),
+        ])
+        .unwrap();
+    let snap = store.load().unwrap();
+    assert_eq!(snap.next_job, 3);
+    assert_eq!(snap.jobs.len(), 1);
+    assert_eq!(snap.jobs[0].state, JobState::Succeeded as i32);
+    assert_eq!(snap.node_admin.get("n1"), Some(&NodeAdmin::Cordoned));
+}
+
+#[test]
+fn batches_beyond_the_txn_limits_commit_whole_through_the_redo_log() {
+    let s = setup();
+    let limits = TxnLimits {
+        max_ops: 16,
+        max_bytes: 4096,
+    };
+    let mut store = s.store(s.elect(), limits);
+    let mut writes: Vec<Write> = (0..300)
+        .map(|i| put(&format!("j-{i}"), JobState::Pending))
+        .collect();
+    writes.push(Write::PutNextJob(301));
+    store.commit(&writes).unwrap();
+    let snap = store.load().unwrap();
+    assert_eq!(snap.jobs.len(), 300);
+    assert_eq!(snap.next_job, 301);
+    assert!(s.keys("redo/").is_empty(), "the redo log was not deleted");
+}
+
+#[test]
+fn a_committed_redo_log_is_finished_by_the_next_leader_and_an_uncommitted_one_dropped() {
+    let s = setup();
+    let limits = TxnLimits {
+        max_ops: 8,
+        max_bytes: 1 << 20,
+    };
+    let old = s.store(s.elect(), limits);
+    // The old leader stored a batch's log and its commit mark, then died
+    // before applying it.
+    let ops: Vec<(String, KeyOp)> = old
+        .coalesce(
+            &(0..50)
+                .map(|i| put(&format!("j-{i}"), JobState::Pending))
+                .collect::<Vec<_>>(),
+        )
+        .into_iter()
+        .collect();
+    let chunks = old.write_redo_chunks(&ops).unwrap();
+    assert!(chunks > 1);
+    old.fenced_txn(vec![TxnOp::put(
+        old.key("redo/commit"),
+        chunks.to_string(),
+        None,
+    )])
+    .unwrap();
+    drop(old);
+    let new = s.store(s.elect(), limits);
+    assert_eq!(new.load().unwrap().jobs.len(), 50);
+    assert!(s.keys("redo/").is_empty());
+    assert_eq!(s.keys("jobs/").len(), 50, "the batch was not applied");
+
+    // A log without its commit mark never happened.
+    let ops: Vec<(String, KeyOp)> = new
+        .coalesce(
+            &(50..80)
+                .map(|i| put(&format!("j-{i}"), JobState::Pending))
+                .collect::<Vec<_>>(),
+        )
+        .into_iter()
+        .collect();
+    new.write_redo_chunks(&ops).unwrap();
+    drop(new);
+    let newer = s.store(s.elect(), limits);
+    assert_eq!(newer.load().unwrap().jobs.len(), 50);
+    assert!(s.keys("redo/").is_empty());
+}
+
+#[test]
+fn a_deposed_leader_writes_nothing() {
+    let s = setup();
+    let mut old = s.store(s.elect(), TxnLimits::default());
+    old.commit(&[put("j-1", JobState::Running)]).unwrap();
+    // Another replica wins (the old leader key is gone, a new one holds
+    // another lease).
+    let mut new = s.store(s.elect(), TxnLimits::default());
+    let err = old
+        .commit(&[put("j-1", JobState::Failed), put("j-2", JobState::Pending)])
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Fenced(_)), "{err}");
+    // Large batches too, before any chunk is written.
+    let big: Vec<Write> = (0..200)
+        .map(|i| put(&format!("x-{i}"), JobState::Pending))
+        .collect();
+    assert!(matches!(old.commit(&big), Err(StoreError::Fenced(_))));
+    let snap = new.load().unwrap();
+    assert_eq!(snap.jobs.len(), 1);
+    assert_eq!(snap.jobs[0].state, JobState::Running as i32);
+    assert!(s.keys("redo/").is_empty());
+    new.commit(&[put("j-1", JobState::Succeeded)]).unwrap();
+}
+
+#[test]
+fn a_lost_lease_clock_refuses_writes_without_asking_etcd() {
+    let s = setup();
+    let fence = s.elect();
+    let clock = fence.clock.clone();
+    let mut store = s.store(fence, TxnLimits::default());
+    store.commit(&[put("j-1", JobState::Running)]).unwrap();
+    clock.lose();
+    assert!(matches!(
+        store.commit(&[put("j-1", JobState::Failed)]),
+        Err(StoreError::Fenced(_))
+    ));
+    // Even an empty batch (agent messages without writes) is refused.
+    assert!(matches!(store.commit(&[]), Err(StoreError::Fenced(_))));
+    assert_eq!(
+        store.load().unwrap().jobs[0].state,
+        JobState::Running as i32
+    );
+}
+
+#[test]
+fn lease_clock_expires_from_the_send_time_of_the_last_renewal() {
+    let start = Instant::now();
+    let clock = LeaseClock::new(start, Duration::from_millis(200));
+    assert!(clock.valid());
+    clock.extend(
+        start + Duration::from_millis(100),
+        Duration::from_millis(200),
+    );
+    std::thread::sleep(Duration::from_millis(320));
+    assert!(!clock.valid(), "valid beyond the last renewal + TTL");
+    let fresh = LeaseClock::new(Instant::now(), Duration::from_secs(60));
+    fresh.lose();
+    assert!(!fresh.valid());
+}
