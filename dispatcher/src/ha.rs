@@ -442,3 +442,39 @@ async fn lead(
     let _ = joined.await;
     end
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn a_follower_gate_redirects_to_the_leader() {
+        let (tx, rx) = watch::channel(Role::Follower {
+            leader: Some("http://10.0.0.7:50051".into()),
+        });
+        let gate = Gate::new(rx);
+        let status = gate.core().err().unwrap();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(
+            status.message(),
+            "not the leader; the leader is at http://10.0.0.7:50051"
+        );
+        assert_eq!(
+            proto::endpoints::leader_hint(&status).as_deref(),
+            Some("http://10.0.0.7:50051")
+        );
+        assert!(!gate.is_leader());
+        // Elected but still loading: unavailable, no hint (clients retry).
+        tx.send(Role::Starting).unwrap();
+        let status = gate.core().err().unwrap();
+        assert_eq!(status.code(), Code::Unavailable);
+        assert_eq!(proto::endpoints::leader_hint(&status), None);
+        // Unknown leader: no hint either.
+        tx.send(Role::Follower { leader: None }).unwrap();
+        assert_eq!(
+            proto::endpoints::leader_hint(&gate.core().err().unwrap()),
+            None
+        );
+    }
+}
