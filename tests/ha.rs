@@ -472,6 +472,15 @@ async fn etcd_restart_mid_run_loses_nothing() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     ha.etcd.restart()?;
     let next = ha.wait_leader(None, ELECTION).await?;
-    eprintln!("leader after the etcd restart: {}", ha.urls[next]);
-    ha.check_exactly_once(&ids).await
+    let result = ha.check_exactly_once(&ids).await;
+    let step_downs: usize = ha
+        .replicas
+        .iter()
+        .map(|d| d.proc.log_text().matches("stepped down").count())
+        .sum();
+    eprintln!(
+        "leader after the etcd restart: {}; step-downs during the outage: {step_downs}",
+        ha.urls[next]
+    );
+    result
 }
