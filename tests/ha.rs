@@ -362,7 +362,25 @@ async fn leader_sigkill_mid_run_loses_and_doubles_nothing() -> Result<()> {
         killed_at.elapsed(),
         ha.urls[leader]
     );
-    ha.check_exactly_once(&ids).await
+    ha.check_exactly_once(&ids).await?;
+
+    // dispatchctl finds the new leader: from a follower's URL alone (the
+    // redirect hint), and from the full list that starts with the dead one.
+    let follower = (0..3)
+        .find(|&i| i != leader && i != next)
+        .context("three replicas")?;
+    let dead_first = format!(
+        "{},{},{}",
+        ha.urls[leader], ha.urls[follower], ha.urls[next]
+    );
+    for server in [ha.urls[follower].as_str(), dead_first.as_str()] {
+        let (code, out, err) = e2e::dispatchctl(server, &["get", &ids[0], "-o", "json"])?;
+        ensure!(
+            code == 0 && out.to_lowercase().contains("succeeded"),
+            "dispatchctl --server {server} get: exit {code}\n{out}\n{err}"
+        );
+    }
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
