@@ -343,6 +343,41 @@ async fn leader_sigkill_mid_run_loses_and_doubles_nothing() -> Result<()> {
             "{status:?}"
         );
     }
+    // A spec too large for one etcd record is refused up front, naming
+    // the field (here through a node selector value, which the spec's own
+    // size limits do not bound), and the leader stays.
+    let huge = JobSpec {
+        command: vec!["true".into()],
+        node_selector: [("big".to_string(), "x".repeat(2 << 20))].into(),
+        ..Default::default()
+    };
+    let refused = ha
+        .client()?
+        .call(|ch| {
+            let req = SubmitJobsRequest {
+                specs: vec![huge.clone()],
+            };
+            async move {
+                JobServiceClient::new(ch)
+                    .max_encoding_message_size(64 << 20)
+                    .submit_jobs(req)
+                    .await
+            }
+        })
+        .await
+        .err()
+        .context("a 2 MiB spec was accepted")?;
+    ensure!(
+        refused.code() == Code::InvalidArgument
+            && refused.message().starts_with("specs[0]: ")
+            && refused.message().ends_with("with the etcd store"),
+        "{refused:?}"
+    );
+    ensure!(
+        ha.wait_leader(None, ELECTION).await? == leader,
+        "the leader changed after a refused submission\n{}",
+        ha.logs()
+    );
     ha.wait_nodes(AGENTS.len()).await?;
     // Batches of 250 exceed etcd's 128 operations per transaction: they
     // are committed through the store's redo log.

@@ -49,6 +49,9 @@ pub const OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest response the store accepts from etcd (a page of jobs).
 const MAX_DECODE: usize = 64 << 20;
 
+/// Bytes of a job record besides its spec (ids, state, times, reason).
+const SPEC_HEADROOM: usize = 16 << 10;
+
 /// Jobs read per request when loading.
 const LOAD_PAGE: i64 = 1000;
 
@@ -521,6 +524,12 @@ impl Store for EtcdStore {
             }
         }
         Ok(snap)
+    }
+
+    /// A job record is its spec plus a little state; one record must fit
+    /// in one transaction's bytes.
+    fn max_spec_bytes(&self) -> Option<usize> {
+        Some(self.limits.max_bytes.saturating_sub(SPEC_HEADROOM))
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {

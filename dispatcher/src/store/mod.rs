@@ -95,4 +95,10 @@ pub trait Store: Send + 'static {
     /// Apply `writes` atomically and durably: when this returns `Ok`, all
     /// of them survive a crash; when it fails, none is visible.
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError>;
+    /// The largest encoded job spec this store can hold in one record, if
+    /// it has a limit: the core refuses larger submissions up front
+    /// rather than fail a commit.
+    fn max_spec_bytes(&self) -> Option<usize> {
+        None
+    }
 }
