@@ -714,7 +714,7 @@ async fn session(
     });
     // A dispatcher that accepts connections but does not answer (paused)
     // must not hold the agent: bound the handshake.
-    let (mut inbound, first) = tokio::time::timeout(proto::endpoints::CONNECT_TIMEOUT * 2, async {
+    let (mut inbound, first) = tokio::time::timeout(proto::endpoints::CONNECT_TIMEOUT * 3, async {
         let mut inbound = client
             .attach(UnboundedReceiverStream::new(rx))
             .await
