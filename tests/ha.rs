@@ -306,7 +306,11 @@ async fn answers_as_leader(url: &str) -> bool {
 /// replica does not answer (dead or paused).
 async fn probe(url: &str) -> Option<Result<(), tonic::Status>> {
     tokio::time::timeout(Duration::from_secs(2), async {
-        let ch = proto::endpoints::endpoint(url).ok()?.connect().await.ok()?;
+        let ch = proto::endpoints::endpoint(url, &Default::default())
+            .ok()?
+            .connect()
+            .await
+            .ok()?;
         let r = JobServiceClient::new(ch)
             .get_job(GetJobRequest { id: String::new() })
             .await;
