@@ -584,6 +584,22 @@ impl Dispatcher {
     /// data directory under `dir`; returns as soon as it listens (it may
     /// be a follower).
     pub fn start_replica(dir: &Path, etcd_url: &str, extra: &[&str]) -> Result<Self> {
+        Self::start_replica_as(
+            dir,
+            etcd_url,
+            |port| format!("http://127.0.0.1:{port}"),
+            extra,
+        )
+    }
+
+    /// [`Dispatcher::start_replica`] advertising `advertise(port)` (e.g.
+    /// an `https://localhost:PORT` URL for a TLS replica).
+    pub fn start_replica_as(
+        dir: &Path,
+        etcd_url: &str,
+        advertise: impl Fn(u16) -> String,
+        extra: &[&str],
+    ) -> Result<Self> {
         let port = free_port();
         let own = dir.join(format!("replica-{port}"));
         std::fs::create_dir_all(&own)?;
@@ -593,7 +609,7 @@ impl Dispatcher {
             "--etcd-endpoints".into(),
             etcd_url.into(),
             "--advertise-url".into(),
-            format!("http://127.0.0.1:{port}"),
+            advertise(port),
         ];
         flags.extend(extra.iter().map(|s| s.to_string()));
         Self::start_on(&own, port, flags)

@@ -13,6 +13,9 @@
 //! - [`etcd_restart_mid_run_loses_nothing`]: SIGKILL etcd mid-run and
 //!   restart it on the same data directory: every job still finishes
 //!   exactly once.
+//! - [`replicas_over_tls_fail_over_for_agents_and_dispatchctl`]: the same
+//!   redirects and failover with `https://` replicas, an agent with a
+//!   client certificate, and dispatchctl with `--tls-ca`.
 //!
 //! "Exactly once" is checked outside the dispatcher: each job's command
 //! appends its own marker to a file, and each marker must appear once.
@@ -24,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use e2e::{Agent, Dispatcher, Etcd, is_terminal};
+use proto::client_security::ClientTls;
 use proto::endpoints::{Endpoints, LeaderChannel};
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
@@ -297,7 +301,11 @@ fn describe(j: &Job) -> String {
 /// The replica at `url` answers a JobService call as the leader (any
 /// answer but UNAVAILABLE: an empty id is simply not found there).
 async fn answers_as_leader(url: &str) -> bool {
-    probe(url)
+    answers_as_leader_tls(url, &ClientTls::default()).await
+}
+
+async fn answers_as_leader_tls(url: &str, tls: &ClientTls) -> bool {
+    probe_tls(url, tls)
         .await
         .is_some_and(|r| r.err().is_none_or(|s| s.code() != Code::Unavailable))
 }
@@ -305,8 +313,12 @@ async fn answers_as_leader(url: &str) -> bool {
 /// One GetJob("") on a fresh connection, bounded in time; None when the
 /// replica does not answer (dead or paused).
 async fn probe(url: &str) -> Option<Result<(), tonic::Status>> {
+    probe_tls(url, &ClientTls::default()).await
+}
+
+async fn probe_tls(url: &str, tls: &ClientTls) -> Option<Result<(), tonic::Status>> {
     tokio::time::timeout(Duration::from_secs(2), async {
-        let ch = proto::endpoints::endpoint(url, &Default::default())
+        let ch = proto::endpoints::endpoint(url, tls)
             .ok()?
             .connect()
             .await
@@ -540,4 +552,113 @@ async fn etcd_restart_mid_run_loses_nothing() -> Result<()> {
         ha.urls[next]
     );
     result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_over_tls_fail_over_for_agents_and_dispatchctl() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ca_dir = dir.path().join("ca");
+    let ca_dir_s = ca_dir.display().to_string();
+    let out = std::process::Command::new(e2e::binary("dispatcher"))
+        .args(["gen-certs", "--ca-dir", &ca_dir_s])
+        .args(["--server-name", "localhost", "--agent", "n1"])
+        .output()
+        .context("running dispatcher gen-certs")?;
+    ensure!(out.status.success(), "gen-certs: {out:?}");
+    let file = |name: &str| ca_dir.join(name).display().to_string();
+    let (ca, cert, key) = (file("ca.pem"), file("server.pem"), file("server.key"));
+    let etcd = Etcd::start(dir.path())?;
+    let tls_flags = [
+        "--tls-cert",
+        cert.as_str(),
+        "--tls-key",
+        key.as_str(),
+        "--tls-client-ca",
+        ca.as_str(),
+    ];
+    let mut replicas = (0..3)
+        .map(|_| {
+            Dispatcher::start_replica_as(
+                dir.path(),
+                &etcd.url,
+                |port| format!("https://localhost:{port}"),
+                &tls_flags,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let urls: Vec<String> = replicas
+        .iter()
+        .map(|d| format!("https://localhost:{}", d.port))
+        .collect();
+    let all = urls.join(",");
+    let (agent_cert, agent_key) = (file("agent-n1.pem"), file("agent-n1.key"));
+    let agent = Agent::start(
+        dir.path(),
+        &all,
+        "n1",
+        "1s:2c:1t",
+        &[],
+        &[
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &agent_cert,
+            "--tls-key",
+            &agent_key,
+        ],
+    )?;
+    let tls = ClientTls {
+        ca: Some(ca_dir.join("ca.pem")),
+        ..Default::default()
+    };
+    let logs = |replicas: &[Dispatcher]| {
+        let mut s: String = replicas
+            .iter()
+            .map(|d| tail(&d.proc.log_text(), 20))
+            .collect::<Vec<_>>()
+            .join("\n----\n");
+        s += &format!("\n---- agent ----\n{}", tail(&agent.proc.log_text(), 20));
+        s
+    };
+    let wait_leader = async |except: Option<usize>| -> Result<usize> {
+        let deadline = Instant::now() + ELECTION;
+        loop {
+            for (i, url) in urls.iter().enumerate() {
+                if Some(i) != except && answers_as_leader_tls(url, &tls).await {
+                    return Ok(i);
+                }
+            }
+            ensure!(Instant::now() < deadline, "no leader over TLS");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let leader = wait_leader(None).await.with_context(|| logs(&replicas))?;
+    // dispatchctl over TLS, given only a follower's URL, reaches the
+    // leader, and the agent (client certificate) runs the job.
+    let follower = (leader + 1) % 3;
+    let submit = |server: &str| {
+        e2e::dispatchctl_timeout(
+            server,
+            &["--tls-ca", &ca, "submit", "--wait", "--", "true"],
+            LONG,
+        )
+    };
+    let (code, out, err) = submit(&urls[follower])?;
+    ensure!(
+        code == 0,
+        "submit via a follower: {code}\n{out}\n{err}\n{}",
+        logs(&replicas)
+    );
+    replicas[leader].proc.kill9();
+    let next = wait_leader(Some(leader))
+        .await
+        .with_context(|| logs(&replicas))?;
+    let (code, out, err) = submit(&all)?;
+    ensure!(
+        code == 0,
+        "submit after the failover to {}: {code}\n{out}\n{err}\n{}",
+        urls[next],
+        logs(&replicas)
+    );
+    Ok(())
 }
