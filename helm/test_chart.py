@@ -1,0 +1,450 @@
+#!/usr/bin/env python3
+"""Offline tests of the Helm chart in helm/dispatch.
+
+No cluster and no helm binary: the chart is linted and rendered by the real
+Helm SDK (Go, through the PyPI package helm-python-sdk), and every rendered
+manifest is validated against the Kubernetes 1.30 OpenAPI schemas with
+kubernetes-validate (strict: unknown fields are errors). Custom resources
+(the Prometheus Operator's ServiceMonitor) are not in those schemas: their
+structure is checked here instead, and the test says so.
+
+On top of schema validity the tests check what the chart promises: the
+agent's security context, the dispatcher's store and advertise URL per
+mode, values that must fail, and (when HELM_TEST_BIN_DIR names the built
+binaries, as scripts/test does) that every flag the chart passes exists in
+the binaries' --help.
+
+Run: helm/run-tests (makes the venv), or python3 helm/test_chart.py with
+helm-python-sdk, kubernetes-validate and pyyaml installed.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+import helm_python as helm
+import kubernetes_validate
+import yaml
+
+CHART = Path(__file__).resolve().parent / "dispatch"
+KUBE_VERSION = "1.30.0"
+RELEASE, NAMESPACE = "rel", "jobs"
+FULLNAME = f"{RELEASE}-dispatch"
+
+# Kinds outside Kubernetes' own schemas, checked by validate_custom_resource.
+CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+ETCD_ENDPOINTS = ["http://etcd-0.etcd.db:2379", "http://etcd-1.etcd.db:2379", "http://etcd-2.etcd.db:2379"]
+
+SCENARIOS: dict[str, dict] = {
+    "default": {},
+    "ha": {"dispatcher": {"replicas": 3}, "etcd": {"endpoints": ETCD_ENDPOINTS}},
+    "bundled-etcd": {"dispatcher": {"replicas": 2}, "etcd": {"bundled": {"enabled": True}}},
+    "tls": {
+        "tls": {"enabled": True, "secretName": "dispatch-tls", "agentSecretName": "dispatch-agent-tls"},
+        "auth": {"tokensSecret": "dispatch-tokens"},
+        "monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+    },
+    "options": {
+        "image": {"tag": "v9"},
+        "dispatcher": {"persistence": {"enabled": False}, "otlpEndpoint": "http://otel:4317",
+                       "extraArgs": ["--steal-zone-limit=3"]},
+        "agent": {"onShutdown": "leave", "hostPID": True, "cgroupRoot": "/sys/fs/cgroup/dispatch.slice",
+                  "topology": "2s:8c:2t", "oversubscribe": 2, "extraLabels": {"dispatch.io/pool": "gpu"},
+                  "tolerations": [{"operator": "Exists"}]},
+        "topology": {"rackLabel": "example.com/rack"},
+        "etcd": {"bundled": {"enabled": True, "replicas": 1, "persistence": {"enabled": False}}},
+        "monitoring": {"podAnnotations": False},
+    },
+}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def render(values: dict) -> tuple[list[dict], str]:
+    """The rendered manifests (parsed) and NOTES.txt."""
+    chart = helm.Chart.load(str(CHART))
+    chart.validate_schema(values)
+    rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    docs, notes = [], ""
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            notes = text
+        elif path.endswith((".yaml", ".yml")):
+            docs.extend(d for d in yaml.safe_load_all(text) if d)
+    return docs, notes
+
+
+def find(docs: list[dict], kind: str, name: str | None = None) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def one(docs: list[dict], kind: str, name: str) -> dict:
+    found = find(docs, kind, name)
+    assert len(found) == 1, f"want one {kind} {name}, got {len(found)}: {[d['metadata']['name'] for d in find(docs, kind)]}"
+    return found[0]
+
+
+def container(workload: dict, name: str) -> dict:
+    for c in workload["spec"]["template"]["spec"]["containers"]:
+        if c["name"] == name:
+            return c
+    raise AssertionError(f"no container {name} in {workload['metadata']['name']}")
+
+
+def arg_map(c: dict) -> dict[str, list[str]]:
+    """--flag=value arguments by flag (a flag may repeat)."""
+    out: dict[str, list[str]] = {}
+    for a in c.get("args", []):
+        if a.startswith("--"):
+            k, _, v = a.partition("=")
+            out.setdefault(k, []).append(v)
+    return out
+
+
+def validate_custom_resource(doc: dict, docs: list[dict]) -> None:
+    """Structure of a ServiceMonitor: it must select a rendered Service by
+    its labels and name ports that Service has."""
+    assert (doc["apiVersion"], doc["kind"]) == ("monitoring.coreos.com/v1", "ServiceMonitor"), doc["kind"]
+    assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}, sorted(doc)
+    assert doc["metadata"]["name"] and doc["metadata"]["namespace"] == NAMESPACE
+    spec = doc["spec"]
+    assert set(spec) <= {"selector", "namespaceSelector", "endpoints", "jobLabel"}, sorted(spec)
+    wanted = spec["selector"]["matchLabels"]
+    services = [s for s in find(docs, "Service")
+                if all(s["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+    assert services, f"ServiceMonitor {doc['metadata']['name']} selects no rendered Service ({wanted})"
+    assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    for ep in spec["endpoints"]:
+        assert set(ep) <= {"port", "path", "interval", "relabelings", "scheme", "tlsConfig"}, sorted(ep)
+        assert re.fullmatch(r"[0-9]+(ms|s|m|h)", ep["interval"]), ep["interval"]
+        for s in services:
+            ports = {p["name"] for p in s["spec"]["ports"]}
+            assert ep["port"] in ports, f"{doc['metadata']['name']}: port {ep['port']} not in {s['metadata']['name']} {ports}"
+
+
+def validate_all(docs: list[dict]) -> int:
+    """Validate every manifest; returns how many went through kubernetes-validate."""
+    validated = 0
+    for doc in docs:
+        if (doc["apiVersion"], doc["kind"]) in CUSTOM_KINDS:
+            print(f"  note: {doc['kind']} {doc['metadata']['name']} is a custom resource, not in the "
+                  f"Kubernetes {KUBE_VERSION} schemas: checked structurally instead", file=sys.stderr)
+            validate_custom_resource(doc, docs)
+            continue
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        validated += 1
+        check_references(doc, docs)
+    return validated
+
+
+def check_references(doc: dict, docs: list[dict]) -> None:
+    """What the schema cannot see: mounts name declared volumes, named probe
+    ports exist, Services select pods that some workload makes, and
+    StatefulSets' serviceName is a rendered headless Service."""
+    if doc["kind"] in ("StatefulSet", "DaemonSet"):
+        pod = doc["spec"]["template"]
+        assert doc["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        volumes = {v["name"] for v in pod["spec"].get("volumes", [])}
+        volumes |= {t["metadata"]["name"] for t in doc["spec"].get("volumeClaimTemplates", [])}
+        for c in pod["spec"]["containers"]:
+            for m in c.get("volumeMounts", []):
+                assert m["name"] in volumes, f"{doc['metadata']['name']}/{c['name']} mounts undeclared {m['name']}"
+            ports = {p["name"] for p in c.get("ports", [])}
+            for probe in ("readinessProbe", "livenessProbe"):
+                for how in ("tcpSocket", "httpGet", "grpc"):
+                    port = c.get(probe, {}).get(how, {}).get("port")
+                    if isinstance(port, str):
+                        assert port in ports, f"{doc['metadata']['name']}: {probe} port {port} not in {ports}"
+            for ref in c.get("envFrom", []):
+                one(docs, "ConfigMap", ref["configMapRef"]["name"])
+        if doc["kind"] == "StatefulSet":
+            hl = one(docs, "Service", doc["spec"]["serviceName"])
+            assert hl["spec"]["clusterIP"] == "None"
+            assert hl["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        sa = pod["spec"].get("serviceAccountName")
+        if sa:
+            one(docs, "ServiceAccount", sa)
+    if doc["kind"] == "Service":
+        pods = [w["spec"]["template"] for w in docs if w["kind"] in ("StatefulSet", "DaemonSet")]
+        matching = [p for p in pods if doc["spec"]["selector"].items() <= p["metadata"]["labels"].items()]
+        assert matching, f"Service {doc['metadata']['name']} selects no pods"
+        for port in doc["spec"]["ports"]:
+            names = {p["name"] for m in matching for c in m["spec"]["containers"] for p in c.get("ports", [])}
+            assert port["targetPort"] in names, f"Service {doc['metadata']['name']}: targetPort {port['targetPort']}"
+
+
+def help_flags(argv: list[str]) -> set[str]:
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
+
+
+class ChartTest(unittest.TestCase):
+    maxDiff = None
+
+    def test_lint_strict_every_scenario(self):
+        for name, values in SCENARIOS.items():
+            with self.subTest(scenario=name):
+                report = helm.lint(str(CHART), values, strict=True, namespace=NAMESPACE,
+                                   kube_version="v" + KUBE_VERSION)
+                self.assertEqual(report["errors"], [])
+                bad = [m for m in report["messages"] if m["severity"] >= 2]
+                self.assertEqual(bad, [], f"lint findings for {name}")
+
+    def test_every_scenario_renders_valid_manifests(self):
+        for name, values in SCENARIOS.items():
+            with self.subTest(scenario=name):
+                docs, notes = render(values)
+                n = validate_all(docs)
+                print(f"  {name}: {len(docs)} manifests, {n} validated against Kubernetes {KUBE_VERSION}",
+                      file=sys.stderr)
+                self.assertGreaterEqual(n, 8)
+                self.assertIn("DISPATCH_SERVER", notes)
+                names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+                self.assertEqual(len(names), len(set(names)), f"duplicate objects in {name}")
+
+    def test_default_is_one_replica_with_the_embedded_store_on_a_volume(self):
+        docs, notes = render({})
+        sts = one(docs, "StatefulSet", f"{FULLNAME}-dispatcher")
+        self.assertEqual(sts["spec"]["replicas"], 1)
+        args = arg_map(container(sts, "dispatcher"))
+        self.assertEqual(args["--store"], ["embedded"])
+        self.assertNotIn("--etcd-endpoints", args)
+        self.assertEqual(args["--listen"], ["0.0.0.0:50051"])
+        self.assertEqual(args["--data-dir"], ["/var/lib/dispatch"])
+        self.assertEqual([t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]], ["data"])
+        self.assertEqual(find(docs, "StatefulSet", f"{FULLNAME}-etcd"), [])
+        self.assertEqual(find(docs, "PodDisruptionBudget"), [])
+        self.assertEqual(find(docs, "ServiceMonitor"), [])
+        pod = sts["spec"]["template"]
+        self.assertEqual(pod["metadata"]["annotations"]["prometheus.io/scrape"], "true")
+        self.assertTrue(pod["spec"]["securityContext"]["runAsNonRoot"])
+        self.assertIn("kubectl -n jobs port-forward svc/rel-dispatch-dispatcher 50051:50051", notes)
+        self.assertIn("export DISPATCH_SERVER=http://127.0.0.1:50051", notes)
+
+    def test_agent_daemonset_security_and_node_labels(self):
+        docs, _ = render({})
+        ds = one(docs, "DaemonSet", f"{FULLNAME}-agent")
+        pod = ds["spec"]["template"]["spec"]
+        self.assertNotIn("hostPID", pod)
+        c = container(ds, "agent")
+        sys_mount = [m for m in c["volumeMounts"] if m["mountPath"] == "/sys"]
+        self.assertEqual(len(sys_mount), 1)
+        self.assertTrue(sys_mount[0]["readOnly"])
+        sys_vol = [v for v in pod["volumes"] if v["name"] == sys_mount[0]["name"]][0]
+        self.assertEqual(sys_vol["hostPath"]["path"], "/sys")
+        sc = c["securityContext"]
+        self.assertTrue(sc["readOnlyRootFilesystem"])
+        self.assertFalse(sc["allowPrivilegeEscalation"])
+        self.assertFalse(sc.get("privileged", False))
+        self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
+        self.assertEqual(set(sc["capabilities"]["add"]), {"SYS_NICE", "KILL", "SETUID", "SETGID"})
+        # Nothing writable but the state dir and /tmp.
+        writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
+        self.assertEqual(writable, {"/var/lib/dispatch-agent", "/tmp"})
+        state = [v for v in pod["volumes"] if v["name"] == "state"][0]
+        self.assertEqual(state["hostPath"], {"path": "/var/lib/dispatch-agent", "type": "DirectoryOrCreate"})
+        args = arg_map(c)
+        self.assertEqual(c["args"][0], "run")
+        self.assertEqual(args["--node-name"], ["$(NODE_NAME)"])
+        env = {e["name"]: e for e in c["env"]}
+        self.assertEqual(env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName")
+        self.assertEqual(args["--k8s-node-labels"], ["topology.kubernetes.io/zone,dispatch.io/rack"])
+        # The dispatcher reads the same labels.
+        d = arg_map(container(one(docs, "StatefulSet", f"{FULLNAME}-dispatcher"), "dispatcher"))
+        self.assertEqual(d["--zone-label"], ["topology.kubernetes.io/zone"])
+        self.assertEqual(d["--rack-label"], ["dispatch.io/rack"])
+        # RBAC: the agent's ServiceAccount may get nodes, and nothing else.
+        self.assertTrue(pod["automountServiceAccountToken"])
+        role = one(docs, "ClusterRole", f"{FULLNAME}-agent-{NAMESPACE}")
+        self.assertEqual(role["rules"], [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}])
+        binding = one(docs, "ClusterRoleBinding", f"{FULLNAME}-agent-{NAMESPACE}")
+        self.assertEqual(binding["roleRef"]["name"], role["metadata"]["name"])
+        self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
+                                                "namespace": NAMESPACE}])
+        # Agents get every replica's URL from the ConfigMap.
+        cm = one(docs, "ConfigMap", f"{FULLNAME}-config")
+        self.assertEqual(cm["data"]["DISPATCH_SERVER"],
+                         "http://rel-dispatch-dispatcher-0.rel-dispatch-dispatcher-hl.jobs.svc:50051")
+
+    def test_no_rbac_and_no_token_without_node_labels(self):
+        docs, _ = render({"agent": {"labelsFromNode": False}})
+        self.assertEqual(find(docs, "ClusterRole") + find(docs, "ClusterRoleBinding"), [])
+        ds = one(docs, "DaemonSet", f"{FULLNAME}-agent")
+        self.assertFalse(ds["spec"]["template"]["spec"]["automountServiceAccountToken"])
+        self.assertNotIn("--k8s-node-labels", arg_map(container(ds, "agent")))
+
+    def test_ha_uses_etcd_and_a_stable_url_per_replica(self):
+        docs, notes = render(SCENARIOS["ha"])
+        sts = one(docs, "StatefulSet", f"{FULLNAME}-dispatcher")
+        self.assertEqual(sts["spec"]["replicas"], 3)
+        self.assertEqual(sts["spec"]["podManagementPolicy"], "Parallel")
+        c = container(sts, "dispatcher")
+        args = arg_map(c)
+        self.assertEqual(args["--store"], ["etcd"])
+        self.assertEqual(args["--etcd-endpoints"], [",".join(ETCD_ENDPOINTS)])
+        self.assertEqual(args["--etcd-prefix"], ["/dispatch"])
+        hl = sts["spec"]["serviceName"]
+        self.assertEqual(args["--advertise-url"], [f"http://$(POD_NAME).{hl}.{NAMESPACE}.svc:50051"])
+        env = {e["name"]: e for e in c["env"]}
+        self.assertEqual(env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name")
+        self.assertTrue(one(docs, "Service", hl)["spec"]["publishNotReadyAddresses"])
+        # No per-replica volume: the state is in etcd.
+        self.assertNotIn("volumeClaimTemplates", sts["spec"])
+        self.assertEqual(find(docs, "StatefulSet", f"{FULLNAME}-etcd"), [])
+        urls = one(docs, "ConfigMap", f"{FULLNAME}-config")["data"]["DISPATCH_SERVER"].split(",")
+        self.assertEqual(urls, [f"http://{FULLNAME}-dispatcher-{i}.{hl}.{NAMESPACE}.svc:50051" for i in range(3)])
+        one(docs, "PodDisruptionBudget", f"{FULLNAME}-dispatcher")
+        anti = sts["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        self.assertEqual(anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"],
+                         "kubernetes.io/hostname")
+        self.assertIn("exec -it rel-dispatch-dispatcher-0 -- dispatchctl nodes", notes)
+
+    def test_bundled_etcd_members_match_the_dispatchers_endpoints(self):
+        docs, _ = render(SCENARIOS["bundled-etcd"])
+        etcd = one(docs, "StatefulSet", f"{FULLNAME}-etcd")
+        self.assertEqual(etcd["spec"]["replicas"], 3)
+        eargs = arg_map(container(etcd, "etcd"))
+        hl = etcd["spec"]["serviceName"]
+        members = eargs["--initial-cluster"][0].split(",")
+        self.assertEqual(members, [f"{FULLNAME}-etcd-{i}=http://{FULLNAME}-etcd-{i}.{hl}.{NAMESPACE}.svc:2380"
+                                   for i in range(3)])
+        self.assertEqual(eargs["--name"], ["$(POD_NAME)"])
+        d = arg_map(container(one(docs, "StatefulSet", f"{FULLNAME}-dispatcher"), "dispatcher"))
+        self.assertEqual(d["--store"], ["etcd"])
+        self.assertEqual(d["--etcd-endpoints"][0].split(","),
+                         [f"http://{FULLNAME}-etcd-{i}.{hl}.{NAMESPACE}.svc:2379" for i in range(3)])
+        one(docs, "PodDisruptionBudget", f"{FULLNAME}-etcd")
+
+    def test_tls_and_tokens(self):
+        docs, notes = render(SCENARIOS["tls"])
+        sts = one(docs, "StatefulSet", f"{FULLNAME}-dispatcher")
+        c = container(sts, "dispatcher")
+        args = arg_map(c)
+        self.assertEqual(args["--tls-cert"], ["/etc/dispatch/tls/tls.crt"])
+        self.assertEqual(args["--tls-key"], ["/etc/dispatch/tls/tls.key"])
+        self.assertEqual(args["--tls-client-ca"], ["/etc/dispatch/tls/ca.crt"])
+        self.assertEqual(args["--tokens"], ["/etc/dispatch/auth/tokens"])
+        vols = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+        self.assertEqual(vols["tls"]["secret"]["secretName"], "dispatch-tls")
+        self.assertEqual(vols["auth"]["secret"]["secretName"], "dispatch-tokens")
+        ds = one(docs, "DaemonSet", f"{FULLNAME}-agent")
+        a = arg_map(container(ds, "agent"))
+        self.assertEqual(a["--tls-ca"], ["/etc/dispatch/tls/ca.crt"])
+        self.assertEqual(a["--tls-cert"], ["/etc/dispatch/tls/tls.crt"])
+        self.assertEqual(a["--tls-key"], ["/etc/dispatch/tls/tls.key"])
+        avols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+        self.assertEqual(avols["tls"]["secret"]["secretName"], "dispatch-agent-tls")
+        cm = one(docs, "ConfigMap", f"{FULLNAME}-config")["data"]
+        self.assertTrue(cm["DISPATCH_SERVER"].startswith("https://"))
+        self.assertEqual(cm["DISPATCH_TLS_CA"], "/etc/dispatch/tls/ca.crt")
+        self.assertIn("DISPATCH_TLS_CA", notes)
+        self.assertEqual(len(find(docs, "ServiceMonitor")), 2)
+        for sm in find(docs, "ServiceMonitor"):
+            self.assertEqual(sm["metadata"]["labels"]["release"], "prom")
+
+    def test_options(self):
+        docs, _ = render(SCENARIOS["options"])
+        ds = one(docs, "DaemonSet", f"{FULLNAME}-agent")
+        pod = ds["spec"]["template"]
+        self.assertTrue(pod["spec"]["hostPID"])
+        self.assertNotIn("prometheus.io/scrape", pod["metadata"]["annotations"])
+        c = container(ds, "agent")
+        a = arg_map(c)
+        self.assertEqual(a["--on-shutdown"], ["leave"])
+        self.assertEqual(a["--cgroup-root"], ["/sys/fs/cgroup/dispatch.slice"])
+        self.assertEqual(a["--topology"], ["2s:8c:2t"])
+        self.assertEqual(a["--label"], ["dispatch.io/pool=gpu"])
+        self.assertEqual(a["--k8s-node-labels"], ["topology.kubernetes.io/zone,example.com/rack"])
+        cg = [m for m in c["volumeMounts"] if m["mountPath"] == "/sys/fs/cgroup"]
+        self.assertEqual(len(cg), 1)
+        self.assertFalse(cg[0].get("readOnly", False))
+        self.assertEqual(c["image"], "dispatch/dispatch:v9")
+        sts = one(docs, "StatefulSet", f"{FULLNAME}-dispatcher")
+        d = arg_map(container(sts, "dispatcher"))
+        self.assertEqual(d["--rack-label"], ["example.com/rack"])
+        self.assertEqual(d["--otlp-endpoint"], ["http://otel:4317"])
+        self.assertIn("--steal-zone-limit=3", container(sts, "dispatcher")["args"])
+        etcd = one(docs, "StatefulSet", f"{FULLNAME}-etcd")
+        self.assertEqual(etcd["spec"]["replicas"], 1)
+        self.assertNotIn("volumeClaimTemplates", etcd["spec"])
+        self.assertEqual(find(docs, "PodDisruptionBudget"), [])
+
+    def assert_rejected(self, values: dict, message: str) -> None:
+        """Both the schema and the templates' own checks refuse the values
+        (the templates' fail() guards installs that skip the schema)."""
+        chart = helm.Chart.load(str(CHART))
+        with self.assertRaises(helm.HelmValuesError):
+            chart.validate_schema(values)
+        with self.assertRaises(helm.HelmValuesError):
+            chart.render(values, name=RELEASE, namespace=NAMESPACE)
+        with tempfile.TemporaryDirectory() as tmp:
+            unschema = Path(tmp) / "dispatch"
+            shutil.copytree(CHART, unschema)
+            (unschema / "values.schema.json").unlink()
+            with self.assertRaises(helm.HelmRenderError) as err:
+                helm.Chart.load(str(unschema)).render(values, name=RELEASE, namespace=NAMESPACE)
+            self.assertIn(message, str(err.exception))
+
+    def test_replicas_above_one_without_etcd_fail(self):
+        self.assert_rejected({"dispatcher": {"replicas": 3}}, "dispatcher.replicas > 1 needs etcd")
+        self.assert_rejected({"dispatcher": {"replicas": 2}, "etcd": {"endpoints": []}},
+                             "dispatcher.replicas > 1 needs etcd")
+
+    def test_tls_without_a_secret_fails(self):
+        self.assert_rejected({"tls": {"enabled": True}}, "tls.enabled=true needs tls.secretName")
+
+    def test_leave_running_without_host_pid_fails(self):
+        self.assert_rejected({"agent": {"onShutdown": "leave"}}, "agent.onShutdown=leave needs agent.hostPID=true")
+
+    def test_schema_rejects_typos_and_bad_values(self):
+        chart = helm.Chart.load(str(CHART))
+        for bad in ({"dispatcher": {"replica": 3}},
+                    {"dispatcher": {"replicas": 0}},
+                    {"etcd": {"endpoints": ["etcd:2379"]}},
+                    {"agent": {"runAs": "nobody"}},
+                    {"agent": {"onShutdown": "stop"}},
+                    {"topology": {"rackLabel": "not a label"}},
+                    {"etcd": {"bundled": {"enabled": True, "replicas": 2}}}):
+            with self.subTest(values=bad), self.assertRaises(helm.HelmError):
+                chart.validate_schema(bad)
+        chart.validate_schema(SCENARIOS["options"])
+
+    def test_every_flag_exists_in_the_binaries(self):
+        bin_dir = os.environ.get("HELM_TEST_BIN_DIR")
+        if not bin_dir:
+            self.skipTest("HELM_TEST_BIN_DIR is not set (scripts/test sets it to the built binaries)")
+        known = {
+            "dispatcher": help_flags([f"{bin_dir}/dispatcher", "--help"]),
+            "agent": help_flags([f"{bin_dir}/agent", "run", "--help"]),
+        }
+        for name, values in SCENARIOS.items():
+            docs, _ = render(values)
+            for w in find(docs, "StatefulSet") + find(docs, "DaemonSet"):
+                for c in w["spec"]["template"]["spec"]["containers"]:
+                    binary = c["command"][0]
+                    if binary not in known:
+                        continue  # etcd
+                    for flag in arg_map(c):
+                        with self.subTest(scenario=name, binary=binary, flag=flag):
+                            self.assertIn(flag, known[binary], f"{binary} has no {flag}")
+
+
+if __name__ == "__main__":
+    # The templates' fail() messages are also logged by the SDK at INFO:
+    # the assertions above read them from the errors instead.
+    helm.disable_logging()
+    unittest.main(verbosity=2)
