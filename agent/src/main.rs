@@ -47,6 +47,18 @@ struct RunArgs {
     /// Node labels, e.g. --label topology.kubernetes.io/zone=z1 --label dispatch.io/rack=r1.
     #[arg(long = "label", value_name = "KEY=VALUE")]
     labels: Vec<String>,
+    /// Copy these labels from this node's Kubernetes Node object (e.g.
+    /// topology.kubernetes.io/zone,dispatch.io/rack): the agent reads it
+    /// from the API server with the pod's service account, which needs
+    /// `get` on `nodes`. A --label with the same key wins; a label the
+    /// node lacks is left out with a warning. Needs --node-name.
+    #[arg(
+        long,
+        value_name = "KEY[,KEY...]",
+        value_delimiter = ',',
+        requires = "node_name"
+    )]
+    k8s_node_labels: Vec<String>,
     /// Directory of job directories (logs, status); survives restarts.
     #[arg(
         long,
@@ -276,7 +288,7 @@ fn cmd_run(args: RunArgs) -> Result<()> {
         ..agent::local::LocalConfig::default()
     };
     local.engine.steal = !args.no_steal;
-    let opts = agent::runtime::AgentOptions {
+    let mut opts = agent::runtime::AgentOptions {
         dispatchers: args.dispatchers.clone(),
         tls: proto::client_security::ClientTls {
             ca: args.tls_ca.clone(),
@@ -301,11 +313,15 @@ fn cmd_run(args: RunArgs) -> Result<()> {
     let metrics_listen = args.metrics_listen;
     let otlp_endpoint = args.otlp_endpoint.clone();
     let otlp = agent::telemetry::wanted(otlp_endpoint.as_deref());
+    let k8s_node_labels = args.k8s_node_labels.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
+        if !k8s_node_labels.is_empty() {
+            add_k8s_node_labels(&mut opts.labels, &opts.node, &k8s_node_labels).await?;
+        }
         let mut exporters = None;
         if metrics_listen.is_some() || otlp {
             let metrics = std::sync::Arc::new(
@@ -350,4 +366,27 @@ fn cmd_run(args: RunArgs) -> Result<()> {
         }
         result
     })
+}
+
+/// Adds the wanted labels of the Kubernetes Node `node` to `labels`
+/// (without overriding a --label of the same key).
+async fn add_k8s_node_labels(
+    labels: &mut std::collections::HashMap<String, String>,
+    node: &str,
+    wanted: &[String],
+) -> Result<()> {
+    let api = agent::k8s::ApiServer::in_cluster().context("--k8s-node-labels")?;
+    let all = api
+        .node_labels(node)
+        .await
+        .with_context(|| format!("--k8s-node-labels: reading node {node:?} from {api:?}"))?;
+    let (found, missing) = agent::k8s::select_labels(&all, wanted);
+    for key in &missing {
+        tracing::warn!(node, label = %key, "the Kubernetes node has no such label");
+    }
+    for (key, value) in found {
+        tracing::info!(node, label = %key, %value, "label from the Kubernetes node");
+        labels.entry(key).or_insert(value);
+    }
+    Ok(())
 }
