@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Checks of the bare-metal systemd units and their example env files.
+
+1. Every flag the units pass -- on ExecStart and in every *_ARGS value of
+   the example env files, the commented-out alternatives included -- must
+   be a flag of the built binary (`dispatcher --help`, `agent run --help`):
+   a renamed flag fails here, not on an operator's machine.
+2. Every variable ExecStart uses is set in the example env file, and the
+   ExecStart line, expanded as systemd does with that file, starts with the
+   binary and has every value in place.
+3. The units' promises: the agent stops with KillMode=process and keeps the
+   capabilities it uses; the dispatcher keeps none.
+4. `systemd-analyze verify` accepts both units (with ExecStart pointed at
+   the built binaries), when systemd-analyze is installed.
+
+Usage: deploy/systemd/test_units.py BIN_DIR (the directory holding the
+built dispatcher and agent binaries, e.g. target/debug). Standard library
+only.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIN_DIR: Path | None = None
+
+UNITS = {
+    "dispatcher.service": {"env": "dispatcher.env", "argv0": "dispatcher", "help": ["--help"]},
+    "agent.service": {"env": "agent.env", "argv0": "agent", "help": ["run", "--help"]},
+}
+
+
+def unit_entries(path: Path) -> list[tuple[str, str, str]]:
+    """(section, key, value) in order; keys may repeat; continuation lines joined."""
+    entries, section, pending = [], "", ""
+    for raw in path.read_text().splitlines():
+        line = pending + raw.strip()
+        pending = ""
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        entries.append((section, key.strip(), value.strip()))
+    return entries
+
+
+def get(entries, section: str, key: str) -> list[str]:
+    return [v for s, k, v in entries if s == section and k == key]
+
+
+def env_file(path: Path) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """The settings, and the commented-out alternatives (KEY, VALUE)."""
+    settings, alternatives = {}, []
+    for line in path.read_text().splitlines():
+        m = re.fullmatch(r"(#?)([A-Z_][A-Z0-9_]*)=(.*)", line.strip())
+        if not m:
+            continue
+        value = m.group(3)
+        if value.startswith('"') and value.endswith('"') and len(value) >= 2:
+            value = value[1:-1]
+        if m.group(1):
+            alternatives.append((m.group(2), value))
+        else:
+            settings[m.group(2)] = value
+    return settings, alternatives
+
+
+def expand_exec(command: str, env: dict[str, str]) -> list[str]:
+    """systemd's ExecStart expansion: ${VAR} is one word, $VAR splits."""
+    argv = []
+    for word in shlex.split(command):
+        m = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)", word)
+        if m:
+            argv.extend(env[m.group(1)].split())
+            continue
+        argv.append(re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda v: env[v.group(1)], word))
+    return argv
+
+
+def flags(argv: list[str]) -> list[str]:
+    return [a.split("=", 1)[0] for a in argv if a.startswith("--")]
+
+
+def help_flags(argv0: str, help_args: list[str]) -> set[str]:
+    assert BIN_DIR is not None
+    out = subprocess.run([str(BIN_DIR / argv0), *help_args], check=True, capture_output=True, text=True).stdout
+    return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
+
+
+class UnitTest(unittest.TestCase):
+    def test_exec_start_expands_with_the_example_env(self):
+        for unit, info in UNITS.items():
+            with self.subTest(unit=unit):
+                entries = unit_entries(HERE / unit)
+                (command,) = get(entries, "Service", "ExecStart")
+                settings, _ = env_file(HERE / info["env"])
+                used = set(re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", command))
+                self.assertEqual(used - settings.keys(), set(), f"{info['env']} lacks variables {unit} uses")
+                argv = expand_exec(command, settings)
+                self.assertEqual(argv[0], f"/usr/local/bin/{info['argv0']}")
+                self.assertNotIn("", argv, "an empty ${VAR}")
+                self.assertEqual(get(entries, "Service", "EnvironmentFile"), [f"/etc/dispatch/{info['env']}"])
+
+    def test_every_flag_exists_in_the_binary(self):
+        if BIN_DIR is None:
+            self.skipTest("no BIN_DIR given")
+        for unit, info in UNITS.items():
+            known = help_flags(info["argv0"], info["help"])
+            entries = unit_entries(HERE / unit)
+            (command,) = get(entries, "Service", "ExecStart")
+            settings, alternatives = env_file(HERE / info["env"])
+            passed = flags(expand_exec(command, settings))
+            for key, value in alternatives:
+                if key.endswith("_ARGS"):
+                    passed += flags(value.split())
+            self.assertIn("--dispatcher" if info["argv0"] == "agent" else "--listen", passed)
+            for flag in passed:
+                with self.subTest(unit=unit, flag=flag):
+                    self.assertIn(flag, known, f"{info['argv0']} has no {flag}")
+
+    def test_agent_leaves_jobs_alone_on_stop_and_keeps_its_capabilities(self):
+        entries = unit_entries(HERE / "agent.service")
+        self.assertEqual(get(entries, "Service", "KillMode"), ["process"])
+        self.assertEqual(get(entries, "Service", "User"), ["root"])
+        (caps,) = get(entries, "Service", "CapabilityBoundingSet")
+        self.assertTrue({"CAP_SYS_NICE", "CAP_KILL", "CAP_SETUID", "CAP_SETGID"} <= set(caps.split()), caps)
+        # Options that would confine the jobs (the agent's children).
+        for key in ("ProtectHome", "PrivateTmp", "MemoryDenyWriteExecute", "SystemCallFilter", "ProtectProc"):
+            self.assertEqual(get(entries, "Service", key), [], f"agent.service must not set {key}")
+        self.assertNotEqual(get(entries, "Service", "ProtectSystem"), ["strict"])
+        settings, _ = env_file(HERE / "agent.env")
+        self.assertEqual(settings["DISPATCH_ON_SHUTDOWN"], "leave")
+
+    def test_dispatcher_runs_unprivileged(self):
+        entries = unit_entries(HERE / "dispatcher.service")
+        self.assertEqual(get(entries, "Service", "User"), ["dispatch"])
+        self.assertEqual(get(entries, "Service", "CapabilityBoundingSet"), [""])
+        self.assertEqual(get(entries, "Service", "NoNewPrivileges"), ["yes"])
+        self.assertEqual(get(entries, "Service", "StateDirectory"), ["dispatch"])
+        sysusers = (HERE / "dispatch.sysusers.conf").read_text()
+        self.assertRegex(sysusers, r"(?m)^u dispatch ")
+
+    def test_systemd_analyze_verify(self):
+        analyze = shutil.which("systemd-analyze")
+        if analyze is None:
+            self.skipTest("systemd-analyze is not installed")
+        if BIN_DIR is None:
+            self.skipTest("no BIN_DIR given (verify needs the ExecStart binaries)")
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = []
+            for unit, info in UNITS.items():
+                text = (HERE / unit).read_text().replace(f"/usr/local/bin/{info['argv0']}",
+                                                         str(BIN_DIR.resolve() / info["argv0"]))
+                (Path(tmp) / unit).write_text(text)
+                paths.append(str(Path(tmp) / unit))
+            run = subprocess.run([analyze, "verify", "--man=no", *paths], capture_output=True, text=True, cwd=tmp)
+            # verify also reports on units these depend on (network-online.target,
+            # etcd.service) which a build machine may lack: only our units' lines count.
+            ours = [line for line in (run.stdout + run.stderr).splitlines()
+                    if any(u in line for u in UNITS)]
+            self.assertEqual(ours, [], "\n".join(ours))
+            print(f"  systemd-analyze verify: {len(paths)} units, exit {run.returncode}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):
+        BIN_DIR = Path(sys.argv.pop(1))
+    unittest.main(verbosity=2)
