@@ -53,6 +53,9 @@ SCENARIOS: dict[str, dict] = {
         "auth": {"tokensSecret": "dispatch-tokens"},
         "monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     },
+    "tls-node-certs": {
+        "tls": {"enabled": True, "secretName": "dispatch-tls", "agentHostPath": "/etc/dispatch/tls"},
+    },
     "options": {
         "image": {"tag": "v9"},
         "dispatcher": {"persistence": {"enabled": False}, "otlpEndpoint": "http://otel:4317",
@@ -355,6 +358,18 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(len(find(docs, "ServiceMonitor")), 2)
         for sm in find(docs, "ServiceMonitor"):
             self.assertEqual(sm["metadata"]["labels"]["release"], "prom")
+
+    def test_tls_with_certificates_on_each_node(self):
+        docs, notes = render(SCENARIOS["tls-node-certs"])
+        ds = one(docs, "DaemonSet", f"{FULLNAME}-agent")
+        vol = [v for v in ds["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"][0]
+        self.assertEqual(vol, {"name": "tls", "hostPath": {"path": "/etc/dispatch/tls", "type": "Directory"}})
+        mount = [m for m in container(ds, "agent")["volumeMounts"] if m["name"] == "tls"][0]
+        self.assertTrue(mount["readOnly"])
+        self.assertIn("/etc/dispatch/tls on each node", notes)
+        sts = one(docs, "StatefulSet", f"{FULLNAME}-dispatcher")
+        svol = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"][0]
+        self.assertEqual(svol["secret"]["secretName"], "dispatch-tls")
 
     def test_options(self):
         docs, _ = render(SCENARIOS["options"])
