@@ -148,7 +148,8 @@ impl ApiServer {
         })
     }
 
-    fn authority(&self) -> String {
+    /// `host:port`, with brackets around an IPv6 address.
+    pub fn authority(&self) -> String {
         if self.host.contains(':') {
             format!("[{}]:{}", self.host, self.port)
         } else {

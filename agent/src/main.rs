@@ -376,17 +376,26 @@ async fn add_k8s_node_labels(
     wanted: &[String],
 ) -> Result<()> {
     let api = agent::k8s::ApiServer::in_cluster().context("--k8s-node-labels")?;
-    let all = api
-        .node_labels(node)
-        .await
-        .with_context(|| format!("--k8s-node-labels: reading node {node:?} from {api:?}"))?;
+    let all = api.node_labels(node).await.with_context(|| {
+        format!(
+            "--k8s-node-labels: reading node {node:?} from https://{}",
+            api.authority()
+        )
+    })?;
     let (found, missing) = agent::k8s::select_labels(&all, wanted);
     for key in &missing {
         tracing::warn!(node, label = %key, "the Kubernetes node has no such label");
     }
     for (key, value) in found {
-        tracing::info!(node, label = %key, %value, "label from the Kubernetes node");
-        labels.entry(key).or_insert(value);
+        match labels.get(&key) {
+            Some(given) => {
+                tracing::info!(node, label = %key, node_value = %value, %given, "--label overrides the Kubernetes node's label")
+            }
+            None => {
+                tracing::info!(node, label = %key, %value, "label from the Kubernetes node");
+                labels.insert(key, value);
+            }
+        }
     }
     Ok(())
 }
