@@ -62,7 +62,9 @@ SCENARIOS: dict[str, dict] = {
                        "extraArgs": ["--steal-zone-limit=3"]},
         "agent": {"onShutdown": "leave", "hostPID": True, "cgroupRoot": "/sys/fs/cgroup/dispatch.slice",
                   "topology": "2s:8c:2t", "oversubscribe": 2, "extraLabels": {"dispatch.io/pool": "gpu"},
-                  "tolerations": [{"operator": "Exists"}]},
+                  "tolerations": [{"operator": "Exists"}],
+                  "extraVolumes": [{"name": "data", "hostPath": {"path": "/srv/data", "type": "Directory"}}],
+                  "extraVolumeMounts": [{"name": "data", "mountPath": "/data"}]},
         "topology": {"rackLabel": "example.com/rack"},
         "etcd": {"bundled": {"enabled": True, "replicas": 1, "persistence": {"enabled": False}}},
         "monitoring": {"podAnnotations": False},
@@ -388,6 +390,8 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(len(cg), 1)
         self.assertFalse(cg[0].get("readOnly", False))
         self.assertEqual(c["image"], "dispatch/dispatch:v9")
+        data = [m for m in c["volumeMounts"] if m["name"] == "data"]
+        self.assertEqual(data, [{"name": "data", "mountPath": "/data"}])
         sts = one(docs, "StatefulSet", f"{FULLNAME}-dispatcher")
         d = arg_map(container(sts, "dispatcher"))
         self.assertEqual(d["--rack-label"], ["example.com/rack"])
@@ -437,6 +441,26 @@ class ChartTest(unittest.TestCase):
             with self.subTest(values=bad), self.assertRaises(helm.HelmError):
                 chart.validate_schema(bad)
         chart.validate_schema(SCENARIOS["options"])
+
+    def test_the_image_has_what_the_chart_runs(self):
+        """helm/Dockerfile (not built here: no container runtime) copies
+        every workspace member, without which cargo cannot load the
+        workspace, and installs every binary the chart's containers run."""
+        root = CHART.parent.parent
+        dockerfile = (CHART.parent / "Dockerfile").read_text()
+        members = re.search(r"members\s*=\s*\[([^\]]*)\]", (root / "Cargo.toml").read_text()).group(1)
+        copied = set(re.findall(r"(?m)^COPY (\S+) \1$", dockerfile))
+        for member in re.findall(r'"([^"]+)"', members):
+            self.assertIn(member, copied, f"helm/Dockerfile does not COPY workspace member {member}")
+        installed = re.search(r"(?m)^COPY --from=build (.*) /usr/local/bin/$", dockerfile).group(1).split()
+        installed = {Path(p).name for p in installed}
+        docs, _ = render(SCENARIOS["options"])
+        for w in find(docs, "StatefulSet") + find(docs, "DaemonSet"):
+            if w["metadata"]["name"].endswith("-etcd"):
+                continue
+            for c in w["spec"]["template"]["spec"]["containers"]:
+                self.assertIn(c["command"][0], installed)
+        self.assertIn("dispatchctl", installed, "NOTES.txt runs dispatchctl in a dispatcher pod")
 
     def test_every_flag_exists_in_the_binaries(self):
         bin_dir = os.environ.get("HELM_TEST_BIN_DIR")
