@@ -258,6 +258,8 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
         self.assertEqual(set(sc["capabilities"]["add"]), {"SYS_NICE", "KILL", "SETUID", "SETGID"})
         # Nothing writable but the state dir and /tmp.
+        # No limits: jobs share the agent container's cgroup.
+        self.assertNotIn("limits", c["resources"])
         writable = {m["mountPath"] for m in c["volumeMounts"] if not m.get("readOnly")}
         self.assertEqual(writable, {"/var/lib/dispatch-agent", "/tmp"})
         state = [v for v in pod["volumes"] if v["name"] == "state"][0]
