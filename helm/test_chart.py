@@ -20,13 +20,15 @@ helm-python-sdk, kubernetes-validate and pyyaml installed.
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 from pathlib import Path
 
@@ -70,13 +72,6 @@ SCENARIOS: dict[str, dict] = {
         "monitoring": {"podAnnotations": False},
     },
 }
-
-
-def merge(base: dict, extra: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in extra.items():
-        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def render(values: dict) -> tuple[list[dict], str]:
@@ -472,6 +467,7 @@ class ChartTest(unittest.TestCase):
             "dispatcher": help_flags([f"{bin_dir}/dispatcher", "--help"]),
             "agent": help_flags([f"{bin_dir}/agent", "run", "--help"]),
         }
+        missing: dict[str, set[str]] = {}
         for name, values in SCENARIOS.items():
             docs, _ = render(values)
             for w in find(docs, "StatefulSet") + find(docs, "DaemonSet"):
@@ -480,8 +476,132 @@ class ChartTest(unittest.TestCase):
                     if binary not in known:
                         continue  # etcd
                     for flag in arg_map(c):
-                        with self.subTest(scenario=name, binary=binary, flag=flag):
-                            self.assertIn(flag, known[binary], f"{binary} has no {flag}")
+                        if flag not in known[binary]:
+                            missing.setdefault(binary, set()).add(flag)
+        self.assertEqual(missing, {}, "flags the chart passes that the binaries do not have")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for(what: str, check, timeout: float = 30.0):
+    """Poll `check` until it returns something truthy (generous timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def processes_with(marker: str) -> list[tuple[int, int, str]]:
+    """(pid, uid, state) of the processes whose command line holds marker."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if marker not in (d / "cmdline").read_bytes().decode(errors="replace"):
+                continue
+            status = (d / "status").read_text()
+        except OSError:
+            continue
+        uid = int(re.search(r"(?m)^Uid:\s+(\d+)", status).group(1))
+        state = re.search(r"(?m)^State:\s+(\S)", status).group(1)
+        found.append((int(d.name), uid, state))
+    return found
+
+
+class AgentCapabilitiesTest(unittest.TestCase):
+    """The agent does its work with only the capabilities the chart grants
+    (and no_new_privs, as allowPrivilegeEscalation: false sets): real
+    dispatcher, agent and jobs on loopback, the agent run by setpriv with
+    the chart's capability set as its bounding set."""
+
+    def test_agent_works_with_only_the_charts_capabilities(self):
+        bin_dir = os.environ.get("HELM_TEST_BIN_DIR")
+        if not bin_dir:
+            self.skipTest("HELM_TEST_BIN_DIR is not set (scripts/test sets it to the built binaries)")
+        if os.geteuid() != 0 or shutil.which("setpriv") is None:
+            self.skipTest("needs root and setpriv (util-linux) to drop capabilities")
+        docs, _ = render({})
+        sc = container(one(docs, "DaemonSet", f"{FULLNAME}-agent"), "agent")["securityContext"]
+        self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
+        self.assertFalse(sc["allowPrivilegeEscalation"])
+        caps = ",".join("+" + c.lower() for c in sc["capabilities"]["add"])
+        run_as = arg_map(container(one(docs, "DaemonSet", f"{FULLNAME}-agent"), "agent"))["--run-as"][0]
+        marker = f"capcheck-{os.getpid()}-{time.monotonic_ns()}"
+        procs: list[subprocess.Popen] = []
+        with tempfile.TemporaryDirectory() as tmp, \
+                open(Path(tmp) / "dispatcher.log", "w") as dlog, open(Path(tmp) / "agent.log", "w") as alog:
+            try:
+                port = free_port()
+                url = f"http://127.0.0.1:{port}"
+                procs.append(subprocess.Popen(
+                    [f"{bin_dir}/dispatcher", "--listen", f"127.0.0.1:{port}", "--data-dir", f"{tmp}/data"],
+                    stdout=dlog, stderr=subprocess.STDOUT, start_new_session=True))
+                wait_for("the dispatcher's port", lambda: port_open(port))
+                alog_path = Path(tmp) / "agent.log"
+                procs.append(subprocess.Popen(
+                    ["setpriv", "--bounding-set", "-all," + caps, "--inh-caps", "-all", "--no-new-privs",
+                     f"{bin_dir}/agent", "run", "--dispatcher", url, "--node-name", "capnode",
+                     "--state-dir", f"{tmp}/agent", "--run-as", run_as,
+                     # 2 CPUs scheduled, 2 jobs each: 4 jobs time-sliced with SIGSTOP/SIGCONT.
+                     "--topology", "1s:2c:1t", "--oversubscribe", "2"],
+                    stdout=alog, stderr=subprocess.STDOUT, start_new_session=True))
+                env = dict(os.environ, DISPATCH_SERVER=url)
+
+                def ctl(*args: str) -> str:
+                    return subprocess.run([f"{bin_dir}/dispatchctl", *args], env=env, check=True,
+                                          capture_output=True, text=True, timeout=60).stdout
+
+                wait_for("the agent to register", lambda: "capnode" in ctl("nodes"))
+                status = (Path("/proc") / str(procs[1].pid) / "status").read_text()
+                bounding = int(re.search(r"(?m)^CapBnd:\s+([0-9a-f]+)", status).group(1), 16)
+                self.assertEqual(bin(bounding).count("1"), len(sc["capabilities"]["add"]))
+
+                # A job runs as the chart's runAs user, pinned to one CPU.
+                out = ctl("submit", "--wait", "--follow", "--",
+                          "sh", "-c", "id -u; grep Cpus_allowed_list /proc/self/status")
+                uid = run_as.split(":")[0]
+                self.assertIn(uid, out.split())
+                self.assertRegex(out, r"Cpus_allowed_list:\s+\d+\n")
+
+                # Oversubscribed: the agent stops jobs of another user (KILL)
+                # and pins them (SYS_NICE); then cancels them (KILL).
+                ids = [ctl("submit", "--", "sh", "-c", f"while :; do :; done # {marker}").strip()
+                       for _ in range(4)]
+                wait_for("a job stopped by the agent",
+                         lambda: any(state == "T" for _, _, state in processes_with(marker)))
+                self.assertEqual({u for _, u, _ in processes_with(marker)}, {int(uid)})
+                for job in ids:
+                    ctl("cancel", job)
+                wait_for("every job cancelled", lambda: not processes_with(marker))
+                log = alog_path.read_text()
+                self.assertNotRegex(log, r"EPERM|not permitted", "the agent lacked a privilege")
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                # Shims (own sessions, their job dir under tmp) and jobs.
+                def leftovers():
+                    return processes_with(marker) + processes_with(f"{tmp}/agent")
+                for pid, _, _ in leftovers():
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                wait_for("the jobs and shims to exit", lambda: not leftovers(), timeout=10)
 
 
 if __name__ == "__main__":
