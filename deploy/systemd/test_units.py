@@ -173,6 +173,29 @@ class UnitTest(unittest.TestCase):
             self.assertEqual(ours, [], "\n".join(ours))
             print(f"  systemd-analyze verify: {len(paths)} units, exit {run.returncode}", file=sys.stderr)
 
+    def test_systemd_analyze_security_exposure(self):
+        """systemd's own exposure score (0 safest, 10 unconfined), offline:
+        the dispatcher must stay at 2.0 or below; the agent, root and
+        parent of arbitrary jobs, below 7.0 (it scores 6.5)."""
+        analyze = shutil.which("systemd-analyze")
+        if analyze is None:
+            self.skipTest("systemd-analyze is not installed")
+        if BIN_DIR is None:
+            self.skipTest("no BIN_DIR given (the unit's ExecStart binary must exist)")
+        with tempfile.TemporaryDirectory() as tmp:
+            for unit, info in UNITS.items():
+                text = (HERE / unit).read_text().replace(f"/usr/local/bin/{info['argv0']}",
+                                                         str(BIN_DIR.resolve() / info["argv0"]))
+                (Path(tmp) / unit).write_text(text)
+                threshold = 20 if unit == "dispatcher.service" else 70
+                run = subprocess.run([analyze, "security", "--offline=true", f"--threshold={threshold}", unit],
+                                     capture_output=True, text=True, cwd=tmp)
+                if "Unknown command verb" in run.stderr or "unrecognized option" in run.stderr:
+                    self.skipTest(f"this systemd-analyze has no offline security: {run.stderr.strip()}")
+                overall = [line for line in run.stdout.splitlines() if "Overall exposure level" in line]
+                print(f"  {overall[-1].strip() if overall else run.stderr.strip()}", file=sys.stderr)
+                self.assertEqual(run.returncode, 0, f"{unit} is above {threshold / 10}:\n{run.stdout[-600:]}")
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and not sys.argv[1].startswith("-"):
