@@ -331,6 +331,17 @@ class ChartTest(unittest.TestCase):
                          [f"http://{FULLNAME}-etcd-{i}.{hl}.{NAMESPACE}.svc:2379" for i in range(3)])
         one(docs, "PodDisruptionBudget", f"{FULLNAME}-etcd")
 
+    def test_bundled_etcd_flags_exist_in_etcd(self):
+        etcd = shutil.which("etcd")
+        if etcd is None:
+            self.skipTest("no etcd binary (Debian package etcd-server) to check the bundled etcd's flags against")
+        out = subprocess.run([etcd, "--help"], capture_output=True, text=True).stdout
+        known = set(re.findall(r"(?m)^\s+(--[a-z][a-z0-9-]*)", out))
+        self.assertIn("--initial-cluster", known)
+        docs, _ = render(SCENARIOS["bundled-etcd"])
+        passed = set(arg_map(container(one(docs, "StatefulSet", f"{FULLNAME}-etcd"), "etcd")))
+        self.assertEqual(passed - known, set(), "flags etcd does not have")
+
     def test_tls_and_tokens(self):
         docs, notes = render(SCENARIOS["tls"])
         sts = one(docs, "StatefulSet", f"{FULLNAME}-dispatcher")

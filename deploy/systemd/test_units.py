@@ -152,6 +152,20 @@ class UnitTest(unittest.TestCase):
         sysusers = (HERE / "dispatch.sysusers.conf").read_text()
         self.assertRegex(sysusers, r"(?m)^u dispatch ")
 
+    def test_etcd_conf_sets_only_etcd_settings(self):
+        """etcd reads ETCD_FOO_BAR as --foo-bar: every key must be a flag."""
+        etcd = shutil.which("etcd")
+        if etcd is None:
+            self.skipTest("no etcd binary (Debian package etcd-server)")
+        out = subprocess.run([etcd, "--help"], capture_output=True, text=True).stdout
+        known = set(re.findall(r"(?m)^\s+(--[a-z][a-z0-9-]*)", out))
+        settings, _ = env_file(HERE / "etcd.conf")
+        self.assertIn("ETCD_INITIAL_CLUSTER", settings)
+        flags_set = {"--" + k[len("ETCD_"):].lower().replace("_", "-") for k in settings}
+        self.assertEqual(flags_set - known, set())
+        names = {m.split("=")[0] for m in settings["ETCD_INITIAL_CLUSTER"].split(",")}
+        self.assertIn(settings["ETCD_NAME"], names)
+
     def test_systemd_analyze_verify(self):
         analyze = shutil.which("systemd-analyze")
         if analyze is None:
