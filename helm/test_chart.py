@@ -12,7 +12,8 @@ On top of schema validity the tests check what the chart promises: the
 agent's security context, the dispatcher's store and advertise URL per
 mode, values that must fail, and (when HELM_TEST_BIN_DIR names the built
 binaries, as scripts/test does) that every flag the chart passes exists in
-the binaries' --help.
+the binaries' --help, and that a real agent does its work with only the
+capabilities the chart grants it.
 
 Run: helm/run-tests (makes the venv), or python3 helm/test_chart.py with
 helm-python-sdk, kubernetes-validate and pyyaml installed.
@@ -61,7 +62,7 @@ SCENARIOS: dict[str, dict] = {
     "options": {
         "image": {"tag": "v9"},
         "dispatcher": {"persistence": {"enabled": False}, "otlpEndpoint": "http://otel:4317",
-                       "extraArgs": ["--steal-zone-limit=3"]},
+                       "extraArgs": ["--etcd-max-txn-ops=64"]},
         "agent": {"onShutdown": "leave", "hostPID": True, "cgroupRoot": "/sys/fs/cgroup/dispatch.slice",
                   "topology": "2s:8c:2t", "oversubscribe": 2, "extraLabels": {"dispatch.io/pool": "gpu"},
                   "tolerations": [{"operator": "Exists"}],
@@ -213,6 +214,10 @@ class ChartTest(unittest.TestCase):
                       file=sys.stderr)
                 self.assertGreaterEqual(n, 8)
                 self.assertIn("DISPATCH_SERVER", notes)
+                for w in find(docs, "StatefulSet") + find(docs, "DaemonSet"):
+                    for c in w["spec"]["template"]["spec"]["containers"]:
+                        twice = {f for f, v in arg_map(c).items() if len(v) > 1 and f != "--label"}
+                        self.assertEqual(twice, set(), f"{w['metadata']['name']} repeats flags")
                 names = [(d["kind"], d["metadata"]["name"]) for d in docs]
                 self.assertEqual(len(names), len(set(names)), f"duplicate objects in {name}")
 
@@ -404,7 +409,7 @@ class ChartTest(unittest.TestCase):
         d = arg_map(container(sts, "dispatcher"))
         self.assertEqual(d["--rack-label"], ["example.com/rack"])
         self.assertEqual(d["--otlp-endpoint"], ["http://otel:4317"])
-        self.assertIn("--steal-zone-limit=3", container(sts, "dispatcher")["args"])
+        self.assertIn("--etcd-max-txn-ops=64", container(sts, "dispatcher")["args"])
         etcd = one(docs, "StatefulSet", f"{FULLNAME}-etcd")
         self.assertEqual(etcd["spec"]["replicas"], 1)
         self.assertNotIn("volumeClaimTemplates", etcd["spec"])
