@@ -112,6 +112,8 @@ class UnitTest(unittest.TestCase):
                 argv = expand_exec(command, settings)
                 self.assertEqual(argv[0], f"/usr/local/bin/{info['argv0']}")
                 self.assertNotIn("", argv, "an empty ${VAR}")
+                passed = [f for f in flags(argv) if f != "--label"]
+                self.assertEqual(len(passed), len(set(passed)), f"{unit} repeats a flag: {passed}")
                 self.assertEqual(get(entries, "Service", "EnvironmentFile"), [f"/etc/dispatch/{info['env']}"])
 
     def test_every_flag_exists_in_the_binary(self):
