@@ -45,33 +45,11 @@ FULLNAME = f"{RELEASE}-dispatch"
 # Kinds outside Kubernetes' own schemas, checked by validate_custom_resource.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 
-ETCD_ENDPOINTS = ["http://etcd-0.etcd.db:2379", "http://etcd-1.etcd.db:2379", "http://etcd-2.etcd.db:2379"]
-
-SCENARIOS: dict[str, dict] = {
-    "default": {},
-    "ha": {"dispatcher": {"replicas": 3}, "etcd": {"endpoints": ETCD_ENDPOINTS}},
-    "bundled-etcd": {"dispatcher": {"replicas": 2}, "etcd": {"bundled": {"enabled": True}}},
-    "tls": {
-        "tls": {"enabled": True, "secretName": "dispatch-tls", "agentSecretName": "dispatch-agent-tls"},
-        "auth": {"tokensSecret": "dispatch-tokens"},
-        "monitoring": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
-    },
-    "tls-node-certs": {
-        "tls": {"enabled": True, "secretName": "dispatch-tls", "agentHostPath": "/etc/dispatch/tls"},
-    },
-    "options": {
-        "image": {"tag": "v9"},
-        "dispatcher": {"persistence": {"enabled": False}, "otlpEndpoint": "http://otel:4317",
-                       "extraArgs": ["--etcd-max-txn-ops=64"]},
-        "agent": {"onShutdown": "leave", "hostPID": True, "cgroupRoot": "/sys/fs/cgroup/dispatch.slice",
-                  "topology": "2s:8c:2t", "oversubscribe": 2, "extraLabels": {"dispatch.io/pool": "gpu"},
-                  "tolerations": [{"operator": "Exists"}],
-                  "extraVolumes": [{"name": "data", "hostPath": {"path": "/srv/data", "type": "Directory"}}],
-                  "extraVolumeMounts": [{"name": "data", "mountPath": "/data"}]},
-        "topology": {"rackLabel": "example.com/rack"},
-        "etcd": {"bundled": {"enabled": True, "replicas": 1, "persistence": {"enabled": False}}},
-        "monitoring": {"podAnnotations": False},
-    },
+# The values files in helm/dispatch/ci (examples for users, and the
+# chart-testing convention), by name, plus the defaults.
+SCENARIOS: dict[str, dict] = {"default": {}} | {
+    p.name.removesuffix("-values.yaml"): yaml.safe_load(p.read_text())
+    for p in sorted((CHART / "ci").glob("*-values.yaml"))
 }
 
 
@@ -196,6 +174,9 @@ def help_flags(argv: list[str]) -> set[str]:
 class ChartTest(unittest.TestCase):
     maxDiff = None
 
+    def test_the_scenarios_are_there(self):
+        self.assertEqual(set(SCENARIOS), {"default", "ha", "bundled-etcd", "tls", "tls-node-certs", "options"})
+
     def test_lint_strict_every_scenario(self):
         for name, values in SCENARIOS.items():
             with self.subTest(scenario=name):
@@ -302,7 +283,7 @@ class ChartTest(unittest.TestCase):
         c = container(sts, "dispatcher")
         args = arg_map(c)
         self.assertEqual(args["--store"], ["etcd"])
-        self.assertEqual(args["--etcd-endpoints"], [",".join(ETCD_ENDPOINTS)])
+        self.assertEqual(args["--etcd-endpoints"], [",".join(SCENARIOS["ha"]["etcd"]["endpoints"])])
         self.assertEqual(args["--etcd-prefix"], ["/dispatch"])
         hl = sts["spec"]["serviceName"]
         self.assertEqual(args["--advertise-url"], [f"http://$(POD_NAME).{hl}.{NAMESPACE}.svc:50051"])
