@@ -378,6 +378,7 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(a["--on-shutdown"], ["leave"])
         self.assertEqual(a["--cgroup-root"], ["/sys/fs/cgroup/dispatch.slice"])
         self.assertEqual(a["--topology"], ["2s:8c:2t"])
+        self.assertEqual(a["--otlp-endpoint"], ["http://otel:4317"])
         self.assertEqual(a["--label"], ["dispatch.io/pool=gpu"])
         self.assertEqual(a["--k8s-node-labels"], ["topology.kubernetes.io/zone,example.com/rack"])
         cg = [m for m in c["volumeMounts"] if m["mountPath"] == "/sys/fs/cgroup"]
