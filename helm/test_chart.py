@@ -12,8 +12,9 @@ On top of schema validity the tests check what the chart promises: the
 agent's security context, the dispatcher's store and advertise URL per
 mode, values that must fail, and (when HELM_TEST_BIN_DIR names the built
 binaries, as scripts/test does) that every flag the chart passes exists in
-the binaries' --help, and that a real agent does its work with only the
-capabilities the chart grants it.
+the binaries' --help, and that the dispatcher and agent started from the
+chart's rendered arguments work: the agent with only the capabilities the
+chart grants it, TLS and tokens as the chart wires them.
 
 Run: helm/run-tests (makes the venv), or python3 helm/test_chart.py with
 helm-python-sdk, kubernetes-validate and pyyaml installed.
@@ -519,87 +520,231 @@ def processes_with(marker: str) -> list[tuple[int, int, str]]:
     return found
 
 
-class AgentCapabilitiesTest(unittest.TestCase):
-    """The agent does its work with only the capabilities the chart grants
-    (and no_new_privs, as allowPrivilegeEscalation: false sets): real
-    dispatcher, agent and jobs on loopback, the agent run by setpriv with
-    the chart's capability set as its bounding set."""
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
-    def test_agent_works_with_only_the_charts_capabilities(self):
-        bin_dir = os.environ.get("HELM_TEST_BIN_DIR")
-        if not bin_dir:
+
+class ChartSystem:
+    """The chart's dispatcher and agent, started on loopback from the exact
+    arguments and environment the chart renders (host paths mapped into a
+    temporary directory, listen addresses onto free loopback ports, the
+    downward-API names filled in), the agent confined by setpriv to the
+    chart's capabilities with no_new_privs as allowPrivilegeEscalation:
+    false sets. Needs the built binaries, root and setpriv."""
+
+    NODE = "capnode"
+
+    def __init__(self, test: unittest.TestCase, values: dict, tmp: str, marker: str):
+        self.test, self.tmp, self.marker = test, tmp, marker
+        self.bin_dir = os.environ["HELM_TEST_BIN_DIR"]
+        # The agent reads its Node from the API server only in a cluster
+        # (agent/src/k8s.rs has its own tests against a TLS server).
+        docs, _ = render(deep_merge(values, {"agent": {"labelsFromNode": False}}))
+        self.dispatcher = container(one(docs, "StatefulSet", f"{FULLNAME}-dispatcher"), "dispatcher")
+        self.agent = container(one(docs, "DaemonSet", f"{FULLNAME}-agent"), "agent")
+        self.config = one(docs, "ConfigMap", f"{FULLNAME}-config")["data"]
+        self.sc = self.agent["securityContext"]
+        self.port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.tls = "DISPATCH_TLS_CA" in self.config
+        self.url = f"{'https' if self.tls else 'http'}://localhost:{self.port}"
+        self.procs: list[subprocess.Popen] = []
+        self.logs: list = []
+
+    def path(self, arg: str, side: str) -> str:
+        """A container path in an argument -> its place under tmp."""
+        arg = arg.replace("/etc/dispatch/tls/", f"{self.tmp}/tls-{side}/")
+        arg = arg.replace("/etc/dispatch/auth/", f"{self.tmp}/auth/")
+        arg = arg.replace("/var/lib/dispatch-agent", f"{self.tmp}/agent")
+        arg = arg.replace("/var/lib/dispatch", f"{self.tmp}/data")
+        return arg
+
+    def dispatcher_argv(self) -> list[str]:
+        argv = []
+        for a in self.dispatcher["args"]:
+            a = re.sub(r"^--listen=0\.0\.0\.0:\d+$", f"--listen=127.0.0.1:{self.port}", a)
+            a = re.sub(r"^--http-listen=0\.0\.0\.0:\d+$", f"--http-listen=127.0.0.1:{self.http_port}", a)
+            argv.append(self.path(a, "dispatcher").replace("$(POD_NAME)", f"{FULLNAME}-dispatcher-0"))
+        return [f"{self.bin_dir}/{self.dispatcher['command'][0]}", *argv]
+
+    def agent_argv(self) -> list[str]:
+        argv = []
+        for a in self.agent["args"]:
+            a = re.sub(r"^--metrics-listen=0\.0\.0\.0:\d+$", f"--metrics-listen=127.0.0.1:{self.metrics_port}", a)
+            argv.append(self.path(a, "agent").replace("$(NODE_NAME)", self.NODE))
+        caps = ",".join("+" + c.lower() for c in self.sc["capabilities"]["add"])
+        confine = ["setpriv", "--bounding-set", "-all," + caps, "--inh-caps", "-all"]
+        if self.sc["allowPrivilegeEscalation"] is False:
+            confine.append("--no-new-privs")
+        return [*confine, f"{self.bin_dir}/{self.agent['command'][0]}", *argv]
+
+    def env(self, c: dict, side: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({k: self.path(v, side) for k, v in self.config.items()})
+        env["DISPATCH_SERVER"] = self.url  # in-cluster names -> loopback
+        env.update({e["name"]: e["value"] for e in c.get("env", []) if "value" in e})
+        return env
+
+    def make_certificates(self, tokens: str) -> None:
+        ca = f"{self.tmp}/ca"
+        subprocess.run([f"{self.bin_dir}/dispatcher", "gen-certs", "--ca-dir", ca, "--server-name", "localhost",
+                        "--agent", self.NODE], check=True, capture_output=True, timeout=60)
+        for side, cert, key in (("dispatcher", "server.pem", "server.key"),
+                                ("agent", f"agent-{self.NODE}.pem", f"agent-{self.NODE}.key")):
+            d = Path(self.tmp) / f"tls-{side}"
+            d.mkdir()
+            # The layout of a kubernetes.io/tls Secret with ca.crt.
+            shutil.copy(f"{ca}/ca.pem", d / "ca.crt")
+            shutil.copy(f"{ca}/{cert}", d / "tls.crt")
+            shutil.copy(f"{ca}/{key}", d / "tls.key")
+        (Path(self.tmp) / "auth").mkdir()
+        (Path(self.tmp) / "auth" / "tokens").write_text(tokens)
+
+    def start(self) -> None:
+        for name, argv, env in (("dispatcher", self.dispatcher_argv(), self.env(self.dispatcher, "dispatcher")),
+                                ("agent", self.agent_argv(), self.env(self.agent, "agent"))):
+            log = open(Path(self.tmp) / f"{name}.log", "w")
+            self.logs.append(log)
+            self.procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True))
+            if name == "dispatcher":
+                wait_for("the dispatcher's port", lambda: port_open(self.port) or self.died())
+
+    def died(self):
+        for p in self.procs:
+            if p.poll() is not None:
+                raise AssertionError(f"{p.args[0]} exited {p.returncode}:\n{self.log_text()}")
+        return False
+
+    def log_text(self) -> str:
+        return "\n".join(f"--- {n}.log\n" + (Path(self.tmp) / f"{n}.log").read_text()[-2000:]
+                         for n in ("dispatcher", "agent") if (Path(self.tmp) / f"{n}.log").exists())
+
+    def ctl(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        run_env = self.env(self.agent, "agent") if env is None else env
+        return subprocess.run([f"{self.bin_dir}/dispatchctl", *args], env=run_env, check=check,
+                              capture_output=True, text=True, timeout=60)
+
+    def wait_registered(self) -> None:
+        wait_for("the agent to register",
+                 lambda: self.died() or self.NODE in self.ctl("nodes", check=False).stdout)
+
+    def http_get(self, port: int, path: str) -> int:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(f"GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
+            head = sock.recv(64).decode(errors="replace")
+        return int(head.split()[1])
+
+    def probe_paths_answer(self) -> None:
+        """The chart's liveness probes: GET /metrics on the named ports."""
+        for c, port in ((self.dispatcher, self.http_port), (self.agent, self.metrics_port)):
+            path = c["livenessProbe"]["httpGet"]["path"]
+            self.test.assertEqual(self.http_get(port, path), 200, f"{c['name']} liveness {path}")
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        for log in self.logs:
+            log.close()
+        # Shims (own sessions, their job dir under tmp) and jobs.
+        def leftovers():
+            return processes_with(self.marker) + processes_with(f"{self.tmp}/agent")
+        for pid, _, _ in leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_for("the jobs and shims to exit", lambda: not leftovers(), timeout=10)
+
+
+class ChartRuntimeTest(unittest.TestCase):
+    """Real processes started from the chart's rendered arguments."""
+
+    def setUp(self):
+        if not os.environ.get("HELM_TEST_BIN_DIR"):
             self.skipTest("HELM_TEST_BIN_DIR is not set (scripts/test sets it to the built binaries)")
         if os.geteuid() != 0 or shutil.which("setpriv") is None:
             self.skipTest("needs root and setpriv (util-linux) to drop capabilities")
-        docs, _ = render({})
-        sc = container(one(docs, "DaemonSet", f"{FULLNAME}-agent"), "agent")["securityContext"]
-        self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
-        self.assertFalse(sc["allowPrivilegeEscalation"])
-        caps = ",".join("+" + c.lower() for c in sc["capabilities"]["add"])
-        run_as = arg_map(container(one(docs, "DaemonSet", f"{FULLNAME}-agent"), "agent"))["--run-as"][0]
-        marker = f"capcheck-{os.getpid()}-{time.monotonic_ns()}"
-        procs: list[subprocess.Popen] = []
-        with tempfile.TemporaryDirectory() as tmp, \
-                open(Path(tmp) / "dispatcher.log", "w") as dlog, open(Path(tmp) / "agent.log", "w") as alog:
+        self.marker = f"chartcheck-{os.getpid()}-{time.monotonic_ns()}"
+
+    def test_agent_works_with_only_the_charts_capabilities(self):
+        values = {"agent": {"topology": "1s:2c:1t", "oversubscribe": 2}}
+        with tempfile.TemporaryDirectory() as tmp:
+            system = ChartSystem(self, values, tmp, self.marker)
+            sc = system.sc
+            self.assertEqual(sc["capabilities"]["drop"], ["ALL"])
             try:
-                port = free_port()
-                url = f"http://127.0.0.1:{port}"
-                procs.append(subprocess.Popen(
-                    [f"{bin_dir}/dispatcher", "--listen", f"127.0.0.1:{port}", "--data-dir", f"{tmp}/data"],
-                    stdout=dlog, stderr=subprocess.STDOUT, start_new_session=True))
-                wait_for("the dispatcher's port", lambda: port_open(port))
-                alog_path = Path(tmp) / "agent.log"
-                procs.append(subprocess.Popen(
-                    ["setpriv", "--bounding-set", "-all," + caps, "--inh-caps", "-all", "--no-new-privs",
-                     f"{bin_dir}/agent", "run", "--dispatcher", url, "--node-name", "capnode",
-                     "--state-dir", f"{tmp}/agent", "--run-as", run_as,
-                     # 2 CPUs scheduled, 2 jobs each: 4 jobs time-sliced with SIGSTOP/SIGCONT.
-                     "--topology", "1s:2c:1t", "--oversubscribe", "2"],
-                    stdout=alog, stderr=subprocess.STDOUT, start_new_session=True))
-                env = dict(os.environ, DISPATCH_SERVER=url)
-
-                def ctl(*args: str) -> str:
-                    return subprocess.run([f"{bin_dir}/dispatchctl", *args], env=env, check=True,
-                                          capture_output=True, text=True, timeout=60).stdout
-
-                wait_for("the agent to register", lambda: "capnode" in ctl("nodes"))
-                status = (Path("/proc") / str(procs[1].pid) / "status").read_text()
+                system.start()
+                system.wait_registered()
+                status = (Path("/proc") / str(system.procs[1].pid) / "status").read_text()
                 bounding = int(re.search(r"(?m)^CapBnd:\s+([0-9a-f]+)", status).group(1), 16)
                 self.assertEqual(bin(bounding).count("1"), len(sc["capabilities"]["add"]))
+                self.assertRegex(status, r"(?m)^NoNewPrivs:\s+1$")
+                system.probe_paths_answer()
 
                 # A job runs as the chart's runAs user, pinned to one CPU.
-                out = ctl("submit", "--wait", "--follow", "--",
-                          "sh", "-c", "id -u; grep Cpus_allowed_list /proc/self/status")
-                uid = run_as.split(":")[0]
+                out = system.ctl("submit", "--wait", "--follow", "--",
+                                 "sh", "-c", "id -u; grep Cpus_allowed_list /proc/self/status").stdout
+                uid = arg_map(system.agent)["--run-as"][0].split(":")[0]
                 self.assertIn(uid, out.split())
                 self.assertRegex(out, r"Cpus_allowed_list:\s+\d+\n")
 
-                # Oversubscribed: the agent stops jobs of another user (KILL)
-                # and pins them (SYS_NICE); then cancels them (KILL).
-                ids = [ctl("submit", "--", "sh", "-c", f"while :; do :; done # {marker}").strip()
+                # 2 CPUs, 2 jobs each (--topology 1s:2c:1t --oversubscribe=2):
+                # the agent stops and continues jobs of another user (KILL),
+                # pins them (SYS_NICE), then cancels them (KILL).
+                ids = [system.ctl("submit", "--", "sh", "-c", f"while :; do :; done # {self.marker}").stdout.strip()
                        for _ in range(4)]
                 wait_for("a job stopped by the agent",
-                         lambda: any(state == "T" for _, _, state in processes_with(marker)))
-                self.assertEqual({u for _, u, _ in processes_with(marker)}, {int(uid)})
+                         lambda: any(state == "T" for _, _, state in processes_with(self.marker)))
+                self.assertEqual({u for _, u, _ in processes_with(self.marker)}, {int(uid)})
                 for job in ids:
-                    ctl("cancel", job)
-                wait_for("every job cancelled", lambda: not processes_with(marker))
-                log = alog_path.read_text()
+                    system.ctl("cancel", job)
+                wait_for("every job cancelled", lambda: not processes_with(self.marker))
+                log = (Path(tmp) / "agent.log").read_text()
                 self.assertNotRegex(log, r"EPERM|not permitted", "the agent lacked a privilege")
             finally:
-                for p in procs:
-                    if p.poll() is None:
-                        os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
-                # Shims (own sessions, their job dir under tmp) and jobs.
-                def leftovers():
-                    return processes_with(marker) + processes_with(f"{tmp}/agent")
-                for pid, _, _ in leftovers():
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                wait_for("the jobs and shims to exit", lambda: not leftovers(), timeout=10)
+                system.stop()
+
+    def test_tls_and_tokens_work_as_the_chart_wires_them(self):
+        token = "chart-test-token-0123456789"
+        with tempfile.TemporaryDirectory() as tmp:
+            system = ChartSystem(self, SCENARIOS["tls"], tmp, self.marker)
+            self.assertTrue(system.tls)
+            system.make_certificates(f"{token} admin ops\n")
+            try:
+                system.start()
+                with_token = dict(system.env(system.agent, "agent"), DISPATCH_TOKEN=token)
+                # The agent got in with the certificate naming its node.
+                wait_for("the agent to register over TLS",
+                         lambda: system.died() or system.NODE in system.ctl("nodes", env=with_token,
+                                                                             check=False).stdout)
+                out = system.ctl("submit", "--wait", "--follow", "--", "sh", "-c", "echo over-tls",
+                                 env=with_token).stdout
+                self.assertIn("over-tls", out)
+                # --tokens is on: no token, no service.
+                refused = system.ctl("nodes", check=False)
+                self.assertNotEqual(refused.returncode, 0, refused.stdout)
+                system.probe_paths_answer()
+                # --tls-client-ca is on: an agent whose certificate names
+                # another node is turned away.
+                impostor = [a.replace(f"--node-name={system.NODE}", "--node-name=impostor")
+                             .replace(f"{tmp}/agent", f"{tmp}/agent-impostor")
+                             .replace(f":{system.metrics_port}", f":{free_port()}")
+                            for a in system.agent_argv()]
+                with open(Path(tmp) / "impostor.log", "w") as log:
+                    system.procs.append(subprocess.Popen(impostor, env=system.env(system.agent, "agent"),
+                                                         stdout=log, stderr=subprocess.STDOUT,
+                                                         start_new_session=True))
+                    wait_for("the dispatcher to refuse the impostor",
+                             lambda: "agent refused" in (Path(tmp) / "dispatcher.log").read_text())
+                nodes = system.ctl("nodes", env=with_token).stdout
+                self.assertNotIn("impostor", nodes)
+            finally:
+                system.stop()
 
 
 if __name__ == "__main__":
