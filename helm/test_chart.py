@@ -14,7 +14,8 @@ mode, values that must fail, and (when HELM_TEST_BIN_DIR names the built
 binaries, as scripts/test does) that every flag the chart passes exists in
 the binaries' --help, and that the dispatcher and agent started from the
 chart's rendered arguments work: the agent with only the capabilities the
-chart grants it, TLS and tokens as the chart wires them.
+chart grants it, TLS and tokens as the chart wires them, three replicas
+sharing a local etcd.
 
 Run: helm/run-tests (makes the venv), or python3 helm/test_chart.py with
 helm-python-sdk, kubernetes-validate and pyyaml installed.
@@ -547,9 +548,15 @@ class ChartSystem:
         self.agent = container(one(docs, "DaemonSet", f"{FULLNAME}-agent"), "agent")
         self.config = one(docs, "ConfigMap", f"{FULLNAME}-config")["data"]
         self.sc = self.agent["securityContext"]
-        self.port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.replicas = one(docs, "StatefulSet", f"{FULLNAME}-dispatcher")["spec"]["replicas"]
+        self.ports = [free_port() for _ in range(self.replicas)]
+        self.http_ports = [free_port() for _ in range(self.replicas)]
+        self.port, self.http_port, self.metrics_port = self.ports[0], self.http_ports[0], free_port()
         self.tls = "DISPATCH_TLS_CA" in self.config
-        self.url = f"{'https' if self.tls else 'http'}://localhost:{self.port}"
+        scheme = "https" if self.tls else "http"
+        self.urls = [f"{scheme}://localhost:{p}" for p in self.ports]
+        self.url = ",".join(self.urls)
+        self.etcd_port = free_port() if "--etcd-endpoints" in arg_map(self.dispatcher) else None
         self.procs: list[subprocess.Popen] = []
         self.logs: list = []
 
@@ -561,13 +568,40 @@ class ChartSystem:
         arg = arg.replace("/var/lib/dispatch", f"{self.tmp}/data")
         return arg
 
-    def dispatcher_argv(self) -> list[str]:
+    def dispatcher_argv(self, replica: int = 0) -> list[str]:
         argv = []
         for a in self.dispatcher["args"]:
-            a = re.sub(r"^--listen=0\.0\.0\.0:\d+$", f"--listen=127.0.0.1:{self.port}", a)
-            a = re.sub(r"^--http-listen=0\.0\.0\.0:\d+$", f"--http-listen=127.0.0.1:{self.http_port}", a)
-            argv.append(self.path(a, "dispatcher").replace("$(POD_NAME)", f"{FULLNAME}-dispatcher-0"))
+            a = re.sub(r"^--listen=0\.0\.0\.0:\d+$", f"--listen=127.0.0.1:{self.ports[replica]}", a)
+            a = re.sub(r"^--http-listen=0\.0\.0\.0:\d+$",
+                       f"--http-listen=127.0.0.1:{self.http_ports[replica]}", a)
+            # The in-cluster names: this replica's stable URL, the etcd members.
+            a = re.sub(r"^--advertise-url=.*$", f"--advertise-url={self.urls[replica]}", a)
+            a = re.sub(r"^--etcd-endpoints=.*$", f"--etcd-endpoints=http://127.0.0.1:{self.etcd_port}", a)
+            a = re.sub(r"^--data-dir=.*$", f"--data-dir={self.tmp}/data-{replica}", a)
+            argv.append(self.path(a, "dispatcher"))
         return [f"{self.bin_dir}/{self.dispatcher['command'][0]}", *argv]
+
+    def start_etcd(self) -> None:
+        peer, metrics = free_port(), free_port()
+        log = open(Path(self.tmp) / "etcd.log", "w")
+        self.logs.append(log)
+        self.procs.append(subprocess.Popen(
+            ["etcd", "--name", "t", "--data-dir", f"{self.tmp}/etcd",
+             "--listen-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+             "--advertise-client-urls", f"http://127.0.0.1:{self.etcd_port}",
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-cluster", f"t=http://127.0.0.1:{peer}", "--initial-cluster-state", "new",
+             "--listen-metrics-urls", f"http://127.0.0.1:{metrics}", "--logger=zap", "--log-outputs=stderr"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+        def healthy():
+            self.died()
+            try:
+                return b'"health":"true"' in self.http_get_body(self.etcd_port, "/health")
+            except OSError:
+                return False
+        wait_for("etcd to be healthy", healthy)
 
     def agent_argv(self) -> list[str]:
         argv = []
@@ -603,14 +637,19 @@ class ChartSystem:
         (Path(self.tmp) / "auth" / "tokens").write_text(tokens)
 
     def start(self) -> None:
-        for name, argv, env in (("dispatcher", self.dispatcher_argv(), self.env(self.dispatcher, "dispatcher")),
-                                ("agent", self.agent_argv(), self.env(self.agent, "agent"))):
+        if self.etcd_port is not None:
+            self.start_etcd()
+        runs = [(f"dispatcher{'' if i == 0 else f'-{i}'}", self.dispatcher_argv(i),
+                 self.env(self.dispatcher, "dispatcher")) for i in range(self.replicas)]
+        runs.append(("agent", self.agent_argv(), self.env(self.agent, "agent")))
+        for name, argv, env in runs:
             log = open(Path(self.tmp) / f"{name}.log", "w")
             self.logs.append(log)
             self.procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                start_new_session=True))
-            if name == "dispatcher":
-                wait_for("the dispatcher's port", lambda: port_open(self.port) or self.died())
+        # The chart's readiness probe: every replica's gRPC port, followers too.
+        for port in self.ports:
+            wait_for(f"the dispatcher's port {port}", lambda: port_open(port) or self.died())
 
     def died(self):
         for p in self.procs:
@@ -619,8 +658,7 @@ class ChartSystem:
         return False
 
     def log_text(self) -> str:
-        return "\n".join(f"--- {n}.log\n" + (Path(self.tmp) / f"{n}.log").read_text()[-2000:]
-                         for n in ("dispatcher", "agent") if (Path(self.tmp) / f"{n}.log").exists())
+        return "\n".join(f"--- {p.name}\n" + p.read_text()[-2000:] for p in sorted(Path(self.tmp).glob("*.log")))
 
     def ctl(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
         run_env = self.env(self.agent, "agent") if env is None else env
@@ -631,17 +669,24 @@ class ChartSystem:
         wait_for("the agent to register",
                  lambda: self.died() or self.NODE in self.ctl("nodes", check=False).stdout)
 
-    def http_get(self, port: int, path: str) -> int:
+    def http_get_body(self, port: int, path: str) -> bytes:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             sock.sendall(f"GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
-            head = sock.recv(64).decode(errors="replace")
-        return int(head.split()[1])
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
+
+    def http_get(self, port: int, path: str) -> int:
+        return int(self.http_get_body(port, path).split(b" ", 2)[1])
 
     def probe_paths_answer(self) -> None:
-        """The chart's liveness probes: GET /metrics on the named ports."""
-        for c, port in ((self.dispatcher, self.http_port), (self.agent, self.metrics_port)):
+        """The chart's liveness probes: GET /metrics on the named ports (on
+        every replica: a follower that failed it would be restarted)."""
+        targets = [(self.dispatcher, p) for p in self.http_ports] + [(self.agent, self.metrics_port)]
+        for c, port in targets:
             path = c["livenessProbe"]["httpGet"]["path"]
-            self.test.assertEqual(self.http_get(port, path), 200, f"{c['name']} liveness {path}")
+            self.test.assertEqual(self.http_get(port, path), 200, f"{c['name']} liveness {path} on {port}")
 
     def stop(self) -> None:
         for p in self.procs:
@@ -706,6 +751,27 @@ class ChartRuntimeTest(unittest.TestCase):
                 wait_for("every job cancelled", lambda: not processes_with(self.marker))
                 log = (Path(tmp) / "agent.log").read_text()
                 self.assertNotRegex(log, r"EPERM|not permitted", "the agent lacked a privilege")
+            finally:
+                system.stop()
+
+    def test_ha_replicas_share_etcd_as_the_chart_wires_them(self):
+        if shutil.which("etcd") is None:
+            self.skipTest("no etcd binary (Debian package etcd-server)")
+        with tempfile.TemporaryDirectory() as tmp:
+            system = ChartSystem(self, SCENARIOS["ha"], tmp, self.marker)
+            self.assertEqual(system.replicas, 3)
+            try:
+                system.start()
+                # Agents and dispatchctl get every replica's URL (the
+                # ConfigMap's DISPATCH_SERVER) and find the leader.
+                system.wait_registered()
+                out = system.ctl("submit", "--wait", "--follow", "--", "sh", "-c", "echo through-the-leader").stdout
+                self.assertIn("through-the-leader", out)
+                system.probe_paths_answer()
+                # Each replica advertised its own URL.
+                logs = "".join(p.read_text() for p in Path(tmp).glob("dispatcher*.log"))
+                for url in system.urls:
+                    self.assertIn(url, logs)
             finally:
                 system.stop()
 
