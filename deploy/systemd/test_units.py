@@ -10,8 +10,12 @@
    binary and has every value in place.
 3. The units' promises: the agent stops with KillMode=process and keeps the
    capabilities it uses; the dispatcher keeps none.
-4. `systemd-analyze verify` accepts both units (with ExecStart pointed at
-   the built binaries), when systemd-analyze is installed.
+4. Both ExecStart lines, expanded with the example env files, start a
+   working dispatcher and agent (the agent confined to the unit's
+   capability bounding set) that run a job.
+5. `systemd-analyze verify` accepts both units (with ExecStart pointed at
+   the built binaries) and `systemd-analyze security` scores them, when
+   systemd-analyze is installed.
 
 Usage: deploy/systemd/test_units.py BIN_DIR (the directory holding the
 built dispatcher and agent binaries, e.g. target/debug). Standard library
@@ -20,12 +24,16 @@ only.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 from pathlib import Path
 
@@ -100,6 +108,22 @@ def help_flags(argv0: str, help_args: list[str]) -> set[str]:
     return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(what: str, check, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 class UnitTest(unittest.TestCase):
     def test_exec_start_expands_with_the_example_env(self):
         for unit, info in UNITS.items():
@@ -167,6 +191,85 @@ class UnitTest(unittest.TestCase):
         self.assertEqual(flags_set - known, set())
         names = {m.split("=")[0] for m in settings["ETCD_INITIAL_CLUSTER"].split(",")}
         self.assertIn(settings["ETCD_NAME"], names)
+
+    def test_units_start_a_working_system(self):
+        """Both ExecStart lines, expanded with the example env files, run for
+        real: host paths mapped into a temporary directory, 0.0.0.0 and the
+        example addresses onto loopback ports, the agent confined (setpriv)
+        to the unit's CapabilityBoundingSet with NoNewPrivileges; a job runs."""
+        if BIN_DIR is None:
+            self.skipTest("no BIN_DIR given")
+        if os.geteuid() != 0 or shutil.which("setpriv") is None:
+            self.skipTest("needs root and setpriv (util-linux)")
+        port, http_port, metrics_port = free_port(), free_port(), free_port()
+        url = f"http://127.0.0.1:{port}"
+        procs = []
+        with tempfile.TemporaryDirectory() as tmp:
+            def argv_of(unit: str) -> list[str]:
+                info = UNITS[unit]
+                entries = unit_entries(HERE / unit)
+                settings, _ = env_file(HERE / info["env"])
+                if unit == "agent.service":
+                    settings["DISPATCH_SERVER"] = url
+                argv = expand_exec(get(entries, "Service", "ExecStart")[0], settings)
+                argv[0] = str(BIN_DIR / info["argv0"])
+                out = []
+                for a in argv:
+                    a = a.replace("/var/lib/dispatch-agent", f"{tmp}/agent").replace("/var/lib/dispatch", f"{tmp}/data")
+                    a = {"0.0.0.0:50051": f"127.0.0.1:{port}", "0.0.0.0:8080": f"127.0.0.1:{http_port}",
+                         "0.0.0.0:9101": f"127.0.0.1:{metrics_port}"}.get(a, a)
+                    out.append(a)
+                if unit == "agent.service":
+                    (caps,) = get(entries, "Service", "CapabilityBoundingSet")
+                    bounding = ",".join("+" + c.lower().removeprefix("cap_") for c in caps.split())
+                    confine = ["setpriv", "--bounding-set", "-all," + bounding, "--inh-caps", "-all"]
+                    if get(entries, "Service", "NoNewPrivileges") == ["yes"]:
+                        confine.append("--no-new-privs")
+                    out = confine + out
+                return out
+
+            try:
+                for unit in UNITS:
+                    log = open(Path(tmp) / f"{unit}.log", "w")
+                    procs.append((subprocess.Popen(argv_of(unit), stdout=log, stderr=subprocess.STDOUT,
+                                                   start_new_session=True), log))
+                env = dict(os.environ, DISPATCH_SERVER=url)
+
+                def ctl(*args):
+                    return subprocess.run([str(BIN_DIR / "dispatchctl"), *args], env=env, capture_output=True,
+                                          text=True, timeout=60)
+
+                def registered():
+                    for p, _ in procs:
+                        if p.poll() is not None:
+                            logs = "".join(q.read_text() for q in Path(tmp).glob("*.log"))
+                            raise AssertionError(f"{p.args} exited {p.returncode}:\n{logs[-3000:]}")
+                    return "zone" in ctl("nodes", "-o", "json").stdout
+                wait_for("the agent to register", registered)
+                nodes = ctl("nodes", "-o", "json").stdout
+                # The labels from agent.env's DISPATCH_LABEL_ARGS, read by
+                # the dispatcher's zone and rack labels from dispatcher.env.
+                self.assertRegex(nodes, r'"zone":\s*"z1"')
+                self.assertRegex(nodes, r'"rack":\s*"r1"')
+                done = ctl("submit", "--wait", "--follow", "--", "sh", "-c", "echo from-systemd-units; id -u")
+                self.assertEqual(done.returncode, 0, done.stderr)
+                self.assertIn("from-systemd-units", done.stdout)
+                self.assertIn("65534", done.stdout.split())
+                log = (Path(tmp) / "agent.service.log").read_text()
+                self.assertNotRegex(log, r"EPERM|not permitted")
+            finally:
+                for p, log in procs:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                    log.close()
+                # With --on-shutdown leave (agent.env), shims outlive the agent.
+                for d in Path("/proc").iterdir():
+                    try:
+                        if d.name.isdigit() and f"{tmp}/agent" in (d / "cmdline").read_text():
+                            os.kill(int(d.name), signal.SIGKILL)
+                    except (OSError, ProcessLookupError):
+                        pass
 
     def test_systemd_analyze_verify(self):
         analyze = shutil.which("systemd-analyze")
