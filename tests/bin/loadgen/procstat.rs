@@ -1,0 +1,75 @@
+//! What the load generator reads about the dispatcher process from
+//! `/proc/<pid>`: resident memory (`VmRSS` in `status`) and CPU time
+//! (`utime + stime` in `stat`).
+
+use anyhow::{Context, Result, bail};
+
+/// Resident set size of `pid`, bytes.
+pub fn rss_bytes(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    parse_vm_rss(&text).with_context(|| format!("no VmRSS line in {path}"))
+}
+
+fn parse_vm_rss(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let mut words = line.split_whitespace().skip(1);
+    let value: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") | None => Some(value * 1024),
+        Some(_) => None,
+    }
+}
+
+/// CPU time (user + system) `pid` has used, seconds.
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let ticks = parse_stat_ticks(&text).with_context(|| format!("unexpected format of {path}"))?;
+    let hz = clock_ticks_per_second()?;
+    Ok(ticks as f64 / hz)
+}
+
+/// utime + stime from a `/proc/PID/stat` line: fields 14 and 15, counted
+/// after the command name, which is in parentheses and may hold spaces.
+fn parse_stat_ticks(stat: &str) -> Option<u64> {
+    let after = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // `after` starts at field 3 (state): utime is field 14, stime 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+fn clock_ticks_per_second() -> Result<f64> {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
+        Ok(Some(hz)) if hz > 0 => Ok(hz as f64),
+        Ok(_) => bail!("sysconf(CLK_TCK) gave no value"),
+        Err(e) => bail!("sysconf(CLK_TCK): {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vm_rss_is_read_in_bytes() {
+        let status = "Name:\tdispatcher\nVmPeak:\t  99 kB\nVmRSS:\t   12345 kB\nThreads:\t4\n";
+        assert_eq!(parse_vm_rss(status), Some(12345 * 1024));
+        assert_eq!(parse_vm_rss("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn stat_ticks_skip_a_command_name_with_spaces() {
+        let stat = "42 (dispatch core) S 1 42 42 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 4 0 1000";
+        assert_eq!(parse_stat_ticks(stat), Some(325));
+    }
+
+    #[test]
+    fn this_process_has_memory_and_cpu_time() {
+        let me = std::process::id();
+        assert!(rss_bytes(me).unwrap() > 0);
+        assert!(cpu_seconds(me).unwrap() >= 0.0);
+    }
+}
