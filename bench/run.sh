@@ -2,8 +2,9 @@
 # Regenerates docs/BENCHMARKS.md from scratch: the simulator's tables (the
 # queueing validation, both SWF traces, synthetic mixes, CPU-level mode,
 # hackbench, the 10,000-node x 64-CPU x 1,000,000-job run), the engine's
-# criterion benchmarks, the dispatcher's placement benchmark and the
-# end-to-end throughput, each under the command that produced it.
+# criterion benchmarks, the dispatcher's placement benchmark, the
+# end-to-end throughput and the load generator (fake agents heartbeating
+# against a real dispatcher), each under the command that produced it.
 #
 #   bench/run.sh                 # everything (about an hour on 2 CPUs)
 #   QUICK=1 bench/run.sh         # small sizes, skips criterion and e2e
@@ -184,6 +185,42 @@ if [ "$SKIP_SLOW" = 0 ]; then
   doc "under its shim, so on 2 CPUs process creation bounds the rate."
   run "cargo run --release -p e2e --bin e2e-throughput" -- bash -c "cargo run -q --release -p e2e --bin e2e-throughput 2>/dev/null | sed 's/^/    /'"
 fi
+
+doc ""
+doc "## Load generator"
+doc ""
+doc "\`loadgen\` (\`tests/bin/loadgen/\`) starts a release dispatcher on a random"
+doc "loopback port and attaches N fake agents: real gRPC clients of"
+doc "\`AgentService.Attach\`, one HTTP/2 connection each as real agents have,"
+doc "registering synthetic topologies (\`2s:16c:2t\`, \`1s:8c:2t\`, \`2s:8c:2t\`,"
+doc "\`1s:4c:2t\` cycled; racks of 40 nodes over 4 zones), sending a LoadReport"
+doc "every second (staggered), and running assigned jobs on timers (RUNNING,"
+doc "then SUCCEEDED after the job's \`sleep\`; no process starts). After a 5 s"
+doc "quiet window it submits open loop (SubmitJob at the target rate; each"
+doc "latency counts from the call's scheduled time, so a lagging dispatcher"
+doc "cannot slow the stream down) with GetJob (50/s) and ListNodes (0.5/s)"
+doc "beside it, waits until every job has finished, then submits 10,000 jobs"
+doc "whose selector no node matches. submit->Assign runs from a job's"
+doc "scheduled submit time to its Assign arriving at a fake agent. Memory is"
+doc "the dispatcher's VmRSS: bytes per node = (RSS with the nodes - RSS at"
+doc "start) / N, connection buffers included; bytes per pending job ="
+doc "RSS growth over the 10,000 unplaceable jobs / 10,000. \`--baseline\`"
+doc "repeats the pass on a fresh dispatcher with the same agents and streams"
+doc "but no LoadReports (the dispatcher told to wait for them practically"
+doc "forever): the ratio column is the cost of heartbeats. The load generator"
+doc "and the dispatcher share this machine's CPUs (and, when it is shared,"
+doc "everyone else's work: see the load average and the dispatcher's wait"
+doc "for a CPU in each table)."
+if [ "$QUICK" = 1 ]; then
+  LOADS=("200 100 10")
+else
+  LOADS=("1000 200 30" "5000 1000 30")
+fi
+for load in "${LOADS[@]}"; do
+  read -r agents rate secs <<<"$load"
+  run "$agents agents at 1 Hz, $rate jobs/s for $secs s, against no heartbeats" -- \
+    bash -c "cargo run -q --release -p e2e --bin loadgen -- --agents $agents --rate $rate --duration-s $secs --baseline 2>/dev/null"
+done
 
 mv "$TMP/doc" "$OUT"
 echo "wrote $OUT" >&2

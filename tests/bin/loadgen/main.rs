@@ -338,6 +338,7 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
         Some(d) => Some(d.proc.pid()),
         None => args.pid,
     };
+    let loadavg_start = procstat::loadavg_1m();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let rss_start = rss_now(pid)?;
 
@@ -409,13 +410,14 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
     let cpu_steady_pct = cpu0
         .zip(cpu_now(pid))
         .map(|(a, b)| (b - a) / steady_s * 100.0);
-    let rss_nodes = rss_now(pid)?;
-
-    // Load.
     let mut job_clients = Vec::new();
     for _ in 0..args.client_connections {
         job_clients.push(job_client(agents::connect(&url).await?));
     }
+    wait_quiet(&mut job_clients[0], timeout).await;
+    let rss_nodes = rss_now(pid)?;
+
+    // Load.
     let nodes =
         NodeServiceClient::new(agents::connect(&url).await?).max_decoding_message_size(512 << 20);
     let clients = Clients {
@@ -450,12 +452,15 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
             }
         })
     });
-    let cpu_l0 = cpu_now(pid);
+    let me = Some(std::process::id());
+    let wait_now = || pid.and_then(|p| procstat::run_delay_seconds(p).ok());
+    let (cpu_l0, wait_l0, self_l0) = (cpu_now(pid), wait_now(), cpu_now(me));
     let outcome = streams::run(clients, plan, base, latencies.clone()).await;
     let load_s = outcome.elapsed.as_secs_f64();
-    let cpu_load_pct = cpu_l0
-        .zip(cpu_now(pid))
-        .map(|(a, b)| (b - a) / load_s * 100.0);
+    let pct = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| (b - a) / load_s * 100.0);
+    let cpu_load_pct = pct(cpu_l0, cpu_now(pid));
+    let cpu_wait_load_pct = pct(wait_l0, wait_now());
+    let loadgen_cpu_load_pct = pct(self_l0, cpu_now(me));
     sampling.store(false, Ordering::Relaxed);
     if let Some(s) = sampler {
         let _ = s.await;
@@ -477,11 +482,13 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
     let dispatcher_states = states_of_group(&mut jobs_client, streams::GROUP).await?;
     eprintln!("loadgen: load phase over; jobs: {dispatcher_states:?}");
 
-    // Pending jobs: memory per job nothing can run.
+    // Pending jobs: memory per job nothing can run, each RSS read once
+    // the dispatcher has caught up (no backlog in its queues).
+    wait_quiet(&mut jobs_client, timeout).await;
     let rss_before_pending = rss_now(pid)?;
     let pending_jobs =
         streams::submit_unplaceable(&mut jobs_client, args.pending, 1000, &latencies).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_quiet(&mut jobs_client, timeout).await;
     let rss_after_pending = rss_now(pid)?;
 
     let _ = stop_tx.send(true);
@@ -542,8 +549,32 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
         },
         cpu_steady_pct,
         cpu_load_pct,
+        cpu_wait_load_pct,
+        loadgen_cpu_load_pct,
+        loadavg_start,
+        loadavg_end: procstat::loadavg_1m(),
         memory,
     })
+}
+
+/// Wait until the dispatcher answers a GetJob within 50 ms three times in
+/// a row (its core has no backlog), or `timeout`. Any answer counts, a
+/// NOT_FOUND too: the call went through the core either way.
+async fn wait_quiet(client: &mut JobServiceClient<Channel>, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let mut quick = 0;
+    while quick < 3 && Instant::now() < deadline {
+        let sent = Instant::now();
+        let _ = client
+            .get_job(proto::v1::GetJobRequest { id: "j-0".into() })
+            .await;
+        if sent.elapsed() < Duration::from_millis(50) {
+            quick += 1;
+        } else {
+            quick = 0;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The states of a group's jobs, as the dispatcher lists them.

@@ -1,6 +1,7 @@
-//! What the load generator reads about the dispatcher process from
-//! `/proc/<pid>`: resident memory (`VmRSS` in `status`) and CPU time
-//! (`utime + stime` in `stat`).
+//! What the load generator reads from `/proc`: a process's resident
+//! memory (`VmRSS` in `status`), CPU time (`utime + stime` in `stat`) and
+//! time spent runnable but waiting for a CPU (the run delay in each
+//! thread's `schedstat`), and the machine's load average.
 
 use anyhow::{Context, Result, bail};
 
@@ -41,6 +42,36 @@ fn parse_stat_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
+/// Time the threads of `pid` alive now have spent waiting on a run queue
+/// (runnable, no CPU free), seconds: the second field of
+/// `/proc/PID/task/TID/schedstat`, in nanoseconds.
+pub fn run_delay_seconds(pid: u32) -> Result<f64> {
+    let dir = format!("/proc/{pid}/task");
+    let mut total_ns = 0u64;
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+        let path = entry?.path().join("schedstat");
+        // A thread may end between the listing and the read.
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            total_ns += parse_run_delay_ns(&text).unwrap_or(0);
+        }
+    }
+    Ok(total_ns as f64 / 1e9)
+}
+
+fn parse_run_delay_ns(schedstat: &str) -> Option<u64> {
+    schedstat.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The 1-minute load average of the machine.
+pub fn loadavg_1m() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 fn clock_ticks_per_second() -> Result<f64> {
     match nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK) {
         Ok(Some(hz)) if hz > 0 => Ok(hz as f64),
@@ -67,9 +98,17 @@ mod tests {
     }
 
     #[test]
+    fn run_delay_is_the_second_schedstat_field() {
+        assert_eq!(parse_run_delay_ns("123 456 7\n"), Some(456));
+        assert_eq!(parse_run_delay_ns("123"), None);
+    }
+
+    #[test]
     fn this_process_has_memory_and_cpu_time() {
         let me = std::process::id();
         assert!(rss_bytes(me).unwrap() > 0);
         assert!(cpu_seconds(me).unwrap() >= 0.0);
+        assert!(run_delay_seconds(me).unwrap() >= 0.0);
+        assert!(loadavg_1m().is_some());
     }
 }

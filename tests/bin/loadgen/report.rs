@@ -46,6 +46,15 @@ pub struct PassReport {
     /// The dispatcher's CPU use, percent of one core (None: no pid).
     pub cpu_steady_pct: Option<f64>,
     pub cpu_load_pct: Option<f64>,
+    /// Time the dispatcher's threads were runnable but got no CPU during
+    /// the load phase, percent of the phase (summed over threads).
+    pub cpu_wait_load_pct: Option<f64>,
+    /// The load generator's own CPU use in the load phase, % of a core.
+    pub loadgen_cpu_load_pct: Option<f64>,
+    /// The machine's 1-minute load average at the start and end of the
+    /// pass (other work on the machine shows here).
+    pub loadavg_start: Option<f64>,
+    pub loadavg_end: Option<f64>,
     /// The dispatcher's memory (None: no pid).
     pub memory: Option<MemoryReport>,
 }
@@ -121,6 +130,13 @@ impl PassReport {
         self.latencies
             .iter()
             .find(|r| r.kind == kind && r.count > 0)
+    }
+
+    /// The dispatcher's CPU time in the quiet window per LoadReport
+    /// received, microseconds (None without reports or a pid).
+    fn cpu_us_per_report(&self) -> Option<f64> {
+        let pct = self.cpu_steady_pct?;
+        (self.reports_per_s > 0.0).then(|| pct / 100.0 / self.reports_per_s * 1e6)
     }
 
     /// The figures compared between passes: (name, value).
@@ -232,8 +248,28 @@ impl PassReport {
             opt(self.cpu_steady_pct, 1),
         );
         row(
+            "dispatcher CPU per LoadReport in the quiet window (us; all its work / reports)",
+            opt(self.cpu_us_per_report(), 1),
+        );
+        row(
             "dispatcher CPU under load (% of a core)",
             opt(self.cpu_load_pct, 1),
+        );
+        row(
+            "dispatcher threads runnable but without a CPU under load (% of the phase)",
+            opt(self.cpu_wait_load_pct, 1),
+        );
+        row(
+            "load generator CPU under load (% of a core)",
+            opt(self.loadgen_cpu_load_pct, 1),
+        );
+        row(
+            "machine load average (1 min) at start / end",
+            format!(
+                "{} / {}",
+                opt(self.loadavg_start, 1),
+                opt(self.loadavg_end, 1)
+            ),
         );
         if let Some(m) = &self.memory {
             row("dispatcher RSS at start (MiB)", mib(m.rss_start));
@@ -276,6 +312,17 @@ impl Report {
         }
         if let [on, off] = self.passes.as_slice() {
             let _ = writeln!(s, "#### {} against {}\n", on.label, off.label);
+            if let (Some(a), Some(b)) = (on.cpu_steady_pct, off.cpu_steady_pct)
+                && on.reports_per_s > 0.0
+            {
+                let _ = writeln!(
+                    s,
+                    "Heartbeats alone: {:.1}% of a core for {:.0} LoadReports/s, {:.1} us of dispatcher CPU each.\n",
+                    a - b,
+                    on.reports_per_s,
+                    (a - b) / 100.0 / on.reports_per_s * 1e6
+                );
+            }
             let _ = writeln!(s, "| figure | {} | {} | ratio |", on.label, off.label);
             s.push_str("|---|---:|---:|---:|\n");
             let base: BTreeMap<String, Option<f64>> = off.key_figures().into_iter().collect();
@@ -348,6 +395,10 @@ mod tests {
             jobs: JobsReport::default(),
             cpu_steady_pct: Some(cpu),
             cpu_load_pct: None,
+            cpu_wait_load_pct: None,
+            loadgen_cpu_load_pct: None,
+            loadavg_start: None,
+            loadavg_end: None,
             memory: Some(MemoryReport {
                 rss_start: 10 << 20,
                 rss_nodes: 20 << 20,
@@ -377,6 +428,8 @@ mod tests {
         // Figures without a value on either side have no ratio.
         assert!(md.contains("| dispatcher CPU under load (% of a core) | n/a | n/a | n/a |"));
         assert!(md.contains("| bytes per node | 1048576"));
+        // 10% of a core for 10 reports/s: 10 ms each.
+        assert!(md.contains("Heartbeats alone: 10.0% of a core for 10 LoadReports/s, 10000.0 us of dispatcher CPU each."), "{md}");
         let csv = r.csv();
         assert!(csv.starts_with("pass,figure,value\n"));
         assert!(csv.contains("on,SubmitJob p99_ms,4\n"), "{csv}");
