@@ -184,11 +184,12 @@ impl AgentStats {
 }
 
 /// The HTTP/2 channel every fake agent and client of the load generator
-/// uses: plaintext, as the dispatcher serves by default. The one place a
-/// TLS configuration would go.
+/// uses, from the clients' shared endpoint builder: plaintext (`http://`),
+/// as the dispatcher serves by default. The one place a TLS configuration
+/// (`ClientTls`) would go.
 pub async fn connect(url: &str) -> Result<Channel> {
-    tonic::transport::Endpoint::from_shared(url.to_string())
-        .with_context(|| format!("bad dispatcher address {url}"))?
+    let plaintext = proto::client_security::ClientTls::default();
+    proto::client_security::endpoint(url, &plaintext)?
         .connect_timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
         .connect()
@@ -679,6 +680,7 @@ mod tests {
                 env: [(SUBMIT_ENV.to_string(), "0".to_string())].into(),
                 ..Default::default()
             }),
+            ..Default::default()
         }
     }
 

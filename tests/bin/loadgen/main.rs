@@ -163,7 +163,17 @@ fn main() -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let report = runtime.block_on(run(&args))?;
+    // On SIGINT/SIGTERM the run is dropped, and with it the dispatcher it
+    // started (killed on drop), instead of leaving it behind.
+    let report = runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            report = run(&args) => report,
+            _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+            _ = term.recv() => bail!("terminated"),
+        }
+    })?;
     match args.format {
         Format::Table => print!("{}", report.markdown()),
         Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
