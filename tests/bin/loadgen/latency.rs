@@ -18,7 +18,8 @@ pub enum Kind {
     SubmitJob,
     /// SubmitJobs call of a batch (from its scheduled send time).
     SubmitJobs,
-    /// SubmitJobs of unplaceable jobs (the pending-memory phase).
+    /// SubmitJob of an array of unplaceable jobs (the pending-memory step,
+    /// before any node is attached).
     SubmitPending,
     /// GetJob call.
     GetJob,
@@ -35,7 +36,7 @@ impl Kind {
             Kind::Register => "Attach->Registered",
             Kind::SubmitJob => "SubmitJob",
             Kind::SubmitJobs => "SubmitJobs",
-            Kind::SubmitPending => "SubmitJobs (pending phase)",
+            Kind::SubmitPending => "SubmitJob, arrays of 1000 pending",
             Kind::GetJob => "GetJob",
             Kind::ListNodes => "ListNodes",
             Kind::Assign => "submit->Assign",

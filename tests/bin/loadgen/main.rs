@@ -6,8 +6,9 @@
 //! topologies spread over zones and racks, let them heartbeat through a
 //! quiet window, then run an open-loop submission stream at R jobs/s with
 //! a read stream beside it ([`streams`]) while the agents run the jobs on
-//! timers; wait until every job has finished, then submit M jobs no node
-//! can run. The dispatcher's RSS and CPU time are read from /proc at each
+//! timers; wait until every job has finished. Before the agents attach,
+//! M jobs no node can run are submitted and cancelled (memory per pending
+//! job on a fresh dispatcher). The dispatcher's RSS and CPU time are read from /proc at each
 //! step ([`procstat`]), every call's latency goes into an HDR histogram
 //! ([`latency`]), and the report ([`report`]) gives p50/p99/p99.9/max per
 //! call, submit -> Assign, bytes per node and per pending job.
@@ -117,7 +118,8 @@ struct Args {
     /// ListNodes calls per second during the load phase.
     #[arg(long, default_value_t = 0.5)]
     list_nodes_rate: f64,
-    /// Unplaceable jobs submitted at the end (bytes per pending job).
+    /// Unplaceable jobs submitted (then cancelled) before the agents attach:
+    /// bytes per pending job.
     #[arg(long, default_value_t = 10_000)]
     pending: u64,
     /// Quiet window with the nodes attached, before the load, seconds.
@@ -252,7 +254,7 @@ async fn run(args: &Args) -> Result<Report> {
     let setup = format!(
         "loadgen: {} fake agents (shapes {} cycled; {} zones, {} nodes per rack) on {} HTTP/2 connection(s); \
          LoadReport every {} ms; {} jobs/s for {} s ({}), jobs of {} ms mean, CPUs {:?} cycled; \
-         reads: GetJob {}/s, ListNodes {}/s; {} pending jobs at the end; dispatcher {}; load generator on {} threads",
+         reads: GetJob {}/s, ListNodes {}/s; {} pending jobs before the agents attach; dispatcher {}; load generator on {} threads",
         args.agents,
         args.shapes.join(", "),
         args.zones,
@@ -350,11 +352,33 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
     };
     let loadavg_start = procstat::loadavg_1m();
     tokio::time::sleep(Duration::from_millis(500)).await;
+    let timeout = Duration::from_secs_f64(args.timeout_s);
+    let latencies = Arc::new(Latencies::default());
+    let mut job_clients = Vec::new();
+    for _ in 0..args.client_connections {
+        job_clients.push(job_client(agents::connect(&url).await?));
+    }
+    let mut jobs_client = job_clients[0].clone();
+
+    // Pending jobs first, on the fresh dispatcher: no backlog in its
+    // queues and no freed memory for the allocator to reuse, so the RSS
+    // growth is the jobs'. Cancelled at once (their records stay), so no
+    // later step pays for retrying them.
+    wait_quiet(&mut jobs_client, timeout).await;
     let rss_start = rss_now(pid)?;
+    let (pending_jobs, arrays) =
+        streams::submit_unplaceable(&mut jobs_client, args.pending, 1000, &latencies).await;
+    wait_quiet(&mut jobs_client, timeout).await;
+    let rss_pending = rss_now(pid)?;
+    let cancel_failed = streams::cancel(&mut jobs_client, &arrays).await;
+    if cancel_failed > 0 {
+        bail!("cancelling the pending jobs: {cancel_failed} CancelJob calls failed");
+    }
+    wait_quiet(&mut jobs_client, timeout).await;
+    let rss_before_nodes = rss_now(pid)?;
 
     // Attach the fleet.
     let base = Instant::now();
-    let latencies = Arc::new(Latencies::default());
     let fleet = Arc::new(Fleet {
         report_every: heartbeats.then(|| Duration::from_millis(args.report_ms)),
         oversubscribe: args.oversubscribe.max(1),
@@ -382,7 +406,6 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
         };
         fleet_tasks.spawn(agents::run(plan, conn, fleet.clone(), stop_rx.clone()));
     }
-    let timeout = Duration::from_secs_f64(args.timeout_s);
     let attach_start = Instant::now();
     while (fleet.stats.registered.load(Ordering::Relaxed) as usize) < args.agents {
         if attach_start.elapsed() > timeout {
@@ -420,11 +443,7 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
     let cpu_steady_pct = cpu0
         .zip(cpu_now(pid))
         .map(|(a, b)| (b - a) / steady_s * 100.0);
-    let mut job_clients = Vec::new();
-    for _ in 0..args.client_connections {
-        job_clients.push(job_client(agents::connect(&url).await?));
-    }
-    wait_quiet(&mut job_clients[0], timeout).await;
+    wait_quiet(&mut jobs_client, timeout).await;
     let rss_nodes = rss_now(pid)?;
 
     // Load.
@@ -488,18 +507,8 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let drain_s = drain_start.elapsed().as_secs_f64();
-    let mut jobs_client = job_clients[0].clone();
     let dispatcher_states = states_of_group(&mut jobs_client, streams::GROUP).await?;
     eprintln!("loadgen: load phase over; jobs: {dispatcher_states:?}");
-
-    // Pending jobs: memory per job nothing can run, each RSS read once
-    // the dispatcher has caught up (no backlog in its queues).
-    wait_quiet(&mut jobs_client, timeout).await;
-    let rss_before_pending = rss_now(pid)?;
-    let pending_jobs =
-        streams::submit_unplaceable(&mut jobs_client, args.pending, 1000, &latencies).await;
-    wait_quiet(&mut jobs_client, timeout).await;
-    let rss_after_pending = rss_now(pid)?;
 
     let _ = stop_tx.send(true);
     let stopping = async { while fleet_tasks.join_next().await.is_some() {} };
@@ -511,16 +520,16 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
     }
     drop(dispatcher);
 
-    let memory = match (rss_start, rss_nodes, rss_before_pending, rss_after_pending) {
-        (Some(start), Some(with_nodes), Some(before), Some(after)) => Some(MemoryReport {
+    let memory = match (rss_start, rss_pending, rss_before_nodes, rss_nodes) {
+        (Some(start), Some(pending), Some(before_nodes), Some(with_nodes)) => Some(MemoryReport {
             rss_start: start,
+            rss_pending: pending,
+            rss_before_nodes: before_nodes,
             rss_nodes: with_nodes,
             rss_load_peak: peak.load(Ordering::Relaxed),
-            rss_before_pending: before,
-            rss_after_pending: after,
             pending_jobs,
-            bytes_per_node: per_item(start, with_nodes, args.agents as u64),
-            bytes_per_pending_job: per_item(before, after, pending_jobs),
+            bytes_per_pending_job: per_item(start, pending, pending_jobs),
+            bytes_per_node: per_item(before_nodes, with_nodes, args.agents as u64),
         }),
         _ => None,
     };

@@ -95,17 +95,22 @@ pub struct JobsReport {
 /// The dispatcher's resident memory at each step, bytes.
 #[derive(Debug, Default, Serialize)]
 pub struct MemoryReport {
+    /// Fresh, nothing submitted, no node.
     pub rss_start: u64,
+    /// With `pending_jobs` unplaceable jobs (still no node).
+    pub rss_pending: u64,
+    /// After cancelling them (their records stay): the base for nodes.
+    pub rss_before_nodes: u64,
+    /// With the nodes attached, after the quiet window.
     pub rss_nodes: u64,
+    /// Highest reading during the load phase.
     pub rss_load_peak: u64,
-    pub rss_before_pending: u64,
-    pub rss_after_pending: u64,
     /// Unplaceable jobs submitted for the pending step.
     pub pending_jobs: u64,
-    /// (rss_nodes - rss_start) / nodes.
-    pub bytes_per_node: f64,
-    /// (rss_after_pending - rss_before_pending) / pending_jobs.
+    /// (rss_pending - rss_start) / pending_jobs.
     pub bytes_per_pending_job: f64,
+    /// (rss_nodes - rss_before_nodes) / nodes.
+    pub bytes_per_node: f64,
 }
 
 /// Difference per item, 0 when there are none (RSS can also shrink).
@@ -173,6 +178,10 @@ impl PassReport {
                 Some(m.rss_nodes as f64 / 1048576.0),
             ));
             out.push(("bytes per node".into(), Some(m.bytes_per_node)));
+            out.push((
+                "bytes per pending job".into(),
+                Some(m.bytes_per_pending_job),
+            ));
         }
         out
     }
@@ -274,26 +283,26 @@ impl PassReport {
         if let Some(m) = &self.memory {
             row("dispatcher RSS at start (MiB)", mib(m.rss_start));
             row(
+                &format!(
+                    "dispatcher RSS with {} pending jobs, no node (MiB)",
+                    m.pending_jobs
+                ),
+                mib(m.rss_pending),
+            );
+            row(
+                "dispatcher RSS after cancelling them (MiB)",
+                mib(m.rss_before_nodes),
+            );
+            row(
                 &format!("dispatcher RSS with {} nodes (MiB)", self.nodes),
                 mib(m.rss_nodes),
             );
             row("dispatcher RSS peak under load (MiB)", mib(m.rss_load_peak));
             row(
-                &format!(
-                    "dispatcher RSS before / after {} pending jobs (MiB)",
-                    m.pending_jobs
-                ),
-                format!(
-                    "{} / {}",
-                    mib(m.rss_before_pending),
-                    mib(m.rss_after_pending)
-                ),
-            );
-            row("bytes per node", format!("{:.0}", m.bytes_per_node));
-            row(
                 "bytes per pending job",
                 format!("{:.0}", m.bytes_per_pending_job),
             );
+            row("bytes per node", format!("{:.0}", m.bytes_per_node));
         }
         if let Some(e) = &j.last_stream_error {
             let _ = writeln!(s, "\nlast agent stream error: {e}");
@@ -400,7 +409,7 @@ mod tests {
             loadavg_start: None,
             loadavg_end: None,
             memory: Some(MemoryReport {
-                rss_start: 10 << 20,
+                rss_before_nodes: 10 << 20,
                 rss_nodes: 20 << 20,
                 bytes_per_node: per_item(10 << 20, 20 << 20, 10),
                 ..Default::default()

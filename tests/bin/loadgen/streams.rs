@@ -288,37 +288,65 @@ async fn read_stream(
 }
 
 /// Submit `count` jobs no node can run (a selector on a label no node
-/// carries) in SubmitJobs calls of `batch`; returns the jobs accepted.
+/// carries) as arrays of `batch` elements (SubmitJob with `array_count`;
+/// each element is a job of its own); returns the jobs accepted and the
+/// arrays' ids.
 pub async fn submit_unplaceable(
     client: &mut JobServiceClient<Channel>,
     count: u64,
     batch: u64,
     lat: &Latencies,
-) -> u64 {
+) -> (u64, Vec<String>) {
     let mut accepted = 0;
+    let mut arrays = Vec::new();
     let mut next = 0;
     while next < count {
-        let n = batch.min(count - next);
-        let specs = (next..next + n)
-            .map(|i| JobSpec {
-                name: format!("lg-pending-{i}"),
-                command: vec!["sleep".into(), "1".into()],
-                group: PENDING_GROUP.into(),
-                node_selector: HashMap::from([(UNPLACEABLE_LABEL.to_string(), "true".into())]),
-                ..Default::default()
-            })
-            .collect();
+        let n = batch.min(count - next).max(1);
+        let spec = JobSpec {
+            name: format!("lg-pending-{next}"),
+            command: vec!["sleep".into(), "1".into()],
+            group: PENDING_GROUP.into(),
+            node_selector: HashMap::from([(UNPLACEABLE_LABEL.to_string(), "true".into())]),
+            array_count: n as u32,
+            ..Default::default()
+        };
         next += n;
         let sent = Instant::now();
-        match client.submit_jobs(SubmitJobsRequest { specs }).await {
+        match client
+            .submit_job(SubmitJobRequest { spec: Some(spec) })
+            .await
+        {
             Ok(r) => {
                 lat.record(Kind::SubmitPending, sent.elapsed());
-                accepted += r.into_inner().jobs.len() as u64;
+                let jobs = r.into_inner().jobs;
+                accepted += jobs.len() as u64;
+                if let Some(j) = jobs.first() {
+                    arrays.push(if j.array_id.is_empty() {
+                        j.id.clone()
+                    } else {
+                        j.array_id.clone()
+                    });
+                }
             }
             Err(status) => lat.error(Kind::SubmitPending, status),
         }
     }
-    accepted
+    (accepted, arrays)
+}
+
+/// Cancel jobs or arrays by id; returns the calls that failed.
+pub async fn cancel(client: &mut JobServiceClient<Channel>, ids: &[String]) -> u64 {
+    let mut failed = 0;
+    for id in ids {
+        if client
+            .cancel_job(proto::v1::CancelJobRequest { id: id.clone() })
+            .await
+            .is_err()
+        {
+            failed += 1;
+        }
+    }
+    failed
 }
 
 #[cfg(test)]
