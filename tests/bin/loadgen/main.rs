@@ -206,6 +206,16 @@ fn validate(a: &Args) -> Result<()> {
     if !(a.duration_s > 0.0 && a.duration_s.is_finite()) {
         bail!("--duration-s: a positive number");
     }
+    if !(a.timeout_s > 0.0 && a.timeout_s.is_finite()) {
+        bail!("--timeout-s: a positive number");
+    }
+    if !(a.steady_s >= 0.0 && a.steady_s.is_finite()) {
+        bail!("--steady-s: a finite number >= 0");
+    }
+    let non_negative = |x: f64| x >= 0.0 && x.is_finite();
+    if !non_negative(a.get_rate) || !non_negative(a.list_nodes_rate) {
+        bail!("--get-rate and --list-nodes-rate: finite numbers >= 0");
+    }
     if a.job_cpus.contains(&0) {
         bail!("--job-cpus: every value at least 1");
     }
