@@ -39,6 +39,14 @@ fn loadgen(args: &[&str]) -> Result<Value> {
             break st;
         }
         if Instant::now() > deadline {
+            // SIGTERM first: loadgen then drops the dispatcher it started
+            // (killed on drop); SIGKILL would leave it behind.
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let grace = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < grace && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
             let _ = child.kill();
             let _ = child.wait();
             bail!("loadgen did not finish within 240 s");
