@@ -442,6 +442,12 @@ impl Cluster {
                 }
                 JobState::Assigned | JobState::Running => {
                     self.awaiting_node.insert(key, now + grace_ms);
+                    // Fix (found by tests/model.rs): the cancel request
+                    // lived only in memory, so a restart forgot it and a
+                    // lost node's retry ran the cancelled job again.
+                    if job.cancel_requested {
+                        self.cancelling.insert(key);
+                    }
                 }
                 _ => {}
             }
@@ -1270,10 +1276,13 @@ impl Cluster {
             self.engine_dirty = true;
         }
         // Reconcile what the agent reports with what we believe.
-        let reported: HashMap<String, JobStatus> = reg
+        // By attempt: a stale attempt still running there must not hide
+        // that the current one is missing (found by tests/model.rs: the
+        // current attempt's Assign was then never re-sent).
+        let reported: HashSet<(String, u32)> = reg
             .jobs
             .iter()
-            .map(|s| (s.job_id.clone(), s.clone()))
+            .map(|s| (s.job_id.clone(), s.attempt))
             .collect();
         for status in reg.jobs {
             let key = job_key(&status.job_id);
@@ -1289,6 +1298,19 @@ impl Cluster {
                         self.awaiting_node.remove(&k);
                         if !self.engine_dirty {
                             self.engine_add_on_node(k, now);
+                        }
+                        // The Cancel may have been lost with the old
+                        // stream or a dispatcher crash: send it again.
+                        if self.cancelling.contains(&k) && !is_terminal(status.state) {
+                            fx.to_agents.push((
+                                reg.node.clone(),
+                                DispatcherMessage {
+                                    msg: Some(dispatcher_message::Msg::Cancel(Cancel {
+                                        job_id: status.job_id.clone(),
+                                        attempt: status.attempt,
+                                    })),
+                                },
+                            ));
                         }
                     }
                     self.apply_status(&reg.node, status, now, fx);
@@ -1319,10 +1341,19 @@ impl Cluster {
                 let Some(e) = self.jobs.get(&key) else {
                     continue;
                 };
-                if reported.contains_key(&e.job.id) || is_terminal(e.job.state) {
+                if reported.contains(&(e.job.id.clone(), e.job.attempt)) || is_terminal(e.job.state)
+                {
                     continue;
                 }
-                if now_state(&e.job) == JobState::Assigned {
+                if self.cancelling.contains(&key) {
+                    // Cancelled while on this node, which no longer runs
+                    // it: done, never re-sent.
+                    self.awaiting_node.remove(&key);
+                    if let Some(e) = self.jobs.get_mut(&key) {
+                        e.job.reason = format!("cancelled by user; {} no longer had it", reg.node);
+                    }
+                    self.finish(key, JobState::Cancelled, now, fx);
+                } else if now_state(&e.job) == JobState::Assigned {
                     // The Assign may have been lost with the old stream or a
                     // dispatcher crash: resend (the agent ignores duplicates).
                     if self.awaiting_node.remove(&key).is_some() && !self.engine_dirty {
@@ -1643,11 +1674,23 @@ impl Cluster {
             .filter(|n| !n.down && now - n.last_heartbeat_ms > deadline)
             .map(|n| n.name.clone())
             .collect();
-        for name in overdue {
+        // Fix (found by tests/model.rs): mark every overdue node DOWN and
+        // shrink its engine capacity before retrying any job, or a retry
+        // from the first lost node could be assigned to a second one that
+        // this same tick then marks DOWN.
+        for name in &overdue {
             tracing::warn!(node = %name, "node missed its heartbeats: marking it down");
-            if let Some(n) = self.nodes.get_mut(&name) {
+            if let Some(n) = self.nodes.get_mut(name) {
                 n.down = true;
             }
+        }
+        for name in &overdue {
+            let cap = self.effective_capacity(name);
+            if let (Some(&leaf), Some(engine)) = (self.node_leaf.get(name), self.engine.as_mut()) {
+                let _ = engine.set_capacity(leaf, cap, engine_ns(now));
+            }
+        }
+        for name in overdue {
             let on_node: Vec<(u64, u32)> = self
                 .jobs
                 .iter()
@@ -1789,6 +1832,18 @@ impl Cluster {
         if let Some(engine) = self.engine.as_mut() {
             let _ = engine.remove_task(task, engine_ns(now));
         }
+        if self.cancelling.contains(&key) {
+            // Fix (found by tests/model.rs): a job cancelled while its
+            // node held it unstarted was placed again when the node gave
+            // it back. Given back unstarted, it runs nowhere: it is done.
+            if let Some(e) = self.jobs.get_mut(&key) {
+                e.model_cpus.clear();
+                e.job.reason = format!("cancelled by user; {node} gave it back unstarted");
+            }
+            self.sync_summary(node, now);
+            self.finish(key, JobState::Cancelled, now, fx);
+            return;
+        }
         if let Some(e) = self.jobs.get_mut(&key) {
             e.model_cpus.clear();
             e.job.state = JobState::Pending as i32;
@@ -1874,6 +1929,11 @@ impl Cluster {
                     .is_some_and(|n| n.connected && !n.down);
                 if connected {
                     self.cancelling.insert(key);
+                    if let Some(e) = self.jobs.get_mut(&key) {
+                        e.job.cancel_requested = true;
+                    }
+                    self.persist(key, fx);
+                    let Some(e) = self.jobs.get(&key) else { return };
                     fx.to_agents.push((
                         node,
                         DispatcherMessage {
