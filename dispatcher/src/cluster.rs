@@ -30,7 +30,7 @@ use sched::{
 };
 use tonic::Status;
 
-use crate::spec::{SpecLimits, align_of, policy_of, validate};
+use crate::spec::{SpecLimits, align_of, check_batch, check_call, policy_of, validate};
 use crate::store::{NodeAdmin, Snapshot, Write};
 
 /// Labels and timings of the cluster.
@@ -589,13 +589,7 @@ impl Cluster {
         now: i64,
         fx: &mut Effects,
     ) -> Result<Vec<Job>, Status> {
-        if specs.is_empty() {
-            return Err(Status::invalid_argument("specs: empty"));
-        }
-        if specs.len() > 10_000 {
-            return Err(Status::invalid_argument("specs: at most 10000 per call"));
-        }
-        let mut total = 0u64;
+        check_batch(&specs, &self.cfg.limits)?;
         for (i, spec) in specs.iter_mut().enumerate() {
             let prefix = if batch {
                 format!("specs[{i}]")
@@ -612,14 +606,8 @@ impl Cluster {
                     )));
                 }
             }
-            total += spec.array_count.max(1) as u64;
         }
-        if total > self.cfg.limits.max_array as u64 {
-            return Err(Status::invalid_argument(format!(
-                "specs: {total} jobs in one call, at most {}",
-                self.cfg.limits.max_array
-            )));
-        }
+        check_call(&specs, &self.cfg.limits)?;
         self.ensure_engine(now, fx);
         let mut created = Vec::new();
         for spec in specs {
