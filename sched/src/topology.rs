@@ -760,8 +760,44 @@ pub enum TopoSpec {
 }
 
 impl TopoSpec {
+    /// The most leaves a spec may describe (a test machine or cluster, not
+    /// a typo that allocates terabytes).
+    pub const MAX_LEAVES: usize = 1 << 20;
+
+    /// Number of leaves (CPUs or nodes) the spec describes; `None` when the
+    /// product overflows.
+    pub fn nr_leaves(&self) -> Option<usize> {
+        match *self {
+            TopoSpec::Machine {
+                sockets,
+                cores,
+                threads,
+                ..
+            } => sockets.checked_mul(cores)?.checked_mul(threads),
+            TopoSpec::Cluster {
+                zones,
+                racks,
+                nodes,
+                ..
+            } => zones.checked_mul(racks)?.checked_mul(nodes),
+        }
+    }
+
     /// Parse a spec string (see the type's documentation).
     pub fn parse(spec: &str) -> Result<Self, TopologyError> {
+        let parsed = Self::parse_fields(spec)?;
+        // Fix (found while writing fuzz/fuzz_targets/topo_spec.rs): a product of
+        // counts overflowed in `build` (a panic) or asked for terabytes.
+        match parsed.nr_leaves() {
+            Some(n) if n <= Self::MAX_LEAVES => Ok(parsed),
+            _ => Err(TopologyError::BadSpec {
+                spec: spec.to_string(),
+                reason: format!("more than {} leaves", Self::MAX_LEAVES),
+            }),
+        }
+    }
+
+    fn parse_fields(spec: &str) -> Result<Self, TopologyError> {
         let bad = |reason: &str| TopologyError::BadSpec {
             spec: spec.to_string(),
             reason: reason.to_string(),
@@ -954,6 +990,24 @@ mod tests {
                 assert_eq!(t.node(c).parent, Some(id));
             }
         }
+    }
+
+    /// Regression (found while writing fuzz/fuzz_targets/topo_spec.rs): counts whose
+    /// product overflows panicked in `build`; huge ones allocated without
+    /// bound.
+    #[test]
+    fn specs_with_too_many_leaves_are_refused() {
+        for spec in [
+            "99999999999s:99999999999c:99999999999t",
+            "18446744073709551615z:2r:2n",
+            "1048577n",
+            "1024s:1024c:2t",
+        ] {
+            let e = TopoSpec::parse(spec).unwrap_err();
+            assert!(e.to_string().contains("more than 1048576 leaves"), "{spec}: {e}");
+        }
+        assert_eq!(TopoSpec::parse("1048576n").unwrap().nr_leaves(), Some(1 << 20));
+        assert_eq!(TopoSpec::parse("2s:22c:2t").unwrap().nr_leaves(), Some(88));
     }
 
     #[test]
