@@ -231,3 +231,66 @@ async fn the_submission_rate_is_limited_per_client() -> Result<()> {
     }
     Ok(())
 }
+
+/// With bearer tokens, the rate is per authenticated user: two users on
+/// the same address have their own buckets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tokens_the_rate_is_per_user() -> Result<()> {
+    const ALICE: &str = "alice-token-0123456789abcdef";
+    const BOB: &str = "bob-token-0123456789abcdef";
+    let dir = tempfile::tempdir()?;
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{ALICE} user alice\n{BOB} user bob\n"))?;
+    let d = Dispatcher::start(
+        dir.path(),
+        &[
+            "--tokens",
+            &tokens.display().to_string(),
+            "--submit-rate",
+            "0.01",
+            "--submit-burst",
+            "2",
+        ],
+    )?;
+    let ch = Endpoint::from_shared(d.url.clone())?.connect().await?;
+    let as_user = |token: &'static str| {
+        JobServiceClient::with_interceptor(ch.clone(), move |mut req: tonic::Request<()>| {
+            let value = format!("Bearer {token}")
+                .parse()
+                .map_err(|_| tonic::Status::internal("bad header"))?;
+            req.metadata_mut().insert("authorization", value);
+            Ok(req)
+        })
+    };
+    let (mut alice, mut bob) = (as_user(ALICE), as_user(BOB));
+    alice
+        .submit_jobs(SubmitJobsRequest {
+            specs: vec![spec(); 2],
+        })
+        .await?;
+    expect_refusal(
+        alice
+            .submit_job(SubmitJobRequest { spec: Some(spec()) })
+            .await,
+        &[Code::ResourceExhausted],
+        "submission rate limit: client alice may submit 0.01 specs per second, bursts of 2",
+        "alice's 3rd submission",
+    );
+    // Bob, from the same address, still has his burst.
+    let jobs = bob
+        .submit_jobs(SubmitJobsRequest {
+            specs: vec![spec(); 2],
+        })
+        .await?
+        .into_inner()
+        .jobs;
+    assert_eq!(jobs.len(), 2);
+    expect_refusal(
+        bob.submit_job(SubmitJobRequest { spec: Some(spec()) })
+            .await,
+        &[Code::ResourceExhausted],
+        "submission rate limit: client bob",
+        "bob's 3rd submission",
+    );
+    Ok(())
+}
