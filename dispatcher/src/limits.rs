@@ -73,7 +73,7 @@ impl Limits {
 /// Who a request comes from, for per-client limits.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ClientKey {
-    /// An authenticated identity (bearer token or client certificate).
+    /// The user of the bearer token the request carried.
     Identity(String),
     /// The peer's IP address (no authentication).
     Peer(IpAddr),

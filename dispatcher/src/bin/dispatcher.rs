@@ -107,7 +107,7 @@ struct Args {
     #[arg(long, value_name = "BYTES", default_value_t = dispatcher::limits::DEFAULT_MAX_MESSAGE_BYTES)]
     max_message_bytes: usize,
     /// Sustained job submissions (specs) per second per client (the
-    /// authenticated identity, else the peer address); 0 = no limit. Over
+    /// user of its bearer token, else its address); 0 = no limit. Over
     /// it a submission fails with RESOURCE_EXHAUSTED saying when to retry.
     #[arg(long, value_name = "PER_SEC", default_value_t = dispatcher::limits::DEFAULT_SUBMIT_RATE)]
     submit_rate: f64,
