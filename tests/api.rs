@@ -117,7 +117,7 @@ fn bad_specs() -> Vec<(&'static str, JobSpec)> {
         ("spec.command", m(&|s| s.command.clear())),
         ("spec.command", m(&|s| s.command = vec!["x".into(); 4097])),
         (
-            "spec.command",
+            "spec.command[0]",
             m(&|s| s.command = vec!["x".repeat(2 << 20)]),
         ),
         (

@@ -81,6 +81,7 @@ fn jobs() -> Vec<pb::Job> {
             array_id: "j-10".into(),
             array_index: 3,
             owner: "alice".into(),
+            ..Default::default()
         },
         pb::Job {
             id: "j-9".into(),

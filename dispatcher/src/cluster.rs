@@ -30,7 +30,7 @@ use sched::{
 };
 use tonic::Status;
 
-use crate::spec::{SpecLimits, align_of, policy_of, validate};
+use crate::spec::{SpecLimits, align_of, check_batch, check_call, policy_of, validate};
 use crate::store::{NodeAdmin, Snapshot, Write};
 
 /// Labels and timings of the cluster.
@@ -442,6 +442,12 @@ impl Cluster {
                 }
                 JobState::Assigned | JobState::Running => {
                     self.awaiting_node.insert(key, now + grace_ms);
+                    // Fix (found by tests/model.rs): the cancel request
+                    // lived only in memory, so a restart forgot it and a
+                    // lost node's retry ran the cancelled job again.
+                    if job.cancel_requested {
+                        self.cancelling.insert(key);
+                    }
                 }
                 _ => {}
             }
@@ -583,13 +589,7 @@ impl Cluster {
         now: i64,
         fx: &mut Effects,
     ) -> Result<Vec<Job>, Status> {
-        if specs.is_empty() {
-            return Err(Status::invalid_argument("specs: empty"));
-        }
-        if specs.len() > 10_000 {
-            return Err(Status::invalid_argument("specs: at most 10000 per call"));
-        }
-        let mut total = 0u64;
+        check_batch(&specs, &self.cfg.limits)?;
         for (i, spec) in specs.iter_mut().enumerate() {
             let prefix = if batch {
                 format!("specs[{i}]")
@@ -606,14 +606,8 @@ impl Cluster {
                     )));
                 }
             }
-            total += spec.array_count.max(1) as u64;
         }
-        if total > self.cfg.limits.max_array as u64 {
-            return Err(Status::invalid_argument(format!(
-                "specs: {total} jobs in one call, at most {}",
-                self.cfg.limits.max_array
-            )));
-        }
+        check_call(&specs, &self.cfg.limits)?;
         self.ensure_engine(now, fx);
         let mut created = Vec::new();
         for spec in specs {
@@ -1270,10 +1264,13 @@ impl Cluster {
             self.engine_dirty = true;
         }
         // Reconcile what the agent reports with what we believe.
-        let reported: HashMap<String, JobStatus> = reg
+        // By attempt: a stale attempt still running there must not hide
+        // that the current one is missing (found by tests/model.rs: the
+        // current attempt's Assign was then never re-sent).
+        let reported: HashSet<(String, u32)> = reg
             .jobs
             .iter()
-            .map(|s| (s.job_id.clone(), s.clone()))
+            .map(|s| (s.job_id.clone(), s.attempt))
             .collect();
         for status in reg.jobs {
             let key = job_key(&status.job_id);
@@ -1289,6 +1286,19 @@ impl Cluster {
                         self.awaiting_node.remove(&k);
                         if !self.engine_dirty {
                             self.engine_add_on_node(k, now);
+                        }
+                        // The Cancel may have been lost with the old
+                        // stream or a dispatcher crash: send it again.
+                        if self.cancelling.contains(&k) && !is_terminal(status.state) {
+                            fx.to_agents.push((
+                                reg.node.clone(),
+                                DispatcherMessage {
+                                    msg: Some(dispatcher_message::Msg::Cancel(Cancel {
+                                        job_id: status.job_id.clone(),
+                                        attempt: status.attempt,
+                                    })),
+                                },
+                            ));
                         }
                     }
                     self.apply_status(&reg.node, status, now, fx);
@@ -1319,10 +1329,19 @@ impl Cluster {
                 let Some(e) = self.jobs.get(&key) else {
                     continue;
                 };
-                if reported.contains_key(&e.job.id) || is_terminal(e.job.state) {
+                if reported.contains(&(e.job.id.clone(), e.job.attempt)) || is_terminal(e.job.state)
+                {
                     continue;
                 }
-                if now_state(&e.job) == JobState::Assigned {
+                if self.cancelling.contains(&key) {
+                    // Cancelled while on this node, which no longer runs
+                    // it: done, never re-sent.
+                    self.awaiting_node.remove(&key);
+                    if let Some(e) = self.jobs.get_mut(&key) {
+                        e.job.reason = format!("cancelled by user; {} no longer had it", reg.node);
+                    }
+                    self.finish(key, JobState::Cancelled, now, fx);
+                } else if now_state(&e.job) == JobState::Assigned {
                     // The Assign may have been lost with the old stream or a
                     // dispatcher crash: resend (the agent ignores duplicates).
                     if self.awaiting_node.remove(&key).is_some() && !self.engine_dirty {
@@ -1643,11 +1662,23 @@ impl Cluster {
             .filter(|n| !n.down && now - n.last_heartbeat_ms > deadline)
             .map(|n| n.name.clone())
             .collect();
-        for name in overdue {
+        // Fix (found by tests/model.rs): mark every overdue node DOWN and
+        // shrink its engine capacity before retrying any job, or a retry
+        // from the first lost node could be assigned to a second one that
+        // this same tick then marks DOWN.
+        for name in &overdue {
             tracing::warn!(node = %name, "node missed its heartbeats: marking it down");
-            if let Some(n) = self.nodes.get_mut(&name) {
+            if let Some(n) = self.nodes.get_mut(name) {
                 n.down = true;
             }
+        }
+        for name in &overdue {
+            let cap = self.effective_capacity(name);
+            if let (Some(&leaf), Some(engine)) = (self.node_leaf.get(name), self.engine.as_mut()) {
+                let _ = engine.set_capacity(leaf, cap, engine_ns(now));
+            }
+        }
+        for name in overdue {
             let on_node: Vec<(u64, u32)> = self
                 .jobs
                 .iter()
@@ -1789,6 +1820,18 @@ impl Cluster {
         if let Some(engine) = self.engine.as_mut() {
             let _ = engine.remove_task(task, engine_ns(now));
         }
+        if self.cancelling.contains(&key) {
+            // Fix (found by tests/model.rs): a job cancelled while its
+            // node held it unstarted was placed again when the node gave
+            // it back. Given back unstarted, it runs nowhere: it is done.
+            if let Some(e) = self.jobs.get_mut(&key) {
+                e.model_cpus.clear();
+                e.job.reason = format!("cancelled by user; {node} gave it back unstarted");
+            }
+            self.sync_summary(node, now);
+            self.finish(key, JobState::Cancelled, now, fx);
+            return;
+        }
         if let Some(e) = self.jobs.get_mut(&key) {
             e.model_cpus.clear();
             e.job.state = JobState::Pending as i32;
@@ -1874,6 +1917,11 @@ impl Cluster {
                     .is_some_and(|n| n.connected && !n.down);
                 if connected {
                     self.cancelling.insert(key);
+                    if let Some(e) = self.jobs.get_mut(&key) {
+                        e.job.cancel_requested = true;
+                    }
+                    self.persist(key, fx);
+                    let Some(e) = self.jobs.get(&key) else { return };
                     fx.to_agents.push((
                         node,
                         DispatcherMessage {

@@ -546,3 +546,96 @@ fn owners_are_recorded_sent_with_assignments_and_filter_lists() {
     let anon = c.submit(vec![job(1)], false, 3, &mut fx).unwrap();
     assert_eq!(anon[0].owner, "");
 }
+
+/// Regression (found by tests/model.rs): the cancel request of a job on a
+/// node lived only in memory; after a dispatcher restart, the node's loss
+/// retried the cancelled job.
+#[test]
+fn a_cancel_survives_a_dispatcher_restart() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    let spec = JobSpec {
+        retries: 1,
+        ..job(1)
+    };
+    c.submit(vec![spec], false, 1, &mut fx).unwrap();
+    let mut fx = Effects::default();
+    c.cancel("j-1", 2, &mut fx).unwrap();
+    assert_eq!(
+        state_of(&c, "j-1"),
+        JobState::Assigned,
+        "waits for its node"
+    );
+    let stored: Vec<Job> = fx
+        .writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::PutJob(j) => Some((**j).clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(stored.iter().any(|j| j.id == "j-1" && j.cancel_requested));
+    let snap = Snapshot {
+        jobs: c.jobs.values().map(|e| e.job.clone()).collect(),
+        node_admin: HashMap::new(),
+        next_job: 2,
+    };
+    let mut d = Cluster::new(ClusterConfig::default());
+    d.restore(snap, 100, 5_000);
+    let mut fx = Effects::default();
+    d.tick(6_000, &mut fx);
+    assert_eq!(state_of(&d, "j-1"), JobState::Cancelled);
+    assert!(assigns(&fx).is_empty());
+}
+
+/// Regression (found by tests/model.rs): when two nodes missed their
+/// heartbeats in the same tick, a retry from the first could be assigned
+/// to the second, which the same tick then marked DOWN.
+#[test]
+fn retries_never_go_to_a_node_lost_in_the_same_tick() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    for n in ["a", "b", "c"] {
+        register(&mut c, n, "1s:2c:1t", "z1", "r1", 0);
+    }
+    let mut fx = Effects::default();
+    let spec = JobSpec {
+        retries: 1,
+        ..job(1)
+    };
+    c.submit(vec![spec], false, 1, &mut fx).unwrap();
+    let first = c.get_job("j-1").unwrap().node;
+    // Only the last of the other two keeps reporting.
+    let alive = if first == "c" { "b" } else { "c" };
+    for t in [1000, 2000, 3000, 4000] {
+        c.load_report(alive, NodeLoad::default(), t, &mut Effects::default());
+    }
+    let mut fx = Effects::default();
+    c.tick(4000, &mut fx);
+    assert_eq!(assigns(&fx), vec![(alive.to_string(), "j-1".to_string())]);
+    assert_eq!(c.get_job("j-1").unwrap().attempt, 2);
+}
+
+/// Regression (found by tests/model.rs): a job cancelled while its agent
+/// held it unstarted was placed again when the agent gave it back.
+#[test]
+fn a_cancelled_job_given_back_by_a_steal_is_not_placed_again() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    c.submit(vec![job(1)], false, 1, &mut fx).unwrap();
+    c.cancel("j-1", 2, &mut fx).unwrap();
+    let mut fx = Effects::default();
+    c.steal_reply(
+        "a",
+        proto::v1::StealReply {
+            job_id: "j-1".into(),
+            attempt: 1,
+            released: true,
+        },
+        3,
+        &mut fx,
+    );
+    assert_eq!(state_of(&c, "j-1"), JobState::Cancelled);
+    assert!(assigns(&fx).is_empty());
+}

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod cluster;
 pub mod core;
 pub mod ha;
+pub mod limits;
 pub mod metrics;
 pub mod server;
 pub mod spec;

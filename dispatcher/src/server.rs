@@ -106,6 +106,7 @@ impl JobService for Jobs {
         req: Request<SubmitJobRequest>,
     ) -> Result<Response<SubmitJobResponse>, Status> {
         let owner = self.access.check(req.metadata(), Action::Submit)?.owner;
+        crate::limits::admit_submit(&req, &owner, 1)?;
         let trace_context = trace_context(req.metadata());
         let spec = req
             .into_inner()
@@ -130,6 +131,7 @@ impl JobService for Jobs {
         req: Request<SubmitJobsRequest>,
     ) -> Result<Response<SubmitJobsResponse>, Status> {
         let owner = self.access.check(req.metadata(), Action::Submit)?.owner;
+        crate::limits::admit_submit(&req, &owner, req.get_ref().specs.len())?;
         let trace_context = trace_context(req.metadata());
         let specs = req.into_inner().specs;
         let jobs = self
@@ -495,32 +497,54 @@ pub async fn serve_secured(
         .build_v1alpha()
         .unwrap_or_else(|e| panic!("the compiled-in descriptor set is valid: {e}"));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Message size limits (crate::limits): over them tonic answers
+    // OUT_OF_RANGE / RESOURCE_EXHAUSTED before a handler runs.
+    let l = crate::limits::current();
+    let (decode, encode, agent) = (l.client_decode(), l.client_encode(), l.agent_message());
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = security.tls {
         builder = builder.tls_config(tls)?;
     }
     let access = security.access;
     builder
-        .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        .add_service(
+            health
+                .max_decoding_message_size(decode)
+                .max_encoding_message_size(encode),
+        )
+        .add_service(
+            reflection_v1
+                .max_decoding_message_size(decode)
+                .max_encoding_message_size(encode),
+        )
+        .add_service(
+            reflection_v1alpha
+                .max_decoding_message_size(decode)
+                .max_encoding_message_size(encode),
+        )
         .add_service(
             JobServiceServer::new(Jobs {
                 gate: gate.clone(),
                 access: access.clone(),
             })
-            .max_decoding_message_size(64 << 20),
+            .max_decoding_message_size(decode)
+            .max_encoding_message_size(encode),
         )
-        .add_service(NodeServiceServer::new(Nodes {
-            gate: gate.clone(),
-            access,
-        }))
+        .add_service(
+            NodeServiceServer::new(Nodes {
+                gate: gate.clone(),
+                access,
+            })
+            .max_decoding_message_size(decode)
+            .max_encoding_message_size(encode),
+        )
         .add_service(
             AgentServiceServer::new(Agents {
                 gate,
                 require_client_cert: security.require_agent_cert,
             })
-            .max_decoding_message_size(64 << 20),
+            .max_decoding_message_size(agent)
+            .max_encoding_message_size(agent),
         )
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

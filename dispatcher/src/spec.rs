@@ -9,35 +9,57 @@ use sched::{Align, Policy};
 use thiserror::Error;
 
 /// Limits on spec sizes (hostile or mistaken input must not exhaust the
-/// dispatcher).
+/// dispatcher, its store or the agents). Each refusal names the field and
+/// the limit, e.g. `spec.env: 1025 entries, at most 1024`.
 #[derive(Clone, Debug)]
 pub struct SpecLimits {
     /// Entries in `command`.
     pub max_command_entries: usize,
+    /// Bytes of one `command` entry, and of one `env` value (Linux's
+    /// MAX_ARG_STRLEN: the kernel refuses longer ones at exec).
+    pub max_arg_bytes: usize,
     /// Total bytes of `command`, `env` and `cwd`.
     pub max_spec_bytes: usize,
-    /// Entries in `env` and in `node_selector`.
-    pub max_map_entries: usize,
-    /// Bytes of `name` and `group`.
+    /// Entries in `env`.
+    pub max_env_entries: usize,
+    /// Entries in `node_selector`.
+    pub max_selector_entries: usize,
+    /// Bytes of `name`, `group`, an `env` name, a `node_selector` key or
+    /// value.
     pub max_label_bytes: usize,
+    /// Bytes of `cwd` (PATH_MAX).
+    pub max_path_bytes: usize,
+    /// Bytes of `waker` (a job id).
+    pub max_id_bytes: usize,
     /// CPUs of one job.
     pub max_cpus: u32,
-    /// Elements of one array.
+    /// Elements of one array, and jobs created by one call.
     pub max_array: u32,
     /// Retries of one job.
     pub max_retries: u32,
+    /// Specs in one SubmitJobs call.
+    pub max_batch_specs: usize,
+    /// Bytes of the jobs one call creates: each spec's encoded size times
+    /// its array elements, summed (every element keeps its own copy).
+    pub max_call_bytes: u64,
 }
 
 impl Default for SpecLimits {
     fn default() -> Self {
         Self {
             max_command_entries: 4096,
+            max_arg_bytes: 128 << 10,
             max_spec_bytes: 1 << 20,
-            max_map_entries: 4096,
+            max_env_entries: 1024,
+            max_selector_entries: 64,
             max_label_bytes: 256,
+            max_path_bytes: 4096,
+            max_id_bytes: 64,
             max_cpus: 4096,
             max_array: 100_000,
             max_retries: 100,
+            max_batch_specs: 10_000,
+            max_call_bytes: 64 << 20,
         }
     }
 }
@@ -65,23 +87,89 @@ fn err(prefix: &str, field: &str, message: impl Into<String>) -> SpecError {
     }
 }
 
+/// `field` has `n` entries where at most `max` are allowed.
+fn too_many(prefix: &str, field: &str, n: usize, max: usize) -> Result<(), SpecError> {
+    if n > max {
+        return Err(err(prefix, field, format!("{n} entries, at most {max}")));
+    }
+    Ok(())
+}
+
+/// `field` is `n` bytes long where at most `max` are allowed.
+fn too_long(prefix: &str, field: &str, n: usize, max: usize) -> Result<(), SpecError> {
+    if n > max {
+        return Err(err(prefix, field, format!("{n} bytes, at most {max}")));
+    }
+    Ok(())
+}
+
+/// A short, printable form of a user-supplied key for a field path.
+fn key_path(field: &str, key: &str) -> String {
+    const SHOWN: usize = 32;
+    if key.len() <= SHOWN {
+        return format!("{field}[{key:?}]");
+    }
+    let mut end = SHOWN;
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{field}[{:?}...]", &key[..end])
+}
+
+fn call_error(message: String) -> SpecError {
+    SpecError {
+        field: "specs".into(),
+        message,
+    }
+}
+
+/// Check a call's number of specs, before any spec is validated.
+pub fn check_batch(specs: &[JobSpec], limits: &SpecLimits) -> Result<(), SpecError> {
+    if specs.is_empty() {
+        return Err(call_error("empty".into()));
+    }
+    if specs.len() > limits.max_batch_specs {
+        return Err(call_error(format!(
+            "{} specs in one call, at most {} per call",
+            specs.len(),
+            limits.max_batch_specs
+        )));
+    }
+    Ok(())
+}
+
+/// Check what a call of valid specs would create as a whole: its jobs
+/// (array elements count one each) and their bytes (every element keeps
+/// its own copy of the spec).
+pub fn check_call(specs: &[JobSpec], limits: &SpecLimits) -> Result<(), SpecError> {
+    check_batch(specs, limits)?;
+    let field = call_error;
+    let jobs: u64 = specs.iter().map(|s| s.array_count.max(1) as u64).sum();
+    if jobs > limits.max_array as u64 {
+        return Err(field(format!(
+            "{jobs} jobs in one call, at most {}",
+            limits.max_array
+        )));
+    }
+    let bytes: u64 = specs
+        .iter()
+        .map(|s| prost::Message::encoded_len(s) as u64 * s.array_count.max(1) as u64)
+        .sum();
+    if bytes > limits.max_call_bytes {
+        return Err(field(format!(
+            "the jobs of this call total {bytes} bytes (each spec's size times its array \
+             elements), at most {}: submit smaller specs or fewer elements per call",
+            limits.max_call_bytes
+        )));
+    }
+    Ok(())
+}
+
 /// Validate and normalise `spec`; `prefix` names it in errors (`spec`,
 /// `specs[3]`).
 pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result<(), SpecError> {
-    if spec.name.len() > limits.max_label_bytes {
-        return Err(err(
-            prefix,
-            "name",
-            format!("longer than {} bytes", limits.max_label_bytes),
-        ));
-    }
-    if spec.group.len() > limits.max_label_bytes {
-        return Err(err(
-            prefix,
-            "group",
-            format!("longer than {} bytes", limits.max_label_bytes),
-        ));
-    }
+    too_long(prefix, "name", spec.name.len(), limits.max_label_bytes)?;
+    too_long(prefix, "group", spec.group.len(), limits.max_label_bytes)?;
     if spec.command.is_empty() {
         return Err(err(
             prefix,
@@ -92,52 +180,35 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
     if spec.command[0].is_empty() {
         return Err(err(prefix, "command[0]", "the program name is empty"));
     }
-    if spec.command.len() > limits.max_command_entries {
-        return Err(err(
-            prefix,
-            "command",
-            format!(
-                "{} entries, at most {}",
-                spec.command.len(),
-                limits.max_command_entries
-            ),
-        ));
-    }
+    too_many(
+        prefix,
+        "command",
+        spec.command.len(),
+        limits.max_command_entries,
+    )?;
     for (i, arg) in spec.command.iter().enumerate() {
+        let field = format!("command[{i}]");
+        too_long(prefix, &field, arg.len(), limits.max_arg_bytes)?;
         if arg.contains('\0') {
-            return Err(err(prefix, &format!("command[{i}]"), "contains a NUL byte"));
+            return Err(err(prefix, &field, "contains a NUL byte"));
         }
     }
-    if spec.env.len() > limits.max_map_entries {
-        return Err(err(
-            prefix,
-            "env",
-            format!(
-                "{} entries, at most {}",
-                spec.env.len(),
-                limits.max_map_entries
-            ),
-        ));
-    }
+    too_many(prefix, "env", spec.env.len(), limits.max_env_entries)?;
     for (k, v) in &spec.env {
         if k.is_empty() {
             return Err(err(prefix, "env", "a variable name is empty"));
         }
+        let field = key_path("env", k);
+        too_long(prefix, &field, k.len(), limits.max_label_bytes)?;
         if k.contains('=') || k.contains('\0') {
-            return Err(err(
-                prefix,
-                &format!("env[{k:?}]"),
-                "names may not contain '=' or NUL",
-            ));
+            return Err(err(prefix, &field, "names may not contain '=' or NUL"));
         }
+        too_long(prefix, &field, v.len(), limits.max_arg_bytes)?;
         if v.contains('\0') {
-            return Err(err(
-                prefix,
-                &format!("env[{k:?}]"),
-                "value contains a NUL byte",
-            ));
+            return Err(err(prefix, &field, "value contains a NUL byte"));
         }
     }
+    too_long(prefix, "cwd", spec.cwd.len(), limits.max_path_bytes)?;
     if spec.cwd.contains('\0') {
         return Err(err(prefix, "cwd", "contains a NUL byte"));
     }
@@ -188,14 +259,21 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
             format!("unknown value {}", spec.policy),
         ));
     }
-    if spec.node_selector.len() > limits.max_map_entries {
-        return Err(err(prefix, "node_selector", "too many entries"));
-    }
-    for k in spec.node_selector.keys() {
+    too_many(
+        prefix,
+        "node_selector",
+        spec.node_selector.len(),
+        limits.max_selector_entries,
+    )?;
+    for (k, v) in &spec.node_selector {
         if k.is_empty() {
             return Err(err(prefix, "node_selector", "a label name is empty"));
         }
+        let field = key_path("node_selector", k);
+        too_long(prefix, &field, k.len(), limits.max_label_bytes)?;
+        too_long(prefix, &field, v.len(), limits.max_label_bytes)?;
     }
+    too_long(prefix, "waker", spec.waker.len(), limits.max_id_bytes)?;
     if !(-20..=19).contains(&spec.latency_nice) {
         return Err(err(
             prefix,
@@ -297,7 +375,149 @@ mod tests {
         check(|s| s.retries = 101, "spec.retries");
         check(|s| s.array_count = 100_001, "spec.array_count");
         check(|s| s.timeout_ms = u64::MAX, "spec.timeout_ms");
-        check(|s| s.command = vec!["x".repeat(2 << 20)], "spec.command");
+        check(|s| s.command = vec!["x".repeat(2 << 20)], "spec.command[0]");
+    }
+
+    /// Every size limit, with the message naming the size and the limit.
+    #[test]
+    fn every_size_limit_is_refused_by_name() {
+        let sized = |mutate: &dyn Fn(&mut JobSpec), field: &str, message: &str| {
+            let mut s = ok_spec();
+            mutate(&mut s);
+            let e = validate(&mut s, "spec", &SpecLimits::default()).unwrap_err();
+            assert_eq!((e.field.as_str(), e.message.as_str()), (field, message));
+        };
+        let big = |n: usize| "x".repeat(n);
+        sized(
+            &|s| s.name = big(257),
+            "spec.name",
+            "257 bytes, at most 256",
+        );
+        sized(
+            &|s| s.group = big(300),
+            "spec.group",
+            "300 bytes, at most 256",
+        );
+        sized(
+            &|s| s.command = vec!["x".into(); 4097],
+            "spec.command",
+            "4097 entries, at most 4096",
+        );
+        sized(
+            &|s| s.command.push(big(128 * 1024 + 1)),
+            "spec.command[1]",
+            "131073 bytes, at most 131072",
+        );
+        sized(
+            &|s| s.command = vec![big(100 * 1024); 11],
+            "spec.command",
+            "command, env and cwd total 1126400 bytes, at most 1048576",
+        );
+        sized(
+            &|s| {
+                for i in 0..1025 {
+                    s.env.insert(format!("V{i}"), String::new());
+                }
+            },
+            "spec.env",
+            "1025 entries, at most 1024",
+        );
+        sized(
+            &|s| {
+                s.env.insert(big(257), String::new());
+            },
+            &format!("spec.env[{:?}...]", big(32)),
+            "257 bytes, at most 256",
+        );
+        sized(
+            &|s| {
+                s.env.insert("HUGE".into(), big(128 * 1024 + 1));
+            },
+            "spec.env[\"HUGE\"]",
+            "131073 bytes, at most 131072",
+        );
+        sized(
+            &|s| s.cwd = format!("/{}", big(4096)),
+            "spec.cwd",
+            "4097 bytes, at most 4096",
+        );
+        sized(
+            &|s| {
+                for i in 0..65 {
+                    s.node_selector.insert(format!("l{i}"), "v".into());
+                }
+            },
+            "spec.node_selector",
+            "65 entries, at most 64",
+        );
+        sized(
+            &|s| {
+                s.node_selector.insert(big(257), "v".into());
+            },
+            &format!("spec.node_selector[{:?}...]", big(32)),
+            "257 bytes, at most 256",
+        );
+        sized(
+            &|s| {
+                s.node_selector.insert("rack".into(), big(257));
+            },
+            "spec.node_selector[\"rack\"]",
+            "257 bytes, at most 256",
+        );
+        sized(
+            &|s| s.waker = format!("j-{}", "1".repeat(63)),
+            "spec.waker",
+            "65 bytes, at most 64",
+        );
+        // Sizes at the limit pass.
+        let mut s = ok_spec();
+        s.name = big(256);
+        s.command.push(big(128 * 1024));
+        s.cwd = format!("/{}", big(4095));
+        for i in 0..1024 {
+            s.env.insert(format!("V{i}"), String::new());
+        }
+        for i in 0..64 {
+            s.node_selector.insert(format!("l{i}"), big(256));
+        }
+        validate(&mut s, "spec", &SpecLimits::default()).unwrap();
+    }
+
+    /// A multi-byte key is cut on a character boundary in the field path.
+    #[test]
+    fn long_keys_are_cut_on_char_boundaries() {
+        let mut s = ok_spec();
+        s.env.insert("é".repeat(200), String::new());
+        let e = validate(&mut s, "spec", &SpecLimits::default()).unwrap_err();
+        assert_eq!(e.field, format!("spec.env[{:?}...]", "é".repeat(16)));
+    }
+
+    #[test]
+    fn calls_are_checked_as_a_whole() {
+        let limits = SpecLimits::default();
+        let call = |specs: Vec<JobSpec>| check_call(&specs, &limits).map_err(|e| e.to_string());
+        assert_eq!(call(vec![]).unwrap_err(), "specs: empty");
+        assert_eq!(
+            call(vec![ok_spec(); 10_001]).unwrap_err(),
+            "specs: 10001 specs in one call, at most 10000 per call"
+        );
+        call(vec![ok_spec(); 10_000]).unwrap();
+        let array = |n: u32, arg: usize| JobSpec {
+            array_count: n,
+            command: vec!["x".repeat(arg)],
+            ..Default::default()
+        };
+        assert_eq!(
+            call(vec![array(60_000, 1), array(60_000, 1)]).unwrap_err(),
+            "specs: 120000 jobs in one call, at most 100000"
+        );
+        // 1000 elements of a 100 KB spec: 100 MB of jobs.
+        let e = call(vec![array(1000, 100_000)]).unwrap_err();
+        assert!(
+            e.starts_with("specs: the jobs of this call total 1000"),
+            "{e}"
+        );
+        call(vec![array(100, 100_000)]).unwrap();
     }
 
     #[test]

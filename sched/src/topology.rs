@@ -257,9 +257,11 @@ pub struct Topology {
     numa_groups: Vec<Vec<LeafId>>,
     /// Leaves of each package, ascending, ranked by lowest leaf.
     package_groups: Vec<Vec<LeafId>>,
-    /// For each LLC, the index of its parent domain's list of child LLCs
-    /// (the seed's proposed per-domain list of LLC masks).
-    llc_siblings: Vec<Vec<usize>>,
+    /// Per domain with LLC children: the indexes of those LLCs (the
+    /// seed's proposed per-domain list of LLC masks).
+    sibling_lists: Vec<Vec<usize>>,
+    /// For each LLC, its parent domain's entry in `sibling_lists`.
+    llc_sibling_list: Vec<usize>,
 }
 
 impl Topology {
@@ -465,30 +467,42 @@ impl Topology {
         };
         let (package_groups, _) = rank_groups(&pkg_gid);
 
-        // Per-LLC sibling list: the LLCs under the parent of this LLC's node.
-        let mut llc_at_node: HashMap<NodeId, usize> = HashMap::new();
+        // Per-LLC sibling list: the LLCs under the parent of this LLC's node,
+        // computed once per parent and shared by its LLCs. Fix (found by
+        // fuzz/fuzz_targets/topo_spec.rs timing out on "509s:8c"): it was
+        // computed per LLC with a linear `contains` per leaf, O(LLCs^2 x
+        // leaves): 16 s for a cluster of 2000 racks.
+        let mut sibling_lists: Vec<Vec<usize>> = Vec::new();
+        let mut list_of_parent: HashMap<Option<NodeId>, usize> = HashMap::new();
+        let mut llc_sibling_list = Vec::with_capacity(llcs.len());
+        let mut seen = vec![false; llcs.len()];
         for (i, llc) in llcs.iter().enumerate() {
-            llc_at_node.insert(llc.node, i);
-        }
-        let llc_siblings = llcs
-            .iter()
-            .enumerate()
-            .map(|(i, llc)| match nodes[llc.node].parent {
-                None => vec![i],
-                Some(p) => {
-                    let span = nodes[p].span.clone();
-                    let mut seen = Vec::new();
-                    for &leaf in &order[span] {
+            let parent = nodes[llc.node].parent;
+            let list = match parent {
+                // Only a root LLC has no parent: it is its own list.
+                None => {
+                    sibling_lists.push(vec![i]);
+                    sibling_lists.len() - 1
+                }
+                Some(p) => *list_of_parent.entry(parent).or_insert_with(|| {
+                    let mut members = Vec::new();
+                    for &leaf in &order[nodes[p].span.clone()] {
                         let l = llc_of[leaf];
-                        if !seen.contains(&l) {
-                            seen.push(l);
+                        if !seen[l] {
+                            seen[l] = true;
+                            members.push(l);
                         }
                     }
-                    seen.sort_unstable();
-                    seen
-                }
-            })
-            .collect();
+                    for &l in &members {
+                        seen[l] = false;
+                    }
+                    members.sort_unstable();
+                    sibling_lists.push(members);
+                    sibling_lists.len() - 1
+                }),
+            };
+            llc_sibling_list.push(list);
+        }
 
         Ok(Self {
             os_ids,
@@ -505,7 +519,8 @@ impl Topology {
             nr_numa,
             numa_groups,
             package_groups,
-            llc_siblings,
+            sibling_lists,
+            llc_sibling_list,
         })
     }
 
@@ -655,7 +670,7 @@ impl Topology {
     /// per-domain list of LLC masks proposed in seed 000 for stealing across
     /// LLCs.
     pub fn llc_siblings(&self, llc: usize) -> &[usize] {
-        &self.llc_siblings[llc]
+        &self.sibling_lists[self.llc_sibling_list[llc]]
     }
 
     /// Build a test or demo topology from a short spec; see [`TopoSpec`].
@@ -760,8 +775,44 @@ pub enum TopoSpec {
 }
 
 impl TopoSpec {
+    /// The most leaves a spec may describe (a test machine or cluster, not
+    /// a typo that allocates terabytes).
+    pub const MAX_LEAVES: usize = 1 << 20;
+
+    /// Number of leaves (CPUs or nodes) the spec describes; `None` when the
+    /// product overflows.
+    pub fn nr_leaves(&self) -> Option<usize> {
+        match *self {
+            TopoSpec::Machine {
+                sockets,
+                cores,
+                threads,
+                ..
+            } => sockets.checked_mul(cores)?.checked_mul(threads),
+            TopoSpec::Cluster {
+                zones,
+                racks,
+                nodes,
+                ..
+            } => zones.checked_mul(racks)?.checked_mul(nodes),
+        }
+    }
+
     /// Parse a spec string (see the type's documentation).
     pub fn parse(spec: &str) -> Result<Self, TopologyError> {
+        let parsed = Self::parse_fields(spec)?;
+        // Fix (found while writing fuzz/fuzz_targets/topo_spec.rs): a product of
+        // counts overflowed in `build` (a panic) or asked for terabytes.
+        match parsed.nr_leaves() {
+            Some(n) if n <= Self::MAX_LEAVES => Ok(parsed),
+            _ => Err(TopologyError::BadSpec {
+                spec: spec.to_string(),
+                reason: format!("more than {} leaves", Self::MAX_LEAVES),
+            }),
+        }
+    }
+
+    fn parse_fields(spec: &str) -> Result<Self, TopologyError> {
         let bad = |reason: &str| TopologyError::BadSpec {
             spec: spec.to_string(),
             reason: reason.to_string(),
@@ -954,6 +1005,43 @@ mod tests {
                 assert_eq!(t.node(c).parent, Some(id));
             }
         }
+    }
+
+    /// Regression (found while writing fuzz/fuzz_targets/topo_spec.rs): counts whose
+    /// product overflows panicked in `build`; huge ones allocated without
+    /// bound.
+    #[test]
+    fn specs_with_too_many_leaves_are_refused() {
+        for spec in [
+            "99999999999s:99999999999c:99999999999t",
+            "18446744073709551615z:2r:2n",
+            "1048577n",
+            "1024s:1024c:2t",
+        ] {
+            let e = TopoSpec::parse(spec).unwrap_err();
+            assert!(
+                e.to_string().contains("more than 1048576 leaves"),
+                "{spec}: {e}"
+            );
+        }
+        assert_eq!(
+            TopoSpec::parse("1048576n").unwrap().nr_leaves(),
+            Some(1 << 20)
+        );
+        assert_eq!(TopoSpec::parse("2s:22c:2t").unwrap().nr_leaves(), Some(88));
+    }
+
+    /// Regression (found by fuzz/fuzz_targets/topo_spec.rs: "509s:8c"
+    /// timed out): many LLCs under one parent built in O(LLCs^2 x leaves).
+    /// Counted, not timed: 2000 racks share one list of 2000 siblings.
+    #[test]
+    fn many_llcs_share_one_sibling_list() {
+        let t = Topology::from_spec("1z:2000r:8n").unwrap();
+        assert_eq!(t.llcs().len(), 2000);
+        let first = t.llc_siblings(0);
+        assert_eq!(first.len(), 2000);
+        assert!(first.windows(2).all(|w| w[0] < w[1]));
+        assert!((0..2000).all(|l| std::ptr::eq(t.llc_siblings(l), first)));
     }
 
     #[test]

@@ -101,6 +101,20 @@ struct Args {
     /// through the store's redo log.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(2..))]
     etcd_max_txn_ops: u64,
+    /// Largest request a client may send, in bytes (responses may be 16
+    /// times larger, agents' messages 4 times). Over it a call fails with
+    /// OUT_OF_RANGE or RESOURCE_EXHAUSTED before it is read.
+    #[arg(long, value_name = "BYTES", default_value_t = dispatcher::limits::DEFAULT_MAX_MESSAGE_BYTES)]
+    max_message_bytes: usize,
+    /// Sustained job submissions (specs) per second per client (the
+    /// user of its bearer token, else its address); 0 = no limit. Over
+    /// it a submission fails with RESOURCE_EXHAUSTED saying when to retry.
+    #[arg(long, value_name = "PER_SEC", default_value_t = dispatcher::limits::DEFAULT_SUBMIT_RATE)]
+    submit_rate: f64,
+    /// Submissions (specs) a client may send at once before the rate
+    /// applies.
+    #[arg(long, value_name = "N", default_value_t = dispatcher::limits::DEFAULT_SUBMIT_BURST)]
+    submit_burst: u32,
     /// Log format: text or json.
     #[arg(long, default_value = "text")]
     log_format: String,
@@ -333,6 +347,19 @@ fn init_logging(format: &str) {
 }
 
 async fn run(args: Args) -> Result<()> {
+    anyhow::ensure!(
+        args.submit_rate.is_finite() && args.submit_rate >= 0.0,
+        "--submit-rate must be a number >= 0 (0 = no limit)"
+    );
+    anyhow::ensure!(
+        args.max_message_bytes >= 1024,
+        "--max-message-bytes must be at least 1024"
+    );
+    dispatcher::limits::install(dispatcher::limits::Limits {
+        max_message_bytes: args.max_message_bytes,
+        submit_rate: args.submit_rate,
+        submit_burst: args.submit_burst,
+    });
     // Bad TLS files or tokens stop the start before anything is opened.
     let (security, dev_tls) = security(&args)?;
     let mut cfg = ClusterConfig {
