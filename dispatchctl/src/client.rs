@@ -1,10 +1,16 @@
 //! The connection to the dispatcher: the two gRPC service clients over one
 //! channel, error mapping (unreachable vs. refused by the server) and the
 //! calls the commands share (listing every page, node actions).
+//!
+//! With several replicas (`--server URL,URL,...`) the client finds the
+//! leader through `proto::endpoints` (follow a follower's hint, rotate past
+//! dead replicas), at start ([`Client::connect_leader`]) and again when a
+//! long-lived stream breaks ([`Client::find_leader`]).
 
 use std::time::Duration;
 
 use proto::client_security::{AuthChannel, Bearer, ClientTls};
+use proto::endpoints::{Endpoints, LeaderChannel, should_failover};
 use proto::v1 as pb;
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
@@ -22,10 +28,48 @@ const MAX_MESSAGE: usize = 256 << 20;
 #[derive(Clone)]
 pub struct Client {
     addr: String,
+    /// How to find the leader again.
+    search: LeaderSearch,
     /// `dispatch.v1.JobService`.
     pub jobs: JobServiceClient<AuthChannel>,
     /// `dispatch.v1.NodeService`.
     pub nodes: NodeServiceClient<AuthChannel>,
+}
+
+/// What [`Client::find_leader`] needs: the configured URLs and the
+/// connection settings.
+#[derive(Clone)]
+struct LeaderSearch {
+    addrs: String,
+    tls: ClientTls,
+    bearer: Bearer,
+}
+
+/// Finds the leader among `endpoints` (LeaderChannel: hints followed at
+/// once, rotations for up to `patience`): the URL and a channel to it.
+/// Any answer but UNAVAILABLE to `GetJob("")` comes from the leader (an
+/// empty id is simply not found there).
+async fn locate(
+    endpoints: Endpoints,
+    patience: Duration,
+    tls: &ClientTls,
+    bearer: &Bearer,
+) -> (String, std::result::Result<Channel, Status>) {
+    let mut leader = LeaderChannel::new(endpoints, patience).with_tls(tls.clone());
+    let found = leader
+        .call(|channel| {
+            let bearer = bearer.clone();
+            async move {
+                let probe = pb::GetJobRequest { id: String::new() };
+                let mut jobs = JobServiceClient::with_interceptor(channel.clone(), bearer);
+                match jobs.get_job(probe).await {
+                    Err(s) if should_failover(&s) => Err(s),
+                    _ => Ok(channel),
+                }
+            }
+        })
+        .await;
+    (leader.current().to_string(), found)
 }
 
 /// [`Error::Unreachable`], with a hint when a plain-text URL may be
@@ -69,7 +113,9 @@ impl Client {
             Ok(Err(e)) => return Err(unreachable(error_cause(&e))),
             Err(_) => return Err(unreachable("timed out".to_string())),
         };
-        Ok(Client::from_channel(addr, channel, bearer))
+        let mut client = Client::from_channel(addr, channel, bearer);
+        client.search.tls = tls.clone();
+        Ok(client)
     }
 
     /// Connects to the leader among `addrs` (`URL[,URL...]`): follows a
@@ -77,7 +123,6 @@ impl Client {
     /// replicas (proto::endpoints). When none answers, reports the first
     /// unreachable one as [`Client::connect`] does.
     pub async fn connect_leader(addrs: &str, tls: &ClientTls, bearer: Bearer) -> Result<Self> {
-        use proto::endpoints::{Endpoints, LeaderChannel, should_failover};
         let endpoints =
             Endpoints::new([addrs]).map_err(|e| Error::Usage(format!("--server: {e}")))?;
         let patience = if endpoints.urls().len() > 1 {
@@ -85,32 +130,51 @@ impl Client {
         } else {
             Duration::ZERO
         };
-        let mut leader = LeaderChannel::new(endpoints, patience).with_tls(tls.clone());
-        // Any answer but UNAVAILABLE comes from the leader (an empty id
-        // is simply not found there).
-        let found = leader
-            .call(|channel| {
-                let bearer = bearer.clone();
-                async move {
-                    let probe = pb::GetJobRequest { id: String::new() };
-                    let mut jobs = JobServiceClient::with_interceptor(channel.clone(), bearer);
-                    match jobs.get_job(probe).await {
-                        Err(s) if should_failover(&s) => Err(s),
-                        _ => Ok(channel),
-                    }
-                }
-            })
-            .await;
-        match found {
-            Ok(channel) => Ok(Client::from_channel(leader.current(), channel, bearer)),
-            Err(_) => Client::connect(leader.current(), tls, bearer).await,
-        }
+        let (url, found) = locate(endpoints, patience, tls, &bearer).await;
+        let mut client = match found {
+            Ok(channel) => Client::from_channel(&url, channel, bearer.clone()),
+            Err(_) => Client::connect(&url, tls, bearer.clone()).await?,
+        };
+        client.search = LeaderSearch {
+            addrs: addrs.to_string(),
+            tls: tls.clone(),
+            bearer,
+        };
+        Ok(client)
     }
 
-    /// A client over an existing channel (e.g. a lazily connected one).
+    /// Finds the leader again after a stream or call to this client's
+    /// dispatcher broke (a failover, a restart), trying for up to
+    /// `patience`: the configured URLs (and the one in use, which may have
+    /// been learnt from a hint), hints followed at once. On success the
+    /// client talks to the leader from then on; else the last
+    /// UNAVAILABLE.
+    pub async fn find_leader(&mut self, patience: Duration) -> std::result::Result<(), Status> {
+        let search = self.search.clone();
+        let endpoints = Endpoints::new([search.addrs.as_str(), self.addr.as_str()])
+            .map_err(|e| Status::invalid_argument(format!("--server: {e}")))?;
+        let (url, found) = locate(endpoints, patience, &search.tls, &search.bearer).await;
+        let channel = found?;
+        *self = Client::from_channel(&url, channel, search.bearer.clone());
+        self.search = search;
+        Ok(())
+    }
+
+    /// The configured dispatcher URLs (for messages).
+    pub fn servers(&self) -> &str {
+        &self.search.addrs
+    }
+
+    /// A client over an existing channel (e.g. a lazily connected one);
+    /// [`Client::find_leader`] reconnects to `addr` in plain text.
     pub fn from_channel(addr: &str, channel: Channel, bearer: Bearer) -> Self {
         Client {
             addr: addr.to_string(),
+            search: LeaderSearch {
+                addrs: addr.to_string(),
+                tls: ClientTls::default(),
+                bearer: bearer.clone(),
+            },
             jobs: JobServiceClient::with_interceptor(channel.clone(), bearer.clone())
                 .max_decoding_message_size(MAX_MESSAGE),
             nodes: NodeServiceClient::with_interceptor(channel, bearer)

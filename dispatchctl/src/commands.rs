@@ -5,7 +5,7 @@
 //! tested on hand-built messages.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use proto::v1 as pb;
 
@@ -25,11 +25,10 @@ use crate::view::{
 };
 use crate::{EXIT_ERROR, EXIT_OK, Error, Io, Result};
 
-/// Reconnection attempts (one a second) while `--wait`, `--follow` or
-/// `logs -f` lose their stream, before giving up with exit code 2.
-const STREAM_RETRIES: u32 = 30;
-/// Pause between reconnection attempts.
-const RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// How long `watch`, `--wait`, `--follow` and `logs -f` look for a leader
+/// (the same dispatcher restarting, or another replica taking over) after
+/// their stream breaks, before giving up with exit code 2.
+pub const RESUME_PATIENCE: Duration = Duration::from_secs(30);
 /// Exit code of a `--wait`ed job that was lost with its node.
 pub const EXIT_JOB_LOST: u8 = 3;
 /// Exit code of a `--wait`ed job that timed out without a signal (as
@@ -288,8 +287,8 @@ pub fn outcome_summary(jobs: &[pb::Job]) -> String {
 
 /// Watches `ids` (with their current state first) until `done` holds for
 /// every one; returns their last known states in the order of `ids`.
-/// Reconnects when the stream breaks, up to [`STREAM_RETRIES`] times in a
-/// row.
+/// When the stream breaks it finds the leader again and re-watches (the
+/// current states come first again), for up to [`RESUME_PATIENCE`].
 pub async fn wait_for(
     client: &mut Client,
     ids: &[String],
@@ -298,20 +297,19 @@ pub async fn wait_for(
     let wanted: HashSet<&str> = ids.iter().map(String::as_str).collect();
     let mut latest: HashMap<String, pb::Job> = HashMap::new();
     let mut remaining = wanted.len();
-    let mut failures = 0;
-    let mut last_cause = String::from("the job watch ended");
+    let mut broken = Resume::default();
     loop {
         let req = pb::WatchJobsRequest {
             ids: ids.to_vec(),
             include_current: true,
         };
-        match client.jobs.watch_jobs(req).await {
+        let cause = match client.jobs.watch_jobs(req).await {
             Ok(resp) => {
                 let mut stream = resp.into_inner();
                 loop {
                     match stream.message().await {
                         Ok(Some(ev)) => {
-                            failures = 0;
+                            broken.healed();
                             let Some(job) = ev.job else { continue };
                             if !wanted.contains(job.id.as_str()) {
                                 continue;
@@ -333,26 +331,57 @@ pub async fn wait_for(
                                     .collect());
                             }
                         }
-                        Ok(None) => break,
-                        Err(s) if is_disconnect(&s) => {
-                            last_cause = status_cause(&s);
-                            break;
-                        }
+                        Ok(None) => break "the dispatcher ended the job watch".to_string(),
+                        Err(s) if is_disconnect(&s) => break status_cause(&s),
                         Err(s) => return Err(client.error(s)),
                     }
                 }
             }
-            Err(s) if is_disconnect(&s) => last_cause = status_cause(&s),
+            Err(s) if is_disconnect(&s) => status_cause(&s),
             Err(s) => return Err(client.error(s)),
-        }
-        failures += 1;
-        if failures > STREAM_RETRIES {
-            return Err(Error::Unreachable {
-                addr: client.addr().to_string(),
-                cause: last_cause,
-            });
-        }
-        tokio::time::sleep(RETRY_PAUSE).await;
+        };
+        broken.reconnect(client, cause).await?;
+    }
+}
+
+/// Resuming a stream after it broke: the time of the first break since the
+/// last message, so that [`RESUME_PATIENCE`] bounds the whole search.
+#[derive(Default)]
+struct Resume {
+    since: Option<Instant>,
+}
+
+impl Resume {
+    /// A message arrived: the stream works.
+    fn healed(&mut self) {
+        self.since = None;
+    }
+
+    /// The stream broke (`cause`): find the leader (proto::endpoints, via
+    /// [`Client::find_leader`]) within what is left of the patience, or
+    /// fail with exit code 2 naming the URLs tried.
+    async fn reconnect(&mut self, client: &mut Client, cause: String) -> Result<()> {
+        let since = *self.since.get_or_insert_with(Instant::now);
+        let left = RESUME_PATIENCE.saturating_sub(since.elapsed());
+        let found = if left.is_zero() {
+            Err(None)
+        } else {
+            client.find_leader(left).await.map_err(Some)
+        };
+        found.map_err(|last| Error::Unreachable {
+            addr: client.servers().to_string(),
+            cause: match last {
+                Some(s) => format!(
+                    "{cause}; no leader answered within {}s: {}",
+                    RESUME_PATIENCE.as_secs(),
+                    status_cause(&s)
+                ),
+                None => format!(
+                    "{cause}; no leader answered within {}s",
+                    RESUME_PATIENCE.as_secs()
+                ),
+            },
+        })
     }
 }
 
@@ -375,7 +404,8 @@ pub async fn follow_log(
 }
 
 /// Copies a job's log to `io.out` from the start; with `follow`, until the
-/// job ends, resuming at the last offset when the stream breaks.
+/// job ends, resuming at the last offset printed when the stream breaks
+/// (on the leader found again, for up to [`RESUME_PATIENCE`]).
 pub async fn stream_log(
     client: &mut Client,
     id: &str,
@@ -384,9 +414,8 @@ pub async fn stream_log(
     io: &mut Io<'_>,
 ) -> Result<()> {
     let mut offset = 0u64;
-    let mut failures = 0;
+    let mut broken = Resume::default();
     let mut warned_truncated = false;
-    let mut last_cause: String;
     loop {
         let req = pb::StreamLogsRequest {
             id: id.to_string(),
@@ -394,13 +423,13 @@ pub async fn stream_log(
             offset,
             follow,
         };
-        match client.jobs.stream_logs(req).await {
+        let cause = match client.jobs.stream_logs(req).await {
             Ok(resp) => {
                 let mut chunks = resp.into_inner();
                 loop {
                     match chunks.message().await {
                         Ok(Some(chunk)) => {
-                            failures = 0;
+                            broken.healed();
                             // Skip what was already printed if the
                             // dispatcher resent from an earlier offset.
                             let skip = offset.saturating_sub(chunk.offset);
@@ -420,27 +449,16 @@ pub async fn stream_log(
                             }
                         }
                         Ok(None) => return Ok(()),
-                        Err(s) if follow && is_disconnect(&s) => {
-                            last_cause = status_cause(&s);
-                            break;
-                        }
+                        Err(s) if follow && is_disconnect(&s) => break status_cause(&s),
                         Err(s) => return Err(client.error(s)),
                     }
                 }
             }
-            Err(s) if follow && is_disconnect(&s) => {
-                last_cause = status_cause(&s);
-            }
+            Err(s) if follow && is_disconnect(&s) => status_cause(&s),
             Err(s) => return Err(client.error(s)),
-        }
-        failures += 1;
-        if failures > STREAM_RETRIES {
-            return Err(Error::Unreachable {
-                addr: client.addr().to_string(),
-                cause: last_cause,
-            });
-        }
-        tokio::time::sleep(RETRY_PAUSE).await;
+        };
+        // Resume from the byte after the last one printed.
+        broken.reconnect(client, cause).await?;
     }
 }
 
@@ -730,7 +748,10 @@ pub async fn logs(client: &mut Client, a: &LogsArgs, io: &mut Io<'_>) -> Result<
 
 // ---------------------------------------------------------------- watch
 
-/// `dispatchctl watch`.
+/// `dispatchctl watch`. When the stream breaks (a failover, a restart) it
+/// finds the leader again, re-watches with the current states and
+/// continues, printing only what changed meanwhile ([`WatchDedup`]); it
+/// gives up with exit code 2 after [`RESUME_PATIENCE`] without a leader.
 pub async fn watch(client: &mut Client, a: &WatchArgs, io: &mut Io<'_>) -> Result<u8> {
     let targeted = !a.ids.is_empty();
     // Fix: `watch ID` waited forever for an unknown id, and for an array's
@@ -740,37 +761,112 @@ pub async fn watch(client: &mut Client, a: &WatchArgs, io: &mut Io<'_>) -> Resul
     for id in &a.ids {
         pending.extend(jobs_of(client, id).await?);
     }
-    let req = pb::WatchJobsRequest {
-        ids: a.ids.clone(),
-        include_current: targeted || a.current,
-    };
-    let mut stream = client
-        .jobs
-        .watch_jobs(req)
-        .await
-        .map_err(|s| client.error(s))?
-        .into_inner();
-    while let Some(ev) = stream.message().await.map_err(|s| client.error(s))? {
-        match a.format {
-            WatchFormat::Json => {
-                let line = serde_json::to_string(&JobEventView::from(&ev))
-                    .map_err(crate::output::OutputError::from)?;
-                writeln!(io.out, "{line}")?;
+    let mut dedup = WatchDedup::new(targeted || a.current, now_ms());
+    let mut broken = Resume::default();
+    loop {
+        let req = pb::WatchJobsRequest {
+            ids: a.ids.clone(),
+            include_current: targeted || a.current || dedup.resumed,
+        };
+        let cause = match client.jobs.watch_jobs(req).await {
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                loop {
+                    let ev = match stream.message().await {
+                        Ok(Some(ev)) => ev,
+                        // Only a dispatcher going away ends a watch.
+                        Ok(None) => break "the dispatcher ended the job watch".to_string(),
+                        Err(s) if is_disconnect(&s) => break status_cause(&s),
+                        Err(s) => return Err(client.error(s)),
+                    };
+                    broken.healed();
+                    if !dedup.admit(&ev) {
+                        continue;
+                    }
+                    match a.format {
+                        WatchFormat::Json => {
+                            let line = serde_json::to_string(&JobEventView::from(&ev))
+                                .map_err(crate::output::OutputError::from)?;
+                            writeln!(io.out, "{line}")?;
+                        }
+                        WatchFormat::Text => writeln!(io.out, "{}", event_line(&ev, now_ms()))?,
+                    }
+                    io.out.flush()?;
+                    if targeted
+                        && let Some(job) = &ev.job
+                        && JobStateView::from_i32(job.state).is_terminal()
+                    {
+                        pending.remove(&job.id);
+                        if pending.is_empty() {
+                            return Ok(EXIT_OK);
+                        }
+                    }
+                }
             }
-            WatchFormat::Text => writeln!(io.out, "{}", event_line(&ev, now_ms()))?,
-        }
-        io.out.flush()?;
-        if targeted
-            && let Some(job) = &ev.job
-            && JobStateView::from_i32(job.state).is_terminal()
-        {
-            pending.remove(&job.id);
-            if pending.is_empty() {
-                break;
-            }
+            Err(s) if is_disconnect(&s) => status_cause(&s),
+            Err(s) => return Err(client.error(s)),
+        };
+        writeln!(
+            io.err,
+            "dispatchctl: the watch broke ({cause}); looking for the leader"
+        )?;
+        broken.reconnect(client, cause).await?;
+        dedup.resumed = true;
+    }
+}
+
+/// Which events a resumed `watch` prints. A re-watch starts with every
+/// job's current state (`previous_state` UNSPECIFIED); of those it prints
+/// only the jobs whose state changed since it last printed them, and jobs
+/// it never printed that were submitted after the watch began (or all of
+/// them when the watch showed current states from the start). A terminal
+/// state already printed for a job is never printed again.
+#[derive(Debug)]
+pub struct WatchDedup {
+    /// The last state printed per job.
+    printed: HashMap<String, i32>,
+    /// The watch printed every job's current state when it began.
+    from_current: bool,
+    /// When the watch began (Unix ms, this machine's clock).
+    started_ms: i64,
+    /// The watch has been re-opened at least once.
+    pub resumed: bool,
+}
+
+impl WatchDedup {
+    /// A watch that began at `started_ms`; `from_current` when it asked
+    /// for current states (`--current` or ids).
+    pub fn new(from_current: bool, started_ms: i64) -> Self {
+        Self {
+            printed: HashMap::new(),
+            from_current,
+            started_ms,
+            resumed: false,
         }
     }
-    Ok(EXIT_OK)
+
+    /// Whether to print `ev`; remembers it when so.
+    pub fn admit(&mut self, ev: &pb::JobEvent) -> bool {
+        let Some(job) = &ev.job else {
+            return true;
+        };
+        let last = self.printed.get(&job.id).copied();
+        let terminal = |s: i32| JobStateView::from_i32(s).is_terminal();
+        let print = if last.is_some_and(|l| l == job.state && terminal(l)) {
+            false
+        } else if self.resumed && ev.previous_state == pb::JobState::Unspecified as i32 {
+            match last {
+                Some(l) => l != job.state,
+                None => self.from_current || job.submit_time_ms >= self.started_ms,
+            }
+        } else {
+            true
+        };
+        if print {
+            self.printed.insert(job.id.clone(), job.state);
+        }
+        print
+    }
 }
 
 /// The job ids `id` stands for: itself, or for an array's id its
@@ -1209,5 +1305,57 @@ mod tests {
             event_line(&cur, 1_767_225_600_000),
             "2026-01-01 00:00:00Z  j-1                  - -> pending    -"
         );
+    }
+
+    fn event(
+        id: &str,
+        state: pb::JobState,
+        previous: pb::JobState,
+        submitted: i64,
+    ) -> pb::JobEvent {
+        pb::JobEvent {
+            job: Some(pb::Job {
+                id: id.to_string(),
+                state: state as i32,
+                submit_time_ms: submitted,
+                ..Default::default()
+            }),
+            previous_state: previous as i32,
+            time_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_resumed_watch_prints_changes_once() {
+        use pb::JobState as S;
+        let cur = S::Unspecified;
+        // A watch of new events only, begun at t=1000.
+        let mut d = WatchDedup::new(false, 1000);
+        assert!(d.admit(&event("j-1", S::Running, S::Assigned, 500)));
+        assert!(d.admit(&event("j-2", S::Running, S::Assigned, 600)));
+        assert!(d.admit(&event("j-3", S::Succeeded, S::Running, 700)));
+        // The stream broke; the re-watch starts with current states.
+        d.resumed = true;
+        // j-1 still running: already printed.
+        assert!(!d.admit(&event("j-1", S::Running, cur, 500)));
+        // j-2 ended during the gap: printed once.
+        assert!(d.admit(&event("j-2", S::Succeeded, cur, 600)));
+        // j-3's end was printed before the break: never again.
+        assert!(!d.admit(&event("j-3", S::Succeeded, cur, 700)));
+        // Untouched since before the watch began: not news.
+        assert!(!d.admit(&event("j-0", S::Pending, cur, 10)));
+        // Submitted during the gap: news.
+        assert!(d.admit(&event("j-4", S::Pending, cur, 1500)));
+        // A live end event repeating a printed end (a second break, or a
+        // new leader reporting it again) is dropped too.
+        assert!(!d.admit(&event("j-2", S::Succeeded, S::Running, 600)));
+        assert!(d.admit(&event("j-4", S::Running, S::Pending, 1500)));
+
+        // A watch that showed current states from the start prints a job
+        // it never saw whenever it shows up.
+        let mut d = WatchDedup::new(true, 1000);
+        d.resumed = true;
+        assert!(d.admit(&event("j-9", S::Running, cur, 10)));
+        assert!(!d.admit(&event("j-9", S::Running, cur, 10)));
     }
 }

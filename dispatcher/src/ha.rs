@@ -51,8 +51,11 @@ pub const CAMPAIGN_POLL: Duration = Duration::from_millis(300);
 pub enum Role {
     /// A follower; the leader's URL when known.
     Follower {
-        /// The leader's advertise URL.
+        /// The leader's advertise URL (gRPC).
         leader: Option<String>,
+        /// The leader's web page and /metrics URL (`--advertise-http-url`),
+        /// when it published one.
+        leader_http: Option<String>,
     },
     /// Elected, loading the state from the store.
     Starting,
@@ -86,7 +89,7 @@ impl Gate {
             Role::Starting => Err(Status::unavailable(
                 "this dispatcher was just elected leader and is loading its state; retry",
             )),
-            Role::Follower { leader } => Err(proto::endpoints::not_leader(leader.as_deref())),
+            Role::Follower { leader, .. } => Err(proto::endpoints::not_leader(leader.as_deref())),
         }
     }
 
@@ -110,6 +113,9 @@ pub struct HaConfig {
     pub prefix: String,
     /// The URL clients and agents should use for this replica.
     pub advertise_url: String,
+    /// The URL of this replica's web page (`--http-listen`), published
+    /// with the advertise URL so followers can link to the leader's page.
+    pub advertise_http_url: Option<String>,
     /// Lease TTL (etcd's minimum is 2 s).
     pub lease_ttl: Duration,
     /// Transaction limits of the etcd servers.
@@ -119,6 +125,46 @@ pub struct HaConfig {
 impl HaConfig {
     fn leader_key(&self) -> String {
         format!("{}/leader", self.prefix.trim_end_matches('/'))
+    }
+}
+
+/// The value of the leader key: the leader's advertise URL and, when it
+/// serves one, its web page URL.
+///
+/// Encoded as the bare advertise URL when there is no web URL (the format
+/// of the first HA release, which every replica still reads), else as JSON
+/// `{"url": ..., "http": ...}`; [`LeaderRecord::decode`] takes both.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeaderRecord {
+    /// The advertise URL (gRPC).
+    pub url: String,
+    /// The web page URL (`--advertise-http-url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
+}
+
+impl LeaderRecord {
+    /// The leader key's value.
+    pub fn encode(&self) -> String {
+        match &self.http {
+            None => self.url.clone(),
+            Some(_) => serde_json::to_string(self).unwrap_or_else(|_| self.url.clone()),
+        }
+    }
+
+    /// Reads a leader key's value (either form); None when it is neither
+    /// a URL nor the JSON form.
+    pub fn decode(value: &str) -> Option<Self> {
+        let value = value.trim();
+        if value.starts_with('{') {
+            return serde_json::from_str::<Self>(value)
+                .ok()
+                .filter(|r| !r.url.is_empty());
+        }
+        (!value.is_empty()).then(|| Self {
+            url: value.to_string(),
+            http: None,
+        })
     }
 }
 
@@ -236,14 +282,19 @@ async fn campaign(
     client: &Client,
     cfg: &HaConfig,
     lease: i64,
-    leader: &mut Option<String>,
+    leader: &mut Option<LeaderRecord>,
 ) -> Result<Option<i64>, String> {
     let key = cfg.leader_key();
+    let record = LeaderRecord {
+        url: cfg.advertise_url.clone(),
+        http: cfg.advertise_http_url.clone(),
+    }
+    .encode();
     let txn = Txn::new()
         .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(
             key.as_str(),
-            cfg.advertise_url.as_str(),
+            record.as_str(),
             Some(PutOptions::new().with_lease(lease)),
         )])
         .or_else([TxnOp::get(key.as_str(), None)]);
@@ -263,7 +314,7 @@ async fn campaign(
                 // Ours already (an earlier campaign's answer was lost).
                 return Ok(Some(kv.create_revision()));
             }
-            *leader = kv.value_str().ok().map(str::to_string);
+            *leader = kv.value_str().ok().and_then(LeaderRecord::decode);
         }
     }
     Ok(None)
@@ -285,10 +336,12 @@ pub async fn run(
     role: watch::Sender<Role>,
     mut stop: watch::Receiver<bool>,
 ) {
+    // Not leading yet: export no cluster gauges until elected.
+    clear_published();
     let Some(client) = connect(&cfg, &mut stop).await else {
         return;
     };
-    let mut leader: Option<String> = None;
+    let mut leader: Option<LeaderRecord> = None;
     let mut lease: Option<Lease> = None;
     while !*stop.borrow() {
         // Follower: campaign until elected.
@@ -316,11 +369,17 @@ pub async fn run(
             }
         };
         let Some(create_revision) = won else {
+            let url = leader.as_ref().map(|l| l.url.clone());
+            let http = leader.as_ref().and_then(|l| l.http.clone());
             role.send_if_modified(|r| match r {
-                Role::Follower { leader: l } if *l == leader => false,
+                Role::Follower {
+                    leader: l,
+                    leader_http: h,
+                } if *l == url && *h == http => false,
                 _ => {
                     *r = Role::Follower {
-                        leader: leader.clone(),
+                        leader: url,
+                        leader_http: http,
                     };
                     true
                 }
@@ -345,7 +404,13 @@ pub async fn run(
             create_revision,
         )
         .await;
-        let _ = role.send(Role::Follower { leader: None });
+        let _ = role.send(Role::Follower {
+            leader: None,
+            leader_http: None,
+        });
+        // The core has stopped: what it published for the web page and
+        // the cluster gauges is stale from now on.
+        clear_published();
         match &end {
             TermEnd::Stop => tracing::info!("leader stopping"),
             TermEnd::LeaseLost => {
@@ -358,6 +423,17 @@ pub async fn run(
         }
         leader = None;
         held.give_up(&client).await;
+    }
+}
+
+/// This replica stopped leading: drop the web snapshot and the cluster
+/// gauges the core published, and export `dispatch_leader 0`.
+fn clear_published() {
+    if let Some(web) = crate::web::installed() {
+        web.clear();
+    }
+    if let Some(metrics) = crate::metrics::installed() {
+        metrics.set_leader(false);
     }
 }
 
@@ -411,6 +487,9 @@ async fn lead(
     let (core, thread) = crate::core::spawn(cluster, Box::new(store), OnStoreFailure::Stop);
     let mut joined = tokio::task::spawn_blocking(move || thread.join());
     let _ = role.send(Role::Leader(core.clone()));
+    if let Some(metrics) = crate::metrics::installed() {
+        metrics.set_leader(true);
+    }
     tracing::info!(jobs, "leading: state loaded, placing");
     let mut check = tokio::time::interval(Duration::from_millis(50));
     let end = loop {
@@ -436,7 +515,10 @@ async fn lead(
     };
     // Stop answering as leader first, then stop the core: from here every
     // commit is refused (the clock is lost), so the core writes nothing.
-    let _ = role.send(Role::Follower { leader: None });
+    let _ = role.send(Role::Follower {
+        leader: None,
+        leader_http: None,
+    });
     lease.clock.lose();
     core.send(crate::core::Command::Shutdown);
     let _ = joined.await;
@@ -452,6 +534,7 @@ mod tests {
     fn a_follower_gate_redirects_to_the_leader() {
         let (tx, rx) = watch::channel(Role::Follower {
             leader: Some("http://10.0.0.7:50051".into()),
+            leader_http: None,
         });
         let gate = Gate::new(rx);
         let status = gate.core().err().unwrap();
@@ -471,10 +554,37 @@ mod tests {
         assert_eq!(status.code(), Code::Unavailable);
         assert_eq!(proto::endpoints::leader_hint(&status), None);
         // Unknown leader: no hint either.
-        tx.send(Role::Follower { leader: None }).unwrap();
+        tx.send(Role::Follower {
+            leader: None,
+            leader_http: None,
+        })
+        .unwrap();
         assert_eq!(
             proto::endpoints::leader_hint(&gate.core().err().unwrap()),
             None
         );
+    }
+
+    #[test]
+    fn leader_records_read_both_forms() {
+        let bare = LeaderRecord {
+            url: "http://10.0.0.7:50051".into(),
+            http: None,
+        };
+        // Without a web URL the value stays the bare URL older replicas wrote.
+        assert_eq!(bare.encode(), "http://10.0.0.7:50051");
+        assert_eq!(LeaderRecord::decode("http://10.0.0.7:50051"), Some(bare));
+        let full = LeaderRecord {
+            url: "https://d1:50051".into(),
+            http: Some("http://d1:9100".into()),
+        };
+        assert_eq!(
+            full.encode(),
+            r#"{"url":"https://d1:50051","http":"http://d1:9100"}"#
+        );
+        assert_eq!(LeaderRecord::decode(&full.encode()), Some(full));
+        assert_eq!(LeaderRecord::decode(""), None);
+        assert_eq!(LeaderRecord::decode("{not json"), None);
+        assert_eq!(LeaderRecord::decode(r#"{"url":""}"#), None);
     }
 }

@@ -21,13 +21,24 @@
 //! | `dispatch_utilization` | gauge | `level` = cluster / zone / rack, `domain` |
 //! | `dispatch_agent_heartbeat_lag_seconds` | gauge | `node` |
 //! | `dispatch_schedstat_total` | counter | `stat` = every schedstats field |
+//! | `dispatch_leader` | gauge | 1 while this dispatcher leads (always with the embedded store), 0 on a follower |
+//!
+//! The cluster-sampled gauges (`dispatch_jobs`, `dispatch_nodes`,
+//! `dispatch_overload_mask_weight`, `dispatch_utilization`,
+//! `dispatch_agent_heartbeat_lag_seconds`) describe the cluster only on
+//! the leader: when a replica steps down they are cleared
+//! ([`Metrics::set_leader`]), so a follower exports `dispatch_leader 0`
+//! and no stale cluster state. Counters stay: they count what this
+//! process did.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use agent::metrics::{EngineCounters, Family, add_families};
 use prometheus::proto::MetricType;
-use prometheus::{GaugeVec, Histogram, HistogramOpts, IntCounter, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
+};
 use proto::v1::{JobEvent, JobState};
 
 use crate::cluster::{Cluster, NodeInfo};
@@ -44,6 +55,7 @@ pub struct Metrics {
     overload: IntGaugeVec,
     utilization: GaugeVec,
     heartbeat_lag: GaugeVec,
+    leader: IntGauge,
     engine: EngineCounters,
     /// Series set at the last sample, to drop those that went away.
     seen: Mutex<Seen>,
@@ -125,6 +137,11 @@ impl Metrics {
             ),
             &["node"],
         )?;
+        let leader = IntGauge::new(
+            "dispatch_leader",
+            "1 while this dispatcher is the leader (always with the embedded store), 0 on a follower replica.",
+        )?;
+        registry.register(Box::new(leader.clone()))?;
         registry.register(Box::new(jobs.clone()))?;
         registry.register(Box::new(nodes.clone()))?;
         registry.register(Box::new(placement_seconds.clone()))?;
@@ -140,7 +157,28 @@ impl Metrics {
         add_families(&mut families, &overload, MetricType::GAUGE);
         add_families(&mut families, &utilization, MetricType::GAUGE);
         add_families(&mut families, &heartbeat_lag, MetricType::GAUGE);
+        add_families(&mut families, &leader, MetricType::GAUGE);
         families.extend(engine.families());
+        Self::zero_series(&jobs, &nodes);
+        Ok(Self {
+            registry,
+            jobs,
+            nodes,
+            placement_seconds,
+            placements,
+            overload,
+            utilization,
+            heartbeat_lag,
+            leader,
+            engine,
+            seen: Mutex::new(Seen::default()),
+            counts: Mutex::new(JobCounts::default()),
+            families,
+        })
+    }
+
+    /// The series every leader exports from its first scrape (at 0).
+    fn zero_series(jobs: &IntGaugeVec, nodes: &IntGaugeVec) {
         for state in ["ready", "down", "disconnected", "draining", "cordoned"] {
             nodes.with_label_values(&[state]);
         }
@@ -157,20 +195,27 @@ impl Metrics {
                 jobs.with_label_values(&[state_name(state).as_str(), class]);
             }
         }
-        Ok(Self {
-            registry,
-            jobs,
-            nodes,
-            placement_seconds,
-            placements,
-            overload,
-            utilization,
-            heartbeat_lag,
-            engine,
-            seen: Mutex::new(Seen::default()),
-            counts: Mutex::new(JobCounts::default()),
-            families,
-        })
+    }
+
+    /// This dispatcher became the leader (`true`: `dispatch_leader 1`,
+    /// the core samples the cluster from its next tick) or stopped leading
+    /// (`false`, called once its core has stopped: `dispatch_leader 0`
+    /// and every cluster-sampled gauge is dropped, so a follower exports
+    /// nothing stale; the job counts are recounted in the next term).
+    pub fn set_leader(&self, leading: bool) {
+        if leading {
+            Self::zero_series(&self.jobs, &self.nodes);
+            self.leader.set(1);
+            return;
+        }
+        self.leader.set(0);
+        self.jobs.reset();
+        self.nodes.reset();
+        self.overload.reset();
+        self.utilization.reset();
+        self.heartbeat_lag.reset();
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Seen::default();
+        *self.counts.lock().unwrap_or_else(|e| e.into_inner()) = JobCounts::default();
     }
 
     /// Name, help and type of every counter and gauge family (registered
@@ -369,4 +414,47 @@ pub fn install(metrics: Arc<Metrics>) {
 /// The installed metrics, if any.
 pub fn installed() -> Option<&'static Arc<Metrics>> {
     METRICS.get()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scrape(m: &Metrics) -> String {
+        agent::metrics::render(&m.registry)
+    }
+
+    #[test]
+    fn a_follower_exports_no_cluster_gauges() {
+        let m = Metrics::new().unwrap();
+        m.set_leader(true);
+        m.utilization
+            .with_label_values(&["cluster", "all"])
+            .set(0.5);
+        m.heartbeat_lag.with_label_values(&["n1"]).set(1.0);
+        m.placements.inc();
+        let text = scrape(&m);
+        assert!(text.contains("dispatch_leader 1"), "{text}");
+        assert!(text.contains("dispatch_jobs{"), "{text}");
+        assert!(text.contains("dispatch_utilization{"), "{text}");
+        m.set_leader(false);
+        let text = scrape(&m);
+        assert!(text.contains("dispatch_leader 0"), "{text}");
+        for stale in [
+            "dispatch_jobs{",
+            "dispatch_nodes{",
+            "dispatch_utilization{",
+            "dispatch_agent_heartbeat_lag_seconds{",
+        ] {
+            assert!(
+                !text.contains(stale),
+                "{stale} after stepping down:\n{text}"
+            );
+        }
+        // What this process did stays counted.
+        assert!(text.contains("dispatch_placements_total 1"), "{text}");
+        // Elected again: the job series are back at zero until sampled.
+        m.set_leader(true);
+        assert!(scrape(&m).contains("dispatch_jobs{class=\"normal\",state=\"running\"} 0"));
+    }
 }

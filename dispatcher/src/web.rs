@@ -8,6 +8,14 @@
 //! | `/api/v1/racks/{zone}/{rack}` | one rack's nodes, with free CPUs per LLC |
 //! | `/metrics` | Prometheus ([`crate::metrics`]) |
 //!
+//! Only the leader has a cluster to show. On a follower replica (or one
+//! just elected and still loading) both API paths answer 503 with
+//! [`RoleView`], e.g. `{"role":"follower","leader":"http://d1:9100",
+//! "leader_grpc":"http://d1:50051"}` (`leader` is the leader's web page,
+//! from its `--advertise-http-url`), and the page shows a banner linking
+//! to the leader's page. A replica that steps down clears its snapshot
+//! ([`Web::clear`]) so nothing stale is served if it is asked again.
+//!
 //! The core builds a [`Snapshot`] on its tick (at most every
 //! [`PUBLISH_EVERY_MS`]) and swaps it in behind a short lock; handlers
 //! clone the `Arc` and serialise outside it, so a request never waits on
@@ -37,6 +45,7 @@ use proto::v1::JobState;
 use serde::Serialize;
 
 use crate::cluster::{Cluster, Move, NodeInfo};
+use crate::ha::{Gate, Role};
 use crate::metrics::{Metrics, node_state};
 
 /// The page, embedded in the binary.
@@ -213,6 +222,58 @@ pub struct RackDetail {
     pub nodes: Vec<NodeView>,
 }
 
+/// What a replica that does not lead answers on the API paths (503).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RoleView {
+    /// `follower`, or `starting` (elected, loading its state).
+    pub role: &'static str,
+    /// The leader's web page URL when known (its `--advertise-http-url`).
+    pub leader: Option<String>,
+    /// The leader's gRPC advertise URL when known (for dispatchctl).
+    pub leader_grpc: Option<String>,
+    /// A sentence for people and for the page's error path.
+    pub error: String,
+}
+
+impl RoleView {
+    /// The answer for `role`; None when it leads.
+    pub fn of(role: &Role) -> Option<Self> {
+        match role {
+            Role::Leader(_) => None,
+            Role::Starting => Some(Self {
+                role: "starting",
+                leader: None,
+                leader_grpc: None,
+                error: "this replica was just elected leader and is loading its state; retry"
+                    .to_string(),
+            }),
+            Role::Follower {
+                leader,
+                leader_http,
+            } => {
+                let error = match (leader_http, leader) {
+                    (Some(page), _) => {
+                        format!("this replica is a follower; the leader is at {page}")
+                    }
+                    (None, Some(grpc)) => format!(
+                        "this replica is a follower; the leader is at {grpc} \
+                         (it publishes no web page URL: start it with --advertise-http-url)"
+                    ),
+                    (None, None) => {
+                        "this replica is a follower; the leader is not known yet".to_string()
+                    }
+                };
+                Some(Self {
+                    role: "follower",
+                    leader: leader_http.clone(),
+                    leader_grpc: leader.clone(),
+                    error,
+                })
+            }
+        }
+    }
+}
+
 /// What the core publishes on its tick.
 #[derive(Debug, Default)]
 pub struct Snapshot {
@@ -370,6 +431,8 @@ pub struct Web {
     current: Mutex<Arc<Snapshot>>,
     last_built_ms: AtomicI64,
     metrics: Arc<Metrics>,
+    /// This replica's role (unset: a single dispatcher, always leading).
+    gate: OnceLock<Gate>,
 }
 
 impl Web {
@@ -380,7 +443,28 @@ impl Web {
             current: Mutex::new(Arc::new(Snapshot::default())),
             last_built_ms: AtomicI64::new(i64::MIN),
             metrics,
+            gate: OnceLock::new(),
         }
+    }
+
+    /// Answer according to this replica's role from now on (once; the
+    /// gate of an etcd replica).
+    pub fn follow_role(&self, gate: Gate) {
+        let _ = self.gate.set(gate);
+    }
+
+    /// What to answer instead of the snapshot when this replica does not
+    /// lead.
+    pub fn not_leading(&self) -> Option<RoleView> {
+        let gate = self.gate.get()?;
+        RoleView::of(&gate.watch().borrow())
+    }
+
+    /// Forget the published snapshot (the replica stepped down; its core
+    /// has stopped): the next term starts from an empty one.
+    pub fn clear(&self) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(Snapshot::default());
+        self.last_built_ms.store(i64::MIN, Ordering::Relaxed);
     }
 
     /// The core's tick: rebuild and publish if [`PUBLISH_EVERY_MS`] has
@@ -454,6 +538,9 @@ async fn page() -> Response {
 }
 
 async fn cluster_view(State(s): State<AppState>) -> Response {
+    if let Some(role) = s.web.not_leading() {
+        return json(StatusCode::SERVICE_UNAVAILABLE, &role);
+    }
     let snap = s.web.snapshot();
     json(StatusCode::OK, &snap.cluster)
 }
@@ -462,6 +549,9 @@ async fn rack_detail(
     State(s): State<AppState>,
     Path((zone, rack)): Path<(String, String)>,
 ) -> Response {
+    if let Some(role) = s.web.not_leading() {
+        return json(StatusCode::SERVICE_UNAVAILABLE, &role);
+    }
     let snap = s.web.snapshot();
     let key = (zone, rack);
     match snap.racks.get(&key) {

@@ -374,3 +374,56 @@ fn the_page_is_self_contained() {
         assert!(PAGE.contains(api), "the page uses {api}");
     }
 }
+
+#[test]
+fn a_follower_names_the_leader_instead_of_a_stale_snapshot() {
+    use crate::ha::{Gate, Role};
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let web = Web::new(metrics);
+    let mut c = Cluster::new(ClusterConfig::default());
+    let mut fx = Effects::default();
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", &mut fx);
+    c.settle(0, &mut fx);
+    web.publish(&c, 5_000);
+    // A single dispatcher (no gate) always leads.
+    assert_eq!(web.not_leading(), None);
+    let (tx, rx) = tokio::sync::watch::channel(Role::Starting);
+    web.follow_role(Gate::new(rx));
+    let starting = web.not_leading().unwrap();
+    assert_eq!(starting.role, "starting");
+    tx.send(Role::Follower {
+        leader: Some("http://d2:50051".into()),
+        leader_http: Some("http://d2:9100".into()),
+    })
+    .unwrap();
+    let view = web.not_leading().unwrap();
+    assert_eq!(view.role, "follower");
+    assert_eq!(view.leader.as_deref(), Some("http://d2:9100"));
+    assert_eq!(view.leader_grpc.as_deref(), Some("http://d2:50051"));
+    assert_eq!(
+        view.error,
+        "this replica is a follower; the leader is at http://d2:9100"
+    );
+    let json = serde_json::to_value(&view).unwrap();
+    assert_eq!(json["role"], "follower");
+    assert_eq!(json["leader"], "http://d2:9100");
+    // A leader without a web URL: the gRPC URL, and how to fix it.
+    tx.send(Role::Follower {
+        leader: Some("http://d2:50051".into()),
+        leader_http: None,
+    })
+    .unwrap();
+    let view = web.not_leading().unwrap();
+    assert_eq!(view.leader, None);
+    assert!(
+        view.error.contains("--advertise-http-url"),
+        "{}",
+        view.error
+    );
+    // Stepping down clears what the old term published.
+    web.clear();
+    assert_eq!(web.snapshot().cluster.generated_ms, 0);
+    assert_eq!(web.snapshot().cluster.totals.nodes, 0);
+    web.publish(&c, 5_000);
+    assert_eq!(web.snapshot().cluster.totals.nodes, 1);
+}

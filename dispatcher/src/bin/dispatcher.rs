@@ -93,6 +93,12 @@ struct Args {
     /// (default: http(s)://LISTEN).
     #[arg(long, env = "DISPATCH_ADVERTISE_URL", value_name = "URL")]
     advertise_url: Option<String>,
+    /// The URL of this replica's web page (--http-listen) as people and
+    /// peers should reach it; a follower's page links to the leader's.
+    /// Default: http://ADDR of --http-listen unless it binds all
+    /// addresses (0.0.0.0, ::).
+    #[arg(long, env = "DISPATCH_ADVERTISE_HTTP_URL", value_name = "URL")]
+    advertise_http_url: Option<String>,
     /// TTL of the leader lease, seconds (etcd's minimum is 2): a leader
     /// that stops renewing is replaced within about this long.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(2..=60))]
@@ -375,6 +381,8 @@ async fn run(args: Args) -> Result<()> {
     let mut telemetry = None;
     let http_listen = args.http_listen.or(args.metrics_listen);
     let dev_http = http_listen.is_none() && args.dev;
+    let mut web_state = None;
+    let mut http_url = args.advertise_http_url.clone();
     if http_listen.is_some() || dev_http || otlp {
         let metrics = std::sync::Arc::new(
             dispatcher::metrics::Metrics::new().context("registering the metrics")?,
@@ -382,8 +390,12 @@ async fn run(args: Args) -> Result<()> {
         if http_listen.is_some() || dev_http {
             let web = std::sync::Arc::new(dispatcher::web::Web::new(metrics.clone()));
             dispatcher::web::install(web.clone());
+            web_state = Some(web.clone());
             let bound =
                 serve_http(http_listen, &args.listen, web, metrics.registry.clone()).await?;
+            if http_url.is_none() && !bound.ip().is_unspecified() {
+                http_url = Some(format!("http://{bound}"));
+            }
             tracing::info!(%bound, "serving the web page, its API and /metrics");
             println!("web page on http://{bound}/ (Prometheus metrics on /metrics)");
         }
@@ -452,6 +464,9 @@ async fn run(args: Args) -> Result<()> {
                 args.data_dir.display()
             );
             single = Some((core.clone(), core_thread));
+            if let Some(metrics) = dispatcher::metrics::installed() {
+                metrics.set_leader(true);
+            }
             dispatcher::ha::Gate::always(core)
         }
         StoreKind::Etcd => {
@@ -466,14 +481,20 @@ async fn run(args: Args) -> Result<()> {
                 endpoints: args.etcd_endpoints.clone(),
                 prefix: args.etcd_prefix.clone(),
                 advertise_url: advertise_url.clone(),
+                advertise_http_url: http_url.clone(),
                 lease_ttl: std::time::Duration::from_secs(args.lease_ttl_secs),
                 limits: TxnLimits {
                     max_ops: args.etcd_max_txn_ops as usize,
                     ..TxnLimits::default()
                 },
             };
-            let (role_tx, role_rx) =
-                tokio::sync::watch::channel(dispatcher::ha::Role::Follower { leader: None });
+            let (role_tx, role_rx) = tokio::sync::watch::channel(dispatcher::ha::Role::Follower {
+                leader: None,
+                leader_http: None,
+            });
+            if let Some(web) = &web_state {
+                web.follow_role(dispatcher::ha::Gate::new(role_rx.clone()));
+            }
             let stop = stop_rx.clone();
             replica = Some(tokio::spawn(dispatcher::ha::run(ha, build, role_tx, stop)));
             tracing::info!(%addr, %advertise_url, "dispatcher replica listening; campaigning on etcd");
