@@ -16,6 +16,11 @@
 //! - [`replicas_over_tls_fail_over_for_agents_and_dispatchctl`]: the same
 //!   redirects and failover with `https://` replicas, an agent with a
 //!   client certificate, and dispatchctl with `--tls-ca`.
+//! - [`dispatchctl_streams_resume_and_followers_point_to_the_leader`]:
+//!   `submit --wait` and `watch` running across a leader SIGKILL end
+//!   normally (the job's success once, no duplicate end event); a
+//!   follower's web API names the leader's page and its `/metrics` says
+//!   `dispatch_leader 0` with no stale cluster gauges.
 //!
 //! "Exactly once" is checked outside the dispatcher: each job's command
 //! appends its own marker to a file, and each marker must appear once.
@@ -49,10 +54,18 @@ struct Ha {
     replicas: Vec<Dispatcher>,
     agents: Vec<Agent>,
     urls: Vec<String>,
+    /// Each replica's web port (`--http-listen`), when started with one.
+    http: Vec<u16>,
 }
 
 impl Ha {
     fn start(agents: &[(&str, &str)]) -> Result<Self> {
+        Self::start_opts(agents, false)
+    }
+
+    /// With `web`, every replica also serves its page and /metrics on a
+    /// port of its own, advertised with `--advertise-http-url`.
+    fn start_opts(agents: &[(&str, &str)], web: bool) -> Result<Self> {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir()?;
         // Jobs run as an unprivileged user when the agent is root: they
@@ -62,8 +75,25 @@ impl Ha {
         std::fs::create_dir(&marks)?;
         std::fs::set_permissions(&marks, std::fs::Permissions::from_mode(0o777))?;
         let etcd = Etcd::start(dir.path())?;
+        let http: Vec<u16> = if web {
+            (0..3).map(|_| e2e::free_port()).collect()
+        } else {
+            Vec::new()
+        };
         let replicas = (0..3)
-            .map(|_| Dispatcher::start_replica(dir.path(), &etcd.url, &["--lease-ttl-secs", "3"]))
+            .map(|i| {
+                let mut flags = vec!["--lease-ttl-secs".to_string(), "3".to_string()];
+                if let Some(port) = http.get(i) {
+                    flags.extend([
+                        "--http-listen".to_string(),
+                        format!("127.0.0.1:{port}"),
+                        "--advertise-http-url".to_string(),
+                        format!("http://127.0.0.1:{port}"),
+                    ]);
+                }
+                let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+                Dispatcher::start_replica(dir.path(), &etcd.url, &flags)
+            })
             .collect::<Result<Vec<_>>>()?;
         let urls: Vec<String> = replicas.iter().map(|d| d.url.clone()).collect();
         let all = urls.join(",");
@@ -77,6 +107,7 @@ impl Ha {
             replicas,
             agents,
             urls,
+            http,
         })
     }
 
@@ -659,6 +690,253 @@ async fn replicas_over_tls_fail_over_for_agents_and_dispatchctl() -> Result<()> 
         "submit after the failover to {}: {code}\n{out}\n{err}\n{}",
         urls[next],
         logs(&replicas)
+    );
+    Ok(())
+}
+
+/// Polls `f` every 100 ms until it succeeds; fails after `timeout` with
+/// its last error.
+async fn until<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}: {last:#}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A long-running `dispatchctl` (e.g. `watch`) with its stdout and stderr
+/// in files; killed on drop.
+struct Background {
+    child: std::process::Child,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+impl Background {
+    fn spawn(dir: &std::path::Path, name: &str, server: &str, args: &[&str]) -> Result<Self> {
+        let out = dir.join(format!("{name}.out"));
+        let err = dir.join(format!("{name}.err"));
+        let child = std::process::Command::new(e2e::binary("dispatchctl"))
+            .arg("--server")
+            .arg(server)
+            .args(args)
+            .env_remove("DISPATCH_SERVER")
+            .env("DISPATCH_CONFIG", "/nonexistent/dispatch-config.json")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&out)?)
+            .stderr(std::fs::File::create(&err)?)
+            .spawn()
+            .context("starting dispatchctl")?;
+        Ok(Self { child, out, err })
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// `watch -o json` lines for `id` as (previous state, state).
+    fn events_of(&self, id: &str) -> Vec<(Option<String>, String)> {
+        self.stdout()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["job"]["id"] == id)
+            .map(|v| {
+                (
+                    v["previous_state"].as_str().map(str::to_string),
+                    v["job"]["state"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// GET `path` on a replica's web port, parsed as JSON.
+fn web_json(port: u16, path: &str) -> Result<(u16, serde_json::Value)> {
+    let (code, body) = e2e::http_get(port, path)?;
+    let json = serde_json::from_str(&body).with_context(|| format!("GET {path}: {body}"))?;
+    Ok((code, json))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dispatchctl_streams_resume_and_followers_point_to_the_leader() -> Result<()> {
+    let mut ha = Ha::start_opts(&AGENTS[..1], true)?;
+    let leader = ha.wait_leader(None, ELECTION).await?;
+    ha.wait_nodes(1).await?;
+    let page = |i: usize| format!("http://127.0.0.1:{}", ha.http[i]);
+
+    // A follower's web API names the leader (its page) with a 503, and
+    // its /metrics has no cluster gauges; the leader's has.
+    let follower = (leader + 1) % 3;
+    let (code, view) = until(ELECTION, "the follower knows the leader", || async {
+        let (code, view) = web_json(ha.http[follower], "/api/v1/cluster")?;
+        ensure!(view["leader"].is_string(), "{code} {view}");
+        Ok((code, view))
+    })
+    .await?;
+    ensure!(
+        code == 503,
+        "follower /api/v1/cluster answered {code}: {view}"
+    );
+    ensure!(view["role"] == "follower", "{view}");
+    ensure!(view["leader"] == page(leader).as_str(), "{view}");
+    ensure!(view["leader_grpc"] == ha.urls[leader].as_str(), "{view}");
+    let (code, rack) = web_json(ha.http[follower], "/api/v1/racks/default/default")?;
+    ensure!(code == 503 && rack["role"] == "follower", "{code} {rack}");
+    let (_, metrics) = e2e::http_get(ha.http[follower], "/metrics")?;
+    ensure!(
+        metrics.lines().any(|l| l == "dispatch_leader 0"),
+        "{metrics}"
+    );
+    ensure!(
+        !metrics.contains("dispatch_nodes{"),
+        "stale gauges: {metrics}"
+    );
+    let (code, _) = web_json(ha.http[leader], "/api/v1/cluster")?;
+    ensure!(code == 200, "the leader's /api/v1/cluster answered {code}");
+    let (_, metrics) = e2e::http_get(ha.http[leader], "/metrics")?;
+    ensure!(
+        metrics.lines().any(|l| l == "dispatch_leader 1"),
+        "{metrics}"
+    );
+
+    // A watch of every job, through the full list of URLs; a first job
+    // seen ending shows it is subscribed.
+    let all = ha.urls.join(",");
+    let watch = Background::spawn(ha.dir.path(), "watch", &all, &["watch", "-o", "json"])?;
+    let (code, out, err) =
+        e2e::dispatchctl_timeout(&all, &["submit", "--wait", "--", "true"], LONG)?;
+    ensure!(code == 0, "submit --wait true: {code}\n{out}\n{err}");
+    let first = out.trim().to_string();
+    until(LONG, "the watch shows the first job", || async {
+        let evs = watch.events_of(&first);
+        ensure!(
+            evs.iter().any(|(_, s)| s == "succeeded"),
+            "{evs:?}\n{}",
+            watch.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+
+    // submit --wait of a job that outlives the leader.
+    let waiter = {
+        let all = all.clone();
+        std::thread::spawn(move || {
+            e2e::dispatchctl_timeout(&all, &["submit", "--wait", "--", "sleep", "4"], LONG)
+        })
+    };
+    let id = until(LONG, "the job runs", || async {
+        let out = watch.stdout();
+        out.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["job"]["state"] == "running" && v["job"]["id"] != first.as_str())
+            .and_then(|v| v["job"]["id"].as_str().map(str::to_string))
+            .context("no running event yet")
+    })
+    .await?;
+    ha.replicas[leader].proc.kill9();
+    let next = ha.wait_leader(Some(leader), ELECTION).await?;
+    let waited = tokio::task::spawn_blocking(move || waiter.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the submit thread panicked"))??;
+    let (code, out, err) = waited;
+    ensure!(
+        code == 0 && out.trim() == id,
+        "submit --wait across the failover: exit {code}\n{out}\n{err}\n{}",
+        ha.logs()
+    );
+    // The watch carried on: the job's end appears, exactly once.
+    until(LONG, "the watch shows the job ending", || async {
+        let evs = watch.events_of(&id);
+        ensure!(
+            evs.iter().any(|(_, s)| s == "succeeded"),
+            "{evs:?}\n{}",
+            watch.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+    // Another job after the failover, so a duplicate end event of the first
+    // one (re-listed by the resumed watch) would be out by then.
+    let (code, out, err) =
+        e2e::dispatchctl_timeout(&all, &["submit", "--wait", "--", "true"], LONG)?;
+    ensure!(code == 0, "submit after the failover: {code}\n{out}\n{err}");
+    let last = out.trim().to_string();
+    until(LONG, "the watch shows a job after the failover", || async {
+        ensure!(watch.events_of(&last).iter().any(|(_, s)| s == "succeeded"));
+        Ok(())
+    })
+    .await?;
+    let ends = watch
+        .events_of(&id)
+        .into_iter()
+        .filter(|(_, s)| s == "succeeded")
+        .count();
+    ensure!(
+        ends == 1,
+        "the job's end was printed {ends} times:\n{}\n{}",
+        watch.stdout(),
+        watch.stderr()
+    );
+    ensure!(
+        watch
+            .events_of(&first)
+            .iter()
+            .filter(|(_, s)| s == "succeeded")
+            .count()
+            == 1,
+        "the first job's end was printed again after the failover:\n{}",
+        watch.stdout()
+    );
+    ensure!(
+        watch.stderr().contains("looking for the leader"),
+        "the watch never saw the stream break:\n{}",
+        watch.stderr()
+    );
+
+    eprintln!(
+        "watch across the failover:\n{}\n{}",
+        watch.stdout(),
+        watch.stderr()
+    );
+    // The surviving follower now points at the new leader's page.
+    let other = (0..3)
+        .find(|&i| i != leader && i != next)
+        .context("three replicas")?;
+    until(ELECTION, "the follower names the new leader", || async {
+        let (code, view) = web_json(ha.http[other], "/api/v1/cluster")?;
+        ensure!(
+            code == 503 && view["leader"] == page(next).as_str(),
+            "{code} {view}"
+        );
+        Ok(())
+    })
+    .await?;
+    let (_, metrics) = e2e::http_get(ha.http[next], "/metrics")?;
+    ensure!(
+        metrics.lines().any(|l| l == "dispatch_leader 1"),
+        "{metrics}"
     );
     Ok(())
 }

@@ -47,8 +47,8 @@ struct LeaderSearch {
 
 /// Finds the leader among `endpoints` (LeaderChannel: hints followed at
 /// once, rotations for up to `patience`): the URL and a channel to it.
-/// Any answer but UNAVAILABLE to `GetJob("")` comes from the leader (an
-/// empty id is simply not found there).
+/// Any answer but UNAVAILABLE (or a broken connection) to `GetJob("")`
+/// comes from the leader (an empty id is simply not found there).
 async fn locate(
     endpoints: Endpoints,
     patience: Duration,
@@ -64,6 +64,8 @@ async fn locate(
                 let mut jobs = JobServiceClient::with_interceptor(channel.clone(), bearer);
                 match jobs.get_job(probe).await {
                     Err(s) if should_failover(&s) => Err(s),
+                    // A connection that broke under the probe is no answer.
+                    Err(s) if is_disconnect(&s) => Err(Status::unavailable(status_cause(&s))),
                     _ => Ok(channel),
                 }
             }
