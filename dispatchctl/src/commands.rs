@@ -345,10 +345,20 @@ pub async fn wait_for(
 }
 
 /// Resuming a stream after it broke: the time of the first break since the
-/// last message, so that [`RESUME_PATIENCE`] bounds the whole search.
-#[derive(Default)]
+/// last message, so that the patience ([`RESUME_PATIENCE`]) bounds the
+/// whole search.
 struct Resume {
     since: Option<Instant>,
+    patience: Duration,
+}
+
+impl Default for Resume {
+    fn default() -> Self {
+        Self {
+            since: None,
+            patience: RESUME_PATIENCE,
+        }
+    }
 }
 
 impl Resume {
@@ -362,7 +372,7 @@ impl Resume {
     /// fail with exit code 2 naming the URLs tried.
     async fn reconnect(&mut self, client: &mut Client, cause: String) -> Result<()> {
         let since = *self.since.get_or_insert_with(Instant::now);
-        let left = RESUME_PATIENCE.saturating_sub(since.elapsed());
+        let left = self.patience.saturating_sub(since.elapsed());
         let found = if left.is_zero() {
             Err(None)
         } else {
@@ -372,14 +382,11 @@ impl Resume {
             addr: client.servers().to_string(),
             cause: match last {
                 Some(s) => format!(
-                    "{cause}; no leader answered within {}s: {}",
-                    RESUME_PATIENCE.as_secs(),
+                    "{cause}; no leader answered within {:?}: {}",
+                    self.patience,
                     status_cause(&s)
                 ),
-                None => format!(
-                    "{cause}; no leader answered within {}s",
-                    RESUME_PATIENCE.as_secs()
-                ),
+                None => format!("{cause}; no leader answered within {:?}", self.patience),
             },
         })
     }
@@ -1357,5 +1364,32 @@ mod tests {
         d.resumed = true;
         assert!(d.admit(&event("j-9", S::Running, cur, 10)));
         assert!(!d.admit(&event("j-9", S::Running, cur, 10)));
+    }
+
+    #[tokio::test]
+    async fn no_leader_within_the_patience_exits_2() {
+        // Nothing listens on port 1: every attempt is refused at once,
+        // until the (here short) patience runs out.
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let mut client = Client::from_channel(
+            "http://127.0.0.1:1",
+            channel,
+            proto::client_security::Bearer::default(),
+        );
+        let mut resume = Resume {
+            since: None,
+            patience: Duration::from_millis(500),
+        };
+        let err = resume
+            .reconnect(&mut client, "the job watch broke".to_string())
+            .await
+            .unwrap_err();
+        assert_eq!(err.exit_code(), crate::EXIT_UNREACHABLE);
+        let text = err.to_string();
+        assert!(
+            text.contains("http://127.0.0.1:1")
+                && text.contains("the job watch broke; no leader answered within 500ms"),
+            "{text}"
+        );
     }
 }
