@@ -823,22 +823,33 @@ async fn dispatchctl_streams_resume_and_followers_point_to_the_leader() -> Resul
     // A watch of every job, through the full list of URLs; a first job
     // seen ending shows it is subscribed.
     let all = ha.urls.join(",");
+    // The watch subscribes some time after its process starts (it looks
+    // for the leader first), and without --current it prints only what
+    // happens after that: submit short jobs until one is seen ending.
     let watch = Background::spawn(ha.dir.path(), "watch", &all, &["watch", "-o", "json"])?;
-    let (code, out, err) =
-        e2e::dispatchctl_timeout(&all, &["submit", "--wait", "--", "true"], LONG)?;
-    ensure!(code == 0, "submit --wait true: {code}\n{out}\n{err}");
-    let first = out.trim().to_string();
-    until(LONG, "the watch shows the first job", || async {
-        let evs = watch.events_of(&first);
-        ensure!(
-            evs.iter().any(|(_, s)| s == "succeeded"),
-            "{evs:?}\n{}",
-            watch.stderr()
-        );
-        Ok(())
+    let first = until(LONG, "the watch shows a first job", || async {
+        let (code, out, err) =
+            e2e::dispatchctl_timeout(&all, &["submit", "--wait", "--", "true"], LONG)?;
+        ensure!(code == 0, "submit --wait true: {code}\n{out}\n{err}");
+        let id = out.trim().to_string();
+        for _ in 0..30 {
+            if watch.events_of(&id).iter().any(|(_, s)| s == "succeeded") {
+                return Ok(id);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("{id} not seen ending\n{}", watch.stderr())
     })
     .await?;
 
+    // Every job the watch has shown so far (the first job and any earlier
+    // try), so the next running event is the sleeper's.
+    let earlier: std::collections::HashSet<String> = watch
+        .stdout()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["job"]["id"].as_str().map(str::to_string))
+        .collect();
     // submit --wait of a job that outlives the leader.
     let waiter = {
         let all = all.clone();
@@ -850,7 +861,12 @@ async fn dispatchctl_streams_resume_and_followers_point_to_the_leader() -> Resul
         let out = watch.stdout();
         out.lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| v["job"]["state"] == "running" && v["job"]["id"] != first.as_str())
+            .find(|v| {
+                v["job"]["state"] == "running"
+                    && v["job"]["id"]
+                        .as_str()
+                        .is_some_and(|j| !earlier.contains(j))
+            })
             .and_then(|v| v["job"]["id"].as_str().map(str::to_string))
             .context("no running event yet")
     })
