@@ -615,3 +615,75 @@ impl Dispatcher {
         Self::start_on(&own, port, flags)
     }
 }
+
+/// Debian's headless Chromium, which the web page tests drive.
+pub const CHROMIUM: &str = "/usr/bin/chromium";
+
+/// Run headless Chromium with `args` and a fresh profile; kills it (and
+/// its helper processes) after `timeout`. Returns its stdout.
+pub fn chromium(args: &[String], timeout: Duration) -> Result<String> {
+    use std::os::unix::process::CommandExt;
+    anyhow::ensure!(
+        Path::new(CHROMIUM).exists(),
+        "this test needs headless Chromium at {CHROMIUM} (Debian package `chromium`; \
+         .ci/run installs it): apt-get install -y chromium"
+    );
+    let profile = tempfile::tempdir()?;
+    let out_path = profile.path().join("stdout");
+    let err_path = profile.path().join("stderr");
+    let mut child = Command::new(CHROMIUM)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+        ])
+        .arg(format!(
+            "--user-data-dir={}",
+            profile.path().join("profile").display()
+        ))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path)?)
+        .stderr(std::fs::File::create(&err_path)?)
+        .process_group(0)
+        .spawn()
+        .context("starting chromium")?;
+    let group = Pid::from_raw(child.id() as i32);
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // Its zygote and renderers share the group: none may outlive the test.
+    let _ = killpg(group, Signal::SIGKILL);
+    let _ = child.kill();
+    let _ = child.wait();
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    match status {
+        Some(st) if st.success() => Ok(std::fs::read_to_string(&out_path)?),
+        Some(st) => bail!("chromium {args:?} failed ({st}):\n{stderr}"),
+        None => bail!("chromium {args:?} did not finish within {timeout:?}:\n{stderr}"),
+    }
+}
+
+/// The page rendered after its scripts ran (and refreshed a few times).
+pub fn rendered_dom(url: &str) -> Result<String> {
+    chromium(
+        &[
+            "--virtual-time-budget=5000".into(),
+            "--dump-dom".into(),
+            url.into(),
+        ],
+        Duration::from_secs(120),
+    )
+}

@@ -812,6 +812,17 @@ async fn dispatchctl_streams_resume_and_followers_point_to_the_leader() -> Resul
         !metrics.contains("dispatch_nodes{"),
         "stale gauges: {metrics}"
     );
+    // The follower's page, rendered by headless Chromium, says so and
+    // links to the leader's page; the cluster sections are hidden.
+    let follower_page = format!("{}/", page(follower));
+    let dom = tokio::task::spawn_blocking(move || e2e::rendered_dom(&follower_page)).await??;
+    ensure!(
+        dom.contains(r#"data-role="follower""#)
+            && dom.contains("This replica is a follower")
+            && dom.contains(&format!(r#"href="{}""#, page(leader)))
+            && dom.contains("<main hidden"),
+        "the follower's page has no banner linking to the leader:\n{dom}"
+    );
     let (code, _) = web_json(ha.http[leader], "/api/v1/cluster")?;
     ensure!(code == 200, "the leader's /api/v1/cluster answered {code}");
     let (_, metrics) = e2e::http_get(ha.http[leader], "/metrics")?;
