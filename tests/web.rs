@@ -15,14 +15,11 @@
 //! ```
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use e2e::{Agent, Dispatcher, chromium, eventually, free_port, http_get, rendered_dom, wait_nodes};
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use proto::v1::{JobSpec, NodeActionRequest, SubmitJobsRequest};
 use serde_json::Value;
 
