@@ -1290,15 +1290,7 @@ impl Cluster {
                         // The Cancel may have been lost with the old
                         // stream or a dispatcher crash: send it again.
                         if self.cancelling.contains(&k) && !is_terminal(status.state) {
-                            fx.to_agents.push((
-                                reg.node.clone(),
-                                DispatcherMessage {
-                                    msg: Some(dispatcher_message::Msg::Cancel(Cancel {
-                                        job_id: status.job_id.clone(),
-                                        attempt: status.attempt,
-                                    })),
-                                },
-                            ));
+                            cancel_on(reg.node.clone(), status.job_id.clone(), status.attempt, fx);
                         }
                     }
                     self.apply_status(&reg.node, status, now, fx);
@@ -1310,15 +1302,7 @@ impl Cluster {
                         JobState::try_from(status.state),
                         Ok(JobState::Running | JobState::Assigned)
                     ) {
-                        fx.to_agents.push((
-                            reg.node.clone(),
-                            DispatcherMessage {
-                                msg: Some(dispatcher_message::Msg::Cancel(Cancel {
-                                    job_id: status.job_id.clone(),
-                                    attempt: status.attempt,
-                                })),
-                            },
-                        ));
+                        cancel_on(reg.node.clone(), status.job_id.clone(), status.attempt, fx);
                     }
                 }
             }
@@ -1475,15 +1459,7 @@ impl Cluster {
             }
             _ => {
                 if matches!(JobState::try_from(status.state), Ok(JobState::Running)) {
-                    fx.to_agents.push((
-                        node.to_string(),
-                        DispatcherMessage {
-                            msg: Some(dispatcher_message::Msg::Cancel(Cancel {
-                                job_id: status.job_id,
-                                attempt: status.attempt,
-                            })),
-                        },
-                    ));
+                    cancel_on(node.to_string(), status.job_id, status.attempt, fx);
                 }
             }
         }
@@ -1607,6 +1583,15 @@ impl Cluster {
         }
         let retries = e.job.spec.as_ref().map_or(0, |s| s.retries);
         let node = e.job.node.clone();
+        // The node may only be stalled with its stream still open (a
+        // paused agent, a partition that keeps the TCP connection): tell
+        // it to cancel this attempt, so the copy stops as soon as the node
+        // reads its stream again instead of running beside the retry until
+        // it reports. A disconnected node gets it when it re-registers
+        // (the stale attempt is cancelled there).
+        if !node.is_empty() {
+            cancel_on(node.clone(), e.job.id.clone(), e.job.attempt, fx);
+        }
         if e.job.attempt <= retries {
             let previous = now_state(&e.job);
             let task = e.task;
@@ -1922,15 +1907,7 @@ impl Cluster {
                     }
                     self.persist(key, fx);
                     let Some(e) = self.jobs.get(&key) else { return };
-                    fx.to_agents.push((
-                        node,
-                        DispatcherMessage {
-                            msg: Some(dispatcher_message::Msg::Cancel(Cancel {
-                                job_id: e.job.id.clone(),
-                                attempt: e.job.attempt,
-                            })),
-                        },
-                    ));
+                    cancel_on(node, e.job.id.clone(), e.job.attempt, fx);
                 } else {
                     if let Some(e) = self.jobs.get_mut(&key) {
                         e.job.reason = format!("cancelled by user; node {node} unreachable");
@@ -1998,3 +1975,14 @@ fn placement_reason(
 #[cfg(test)]
 #[path = "cluster_tests.rs"]
 mod tests;
+
+/// Tells `node` to cancel attempt `attempt` of job `job_id` (a no-op
+/// there when that attempt no longer runs).
+fn cancel_on(node: String, job_id: String, attempt: u32, fx: &mut Effects) {
+    fx.to_agents.push((
+        node,
+        DispatcherMessage {
+            msg: Some(dispatcher_message::Msg::Cancel(Cancel { job_id, attempt })),
+        },
+    ));
+}

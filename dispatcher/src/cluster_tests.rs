@@ -639,3 +639,52 @@ fn a_cancelled_job_given_back_by_a_steal_is_not_placed_again() {
     assert_eq!(state_of(&c, "j-1"), JobState::Cancelled);
     assert!(assigns(&fx).is_empty());
 }
+
+/// A job retried (or lost) because its node missed its heartbeats is also
+/// cancelled on that node: a node that only stalled, with its stream still
+/// open, stops the old copy as soon as it reads its stream again, instead
+/// of running it beside the retry until it next reports the job.
+#[test]
+fn a_lost_attempt_is_cancelled_on_its_stalled_node() {
+    let cancels = |fx: &Effects| -> Vec<(String, String, u32)> {
+        fx.to_agents
+            .iter()
+            .filter_map(|(n, m)| match &m.msg {
+                Some(dispatcher_message::Msg::Cancel(c)) => {
+                    Some((n.clone(), c.job_id.clone(), c.attempt))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    let mut retried = job(2);
+    retried.retries = 1;
+    c.submit(vec![retried, job(1)], true, 1, &mut fx).unwrap();
+    c.job_status("a", status("j-1", 1, JobState::Running), 2, &mut fx);
+    register(&mut c, "b", "1s:2c:1t", "z1", "r1", 2);
+    let mut lost_fx = Effects::default();
+    for t in [1000, 2000, 3000, 4000] {
+        c.load_report("b", NodeLoad::default(), t, &mut Effects::default());
+        c.tick(t, &mut lost_fx);
+    }
+    // j-1 (retries 1) goes to b as attempt 2; attempt 1 is cancelled on a.
+    let j1 = c.get_job("j-1").unwrap();
+    assert_eq!((j1.attempt, j1.node.as_str()), (2, "b"), "{j1:?}");
+    let sent = cancels(&lost_fx);
+    assert!(
+        sent.contains(&("a".to_string(), "j-1".to_string(), 1)),
+        "{sent:?}"
+    );
+    // Nothing is cancelled on the node that runs the retry.
+    assert!(sent.iter().all(|(n, _, _)| n == "a"), "{sent:?}");
+    // When a reports the old attempt afterwards, it is cancelled again and
+    // the retry on b is untouched.
+    let mut fx = Effects::default();
+    c.job_status("a", status("j-1", 1, JobState::Running), 4001, &mut fx);
+    assert_eq!(cancels(&fx), vec![("a".to_string(), "j-1".to_string(), 1)]);
+    let j1 = c.get_job("j-1").unwrap();
+    assert_eq!((j1.attempt, j1.node.as_str()), (2, "b"), "{j1:?}");
+}
