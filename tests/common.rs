@@ -459,6 +459,13 @@ pub fn dispatchctl_timeout(
 /// `GET http://127.0.0.1:PORT{path}` with a plain HTTP/1.1 request;
 /// returns (status code, body).
 pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    let (status, _, body) = http_get_typed(port, path)?;
+    Ok((status, body))
+}
+
+/// [`http_get`] that also returns the Content-Type (empty when absent);
+/// chunked bodies are decoded.
+pub fn http_get_typed(port: u16, path: &str) -> Result<(u16, String, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
         .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
@@ -478,13 +485,35 @@ pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .with_context(|| format!("no status in {head:?}"))?;
-    if head.lines().any(|l| {
-        l.to_ascii_lowercase()
-            .starts_with("transfer-encoding: chunked")
-    }) {
-        bail!("GET {path}: chunked responses are not supported here");
+    let header = |name: &str| {
+        head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    let content_type = header("content-type").unwrap_or_default();
+    let body = if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        dechunk(body).with_context(|| format!("GET {path}: bad chunked body"))?
+    } else {
+        body.to_string()
+    };
+    Ok((status, content_type, body))
+}
+
+/// Decodes an HTTP/1.1 chunked body.
+fn dechunk(mut s: &str) -> Result<String> {
+    let mut out = String::new();
+    loop {
+        let (size, rest) = s.split_once("\r\n").context("chunk size")?;
+        let n = usize::from_str_radix(size.trim(), 16).context("chunk size")?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.push_str(rest.get(..n).context("short chunk")?);
+        s = rest.get(n + 2..).context("chunk end")?;
     }
-    Ok((status, body.to_string()))
 }
 
 /// A real etcd server (Debian's `etcd-server`) on random loopback ports

@@ -6,60 +6,21 @@
 //! alert rules query must exist in those scrapes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::{Agent, Dispatcher, all_jobs, eventually, free_port, is_terminal, wait_nodes};
+use e2e::{
+    Agent, Dispatcher, all_jobs, eventually, free_port, http_get_typed, is_terminal, wait_nodes,
+};
 use proto::v1::{JobSpec, JobState, SubmitJobsRequest};
 
 /// GET http://127.0.0.1:port/metrics; returns (content type, body).
 fn scrape(port: u16) -> Result<(String, String)> {
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
-        .with_context(|| format!("connecting to the metrics port {port}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let raw = String::from_utf8(raw).context("the response is not UTF-8")?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .context("no end of HTTP headers")?;
-    ensure!(head.starts_with("HTTP/1.1 200"), "status: {head}");
-    let content_type = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-type")
-                .then(|| v.trim().to_string())
-        })
-        .unwrap_or_default();
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)?
-    } else {
-        body.to_string()
-    };
+    let (status, content_type, body) = http_get_typed(port, "/metrics")
+        .with_context(|| format!("scraping the metrics port {port}"))?;
+    ensure!(status == 200, "status: {status}");
     Ok((content_type, body))
-}
-
-fn dechunk(mut s: &str) -> Result<String> {
-    let mut out = String::new();
-    loop {
-        let (size, rest) = s.split_once("\r\n").context("chunk size")?;
-        let n = usize::from_str_radix(size.trim(), 16).context("chunk size")?;
-        if n == 0 {
-            return Ok(out);
-        }
-        out.push_str(rest.get(..n).context("short chunk")?);
-        s = rest.get(n + 2..).context("chunk end")?;
-    }
 }
 
 /// One sample of a scrape.
