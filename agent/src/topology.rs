@@ -1093,74 +1093,40 @@ pub fn synthetic(spec: &str) -> Result<MachineTopology> {
         spec: spec.to_string(),
         reason: reason.to_string(),
     };
-    let TopoSpec::Machine {
-        sockets,
-        cores,
-        threads,
-        cores_per_llc,
-        numa_per_socket,
-        linear,
-    } = TopoSpec::parse(spec)?
-    else {
-        return Err(bad("a cluster spec describes nodes, not CPUs"));
-    };
-    let ncores = sockets
-        .checked_mul(cores)
-        .ok_or_else(|| bad("too many cores"))?;
-    let n = ncores
-        .checked_mul(threads)
-        .ok_or_else(|| bad("too many CPUs"))?;
+    let parsed = TopoSpec::parse(spec)?;
+    let n = parsed.nr_leaves().ok_or_else(|| bad("too many CPUs"))?;
     if n > MAX_CPU_ID as usize + 1 {
         return Err(bad(&format!(
             "{n} CPUs is more than {}",
             MAX_CPU_ID as usize + 1
         )));
     }
-    let cpu_of = |core: usize, thread: usize| -> u32 {
-        if linear {
-            (core * threads + thread) as u32
-        } else {
-            (thread * ncores + core) as u32
-        }
-    };
+    let spec_cpus = parsed
+        .machine_cpus()
+        .ok_or_else(|| bad("a cluster spec describes nodes, not CPUs"))?;
     let mut llc_index: HashMap<usize, usize> = HashMap::new();
     let mut llcs: Vec<CacheInfo> = Vec::new();
     let mut cpus = Vec::with_capacity(n);
-    for cpu in 0..n {
-        let (core, _thread) = if linear {
-            (cpu / threads, cpu % threads)
-        } else {
-            (cpu % ncores, cpu / ncores)
-        };
-        let socket = core / cores;
-        let core_in_socket = core % cores;
-        // The engine's numbering (TopoSpec::build).
-        let llc = match cores_per_llc {
-            Some(k) => socket * cores.div_ceil(k) + core_in_socket / k,
-            None => socket,
-        };
-        let numa = socket * numa_per_socket + core_in_socket / (cores / numa_per_socket);
-        let llc_id = *llc_index.entry(llc).or_insert_with(|| {
+    for (cpu, c) in spec_cpus.iter().enumerate() {
+        let llc_id = *llc_index.entry(c.llc).or_insert_with(|| {
             llcs.push(CacheInfo {
                 level: 3,
                 kind: CacheKind::Unified,
-                kernel_id: Some(llc as u64),
+                kernel_id: Some(c.llc as u64),
                 shared_cpus: Vec::new(),
             });
             llcs.len() - 1
         });
         llcs[llc_id].shared_cpus.push(cpu as u32);
-        let mut smt_siblings: Vec<u32> = (0..threads).map(|t| cpu_of(core, t)).collect();
-        smt_siblings.sort_unstable();
         cpus.push(CpuInfo {
             cpu: cpu as u32,
-            core_id: core_in_socket as u32,
+            core_id: c.core_in_socket as u32,
             die_id: None,
-            package_id: socket as u32,
+            package_id: c.socket as u32,
             cluster_id: None,
-            numa_node: Some(numa as u32),
+            numa_node: Some(c.numa as u32),
             llc_id,
-            smt_siblings,
+            smt_siblings: c.smt_siblings.iter().map(|&s| s as u32).collect(),
         });
     }
     Ok(MachineTopology {

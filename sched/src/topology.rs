@@ -733,6 +733,25 @@ fn rank_groups(gid: &[usize]) -> (Vec<Vec<LeafId>>, Vec<usize>) {
     (groups, of)
 }
 
+/// One CPU of a machine [`TopoSpec`], as [`TopoSpec::machine_cpus`] numbers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecCpu {
+    /// Core, counted across sockets.
+    pub core: usize,
+    /// Hardware thread within the core.
+    pub thread: usize,
+    /// Core within its socket.
+    pub core_in_socket: usize,
+    /// Socket (package).
+    pub socket: usize,
+    /// LLC, counted across sockets.
+    pub llc: usize,
+    /// NUMA node, counted across sockets.
+    pub numa: usize,
+    /// The CPUs of this CPU's core (itself included), ascending.
+    pub smt_siblings: Vec<usize>,
+}
+
 /// A short description of a test or demo topology.
 ///
 /// * Machines: `S s:C c:T t` with options, e.g. `2s:22c:2t` (seed 000's
@@ -899,43 +918,77 @@ impl TopoSpec {
         }
     }
 
-    /// Build the topology this spec describes.
-    pub fn build(&self) -> Result<Topology, TopologyError> {
-        match *self {
-            TopoSpec::Machine {
-                sockets,
-                cores,
-                threads,
-                cores_per_llc,
-                numa_per_socket,
-                linear,
-            } => {
-                let ncores = sockets * cores;
-                let n = ncores * threads;
-                // Leaf i is CPU i; derive its (socket, core, thread).
-                let mut os_ids = Vec::with_capacity(n);
-                let (mut core_k, mut llc_k, mut numa_k, mut pkg_k) =
-                    (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                for cpu in 0..n {
-                    let (global_core, _thread) = if linear {
+    /// The CPUs of a machine spec in leaf order (CPU `i` is leaf `i`), with
+    /// the ids the engine numbers them by: the one place that decides how a
+    /// spec's CPUs map to cores, LLCs, NUMA nodes and sockets, so that
+    /// synthetic machines (the agent's `--topology`) and the engine's tree
+    /// agree. `None` for a cluster spec.
+    pub fn machine_cpus(&self) -> Option<Vec<SpecCpu>> {
+        let TopoSpec::Machine {
+            sockets,
+            cores,
+            threads,
+            cores_per_llc,
+            numa_per_socket,
+            linear,
+        } = *self
+        else {
+            return None;
+        };
+        let ncores = sockets * cores;
+        let n = ncores * threads;
+        let cpu_of = |core: usize, thread: usize| {
+            if linear {
+                core * threads + thread
+            } else {
+                thread * ncores + core
+            }
+        };
+        Some(
+            (0..n)
+                .map(|cpu| {
+                    let (core, thread) = if linear {
                         (cpu / threads, cpu % threads)
                     } else {
                         (cpu % ncores, cpu / ncores)
                     };
-                    let socket = global_core / cores;
-                    let core_in_socket = global_core % cores;
+                    let socket = core / cores;
+                    let core_in_socket = core % cores;
                     let llc = match cores_per_llc {
                         Some(k) => socket * cores.div_ceil(k) + core_in_socket / k,
                         None => socket,
                     };
                     let numa =
                         socket * numa_per_socket + core_in_socket / (cores / numa_per_socket);
-                    os_ids.push(cpu as u64);
-                    core_k.push(global_core as u64);
-                    llc_k.push(llc as u64);
-                    numa_k.push(numa as u64);
-                    pkg_k.push(socket as u64);
-                }
+                    SpecCpu {
+                        core,
+                        thread,
+                        core_in_socket,
+                        socket,
+                        llc,
+                        numa,
+                        smt_siblings: (0..threads).map(|t| cpu_of(core, t)).collect(),
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    /// Build the topology this spec describes.
+    pub fn build(&self) -> Result<Topology, TopologyError> {
+        match *self {
+            TopoSpec::Machine { .. } => {
+                let spec_cpus = self.machine_cpus().unwrap_or_default();
+                let os_ids = (0..spec_cpus.len() as u64).collect();
+                let key = |f: fn(&SpecCpu) -> usize| -> Vec<u64> {
+                    spec_cpus.iter().map(|c| f(c) as u64).collect()
+                };
+                let (core_k, llc_k, numa_k, pkg_k) = (
+                    key(|c| c.core),
+                    key(|c| c.llc),
+                    key(|c| c.numa),
+                    key(|c| c.socket),
+                );
                 TopologyBuilder::new(os_ids)
                     .level("SMT", DomainFlags::SMT, core_k)
                     .level("LLC", DomainFlags::LLC, llc_k)
