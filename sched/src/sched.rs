@@ -474,6 +474,25 @@ impl Sched {
         self.rq_changed(leaf, now);
     }
 
+    /// Put a waiting task of `leaf` in its latency timeline too
+    /// (`__enqueue_latency`), when latency-nice is on and the task is
+    /// latency-sensitive.
+    fn enqueue_latency(&mut self, id: TaskId, leaf: LeafId) {
+        if !self.config.latency {
+            return;
+        }
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        if t.latency_offset >= 0 || t.in_latency_tree || t.state != TaskState::Queued(leaf) {
+            return;
+        }
+        self.rqs[leaf]
+            .latency_timeline
+            .insert((t.vruntime + t.latency_offset, t.enqueue_seq, id));
+        t.in_latency_tree = true;
+    }
+
     /// Take a task off its leaf (running or waiting) and make it sleep.
     fn dequeue_task(&mut self, id: TaskId, leaf: LeafId, now: u64) {
         let Some(t) = self.tasks.get_mut(&id) else {
@@ -504,7 +523,12 @@ impl Sched {
 
     /// Detach a waiting task for migration (steal): out of the source
     /// queue with its vruntime made relative to the destination.
+    /// A task waiting in the source's latency timeline waits in the
+    /// destination's too (seed 004: the timeline exists so that a
+    /// latency-sensitive task that could not run at once runs first; a
+    /// steal must not drop it to the fair order).
     pub(crate) fn migrate_queued(&mut self, id: TaskId, from: LeafId, to: LeafId, now: u64) {
+        let was_latency = self.tasks.get(&id).is_some_and(|t| t.in_latency_tree);
         self.dequeue_task(id, from, now);
         let delta = self.rqs[to].min_vruntime - self.rqs[from].min_vruntime;
         if let Some(t) = self.tasks.get_mut(&id) {
@@ -514,6 +538,9 @@ impl Sched {
         self.events
             .push(SchedEvent::Migrated { task: id, from, to });
         self.enqueue_task(id, to, false, now);
+        if was_latency {
+            self.enqueue_latency(id, to);
+        }
         // With demands, the task taken may have been what blocked the
         // source's queue: let the source run what now fits.
         self.schedule(from, now);
@@ -558,14 +585,25 @@ impl Sched {
         }
     }
 
-    /// `wakeup_latency_gran` of the latency-nice series: the latency offset
-    /// difference that counts when either entity is latency-sensitive.
-    fn wakeup_latency_gran(curr: &Task, se: &Task) -> i64 {
+    /// `wakeup_gran(se)`: the wakeup granularity in `se`'s virtual time.
+    fn wakeup_gran(&self, se: &Task) -> i64 {
+        calc_delta_fair(self.config.wakeup_granularity, se.weight) as i64
+    }
+
+    /// `wakeup_latency_gran(curr, se)` of the latency-nice series (seed
+    /// 004, v12 patch 5): how much the latency offsets shift the
+    /// comparison of `curr` and `se`. When either is latency-sensitive
+    /// (negative offset) the difference of the offsets counts; otherwise
+    /// `se`'s own offset says how much scheduling delay it accepts (positive
+    /// latency-nice: `se` preempts later, `curr` keeps running longer).
+    /// Capped at `wakeup_gran(se)`:
+    /// `latency_offset = min_t(long, latency_offset, wakeup_gran(se))`.
+    fn wakeup_latency_gran(&self, curr: &Task, se: &Task) -> i64 {
         let mut offset = se.latency_offset;
         if offset < 0 || curr.latency_offset < 0 {
             offset -= curr.latency_offset;
         }
-        offset.min(0)
+        offset.min(self.wakeup_gran(se))
     }
 
     /// `wakeup_preempt_entity(curr, se)`: 1 when `se` should preempt
@@ -573,13 +611,12 @@ impl Sched {
     pub(crate) fn wakeup_preempt_entity(&self, curr: &Task, se: &Task) -> i32 {
         let mut vdiff = curr.vruntime - se.vruntime;
         if self.config.latency {
-            vdiff -= Self::wakeup_latency_gran(curr, se);
+            vdiff -= self.wakeup_latency_gran(curr, se);
         }
         if vdiff <= 0 {
             return -1;
         }
-        let gran = calc_delta_fair(self.config.wakeup_granularity, se.weight) as i64;
-        if vdiff > gran { 1 } else { 0 }
+        if vdiff > self.wakeup_gran(se) { 1 } else { 0 }
     }
 
     /// `pick_next_entity`: the leftmost task of the fair timeline, unless
@@ -998,6 +1035,111 @@ mod tests {
         assert_eq!(s.task(TaskId(3)).unwrap().state, TaskState::Queued(0));
         s.block(TaskId(2), 4).unwrap();
         assert_eq!(s.task(TaskId(3)).unwrap().state, TaskState::Running(0));
+    }
+
+    /// Seed 004: positive latency-nice accepts more scheduling delay, so
+    /// a waking task with latency-nice 19 preempts later than one at 0
+    /// (the old `offset.min(0)` threw the positive offset away).
+    #[test]
+    fn positive_latency_nice_preempts_later() {
+        let s = engine("1s:1c:1t");
+        let mk = |id: u64, latency_nice: i32, vruntime: i64| {
+            let mut spec = TaskSpec::new(TaskId(id));
+            spec.latency_nice = latency_nice;
+            let mut t = Task::new(spec, crate::config::Policy::Spread, s.config.sched_latency);
+            t.vruntime = vruntime;
+            t
+        };
+        let gran = s.config.wakeup_granularity as i64;
+        let curr = mk(1, 0, 10 * gran);
+        // 1.5 granularities behind curr: preempts at latency-nice 0 ...
+        let plain = mk(2, 0, 10 * gran - 3 * gran / 2);
+        assert_eq!(s.wakeup_preempt_entity(&curr, &plain), 1);
+        // ... but not at latency-nice 19, whose offset (capped at one
+        // granularity) is subtracted from the lead.
+        let relaxed = mk(3, 19, 10 * gran - 3 * gran / 2);
+        assert_eq!(s.wakeup_preempt_entity(&curr, &relaxed), 0);
+        // With latency-nice off the offset is ignored.
+        let mut off = engine("1s:1c:1t");
+        off.config.latency = false;
+        assert_eq!(off.wakeup_preempt_entity(&curr, &relaxed), 1);
+    }
+
+    /// A fair-timeline head `left` and a latency-sensitive task `lat`
+    /// whose vruntime is `lead` ns ahead of `left`, both waiting on leaf 0
+    /// of a one-leaf, non-preempting engine. Returns the engine.
+    fn latency_vs_fair(lead: i64) -> Sched {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("1s:1c:1t").unwrap()),
+            1,
+            SchedConfig {
+                preempt: false,
+                ..SchedConfig::default()
+            },
+        );
+        let mut lat = TaskSpec::new(TaskId(3));
+        lat.latency_nice = -20;
+        for spec in [TaskSpec::new(TaskId(1)), TaskSpec::new(TaskId(2)), lat] {
+            s.add_task(spec).unwrap();
+        }
+        s.wake_up_on(TaskId(1), 0, 0).unwrap();
+        s.wake_up_on(TaskId(2), 0, 0).unwrap();
+        // Task 3 has run before, further ahead in virtual time.
+        let t = s.tasks.get_mut(&TaskId(3)).unwrap();
+        t.sum_exec_runtime = 1;
+        t.vruntime = lead;
+        s.wake_up_on(TaskId(3), 0, 0).unwrap();
+        s
+    }
+
+    /// Seed 004: `pick_next_entity` runs the latency task first when
+    /// `wakeup_preempt_entity(latency, left) < 1`, its offset included.
+    /// 1.5 granularities ahead it still goes first (the old clamp lost the
+    /// offset here and picked the fair head); 3 granularities ahead, past
+    /// the capped offset plus a granularity, fairness wins.
+    #[test]
+    fn pick_next_entity_honours_the_latency_offset() {
+        let gran = SchedConfig::default().wakeup_granularity as i64;
+        let s = latency_vs_fair(3 * gran / 2);
+        assert_eq!(s.task(TaskId(1)).unwrap().state, TaskState::Running(0));
+        assert_eq!(s.next_to_run(0), Some(TaskId(3)));
+        let s = latency_vs_fair(3 * gran);
+        assert_eq!(s.next_to_run(0), Some(TaskId(2)));
+    }
+
+    /// Seed 004: a latency-sensitive task that is stolen keeps its place
+    /// in the latency timeline on the destination.
+    #[test]
+    fn migrated_task_stays_in_the_latency_timeline() {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("1s:2c:1t").unwrap()),
+            1,
+            SchedConfig {
+                preempt: false,
+                steal: false,
+                ..SchedConfig::default()
+            },
+        );
+        let mut lat = TaskSpec::new(TaskId(3));
+        lat.latency_nice = -20;
+        for spec in [
+            TaskSpec::new(TaskId(0)),
+            TaskSpec::new(TaskId(1)),
+            TaskSpec::new(TaskId(2)),
+            lat,
+        ] {
+            s.add_task(spec).unwrap();
+        }
+        s.wake_up_on(TaskId(0), 0, 0).unwrap();
+        s.wake_up_on(TaskId(1), 1, 0).unwrap();
+        s.wake_up_on(TaskId(2), 1, 0).unwrap();
+        s.wake_up_on(TaskId(3), 0, 0).unwrap();
+        assert_eq!(s.task(TaskId(3)).unwrap().state, TaskState::Queued(0));
+        s.migrate_queued(TaskId(3), 0, 1, 1);
+        assert_eq!(s.task(TaskId(3)).unwrap().state, TaskState::Queued(1));
+        // Behind task 2 in fair order, first by the latency timeline.
+        assert_eq!(s.rq(1).waiting().next(), Some(TaskId(2)));
+        assert_eq!(s.next_to_run(1), Some(TaskId(3)));
     }
 
     #[test]
