@@ -118,6 +118,24 @@ pub struct NodeAgg {
     pub max_room: [u32; 5],
 }
 
+/// The reservation of a leaf's head under EASY backfill: when the head
+/// can start at the latest, from the running tasks' time limits, and the
+/// capacity that will be left over then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// The head: the first waiting task, in next-to-run order, that fits
+    /// the leaf's capacity at all.
+    pub task: TaskId,
+    /// Its shadow time: the earliest time at which enough running tasks
+    /// will have ended for its demand, `now` if the capacity is free now
+    /// (blocked by alignment only), `None` if that needs a running task
+    /// without a time limit to end.
+    pub start: Option<u64>,
+    /// Capacity free at `start` beyond the head's demand ("extra nodes"):
+    /// a task may use it now however long it runs.
+    pub extra: u32,
+}
+
 /// The scheduling engine over one topology.
 #[derive(Debug)]
 pub struct Sched {
@@ -136,6 +154,9 @@ pub struct Sched {
     pub(crate) steal_llc_allowed: bool,
     /// Per LLC: stealing from its sibling LLCs passes node-limit gating.
     pub(crate) steal_cross_allowed: Vec<bool>,
+    /// The latest `now` a call passed in (to recompute reservations when
+    /// the configuration changes between calls).
+    last_now: u64,
 }
 
 impl Sched {
@@ -168,6 +189,7 @@ impl Sched {
             seq: 0,
             steal_llc_allowed,
             steal_cross_allowed,
+            last_now: 0,
         };
         for leaf in 0..n {
             s.refresh_aggregates(leaf);
@@ -191,11 +213,23 @@ impl Sched {
     }
 
     /// Change feature switches; the topology-derived gating is recomputed.
+    /// Turning backfill on or off recomputes every leaf's room and
+    /// overload bit at once and lets each leaf run what now fits.
     pub fn set_config(&mut self, config: SchedConfig) {
         let (llc, cross) = steal_gating(&self.topo, &config);
+        let backfill_changed = config.backfill != self.config.backfill;
         self.config = config;
         self.steal_llc_allowed = llc;
         self.steal_cross_allowed = cross;
+        if backfill_changed {
+            let now = self.last_now;
+            for leaf in 0..self.rqs.len() {
+                self.rq_changed(leaf, now);
+            }
+            for leaf in 0..self.rqs.len() {
+                self.schedule(leaf, now);
+            }
+        }
     }
 
     /// The run queue of a leaf.
@@ -668,7 +702,10 @@ impl Sched {
 
     /// Start a waiting task (`set_next_entity`).
     fn set_next(&mut self, id: TaskId, leaf: LeafId, now: u64) {
-        let latency_first = self.rqs[leaf].first_fair().map(|k| k.2) != Some(id);
+        // A latency pick: the latency timeline's first, not the fair one's
+        // (a backfilled task is neither).
+        let latency_first = self.rqs[leaf].first_fair().map(|k| k.2) != Some(id)
+            && self.rqs[leaf].first_latency().map(|k| k.2) == Some(id);
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
@@ -817,6 +854,9 @@ impl Sched {
 
     /// Run what fits (`pick_next_task`); when the leaf is left with room and
     /// nothing to run, it is idle: newidle stealing (seed 000 patch 8).
+    /// With backfill, a head that cannot start does not stop the queue:
+    /// later tasks that cannot delay its reservation start, and spare
+    /// capacity left after that steals.
     pub fn schedule(&mut self, leaf: LeafId, now: u64) {
         loop {
             while let Some(next) = self.next_startable(leaf) {
@@ -829,7 +869,12 @@ impl Sched {
                 }
                 self.set_next(next, leaf, now);
             }
-            if !self.rqs[leaf].is_idle() || !self.rqs[leaf].tasks_timeline.is_empty() {
+            if self.config.backfill {
+                self.backfill(leaf, now);
+                if !self.rqs[leaf].has_spare() {
+                    return;
+                }
+            } else if !self.rqs[leaf].is_idle() || !self.rqs[leaf].tasks_timeline.is_empty() {
                 return;
             }
             if self.try_steal(leaf, now).is_none() {
@@ -838,12 +883,147 @@ impl Sched {
         }
     }
 
+    // ----- EASY backfill -----
+
+    /// The reservation of `leaf`'s head at `now` (EASY backfill): the head
+    /// is the first waiting task in next-to-run order that fits the leaf's
+    /// capacity at all; `None` when there is none. Computed whether or not
+    /// backfill is on (the dispatcher can report it as a pending reason).
+    pub fn reservation(&self, leaf: LeafId, now: u64) -> Option<Reservation> {
+        let head = self.next_startable(leaf)?;
+        let demand = self.tasks.get(&head)?.demand;
+        let (start, extra) = self.shadow(leaf, demand, now);
+        Some(Reservation {
+            task: head,
+            start,
+            extra,
+        })
+    }
+
+    /// The shadow time and extra capacity for a head of `demand` on
+    /// `leaf`: walk the running tasks by expected end, freeing their
+    /// demand, until the head fits; every task ending at that instant has
+    /// ended by it.
+    fn shadow(&self, leaf: LeafId, demand: u32, now: u64) -> (Option<u64>, u32) {
+        let rq = &self.rqs[leaf];
+        let mut avail = rq.free();
+        if avail >= demand {
+            return (Some(now), avail - demand);
+        }
+        let mut ends: Vec<(Option<u64>, u32)> = rq
+            .running
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+            .map(|t| (t.expected_end(now), t.demand))
+            .collect();
+        // Known ends ascending, unknown (never) last.
+        ends.sort_unstable_by_key(|&(end, _)| (end.is_none(), end));
+        let mut i = 0;
+        while let Some(&(Some(end), _)) = ends.get(i) {
+            while let Some(&(e, d)) = ends.get(i) {
+                if e != Some(end) {
+                    break;
+                }
+                avail += d;
+                i += 1;
+            }
+            if avail >= demand {
+                return (Some(end), avail - demand);
+            }
+        }
+        (None, 0)
+    }
+
+    /// True when task `t` may start on `leaf` now without delaying the
+    /// reservation `res` of the leaf's head: it fits now, and it either
+    /// uses only the extra capacity or ends by the shadow time. A task
+    /// without a time limit never ends by a known time; a reservation
+    /// without a known time (it waits on a task without a limit) is
+    /// delayed by no task that has a limit.
+    fn backfill_ok(&self, leaf: LeafId, res: &Reservation, t: &Task, now: u64) -> bool {
+        if !self.rqs[leaf].can_start(t.demand, t.align) {
+            return false;
+        }
+        if t.demand <= res.extra {
+            return true;
+        }
+        match (res.start, t.expected_end(now)) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(shadow), Some(end)) => end <= shadow,
+        }
+    }
+
+    /// EASY backfill of one leaf: while the head cannot start, start the
+    /// first waiting task, in next-to-run order, that cannot delay the
+    /// head's reservation (recomputed after each start).
+    fn backfill(&mut self, leaf: LeafId, now: u64) {
+        while let Some(res) = self.reservation(leaf, now) {
+            let found = self.next_to_run_order(leaf).into_iter().find(|&c| {
+                c != res.task
+                    && self
+                        .tasks
+                        .get(&c)
+                        .is_some_and(|t| self.backfill_ok(leaf, &res, t, now))
+            });
+            match found {
+                Some(c) => self.set_next(c, leaf, now),
+                None => return,
+            }
+        }
+    }
+
+    /// True when task `id` (waiting elsewhere, or new) could start on
+    /// `leaf` now: it fits the room for newcomers, or with backfill, it
+    /// fits now without delaying the leaf's head.
+    pub fn fits_now(&self, leaf: LeafId, id: TaskId, now: u64) -> bool {
+        let Some(t) = self.tasks.get(&id) else {
+            return false;
+        };
+        let rq = &self.rqs[leaf];
+        if !self.config.backfill || rq.tasks_timeline.is_empty() {
+            return t.demand <= rq.room(t.align);
+        }
+        match self.reservation(leaf, now) {
+            Some(res) if res.task != id => self.backfill_ok(leaf, &res, t, now),
+            _ => rq.can_start(t.demand, t.align),
+        }
+    }
+
+    /// The leaf may take work from others now: idle, or with backfill any
+    /// spare capacity (whether a task fits is decided per task).
+    pub(crate) fn can_pull(&self, leaf: LeafId) -> bool {
+        if self.config.backfill {
+            self.rqs[leaf].has_spare()
+        } else {
+            self.rqs[leaf].is_idle()
+        }
+    }
+
+    /// Overloaded: more runnable demand than capacity (the kernel's
+    /// definition for `C = 1`); with backfill also any waiting work,
+    /// which after `schedule` is work that cannot start now.
+    pub(crate) fn leaf_overloaded(&self, leaf: LeafId) -> bool {
+        let rq = &self.rqs[leaf];
+        rq.is_overloaded() || (self.config.backfill && !rq.tasks_timeline.is_empty())
+    }
+
     /// Called after every change of a leaf's queue: keeps the overload mask
     /// (exactly on transitions), the busy flags (idle at once), the idle
     /// stamp, the aggregates and the packing index in step.
     pub(crate) fn rq_changed(&mut self, leaf: LeafId, now: u64) {
+        self.last_now = self.last_now.max(now);
+        let backfill_room = if self.config.backfill && !self.rqs[leaf].tasks_timeline.is_empty() {
+            Some(match self.reservation(leaf, now) {
+                Some(res) => res.extra,
+                None => self.rqs[leaf].free(),
+            })
+        } else {
+            None
+        };
+        let overloaded = self.leaf_overloaded(leaf);
         let rq = &mut self.rqs[leaf];
-        let overloaded = rq.is_overloaded();
+        rq.backfill_room = backfill_room;
         if overloaded != rq.overloaded {
             rq.overloaded = overloaded;
             if overloaded {
