@@ -202,7 +202,7 @@ impl Model {
                 prop_assert_eq!(res.start, start);
                 for &w in &self.waiting[1..] {
                     prop_assert!(
-                        !(self.fits_now(w) && !self.delays_head(w)),
+                        !self.fits_now(w) || self.delays_head(w),
                         "task {w:?} fits without delaying head {h:?} but waits"
                     );
                 }
