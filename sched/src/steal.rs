@@ -27,7 +27,7 @@
 //! capacity behind a blocked head steals too, and only tasks that can start
 //! on it now without delaying its own head ([`Sched::fits_now`]).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use crate::sched::Sched;
 use crate::task::{TaskId, TaskState};
@@ -162,8 +162,11 @@ impl Sched {
     /// caller's tick). Returns the number of tasks moved; 0 when
     /// [`crate::SchedConfig::idle_balance`] is off.
     ///
-    /// Cost: O(LLCs) to find the overloaded domains, then the leaves of
-    /// those domains; nothing when no leaf is overloaded.
+    /// Cost: O(LLCs) to find the overloaded domains, O(waiting tasks of
+    /// overloaded leaves) for the smallest waiting demand per domain, then
+    /// an O(1) check per leaf of those domains; only a leaf with at least
+    /// that much free capacity is searched. Nothing when no leaf is
+    /// overloaded.
     pub fn idle_balance(&mut self, now: u64) -> usize {
         if !self.config.idle_balance || !self.steal_llc_allowed {
             return 0;
@@ -177,22 +180,42 @@ impl Sched {
             return 0;
         }
         let parent = |l: usize| -> Option<NodeId> { topo.node(llcs[l].node).parent };
-        let hot_parents: HashSet<NodeId> = (0..llcs.len())
-            .filter(|&l| overloaded[l])
-            .filter_map(parent)
-            .collect();
+        // The smallest waiting demand per LLC and per parent domain: a
+        // leaf with less free capacity than every waiting task of its
+        // domain cannot take any, and is not searched. Tasks only leave
+        // queues during the pass, so these stay lower bounds.
+        let mut min_llc = vec![u32::MAX; llcs.len()];
+        let mut min_parent: HashMap<NodeId, u32> = HashMap::new();
+        for l in (0..llcs.len()).filter(|&l| overloaded[l]) {
+            for src in self.overload.iter_wrap(&topo, l, 0) {
+                for id in self.rqs[src].waiting() {
+                    if let Some(t) = self.tasks.get(&id) {
+                        min_llc[l] = min_llc[l].min(t.demand);
+                    }
+                }
+            }
+            if let Some(p) = parent(l) {
+                let m = min_parent.entry(p).or_insert(u32::MAX);
+                *m = (*m).min(min_llc[l]);
+            }
+        }
+        let mut bound = vec![u32::MAX; llcs.len()];
         let mut work: Vec<LeafId> = Vec::new();
         for l in (0..llcs.len()).rev() {
-            let cross = self.config.steal_cross_llc
+            bound[l] = min_llc[l];
+            if self.config.steal_cross_llc
                 && self.steal_cross_allowed[l]
-                && parent(l).is_some_and(|p| hot_parents.contains(&p));
-            if overloaded[l] || cross {
+                && let Some(m) = parent(l).and_then(|p| min_parent.get(&p))
+            {
+                bound[l] = bound[l].min(*m);
+            }
+            if bound[l] != u32::MAX {
                 work.extend(llcs[l].members.iter().rev());
             }
         }
         let mut moved = 0;
         while let Some(dst) = work.pop() {
-            while self.can_pull(dst) {
+            while self.can_pull(dst) && self.rqs[dst].free() >= bound[topo.llc_of(dst)] {
                 let Some((p, src)) = self.steal_search(dst, now) else {
                     break;
                 };
