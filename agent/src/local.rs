@@ -248,6 +248,7 @@ impl LocalScheduler {
             affinity,
             policy: Some(job.policy),
             align: Align::Any,
+            time_limit: None,
         };
         let n = self.engine.topology().nr_leaves();
         if job.cpus == 1 && self.cfg.oversubscribe {
@@ -333,6 +334,7 @@ impl LocalScheduler {
                 affinity: leaf.map(|l| Arc::new(LeafSet::from_leaves(n, [l]))),
                 policy: Some(job.policy),
                 align: Align::Any,
+                time_limit: None,
             };
             if self.engine.add_task(spec).is_ok() {
                 match leaf {

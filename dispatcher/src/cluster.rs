@@ -749,6 +749,7 @@ impl Cluster {
             affinity,
             policy: Some(policy_of(&spec)),
             align: align_of(&spec),
+            time_limit: None,
         }
     }
 

@@ -57,6 +57,11 @@
 //! * `try_steal/gated`: the steal leaf with node-limit gating refusing
 //!   (`NodeLimitScope::Global`, limit 0): the O(1) early exit.
 //!
+//! * `idle_balance/steady_pass`: after the steal groups, backfill and idle
+//!   balance are switched on, one pass moves what it can (printed), and the
+//!   measured pass finds nothing more to move (checked): the cost of the
+//!   call on a tick or finish when no room can be used.
+//!
 //! With `SchedConfig::default()` the POWER10 shape (6 NUMA nodes > limit 2)
 //! never steals at all; its `steal_restore` and `fail_search` raise the
 //! node limit to 6 so that the search itself is measured.
@@ -653,7 +658,31 @@ fn bench_size(c: &mut Criterion, size: &Size) {
     });
     assert_eq!(s.stats().steal, steals_before, "restore_local steals");
     assert!(fingerprint(s) == before, "restore_local changed the state");
-    s.set_config(base);
+    s.set_config(base.clone());
+    g.finish();
+
+    // ----- idle balance (last: it changes the loaded state) -----
+    let mut g = c.benchmark_group("idle_balance");
+    if big {
+        g.sample_size(10);
+    }
+    s.set_config(SchedConfig {
+        backfill: true,
+        idle_balance: true,
+        ..open_config(s, &base)
+    });
+    let t = Instant::now();
+    let moved = s.idle_balance(NOW);
+    eprintln!(
+        "  idle_balance at {n}: first pass moved {moved} tasks in {:.2?}",
+        t.elapsed()
+    );
+    assert_eq!(s.idle_balance(NOW), 0, "a second pass finds nothing");
+    // The steady state: a pass that finds nothing to move, what the
+    // dispatcher pays on a tick or finish when no room can be used.
+    g.bench_function(BenchmarkId::new("steady_pass", n), |b| {
+        b.iter(|| black_box(s.idle_balance(NOW)))
+    });
     g.finish();
 }
 

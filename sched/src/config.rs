@@ -72,6 +72,20 @@ pub struct SchedConfig {
     /// sysctl_sched_migration_cost: avg_idle starts at twice this and is
     /// capped at twice this.
     pub migration_cost: u64,
+    /// EASY backfill inside a leaf (not in the seeds; Slurm's backfill and
+    /// the kernel's work conservation at leaf level). The head of a leaf's
+    /// queue that cannot start gets a reservation computed from the running
+    /// tasks' time limits ([`crate::Sched::reservation`]); later tasks start
+    /// now only if they cannot delay it. With it, "overloaded" includes a
+    /// leaf whose waiting work cannot start now (a head blocked by
+    /// alignment or behind a reservation), and a leaf with spare capacity
+    /// behind a blocked head steals what fits without delaying its head.
+    /// Off by default: today's behaviour.
+    pub backfill: bool,
+    /// Let [`crate::Sched::idle_balance`] run: the periodic / nohz idle
+    /// balance pass over leaves with room. Off by default: the call does
+    /// nothing.
+    pub idle_balance: bool,
 }
 
 impl Default for SchedConfig {
@@ -93,6 +107,8 @@ impl Default for SchedConfig {
             min_granularity: 750_000,
             wakeup_granularity: 1_000_000,
             migration_cost: 500_000,
+            backfill: false,
+            idle_balance: false,
         }
     }
 }

@@ -45,6 +45,11 @@ pub struct RunQueue {
     /// machine (the dispatcher's nodes): what its agent reported, lowered
     /// conservatively as jobs start until the next report. `None` for CPUs.
     pub(crate) align_free: Option<FreeSummary>,
+    /// With backfill on and tasks waiting: the capacity a newcomer of
+    /// unknown length may use now without delaying the head's reservation
+    /// (the reservation's extra capacity). `None`: backfill off, nothing
+    /// waiting, or not computed yet.
+    pub(crate) backfill_room: Option<u32>,
 }
 
 impl RunQueue {
@@ -63,6 +68,7 @@ impl RunQueue {
             idle_stamp: None,
             overloaded: false,
             align_free: None,
+            backfill_room: None,
         }
     }
 
@@ -81,14 +87,21 @@ impl RunQueue {
         self.capacity.saturating_sub(self.running_demand)
     }
 
-    /// Capacity a newcomer could use now: free capacity, or 0 when tasks
-    /// are already waiting (they go first).
+    /// Capacity a newcomer could use now: free capacity, or, when tasks
+    /// are already waiting (they go first), 0, or with backfill the room
+    /// that cannot delay the head's reservation.
     pub fn fit_free(&self) -> u32 {
         if self.tasks_timeline.is_empty() {
             self.free()
         } else {
-            0
+            self.backfill_room.unwrap_or(0).min(self.free())
         }
+    }
+
+    /// Some capacity is free now, whatever waits (backfill and idle
+    /// balance look for work for it).
+    pub fn has_spare(&self) -> bool {
+        self.can_start(1, Align::Any)
     }
 
     /// The leaf's room per alignment level, if it is a machine.
@@ -112,8 +125,9 @@ impl RunQueue {
         self.free() >= demand && self.align_free.is_none_or(|s| s.get(align) >= demand)
     }
 
-    /// Idle: nothing waiting and some capacity free. For `C = 1` this is the
-    /// kernel's `available_idle_cpu`.
+    /// Idle: room for a newcomer (nothing waiting and some capacity free;
+    /// with backfill, room that cannot delay the head). For `C = 1` this is
+    /// the kernel's `available_idle_cpu`.
     pub fn is_idle(&self) -> bool {
         self.room(Align::Any) > 0
     }

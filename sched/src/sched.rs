@@ -118,6 +118,24 @@ pub struct NodeAgg {
     pub max_room: [u32; 5],
 }
 
+/// The reservation of a leaf's head under EASY backfill: when the head
+/// can start at the latest, from the running tasks' time limits, and the
+/// capacity that will be left over then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// The head: the first waiting task, in next-to-run order, that fits
+    /// the leaf's capacity at all.
+    pub task: TaskId,
+    /// Its shadow time: the earliest time at which enough running tasks
+    /// will have ended for its demand, `now` if the capacity is free now
+    /// (blocked by alignment only), `None` if that needs a running task
+    /// without a time limit to end.
+    pub start: Option<u64>,
+    /// Capacity free at `start` beyond the head's demand ("extra nodes"):
+    /// a task may use it now however long it runs.
+    pub extra: u32,
+}
+
 /// The scheduling engine over one topology.
 #[derive(Debug)]
 pub struct Sched {
@@ -136,6 +154,9 @@ pub struct Sched {
     pub(crate) steal_llc_allowed: bool,
     /// Per LLC: stealing from its sibling LLCs passes node-limit gating.
     pub(crate) steal_cross_allowed: Vec<bool>,
+    /// The latest `now` a call passed in (to recompute reservations when
+    /// the configuration changes between calls).
+    last_now: u64,
 }
 
 impl Sched {
@@ -168,6 +189,7 @@ impl Sched {
             seq: 0,
             steal_llc_allowed,
             steal_cross_allowed,
+            last_now: 0,
         };
         for leaf in 0..n {
             s.refresh_aggregates(leaf);
@@ -191,11 +213,23 @@ impl Sched {
     }
 
     /// Change feature switches; the topology-derived gating is recomputed.
+    /// Turning backfill on or off recomputes every leaf's room and
+    /// overload bit at once and lets each leaf run what now fits.
     pub fn set_config(&mut self, config: SchedConfig) {
         let (llc, cross) = steal_gating(&self.topo, &config);
+        let backfill_changed = config.backfill != self.config.backfill;
         self.config = config;
         self.steal_llc_allowed = llc;
         self.steal_cross_allowed = cross;
+        if backfill_changed {
+            let now = self.last_now;
+            for leaf in 0..self.rqs.len() {
+                self.rq_changed(leaf, now);
+            }
+            for leaf in 0..self.rqs.len() {
+                self.schedule(leaf, now);
+            }
+        }
     }
 
     /// The run queue of a leaf.
@@ -474,6 +508,25 @@ impl Sched {
         self.rq_changed(leaf, now);
     }
 
+    /// Put a waiting task of `leaf` in its latency timeline too
+    /// (`__enqueue_latency`), when latency-nice is on and the task is
+    /// latency-sensitive.
+    fn enqueue_latency(&mut self, id: TaskId, leaf: LeafId) {
+        if !self.config.latency {
+            return;
+        }
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        if t.latency_offset >= 0 || t.in_latency_tree || t.state != TaskState::Queued(leaf) {
+            return;
+        }
+        self.rqs[leaf]
+            .latency_timeline
+            .insert((t.vruntime + t.latency_offset, t.enqueue_seq, id));
+        t.in_latency_tree = true;
+    }
+
     /// Take a task off its leaf (running or waiting) and make it sleep.
     fn dequeue_task(&mut self, id: TaskId, leaf: LeafId, now: u64) {
         let Some(t) = self.tasks.get_mut(&id) else {
@@ -504,7 +557,12 @@ impl Sched {
 
     /// Detach a waiting task for migration (steal): out of the source
     /// queue with its vruntime made relative to the destination.
+    /// A task waiting in the source's latency timeline waits in the
+    /// destination's too (seed 004: the timeline exists so that a
+    /// latency-sensitive task that could not run at once runs first; a
+    /// steal must not drop it to the fair order).
     pub(crate) fn migrate_queued(&mut self, id: TaskId, from: LeafId, to: LeafId, now: u64) {
+        let was_latency = self.tasks.get(&id).is_some_and(|t| t.in_latency_tree);
         self.dequeue_task(id, from, now);
         let delta = self.rqs[to].min_vruntime - self.rqs[from].min_vruntime;
         if let Some(t) = self.tasks.get_mut(&id) {
@@ -514,6 +572,9 @@ impl Sched {
         self.events
             .push(SchedEvent::Migrated { task: id, from, to });
         self.enqueue_task(id, to, false, now);
+        if was_latency {
+            self.enqueue_latency(id, to);
+        }
         // With demands, the task taken may have been what blocked the
         // source's queue: let the source run what now fits.
         self.schedule(from, now);
@@ -558,14 +619,25 @@ impl Sched {
         }
     }
 
-    /// `wakeup_latency_gran` of the latency-nice series: the latency offset
-    /// difference that counts when either entity is latency-sensitive.
-    fn wakeup_latency_gran(curr: &Task, se: &Task) -> i64 {
+    /// `wakeup_gran(se)`: the wakeup granularity in `se`'s virtual time.
+    fn wakeup_gran(&self, se: &Task) -> i64 {
+        calc_delta_fair(self.config.wakeup_granularity, se.weight) as i64
+    }
+
+    /// `wakeup_latency_gran(curr, se)` of the latency-nice series (seed
+    /// 004, v12 patch 5): how much the latency offsets shift the
+    /// comparison of `curr` and `se`. When either is latency-sensitive
+    /// (negative offset) the difference of the offsets counts; otherwise
+    /// `se`'s own offset says how much scheduling delay it accepts (positive
+    /// latency-nice: `se` preempts later, `curr` keeps running longer).
+    /// Capped at `wakeup_gran(se)`:
+    /// `latency_offset = min_t(long, latency_offset, wakeup_gran(se))`.
+    fn wakeup_latency_gran(&self, curr: &Task, se: &Task) -> i64 {
         let mut offset = se.latency_offset;
         if offset < 0 || curr.latency_offset < 0 {
             offset -= curr.latency_offset;
         }
-        offset.min(0)
+        offset.min(self.wakeup_gran(se))
     }
 
     /// `wakeup_preempt_entity(curr, se)`: 1 when `se` should preempt
@@ -573,13 +645,12 @@ impl Sched {
     pub(crate) fn wakeup_preempt_entity(&self, curr: &Task, se: &Task) -> i32 {
         let mut vdiff = curr.vruntime - se.vruntime;
         if self.config.latency {
-            vdiff -= Self::wakeup_latency_gran(curr, se);
+            vdiff -= self.wakeup_latency_gran(curr, se);
         }
         if vdiff <= 0 {
             return -1;
         }
-        let gran = calc_delta_fair(self.config.wakeup_granularity, se.weight) as i64;
-        if vdiff > gran { 1 } else { 0 }
+        if vdiff > self.wakeup_gran(se) { 1 } else { 0 }
     }
 
     /// `pick_next_entity`: the leftmost task of the fair timeline, unless
@@ -631,7 +702,10 @@ impl Sched {
 
     /// Start a waiting task (`set_next_entity`).
     fn set_next(&mut self, id: TaskId, leaf: LeafId, now: u64) {
-        let latency_first = self.rqs[leaf].first_fair().map(|k| k.2) != Some(id);
+        // A latency pick: the latency timeline's first, not the fair one's
+        // (a backfilled task is neither).
+        let latency_first = self.rqs[leaf].first_fair().map(|k| k.2) != Some(id)
+            && self.rqs[leaf].first_latency().map(|k| k.2) == Some(id);
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
@@ -780,6 +854,9 @@ impl Sched {
 
     /// Run what fits (`pick_next_task`); when the leaf is left with room and
     /// nothing to run, it is idle: newidle stealing (seed 000 patch 8).
+    /// With backfill, a head that cannot start does not stop the queue:
+    /// later tasks that cannot delay its reservation start, and spare
+    /// capacity left after that steals.
     pub fn schedule(&mut self, leaf: LeafId, now: u64) {
         loop {
             while let Some(next) = self.next_startable(leaf) {
@@ -792,7 +869,12 @@ impl Sched {
                 }
                 self.set_next(next, leaf, now);
             }
-            if !self.rqs[leaf].is_idle() || !self.rqs[leaf].tasks_timeline.is_empty() {
+            if self.config.backfill {
+                self.backfill(leaf, now);
+                if !self.rqs[leaf].has_spare() {
+                    return;
+                }
+            } else if !self.rqs[leaf].is_idle() || !self.rqs[leaf].tasks_timeline.is_empty() {
                 return;
             }
             if self.try_steal(leaf, now).is_none() {
@@ -801,12 +883,147 @@ impl Sched {
         }
     }
 
+    // ----- EASY backfill -----
+
+    /// The reservation of `leaf`'s head at `now` (EASY backfill): the head
+    /// is the first waiting task in next-to-run order that fits the leaf's
+    /// capacity at all; `None` when there is none. Computed whether or not
+    /// backfill is on (the dispatcher can report it as a pending reason).
+    pub fn reservation(&self, leaf: LeafId, now: u64) -> Option<Reservation> {
+        let head = self.next_startable(leaf)?;
+        let demand = self.tasks.get(&head)?.demand;
+        let (start, extra) = self.shadow(leaf, demand, now);
+        Some(Reservation {
+            task: head,
+            start,
+            extra,
+        })
+    }
+
+    /// The shadow time and extra capacity for a head of `demand` on
+    /// `leaf`: walk the running tasks by expected end, freeing their
+    /// demand, until the head fits; every task ending at that instant has
+    /// ended by it.
+    fn shadow(&self, leaf: LeafId, demand: u32, now: u64) -> (Option<u64>, u32) {
+        let rq = &self.rqs[leaf];
+        let mut avail = rq.free();
+        if avail >= demand {
+            return (Some(now), avail - demand);
+        }
+        let mut ends: Vec<(Option<u64>, u32)> = rq
+            .running
+            .iter()
+            .filter_map(|id| self.tasks.get(id))
+            .map(|t| (t.expected_end(now), t.demand))
+            .collect();
+        // Known ends ascending, unknown (never) last.
+        ends.sort_unstable_by_key(|&(end, _)| (end.is_none(), end));
+        let mut i = 0;
+        while let Some(&(Some(end), _)) = ends.get(i) {
+            while let Some(&(e, d)) = ends.get(i) {
+                if e != Some(end) {
+                    break;
+                }
+                avail += d;
+                i += 1;
+            }
+            if avail >= demand {
+                return (Some(end), avail - demand);
+            }
+        }
+        (None, 0)
+    }
+
+    /// True when task `t` may start on `leaf` now without delaying the
+    /// reservation `res` of the leaf's head: it fits now, and it either
+    /// uses only the extra capacity or ends by the shadow time. A task
+    /// without a time limit never ends by a known time; a reservation
+    /// without a known time (it waits on a task without a limit) is
+    /// delayed by no task that has a limit.
+    fn backfill_ok(&self, leaf: LeafId, res: &Reservation, t: &Task, now: u64) -> bool {
+        if !self.rqs[leaf].can_start(t.demand, t.align) {
+            return false;
+        }
+        if t.demand <= res.extra {
+            return true;
+        }
+        match (res.start, t.expected_end(now)) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(shadow), Some(end)) => end <= shadow,
+        }
+    }
+
+    /// EASY backfill of one leaf: while the head cannot start, start the
+    /// first waiting task, in next-to-run order, that cannot delay the
+    /// head's reservation (recomputed after each start).
+    fn backfill(&mut self, leaf: LeafId, now: u64) {
+        while let Some(res) = self.reservation(leaf, now) {
+            let found = self.next_to_run_order(leaf).into_iter().find(|&c| {
+                c != res.task
+                    && self
+                        .tasks
+                        .get(&c)
+                        .is_some_and(|t| self.backfill_ok(leaf, &res, t, now))
+            });
+            match found {
+                Some(c) => self.set_next(c, leaf, now),
+                None => return,
+            }
+        }
+    }
+
+    /// True when task `id` (waiting elsewhere, or new) could start on
+    /// `leaf` now: it fits the room for newcomers, or with backfill, it
+    /// fits now without delaying the leaf's head.
+    pub fn fits_now(&self, leaf: LeafId, id: TaskId, now: u64) -> bool {
+        let Some(t) = self.tasks.get(&id) else {
+            return false;
+        };
+        let rq = &self.rqs[leaf];
+        if !self.config.backfill || rq.tasks_timeline.is_empty() {
+            return t.demand <= rq.room(t.align);
+        }
+        match self.reservation(leaf, now) {
+            Some(res) if res.task != id => self.backfill_ok(leaf, &res, t, now),
+            _ => rq.can_start(t.demand, t.align),
+        }
+    }
+
+    /// The leaf may take work from others now: idle, or with backfill any
+    /// spare capacity (whether a task fits is decided per task).
+    pub(crate) fn can_pull(&self, leaf: LeafId) -> bool {
+        if self.config.backfill {
+            self.rqs[leaf].has_spare()
+        } else {
+            self.rqs[leaf].is_idle()
+        }
+    }
+
+    /// Overloaded: more runnable demand than capacity (the kernel's
+    /// definition for `C = 1`); with backfill also any waiting work,
+    /// which after `schedule` is work that cannot start now.
+    pub(crate) fn leaf_overloaded(&self, leaf: LeafId) -> bool {
+        let rq = &self.rqs[leaf];
+        rq.is_overloaded() || (self.config.backfill && !rq.tasks_timeline.is_empty())
+    }
+
     /// Called after every change of a leaf's queue: keeps the overload mask
     /// (exactly on transitions), the busy flags (idle at once), the idle
     /// stamp, the aggregates and the packing index in step.
     pub(crate) fn rq_changed(&mut self, leaf: LeafId, now: u64) {
+        self.last_now = self.last_now.max(now);
+        let backfill_room = if self.config.backfill && !self.rqs[leaf].tasks_timeline.is_empty() {
+            Some(match self.reservation(leaf, now) {
+                Some(res) => res.extra,
+                None => self.rqs[leaf].free(),
+            })
+        } else {
+            None
+        };
+        let overloaded = self.leaf_overloaded(leaf);
         let rq = &mut self.rqs[leaf];
-        let overloaded = rq.is_overloaded();
+        rq.backfill_room = backfill_room;
         if overloaded != rq.overloaded {
             rq.overloaded = overloaded;
             if overloaded {
@@ -998,6 +1215,111 @@ mod tests {
         assert_eq!(s.task(TaskId(3)).unwrap().state, TaskState::Queued(0));
         s.block(TaskId(2), 4).unwrap();
         assert_eq!(s.task(TaskId(3)).unwrap().state, TaskState::Running(0));
+    }
+
+    /// Seed 004: positive latency-nice accepts more scheduling delay, so
+    /// a waking task with latency-nice 19 preempts later than one at 0
+    /// (the old `offset.min(0)` threw the positive offset away).
+    #[test]
+    fn positive_latency_nice_preempts_later() {
+        let s = engine("1s:1c:1t");
+        let mk = |id: u64, latency_nice: i32, vruntime: i64| {
+            let mut spec = TaskSpec::new(TaskId(id));
+            spec.latency_nice = latency_nice;
+            let mut t = Task::new(spec, crate::config::Policy::Spread, s.config.sched_latency);
+            t.vruntime = vruntime;
+            t
+        };
+        let gran = s.config.wakeup_granularity as i64;
+        let curr = mk(1, 0, 10 * gran);
+        // 1.5 granularities behind curr: preempts at latency-nice 0 ...
+        let plain = mk(2, 0, 10 * gran - 3 * gran / 2);
+        assert_eq!(s.wakeup_preempt_entity(&curr, &plain), 1);
+        // ... but not at latency-nice 19, whose offset (capped at one
+        // granularity) is subtracted from the lead.
+        let relaxed = mk(3, 19, 10 * gran - 3 * gran / 2);
+        assert_eq!(s.wakeup_preempt_entity(&curr, &relaxed), 0);
+        // With latency-nice off the offset is ignored.
+        let mut off = engine("1s:1c:1t");
+        off.config.latency = false;
+        assert_eq!(off.wakeup_preempt_entity(&curr, &relaxed), 1);
+    }
+
+    /// A fair-timeline head `left` and a latency-sensitive task `lat`
+    /// whose vruntime is `lead` ns ahead of `left`, both waiting on leaf 0
+    /// of a one-leaf, non-preempting engine. Returns the engine.
+    fn latency_vs_fair(lead: i64) -> Sched {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("1s:1c:1t").unwrap()),
+            1,
+            SchedConfig {
+                preempt: false,
+                ..SchedConfig::default()
+            },
+        );
+        let mut lat = TaskSpec::new(TaskId(3));
+        lat.latency_nice = -20;
+        for spec in [TaskSpec::new(TaskId(1)), TaskSpec::new(TaskId(2)), lat] {
+            s.add_task(spec).unwrap();
+        }
+        s.wake_up_on(TaskId(1), 0, 0).unwrap();
+        s.wake_up_on(TaskId(2), 0, 0).unwrap();
+        // Task 3 has run before, further ahead in virtual time.
+        let t = s.tasks.get_mut(&TaskId(3)).unwrap();
+        t.sum_exec_runtime = 1;
+        t.vruntime = lead;
+        s.wake_up_on(TaskId(3), 0, 0).unwrap();
+        s
+    }
+
+    /// Seed 004: `pick_next_entity` runs the latency task first when
+    /// `wakeup_preempt_entity(latency, left) < 1`, its offset included.
+    /// 1.5 granularities ahead it still goes first (the old clamp lost the
+    /// offset here and picked the fair head); 3 granularities ahead, past
+    /// the capped offset plus a granularity, fairness wins.
+    #[test]
+    fn pick_next_entity_honours_the_latency_offset() {
+        let gran = SchedConfig::default().wakeup_granularity as i64;
+        let s = latency_vs_fair(3 * gran / 2);
+        assert_eq!(s.task(TaskId(1)).unwrap().state, TaskState::Running(0));
+        assert_eq!(s.next_to_run(0), Some(TaskId(3)));
+        let s = latency_vs_fair(3 * gran);
+        assert_eq!(s.next_to_run(0), Some(TaskId(2)));
+    }
+
+    /// Seed 004: a latency-sensitive task that is stolen keeps its place
+    /// in the latency timeline on the destination.
+    #[test]
+    fn migrated_task_stays_in_the_latency_timeline() {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("1s:2c:1t").unwrap()),
+            1,
+            SchedConfig {
+                preempt: false,
+                steal: false,
+                ..SchedConfig::default()
+            },
+        );
+        let mut lat = TaskSpec::new(TaskId(3));
+        lat.latency_nice = -20;
+        for spec in [
+            TaskSpec::new(TaskId(0)),
+            TaskSpec::new(TaskId(1)),
+            TaskSpec::new(TaskId(2)),
+            lat,
+        ] {
+            s.add_task(spec).unwrap();
+        }
+        s.wake_up_on(TaskId(0), 0, 0).unwrap();
+        s.wake_up_on(TaskId(1), 1, 0).unwrap();
+        s.wake_up_on(TaskId(2), 1, 0).unwrap();
+        s.wake_up_on(TaskId(3), 0, 0).unwrap();
+        assert_eq!(s.task(TaskId(3)).unwrap().state, TaskState::Queued(0));
+        s.migrate_queued(TaskId(3), 0, 1, 1);
+        assert_eq!(s.task(TaskId(3)).unwrap().state, TaskState::Queued(1));
+        // Behind task 2 in fair order, first by the latency timeline.
+        assert_eq!(s.rq(1).waiting().next(), Some(TaskId(2)));
+        assert_eq!(s.next_to_run(1), Some(TaskId(3)));
     }
 
     #[test]

@@ -14,16 +14,30 @@
 //! masks Steve Sistare proposed in the thread ([`Topology::llc_siblings`]).
 //!
 //! [`Topology::llc_siblings`]: crate::topology::Topology::llc_siblings
+//!
+//! Stealing is the newly-idle shortcut. [`Sched::idle_balance`] is the
+//! analogue of the kernel's periodic / nohz idle balance: a pass, run by the
+//! caller on its tick and after every finish, that visits the leaves with
+//! room near overloaded leaves and pulls through the same masks in the same
+//! order, so that work left waiting by a missed newidle moment (a head that
+//! became stealable later, a leaf that gained room without going idle) is
+//! not stranded.
+//!
+//! With backfill ([`crate::SchedConfig::backfill`]) a leaf with spare
+//! capacity behind a blocked head steals too, and only tasks that can start
+//! on it now without delaying its own head ([`Sched::fits_now`]).
+
+use std::collections::HashMap;
 
 use crate::sched::Sched;
 use crate::task::{TaskId, TaskState};
-use crate::topology::LeafId;
+use crate::topology::{LeafId, NodeId};
 
 impl Sched {
     /// `try_steal`: the idle leaf `dst` takes one waiting task from an
     /// overloaded leaf. Returns the stolen task.
     pub fn try_steal(&mut self, dst: LeafId, now: u64) -> Option<TaskId> {
-        if !self.config.steal || !self.rqs[dst].is_idle() {
+        if !self.config.steal || !self.can_pull(dst) {
             return None;
         }
         if !self.steal_llc_allowed {
@@ -34,6 +48,14 @@ impl Sched {
             self.stats.steal_skip_avg_idle += 1;
             return None;
         }
+        self.steal_search(dst, now).map(|(p, _)| p)
+    }
+
+    /// The search of `try_steal` past its gates: SMT siblings, the LLC
+    /// from `dst`'s position with wrap-around, then (if enabled and allowed
+    /// by node-limit gating) the sibling LLCs. Returns the task moved and
+    /// the leaf it came from.
+    fn steal_search(&mut self, dst: LeafId, now: u64) -> Option<(TaskId, LeafId)> {
         let topo = self.topo.clone();
         let mut found_overloaded = false;
 
@@ -44,7 +66,7 @@ impl Sched {
                 self.stats.steal_scanned += 1;
                 if let Some(p) = self.steal_from(dst, src, now) {
                     self.stats.steal_smt += 1;
-                    return Some(p);
+                    return Some((p, src));
                 }
             }
         }
@@ -62,7 +84,7 @@ impl Sched {
             found_overloaded = true;
             self.stats.steal_scanned += 1;
             if let Some(p) = self.steal_from(dst, src, now) {
-                return Some(p);
+                return Some((p, src));
             }
         }
 
@@ -82,7 +104,7 @@ impl Sched {
                         self.stats.steal_scanned += 1;
                         if let Some(p) = self.steal_from(dst, src, now) {
                             self.stats.steal_cross_llc += 1;
-                            return Some(p);
+                            return Some((p, src));
                         }
                     }
                 }
@@ -98,10 +120,10 @@ impl Sched {
     /// `steal_from`: migrate the first migratable waiting task of `src`, in
     /// next-to-run order, to `dst`.
     fn steal_from(&mut self, dst: LeafId, src: LeafId, now: u64) -> Option<TaskId> {
-        if dst == src || !self.rqs[src].is_overloaded() {
+        if dst == src || !self.leaf_overloaded(src) {
             return None;
         }
-        let p = self.detach_next_task(src, dst)?;
+        let p = self.detach_next_task(src, dst, now)?;
         self.migrate_queued(p, src, dst, now);
         self.stats.steal += 1;
         Some(p)
@@ -109,20 +131,105 @@ impl Sched {
 
     /// `detach_next_task`: the first waiting task of `src`, in next-to-run
     /// order, that may move to `dst`.
-    fn detach_next_task(&self, src: LeafId, dst: LeafId) -> Option<TaskId> {
+    fn detach_next_task(&self, src: LeafId, dst: LeafId, now: u64) -> Option<TaskId> {
         self.next_to_run_order(src)
             .into_iter()
-            .find(|&p| self.can_migrate_task_llc(p, src, dst))
+            .find(|&p| self.can_migrate_task_llc(p, src, dst, now))
     }
 
     /// `can_migrate_task_llc`: waiting on `src` (never running), allowed on
-    /// `dst`, and fitting there.
-    pub fn can_migrate_task_llc(&self, p: TaskId, src: LeafId, dst: LeafId) -> bool {
+    /// `dst`, and fitting there now ([`Sched::fits_now`]: with backfill,
+    /// without delaying `dst`'s head).
+    pub fn can_migrate_task_llc(&self, p: TaskId, src: LeafId, dst: LeafId, now: u64) -> bool {
         let Some(t) = self.tasks.get(&p) else {
             return false;
         };
-        t.state == TaskState::Queued(src)
-            && t.allowed(dst)
-            && t.demand <= self.rqs[dst].room(t.align)
+        t.state == TaskState::Queued(src) && t.allowed(dst) && self.fits_now(dst, p, now)
+    }
+
+    /// `idle_balance`: the periodic / nohz idle balance pass (the kernel's
+    /// `nohz_idle_balance` kicking `rebalance_domains` on idle CPUs). For
+    /// the caller's tick and every finish. Visits every leaf that may take
+    /// work (idle; with backfill, any spare capacity) in a domain where
+    /// some leaf is overloaded: its LLC, or, with cross-LLC stealing
+    /// allowed by node-limit gating, a sibling LLC of its parent domain.
+    /// Each visited leaf pulls, in seed 000's order (SMT siblings, the LLC
+    /// from its own position, the sibling LLCs), the first migratable task
+    /// that can start on it now, and again while it has room and finds one.
+    /// A leaf that lost a waiting task is visited again (its head, and
+    /// so its room, may have changed). Unlike the newidle steal it is not
+    /// gated by `avg_idle` (the periodic balancer has its own interval: the
+    /// caller's tick). Returns the number of tasks moved; 0 when
+    /// [`crate::SchedConfig::idle_balance`] is off.
+    ///
+    /// Cost: O(LLCs) to find the overloaded domains, O(waiting tasks of
+    /// overloaded leaves) for the smallest waiting demand per domain, then
+    /// an O(1) check per leaf of those domains; only a leaf with at least
+    /// that much free capacity is searched. Nothing when no leaf is
+    /// overloaded.
+    pub fn idle_balance(&mut self, now: u64) -> usize {
+        if !self.config.idle_balance || !self.steal_llc_allowed {
+            return 0;
+        }
+        let topo = self.topo.clone();
+        let llcs = topo.llcs();
+        let overloaded: Vec<bool> = (0..llcs.len())
+            .map(|l| !self.overload.mask(l).is_empty())
+            .collect();
+        if !overloaded.contains(&true) {
+            return 0;
+        }
+        let parent = |l: usize| -> Option<NodeId> { topo.node(llcs[l].node).parent };
+        // The smallest waiting demand per LLC and per parent domain: a
+        // leaf with less free capacity than every waiting task of its
+        // domain cannot take any, and is not searched. Tasks only leave
+        // queues during the pass, so these stay lower bounds.
+        let mut min_llc = vec![u32::MAX; llcs.len()];
+        let mut min_parent: HashMap<NodeId, u32> = HashMap::new();
+        for l in (0..llcs.len()).filter(|&l| overloaded[l]) {
+            for src in self.overload.iter_wrap(&topo, l, 0) {
+                for id in self.rqs[src].waiting() {
+                    if let Some(t) = self.tasks.get(&id) {
+                        min_llc[l] = min_llc[l].min(t.demand);
+                    }
+                }
+            }
+            if let Some(p) = parent(l) {
+                let m = min_parent.entry(p).or_insert(u32::MAX);
+                *m = (*m).min(min_llc[l]);
+            }
+        }
+        let mut bound = vec![u32::MAX; llcs.len()];
+        let mut work: Vec<LeafId> = Vec::new();
+        for l in (0..llcs.len()).rev() {
+            bound[l] = min_llc[l];
+            if self.config.steal_cross_llc
+                && self.steal_cross_allowed[l]
+                && let Some(m) = parent(l).and_then(|p| min_parent.get(&p))
+            {
+                bound[l] = bound[l].min(*m);
+            }
+            if bound[l] != u32::MAX {
+                work.extend(llcs[l].members.iter().rev());
+            }
+        }
+        let mut moved = 0;
+        while let Some(dst) = work.pop() {
+            while self.can_pull(dst) && self.rqs[dst].free() >= bound[topo.llc_of(dst)] {
+                let Some((p, src)) = self.steal_search(dst, now) else {
+                    break;
+                };
+                moved += 1;
+                self.schedule(dst, now);
+                work.push(src);
+                if !matches!(
+                    self.tasks.get(&p).map(|t| t.state),
+                    Some(TaskState::Running(_))
+                ) {
+                    break;
+                }
+            }
+        }
+        moved
     }
 }

@@ -84,6 +84,12 @@ pub struct TaskSpec {
     /// Where the task's capacity units must be inside a leaf that is a
     /// machine (a job's CPUs on one LLC, ...); `Any` for CPU tasks.
     pub align: Align,
+    /// The most execution time the task will use, ns (the dispatcher fills
+    /// it from the job's `timeout`); `None` = unknown. EASY backfill
+    /// computes a blocked head's reservation from the running tasks'
+    /// limits: a running task is expected to end at
+    /// `now + time_limit - executed`, one without a limit never.
+    pub time_limit: Option<u64>,
 }
 
 impl TaskSpec {
@@ -97,6 +103,7 @@ impl TaskSpec {
             affinity: None,
             policy: None,
             align: Align::Any,
+            time_limit: None,
         }
     }
 }
@@ -133,6 +140,8 @@ pub struct Task {
     pub policy: Policy,
     /// Alignment inside a machine leaf.
     pub align: Align,
+    /// Execution time limit, ns (`None` = unknown).
+    pub time_limit: Option<u64>,
     /// Where the task is.
     pub state: TaskState,
     /// Virtual runtime, ns of nice-0 time.
@@ -172,6 +181,7 @@ impl Task {
             affinity: spec.affinity,
             policy: spec.policy.unwrap_or(default_policy),
             align: spec.align,
+            time_limit: spec.time_limit,
             state: TaskState::Sleeping,
             vruntime: 0,
             sum_exec_runtime: 0,
@@ -185,6 +195,23 @@ impl Task {
             in_latency_tree: false,
             enqueue_seq: 0,
         }
+    }
+
+    /// Execution time used up to `now` (`sum_exec_runtime` plus the part of
+    /// the current run not yet accounted).
+    pub fn executed(&self, now: u64) -> u64 {
+        match self.state {
+            TaskState::Running(_) => self.sum_exec_runtime + now.saturating_sub(self.exec_start),
+            _ => self.sum_exec_runtime,
+        }
+    }
+
+    /// When the task is expected to end if it runs from `now` on: `now`
+    /// plus what its time limit leaves (at least `now`: an overrun task is
+    /// expected to end at once); `None` without a limit.
+    pub fn expected_end(&self, now: u64) -> Option<u64> {
+        self.time_limit
+            .map(|limit| now.saturating_add(limit.saturating_sub(self.executed(now))))
     }
 
     /// True when the task may run on `leaf`.

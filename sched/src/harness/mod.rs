@@ -7,7 +7,8 @@
 //! bookkeeping of which task runs where (read from
 //! [`Sched::drain_events`]), the modelled costs ([`Costs`]) and the
 //! measurements ([`RunStats`]). The experiments live in submodules:
-//! [`hackbench`] (seed 000), [`wakeaffine`] (seed 001), with [`pipe`] (the
+//! [`hackbench`] (seed 000), [`wakeaffine`] (seed 001), [`latency`]
+//! (seed 004: a latency class beside hackbench), with [`pipe`] (the
 //! bounded message channel both use), [`rng`] (the seeded PRNG) and
 //! [`report`] (tables in the seeds' columns) and [`queue`] (the timed event
 //! queue and loop, generic over the event type, shared with the cluster
@@ -49,6 +50,7 @@
 //! events, not with the number of leaves or tasks.
 
 pub mod hackbench;
+pub mod latency;
 pub mod pipe;
 pub mod queue;
 pub mod report;
@@ -262,6 +264,10 @@ pub struct RunStats {
     pub wake_latency_count: u64,
     /// Largest wake-to-run latency.
     pub wake_latency_max_ns: u64,
+    /// Every wake-to-run latency as (task index, ns), in order, when
+    /// [`Harness::record_wake_latencies`] asked for them (for percentiles
+    /// per class); empty otherwise.
+    pub wake_latencies: Vec<(u32, u64)>,
     /// Events taken from the heap.
     pub events: u64,
     /// Of those, completions made stale by a preemption.
@@ -377,6 +383,7 @@ pub struct Harness<W> {
     wake_buf: Vec<WakeReq>,
     stats: RunStats,
     last_exit: u64,
+    record_latencies: bool,
 }
 
 impl<W: Workload> Harness<W> {
@@ -404,7 +411,13 @@ impl<W: Workload> Harness<W> {
             wake_buf: Vec::new(),
             stats,
             last_exit: 0,
+            record_latencies: false,
         }
+    }
+
+    /// Keep every wake-to-run latency in [`RunStats::wake_latencies`].
+    pub fn record_wake_latencies(&mut self) {
+        self.record_latencies = true;
     }
 
     /// The id the next [`Harness::add_task`] must use.
@@ -684,7 +697,7 @@ impl<W: Workload> Harness<W> {
             }
             for ev in events {
                 match ev {
-                    SchedEvent::Started { task, leaf } => self.on_started(task, leaf),
+                    SchedEvent::Started { task, leaf, .. } => self.on_started(task, leaf),
                     SchedEvent::Preempted { task, .. } => {
                         if let Some(t) = self.index(task) {
                             self.stop_running(t as usize);
@@ -722,6 +735,9 @@ impl<W: Workload> Harness<W> {
             self.stats.wake_latency_sum_ns += lat;
             self.stats.wake_latency_count += 1;
             self.stats.wake_latency_max_ns = self.stats.wake_latency_max_ns.max(lat);
+            if self.record_latencies {
+                self.stats.wake_latencies.push((t as u32, lat));
+            }
         }
         let (epoch, remaining) = (ts.epoch, ts.remaining);
         self.running[leaf] += 1;

@@ -4,6 +4,7 @@
 use std::fmt::Write;
 
 use super::hackbench::HackbenchResult;
+use super::latency::LatencyResult;
 use super::wakeaffine::WakeResult;
 
 /// One hackbench row in the seed's columns. Counts are averaged per CPU as
@@ -112,6 +113,46 @@ pub fn wake_table(title: &str, clients: &str, base: &[WakeResult], wide: &[WakeR
             w.mean_wake_latency_us(),
             w.run.stats.wake_wide,
             change,
+        );
+    }
+    out
+}
+
+/// Seed 004's comparison: one row per configuration, wake-to-run latency
+/// percentiles of the latency class and of the batch class (us), the
+/// ratio batch p99 / latency p99 ("inf" when the latency class's p99 is
+/// 0: at least 99% of its wakeups ran at once), and batch throughput
+/// (hackbench messages per simulated ms) with its ratio to the first row
+/// (latency-nice off).
+pub fn latency_table(results: &[LatencyResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "latency-nice batch-ln  lat-p50  lat-p99 lat-p99.9  batch-p50  batch-p99  p99 batch/lat  batch msg/ms  vs off"
+    );
+    let base = results.first().map_or(0.0, LatencyResult::batch_throughput);
+    for r in results {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let ratio = if r.lat_p99_ns == 0 {
+            "inf".to_string()
+        } else {
+            format!("{:.2}", r.batch_p99_ns as f64 / r.lat_p99_ns as f64)
+        };
+        let tp = r.batch_throughput();
+        let vs = if base == 0.0 { 0.0 } else { tp / base };
+        let _ = writeln!(
+            out,
+            "{:>12} {:>8}  {:>7.1}  {:>7.1} {:>9.1}  {:>9.1}  {:>9.1}  {:>13}  {:>12.1}  {:>6.3}",
+            if r.latency_on { "on" } else { "off" },
+            r.batch_latency_nice,
+            us(r.lat_p50_ns),
+            us(r.lat_p99_ns),
+            us(r.lat_p999_ns),
+            us(r.batch_p50_ns),
+            us(r.batch_p99_ns),
+            ratio,
+            tp / 1000.0,
+            vs,
         );
     }
     out
