@@ -12,6 +12,9 @@
 //! a descent of the domain tree on exact aggregates; the pack policy
 //! (seed 002) takes the highest-priority core with room while the load is
 //! below the threshold.
+//!
+//! Every placement reports how it chose ([`Placement`]): callers explain a
+//! decision from that value, never by diffing the schedstats.
 
 use crate::config::{PackThreshold, Policy};
 use crate::sched::Sched;
@@ -22,6 +25,68 @@ use crate::wake::{record_wakee, wake_wide};
 /// `imbalance_pct` of the LLC-level domain (117 in the kernel).
 const IMBALANCE_PCT: u64 = 117;
 
+/// What the waker relation decided in `select_task_rq`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WakeChoice {
+    /// No waker on a leaf, or the pack policy decided first.
+    #[default]
+    None,
+    /// `wake_wide`: the waker fans out, the waker's leaf is no candidate.
+    Wide,
+    /// `wake_affine` chose the waker's leaf as the target.
+    Affine,
+    /// `wake_affine` kept the previous leaf as the target.
+    Prev,
+}
+
+/// The search that produced the leaf.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PlacePath {
+    /// The pack policy (seed 002): highest-priority core with room.
+    Pack,
+    /// `select_idle_sibling`: the target, prev or recently used leaf had
+    /// room (schedstat `sis_easy`).
+    #[default]
+    Target,
+    /// `select_idle_sibling`: an idle core of the target's LLC.
+    IdleCore,
+    /// `select_idle_sibling`: an idle leaf (or SMT sibling) of the LLC.
+    IdleLeaf,
+    /// `select_idle_sibling` found nothing idle: the target.
+    NoneIdle,
+    /// `select_idle_sibling` skipped the LLC flagged fully busy (seed 003).
+    BusySkip,
+    /// The slow path, `find_idlest`.
+    Idlest,
+    /// `find_idlest` skipped the root flagged fully busy: least loaded leaf.
+    IdlestBusySkip,
+}
+
+impl PlacePath {
+    /// A short stable name (for metrics labels).
+    pub fn name(self) -> &'static str {
+        match self {
+            PlacePath::Pack => "pack",
+            PlacePath::Target => "target",
+            PlacePath::IdleCore => "idle_core",
+            PlacePath::IdleLeaf => "idle_leaf",
+            PlacePath::NoneIdle => "none_idle",
+            PlacePath::BusySkip => "busy_skip",
+            PlacePath::Idlest => "idlest",
+            PlacePath::IdlestBusySkip => "idlest_busy_skip",
+        }
+    }
+}
+
+/// How `select_task_rq` placed a task: the decision as data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// What the waker relation decided.
+    pub wake: WakeChoice,
+    /// The search that produced the leaf.
+    pub path: PlacePath,
+}
+
 impl Sched {
     /// Where task `id` should run. Records the waker's wakee flips.
     pub fn select_task_rq(
@@ -31,8 +96,20 @@ impl Sched {
         sync: bool,
         now: u64,
     ) -> LeafId {
+        self.select_task_rq_placed(id, waker, sync, now).0
+    }
+
+    /// [`Sched::select_task_rq`], with how it chose.
+    pub fn select_task_rq_placed(
+        &mut self,
+        id: TaskId,
+        waker: Option<TaskId>,
+        sync: bool,
+        now: u64,
+    ) -> (LeafId, Placement) {
+        let mut how = Placement::default();
         let Some(task) = self.tasks.get(&id) else {
-            return 0;
+            return (0, how);
         };
         let (prev, policy, demand) = (task.prev_leaf, task.policy, task.demand);
         let this = waker.and_then(|w| self.leaf_of(w));
@@ -48,7 +125,8 @@ impl Sched {
             && let Some(leaf) = self.pack_target(id, prev.or(this))
         {
             self.stats.pack_placed += 1;
-            return leaf;
+            how.path = PlacePath::Pack;
+            return (leaf, how);
         }
 
         let mut want_affine = false;
@@ -63,27 +141,39 @@ impl Sched {
                 };
             if wide {
                 self.stats.wake_wide += 1;
+                how.wake = WakeChoice::Wide;
             }
             want_affine = !wide && self.allowed(id, this);
         }
 
-        match prev.filter(|&p| self.allowed(id, p)) {
+        let (leaf, path) = match prev.filter(|&p| self.allowed(id, p)) {
             None => {
                 if let (true, Some(this)) = (want_affine, this) {
                     self.stats.wake_affine += 1;
-                    self.select_idle_sibling(id, this, this)
+                    how.wake = WakeChoice::Affine;
+                    self.select_idle_sibling_placed(id, this, this)
                 } else {
-                    self.find_idlest(id)
+                    self.find_idlest_placed(id)
                 }
             }
             Some(prev) => {
                 let target = match (want_affine, this) {
-                    (true, Some(this)) => self.wake_affine(id, waker, this, prev, sync),
+                    (true, Some(this)) => {
+                        let t = self.wake_affine(id, waker, this, prev, sync);
+                        how.wake = if t == this {
+                            WakeChoice::Affine
+                        } else {
+                            WakeChoice::Prev
+                        };
+                        t
+                    }
                     _ => prev,
                 };
-                self.select_idle_sibling(id, prev, target)
+                self.select_idle_sibling_placed(id, prev, target)
             }
-        }
+        };
+        how.path = path;
+        (leaf, how)
     }
 
     /// The leaf a task is on or last was on.
@@ -151,14 +241,23 @@ impl Sched {
     /// `select_idle_sibling`: idle room near `target`, in the kernel's
     /// order; `target` when there is none.
     pub fn select_idle_sibling(&mut self, id: TaskId, prev: LeafId, target: LeafId) -> LeafId {
+        self.select_idle_sibling_placed(id, prev, target).0
+    }
+
+    fn select_idle_sibling_placed(
+        &mut self,
+        id: TaskId,
+        prev: LeafId,
+        target: LeafId,
+    ) -> (LeafId, PlacePath) {
         self.stats.sis_scanned += 1;
         if self.fits(id, target) {
             self.stats.sis_easy += 1;
-            return target;
+            return (target, PlacePath::Target);
         }
         if prev != target && self.topo.share_llc(prev, target) && self.fits(id, prev) {
             self.stats.sis_easy += 1;
-            return prev;
+            return (prev, PlacePath::Target);
         }
         let recent = self.tasks.get(&id).and_then(|t| t.recent_used_leaf);
         if let Some(recent) = recent
@@ -171,27 +270,27 @@ impl Sched {
                 t.recent_used_leaf = Some(prev);
             }
             self.stats.sis_easy += 1;
-            return recent;
+            return (recent, PlacePath::Target);
         }
         if self.config.busy_skip && self.busy.is_busy(self.topo.sd_llc(target)) {
             self.stats.busy_skip += 1;
             self.stats.sis_none += 1;
-            return target;
+            return (target, PlacePath::BusySkip);
         }
         if let Some(leaf) = self.select_idle_core(id, target) {
             self.stats.sis_core += 1;
-            return leaf;
+            return (leaf, PlacePath::IdleCore);
         }
         if let Some(leaf) = self.select_idle_cpu(id, target) {
             self.stats.sis_cpu += 1;
-            return leaf;
+            return (leaf, PlacePath::IdleLeaf);
         }
         if let Some(leaf) = self.select_idle_smt(id, target) {
             self.stats.sis_cpu += 1;
-            return leaf;
+            return (leaf, PlacePath::IdleLeaf);
         }
         self.stats.sis_none += 1;
-        target
+        (target, PlacePath::NoneIdle)
     }
 
     /// `select_idle_core`: a core of the target's LLC whose every leaf is
@@ -255,9 +354,14 @@ impl Sched {
     /// least-loaded leaf, found on the aggregates. Always returns a leaf the
     /// task is allowed on.
     pub fn find_idlest(&mut self, id: TaskId) -> LeafId {
+        self.find_idlest_placed(id).0
+    }
+
+    fn find_idlest_placed(&mut self, id: TaskId) -> (LeafId, PlacePath) {
         self.stats.find_idlest += 1;
+        let idlest = |leaf| (leaf, PlacePath::Idlest);
         let Some(task) = self.tasks.get(&id) else {
-            return 0;
+            return idlest(0);
         };
         let (demand, align) = (task.demand, task.align);
         if let Some(aff) = task.affinity.clone() {
@@ -275,22 +379,22 @@ impl Sched {
                     best = Some((leaf, key));
                 }
             }
-            return best.map_or(0, |b| b.0);
+            return idlest(best.map_or(0, |b| b.0));
         }
         let root = self.topo.root();
         let skip_busy = self.config.busy_skip;
         if skip_busy && self.busy.is_busy(root) {
             self.stats.busy_skip += 1;
-            return self.least_loaded();
+            return (self.least_loaded(), PlacePath::IdlestBusySkip);
         }
         if self.agg[root].max_room[align.index()] < demand {
-            return self.least_loaded();
+            return idlest(self.least_loaded());
         }
         let mut node = root;
         loop {
             let children = &self.topo.node(node).children;
             if children.is_empty() {
-                return node;
+                return idlest(node);
             }
             let mut best: Option<(usize, u128, u64)> = None;
             for &c in children {
@@ -308,7 +412,7 @@ impl Sched {
             }
             match best {
                 Some((c, _, _)) => node = c,
-                None => return self.least_loaded(),
+                None => return idlest(self.least_loaded()),
             }
         }
     }

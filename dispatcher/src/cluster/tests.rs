@@ -1,8 +1,13 @@
 //! Unit tests of the job lifecycle on the cluster state, driven the way the
 //! core drives it (register, submit, statuses, ticks), with no I/O.
 
+use std::collections::HashMap;
+
+use proto::v1::{JobSpec, JobStatus, NodeLoad, NodeState, Register, dispatcher_message};
+use sched::Topology;
+
 use super::*;
-use proto::v1::Register;
+use crate::store::NodeAdmin;
 
 /// The API topology of a synthetic machine.
 pub(crate) fn machine(spec: &str) -> proto::v1::Topology {
@@ -330,7 +335,7 @@ fn restore_reconciles_with_agents() {
     c.job_status("a", status("j-1", 1, JobState::Running), 2, &mut fx);
     // Snapshot what the store would hold.
     let snap = Snapshot {
-        jobs: c.jobs.values().map(|e| e.job.clone()).collect(),
+        jobs: c.jobs.iter().map(|(_, e)| e.job().clone()).collect(),
         node_admin: HashMap::new(),
         next_job: 4,
     };
@@ -577,7 +582,7 @@ fn a_cancel_survives_a_dispatcher_restart() {
         .collect();
     assert!(stored.iter().any(|j| j.id == "j-1" && j.cancel_requested));
     let snap = Snapshot {
-        jobs: c.jobs.values().map(|e| e.job.clone()).collect(),
+        jobs: c.jobs.iter().map(|(_, e)| e.job().clone()).collect(),
         node_admin: HashMap::new(),
         next_job: 2,
     };
