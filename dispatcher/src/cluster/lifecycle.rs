@@ -233,12 +233,22 @@ impl Cluster {
         ) {
             return;
         }
+        // Events are drained after whole operations: the task may have
+        // been placed again since it was stolen. Only where it is now
+        // counts.
+        let (to_leaf, now_state) = (
+            self.engine.built_leaf(&to),
+            self.engine
+                .sched()
+                .and_then(|e| e.task(task))
+                .map(|t| t.state),
+        );
+        let waiting = match now_state {
+            Some(TaskState::Queued(l)) if Some(l) == to_leaf => true,
+            Some(TaskState::Running(l)) if Some(l) == to_leaf => false,
+            _ => return,
+        };
         let level = self.steal_level(&from, &to);
-        let waiting = self
-            .engine
-            .sched()
-            .and_then(|e| e.task(task))
-            .is_some_and(|t| matches!(t.state, TaskState::Queued(_)));
         self.jobs.set_phase(
             key,
             Phase::Queued {
