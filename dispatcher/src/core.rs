@@ -385,6 +385,7 @@ impl Core {
             }
             if let Some(m) = crate::metrics::installed() {
                 m.observe_events(&fx.events);
+                m.observe_moves(&fx.moves);
             }
             for ev in fx.events {
                 let _ = self.events.send(ev);
