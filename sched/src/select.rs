@@ -531,8 +531,10 @@ mod tests {
         ops: &[(usize, Option<usize>, bool)],
     ) -> Result<Vec<PlacePath>, String> {
         let t = Arc::new(Topology::from_spec(topo).unwrap());
-        let mut config = SchedConfig::default();
-        config.busy_skip = busy_skip;
+        let config = SchedConfig {
+            busy_skip,
+            ..SchedConfig::default()
+        };
         let mut s = Sched::new(t, 1, config);
         for i in 0..TASKS {
             let mut spec = TaskSpec::new(TaskId(i as u64));
