@@ -259,7 +259,8 @@ fn commit_failure(err: &StoreError) -> Status {
 }
 
 impl Core {
-    fn new(cluster: Cluster, store: Box<dyn Store>, on_failure: OnStoreFailure) -> Self {
+    fn new(mut cluster: Cluster, store: Box<dyn Store>, on_failure: OnStoreFailure) -> Self {
+        cluster.limit_stored_spec_bytes(store.max_spec_bytes());
         let (events, _) = broadcast::channel(65_536);
         Self {
             cluster,
@@ -384,6 +385,7 @@ impl Core {
             }
             if let Some(m) = crate::metrics::installed() {
                 m.observe_events(&fx.events);
+                m.observe_moves(&fx.moves);
             }
             for ev in fx.events {
                 let _ = self.events.send(ev);
@@ -404,10 +406,6 @@ impl Core {
                 owner,
                 reply,
             } => {
-                if let Some(status) = self.too_large(&specs, batch) {
-                    let _ = reply.send(Err(status));
-                    return;
-                }
                 let (n, started) = (specs.len(), Instant::now());
                 let r = self.cluster.submit_as(&owner, specs, batch, now, fx);
                 let secs = started.elapsed().as_secs_f64();
@@ -534,24 +532,6 @@ impl Core {
 
     /// A spec the store could not hold in one record, as the caller's
     /// error (naming `spec` or `specs[i]`).
-    fn too_large(&self, specs: &[JobSpec], batch: bool) -> Option<Status> {
-        use prost::Message;
-        let max = self.store.max_spec_bytes()?;
-        let (i, n) = specs
-            .iter()
-            .map(Message::encoded_len)
-            .enumerate()
-            .find(|&(_, n)| n > max)?;
-        let field = if batch {
-            format!("specs[{i}]")
-        } else {
-            "spec".to_string()
-        };
-        Some(Status::invalid_argument(format!(
-            "{field}: {n} bytes encoded, at most {max} with the etcd store"
-        )))
-    }
-
     fn start_logs(&mut self, req: StreamLogsRequest, tx: LogTx) -> Result<(), Status> {
         let job = self.cluster.get_job(&req.id)?;
         if job.node.is_empty() || job.state == proto::v1::JobState::Pending as i32 {

@@ -41,7 +41,7 @@ use prometheus::{
 };
 use proto::v1::{JobEvent, JobState};
 
-use crate::cluster::{Cluster, NodeInfo};
+use crate::cluster::{Cluster, Move, MoveKind, NodeInfo};
 use crate::store::NodeAdmin;
 
 /// The dispatcher's metrics.
@@ -243,9 +243,13 @@ impl Metrics {
                 }
                 *counts.by.entry((job.state, class)).or_default() += 1;
             }
-            if ev.job.as_ref().map(|j| j.state) == Some(JobState::Assigned as i32)
-                && ev.previous_state != JobState::Assigned as i32
-            {
+        }
+    }
+
+    /// Placements and steals of a committed batch.
+    pub fn observe_moves(&self, moves: &[Move]) {
+        for m in moves {
+            if matches!(m.kind, MoveKind::Placed { .. }) {
                 self.placements.inc();
             }
         }
@@ -332,27 +336,20 @@ impl Metrics {
                 .with_label_values(&[level.as_str(), domain.as_str()])
                 .set(*busy as f64 / (*cpus).max(1) as f64);
         }
-        // Overload-mask weight per rack: the engine's leaves are the nodes
-        // sorted by (region, zone, rack, host group, name).
+        // Overload-mask weight per rack, by the engine's leaf order.
         let mut racks = Vec::new();
         if let Some(engine) = cluster.engine() {
-            let mut order: Vec<&NodeInfo> = cluster.nodes().collect();
-            order.sort_by(|a, b| {
-                (&a.region, &a.zone, &a.rack, &a.hostgroup, &a.name).cmp(&(
-                    &b.region,
-                    &b.zone,
-                    &b.rack,
-                    &b.hostgroup,
-                    &b.name,
-                ))
-            });
+            let order = cluster.node_engine().order();
             let topo = engine.topology();
             if topo.nr_leaves() == order.len() {
                 for (i, llc) in topo.llcs().iter().enumerate() {
-                    let Some(&leaf) = llc.members.first() else {
+                    let Some(n) = llc
+                        .members
+                        .first()
+                        .and_then(|&leaf| cluster.node(&order[leaf]).ok())
+                    else {
                         continue;
                     };
-                    let n = order[topo.os_id(leaf) as usize];
                     let rack = format!("{}/{}", n.zone, n.rack);
                     self.overload
                         .with_label_values(&[rack.as_str()])

@@ -1,8 +1,11 @@
-//! Job-spec validation: every field of a submitted `JobSpec` is checked
-//! against its documented range before anything is created, and a refusal
-//! names the field (`spec.cpus: ...`) so the user can fix it. Valid specs
-//! are normalised (`cpus: 0` means 1) so the rest of the dispatcher never
-//! sees a zero default.
+//! Job-spec validation, all of it: [`check_submission`] is the one check a
+//! submission passes before anything is created (the call's size, each
+//! spec's fields, its waker, the store's record limit, what the call
+//! creates as a whole). Every field of a submitted `JobSpec` is checked
+//! against its documented range, and a refusal names the field
+//! (`spec.cpus: ...`) so the user can fix it. Valid specs are normalised
+//! (`cpus: 0` means 1) so the rest of the dispatcher never sees a zero
+//! default.
 
 use proto::v1::{Alignment, JobSpec, PlacementPolicy};
 use sched::{Align, Policy};
@@ -42,6 +45,9 @@ pub struct SpecLimits {
     /// Bytes of the jobs one call creates: each spec's encoded size times
     /// its array elements, summed (every element keeps its own copy).
     pub max_call_bytes: u64,
+    /// Encoded bytes of one spec the store can hold in a record (the etcd
+    /// store's limit; None: no limit).
+    pub max_stored_spec_bytes: Option<usize>,
 }
 
 impl Default for SpecLimits {
@@ -60,6 +66,7 @@ impl Default for SpecLimits {
             max_retries: 100,
             max_batch_specs: 10_000,
             max_call_bytes: 64 << 20,
+            max_stored_spec_bytes: None,
         }
     }
 }
@@ -163,6 +170,47 @@ pub fn check_call(specs: &[JobSpec], limits: &SpecLimits) -> Result<(), SpecErro
         )));
     }
     Ok(())
+}
+
+/// Validate and normalise a whole submission; nothing may be created
+/// unless this passes. `batch` says the specs came as a list (errors name
+/// `specs[i]`, else `spec`); `known_job` says whether a waker id names a
+/// job.
+pub fn check_submission(
+    specs: &mut [JobSpec],
+    batch: bool,
+    limits: &SpecLimits,
+    known_job: impl Fn(&str) -> bool,
+) -> Result<(), SpecError> {
+    let prefix = |i: usize| {
+        if batch {
+            format!("specs[{i}]")
+        } else {
+            "spec".to_string()
+        }
+    };
+    if let Some(max) = limits.max_stored_spec_bytes {
+        let too_large = specs
+            .iter()
+            .map(prost::Message::encoded_len)
+            .enumerate()
+            .find(|&(_, n)| n > max);
+        if let Some((i, n)) = too_large {
+            return Err(SpecError {
+                field: prefix(i),
+                message: format!("{n} bytes encoded, at most {max} with the etcd store"),
+            });
+        }
+    }
+    check_batch(specs, limits)?;
+    for (i, spec) in specs.iter_mut().enumerate() {
+        let prefix = prefix(i);
+        validate(spec, &prefix, limits)?;
+        if !spec.waker.is_empty() && !known_job(&spec.waker) {
+            return Err(err(&prefix, "waker", format!("no job {:?}", spec.waker)));
+        }
+    }
+    check_call(specs, limits)
 }
 
 /// Validate and normalise `spec`; `prefix` names it in errors (`spec`,
@@ -531,5 +579,36 @@ mod tests {
         s.policy = PlacementPolicy::Pack as i32;
         assert_eq!(align_of(&s), Align::Llc);
         assert_eq!(policy_of(&s), Policy::Pack);
+    }
+
+    #[test]
+    fn a_submission_is_checked_in_one_pass_naming_the_spec() {
+        let limits = SpecLimits {
+            max_stored_spec_bytes: Some(100),
+            ..SpecLimits::default()
+        };
+        let known = |id: &str| id == "j-1";
+        let run = |mut specs: Vec<JobSpec>, batch: bool| {
+            check_submission(&mut specs, batch, &limits, known).map(|()| specs)
+        };
+        let big = JobSpec {
+            command: vec!["x".repeat(200)],
+            ..Default::default()
+        };
+        let e = run(vec![ok_spec(), big.clone()], true).unwrap_err();
+        assert_eq!(e.field, "specs[1]");
+        assert!(e.message.ends_with("with the etcd store"), "{e}");
+        let e = run(vec![big], false).unwrap_err();
+        assert_eq!(e.field, "spec");
+        let waking = |w: &str| JobSpec {
+            waker: w.into(),
+            ..ok_spec()
+        };
+        let e = run(vec![ok_spec(), waking("j-2")], true).unwrap_err();
+        assert_eq!(e.to_string(), "specs[1].waker: no job \"j-2\"");
+        assert_eq!(run(vec![], true).unwrap_err().field, "specs");
+        // Valid specs come back normalised.
+        let ok = run(vec![waking("j-1")], false).unwrap();
+        assert_eq!(ok[0].cpus, 1);
     }
 }

@@ -147,10 +147,10 @@ impl From<&Move> for MoveView {
     fn from(m: &Move) -> Self {
         Self {
             at_ms: m.at_ms,
-            job: m.job.clone(),
+            job: m.job.to_string(),
             from: m.from.clone(),
             to: m.to.clone(),
-            why: m.why.clone(),
+            why: m.why(),
         }
     }
 }

@@ -42,6 +42,7 @@ pub mod weight;
 pub use alloc::{Align, FreeSummary};
 pub use config::{NodeLimitScope, PackThreshold, Policy, SchedConfig};
 pub use sched::{Sched, SchedError, SchedEvent};
+pub use select::{PlacePath, Placement, WakeChoice};
 pub use stats::Schedstats;
 pub use task::{LeafSet, Task, TaskId, TaskSpec, TaskState};
 pub use topology::{LeafId, Topology, TopologyBuilder};

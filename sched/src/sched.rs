@@ -22,6 +22,7 @@ use crate::config::{NodeLimitScope, SchedConfig};
 use crate::overload::OverloadMasks;
 use crate::pack::PackIndex;
 use crate::rq::RunQueue;
+use crate::select::Placement;
 use crate::stats::Schedstats;
 use crate::task::{Task, TaskId, TaskSpec, TaskState};
 use crate::topology::{LeafId, NodeId, Topology};
@@ -338,13 +339,25 @@ impl Sched {
         sync: bool,
         now: u64,
     ) -> Result<LeafId, SchedError> {
+        self.wake_up_placed(id, waker, sync, now)
+            .map(|(leaf, _)| leaf)
+    }
+
+    /// [`Sched::wake_up`], with how `select_task_rq` chose the leaf.
+    pub fn wake_up_placed(
+        &mut self,
+        id: TaskId,
+        waker: Option<TaskId>,
+        sync: bool,
+        now: u64,
+    ) -> Result<(LeafId, Placement), SchedError> {
         let task = self.tasks.get(&id).ok_or(SchedError::UnknownTask(id))?;
         if task.state != TaskState::Sleeping {
             return Err(SchedError::AlreadyRunnable(id));
         }
-        let leaf = self.select_task_rq(id, waker, sync, now);
+        let (leaf, how) = self.select_task_rq_placed(id, waker, sync, now);
         self.activate(id, leaf, now);
-        Ok(leaf)
+        Ok((leaf, how))
     }
 
     /// Wake a sleeping task on a leaf chosen by the caller.

@@ -5,6 +5,10 @@
 //! The engine does no I/O and reads no clock, so "time spent searching" is
 //! kept as a count of leaves visited (`sis_scanned`, `steal_scanned`);
 //! callers that want nanoseconds time the calls themselves.
+//!
+//! These are totals for observers (metrics, benchmarks). How one placement
+//! was decided is not read from their differences: `select_task_rq`
+//! reports it as a [`crate::select::Placement`].
 
 /// Counters since the engine was built. All monotonic.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

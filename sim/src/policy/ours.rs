@@ -5,11 +5,12 @@
 //! [`Effects::to_agents`] say which jobs start where, a terminal
 //! `JobStatus` frees a job's node (which starts or steals queued jobs), and
 //! `tick` runs periodically (lazy busy flags). Feature switches go through
-//! `ClusterConfig::engine`. Steals and how far they went are read from the
-//! job's reason (`steal: X took it from overloaded Y (same rack)`).
+//! `ClusterConfig::engine`. Which jobs start where, and whether a steal
+//! brought them there and how far, are read from the placement
+//! [`Move`](dispatcher::cluster::Move)s in [`Effects::moves`].
 
-use dispatcher::cluster::{Cluster, ClusterConfig, Effects};
-use proto::v1::{JobSpec, JobState, JobStatus, PlacementPolicy, dispatcher_message};
+use dispatcher::cluster::{Cluster, ClusterConfig, Effects, JobKey, MoveKind, StealLevel, Via};
+use proto::v1::{JobSpec, JobState, JobStatus, PlacementPolicy};
 use sched::NodeLimitScope;
 
 use super::{Counters, Move, OursFlags, Placer, Started, SubmitReq};
@@ -91,43 +92,30 @@ impl OursPlacer {
     }
 
     fn job_id(&self, job: u32) -> String {
-        format!("j-{}", self.dnum.get(job as usize).copied().unwrap_or(0))
+        JobKey::single(self.dnum.get(job as usize).copied().unwrap_or(0)).to_string()
     }
 
-    fn steals(&self) -> u64 {
-        self.cluster.engine().map_or(0, |e| e.stats().steal)
-    }
-
-    /// Turn the effects of one call into starts; `stole` says whether the
-    /// engine stole during the call (only then are reasons read).
-    fn drain(&mut self, stole: bool, out: &mut Vec<Started>) {
+    /// Turn the placements of one call into starts.
+    fn drain(&mut self, out: &mut Vec<Started>) {
         self.fx.writes.clear();
         self.fx.events.clear();
-        for (node, msg) in self.fx.to_agents.drain(..) {
-            let Some(dispatcher_message::Msg::Assign(a)) = msg.msg else {
+        self.fx.to_agents.clear();
+        for m in self.fx.moves.drain(..) {
+            let MoveKind::Placed { via, .. } = m.kind else {
                 continue;
             };
-            let job = a
-                .job_id
-                .strip_prefix("j-")
-                .and_then(|n| n.parse::<usize>().ok())
-                .and_then(|n| self.job_of.get(n).copied());
-            let (Some(job), Some(node)) = (job, Layout::node_index(&node)) else {
+            let job = self.job_of.get(m.job.number() as usize).copied();
+            let (Some(job), Some(node)) = (job, Layout::node_index(&m.to)) else {
                 continue;
             };
-            let mut moved = Move::None;
-            if stole && let Ok(j) = self.cluster.get_job(&a.job_id) {
-                let r = j.reason.as_str();
-                if r.starts_with("steal:") {
-                    moved = if r.ends_with("(same rack)") {
-                        Move::SameRack
-                    } else if r.ends_with("(same zone)") {
-                        Move::CrossRack
-                    } else {
-                        Move::CrossZone
-                    };
-                }
-            }
+            let moved = match via {
+                Via::Stolen { level, .. } => match level {
+                    StealLevel::SameRack => Move::SameRack,
+                    StealLevel::SameZone => Move::CrossRack,
+                    StealLevel::OtherZone => Move::CrossZone,
+                },
+                Via::Placed(_) | Via::Waited(_) | Via::Restored => Move::None,
+            };
             match moved {
                 Move::SameRack => self.same_rack += 1,
                 Move::CrossRack => self.cross_rack += 1,
@@ -158,7 +146,6 @@ impl Placer for OursPlacer {
                     ..Default::default()
                 });
             }
-            let before = self.steals();
             let created = self
                 .cluster
                 .submit(specs, chunk.len() > 1, ms(now), &mut self.fx)
@@ -167,14 +154,12 @@ impl Placer for OursPlacer {
                     message: s.message().to_string(),
                 })?;
             for (j, job) in chunk.iter().zip(&created) {
-                let n = job
-                    .id
-                    .strip_prefix("j-")
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .ok_or_else(|| SimError::Dispatcher {
+                let n = JobKey::parse(&job.id).map(JobKey::number).ok_or_else(|| {
+                    SimError::Dispatcher {
                         what: "submit",
                         message: format!("unexpected job id {:?}", job.id),
-                    })?;
+                    }
+                })?;
                 let i = j.job as usize;
                 if self.dnum.len() <= i {
                     self.dnum.resize(i + 1, 0);
@@ -185,15 +170,13 @@ impl Placer for OursPlacer {
                 }
                 self.job_of[n as usize] = j.job;
             }
-            // Assigns name jobs by id: the map must be complete first.
-            let stole = self.steals() != before;
-            self.drain(stole, out);
+            // Moves name jobs by key: the map must be complete first.
+            self.drain(out);
         }
         Ok(())
     }
 
     fn finished(&mut self, now: u64, job: u32, node: u32, out: &mut Vec<Started>) -> Result<()> {
-        let before = self.steals();
         let status = JobStatus {
             job_id: self.job_id(job),
             attempt: 1,
@@ -202,8 +185,7 @@ impl Placer for OursPlacer {
         };
         self.cluster
             .job_status(&Layout::node_name(node), status, ms(now), &mut self.fx);
-        let stole = self.steals() != before;
-        self.drain(stole, out);
+        self.drain(out);
         Ok(())
     }
 
@@ -218,14 +200,12 @@ impl Placer for OursPlacer {
         self.cluster
             .job_status(&Layout::node_name(node), status, ms(now), &mut self.fx);
         // A corrected CPU model may let a queued job start.
-        self.drain(false, out);
+        self.drain(out);
     }
 
     fn tick(&mut self, now: u64, out: &mut Vec<Started>) -> Result<()> {
-        let before = self.steals();
         self.cluster.tick(ms(now), &mut self.fx);
-        let stole = self.steals() != before;
-        self.drain(stole, out);
+        self.drain(out);
         Ok(())
     }
 

@@ -1,8 +1,13 @@
 //! Unit tests of the job lifecycle on the cluster state, driven the way the
 //! core drives it (register, submit, statuses, ticks), with no I/O.
 
+use std::collections::HashMap;
+
+use proto::v1::{JobSpec, JobStatus, NodeLoad, NodeState, Register, dispatcher_message};
+use sched::Topology;
+
 use super::*;
-use proto::v1::Register;
+use crate::store::NodeAdmin;
 
 /// The API topology of a synthetic machine.
 pub(crate) fn machine(spec: &str) -> proto::v1::Topology {
@@ -330,7 +335,7 @@ fn restore_reconciles_with_agents() {
     c.job_status("a", status("j-1", 1, JobState::Running), 2, &mut fx);
     // Snapshot what the store would hold.
     let snap = Snapshot {
-        jobs: c.jobs.values().map(|e| e.job.clone()).collect(),
+        jobs: c.jobs_matching(&[]),
         node_admin: HashMap::new(),
         next_job: 4,
     };
@@ -375,9 +380,8 @@ fn restore_reconciles_with_agents() {
     assert_eq!(j[0].id, "j-4", "ids continue after a restart");
 }
 
-/// Regression (found by tests/cluster.rs): when a node is lost, removing
-/// one retried job's task freed capacity on the DOWN node, and the next
-/// retry was started right back there (ASSIGNED to the dead node).
+/// A lost node's capacity shrinks to what its remaining jobs hold before
+/// any of its jobs is retried: no retry is ASSIGNED to the DOWN node.
 #[test]
 fn retries_after_node_loss_never_go_back_to_the_lost_node() {
     let mut c = Cluster::new(ClusterConfig::default());
@@ -547,9 +551,8 @@ fn owners_are_recorded_sent_with_assignments_and_filter_lists() {
     assert_eq!(anon[0].owner, "");
 }
 
-/// Regression (found by tests/model.rs): the cancel request of a job on a
-/// node lived only in memory; after a dispatcher restart, the node's loss
-/// retried the cancelled job.
+/// A cancel request is stored with the job: after a dispatcher restart,
+/// the node's loss ends the job CANCELLED instead of retrying it.
 #[test]
 fn a_cancel_survives_a_dispatcher_restart() {
     let mut c = Cluster::new(ClusterConfig::default());
@@ -577,7 +580,7 @@ fn a_cancel_survives_a_dispatcher_restart() {
         .collect();
     assert!(stored.iter().any(|j| j.id == "j-1" && j.cancel_requested));
     let snap = Snapshot {
-        jobs: c.jobs.values().map(|e| e.job.clone()).collect(),
+        jobs: c.jobs_matching(&[]),
         node_admin: HashMap::new(),
         next_job: 2,
     };
@@ -589,9 +592,8 @@ fn a_cancel_survives_a_dispatcher_restart() {
     assert!(assigns(&fx).is_empty());
 }
 
-/// Regression (found by tests/model.rs): when two nodes missed their
-/// heartbeats in the same tick, a retry from the first could be assigned
-/// to the second, which the same tick then marked DOWN.
+/// Every node a tick finds overdue is DOWN before any job is retried: a
+/// retry never goes to a node lost in the same tick.
 #[test]
 fn retries_never_go_to_a_node_lost_in_the_same_tick() {
     let mut c = Cluster::new(ClusterConfig::default());
@@ -616,8 +618,8 @@ fn retries_never_go_to_a_node_lost_in_the_same_tick() {
     assert_eq!(c.get_job("j-1").unwrap().attempt, 2);
 }
 
-/// Regression (found by tests/model.rs): a job cancelled while its agent
-/// held it unstarted was placed again when the agent gave it back.
+/// A job cancelled while its agent held it unstarted, then given back,
+/// ends CANCELLED and is never placed again.
 #[test]
 fn a_cancelled_job_given_back_by_a_steal_is_not_placed_again() {
     let mut c = Cluster::new(ClusterConfig::default());
@@ -687,4 +689,79 @@ fn a_lost_attempt_is_cancelled_on_its_stalled_node() {
     assert_eq!(cancels(&fx), vec![("a".to_string(), "j-1".to_string(), 1)]);
     let j1 = c.get_job("j-1").unwrap();
     assert_eq!((j1.attempt, j1.node.as_str()), (2, "b"), "{j1:?}");
+}
+
+/// One field answers "where is job X and why": the phase, through a
+/// queue, a start, a node loss with a retry, and the end; the reason shown
+/// to users is generated from it, and every placement is a `Move`.
+#[test]
+fn the_phase_says_where_a_job_is_and_why() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    let mut spec = job(2);
+    spec.retries = 1;
+    c.submit(vec![job(2), spec], true, 1, &mut fx).unwrap();
+    assert!(matches!(
+        c.phase("j-1"),
+        Some(Phase::Assigned { node, since: 1, steal_asked: None, via: Via::Placed(_) }) if node == "a"
+    ));
+    assert!(matches!(
+        c.phase("j-2"),
+        Some(Phase::Queued { node, waiting: true, via: Via::Placed(_) }) if node == "a"
+    ));
+    let placed: Vec<(String, &str)> = fx
+        .moves
+        .iter()
+        .map(|m| (m.job.to_string(), m.to.as_str()))
+        .collect();
+    assert_eq!(placed, vec![("j-1".to_string(), "a")]);
+    c.job_status("a", status("j-1", 1, JobState::Succeeded), 2, &mut fx);
+    // j-2 waited on a, and started there when j-1 ended.
+    let Some(Phase::Assigned {
+        via: Via::Waited(how),
+        ..
+    }) = c.phase("j-2").cloned()
+    else {
+        panic!("{:?}", c.phase("j-2"));
+    };
+    let reason = c.get_job("j-2").unwrap().reason;
+    assert!(
+        reason.starts_with("started on a when it had room; was queued on a (")
+            && reason.contains(&jobs::placement_text(how)),
+        "{reason}"
+    );
+    assert!(matches!(
+        c.phase("j-1"),
+        Some(Phase::Done { state: JobState::Succeeded, end: End::Reported(m) }) if m.is_empty()
+    ));
+    // a is lost: j-2 is retried; the only node takes no jobs, so it waits
+    // in its queue.
+    c.job_status("a", status("j-2", 1, JobState::Running), 3, &mut fx);
+    assert!(matches!(c.phase("j-2"), Some(Phase::Running { node, .. }) if node == "a"));
+    c.tick(10_000, &mut fx);
+    let e = c.jobs.get(JobKey::parse("j-2").unwrap()).unwrap();
+    assert_eq!(
+        e.requeues,
+        vec![Requeue::Retry {
+            n: 1,
+            of: 1,
+            node: "a".into(),
+            why: "missed heartbeats"
+        }]
+    );
+    assert!(
+        matches!(e.phase(), Phase::Queued { node, waiting: true, .. } if node == "a"),
+        "{:?}",
+        e.phase()
+    );
+    assert_eq!(e.job().attempt, 2);
+    assert!(
+        e.job()
+            .reason
+            .starts_with("retry 1 of 1: node a lost (missed heartbeats) | queued on a ("),
+        "{}",
+        e.job().reason
+    );
+    c.check().unwrap();
 }

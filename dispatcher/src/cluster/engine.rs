@@ -1,0 +1,413 @@
+//! The node-level engine: one [`Sched`] whose leaves are the nodes
+//! (capacity = CPU slots; SMT level = host group, LLC level = rack, NUMA
+//! level = zone, package level = region), the order of its leaves, and
+//! its rebuild when the node set changes.
+//!
+//! Invariants: leaf `i` is node `order()[i]`, the nodes sorted by
+//! (region, zone, rack, host group, name); observers (metrics, the web
+//! page, the simulator) read that order here and never sort again. While
+//! `dirty` (nodes registered since the last build) the leaves are stale
+//! and [`NodeEngine::leaf`] answers None.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use proto::v1::JobSpec;
+use sched::topology::{DomainFlags, TopologyBuilder};
+use sched::{FreeSummary, LeafId, LeafSet, Sched, SchedConfig, TaskId};
+
+use super::jobs::Unplaced;
+use super::nodes::{NodeInfo, Nodes};
+use crate::spec::align_of;
+
+/// Engine tasks of finished jobs kept for wake_wide / wake_affine history.
+const RETAINED_TASKS: usize = 100_000;
+
+/// The engine's clock: nanoseconds (the dispatcher's is milliseconds), so
+/// `avg_idle` and the steal cost compare in one unit.
+pub fn engine_ns(now_ms: i64) -> u64 {
+    (now_ms.max(0) as u64).saturating_mul(1_000_000)
+}
+
+/// The node-level engine and its leaf order.
+pub struct NodeEngine {
+    config: SchedConfig,
+    sched: Option<Sched>,
+    dirty: bool,
+    /// Leaf -> node name, and back.
+    leaf_node: Vec<String>,
+    node_leaf: HashMap<String, LeafId>,
+    /// Per leaf: the largest aligned room of the whole (empty) node and its
+    /// memory (u64::MAX when unknown).
+    leaf_shape: Vec<(FreeSummary, u64)>,
+    /// The smallest of each over all leaves.
+    leaf_shape_min: (FreeSummary, u64),
+    /// Terminal jobs whose task is kept (sleeping) so later jobs can name
+    /// them as waker; oldest first, bounded.
+    retained: VecDeque<TaskId>,
+}
+
+impl NodeEngine {
+    /// No engine until nodes register.
+    pub fn new(config: SchedConfig) -> Self {
+        Self {
+            config,
+            sched: None,
+            dirty: false,
+            leaf_node: Vec::new(),
+            node_leaf: HashMap::new(),
+            leaf_shape: Vec::new(),
+            leaf_shape_min: (FreeSummary::default(), 0),
+            retained: VecDeque::new(),
+        }
+    }
+
+    /// The engine (None until a node registers).
+    pub fn sched(&self) -> Option<&Sched> {
+        self.sched.as_ref()
+    }
+
+    /// The engine, to drive.
+    pub fn sched_mut(&mut self) -> Option<&mut Sched> {
+        self.sched.as_mut()
+    }
+
+    /// Node names by leaf (empty while stale).
+    pub fn order(&self) -> &[String] {
+        if self.dirty { &[] } else { &self.leaf_node }
+    }
+
+    /// The node's leaf (None while stale or for an unknown node).
+    pub fn leaf(&self, node: &str) -> Option<LeafId> {
+        if self.dirty {
+            return None;
+        }
+        self.node_leaf.get(node).copied()
+    }
+
+    /// The node's leaf in the engine as built, stale or not.
+    pub(super) fn built_leaf(&self, node: &str) -> Option<LeafId> {
+        self.node_leaf.get(node).copied()
+    }
+
+    /// The node of a leaf.
+    pub fn node_at(&self, leaf: LeafId) -> Option<&str> {
+        self.leaf_node.get(leaf).map(String::as_str)
+    }
+
+    /// Steals made so far.
+    pub fn steals(&self) -> u64 {
+        self.sched.as_ref().map_or(0, |e| e.stats().steal)
+    }
+
+    /// The node set changed: rebuild before the next use.
+    pub fn mark_dirty(&mut self) {
+        self.dirty = true;
+    }
+
+    /// True while the leaves are stale.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Clear the stale mark; true when it was set (the caller rebuilds).
+    pub(super) fn take_dirty(&mut self) -> bool {
+        std::mem::take(&mut self.dirty)
+    }
+
+    /// Set the cost of a steal (ns).
+    pub fn set_steal_cost(&mut self, ns: u64) {
+        self.config.steal_cost = ns;
+        if let Some(engine) = self.sched.as_mut() {
+            let mut c = engine.config().clone();
+            c.steal_cost = ns;
+            engine.set_config(c);
+        }
+    }
+
+    /// Build an empty engine over the current node set (None without
+    /// nodes; the old engine stays if the tree cannot be built). Returns
+    /// true when an engine was built.
+    pub(super) fn rebuild(&mut self, nodes: &Nodes) -> bool {
+        if nodes.is_empty() {
+            self.sched = None;
+            self.leaf_node.clear();
+            self.node_leaf.clear();
+            return false;
+        }
+        let mut order: Vec<&NodeInfo> = nodes.iter().collect();
+        order.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+        let mut intern: HashMap<String, u64> = HashMap::new();
+        let mut key = |s: String| -> u64 {
+            let next = intern.len() as u64;
+            *intern.entry(s).or_insert(next)
+        };
+        let n = order.len();
+        let (mut hg, mut rack, mut zone, mut region) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let has_hostgroups = order.iter().any(|x| !x.hostgroup.is_empty());
+        for x in &order {
+            let hgname = if x.hostgroup.is_empty() {
+                format!("node:{}", x.name)
+            } else {
+                x.hostgroup.clone()
+            };
+            hg.push(key(format!(
+                "h\0{}\0{}\0{}\0{}",
+                x.region, x.zone, x.rack, hgname
+            )));
+            rack.push(key(format!("r\0{}\0{}\0{}", x.region, x.zone, x.rack)));
+            zone.push(key(format!("z\0{}\0{}", x.region, x.zone)));
+            region.push(key(format!("g\0{}", x.region)));
+        }
+        let mut b = TopologyBuilder::new((0..n as u64).collect());
+        if has_hostgroups {
+            b = b.level("hostgroup", DomainFlags::SMT, hg);
+        }
+        let topo = match b
+            .level("rack", DomainFlags::LLC, rack)
+            .level("zone", DomainFlags::NUMA, zone)
+            .level("region", DomainFlags::PACKAGE, region)
+            .build()
+        {
+            Ok(t) => Arc::new(t),
+            Err(err) => {
+                tracing::error!(%err, "cannot build the cluster topology");
+                return false;
+            }
+        };
+        self.leaf_node = order.iter().map(|x| x.name.clone()).collect();
+        self.node_leaf = self
+            .leaf_node
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i))
+            .collect();
+        self.leaf_shape = order.iter().map(|n| n.shape()).collect();
+        let mut min = (
+            FreeSummary {
+                core: u32::MAX,
+                llc: u32::MAX,
+                numa: u32::MAX,
+                package: u32::MAX,
+                any: u32::MAX,
+            },
+            u64::MAX,
+        );
+        for (f, m) in &self.leaf_shape {
+            min.0 = FreeSummary {
+                core: min.0.core.min(f.core),
+                llc: min.0.llc.min(f.llc),
+                numa: min.0.numa.min(f.numa),
+                package: min.0.package.min(f.package),
+                any: min.0.any.min(f.any),
+            };
+            min.1 = min.1.min(*m);
+        }
+        self.leaf_shape_min = min;
+        let caps: Vec<u32> = order.iter().map(|n| n.slots()).collect();
+        self.sched = Some(Sched::with_capacities(topo, &caps, self.config.clone()));
+        true
+    }
+
+    /// Nodes a spec may run on, as engine leaves (None: all of them);
+    /// `Err` when none.
+    pub(super) fn allowed_leaves(
+        &self,
+        spec: &JobSpec,
+        nodes: &Nodes,
+    ) -> Result<Option<Arc<LeafSet>>, Unplaced> {
+        let align = align_of(spec);
+        // Fast path: no selector and every node is big enough.
+        if spec.node_selector.is_empty()
+            && spec.cpus <= self.leaf_shape_min.0.get(align)
+            && (spec.memory_bytes == 0 || spec.memory_bytes <= self.leaf_shape_min.1)
+        {
+            return Ok(None);
+        }
+        let mut all = true;
+        let mut leaves = Vec::new();
+        for (leaf, name) in self.leaf_node.iter().enumerate() {
+            let Some(n) = nodes.get(name) else {
+                all = false;
+                continue;
+            };
+            let (largest, memory) = self.leaf_shape[leaf];
+            let fits_labels = spec
+                .node_selector
+                .iter()
+                .all(|(k, v)| n.labels.get(k) == Some(v));
+            let fits_mem = spec.memory_bytes == 0 || memory >= spec.memory_bytes;
+            let fits_cpus = largest.get(align) >= spec.cpus;
+            if fits_labels && fits_mem && fits_cpus {
+                leaves.push(leaf);
+            } else {
+                all = false;
+            }
+        }
+        if leaves.is_empty() {
+            return Err(Unplaced::NoMatch {
+                selector: spec
+                    .node_selector
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                cpus: spec.cpus,
+                align,
+                memory_bytes: spec.memory_bytes,
+            });
+        }
+        if all {
+            Ok(None)
+        } else {
+            Ok(Some(Arc::new(LeafSet::from_leaves(
+                self.leaf_node.len(),
+                leaves,
+            ))))
+        }
+    }
+
+    /// Put a finished job's task to sleep, kept (bounded) as a possible
+    /// waker of later jobs.
+    pub(super) fn retire(&mut self, task: TaskId, now: i64) {
+        let Some(engine) = self.sched.as_mut() else {
+            return;
+        };
+        if engine.task(task).is_none() {
+            return;
+        }
+        let _ = engine.block(task, engine_ns(now));
+        self.retained.push_back(task);
+        while self.retained.len() > RETAINED_TASKS {
+            if let Some(old) = self.retained.pop_front() {
+                let _ = engine.remove_task(old, engine_ns(now));
+            }
+        }
+    }
+
+    /// Remove a task if the engine has it.
+    pub(super) fn remove(&mut self, task: TaskId, now: i64) {
+        if let Some(engine) = self.sched.as_mut()
+            && engine.task(task).is_some()
+        {
+            let _ = engine.remove_task(task, engine_ns(now));
+        }
+    }
+}
+
+impl super::Cluster {
+    /// Rebuild the engine if the node set changed since the last build.
+    pub(super) fn ensure_engine(&mut self, now: i64, fx: &mut super::Effects) {
+        if self.engine.take_dirty() {
+            self.rebuild_engine(now, fx);
+        }
+    }
+
+    /// Build the node-level engine for the current node set and put every
+    /// job back into it: jobs on nodes first (they hold capacity), then
+    /// queued ones, then the unplaced ones (a new node may match them).
+    fn rebuild_engine(&mut self, now: i64, fx: &mut super::Effects) {
+        if !self.engine.rebuild(&self.nodes) {
+            return;
+        }
+        let mut on_nodes = Vec::new();
+        for node in self.engine.order().to_vec() {
+            for key in self.jobs.on(&node) {
+                if let Some(e) = self.jobs.get(key)
+                    && e.phase().on_node().is_some()
+                {
+                    on_nodes.push((key, node.clone()));
+                }
+            }
+        }
+        on_nodes.sort();
+        for (key, node) in on_nodes {
+            let (Some(e), Some(leaf)) = (self.jobs.get(key), self.engine.built_leaf(&node)) else {
+                continue;
+            };
+            let tspec = super::lifecycle::task_spec(e, None);
+            let task = e.task;
+            if let Some(engine) = self.engine.sched_mut()
+                && engine.add_task(tspec).is_ok()
+            {
+                let _ = engine.wake_up_on(task, leaf, engine_ns(now));
+            }
+        }
+        // Started events of jobs already on nodes are ignored by on_started.
+        self.process_events(now, fx);
+        for name in self.engine.order().to_vec() {
+            let cap = self.effective_capacity(&name);
+            if let (Some(leaf), Some(engine)) =
+                (self.engine.built_leaf(&name), self.engine.sched_mut())
+            {
+                let _ = engine.set_capacity(leaf, cap, engine_ns(now));
+            }
+            self.sync_summary(&name, now);
+        }
+        for key in self.jobs.queued() {
+            self.place(key, now, fx);
+        }
+        for key in self.jobs.unplaced() {
+            self.place(key, now, fx);
+        }
+        self.process_events(now, fx);
+    }
+
+    /// Push a node's modelled free summary into the engine.
+    pub(super) fn sync_summary(&mut self, name: &str, now: i64) {
+        let (Some(n), Some(leaf)) = (self.nodes.get(name), self.engine.built_leaf(name)) else {
+            return;
+        };
+        // An oversubscribed agent time-slices and aligns in its own queue:
+        // only its slot count limits placement.
+        let summary = (n.oversubscribe <= 1).then(|| n.model_summary());
+        if let Some(engine) = self.engine.sched_mut() {
+            let _ = engine.set_free_summary(leaf, summary, engine_ns(now));
+        }
+    }
+
+    /// The node's capacity as the engine should see it: its CPUs when it
+    /// takes new jobs, else just what its jobs hold (so nothing new fits
+    /// and nothing running is disturbed).
+    pub(super) fn effective_capacity(&self, name: &str) -> u32 {
+        match self.nodes.get(name) {
+            None => 0,
+            Some(n) if n.schedulable() => n.slots(),
+            Some(_) => self.jobs.cpus_held(name),
+        }
+    }
+
+    /// Set a node's engine capacity to [`Self::effective_capacity`]; jobs
+    /// queued on a node that takes no new jobs are placed again.
+    pub(super) fn refresh_capacity(&mut self, name: &str, now: i64, fx: &mut super::Effects) {
+        self.shrink_capacity(name, now);
+        let Some(leaf) = self.engine.built_leaf(name) else {
+            return;
+        };
+        if !self.nodes.get(name).is_some_and(NodeInfo::schedulable) {
+            let queued: Vec<TaskId> = self
+                .engine
+                .sched()
+                .map_or(Vec::new(), |e| e.rq(leaf).waiting().collect());
+            for task in queued {
+                if let Some(key) = self.jobs.of_task(task) {
+                    if let Some(engine) = self.engine.sched_mut() {
+                        let _ = engine.block(task, engine_ns(now));
+                    }
+                    self.place(key, now, fx);
+                }
+            }
+        }
+        self.process_events(now, fx);
+    }
+
+    /// Set a node's engine capacity to [`Self::effective_capacity`] and
+    /// nothing else.
+    pub(super) fn shrink_capacity(&mut self, name: &str, now: i64) {
+        let cap = self.effective_capacity(name);
+        if let (Some(leaf), Some(engine)) = (self.engine.built_leaf(name), self.engine.sched_mut())
+        {
+            let _ = engine.set_capacity(leaf, cap, engine_ns(now));
+        }
+    }
+}

@@ -1,0 +1,856 @@
+//! The job table: every job's [`Phase`] (the one field that says where a
+//! job is and why), its engine task, its modelled CPUs, and the indexes
+//! that let every operation reach the jobs it needs without scanning the
+//! table.
+//!
+//! Invariants (checked by [`Jobs::check`], which the model-based test runs
+//! after every step):
+//! - a job's proto record (`state`, `node`, `reason`) is derived from its
+//!   phase: it is written only by [`Jobs::set_phase`];
+//! - the indexes hold exactly the keys of the jobs in the phases they
+//!   name: `by_node[n]` the jobs that hold node `n` (Assigned, Running,
+//!   AwaitingNode), `assigned`, `awaiting`, `unplaced`, `queued`;
+//! - `reason` is display text, generated from the phase, the requeue
+//!   history and the placement data; nothing reads it back.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+
+use proto::v1::{Job, JobState};
+use sched::{Align, LeafId, PlacePath, Placement, TaskId, WakeChoice};
+
+/// A job's id as an ordered key: `j-12` is `(12, 0)`, element 3 of array
+/// `j-12` (`j-12.3`) is `(12, 4)`. The only place that reads or writes the
+/// id format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobKey {
+    number: u64,
+    /// 0 for a plain job; array index + 1 for an array element.
+    element: u32,
+}
+
+impl JobKey {
+    /// A plain job.
+    pub fn single(number: u64) -> Self {
+        Self { number, element: 0 }
+    }
+
+    /// Element `index` of array `number`.
+    pub fn element(number: u64, index: u32) -> Self {
+        Self {
+            number,
+            element: index.saturating_add(1),
+        }
+    }
+
+    /// Parse `j-12` / `j-12.3`.
+    pub fn parse(id: &str) -> Option<Self> {
+        let rest = id.strip_prefix("j-")?;
+        match rest.split_once('.') {
+            None => Some(Self::single(rest.parse().ok()?)),
+            Some((n, i)) => Some(Self {
+                number: n.parse().ok()?,
+                element: i.parse::<u32>().ok()?.checked_add(1)?,
+            }),
+        }
+    }
+
+    /// The job number (an array's elements share it).
+    pub fn number(self) -> u64 {
+        self.number
+    }
+
+    /// True for a plain job id (which may name an array).
+    pub fn is_single(self) -> bool {
+        self.element == 0
+    }
+
+    /// The array id `j-N` of an element (itself for a plain job).
+    pub fn array(self) -> Self {
+        Self::single(self.number)
+    }
+
+    /// The key range of the elements of array `self`.
+    pub fn elements(self) -> std::ops::Range<JobKey> {
+        Self::element(self.number, 0)..Self::single(self.number + 1)
+    }
+}
+
+impl fmt::Display for JobKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.element {
+            0 => write!(f, "j-{}", self.number),
+            e => write!(f, "j-{}.{}", self.number, e - 1),
+        }
+    }
+}
+
+/// Why a PENDING job is not in the engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unplaced {
+    /// Just accepted, not placed yet.
+    New,
+    /// No node has registered.
+    NoNodes,
+    /// No registered node matches the spec.
+    NoMatch {
+        /// The spec's node selector.
+        selector: BTreeMap<String, String>,
+        /// CPUs asked.
+        cpus: u32,
+        /// Their alignment.
+        align: Align,
+        /// Memory asked (0 = none).
+        memory_bytes: u64,
+    },
+    /// The engine refused the task.
+    EngineRefused(String),
+    /// Back to PENDING (see the job's last [`Requeue`]), about to be
+    /// placed again.
+    Requeued,
+    /// Restored PENDING after a dispatcher restart, not placed since (its
+    /// reason is the one the store holds).
+    Restored,
+}
+
+/// How far a steal moved a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StealLevel {
+    /// To a node of the same rack.
+    SameRack,
+    /// To another rack of the same zone.
+    SameZone,
+    /// To another zone.
+    OtherZone,
+}
+
+impl StealLevel {
+    /// As shown to users.
+    pub fn name(self) -> &'static str {
+        match self {
+            StealLevel::SameRack => "same rack",
+            StealLevel::SameZone => "same zone",
+            StealLevel::OtherZone => "another zone",
+        }
+    }
+}
+
+/// How a job came to its node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// The engine placed it and it started at once.
+    Placed(Placement),
+    /// The engine queued it on this node (no node had room) and started
+    /// it there later.
+    Waited(Placement),
+    /// An idle node stole it from an overloaded one's queue.
+    Stolen {
+        /// The node it was queued on.
+        from: String,
+        /// How far it moved.
+        level: StealLevel,
+    },
+    /// It was on its node before a dispatcher restart (its reason is the
+    /// one the store holds).
+    Restored,
+}
+
+/// How a job ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Its agent reported it (with a message, or none).
+    Reported(String),
+    /// Cancelled while PENDING.
+    CancelledPending,
+    /// Cancelled while its node was unreachable.
+    CancelledUnreachable(String),
+    /// Cancelled; its node re-registered without it.
+    CancelledGone(String),
+    /// Cancelled; its node gave it back unstarted.
+    CancelledGivenBack(String),
+    /// Cancelled; its node was lost.
+    CancelledLost,
+    /// Lost with its node, no retries left.
+    Lost {
+        /// The node.
+        node: String,
+        /// Why the node counts as lost.
+        why: &'static str,
+    },
+}
+
+/// Why a job went back to PENDING (its history, newest last).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Requeue {
+    /// Its node was lost; this is retry `n` of `of`.
+    Retry {
+        /// Retry number (1 = first).
+        n: u32,
+        /// The job's retry budget.
+        of: u32,
+        /// The lost node.
+        node: String,
+        /// Why it counts as lost.
+        why: &'static str,
+    },
+    /// Its node gave it back unstarted (an agent-level steal).
+    GivenBack(String),
+}
+
+/// Where a job is in its lifecycle, and why. The job's user-visible
+/// state, node and reason are derived from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// PENDING and not in the engine: no node can take it now.
+    Unplaced {
+        /// Why.
+        why: Unplaced,
+    },
+    /// PENDING, a task of the engine on `node`: about to be sent there
+    /// (`waiting == false`) or waiting in its queue (stealable).
+    Queued {
+        /// The node.
+        node: String,
+        /// How it got there.
+        via: Via,
+        /// Waiting in the node's queue (no node had room).
+        waiting: bool,
+    },
+    /// ASSIGNED: sent to `node`'s agent, not reported started.
+    Assigned {
+        /// The node.
+        node: String,
+        /// When it was sent (ms).
+        since: i64,
+        /// When the agent was asked to give it back (`Steal`), if it was.
+        steal_asked: Option<i64>,
+        /// How it got there.
+        via: Via,
+    },
+    /// RUNNING on `node`.
+    Running {
+        /// The node.
+        node: String,
+        /// How it got there.
+        via: Via,
+    },
+    /// ASSIGNED or RUNNING before a dispatcher restart; `node` has not
+    /// reported it since. Lost at `deadline` (ms).
+    AwaitingNode {
+        /// The node.
+        node: String,
+        /// When it counts as lost.
+        deadline: i64,
+        /// It was RUNNING (else ASSIGNED).
+        running: bool,
+    },
+    /// Terminal.
+    Done {
+        /// SUCCEEDED, FAILED, CANCELLED or LOST.
+        state: JobState,
+        /// How it ended.
+        end: End,
+    },
+}
+
+impl Phase {
+    /// The state shown to users.
+    pub fn state(&self) -> JobState {
+        match self {
+            Phase::Unplaced { .. } | Phase::Queued { .. } => JobState::Pending,
+            Phase::Assigned { .. } => JobState::Assigned,
+            Phase::Running { .. } => JobState::Running,
+            Phase::AwaitingNode { running, .. } => {
+                if *running {
+                    JobState::Running
+                } else {
+                    JobState::Assigned
+                }
+            }
+            Phase::Done { state, .. } => *state,
+        }
+    }
+
+    /// The node the job is on or queued on.
+    pub fn node(&self) -> Option<&str> {
+        match self {
+            Phase::Queued { node, .. }
+            | Phase::Assigned { node, .. }
+            | Phase::Running { node, .. }
+            | Phase::AwaitingNode { node, .. } => Some(node),
+            Phase::Unplaced { .. } | Phase::Done { .. } => None,
+        }
+    }
+
+    /// The node the job holds (its CPUs are counted there): ASSIGNED or
+    /// RUNNING, restored or not.
+    pub fn holds(&self) -> Option<&str> {
+        match self {
+            Phase::Assigned { node, .. }
+            | Phase::Running { node, .. }
+            | Phase::AwaitingNode { node, .. } => Some(node),
+            _ => None,
+        }
+    }
+
+    /// ASSIGNED or RUNNING and known to its node (a task of the engine).
+    pub fn on_node(&self) -> Option<&str> {
+        match self {
+            Phase::Assigned { node, .. } | Phase::Running { node, .. } => Some(node),
+            _ => None,
+        }
+    }
+
+    /// True once the job ended.
+    pub fn is_done(&self) -> bool {
+        matches!(self, Phase::Done { .. })
+    }
+}
+
+/// Text of a placement decision.
+pub fn placement_text(how: Placement) -> String {
+    let mut parts = Vec::new();
+    if how.path == PlacePath::Pack {
+        parts.push("pack: lowest-numbered node with room");
+    }
+    match how.wake {
+        WakeChoice::Wide => parts.push("wake_wide: the waker fans out, spread"),
+        WakeChoice::Affine => parts.push("wake_affine: near the waker"),
+        WakeChoice::None | WakeChoice::Prev => {}
+    }
+    match how.path {
+        PlacePath::BusySkip => parts.push("busy-skip: cluster full, no scan"),
+        PlacePath::IdlestBusySkip => {
+            parts.push("busy-skip: cluster full, no scan");
+            parts.push("find_idlest: emptiest zone, rack and node");
+        }
+        PlacePath::Target => parts.push("select_idle_sibling: target had room"),
+        PlacePath::IdleCore => parts.push("select_idle_sibling: idle host group in the rack"),
+        PlacePath::IdleLeaf => parts.push("select_idle_sibling: idle node in the rack"),
+        PlacePath::Idlest => parts.push("find_idlest: emptiest zone, rack and node"),
+        PlacePath::Pack | PlacePath::NoneIdle => {}
+    }
+    if parts.is_empty() {
+        parts.push("placed");
+    }
+    parts.join("; ")
+}
+
+impl fmt::Display for Unplaced {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unplaced::New => write!(f, "submitted"),
+            Unplaced::NoNodes => write!(f, "no nodes registered yet"),
+            Unplaced::NoMatch {
+                selector,
+                cpus,
+                align,
+                memory_bytes,
+            } => {
+                let mut why = Vec::new();
+                if !selector.is_empty() {
+                    why.push(format!("selector {selector:?}"));
+                }
+                why.push(format!("{cpus} CPUs aligned to {}", align.name()));
+                if *memory_bytes > 0 {
+                    why.push(format!("{memory_bytes} bytes of memory"));
+                }
+                write!(f, "no node matches {}", why.join(", "))
+            }
+            Unplaced::EngineRefused(err) => write!(f, "engine refused the job: {err}"),
+            Unplaced::Requeued => write!(f, "requeued"),
+            Unplaced::Restored => write!(f, "restored after a dispatcher restart"),
+        }
+    }
+}
+
+impl fmt::Display for Requeue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Requeue::Retry { n, of, node, why } => {
+                write!(f, "retry {n} of {of}: node {node} lost ({why})")
+            }
+            Requeue::GivenBack(node) => write!(
+                f,
+                "steal: {node} gave it back unstarted (an idle rack peer had room)"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for End {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            End::Reported(m) => write!(f, "{m}"),
+            End::CancelledPending => write!(f, "cancelled by user while pending"),
+            End::CancelledUnreachable(n) => write!(f, "cancelled by user; node {n} unreachable"),
+            End::CancelledGone(n) => write!(f, "cancelled by user; {n} no longer had it"),
+            End::CancelledGivenBack(n) => {
+                write!(f, "cancelled by user; {n} gave it back unstarted")
+            }
+            End::CancelledLost => write!(f, "cancelled by user; its node was lost"),
+            End::Lost { node, why } => write!(f, "node {node} lost ({why}), no retries left"),
+        }
+    }
+}
+
+/// How a job came to `node`, as text (None: keep the stored text).
+pub(super) fn via_text(via: &Via, node: &str, last: Option<&Requeue>) -> Option<String> {
+    let with_history = |s: String| match last {
+        Some(r) => format!("{r} | {s}"),
+        None => s,
+    };
+    match via {
+        Via::Placed(how) => Some(with_history(format!("{} -> {node}", placement_text(*how)))),
+        Via::Waited(how) => Some(format!(
+            "started on {node} when it had room; was {}",
+            with_history(queued_text(*how, node))
+        )),
+        Via::Stolen { from, level } => Some(format!(
+            "steal: {node} took it from overloaded {from} ({})",
+            level.name()
+        )),
+        Via::Restored => None,
+    }
+}
+
+fn queued_text(how: Placement, node: &str) -> String {
+    format!(
+        "queued on {node} ({}): no node has room",
+        placement_text(how)
+    )
+}
+
+/// The display text of a phase (None: the text does not change).
+fn reason_of(phase: &Phase, last: Option<&Requeue>) -> Option<String> {
+    match phase {
+        Phase::Unplaced {
+            why: Unplaced::Restored,
+        } => None,
+        Phase::Unplaced {
+            why: Unplaced::Requeued,
+        } => Some(last.map_or_else(|| Unplaced::Requeued.to_string(), ToString::to_string)),
+        Phase::Unplaced { why } => Some(why.to_string()),
+        Phase::Queued {
+            node,
+            via: Via::Placed(how),
+            waiting: true,
+        } => Some(match last {
+            Some(r) => format!("{r} | {}", queued_text(*how, node)),
+            None => queued_text(*how, node),
+        }),
+        Phase::Queued { node, via, .. }
+        | Phase::Assigned { node, via, .. }
+        | Phase::Running { node, via } => via_text(via, node, last),
+        Phase::AwaitingNode { .. } => None,
+        Phase::Done {
+            end: End::Reported(m),
+            ..
+        } if m.is_empty() => None,
+        Phase::Done { end, .. } => Some(end.to_string()),
+    }
+}
+
+/// A job and its dispatcher-side bookkeeping.
+#[derive(Clone, Debug)]
+pub struct JobEntry {
+    job: Job,
+    phase: Phase,
+    /// The engine task that stands for it.
+    pub task: TaskId,
+    /// CPUs the dispatcher's model gave it on its node (dense indexes).
+    pub model_cpus: Vec<LeafId>,
+    /// Why it went back to PENDING, oldest first.
+    pub requeues: Vec<Requeue>,
+}
+
+impl JobEntry {
+    /// The proto record.
+    pub fn job(&self) -> &Job {
+        &self.job
+    }
+
+    /// Where it is and why.
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// Its CPUs (at least 1).
+    pub fn cpus(&self) -> u32 {
+        self.job.spec.as_ref().map_or(1, |s| s.cpus.max(1))
+    }
+
+    /// A cancel was requested while it was on a node.
+    pub fn cancel_requested(&self) -> bool {
+        self.job.cancel_requested
+    }
+}
+
+/// Fields of the proto record that do not follow from the phase, which
+/// the lifecycle sets directly.
+pub struct Facts<'a>(&'a mut Job);
+
+impl Facts<'_> {
+    /// CPUs the agent reported.
+    pub fn set_cpus(&mut self, cpus: &[u32]) {
+        self.0.cpus = cpus.to_vec();
+    }
+
+    /// Start time, unless one is set; `0` clears it.
+    pub fn set_start(&mut self, ms: i64) {
+        if ms == 0 || self.0.start_time_ms == 0 {
+            self.0.start_time_ms = ms;
+        }
+    }
+
+    /// Exit code and signal.
+    pub fn set_exit(&mut self, code: i32, signal: i32) {
+        self.0.exit_code = code;
+        self.0.signal = signal;
+    }
+
+    /// End time.
+    pub fn set_end(&mut self, ms: i64) {
+        self.0.end_time_ms = ms;
+    }
+
+    /// A new attempt.
+    pub fn next_attempt(&mut self) {
+        self.0.attempt += 1;
+    }
+
+    /// Record a cancel request.
+    pub fn request_cancel(&mut self) {
+        self.0.cancel_requested = true;
+    }
+}
+
+/// The job table and its indexes.
+#[derive(Default)]
+pub struct Jobs {
+    table: BTreeMap<JobKey, JobEntry>,
+    task_job: HashMap<TaskId, JobKey>,
+    next_job: u64,
+    next_task: u64,
+    by_node: HashMap<String, BTreeSet<JobKey>>,
+    assigned: BTreeSet<JobKey>,
+    awaiting: BTreeSet<JobKey>,
+    unplaced: BTreeSet<JobKey>,
+    queued: BTreeSet<JobKey>,
+}
+
+impl Jobs {
+    /// An empty table; job numbers start at 1.
+    pub fn new() -> Self {
+        Self {
+            next_job: 1,
+            next_task: 1,
+            ..Default::default()
+        }
+    }
+
+    /// Number of jobs (all phases).
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// True without jobs.
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// The next job number.
+    pub fn next_number(&self) -> u64 {
+        self.next_job
+    }
+
+    /// Set the next job number (restore).
+    pub fn set_next_number(&mut self, n: u64) {
+        self.next_job = n.max(1);
+    }
+
+    /// Take a job number.
+    pub fn take_number(&mut self) -> u64 {
+        let n = self.next_job;
+        self.next_job += 1;
+        n
+    }
+
+    /// One job.
+    pub fn get(&self, key: JobKey) -> Option<&JobEntry> {
+        self.table.get(&key)
+    }
+
+    /// True when `key` is a job.
+    pub fn contains(&self, key: JobKey) -> bool {
+        self.table.contains_key(&key)
+    }
+
+    /// The job of an engine task.
+    pub fn of_task(&self, task: TaskId) -> Option<JobKey> {
+        self.task_job.get(&task).copied()
+    }
+
+    /// All jobs in key order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = (JobKey, &JobEntry)> {
+        self.table.iter().map(|(k, e)| (*k, e))
+    }
+
+    /// Jobs with keys below `upper`, newest first.
+    pub fn below(&self, upper: JobKey) -> impl Iterator<Item = (JobKey, &JobEntry)> {
+        self.table.range(..upper).rev().map(|(k, e)| (*k, e))
+    }
+
+    /// The elements of array `key` (none for a plain job).
+    pub fn elements(&self, key: JobKey) -> impl Iterator<Item = JobKey> + '_ {
+        self.table.range(key.elements()).map(|(k, _)| *k)
+    }
+
+    /// Jobs holding `node` (ASSIGNED or RUNNING, restored or not).
+    pub fn on(&self, node: &str) -> Vec<JobKey> {
+        self.by_node
+            .get(node)
+            .map_or(Vec::new(), |s| s.iter().copied().collect())
+    }
+
+    /// CPUs held on `node` by its ASSIGNED and RUNNING jobs.
+    pub fn cpus_held(&self, node: &str) -> u32 {
+        self.by_node.get(node).map_or(0, |s| {
+            s.iter()
+                .filter_map(|k| self.table.get(k))
+                .map(JobEntry::cpus)
+                .sum()
+        })
+    }
+
+    /// ASSIGNED jobs (candidates for agent-level steals).
+    pub fn assigned(&self) -> impl Iterator<Item = (JobKey, &JobEntry)> {
+        self.assigned
+            .iter()
+            .filter_map(|k| self.table.get(k).map(|e| (*k, e)))
+    }
+
+    /// Restored jobs whose node has not reported them.
+    pub fn awaiting(&self) -> Vec<JobKey> {
+        self.awaiting.iter().copied().collect()
+    }
+
+    /// PENDING jobs not in the engine.
+    pub fn unplaced(&self) -> Vec<JobKey> {
+        self.unplaced.iter().copied().collect()
+    }
+
+    /// PENDING jobs in the engine.
+    pub fn queued(&self) -> Vec<JobKey> {
+        self.queued.iter().copied().collect()
+    }
+
+    /// Add a job in `phase` with a fresh engine task.
+    pub fn insert(&mut self, key: JobKey, job: Job, phase: Phase) {
+        let task = TaskId(self.next_task);
+        self.next_task += 1;
+        self.task_job.insert(task, key);
+        self.table.insert(
+            key,
+            JobEntry {
+                job,
+                phase: Phase::Unplaced {
+                    why: Unplaced::Restored,
+                },
+                task,
+                model_cpus: Vec::new(),
+                requeues: Vec::new(),
+            },
+        );
+        self.index(key, &phase);
+        self.write_phase(key, phase);
+    }
+
+    /// Move a job to `phase`: the indexes, its state, node and reason
+    /// follow. Returns the state it had.
+    pub fn set_phase(&mut self, key: JobKey, phase: Phase) -> JobState {
+        let Some(e) = self.table.get(&key) else {
+            return JobState::Unspecified;
+        };
+        let previous = e.phase.clone();
+        self.unindex(key, &previous);
+        self.index(key, &phase);
+        self.write_phase(key, phase);
+        previous.state()
+    }
+
+    /// The proto fields that do not follow from the phase.
+    pub fn facts(&mut self, key: JobKey) -> Option<Facts<'_>> {
+        self.table.get_mut(&key).map(|e| Facts(&mut e.job))
+    }
+
+    /// Its modelled CPUs, to change.
+    pub fn model_cpus_mut(&mut self, key: JobKey) -> Option<&mut Vec<LeafId>> {
+        self.table.get_mut(&key).map(|e| &mut e.model_cpus)
+    }
+
+    /// Record why a job goes back to PENDING.
+    pub fn push_requeue(&mut self, key: JobKey, r: Requeue) {
+        if let Some(e) = self.table.get_mut(&key) {
+            e.requeues.push(r);
+        }
+    }
+
+    /// Mark an ASSIGNED job as asked back (`Steal`) at `now`, or clear it.
+    pub fn set_steal_asked(&mut self, key: JobKey, at: Option<i64>) {
+        if let Some(e) = self.table.get_mut(&key)
+            && let Phase::Assigned { steal_asked, .. } = &mut e.phase
+        {
+            *steal_asked = at;
+        }
+    }
+
+    fn write_phase(&mut self, key: JobKey, phase: Phase) {
+        let Some(e) = self.table.get_mut(&key) else {
+            return;
+        };
+        e.job.state = phase.state() as i32;
+        match &phase {
+            Phase::Unplaced {
+                why: Unplaced::Restored,
+            }
+            | Phase::Done { .. } => {}
+            Phase::Unplaced { .. } => e.job.node.clear(),
+            p => {
+                if let Some(n) = p.node() {
+                    e.job.node = n.to_string();
+                }
+            }
+        }
+        if let Some(text) = reason_of(&phase, e.requeues.last()) {
+            e.job.reason = text;
+        }
+        e.phase = phase;
+    }
+
+    fn sets(&mut self, key: JobKey, phase: &Phase, add: bool) {
+        let set = match phase {
+            Phase::Unplaced { .. } => Some(&mut self.unplaced),
+            Phase::Queued { .. } => Some(&mut self.queued),
+            Phase::Assigned { .. } => Some(&mut self.assigned),
+            Phase::AwaitingNode { .. } => Some(&mut self.awaiting),
+            Phase::Running { .. } | Phase::Done { .. } => None,
+        };
+        if let Some(set) = set {
+            if add {
+                set.insert(key);
+            } else {
+                set.remove(&key);
+            }
+        }
+        if let Some(node) = phase.holds() {
+            if add {
+                self.by_node
+                    .entry(node.to_string())
+                    .or_default()
+                    .insert(key);
+            } else if let Some(s) = self.by_node.get_mut(node) {
+                s.remove(&key);
+                if s.is_empty() {
+                    self.by_node.remove(node);
+                }
+            }
+        }
+    }
+
+    fn index(&mut self, key: JobKey, phase: &Phase) {
+        self.sets(key, phase, true);
+    }
+
+    fn unindex(&mut self, key: JobKey, phase: &Phase) {
+        self.sets(key, phase, false);
+    }
+
+    /// Check the invariants against a brute-force recomputation over the
+    /// whole table: each index holds exactly the jobs of its phases, and
+    /// each proto record agrees with its phase.
+    pub fn check(&self) -> Result<(), String> {
+        let mut by_node: HashMap<String, BTreeSet<JobKey>> = HashMap::new();
+        let (mut assigned, mut awaiting, mut unplaced, mut queued) = (
+            BTreeSet::new(),
+            BTreeSet::new(),
+            BTreeSet::new(),
+            BTreeSet::new(),
+        );
+        for (&key, e) in &self.table {
+            let p = &e.phase;
+            match p {
+                Phase::Unplaced { .. } => unplaced.insert(key),
+                Phase::Queued { .. } => queued.insert(key),
+                Phase::Assigned { .. } => assigned.insert(key),
+                Phase::AwaitingNode { .. } => awaiting.insert(key),
+                _ => false,
+            };
+            if let Some(n) = p.holds() {
+                by_node.entry(n.to_string()).or_default().insert(key);
+            }
+            if e.job.state != p.state() as i32 {
+                return Err(format!("{key}: state {} but phase {p:?}", e.job.state));
+            }
+            if let Some(n) = p.node()
+                && e.job.node != n
+            {
+                return Err(format!("{key}: node {:?} but phase {p:?}", e.job.node));
+            }
+            if e.job.id != key.to_string() {
+                return Err(format!("{key}: id {:?}", e.job.id));
+            }
+            if self.task_job.get(&e.task) != Some(&key) {
+                return Err(format!("{key}: task {:?} maps elsewhere", e.task));
+            }
+        }
+        let want = [
+            ("assigned", &assigned, &self.assigned),
+            ("awaiting", &awaiting, &self.awaiting),
+            ("unplaced", &unplaced, &self.unplaced),
+            ("queued", &queued, &self.queued),
+        ];
+        for (name, truth, index) in want {
+            if truth != index {
+                return Err(format!("index {name}: {index:?}, the phases say {truth:?}"));
+            }
+        }
+        if by_node != self.by_node {
+            return Err(format!(
+                "index by_node: {:?}, the phases say {by_node:?}",
+                self.by_node
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn job_keys_round_trip_and_order_like_their_numbers(
+            a in 0u64..1000, i in prop::option::of(0u32..100),
+            b in 0u64..1000, j in prop::option::of(0u32..100),
+        ) {
+            let key = |n, i: Option<u32>| i.map_or(JobKey::single(n), |i| JobKey::element(n, i));
+            let (x, y) = (key(a, i), key(b, j));
+            prop_assert_eq!(JobKey::parse(&x.to_string()), Some(x));
+            // Oracle: order by number, then the plain id before elements
+            // by index.
+            let rank = |n: u64, i: Option<u32>| (n, i.map_or(0, |i| i as u64 + 1));
+            prop_assert_eq!(x.cmp(&y), rank(a, i).cmp(&rank(b, j)));
+            prop_assert_eq!(x.array().elements().contains(&x), i.is_some());
+        }
+    }
+
+    #[test]
+    fn bad_ids_do_not_parse() {
+        for id in ["", "j-", "x-1", "j-1.", "j-a", "j-1.x", "j-1.4294967295"] {
+            assert_eq!(JobKey::parse(id), None, "{id}");
+        }
+    }
+}

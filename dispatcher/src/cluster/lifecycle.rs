@@ -1,0 +1,715 @@
+//! The job lifecycle: submit, place, start, status, finish, loss, cancel,
+//! and the node events that drive it (load reports, heartbeats missed,
+//! administrative changes).
+//!
+//! Invariants: every phase change goes through `Jobs::set_phase`; a job
+//! leaves its node (its modelled CPUs freed, its engine task removed or
+//! retired) only through [`Cluster::release_from_node`]; a job whose cancel
+//! was requested is never placed again (a lost or given-back attempt ends
+//! CANCELLED); a DOWN node's engine capacity shrinks to what its jobs hold
+//! before any of its jobs is placed again, so no retry lands on it.
+
+use std::sync::Arc;
+
+use proto::v1::{
+    Assign, DispatcherMessage, Job, JobSpec, JobState, JobStatus, NodeLoad, dispatcher_message,
+};
+use sched::{LeafId, LeafSet, TaskId, TaskSpec, TaskState};
+use tonic::Status;
+
+use super::engine::engine_ns;
+use super::jobs::{End, JobEntry, JobKey, Phase, Requeue, Unplaced, Via};
+use super::nodes::NodeInfo;
+use super::steal::{Move, MoveKind};
+use super::{Cluster, Effects, cancel_on};
+use crate::spec::{align_of, check_submission, policy_of};
+use crate::store::{NodeAdmin, Write};
+
+/// What happens to a job's engine task when it leaves its node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum TaskAfter {
+    /// Removed: the job is placed again with a fresh start.
+    Remove,
+    /// Kept sleeping as a possible waker of later jobs (the job ended).
+    Retire,
+}
+
+/// The engine task of a job.
+pub(super) fn task_spec(e: &JobEntry, affinity: Option<Arc<LeafSet>>) -> TaskSpec {
+    let spec = e.job().spec.clone().unwrap_or_default();
+    TaskSpec {
+        id: e.task,
+        nice: spec.nice,
+        latency_nice: spec.latency_nice,
+        demand: spec.cpus.max(1),
+        affinity,
+        policy: Some(policy_of(&spec)),
+        align: align_of(&spec),
+        time_limit: None,
+    }
+}
+
+/// An `Assign` of the job's current attempt.
+pub(super) fn assign_of(job: &Job) -> DispatcherMessage {
+    DispatcherMessage {
+        // The trace context is filled in by the core from the job's
+        // telemetry after the batch (the cluster does no tracing).
+        msg: Some(dispatcher_message::Msg::Assign(Assign {
+            job_id: job.id.clone(),
+            attempt: job.attempt,
+            spec: job.spec.clone(),
+            owner: job.owner.clone(),
+            ..Default::default()
+        })),
+    }
+}
+
+impl Cluster {
+    /// Accept jobs: validate every spec (nothing is created if one is
+    /// bad), create the jobs (arrays expand), persist and place them.
+    /// The jobs have no owner (a dispatcher without tokens).
+    pub fn submit(
+        &mut self,
+        specs: Vec<JobSpec>,
+        batch: bool,
+        now: i64,
+        fx: &mut Effects,
+    ) -> Result<Vec<Job>, Status> {
+        self.submit_as("", specs, batch, now, fx)
+    }
+
+    /// [`Cluster::submit`] for `owner` (the authenticated caller's user),
+    /// recorded in each job and sent to its agent with the assignment.
+    pub fn submit_as(
+        &mut self,
+        owner: &str,
+        mut specs: Vec<JobSpec>,
+        batch: bool,
+        now: i64,
+        fx: &mut Effects,
+    ) -> Result<Vec<Job>, Status> {
+        let jobs = &self.jobs;
+        check_submission(&mut specs, batch, &self.cfg.limits, |id| {
+            JobKey::parse(id).is_some_and(|k| jobs.contains(k))
+        })?;
+        self.ensure_engine(now, fx);
+        let mut created = Vec::new();
+        for spec in specs {
+            let n = self.jobs.take_number();
+            let count = spec.array_count;
+            let keys: Vec<(JobKey, Option<u32>)> = if count > 1 {
+                (0..count)
+                    .map(|i| (JobKey::element(n, i), Some(i)))
+                    .collect()
+            } else {
+                vec![(JobKey::single(n), None)]
+            };
+            for (key, index) in keys {
+                let job = Job {
+                    id: key.to_string(),
+                    spec: Some(spec.clone()),
+                    attempt: 1,
+                    submit_time_ms: now,
+                    array_id: index.map_or(String::new(), |_| key.array().to_string()),
+                    array_index: index.unwrap_or(0),
+                    owner: owner.to_string(),
+                    ..Default::default()
+                };
+                created.push(key);
+                self.jobs
+                    .insert(key, job, Phase::Unplaced { why: Unplaced::New });
+            }
+        }
+        fx.writes.push(Write::PutNextJob(self.jobs.next_number()));
+        for &key in &created {
+            self.persist(key, fx);
+            self.emit(key, JobState::Unspecified, now, fx);
+            self.place(key, now, fx);
+        }
+        self.process_events(now, fx);
+        Ok(created
+            .iter()
+            .filter_map(|k| self.jobs.get(*k).map(|e| e.job().clone()))
+            .collect())
+    }
+
+    /// Place a PENDING job: into the engine (which runs it on a node with
+    /// room or queues it on one), or `Unplaced` when no node can take it.
+    pub(super) fn place(&mut self, key: JobKey, now: i64, fx: &mut Effects) {
+        let Some(e) = self.jobs.get(key) else {
+            return;
+        };
+        let spec = e.job().spec.clone().unwrap_or_default();
+        let task = e.task;
+        if self.engine.sched().is_none() {
+            self.jobs.set_phase(
+                key,
+                Phase::Unplaced {
+                    why: Unplaced::NoNodes,
+                },
+            );
+            return;
+        }
+        let allowed = match self.engine.allowed_leaves(&spec, &self.nodes) {
+            Ok(a) => a,
+            Err(why) => {
+                self.jobs.set_phase(key, Phase::Unplaced { why });
+                self.persist(key, fx);
+                return;
+            }
+        };
+        let tspec = task_spec(e, allowed);
+        let waker = JobKey::parse(&spec.waker)
+            .and_then(|k| self.jobs.get(k))
+            .map(|w| w.task);
+        let Some(engine) = self.engine.sched_mut() else {
+            return;
+        };
+        let waker = waker.filter(|t| engine.task(*t).is_some());
+        if engine.task(task).is_some() {
+            let _ = engine.remove_task(task, engine_ns(now));
+        }
+        let placed = engine
+            .add_task(tspec)
+            .and_then(|()| engine.wake_up_placed(task, waker, false, engine_ns(now)));
+        let (leaf, how) = match placed {
+            Ok(p) => p,
+            Err(err) => {
+                let why = Unplaced::EngineRefused(err.to_string());
+                self.jobs.set_phase(key, Phase::Unplaced { why });
+                return;
+            }
+        };
+        let waiting = matches!(
+            engine.task(task).map(|t| t.state),
+            Some(TaskState::Queued(_))
+        );
+        let node = self.engine.node_at(leaf).unwrap_or_default().to_string();
+        self.jobs.set_phase(
+            key,
+            Phase::Queued {
+                node,
+                via: Via::Placed(how),
+                waiting,
+            },
+        );
+    }
+
+    /// Turn engine events into job transitions, agent messages and moves.
+    pub(super) fn process_events(&mut self, now: i64, fx: &mut Effects) {
+        loop {
+            let events = match self.engine.sched_mut() {
+                Some(e) => e.drain_events(),
+                None => return,
+            };
+            if events.is_empty() {
+                return;
+            }
+            for ev in events {
+                match ev {
+                    sched::SchedEvent::Started { task, leaf } => {
+                        self.on_started(task, leaf, now, fx)
+                    }
+                    sched::SchedEvent::Migrated { task, from, to } => {
+                        self.on_migrated(task, from, to, now, fx)
+                    }
+                    sched::SchedEvent::Preempted { .. } => {}
+                }
+            }
+        }
+    }
+
+    /// An idle node stole a queued job.
+    fn on_migrated(&mut self, task: TaskId, from: LeafId, to: LeafId, now: i64, fx: &mut Effects) {
+        let (Some(from), Some(to)) = (self.engine.node_at(from), self.engine.node_at(to)) else {
+            return;
+        };
+        let (from, to) = (from.to_string(), to.to_string());
+        let Some(key) = self.jobs.of_task(task) else {
+            return;
+        };
+        if !matches!(
+            self.jobs.get(key).map(JobEntry::phase),
+            Some(Phase::Queued { .. })
+        ) {
+            return;
+        }
+        // Events are drained after whole operations: the task may have
+        // been placed again since it was stolen. Only where it is now
+        // counts.
+        let (to_leaf, now_state) = (
+            self.engine.built_leaf(&to),
+            self.engine
+                .sched()
+                .and_then(|e| e.task(task))
+                .map(|t| t.state),
+        );
+        let waiting = match now_state {
+            Some(TaskState::Queued(l)) if Some(l) == to_leaf => true,
+            Some(TaskState::Running(l)) if Some(l) == to_leaf => false,
+            _ => return,
+        };
+        let level = self.steal_level(&from, &to);
+        self.jobs.set_phase(
+            key,
+            Phase::Queued {
+                node: to.clone(),
+                via: Via::Stolen {
+                    from: from.clone(),
+                    level,
+                },
+                waiting,
+            },
+        );
+        let m = Move {
+            at_ms: now,
+            job: key,
+            from,
+            to,
+            kind: MoveKind::Stolen(level),
+        };
+        self.record_move(m, fx);
+    }
+
+    /// The engine started a queued job on a node: send it there.
+    fn on_started(&mut self, task: TaskId, leaf: LeafId, now: i64, fx: &mut Effects) {
+        let Some(key) = self.jobs.of_task(task) else {
+            return;
+        };
+        let Some(name) = self.engine.node_at(leaf).map(str::to_string) else {
+            return;
+        };
+        let Some(e) = self.jobs.get(key) else {
+            return;
+        };
+        // Only a PENDING job in the engine is sent; a job already on its
+        // node re-entering a rebuilt engine is not.
+        let via = match e.phase() {
+            Phase::Queued {
+                node,
+                via: Via::Placed(how),
+                waiting: true,
+            } if *node == name => Via::Waited(*how),
+            Phase::Queued { via, .. } => via.clone(),
+            _ => return,
+        };
+        // Events are drained after whole operations, so a Started event
+        // may be stale (the task was preempted and placed elsewhere since):
+        // only the leaf the task runs on now counts.
+        let running_here = self
+            .engine
+            .sched()
+            .and_then(|en| en.task(task))
+            .is_some_and(|t| t.state == TaskState::Running(leaf));
+        if !running_here {
+            return;
+        }
+        let spec = e.job().spec.clone().unwrap_or_default();
+        let after = e.requeues.last().cloned();
+        // Model the CPUs the agent will give it.
+        let cpus = match self.nodes.get_mut(&name) {
+            Some(n) => n.claim(&spec, Vec::new()),
+            None => Vec::new(),
+        };
+        self.sync_summary(&name, now);
+        if let Some(m) = self.jobs.model_cpus_mut(key) {
+            *m = cpus;
+        }
+        self.jobs.set_phase(
+            key,
+            Phase::Assigned {
+                node: name.clone(),
+                since: now,
+                steal_asked: None,
+                via: via.clone(),
+            },
+        );
+        let Some(e) = self.jobs.get(key) else {
+            return;
+        };
+        fx.to_agents.push((name.clone(), assign_of(e.job())));
+        let m = Move {
+            at_ms: now,
+            job: key,
+            from: String::new(),
+            to: name,
+            kind: MoveKind::Placed { via, after },
+        };
+        self.record_move(m, fx);
+        self.persist(key, fx);
+        self.emit(key, JobState::Pending, now, fx);
+    }
+
+    /// Free what a job holds on its node: its modelled CPUs, and its
+    /// engine task (removed, or retired as a possible waker).
+    pub(super) fn release_from_node(&mut self, key: JobKey, after: TaskAfter, now: i64) {
+        let Some(e) = self.jobs.get(key) else {
+            return;
+        };
+        let (node, task) = (e.job().node.clone(), e.task);
+        let cpus = self
+            .jobs
+            .model_cpus_mut(key)
+            .map(std::mem::take)
+            .unwrap_or_default();
+        if let Some(n) = self.nodes.get_mut(&node) {
+            n.release(&cpus);
+        }
+        match after {
+            TaskAfter::Remove => self.engine.remove(task, now),
+            TaskAfter::Retire => self.engine.retire(task, now),
+        }
+    }
+
+    /// A load report (the heartbeat). A node marked DOWN whose stream
+    /// stayed open (it stalled, then recovered) is back: its jobs were
+    /// already retried or lost, and anything it still runs from before is
+    /// cancelled when it reports it.
+    pub fn load_report(&mut self, node: &str, load: NodeLoad, now: i64, fx: &mut Effects) {
+        let mut revived = false;
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.load = load;
+            n.last_heartbeat_ms = now;
+            if n.down && n.connected {
+                n.down = false;
+                revived = true;
+            }
+        }
+        if revived {
+            tracing::info!(%node, "node reports again: it is up");
+            self.ensure_engine(now, fx);
+            self.refresh_capacity(node, now, fx);
+            self.sync_summary(node, now);
+            self.retry_unplaced(now, fx);
+            self.process_events(now, fx);
+        }
+    }
+
+    /// Any message from an agent proves it alive.
+    pub fn load_report_time(&mut self, node: &str, now: i64) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.last_heartbeat_ms = now;
+        }
+    }
+
+    /// A job status from an agent. A report about anything but the
+    /// current attempt on the node the dispatcher names is stale: a stale
+    /// copy reported running is cancelled.
+    pub fn job_status(&mut self, node: &str, status: JobStatus, now: i64, fx: &mut Effects) {
+        self.ensure_engine(now, fx);
+        let current = JobKey::parse(&status.job_id).and_then(|k| self.jobs.get(k));
+        let ours = current.is_some_and(|e| {
+            e.job().attempt == status.attempt && e.job().node == node && !e.phase().is_done()
+        });
+        if ours {
+            self.apply_status(node, status, now, fx);
+            self.process_events(now, fx);
+        } else if matches!(JobState::try_from(status.state), Ok(JobState::Running)) {
+            cancel_on(node.to_string(), status.job_id, status.attempt, fx);
+        }
+    }
+
+    /// Apply a status of the current attempt.
+    pub(super) fn apply_status(
+        &mut self,
+        node: &str,
+        status: JobStatus,
+        now: i64,
+        fx: &mut Effects,
+    ) {
+        let Some(key) = JobKey::parse(&status.job_id) else {
+            return;
+        };
+        let Some(e) = self.jobs.get(key) else { return };
+        match JobState::try_from(status.state).unwrap_or(JobState::Unspecified) {
+            JobState::Running => {
+                let via = match e.phase() {
+                    Phase::Queued { via, .. }
+                    | Phase::Assigned { via, .. }
+                    | Phase::Running { via, .. } => via.clone(),
+                    _ => Via::Restored,
+                };
+                let previous = self.jobs.set_phase(
+                    key,
+                    Phase::Running {
+                        node: node.to_string(),
+                        via,
+                    },
+                );
+                if let Some(mut f) = self.jobs.facts(key) {
+                    f.set_cpus(&status.cpus);
+                    f.set_start(if status.time_ms > 0 {
+                        status.time_ms
+                    } else {
+                        now
+                    });
+                }
+                self.remodel_cpus(key);
+                self.sync_summary(node, now);
+                if previous != JobState::Running {
+                    self.persist(key, fx);
+                    self.emit(key, previous, now, fx);
+                }
+            }
+            terminal @ (JobState::Succeeded
+            | JobState::Failed
+            | JobState::Cancelled
+            | JobState::Lost) => {
+                if let Some(mut f) = self.jobs.facts(key) {
+                    f.set_exit(status.exit_code, status.signal);
+                    if !status.cpus.is_empty() {
+                        f.set_cpus(&status.cpus);
+                    }
+                    if status.time_ms > 0 {
+                        f.set_start(status.time_ms);
+                    }
+                }
+                let end = End::Reported(status.message);
+                self.finish(
+                    key,
+                    Phase::Done {
+                        state: terminal,
+                        end,
+                    },
+                    now,
+                    fx,
+                );
+            }
+            JobState::Assigned | JobState::Pending | JobState::Unspecified => {}
+        }
+    }
+
+    /// Put a job in a terminal phase (`done`): free its CPUs and its engine
+    /// capacity (which may start or steal queued jobs), persist, announce.
+    pub(super) fn finish(&mut self, key: JobKey, done: Phase, now: i64, fx: &mut Effects) {
+        if self.jobs.get(key).is_none_or(|e| e.phase().is_done()) {
+            return;
+        }
+        if let Some(mut f) = self.jobs.facts(key) {
+            f.set_end(now);
+        }
+        self.release_from_node(key, TaskAfter::Retire, now);
+        let previous = self.jobs.set_phase(key, done);
+        self.persist(key, fx);
+        self.emit(key, previous, now, fx);
+        let node = self
+            .jobs
+            .get(key)
+            .map(|e| e.job().node.clone())
+            .unwrap_or_default();
+        if !node.is_empty() && self.engine.built_leaf(&node).is_some() {
+            if !self.nodes.get(&node).is_some_and(NodeInfo::schedulable) {
+                self.refresh_capacity(&node, now, fx);
+            }
+            self.sync_summary(&node, now);
+        }
+        self.process_events(now, fx);
+    }
+
+    /// The agent's stream closed. The node stays up until its heartbeats
+    /// are overdue, so a quick reconnect loses nothing.
+    pub fn disconnected(&mut self, node: &str) {
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.connected = false;
+        }
+    }
+
+    /// A job on a lost node: retry it within its budget, else LOST (or
+    /// CANCELLED when its cancel was requested).
+    pub(super) fn job_lost_on_node(
+        &mut self,
+        key: JobKey,
+        why: &'static str,
+        now: i64,
+        fx: &mut Effects,
+    ) {
+        let Some(e) = self.jobs.get(key) else { return };
+        if e.phase().is_done() {
+            return;
+        }
+        if e.cancel_requested() {
+            let done = Phase::Done {
+                state: JobState::Cancelled,
+                end: End::CancelledLost,
+            };
+            self.finish(key, done, now, fx);
+            return;
+        }
+        let retries = e.job().spec.as_ref().map_or(0, |s| s.retries);
+        let attempt = e.job().attempt;
+        let node = e.job().node.clone();
+        // The node may only be stalled with its stream still open (a
+        // paused agent, a partition that keeps the TCP connection): tell
+        // it to cancel this attempt, so the copy stops as soon as the node
+        // reads its stream again instead of running beside the retry. A
+        // disconnected node gets it when it re-registers (the stale
+        // attempt is cancelled there).
+        if !node.is_empty() {
+            cancel_on(node.clone(), key.to_string(), attempt, fx);
+        }
+        if attempt > retries {
+            let done = Phase::Done {
+                state: JobState::Lost,
+                end: End::Lost { node, why },
+            };
+            self.finish(key, done, now, fx);
+            return;
+        }
+        self.release_from_node(key, TaskAfter::Remove, now);
+        if let Some(mut f) = self.jobs.facts(key) {
+            f.next_attempt();
+            f.set_cpus(&[]);
+            f.set_start(0);
+        }
+        let retry = Requeue::Retry {
+            n: attempt,
+            of: retries,
+            node: node.clone(),
+            why,
+        };
+        self.jobs.push_requeue(key, retry);
+        let previous = self.jobs.set_phase(
+            key,
+            Phase::Unplaced {
+                why: Unplaced::Requeued,
+            },
+        );
+        // The lost node's capacity shrinks to what its remaining jobs hold
+        // before the retry is placed: removing the task freed capacity
+        // there.
+        if !self.nodes.get(&node).is_some_and(NodeInfo::schedulable) {
+            self.refresh_capacity(&node, now, fx);
+        }
+        self.persist(key, fx);
+        self.emit(key, previous, now, fx);
+        self.place(key, now, fx);
+    }
+
+    /// Periodic work: overdue heartbeats make nodes DOWN, restored jobs
+    /// whose node never came back are lost, busy flags are set lazily,
+    /// agents are asked to give back jobs they hold unstarted.
+    pub fn tick(&mut self, now: i64, fx: &mut Effects) {
+        self.ensure_engine(now, fx);
+        let deadline = (self.cfg.heartbeat_interval_ms * self.cfg.missed_heartbeats) as i64;
+        let overdue = self.nodes.overdue(now, deadline);
+        // Every overdue node is DOWN, with its capacity shrunk, before any
+        // job is retried: no retry lands on a node this tick marks DOWN.
+        for name in &overdue {
+            tracing::warn!(node = %name, "node missed its heartbeats: marking it down");
+            if let Some(n) = self.nodes.get_mut(name) {
+                n.down = true;
+            }
+        }
+        for name in &overdue {
+            self.shrink_capacity(name, now);
+        }
+        for name in overdue {
+            for key in self.jobs.on(&name) {
+                self.job_lost_on_node(key, "missed heartbeats", now, fx);
+            }
+            self.refresh_capacity(&name, now, fx);
+        }
+        for key in self.jobs.awaiting() {
+            let expired = matches!(
+                self.jobs.get(key).map(JobEntry::phase),
+                Some(Phase::AwaitingNode { deadline, .. }) if *deadline <= now
+            );
+            if expired {
+                self.job_lost_on_node(
+                    key,
+                    "its node did not come back after a dispatcher restart",
+                    now,
+                    fx,
+                );
+            }
+        }
+        if let Some(engine) = self.engine.sched_mut() {
+            for leaf in 0..engine.topology().nr_leaves() {
+                engine.tick(leaf, engine_ns(now));
+            }
+        }
+        self.process_events(now, fx);
+        self.request_agent_steals(now, fx);
+    }
+
+    /// Place every unplaced job again (a node came up or registered).
+    pub(super) fn retry_unplaced(&mut self, now: i64, fx: &mut Effects) {
+        for key in self.jobs.unplaced() {
+            self.place(key, now, fx);
+            self.persist(key, fx);
+        }
+    }
+
+    /// Cancel a job, or every element of an array.
+    pub fn cancel(&mut self, id: &str, now: i64, fx: &mut Effects) -> Result<Job, Status> {
+        self.ensure_engine(now, fx);
+        let not_found = || Status::not_found(format!("id: no job {id:?}"));
+        let key = JobKey::parse(id).ok_or_else(not_found)?;
+        if !self.jobs.contains(key) && key.is_single() {
+            let elements: Vec<JobKey> = self.jobs.elements(key).collect();
+            let first = *elements.first().ok_or_else(not_found)?;
+            for k in elements {
+                self.cancel_one(k, now, fx);
+            }
+            return Ok(self
+                .jobs
+                .get(first)
+                .map(|e| e.job().clone())
+                .unwrap_or_default());
+        }
+        if !self.jobs.contains(key) {
+            return Err(not_found());
+        }
+        self.cancel_one(key, now, fx);
+        self.process_events(now, fx);
+        self.get_job(id)
+    }
+
+    fn cancel_one(&mut self, key: JobKey, now: i64, fx: &mut Effects) {
+        let Some(e) = self.jobs.get(key) else { return };
+        let cancelled = |end| Phase::Done {
+            state: JobState::Cancelled,
+            end,
+        };
+        match e.phase() {
+            Phase::Unplaced { .. } | Phase::Queued { .. } => {
+                self.finish(key, cancelled(End::CancelledPending), now, fx);
+            }
+            Phase::Assigned { node, .. }
+            | Phase::Running { node, .. }
+            | Phase::AwaitingNode { node, .. } => {
+                let node = node.clone();
+                let attempt = e.job().attempt;
+                if self.nodes.get(&node).is_some_and(NodeInfo::reachable) {
+                    if let Some(mut f) = self.jobs.facts(key) {
+                        f.request_cancel();
+                    }
+                    self.persist(key, fx);
+                    cancel_on(node, key.to_string(), attempt, fx);
+                } else {
+                    self.finish(key, cancelled(End::CancelledUnreachable(node)), now, fx);
+                }
+            }
+            Phase::Done { .. } => {}
+        }
+    }
+
+    /// Cordon, drain or uncordon a node.
+    pub fn set_node_admin(
+        &mut self,
+        name: &str,
+        admin: NodeAdmin,
+        now: i64,
+        fx: &mut Effects,
+    ) -> Result<proto::v1::Node, Status> {
+        self.ensure_engine(now, fx);
+        let n = self
+            .nodes
+            .get_mut(name)
+            .ok_or_else(|| Status::not_found(format!("name: no node {name:?}")))?;
+        n.admin = admin;
+        fx.writes.push(Write::PutNodeAdmin(name.to_string(), admin));
+        self.refresh_capacity(name, now, fx);
+        self.node(name).map(NodeInfo::to_proto)
+    }
+}

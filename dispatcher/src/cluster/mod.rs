@@ -1,0 +1,388 @@
+//! The cluster state and the job lifecycle, synchronous and without I/O:
+//! each operation mutates the state and appends what must happen outside
+//! to an [`Effects`] — store writes, messages to agents, events for
+//! watchers, moves for observers — which the core (`core.rs`) commits to
+//! the store *before* it acknowledges or sends anything.
+//!
+//! The parts, each owning one thing:
+//! - [`jobs`]: the job table; each job's [`Phase`] says where it is and
+//!   why (user states, node and reason are derived from it), with indexes
+//!   by node and by phase;
+//! - [`nodes`]: the node registry (labels, topology, CPU model, heartbeats,
+//!   administrative state);
+//! - [`engine`]: the node-level `sched` engine, its leaf order and rebuild;
+//! - `lifecycle`: submit, place, start, status, finish, loss, cancel;
+//! - `reconcile`: agent registration and reconciliation;
+//! - [`steal`]: agent-level steals and the recent moves.
+//!
+//! Job states for users: PENDING (phases `Unplaced`, `Queued`), ASSIGNED
+//! (`Assigned`), RUNNING (`Running`), both also `AwaitingNode` after a
+//! restart, then SUCCEEDED / FAILED / CANCELLED / LOST (`Done`). In the
+//! engine a `Queued` job is a task (waiting ones are stealable by idle
+//! nodes of the rack), an `Assigned` or `Running` job a running task;
+//! `Unplaced` and `AwaitingNode` jobs are not in the engine.
+
+pub mod engine;
+pub mod jobs;
+mod lifecycle;
+pub mod nodes;
+mod reconcile;
+pub mod steal;
+
+use std::collections::{BTreeSet, HashSet};
+
+use proto::v1::{
+    Cancel, DispatcherMessage, Job, JobEvent, JobState, ListJobsRequest, dispatcher_message,
+};
+use sched::{LeafId, Sched, SchedConfig};
+use tonic::Status;
+
+pub use engine::NodeEngine;
+pub use jobs::{End, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
+pub use nodes::{NodeInfo, cpu_topology};
+pub use steal::{Move, MoveKind, RECENT_MOVES};
+
+use crate::spec::SpecLimits;
+use crate::store::{Snapshot, Write};
+use jobs::Jobs;
+use nodes::Nodes;
+use steal::RecentMoves;
+
+/// Labels and timings of the cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Label naming a node's zone (the NUMA level of the cluster).
+    pub zone_label: String,
+    /// Label naming a node's rack (the LLC level).
+    pub rack_label: String,
+    /// Label naming a node's host group (the SMT level).
+    pub hostgroup_label: String,
+    /// Label naming a node's region (the package level).
+    pub region_label: String,
+    /// Agents report at least this often.
+    pub heartbeat_interval_ms: u64,
+    /// Reports missed before a node is DOWN.
+    pub missed_heartbeats: u64,
+    /// The node-level engine's configuration.
+    pub engine: SchedConfig,
+    /// Spec limits.
+    pub limits: SpecLimits,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        let mut engine = SchedConfig::cluster();
+        engine.steal_cross_llc = true;
+        engine.steal_cost = 0;
+        Self {
+            zone_label: "topology.kubernetes.io/zone".into(),
+            rack_label: "dispatch.io/rack".into(),
+            hostgroup_label: "dispatch.io/hostgroup".into(),
+            region_label: "topology.kubernetes.io/region".into(),
+            heartbeat_interval_ms: 1000,
+            missed_heartbeats: 3,
+            engine,
+            limits: SpecLimits::default(),
+        }
+    }
+}
+
+/// What an operation requires of the outside world.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Store writes, committed before anything else is released.
+    pub writes: Vec<Write>,
+    /// Messages to agents, by node name.
+    pub to_agents: Vec<(String, DispatcherMessage)>,
+    /// Job events for watchers.
+    pub events: Vec<JobEvent>,
+    /// Placements and steals, in the order they happened.
+    pub moves: Vec<Move>,
+}
+
+/// The cluster.
+pub struct Cluster {
+    cfg: ClusterConfig,
+    nodes: Nodes,
+    jobs: Jobs,
+    engine: NodeEngine,
+    moves: RecentMoves,
+}
+
+impl Cluster {
+    /// An empty cluster.
+    pub fn new(cfg: ClusterConfig) -> Self {
+        Self {
+            engine: NodeEngine::new(cfg.engine.clone()),
+            cfg,
+            nodes: Nodes::default(),
+            jobs: Jobs::new(),
+            moves: RecentMoves::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.cfg
+    }
+
+    /// The largest encoded spec the store holds in one record (None: no
+    /// limit); submissions of larger specs are refused.
+    pub fn limit_stored_spec_bytes(&mut self, max: Option<usize>) {
+        self.cfg.limits.max_stored_spec_bytes = max;
+    }
+
+    /// Steals the node-level engine has made so far.
+    pub fn steals(&self) -> u64 {
+        self.engine.steals()
+    }
+
+    /// Set the cost of a steal, measured by the caller (nanoseconds): a
+    /// node steals only if its average idle period exceeds it (seed 000's
+    /// SCHED_STEAL_COST, which the dispatcher measures instead of assuming).
+    pub fn set_steal_cost(&mut self, ns: u64) {
+        self.cfg.engine.steal_cost = ns;
+        self.engine.set_steal_cost(ns);
+    }
+
+    /// The node-level engine (None until a node registers).
+    pub fn engine(&self) -> Option<&Sched> {
+        self.engine.sched()
+    }
+
+    /// The node-level engine with its leaf order.
+    pub fn node_engine(&self) -> &NodeEngine {
+        &self.engine
+    }
+
+    /// The node's leaf in the node-level engine (None before the engine
+    /// includes it).
+    pub fn engine_leaf(&self, node: &str) -> Option<LeafId> {
+        self.engine.leaf(node)
+    }
+
+    /// The last placements (jobs sent to a node), oldest first.
+    pub fn recent_placements(&self) -> impl DoubleEndedIterator<Item = &Move> {
+        self.moves.placements()
+    }
+
+    /// The last steals (queued jobs taken by idle nodes, and jobs agents
+    /// gave back unstarted), oldest first.
+    pub fn recent_steals(&self) -> impl DoubleEndedIterator<Item = &Move> {
+        self.moves.steals()
+    }
+
+    /// Number of jobs known (all states).
+    pub fn nr_jobs(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Where a job is and why.
+    pub fn phase(&self, id: &str) -> Option<&Phase> {
+        JobKey::parse(id)
+            .and_then(|k| self.jobs.get(k))
+            .map(|e| e.phase())
+    }
+
+    /// Check the state's invariants against brute-force recomputations:
+    /// the job indexes and records (see [`jobs`]), and the engine's tasks
+    /// against the phases (Queued on its node's leaf, Assigned and Running
+    /// running there, Unplaced, AwaitingNode and Done not runnable). For
+    /// tests; costs O(jobs).
+    pub fn check(&self) -> Result<(), String> {
+        self.jobs.check()?;
+        let Some(engine) = self.engine.sched() else {
+            return Ok(());
+        };
+        if self.engine.is_dirty() {
+            return Ok(());
+        }
+        for (key, e) in self.jobs.iter() {
+            let task = engine.task(e.task).map(|t| t.state);
+            let leaf = |n: &str| self.engine.leaf(n);
+            let ok = match (e.phase(), task) {
+                (Phase::Queued { node, .. }, Some(sched::TaskState::Queued(l)))
+                | (Phase::Queued { node, .. }, Some(sched::TaskState::Running(l))) => {
+                    leaf(node) == Some(l)
+                }
+                (Phase::Assigned { node, .. } | Phase::Running { node, .. }, Some(t)) => {
+                    leaf(node).is_none_or(|l| t == sched::TaskState::Running(l))
+                }
+                (Phase::Assigned { node, .. } | Phase::Running { node, .. }, None) => {
+                    leaf(node).is_none()
+                }
+                (Phase::Queued { .. }, _) => false,
+                (_, t) => !matches!(
+                    t,
+                    Some(sched::TaskState::Running(_) | sched::TaskState::Queued(_))
+                ),
+            };
+            if !ok {
+                return Err(format!(
+                    "{key}: phase {:?} but engine task {task:?}",
+                    e.phase()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Restore from a store snapshot (after a restart). PENDING jobs wait
+    /// for nodes; ASSIGNED/RUNNING ones wait for their node to re-register
+    /// and report them, until `now + grace_ms`.
+    pub fn restore(&mut self, snap: Snapshot, now: i64, grace_ms: i64) {
+        self.jobs.set_next_number(snap.next_job);
+        self.nodes.restore_admin(snap.node_admin);
+        for job in snap.jobs {
+            let Some(key) = JobKey::parse(&job.id) else {
+                continue;
+            };
+            let state = JobState::try_from(job.state).unwrap_or(JobState::Unspecified);
+            let phase = match state {
+                JobState::Pending | JobState::Unspecified => Phase::Unplaced {
+                    why: Unplaced::Restored,
+                },
+                JobState::Assigned | JobState::Running => Phase::AwaitingNode {
+                    node: job.node.clone(),
+                    deadline: now + grace_ms,
+                    running: state == JobState::Running,
+                },
+                done => Phase::Done {
+                    state: done,
+                    end: End::Reported(String::new()),
+                },
+            };
+            self.jobs.insert(key, job, phase);
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Queries
+
+    /// One job by id.
+    pub fn get_job(&self, id: &str) -> Result<Job, Status> {
+        let key =
+            JobKey::parse(id).ok_or_else(|| Status::not_found(format!("id: no job {id:?}")))?;
+        match self.jobs.get(key) {
+            Some(e) => Ok(e.job().clone()),
+            None if self.jobs.elements(key).next().is_some() => Err(Status::not_found(format!(
+                "id: {id} is an array; its elements are {id}.0, {id}.1, ... (dispatchctl ls --array {id})"
+            ))),
+            None => Err(Status::not_found(format!("id: no job {id:?}"))),
+        }
+    }
+
+    /// Jobs matching a request, newest first, one page.
+    pub fn list_jobs(&self, req: &ListJobsRequest) -> Result<(Vec<Job>, String), Status> {
+        let page = match req.page_size {
+            0 => 100,
+            n if n > 10_000 => return Err(Status::invalid_argument("page_size: at most 10000")),
+            n => n as usize,
+        };
+        let upper =
+            if req.page_token.is_empty() {
+                None
+            } else {
+                Some(JobKey::parse(&req.page_token).ok_or_else(|| {
+                    Status::invalid_argument("page_token: not a token from ListJobs")
+                })?)
+            };
+        let states: HashSet<i32> = req.states.iter().copied().collect();
+        let iter: Box<dyn Iterator<Item = (JobKey, &jobs::JobEntry)>> = match upper {
+            Some(u) => Box::new(self.jobs.below(u)),
+            None => Box::new(self.jobs.iter().rev()),
+        };
+        let mut out = Vec::new();
+        let mut next = String::new();
+        for (_, e) in iter {
+            let j = e.job();
+            if (!states.is_empty() && !states.contains(&j.state))
+                || (!req.node.is_empty() && j.node != req.node)
+                || (!req.group.is_empty() && j.spec.as_ref().is_none_or(|s| s.group != req.group))
+                || (!req.array_id.is_empty() && j.array_id != req.array_id)
+                || (!req.owner.is_empty() && j.owner != req.owner)
+            {
+                continue;
+            }
+            if out.len() == page {
+                next = out.last().map(|j: &Job| j.id.clone()).unwrap_or_default();
+                break;
+            }
+            out.push(j.clone());
+        }
+        Ok((out, next))
+    }
+
+    /// All jobs whose id is in `ids` (all jobs when empty), for watchers
+    /// that want the current state first. An array's id matches its
+    /// elements, as it does for the watch's later events; each job is sent
+    /// once, in id order.
+    pub fn jobs_matching(&self, ids: &[String]) -> Vec<Job> {
+        if ids.is_empty() {
+            return self.jobs.iter().map(|(_, e)| e.job().clone()).collect();
+        }
+        let mut keys = BTreeSet::new();
+        for key in ids.iter().filter_map(|id| JobKey::parse(id)) {
+            if self.jobs.contains(key) {
+                keys.insert(key);
+            } else if key.is_single() {
+                keys.extend(self.jobs.elements(key));
+            }
+        }
+        keys.iter()
+            .filter_map(|k| self.jobs.get(*k).map(|e| e.job().clone()))
+            .collect()
+    }
+
+    /// All nodes, by name.
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeInfo> {
+        self.nodes.iter()
+    }
+
+    /// One node.
+    pub fn node(&self, name: &str) -> Result<&NodeInfo, Status> {
+        self.nodes.find(name)
+    }
+
+    /// Connected node names.
+    pub fn connected_nodes(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.connected)
+            .map(|n| n.name.clone())
+            .collect()
+    }
+
+    // ------------------------------------------------------------------
+    // Effects
+
+    fn persist(&self, key: JobKey, fx: &mut Effects) {
+        if let Some(e) = self.jobs.get(key) {
+            fx.writes.push(Write::PutJob(Box::new(e.job().clone())));
+        }
+    }
+
+    fn emit(&self, key: JobKey, previous: JobState, now: i64, fx: &mut Effects) {
+        if let Some(e) = self.jobs.get(key) {
+            fx.events.push(JobEvent {
+                job: Some(e.job().clone()),
+                previous_state: previous as i32,
+                time_ms: now,
+            });
+        }
+    }
+}
+
+/// Tells `node` to cancel attempt `attempt` of job `job_id` (a no-op
+/// there when that attempt no longer runs).
+fn cancel_on(node: String, job_id: String, attempt: u32, fx: &mut Effects) {
+    fx.to_agents.push((
+        node,
+        DispatcherMessage {
+            msg: Some(dispatcher_message::Msg::Cancel(Cancel { job_id, attempt })),
+        },
+    ));
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,284 @@
+//! The node registry: each node's labels and place in the cluster (region,
+//! zone, rack, host group), its reported topology and the engine tree over
+//! its CPUs, the dispatcher's model of which of those CPUs its jobs hold,
+//! its heartbeats and its administrative state.
+//!
+//! Invariant: a node's CPU model marks exactly the CPUs of the jobs the
+//! dispatcher has on it (`JobEntry::model_cpus`); nodes share one engine
+//! tree per distinct reported topology.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use proto::v1::{CpuGroup, JobSpec, NodeLoad, NodeState};
+use sched::alloc::{find_aligned_in, free_summary_of};
+use sched::topology::{DomainFlags, TopologyBuilder};
+use sched::{FreeSummary, LeafId, Topology};
+use tonic::Status;
+
+use crate::spec::{align_of, policy_of};
+use crate::store::NodeAdmin;
+
+/// A node as the dispatcher knows it.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    /// Unique name.
+    pub name: String,
+    /// Labels.
+    pub labels: HashMap<String, String>,
+    /// Zone, rack, host group and region derived from labels.
+    pub zone: String,
+    /// Rack.
+    pub rack: String,
+    /// Host group ("" when unlabelled: the node is its own group).
+    pub hostgroup: String,
+    /// Region.
+    pub region: String,
+    /// The topology as reported.
+    pub topology: proto::v1::Topology,
+    /// The same, as an engine tree over CPU numbers (for alignment).
+    pub cpu_topo: Arc<Topology>,
+    /// The dispatcher's model of which CPUs its jobs hold (by dense CPU).
+    pub cpu_busy: Vec<bool>,
+    /// Memory offered to jobs.
+    pub memory_bytes: u64,
+    /// Runnable jobs per CPU the agent accepts (1 = no oversubscription).
+    pub oversubscribe: u32,
+    /// The last load report.
+    pub load: NodeLoad,
+    /// Administrative state.
+    pub admin: NodeAdmin,
+    /// The agent's stream is open.
+    pub connected: bool,
+    /// Marked down after missed heartbeats.
+    pub down: bool,
+    /// Last report time.
+    pub last_heartbeat_ms: i64,
+}
+
+impl NodeInfo {
+    /// Number of CPUs.
+    pub fn nr_cpus(&self) -> u32 {
+        self.topology.cpus.len() as u32
+    }
+
+    /// Capacity in the node-level engine: CPUs times the agent's
+    /// oversubscription.
+    pub fn slots(&self) -> u32 {
+        self.nr_cpus() * self.oversubscribe.max(1)
+    }
+
+    /// The state shown to users.
+    pub fn state(&self) -> NodeState {
+        if self.down {
+            NodeState::Down
+        } else {
+            match self.admin {
+                NodeAdmin::Ready => NodeState::Ready,
+                NodeAdmin::Cordoned => NodeState::Cordoned,
+                NodeAdmin::Draining => NodeState::Draining,
+            }
+        }
+    }
+
+    /// Takes new jobs: up, connected and READY.
+    pub fn schedulable(&self) -> bool {
+        !self.down && self.connected && self.admin == NodeAdmin::Ready
+    }
+
+    /// Reachable for messages: connected and not DOWN.
+    pub fn reachable(&self) -> bool {
+        self.connected && !self.down
+    }
+
+    /// The order of the node-level engine's leaves: region, zone, rack,
+    /// host group, name.
+    pub fn order_key(&self) -> (&str, &str, &str, &str, &str) {
+        (
+            &self.region,
+            &self.zone,
+            &self.rack,
+            &self.hostgroup,
+            &self.name,
+        )
+    }
+
+    /// Mark CPUs of the model busy for a job: the CPUs it reported, or
+    /// (none reported yet) the aligned choice its agent will make.
+    pub fn claim(&mut self, spec: &JobSpec, reported: Vec<LeafId>) -> Vec<LeafId> {
+        let cpus = if reported.is_empty() {
+            find_aligned_in(
+                &self.cpu_topo,
+                spec.cpus as usize,
+                align_of(spec),
+                policy_of(spec),
+                None,
+                |l| !self.cpu_busy[l],
+            )
+            .unwrap_or_default()
+        } else {
+            reported
+        };
+        for &c in &cpus {
+            if let Some(b) = self.cpu_busy.get_mut(c) {
+                *b = true;
+            }
+        }
+        cpus
+    }
+
+    /// Mark CPUs of the model free again (a job ended or moved).
+    pub fn release(&mut self, cpus: &[LeafId]) {
+        for &c in cpus {
+            if let Some(b) = self.cpu_busy.get_mut(c) {
+                *b = false;
+            }
+        }
+    }
+
+    /// The modelled free room per alignment level.
+    pub fn model_summary(&self) -> FreeSummary {
+        free_summary_of(&self.cpu_topo, |l| !self.cpu_busy[l])
+    }
+
+    /// The largest aligned room of the whole (empty) node and its memory
+    /// (u64::MAX when unknown).
+    pub fn shape(&self) -> (FreeSummary, u64) {
+        (
+            free_summary_of(&self.cpu_topo, |_| true),
+            if self.memory_bytes == 0 {
+                u64::MAX
+            } else {
+                self.memory_bytes
+            },
+        )
+    }
+
+    /// The proto view.
+    pub fn to_proto(&self) -> proto::v1::Node {
+        let topo = &self.topology;
+        let cores = topo.smt.len() as u32;
+        proto::v1::Node {
+            name: self.name.clone(),
+            labels: self.labels.clone(),
+            topology: Some(topo.clone()),
+            load: Some(self.load.clone()),
+            state: self.state() as i32,
+            last_heartbeat_ms: self.last_heartbeat_ms,
+            sockets: topo.package.len() as u32,
+            numa_nodes: topo.numa.len() as u32,
+            llcs: topo.llc.len() as u32,
+            cores,
+            threads_per_core: (topo.cpus.len() as u32).checked_div(cores).unwrap_or(0),
+            zone: self.zone.clone(),
+            rack: self.rack.clone(),
+        }
+    }
+}
+
+/// Build an engine tree over a node's CPUs from its reported topology.
+pub fn cpu_topology(topo: &proto::v1::Topology) -> Result<Topology, String> {
+    if topo.cpus.is_empty() {
+        return Err("topology.cpus: empty".into());
+    }
+    let ids: Vec<u64> = topo.cpus.iter().map(|&c| c as u64).collect();
+    let groups = |g: &[CpuGroup]| -> Vec<Vec<u64>> {
+        g.iter()
+            .map(|x| x.cpus.iter().map(|&c| c as u64).collect())
+            .collect()
+    };
+    let mut b = TopologyBuilder::new(ids);
+    for (name, flags, list) in [
+        ("SMT", DomainFlags::SMT, &topo.smt),
+        ("LLC", DomainFlags::LLC, &topo.llc),
+        ("NUMA", DomainFlags::NUMA, &topo.numa),
+        ("PKG", DomainFlags::PACKAGE, &topo.package),
+    ] {
+        if !list.is_empty() {
+            b = b
+                .level_from_groups(name, flags, &groups(list))
+                .map_err(|e| format!("topology.{}: {e}", name.to_lowercase()))?;
+        }
+    }
+    b.build().map_err(|e| format!("topology: {e}"))
+}
+
+/// All nodes, by name.
+#[derive(Default)]
+pub struct Nodes {
+    map: BTreeMap<String, NodeInfo>,
+    /// Administrative states restored from the store for nodes that have
+    /// not registered yet.
+    restored_admin: HashMap<String, NodeAdmin>,
+    /// Engine trees of node topologies, by encoded topology.
+    topo_cache: HashMap<Vec<u8>, Arc<Topology>>,
+}
+
+impl Nodes {
+    /// Remember administrative states from the store.
+    pub fn restore_admin(&mut self, admin: HashMap<String, NodeAdmin>) {
+        self.restored_admin = admin;
+    }
+
+    /// All nodes by name.
+    pub fn iter(&self) -> impl Iterator<Item = &NodeInfo> {
+        self.map.values()
+    }
+
+    /// True without nodes.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// One node.
+    pub fn get(&self, name: &str) -> Option<&NodeInfo> {
+        self.map.get(name)
+    }
+
+    /// One node, to change.
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut NodeInfo> {
+        self.map.get_mut(name)
+    }
+
+    /// One node, or NOT_FOUND.
+    pub fn find(&self, name: &str) -> Result<&NodeInfo, Status> {
+        self.map
+            .get(name)
+            .ok_or_else(|| Status::not_found(format!("name: no node {name:?}")))
+    }
+
+    /// The engine tree of a reported topology (shared by nodes that
+    /// report the same one: fleets are mostly identical machines).
+    pub fn cpu_tree(&mut self, topology: &proto::v1::Topology) -> Result<Arc<Topology>, String> {
+        let shape = prost::Message::encode_to_vec(topology);
+        if let Some(t) = self.topo_cache.get(&shape) {
+            return Ok(t.clone());
+        }
+        let t = Arc::new(cpu_topology(topology)?);
+        self.topo_cache.insert(shape, t.clone());
+        Ok(t)
+    }
+
+    /// The administrative state a (re-)registering node keeps.
+    pub fn admin_of(&self, name: &str) -> NodeAdmin {
+        self.map
+            .get(name)
+            .map(|n| n.admin)
+            .or_else(|| self.restored_admin.get(name).copied())
+            .unwrap_or(NodeAdmin::Ready)
+    }
+
+    /// Insert or replace a node; returns the one it replaced.
+    pub fn insert(&mut self, node: NodeInfo) -> Option<NodeInfo> {
+        self.map.insert(node.name.clone(), node)
+    }
+
+    /// Nodes whose last report is older than `deadline_ms` and not DOWN yet.
+    pub fn overdue(&self, now: i64, deadline_ms: i64) -> Vec<String> {
+        self.map
+            .values()
+            .filter(|n| !n.down && now - n.last_heartbeat_ms > deadline_ms)
+            .map(|n| n.name.clone())
+            .collect()
+    }
+}

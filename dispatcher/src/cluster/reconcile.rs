@@ -1,0 +1,266 @@
+//! Agent registration and reconciliation: a (re-)registering agent
+//! reports the job attempts it holds; the dispatcher matches them with
+//! its own record.
+//!
+//! Invariants after a registration: every attempt the agent reports that
+//! is not the current attempt of a live job the dispatcher places on that
+//! node is cancelled there; every job the dispatcher places on the node
+//! that the agent does not report is re-sent (ASSIGNED), retried or lost
+//! (RUNNING), or ends CANCELLED (its cancel was requested); a reported
+//! job whose cancel was requested gets its `Cancel` again.
+
+use std::collections::{HashMap, HashSet};
+
+use proto::v1::{JobState, NodeLoad, Register};
+use sched::{LeafId, TaskState};
+use tonic::Status;
+
+use super::engine::engine_ns;
+use super::jobs::{End, JobKey, Phase, Via};
+use super::lifecycle::{assign_of, task_spec};
+use super::nodes::NodeInfo;
+use super::{Cluster, Effects, cancel_on};
+
+fn is_terminal(state: i32) -> bool {
+    matches!(
+        JobState::try_from(state),
+        Ok(JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Lost)
+    )
+}
+
+impl Cluster {
+    /// An agent registers (or re-registers after a reconnect).
+    pub fn register(&mut self, reg: Register, now: i64, fx: &mut Effects) -> Result<u64, Status> {
+        if reg.node.is_empty() {
+            return Err(Status::invalid_argument("register.node: empty"));
+        }
+        let topology = reg
+            .topology
+            .clone()
+            .ok_or_else(|| Status::invalid_argument("register.topology: missing"))?;
+        let cpu_topo = self
+            .nodes
+            .cpu_tree(&topology)
+            .map_err(|e| Status::invalid_argument(format!("register.{e}")))?;
+        let label = |labels: &HashMap<String, String>, k: &str, default: &str| {
+            labels
+                .get(k)
+                .cloned()
+                .unwrap_or_else(|| default.to_string())
+        };
+        let zone = label(&reg.labels, &self.cfg.zone_label, "default");
+        let rack = label(&reg.labels, &self.cfg.rack_label, "default");
+        let hostgroup = label(&reg.labels, &self.cfg.hostgroup_label, "");
+        let region = label(&reg.labels, &self.cfg.region_label, "default");
+        let changed = match self.nodes.get(&reg.node) {
+            None => true,
+            Some(old) => {
+                old.oversubscribe != reg.oversubscribe.max(1)
+                    || old.topology != topology
+                    || old.zone != zone
+                    || old.rack != rack
+                    || old.hostgroup != hostgroup
+                    || old.region != region
+            }
+        };
+        let nr = cpu_topo.nr_leaves();
+        let node = NodeInfo {
+            name: reg.node.clone(),
+            labels: reg.labels.clone(),
+            zone,
+            rack,
+            hostgroup,
+            region,
+            topology,
+            cpu_topo,
+            cpu_busy: vec![false; nr],
+            memory_bytes: reg.memory_bytes,
+            oversubscribe: reg.oversubscribe.max(1),
+            load: NodeLoad::default(),
+            admin: self.nodes.admin_of(&reg.node),
+            connected: true,
+            down: false,
+            last_heartbeat_ms: now,
+        };
+        let old = self.nodes.insert(node);
+        // Re-mark CPUs held by jobs the dispatcher has on this node.
+        let held = self.jobs.on(&reg.node);
+        for &key in &held {
+            self.remodel_cpus(key);
+        }
+        if changed {
+            self.engine.mark_dirty();
+        }
+        // Reconcile by attempt: a stale attempt still running there must
+        // not hide that the current one is missing.
+        let reported: HashSet<(String, u32)> = reg
+            .jobs
+            .iter()
+            .map(|s| (s.job_id.clone(), s.attempt))
+            .collect();
+        for status in reg.jobs {
+            let key = JobKey::parse(&status.job_id);
+            let current = key.filter(|&k| {
+                self.jobs.get(k).is_some_and(|e| {
+                    e.job().attempt == status.attempt
+                        && e.job().node == reg.node
+                        && !e.phase().is_done()
+                })
+            });
+            match current {
+                Some(k) => {
+                    self.reclaim(k, now);
+                    if !self.engine.is_dirty() {
+                        self.engine_add_on_node(k, now);
+                    }
+                    // The Cancel may have been lost with the old stream or
+                    // a dispatcher crash: send it again.
+                    let cancel = self.jobs.get(k).is_some_and(|e| e.cancel_requested());
+                    if cancel && !is_terminal(status.state) {
+                        cancel_on(reg.node.clone(), status.job_id.clone(), status.attempt, fx);
+                    }
+                    self.apply_status(&reg.node, status, now, fx);
+                }
+                None => {
+                    // Unknown, stale attempt, or already finished here: make
+                    // sure it does not run twice.
+                    if matches!(
+                        JobState::try_from(status.state),
+                        Ok(JobState::Running | JobState::Assigned)
+                    ) {
+                        cancel_on(reg.node.clone(), status.job_id.clone(), status.attempt, fx);
+                    }
+                }
+            }
+        }
+        // Jobs we had on this node that the agent no longer knows.
+        if old.is_some() || !reported.is_empty() || !held.is_empty() {
+            for key in held {
+                self.reconcile_missing(key, &reg.node, &reported, now, fx);
+            }
+        }
+        if !self.engine.is_dirty() {
+            // A known node re-registered: no new tree needed.
+            self.refresh_capacity(&reg.node, now, fx);
+            self.sync_summary(&reg.node, now);
+            self.retry_unplaced(now, fx);
+            self.process_events(now, fx);
+        }
+        // Otherwise the tree is rebuilt once by `settle` (the core calls it
+        // after every batch), so a thousand agents registering at once
+        // cost one rebuild, not a thousand.
+        Ok(self.cfg.heartbeat_interval_ms)
+    }
+
+    /// A job the dispatcher has on `node` that the agent did not report.
+    fn reconcile_missing(
+        &mut self,
+        key: JobKey,
+        node: &str,
+        reported: &HashSet<(String, u32)>,
+        now: i64,
+        fx: &mut Effects,
+    ) {
+        let Some(e) = self.jobs.get(key) else {
+            return;
+        };
+        if reported.contains(&(e.job().id.clone(), e.job().attempt)) || e.phase().is_done() {
+            return;
+        }
+        if e.cancel_requested() {
+            // Cancelled while on this node, which no longer runs it: done,
+            // never re-sent.
+            let done = Phase::Done {
+                state: JobState::Cancelled,
+                end: End::CancelledGone(node.to_string()),
+            };
+            self.finish(key, done, now, fx);
+        } else if e.phase().state() == JobState::Assigned {
+            // The Assign may have been lost with the old stream or a
+            // dispatcher crash: resend (the agent ignores duplicates).
+            if matches!(e.phase(), Phase::AwaitingNode { .. }) {
+                self.reclaim(key, now);
+                if !self.engine.is_dirty() {
+                    self.engine_add_on_node(key, now);
+                }
+            }
+            if let Some(e) = self.jobs.get(key) {
+                fx.to_agents.push((node.to_string(), assign_of(e.job())));
+            }
+        } else {
+            self.job_lost_on_node(key, "its agent restarted without it", now, fx);
+        }
+    }
+
+    /// A restored job its node reported (or was sent again): on its node
+    /// again, in the state the store had.
+    fn reclaim(&mut self, key: JobKey, now: i64) {
+        let Some(Phase::AwaitingNode { node, running, .. }) =
+            self.jobs.get(key).map(|e| e.phase().clone())
+        else {
+            return;
+        };
+        let phase = if running {
+            Phase::Running {
+                node,
+                via: Via::Restored,
+            }
+        } else {
+            Phase::Assigned {
+                node,
+                since: now,
+                steal_asked: None,
+                via: Via::Restored,
+            }
+        };
+        self.jobs.set_phase(key, phase);
+    }
+
+    /// Apply deferred work (a rebuilt node tree after registrations, which
+    /// also places waiting jobs). The core calls it after every batch.
+    pub fn settle(&mut self, now: i64, fx: &mut Effects) {
+        self.ensure_engine(now, fx);
+    }
+
+    /// Put a job on its node into the engine, running there.
+    fn engine_add_on_node(&mut self, key: JobKey, now: i64) {
+        let Some(e) = self.jobs.get(key) else { return };
+        let Some(leaf) = self.engine.built_leaf(&e.job().node) else {
+            return;
+        };
+        let tspec = task_spec(e, None);
+        let task = e.task;
+        if let Some(engine) = self.engine.sched_mut() {
+            if engine.task(task).is_none() && engine.add_task(tspec).is_err() {
+                return;
+            }
+            if engine
+                .task(task)
+                .is_some_and(|t| t.state == TaskState::Sleeping)
+            {
+                let _ = engine.wake_up_on(task, leaf, engine_ns(now));
+            }
+        }
+    }
+
+    /// Mark a job's modelled CPUs on its node from the CPUs it reported (or
+    /// a fresh aligned choice when it reported none).
+    pub(super) fn remodel_cpus(&mut self, key: JobKey) {
+        let Some(e) = self.jobs.get(key) else { return };
+        let Some(n) = self.nodes.get_mut(&e.job().node) else {
+            return;
+        };
+        let spec = e.job().spec.clone().unwrap_or_default();
+        n.release(&e.model_cpus);
+        let reported: Vec<LeafId> = e
+            .job()
+            .cpus
+            .iter()
+            .filter_map(|&c| n.cpu_topo.leaf_of_os_id(c as u64))
+            .collect();
+        let cpus = n.claim(&spec, reported);
+        if let Some(m) = self.jobs.model_cpus_mut(key) {
+            *m = cpus;
+        }
+    }
+}

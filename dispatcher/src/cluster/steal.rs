@@ -1,0 +1,243 @@
+//! Moves of jobs between nodes as data ([`Move`]), the rings of recent
+//! ones kept for observers, and the agent-level steal: a job sent to an
+//! agent that has not started it is asked back when a node of the same
+//! rack has room for it.
+//!
+//! Invariants: every placement (a job sent to its node) and every steal
+//! appears once in [`super::Effects::moves`] of the operation that made
+//! it, and in the matching ring; at most one `Steal` request is
+//! outstanding per ASSIGNED job (`Phase::Assigned::steal_asked`).
+
+use std::collections::{HashMap, VecDeque};
+
+use proto::v1::{DispatcherMessage, StealReply, dispatcher_message};
+
+use super::jobs::{End, JobKey, Phase, Requeue, StealLevel, Unplaced, Via, via_text};
+use super::lifecycle::TaskAfter;
+use super::{Cluster, Effects};
+
+/// How many placements and steals [`Cluster`] keeps for observers.
+pub const RECENT_MOVES: usize = 100;
+
+/// What a move was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MoveKind {
+    /// The job was sent to its node.
+    Placed {
+        /// How it came there.
+        via: Via,
+        /// Why it had gone back to PENDING before, if it had.
+        after: Option<Requeue>,
+    },
+    /// An idle node took it from an overloaded one's queue.
+    Stolen(StealLevel),
+    /// Its agent gave it back unstarted (the agent-level steal).
+    GivenBack,
+}
+
+/// A placement or a steal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Move {
+    /// When (Unix ms).
+    pub at_ms: i64,
+    /// The job.
+    pub job: JobKey,
+    /// The node it left ("" for a placement).
+    pub from: String,
+    /// The node it went to (for a job given back: where it was placed or
+    /// queued again; "" when no node matches it now).
+    pub to: String,
+    /// What it was.
+    pub kind: MoveKind,
+}
+
+impl Move {
+    /// True for a steal (engine or agent level).
+    pub fn is_steal(&self) -> bool {
+        !matches!(self.kind, MoveKind::Placed { .. })
+    }
+
+    /// Display text: for a placement how the engine chose, for a steal
+    /// its level.
+    pub fn why(&self) -> String {
+        match &self.kind {
+            MoveKind::Placed { via, after } => {
+                via_text(via, &self.to, after.as_ref()).unwrap_or_default()
+            }
+            MoveKind::Stolen(level) => level.name().to_string(),
+            MoveKind::GivenBack => "agent gave it back".into(),
+        }
+    }
+}
+
+/// The last placements and steals, newest last.
+#[derive(Default)]
+pub struct RecentMoves {
+    placements: VecDeque<Move>,
+    steals: VecDeque<Move>,
+}
+
+impl RecentMoves {
+    fn push(&mut self, m: Move) {
+        let ring = if m.is_steal() {
+            &mut self.steals
+        } else {
+            &mut self.placements
+        };
+        if ring.len() == RECENT_MOVES {
+            ring.pop_front();
+        }
+        ring.push_back(m);
+    }
+
+    /// Placements, oldest first.
+    pub fn placements(&self) -> impl DoubleEndedIterator<Item = &Move> {
+        self.placements.iter()
+    }
+
+    /// Steals, oldest first.
+    pub fn steals(&self) -> impl DoubleEndedIterator<Item = &Move> {
+        self.steals.iter()
+    }
+}
+
+impl Cluster {
+    /// Record a move for observers and in the operation's effects.
+    pub(super) fn record_move(&mut self, m: Move, fx: &mut Effects) {
+        self.moves.push(m.clone());
+        fx.moves.push(m);
+    }
+
+    /// How far a move between two nodes goes.
+    pub(super) fn steal_level(&self, from: &str, to: &str) -> StealLevel {
+        match (self.nodes.get(from), self.nodes.get(to)) {
+            (Some(a), Some(b)) if a.zone == b.zone && a.rack == b.rack => StealLevel::SameRack,
+            (Some(a), Some(b)) if a.zone == b.zone => StealLevel::SameZone,
+            _ => StealLevel::OtherZone,
+        }
+    }
+
+    /// Idle stealing one level down: a job sent to an agent that has not
+    /// started it (an oversubscribed agent holds it in its own queue, e.g.
+    /// a gang waiting for aligned CPUs) is asked back (`Steal`) when a node
+    /// of the same rack has room for it, the seed's steal across the
+    /// dispatcher/agent boundary. At most one request per idle node per
+    /// tick; the agent answers with `StealReply`.
+    pub(super) fn request_agent_steals(&mut self, now: i64, fx: &mut Effects) {
+        let grace = self.cfg.heartbeat_interval_ms as i64;
+        let due = |p: &Phase| matches!(p, Phase::Assigned { since, steal_asked: None, .. } if now - since >= grace);
+        // Most ticks find no job held unstarted past the grace period:
+        // check that first, before indexing the idle nodes (O(nodes)).
+        if !self.jobs.assigned().any(|(_, e)| due(e.phase())) {
+            return;
+        }
+        let Some(engine) = self.engine.sched() else {
+            return;
+        };
+        let mut idle_by_rack: HashMap<(&str, &str), Vec<u32>> = HashMap::new();
+        for (leaf, name) in self.engine.order().iter().enumerate() {
+            let Some(n) = self.nodes.get(name) else {
+                continue;
+            };
+            let room = engine.rq(leaf).room(sched::Align::Any);
+            if n.schedulable() && room > 0 {
+                idle_by_rack
+                    .entry((&n.zone, &n.rack))
+                    .or_default()
+                    .push(room);
+            }
+        }
+        if idle_by_rack.is_empty() {
+            return;
+        }
+        let mut requests = Vec::new();
+        for (key, e) in self.jobs.assigned() {
+            if !due(e.phase()) {
+                continue;
+            }
+            let Some(n) = e.phase().node().and_then(|n| self.nodes.get(n)) else {
+                continue;
+            };
+            let Some(rooms) = idle_by_rack.get_mut(&(n.zone.as_str(), n.rack.as_str())) else {
+                continue;
+            };
+            if let Some(pos) = rooms.iter().position(|&r| r >= e.cpus()) {
+                rooms.swap_remove(pos);
+                requests.push((key, n.name.clone(), e.job().attempt));
+            }
+        }
+        for (key, node, attempt) in requests {
+            self.jobs.set_steal_asked(key, Some(now));
+            fx.to_agents.push((
+                node,
+                DispatcherMessage {
+                    msg: Some(dispatcher_message::Msg::Steal(proto::v1::Steal {
+                        job_id: key.to_string(),
+                        attempt,
+                    })),
+                },
+            ));
+        }
+    }
+
+    /// An agent's answer to `Steal`: a released job is placed again (on
+    /// the node with room, normally); a released job whose cancel was
+    /// requested runs nowhere and is done.
+    pub fn steal_reply(&mut self, node: &str, reply: StealReply, now: i64, fx: &mut Effects) {
+        let Some(key) = JobKey::parse(&reply.job_id) else {
+            return;
+        };
+        self.jobs.set_steal_asked(key, None);
+        if !reply.released {
+            return;
+        }
+        let Some(e) = self.jobs.get(key) else { return };
+        if e.job().attempt != reply.attempt
+            || !matches!(e.phase(), Phase::Assigned { node: n, .. } if n == node)
+        {
+            return;
+        }
+        let cancel = e.cancel_requested();
+        self.ensure_engine(now, fx);
+        self.release_from_node(key, TaskAfter::Remove, now);
+        if cancel {
+            self.sync_summary(node, now);
+            self.finish(
+                key,
+                Phase::Done {
+                    state: proto::v1::JobState::Cancelled,
+                    end: End::CancelledGivenBack(node.to_string()),
+                },
+                now,
+                fx,
+            );
+            return;
+        }
+        self.jobs
+            .push_requeue(key, Requeue::GivenBack(node.to_string()));
+        let previous = self.jobs.set_phase(
+            key,
+            Phase::Unplaced {
+                why: Unplaced::Requeued,
+            },
+        );
+        self.persist(key, fx);
+        self.emit(key, previous, now, fx);
+        self.sync_summary(node, now);
+        self.place(key, now, fx);
+        self.process_events(now, fx);
+        let to = self
+            .jobs
+            .get(key)
+            .and_then(|e| e.phase().node().map(str::to_string))
+            .unwrap_or_default();
+        let m = Move {
+            at_ms: now,
+            job: key,
+            from: node.to_string(),
+            to,
+            kind: MoveKind::GivenBack,
+        };
+        self.record_move(m, fx);
+    }
+}
