@@ -34,7 +34,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use agent::metrics::{EngineCounters, Family, add_families};
+use dispatch_telemetry::{EngineCounters, Family, add_families};
 use prometheus::proto::MetricType;
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
@@ -89,7 +89,8 @@ pub fn state_name(state: JobState) -> String {
         .to_ascii_lowercase()
 }
 
-fn class_of(job: &proto::v1::Job) -> &'static str {
+/// A job's latency class: `latency` (latency_nice < 0) or `normal`.
+pub fn class_of(job: &proto::v1::Job) -> &'static str {
     match &job.spec {
         Some(spec) if spec.latency_nice < 0 => "latency",
         _ => "normal",
@@ -421,7 +422,7 @@ mod tests {
     use super::*;
 
     fn scrape(m: &Metrics) -> String {
-        agent::metrics::render(&m.registry)
+        dispatch_telemetry::render(&m.registry)
     }
 
     #[test]

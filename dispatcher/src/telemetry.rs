@@ -2,7 +2,7 @@
 //!
 //! Off by default; on and configured exactly like the agent's (flag
 //! `--otlp-endpoint` or the standard `OTEL_*` environment): the pipelines,
-//! the Prometheus bridge and W3C propagation live in [`agent::telemetry`]
+//! the Prometheus bridge and W3C propagation live in [`dispatch_telemetry`]
 //! and are shared. Placement never waits on a collector (batch exporters
 //! on their own threads).
 //!
@@ -29,19 +29,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use agent::telemetry::{Exporters, TelemetryError};
+use dispatch_telemetry::{Exporters, TelemetryError};
 use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::trace::{Span as _, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracer;
-use proto::v1::{Job, JobEvent, JobState};
+use proto::v1::{JobEvent, JobState};
 
-use crate::metrics::{Metrics, state_name};
-
-/// Is OTLP export asked for (flag or environment)?
-pub fn wanted(flag: Option<&str>) -> bool {
-    agent::telemetry::wanted(flag)
-}
+use crate::metrics::{Metrics, class_of, state_name};
 
 /// The exporters; dropped or [`Telemetry::shutdown`] at exit.
 pub struct Telemetry {
@@ -62,13 +57,6 @@ struct JobTrace {
     run: Option<Context>,
 }
 
-fn class_of(job: &Job) -> &'static str {
-    match &job.spec {
-        Some(spec) if spec.latency_nice < 0 => "latency",
-        _ => "normal",
-    }
-}
-
 fn is_terminal(state: i32) -> bool {
     [
         JobState::Succeeded,
@@ -86,7 +74,7 @@ impl Telemetry {
     pub fn init(endpoint: Option<&str>, metrics: Arc<Metrics>) -> Result<Self, TelemetryError> {
         let exporters = Exporters::init("dispatcher", endpoint)?;
         let meter = exporters.meter("dispatcher");
-        agent::telemetry::bridge_prometheus(&meter, &metrics.registry, metrics.families());
+        dispatch_telemetry::bridge_prometheus(&meter, &metrics.registry, metrics.families());
         let tracer = exporters.tracer("dispatcher");
         Ok(Self::new(Some(exporters), tracer, &meter))
     }
@@ -120,7 +108,7 @@ impl Telemetry {
         ids: impl IntoIterator<Item = &'a str>,
         carrier: &HashMap<String, String>,
     ) {
-        let Some(parent) = agent::telemetry::extract(carrier) else {
+        let Some(parent) = dispatch_telemetry::extract(carrier) else {
             return;
         };
         let mut parents = self.parents.lock().unwrap_or_else(|e| e.into_inner());
@@ -135,7 +123,7 @@ impl Telemetry {
     pub fn trace_context(&self, job_id: &str) -> HashMap<String, String> {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         match jobs.get(job_id) {
-            Some(t) => agent::telemetry::inject(t.run.as_ref().unwrap_or(&t.root)),
+            Some(t) => dispatch_telemetry::inject(t.run.as_ref().unwrap_or(&t.root)),
             None => HashMap::new(),
         }
     }
@@ -292,7 +280,7 @@ mod tests {
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_sdk::metrics::SdkMeterProvider;
     use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-    use proto::v1::JobSpec;
+    use proto::v1::{Job, JobSpec};
 
     fn event(id: &str, prev: JobState, state: JobState, node: &str, reason: &str) -> JobEvent {
         JobEvent {

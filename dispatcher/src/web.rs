@@ -504,7 +504,6 @@ pub fn installed() -> Option<&'static Arc<Web>> {
 #[derive(Clone)]
 struct AppState {
     web: Arc<Web>,
-    registry: Registry,
 }
 
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
@@ -565,14 +564,6 @@ async fn rack_detail(
     }
 }
 
-async fn metrics(State(s): State<AppState>) -> Response {
-    (
-        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        agent::metrics::render(&s.registry),
-    )
-        .into_response()
-}
-
 /// The routes: the page, the API and `/metrics`.
 pub fn router(web: Arc<Web>, registry: Registry) -> axum::Router {
     axum::Router::new()
@@ -582,8 +573,8 @@ pub fn router(web: Arc<Web>, registry: Registry) -> axum::Router {
             "/api/v1/racks/{zone}/{rack}",
             axum::routing::get(rack_detail),
         )
-        .route("/metrics", axum::routing::get(metrics))
-        .with_state(AppState { web, registry })
+        .with_state(AppState { web })
+        .merge(dispatch_telemetry::prom::router(registry))
 }
 
 /// Bind `addr` and serve [`router`] on it in a background task; returns

@@ -377,7 +377,7 @@ async fn run(args: Args) -> Result<()> {
     };
     cfg.engine.steal_node_limit = args.steal_zone_limit;
     let grace = (args.heartbeat_ms * args.missed_heartbeats * 2) as i64;
-    let otlp = dispatcher::telemetry::wanted(args.otlp_endpoint.as_deref());
+    let otlp = dispatch_telemetry::wanted(args.otlp_endpoint.as_deref());
     let mut telemetry = None;
     let http_listen = args.http_listen.or(args.metrics_listen);
     let dev_http = http_listen.is_none() && args.dev;
