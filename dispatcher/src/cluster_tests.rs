@@ -6,7 +6,7 @@ use proto::v1::Register;
 
 /// The API topology of a synthetic machine.
 pub(crate) fn machine(spec: &str) -> proto::v1::Topology {
-    proto::engine::topology(&Topology::from_spec(spec).unwrap())
+    engine_proto::topology(&Topology::from_spec(spec).unwrap())
 }
 
 fn register(c: &mut Cluster, name: &str, spec: &str, zone: &str, rack: &str, now: i64) -> Effects {

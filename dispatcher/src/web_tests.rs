@@ -13,7 +13,7 @@ use crate::cluster::{ClusterConfig, Effects, RECENT_MOVES};
 use crate::store::NodeAdmin;
 
 fn machine(spec: &str) -> proto::v1::Topology {
-    proto::engine::topology(&Topology::from_spec(spec).unwrap())
+    engine_proto::topology(&Topology::from_spec(spec).unwrap())
 }
 
 fn register(c: &mut Cluster, name: &str, spec: &str, zone: &str, rack: &str, fx: &mut Effects) {
