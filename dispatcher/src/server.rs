@@ -28,7 +28,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Access, Action, Scope};
 use crate::core::Command;
-use crate::ha::{Gate, Role};
+use crate::gate::{Gate, Role};
 use crate::store::NodeAdmin;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;

@@ -45,7 +45,7 @@ use proto::v1::JobState;
 use serde::Serialize;
 
 use crate::cluster::{Cluster, Move, NodeInfo};
-use crate::ha::{Gate, Role};
+use crate::gate::{Gate, Role};
 use crate::metrics::{Metrics, node_state};
 
 /// The page, embedded in the binary.

@@ -377,7 +377,7 @@ fn the_page_is_self_contained() {
 
 #[test]
 fn a_follower_names_the_leader_instead_of_a_stale_snapshot() {
-    use crate::ha::{Gate, Role};
+    use crate::gate::{Gate, Role};
     let metrics = Arc::new(Metrics::new().unwrap());
     let web = Web::new(metrics);
     let mut c = Cluster::new(ClusterConfig::default());

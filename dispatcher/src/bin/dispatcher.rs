@@ -467,7 +467,7 @@ async fn run(args: Args) -> Result<()> {
             if let Some(metrics) = dispatcher::metrics::installed() {
                 metrics.set_leader(true);
             }
-            dispatcher::ha::Gate::always(core)
+            dispatcher::gate::Gate::always(core)
         }
         StoreKind::Etcd => {
             if args.etcd_endpoints.is_empty() {
@@ -488,12 +488,12 @@ async fn run(args: Args) -> Result<()> {
                     ..TxnLimits::default()
                 },
             };
-            let (role_tx, role_rx) = tokio::sync::watch::channel(dispatcher::ha::Role::Follower {
+            let (role_tx, role_rx) = tokio::sync::watch::channel(dispatcher::gate::Role::Follower {
                 leader: None,
                 leader_http: None,
             });
             if let Some(web) = &web_state {
-                web.follow_role(dispatcher::ha::Gate::new(role_rx.clone()));
+                web.follow_role(dispatcher::gate::Gate::new(role_rx.clone()));
             }
             let stop = stop_rx.clone();
             replica = Some(tokio::spawn(dispatcher::ha::run(ha, build, role_tx, stop)));
@@ -502,7 +502,7 @@ async fn run(args: Args) -> Result<()> {
                 "dispatcher replica listening on {addr} as {advertise_url} (etcd {})",
                 args.etcd_endpoints.join(",")
             );
-            dispatcher::ha::Gate::new(role_rx)
+            dispatcher::gate::Gate::new(role_rx)
         }
     };
     println!("point dispatchctl at it:  export DISPATCH_SERVER={client_url}");
