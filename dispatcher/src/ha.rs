@@ -40,6 +40,7 @@ use tokio::sync::watch;
 use crate::cluster::Cluster;
 use crate::core::{CoreExit, OnStoreFailure};
 use crate::gate::Role;
+use crate::observe::Observers;
 use crate::store::etcd::{EtcdStore, Fence, LeaseClock, OP_TIMEOUT, TxnLimits};
 use crate::store::{Snapshot, Store, StoreError};
 
@@ -271,15 +272,17 @@ enum TermEnd {
 
 /// Runs the replica until `stop` turns true: campaign, lead, step down,
 /// campaign again. `build` makes the cluster from a loaded snapshot (the
-/// caller's configuration and restore grace).
+/// caller's configuration and restore grace); each term's core reports to
+/// `observers`, which learn when a term starts and ends.
 pub async fn run(
     cfg: HaConfig,
     build: impl Fn(Snapshot) -> Cluster,
+    observers: Observers,
     role: watch::Sender<Role>,
     mut stop: watch::Receiver<bool>,
 ) {
     // Not leading yet: export no cluster gauges until elected.
-    clear_published();
+    observers.leading(false);
     let Some(client) = connect(&cfg, &mut stop).await else {
         return;
     };
@@ -340,6 +343,7 @@ pub async fn run(
             &client,
             &cfg,
             &build,
+            &observers,
             &role,
             &mut stop,
             &held,
@@ -351,8 +355,8 @@ pub async fn run(
             leader_http: None,
         });
         // The core has stopped: what it published for the web page and
-        // the cluster gauges is stale from now on.
-        clear_published();
+        // the cluster gauges is stale from now on (`dispatch_leader` 0).
+        observers.leading(false);
         match &end {
             TermEnd::Stop => tracing::info!("leader stopping"),
             TermEnd::LeaseLost => {
@@ -368,17 +372,6 @@ pub async fn run(
     }
 }
 
-/// This replica stopped leading: drop the web snapshot and the cluster
-/// gauges the core published, and export `dispatch_leader 0`.
-fn clear_published() {
-    if let Some(web) = crate::web::installed() {
-        web.clear();
-    }
-    if let Some(metrics) = crate::metrics::installed() {
-        metrics.set_leader(false);
-    }
-}
-
 async fn pause(stop: &mut watch::Receiver<bool>, d: Duration) {
     tokio::select! {
         _ = tokio::time::sleep(d) => {}
@@ -391,6 +384,7 @@ async fn lead(
     client: &Client,
     cfg: &HaConfig,
     build: &impl Fn(Snapshot) -> Cluster,
+    observers: &Observers,
     role: &watch::Sender<Role>,
     stop: &mut watch::Receiver<bool>,
     lease: &Lease,
@@ -426,12 +420,15 @@ async fn lead(
     };
     let jobs = snapshot.jobs.len();
     let cluster = build(snapshot);
-    let (core, thread) = crate::core::spawn(cluster, Box::new(store), OnStoreFailure::Stop);
+    let (core, thread) = crate::core::spawn(
+        cluster,
+        Box::new(store),
+        OnStoreFailure::Stop,
+        observers.clone(),
+    );
     let mut joined = tokio::task::spawn_blocking(move || thread.join());
     let _ = role.send(Role::Leader(core.clone()));
-    if let Some(metrics) = crate::metrics::installed() {
-        metrics.set_leader(true);
-    }
+    observers.leading(true);
     tracing::info!(jobs, "leading: state loaded, placing");
     let mut check = tokio::time::interval(Duration::from_millis(50));
     let end = loop {

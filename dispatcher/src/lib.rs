@@ -16,6 +16,7 @@ pub mod gate;
 pub mod ha;
 pub mod limits;
 pub mod metrics;
+pub mod observe;
 pub mod server;
 pub mod spec;
 pub mod store;

@@ -1,9 +1,9 @@
 //! Prometheus metrics of the dispatcher.
 //!
 //! Off by default: `dispatcher --http-listen ADDR` (or its older name
-//! `--metrics-listen`) installs [`Metrics`] ([`install`]) and serves
-//! `GET /metrics` beside the web page ([`crate::web::router`]). The core
-//! thread samples the cluster into the
+//! `--metrics-listen`) builds the core with [`Metrics`] as an
+//! [`Observer`] and serves `GET /metrics` beside the web page
+//! ([`crate::web::router`]). The core thread samples the cluster into the
 //! registry on every tick and records placements as they happen; every
 //! metric is an atomic, so a scrape never blocks the core and the core
 //! never waits on a scrape.
@@ -32,7 +32,7 @@
 //! process did.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Mutex;
 
 use dispatch_telemetry::{EngineCounters, Family, add_families};
 use prometheus::proto::MetricType;
@@ -42,6 +42,7 @@ use prometheus::{
 use proto::v1::{JobEvent, JobState};
 
 use crate::cluster::{Cluster, NodeInfo};
+use crate::observe::Observer;
 use crate::store::NodeAdmin;
 
 /// The dispatcher's metrics.
@@ -404,17 +405,22 @@ pub fn node_state(n: &NodeInfo) -> &'static str {
     }
 }
 
-static METRICS: OnceLock<Arc<Metrics>> = OnceLock::new();
+impl Observer for Metrics {
+    fn leading(&self, leading: bool) {
+        self.set_leader(leading);
+    }
 
-/// Install the process's metrics (once); the core samples into them from
-/// then on.
-pub fn install(metrics: Arc<Metrics>) {
-    let _ = METRICS.set(metrics);
-}
+    fn submitted(&self, jobs: usize, seconds: f64) {
+        self.observe_submit(jobs, seconds);
+    }
 
-/// The installed metrics, if any.
-pub fn installed() -> Option<&'static Arc<Metrics>> {
-    METRICS.get()
+    fn tick(&self, cluster: &Cluster, now_ms: i64) {
+        self.sample(cluster, now_ms);
+    }
+
+    fn committed(&self, events: &[JobEvent]) {
+        self.observe_events(events);
+    }
 }
 
 #[cfg(test)]

@@ -27,16 +27,17 @@
 //! `dispatch_placement_seconds`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use dispatch_telemetry::{Exporters, TelemetryError};
 use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::trace::{Span as _, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracer;
-use proto::v1::{JobEvent, JobState};
+use proto::v1::{Job, JobEvent, JobState};
 
 use crate::metrics::{Metrics, class_of, state_name};
+use crate::observe::Observer;
 
 /// The exporters; dropped or [`Telemetry::shutdown`] at exit.
 pub struct Telemetry {
@@ -261,16 +262,22 @@ impl Telemetry {
     }
 }
 
-static TELEMETRY: OnceLock<Arc<Telemetry>> = OnceLock::new();
+impl Observer for Telemetry {
+    fn submitted(&self, jobs: usize, seconds: f64) {
+        self.observe_submit(jobs, seconds);
+    }
 
-/// Install the process's telemetry (once).
-pub fn install(t: Arc<Telemetry>) {
-    let _ = TELEMETRY.set(t);
-}
+    fn submitted_in_trace(&self, jobs: &[Job], carrier: &HashMap<String, String>) {
+        self.adopt_parent(jobs.iter().map(|j| j.id.as_str()), carrier);
+    }
 
-/// The installed telemetry, if any.
-pub fn installed() -> Option<&'static Arc<Telemetry>> {
-    TELEMETRY.get()
+    fn committed(&self, events: &[JobEvent]) {
+        self.observe_events(events);
+    }
+
+    fn trace_context(&self, job_id: &str) -> HashMap<String, String> {
+        Telemetry::trace_context(self, job_id)
+    }
 }
 
 #[cfg(test)]
@@ -280,7 +287,7 @@ mod tests {
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_sdk::metrics::SdkMeterProvider;
     use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-    use proto::v1::{Job, JobSpec};
+    use proto::v1::JobSpec;
 
     fn event(id: &str, prev: JobState, state: JobState, node: &str, reason: &str) -> JobEvent {
         JobEvent {

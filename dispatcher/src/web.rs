@@ -47,6 +47,7 @@ use serde::Serialize;
 use crate::cluster::{Cluster, Move, NodeInfo};
 use crate::gate::{Gate, Role};
 use crate::metrics::{Metrics, node_state};
+use crate::observe::Observer;
 
 /// The page, embedded in the binary.
 pub const PAGE: &str = include_str!("web/page.html");
@@ -488,17 +489,16 @@ impl Web {
     }
 }
 
-static WEB: OnceLock<Arc<Web>> = OnceLock::new();
+impl Observer for Web {
+    fn leading(&self, leading: bool) {
+        if !leading {
+            self.clear();
+        }
+    }
 
-/// Install the process's web state (once); the core publishes into it
-/// from then on.
-pub fn install(web: Arc<Web>) {
-    let _ = WEB.set(web);
-}
-
-/// The installed web state, if any.
-pub fn installed() -> Option<&'static Arc<Web>> {
-    WEB.get()
+    fn tick(&self, cluster: &Cluster, now_ms: i64) {
+        self.publish(cluster, now_ms);
+    }
 }
 
 #[derive(Clone)]

@@ -361,11 +361,11 @@ async fn run(args: Args) -> Result<()> {
         args.max_message_bytes >= 1024,
         "--max-message-bytes must be at least 1024"
     );
-    dispatcher::limits::install(dispatcher::limits::Limits {
+    let limits = dispatcher::limits::Limits {
         max_message_bytes: args.max_message_bytes,
         submit_rate: args.submit_rate,
         submit_burst: args.submit_burst,
-    });
+    };
     // Bad TLS files or tokens stop the start before anything is opened.
     let (security, dev_tls) = security(&args)?;
     let mut cfg = ClusterConfig {
@@ -383,13 +383,17 @@ async fn run(args: Args) -> Result<()> {
     let dev_http = http_listen.is_none() && args.dev;
     let mut web_state = None;
     let mut http_url = args.advertise_http_url.clone();
+    // What the core reports to: the metrics first (the web snapshot reads
+    // their job counts on the same tick), then the web page, then OTLP.
+    let mut observers = dispatcher::observe::Observers::none();
     if http_listen.is_some() || dev_http || otlp {
         let metrics = std::sync::Arc::new(
             dispatcher::metrics::Metrics::new().context("registering the metrics")?,
         );
+        observers = observers.with(metrics.clone());
         if http_listen.is_some() || dev_http {
             let web = std::sync::Arc::new(dispatcher::web::Web::new(metrics.clone()));
-            dispatcher::web::install(web.clone());
+            observers = observers.with(web.clone());
             web_state = Some(web.clone());
             let bound =
                 serve_http(http_listen, &args.listen, web, metrics.registry.clone()).await?;
@@ -410,11 +414,10 @@ async fn run(args: Args) -> Result<()> {
             if let Some(tracer) = t.tracer("agent") {
                 agent::telemetry::install_job_tracer(tracer);
             }
-            dispatcher::telemetry::install(t.clone());
+            observers = observers.with(t.clone());
             telemetry = Some(t);
             tracing::info!(endpoint = ?args.otlp_endpoint, "exporting traces and metrics over OTLP");
         }
-        dispatcher::metrics::install(metrics);
     }
     let build = move |snapshot| {
         let mut cluster = Cluster::new(cfg.clone());
@@ -457,6 +460,7 @@ async fn run(args: Args) -> Result<()> {
                 build(snapshot),
                 Box::new(store),
                 dispatcher::core::OnStoreFailure::ExitProcess,
+                observers.clone(),
             );
             tracing::info!(%addr, restored, "dispatcher listening");
             println!(
@@ -464,9 +468,7 @@ async fn run(args: Args) -> Result<()> {
                 args.data_dir.display()
             );
             single = Some((core.clone(), core_thread));
-            if let Some(metrics) = dispatcher::metrics::installed() {
-                metrics.set_leader(true);
-            }
+            observers.leading(true);
             dispatcher::gate::Gate::always(core)
         }
         StoreKind::Etcd => {
@@ -488,15 +490,18 @@ async fn run(args: Args) -> Result<()> {
                     ..TxnLimits::default()
                 },
             };
-            let (role_tx, role_rx) = tokio::sync::watch::channel(dispatcher::gate::Role::Follower {
-                leader: None,
-                leader_http: None,
-            });
+            let (role_tx, role_rx) =
+                tokio::sync::watch::channel(dispatcher::gate::Role::Follower {
+                    leader: None,
+                    leader_http: None,
+                });
             if let Some(web) = &web_state {
                 web.follow_role(dispatcher::gate::Gate::new(role_rx.clone()));
             }
             let stop = stop_rx.clone();
-            replica = Some(tokio::spawn(dispatcher::ha::run(ha, build, role_tx, stop)));
+            replica = Some(tokio::spawn(dispatcher::ha::run(
+                ha, build, observers, role_tx, stop,
+            )));
             tracing::info!(%addr, %advertise_url, "dispatcher replica listening; campaigning on etcd");
             println!(
                 "dispatcher replica listening on {addr} as {advertise_url} (etcd {})",
@@ -555,7 +560,7 @@ async fn run(args: Args) -> Result<()> {
         tracing::info!("shutting down");
         let _ = stopper.send(true);
     };
-    dispatcher::server::serve_secured(gate, listener, security, shutdown)
+    dispatcher::server::serve_secured(gate, listener, security, limits, shutdown)
         .await
         .context("serving gRPC")?;
     let _ = stop_tx.send(true);
