@@ -334,33 +334,28 @@ impl Metrics {
                 .with_label_values(&[level.as_str(), domain.as_str()])
                 .set(*busy as f64 / (*cpus).max(1) as f64);
         }
-        // Overload-mask weight per rack: the engine's leaves are the nodes
-        // sorted by (region, zone, rack, host group, name).
+        // Overload-mask weight per rack: a rack is an LLC of the
+        // node-level engine; the cluster maps each node to its leaf.
         let mut racks = Vec::new();
         if let Some(engine) = cluster.engine() {
-            let mut order: Vec<&NodeInfo> = cluster.nodes().collect();
-            order.sort_by(|a, b| {
-                (&a.region, &a.zone, &a.rack, &a.hostgroup, &a.name).cmp(&(
-                    &b.region,
-                    &b.zone,
-                    &b.rack,
-                    &b.hostgroup,
-                    &b.name,
-                ))
-            });
             let topo = engine.topology();
-            if topo.nr_leaves() == order.len() {
-                for (i, llc) in topo.llcs().iter().enumerate() {
-                    let Some(&leaf) = llc.members.first() else {
-                        continue;
-                    };
-                    let n = order[topo.os_id(leaf) as usize];
-                    let rack = format!("{}/{}", n.zone, n.rack);
-                    self.overload
-                        .with_label_values(&[rack.as_str()])
-                        .set(engine.overload_masks().weight(i) as i64);
-                    racks.push(rack);
+            let mut named = vec![false; topo.llcs().len()];
+            for n in cluster.nodes() {
+                let Some(leaf) = cluster
+                    .engine_leaf(&n.name)
+                    .filter(|&l| l < topo.nr_leaves())
+                else {
+                    continue;
+                };
+                let i = topo.llc_of(leaf);
+                if std::mem::replace(&mut named[i], true) {
+                    continue;
                 }
+                let rack = format!("{}/{}", n.zone, n.rack);
+                self.overload
+                    .with_label_values(&[rack.as_str()])
+                    .set(engine.overload_masks().weight(i) as i64);
+                racks.push(rack);
             }
             self.engine.sample(engine.stats());
         }
