@@ -382,6 +382,9 @@ async fn run(args: Args) -> Result<()> {
     let http_listen = args.http_listen.or(args.metrics_listen);
     let dev_http = http_listen.is_none() && args.dev;
     let mut web_state = None;
+    // Printed with the gRPC banner, after it: whoever reads the web line
+    // finds the dispatchctl line already there.
+    let mut web_banner = None;
     let mut http_url = args.advertise_http_url.clone();
     // What the core reports to: the metrics first (the web snapshot reads
     // their job counts on the same tick), then the web page, then OTLP.
@@ -401,7 +404,9 @@ async fn run(args: Args) -> Result<()> {
                 http_url = Some(format!("http://{bound}"));
             }
             tracing::info!(%bound, "serving the web page, its API and /metrics");
-            println!("web page on http://{bound}/ (Prometheus metrics on /metrics)");
+            web_banner = Some(format!(
+                "web page on http://{bound}/ (Prometheus metrics on /metrics)"
+            ));
         }
         if otlp {
             let t = dispatcher::telemetry::Telemetry::init(
@@ -522,6 +527,9 @@ async fn run(args: Args) -> Result<()> {
             "                          export DISPATCH_TOKEN_FILE={}",
             dev.admin_token.display()
         );
+    }
+    if let Some(banner) = web_banner {
+        println!("{banner}");
     }
 
     let mut agent_task = None;
