@@ -312,7 +312,7 @@ fn cmd_run(args: RunArgs) -> Result<()> {
     };
     let metrics_listen = args.metrics_listen;
     let otlp_endpoint = args.otlp_endpoint.clone();
-    let otlp = agent::telemetry::wanted(otlp_endpoint.as_deref());
+    let otlp = dispatch_telemetry::wanted(otlp_endpoint.as_deref());
     let k8s_node_labels = args.k8s_node_labels.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -328,15 +328,15 @@ fn cmd_run(args: RunArgs) -> Result<()> {
                 agent::metrics::AgentMetrics::new().context("registering the metrics")?,
             );
             if let Some(addr) = metrics_listen {
-                let bound = agent::metrics::spawn_server(addr, metrics.registry.clone())
+                let bound = dispatch_telemetry::prom::spawn_server(addr, metrics.registry.clone())
                     .await
                     .with_context(|| format!("binding the metrics endpoint {addr}"))?;
                 tracing::info!(%bound, "serving Prometheus metrics on /metrics");
             }
             if otlp {
-                let e = agent::telemetry::Exporters::init("agent", otlp_endpoint.as_deref())
+                let e = dispatch_telemetry::Exporters::init("agent", otlp_endpoint.as_deref())
                     .context("starting the OTLP exporters")?;
-                agent::telemetry::bridge_prometheus(
+                dispatch_telemetry::bridge_prometheus(
                     &e.meter("agent"),
                     &metrics.registry,
                     &metrics.families(),

@@ -21,9 +21,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use proto::v1::agent_service_client::AgentServiceClient;
 use proto::v1::{
-    AgentMessage, CpuGroup, CpuLoad, DispatcherMessage, JobSpec, JobState, JobStatus, LoadReport,
-    LogData, LogRequest, LogStream, NodeLoad, Register, StealReply, agent_message,
-    dispatcher_message,
+    AgentMessage, CpuLoad, DispatcherMessage, JobSpec, JobState, JobStatus, LoadReport, LogData,
+    LogRequest, LogStream, NodeLoad, Register, StealReply, agent_message, dispatcher_message,
 };
 use sched::{Align, Policy};
 use tokio::sync::{mpsc, watch};
@@ -83,14 +82,15 @@ fn now_ms() -> i64 {
 
 /// The API's form of a machine topology.
 pub fn topology_proto(m: &MachineTopology) -> proto::v1::Topology {
-    let groups = |g: Vec<Vec<u32>>| g.into_iter().map(|cpus| CpuGroup { cpus }).collect();
-    proto::v1::Topology {
-        cpus: m.cpu_ids(),
-        smt: groups(m.smt_groups()),
-        llc: groups(m.llc_groups()),
-        numa: groups(m.numa_groups()),
-        package: groups(m.package_groups()),
-    }
+    engine_proto::topology_of_groups(
+        m.cpu_ids(),
+        [
+            m.smt_groups(),
+            m.llc_groups(),
+            m.numa_groups(),
+            m.package_groups(),
+        ],
+    )
 }
 
 /// This machine's host name (the default node name).
@@ -304,8 +304,8 @@ impl Agent {
         let local = LocalJob {
             id: id.clone(),
             cpus: spec.cpus.max(1),
-            align: proto::engine::align(spec.alignment),
-            policy: proto::engine::policy(spec.policy),
+            align: engine_proto::align(spec.alignment),
+            policy: engine_proto::policy(spec.policy),
             nice: spec.nice,
             latency_nice: spec.latency_nice,
         };
@@ -435,7 +435,7 @@ impl Agent {
                 .collect(),
             overloaded: self.local.overloaded(),
             avg_idle_ns: self.local.avg_idle(),
-            free: Some(proto::engine::free_summary(free)),
+            free: Some(engine_proto::free_summary(free)),
             running_jobs: self.local.nr_running() as u32,
             waiting_jobs: self.local.nr_waiting() as u32,
             schedstats,

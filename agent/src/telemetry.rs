@@ -1,216 +1,22 @@
-//! OTLP export of traces and metrics (OpenTelemetry over gRPC), shared by
-//! the agent and the dispatcher, and the agent's spans of the jobs it runs.
+//! The agent's spans of the jobs it runs ([`JobTraces`]). The pipelines
+//! they go out on and W3C propagation are [`dispatch_telemetry`]'s.
 //!
-//! Off by default. On with `--otlp-endpoint URL` (agent and dispatcher) or
-//! the standard environment (`OTEL_EXPORTER_OTLP_ENDPOINT`, or the
-//! per-signal `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `..._METRICS_ENDPOINT`;
-//! headers, timeout and compression from the other `OTEL_EXPORTER_OTLP_*`
-//! variables; `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
-//! `OTEL_METRIC_EXPORT_INTERVAL`, `OTEL_BSP_*`; `OTEL_SDK_DISABLED=true`
-//! turns it off).
-//!
-//! Nothing waits on a collector: spans go to the SDK's batch processor (a
-//! bounded queue drained by its own thread; spans are dropped when it is
-//! full) and metrics are read by a periodic reader on its own thread.
-//! Shutdown flushes on a blocking thread with a deadline.
-//!
-//! This module owns: building the exporters ([`Exporters`]), bridging a
-//! Prometheus registry to OTel instruments ([`bridge_prometheus`]), W3C
-//! trace-context propagation ([`inject`], [`extract`]), and the agent's job
-//! spans ([`JobTraces`]): `job.start` (from the local scheduler's Start to
-//! the shim running; `job.id`, `job.attempt`, `dispatch.node`,
-//! `job.cpus_used` (the scheduler's CPUs), `job.pinned_cpus` (the real
-//! ones)) and `job.run` (from then to the exit; events `stopped`,
-//! `continued`, `migrated` with the CPUs and, for a move, `steal.level` =
-//! smt / llc / cross_llc; ends with `job.state`, `job.exit_code`,
-//! `job.signal`). Both are children of the trace context the dispatcher
-//! sends in `Assign.trace_context`, so one trace covers the job from
-//! submission to exit across both processes.
+//! `job.start` (from the local scheduler's Start to the shim running;
+//! `job.id`, `job.attempt`, `dispatch.node`, `job.cpus_used` (the
+//! scheduler's CPUs), `job.pinned_cpus` (the real ones)) and `job.run`
+//! (from then to the exit; events `stopped`, `continued`, `migrated` with
+//! the CPUs and, for a move, `steal.level` = smt / llc / cross_llc; ends
+//! with `job.state`, `job.exit_code`, `job.signal`). Both are children of
+//! the trace context the dispatcher sends in `Assign.trace_context`, so one
+//! trace covers the job from submission to exit across both processes.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
-use std::time::Duration;
 
-use opentelemetry::metrics::{Meter, MeterProvider as _};
-use opentelemetry::propagation::TextMapPropagator as _;
-use opentelemetry::trace::{
-    Span as _, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
-};
+use dispatch_telemetry::extract;
+use opentelemetry::trace::{Span as _, Status, TraceContextExt as _, Tracer as _};
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_otlp::{MetricExporter, SpanExporter, WithExportConfig as _};
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
-use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
-use prometheus::Registry;
-use prometheus::proto::MetricType;
-
-use crate::metrics::Family;
-
-/// Why the exporters could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum TelemetryError {
-    /// The OTLP exporter rejected its configuration (endpoint, headers...).
-    #[error("building the OTLP exporter: {0}")]
-    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
-}
-
-/// Is OTLP export asked for (flag or environment)?
-pub fn wanted(flag: Option<&str>) -> bool {
-    let env = |k: &str| std::env::var(k).is_ok_and(|v| !v.trim().is_empty());
-    if std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true")) {
-        return false;
-    }
-    flag.is_some()
-        || env("OTEL_EXPORTER_OTLP_ENDPOINT")
-        || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        || env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-}
-
-/// The OTLP trace and metric pipelines of a process.
-#[derive(Clone)]
-pub struct Exporters {
-    tracer_provider: SdkTracerProvider,
-    meter_provider: SdkMeterProvider,
-}
-
-impl Exporters {
-    /// Build both exporters (inside a tokio runtime: the gRPC channels are
-    /// created on it and connect lazily). `default_service` is the
-    /// `service.name` unless `OTEL_SERVICE_NAME` says otherwise; `endpoint`
-    /// (the flag) overrides the environment's endpoint.
-    pub fn init(default_service: &str, endpoint: Option<&str>) -> Result<Self, TelemetryError> {
-        let mut resource = Resource::builder();
-        if std::env::var("OTEL_SERVICE_NAME").is_err() {
-            resource = resource.with_service_name(default_service.to_string());
-        }
-        let resource = resource.build();
-        let timeout = Duration::from_secs(3);
-        let mut spans = SpanExporter::builder().with_tonic();
-        if let Some(ep) = endpoint {
-            spans = spans.with_endpoint(ep).with_timeout(timeout);
-        }
-        let tracer_provider = SdkTracerProvider::builder()
-            .with_batch_exporter(spans.build()?)
-            .with_resource(resource.clone())
-            .build();
-        let mut metrics = MetricExporter::builder().with_tonic();
-        if let Some(ep) = endpoint {
-            metrics = metrics.with_endpoint(ep).with_timeout(timeout);
-        }
-        let reader = PeriodicReader::builder(metrics.build()?).build();
-        let meter_provider = SdkMeterProvider::builder()
-            .with_reader(reader)
-            .with_resource(resource)
-            .build();
-        Ok(Self {
-            tracer_provider,
-            meter_provider,
-        })
-    }
-
-    /// A tracer of this pipeline for instrumentation scope `scope`.
-    pub fn tracer(&self, scope: &'static str) -> SdkTracer {
-        self.tracer_provider.tracer(scope)
-    }
-
-    /// A meter of this pipeline for instrumentation scope `scope`.
-    pub fn meter(&self, scope: &'static str) -> Meter {
-        self.meter_provider.meter(scope)
-    }
-
-    /// Flush and stop the exporters on a blocking thread, giving up after
-    /// a few seconds (a dead collector errors in about a second).
-    pub async fn shutdown(&self) {
-        let tracer_provider = self.tracer_provider.clone();
-        let meter_provider = self.meter_provider.clone();
-        let done = tokio::task::spawn_blocking(move || {
-            let _ = tracer_provider.shutdown_with_timeout(Duration::from_secs(3));
-            let _ = meter_provider.shutdown_with_timeout(Duration::from_secs(3));
-        });
-        let _ = tokio::time::timeout(Duration::from_secs(8), done).await;
-    }
-}
-
-/// Observe every counter and gauge family of `registry` listed in
-/// `families` as an OTel instrument of `meter`, read at each export.
-/// Counters lose their `_total` suffix (OTLP sums are named without it);
-/// histograms are left to the caller (OTel has no observable histogram).
-pub fn bridge_prometheus(meter: &Meter, registry: &Registry, families: &[Family]) {
-    for (name, help, ty) in families {
-        let (name, help, ty) = (name.clone(), help.clone(), *ty);
-        let registry = registry.clone();
-        let observe = move |name: &str| -> Vec<(f64, Vec<KeyValue>)> {
-            registry
-                .gather()
-                .into_iter()
-                .filter(|f| f.name() == name)
-                .flat_map(|f| {
-                    let ty = f.get_field_type();
-                    f.get_metric()
-                        .iter()
-                        .map(|s| {
-                            let v = match ty {
-                                MetricType::COUNTER => s.get_counter().get_value(),
-                                _ => s.get_gauge().get_value(),
-                            };
-                            let attrs = s
-                                .get_label()
-                                .iter()
-                                .map(|l| KeyValue::new(l.name().to_string(), l.value().to_string()))
-                                .collect();
-                            (v, attrs)
-                        })
-                        .collect::<Vec<_>>()
-                })
-                .collect()
-        };
-        match ty {
-            MetricType::COUNTER => {
-                let otel = name.trim_end_matches("_total").to_string();
-                let _ = meter
-                    .f64_observable_counter(otel)
-                    .with_description(help)
-                    .with_callback(move |o| {
-                        for (v, attrs) in observe(&name) {
-                            o.observe(v, &attrs);
-                        }
-                    })
-                    .build();
-            }
-            MetricType::GAUGE => {
-                let otel = name.clone();
-                let _ = meter
-                    .f64_observable_gauge(otel)
-                    .with_description(help)
-                    .with_callback(move |o| {
-                        for (v, attrs) in observe(&name) {
-                            o.observe(v, &attrs);
-                        }
-                    })
-                    .build();
-            }
-            _ => {}
-        }
-    }
-}
-
-/// The W3C Trace Context headers (`traceparent`, `tracestate`) naming the
-/// span active in `cx`; empty when it has none.
-pub fn inject(cx: &Context) -> HashMap<String, String> {
-    let mut carrier = HashMap::new();
-    if cx.span().span_context().is_valid() {
-        TraceContextPropagator::new().inject_context(cx, &mut carrier);
-    }
-    carrier
-}
-
-/// The remote span named by W3C Trace Context headers, as a parent
-/// context; `None` when `traceparent` is missing or malformed.
-pub fn extract(carrier: &HashMap<String, String>) -> Option<Context> {
-    let cx = TraceContextPropagator::new().extract(carrier);
-    cx.span().span_context().is_valid().then_some(cx)
-}
+use opentelemetry_sdk::trace::SdkTracer;
 
 static JOB_TRACER: OnceLock<SdkTracer> = OnceLock::new();
 
@@ -408,40 +214,8 @@ impl JobTraces {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
-
-    #[test]
-    fn trace_context_round_trips_through_w3c_headers() {
-        let sc = SpanContext::new(
-            TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
-            SpanId::from_hex("00f067aa0ba902b7").unwrap(),
-            TraceFlags::SAMPLED,
-            true,
-            TraceState::default(),
-        );
-        let cx = Context::new().with_remote_span_context(sc.clone());
-        let carrier = inject(&cx);
-        assert_eq!(
-            carrier.get("traceparent").map(String::as_str),
-            Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-        );
-        let back = extract(&carrier).expect("a valid context");
-        assert_eq!(back.span().span_context().trace_id(), sc.trace_id());
-        assert_eq!(back.span().span_context().span_id(), sc.span_id());
-        assert!(back.span().span_context().is_remote());
-    }
-
-    #[test]
-    fn no_or_bad_traceparent_gives_no_parent() {
-        assert!(inject(&Context::new()).is_empty());
-        assert!(extract(&HashMap::new()).is_none());
-        let bad: HashMap<String, String> = [(
-            "traceparent".to_string(),
-            "00-nothex-00f067aa0ba902b7-01".to_string(),
-        )]
-        .into();
-        assert!(extract(&bad).is_none());
-    }
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
 
     #[test]
     fn job_spans_are_children_of_the_assigned_context_and_record_the_run() {

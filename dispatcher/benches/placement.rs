@@ -37,7 +37,7 @@ impl Rng {
 }
 
 fn machine(spec: &str) -> proto::v1::Topology {
-    proto::engine::topology(
+    engine_proto::topology(
         &Topology::from_spec(spec).unwrap_or_else(|e| panic!("bad spec {spec}: {e}")),
     )
 }

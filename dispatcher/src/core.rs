@@ -9,8 +9,11 @@
 //! 2. only then replies to the callers, sends messages to agents and
 //!    publishes job events.
 //!
-//! So nothing is acknowledged before it is persisted, and the batch makes
-//! that cheap (one fsync for many submissions). If a commit fails the
+//! Reads (Get, List, Watch, the node queries) wait for the commit as
+//! writes do, since they may show what earlier commands of the same batch
+//! changed: nothing a failed commit drops is ever shown. So nothing is
+//! acknowledged or shown before it is persisted, and the batch makes that
+//! cheap (one fsync for many submissions). If a commit fails the
 //! core cannot keep its promise and stops: with the embedded store the
 //! dispatcher exits and a restart recovers from the store; with etcd the
 //! replica steps down ([`crate::ha`]) and whichever replica leads next
@@ -28,6 +31,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Status;
 
 use crate::cluster::{Cluster, Effects};
+use crate::observe::Observers;
 use crate::store::{NodeAdmin, Store, StoreError};
 
 /// Unix time in milliseconds.
@@ -196,17 +200,19 @@ pub enum CoreExit {
     StoreFailed(StoreError),
 }
 
-/// Start the core on its own thread; returns the handle and the thread.
+/// Start the core on its own thread, reporting to `observers`; returns
+/// the handle and the thread.
 pub fn spawn(
     cluster: Cluster,
     store: Box<dyn Store>,
     on_failure: OnStoreFailure,
+    observers: Observers,
 ) -> (CoreHandle, std::thread::JoinHandle<CoreExit>) {
     let (tx, rx) = std_mpsc::channel();
     let handle = CoreHandle { tx };
     let thread = std::thread::Builder::new()
         .name("dispatch-core".into())
-        .spawn(move || Core::new(cluster, store, on_failure).run(rx))
+        .spawn(move || Core::new(cluster, store, on_failure, observers).run(rx))
         .unwrap_or_else(|e| panic!("cannot start the core thread: {e}"));
     (handle, thread)
 }
@@ -227,6 +233,7 @@ struct Core {
     /// Measured cost of a node-level steal, ns (moving average).
     steal_cost: u64,
     on_failure: OnStoreFailure,
+    observers: Observers,
 }
 
 /// A reply to send once the batch is committed.
@@ -259,7 +266,12 @@ fn commit_failure(err: &StoreError) -> Status {
 }
 
 impl Core {
-    fn new(mut cluster: Cluster, store: Box<dyn Store>, on_failure: OnStoreFailure) -> Self {
+    fn new(
+        mut cluster: Cluster,
+        store: Box<dyn Store>,
+        on_failure: OnStoreFailure,
+        observers: Observers,
+    ) -> Self {
         cluster.limit_stored_spec_bytes(store.max_spec_bytes());
         let (events, _) = broadcast::channel(65_536);
         Self {
@@ -272,6 +284,7 @@ impl Core {
             next_log: 1,
             steal_cost: 0,
             on_failure,
+            observers,
         }
     }
 
@@ -343,12 +356,7 @@ impl Core {
                     self.cluster.set_steal_cost(self.steal_cost);
                 }
                 self.cluster.tick(now, &mut fx);
-                if let Some(m) = crate::metrics::installed() {
-                    m.sample(&self.cluster, now);
-                }
-                if let Some(w) = crate::web::installed() {
-                    w.publish(&self.cluster, now);
-                }
+                self.observers.tick(&self.cluster, now);
                 next_tick = Instant::now() + tick;
             }
             if let Err(err) = self.store.commit(&fx.writes) {
@@ -367,25 +375,19 @@ impl Core {
             for r in replies {
                 r(None);
             }
-            // Spans first: an Assign carries its job's `run` span context,
-            // which the batch's events open.
-            let telemetry = crate::telemetry::installed();
-            if let Some(t) = telemetry {
-                t.observe_events(&fx.events);
-            }
+            // Observers first: an Assign carries its job's `run` span
+            // context, which the batch's events open.
+            self.observers.committed(&fx.events);
+            self.observers.moved(&fx.moves);
             for (node, mut msg) in fx.to_agents {
-                if let (Some(t), Some(dispatcher_message::Msg::Assign(a))) =
-                    (telemetry, msg.msg.as_mut())
+                if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_mut()
+                    && let Some(carrier) = self.observers.trace_context(&a.job_id)
                 {
-                    a.trace_context = t.trace_context(&a.job_id);
+                    a.trace_context = carrier;
                 }
                 if let Some(link) = self.agents.get(&node) {
                     let _ = link.tx.send(Ok(msg));
                 }
-            }
-            if let Some(m) = crate::metrics::installed() {
-                m.observe_events(&fx.events);
-                m.observe_moves(&fx.moves);
             }
             for ev in fx.events {
                 let _ = self.events.send(ev);
@@ -409,28 +411,21 @@ impl Core {
                 let (n, started) = (specs.len(), Instant::now());
                 let r = self.cluster.submit_as(&owner, specs, batch, now, fx);
                 let secs = started.elapsed().as_secs_f64();
-                if let Some(m) = crate::metrics::installed() {
-                    m.observe_submit(n, secs);
-                }
-                if let Some(t) = crate::telemetry::installed() {
-                    t.observe_submit(n, secs);
-                    if let Ok(jobs) = &r
-                        && !trace_context.is_empty()
-                    {
-                        t.adopt_parent(jobs.iter().map(|j| j.id.as_str()), &trace_context);
-                    }
-                }
+                let created = r.as_deref().unwrap_or_default();
+                self.observers.submitted(n, secs, created, &trace_context);
                 replies.push(defer(reply, r));
             }
             Command::Cancel { id, reply } => {
                 let r = self.cluster.cancel(&id, now, fx);
                 replies.push(defer(reply, r));
             }
+            // Reads answer after the commit too: they may show what this
+            // batch changed, which a failed commit drops.
             Command::Get { id, reply } => {
-                let _ = reply.send(self.cluster.get_job(&id));
+                replies.push(defer(reply, self.cluster.get_job(&id)));
             }
             Command::List { req, reply } => {
-                let _ = reply.send(self.cluster.list_jobs(&req));
+                replies.push(defer(reply, self.cluster.list_jobs(&req)));
             }
             Command::Watch {
                 ids,
@@ -442,16 +437,17 @@ impl Core {
                 } else {
                     Vec::new()
                 };
-                let _ = reply.send(Ok((current, self.events.subscribe())));
+                replies.push(defer(reply, Ok((current, self.events.subscribe()))));
             }
             Command::Logs { req, tx, reply } => {
                 let _ = reply.send(self.start_logs(req, tx));
             }
             Command::Nodes { reply } => {
-                let _ = reply.send(Ok(self.cluster.nodes().map(|n| n.to_proto()).collect()));
+                let nodes = self.cluster.nodes().map(|n| n.to_proto()).collect();
+                replies.push(defer(reply, Ok(nodes)));
             }
             Command::Node { name, reply } => {
-                let _ = reply.send(self.cluster.node(&name).map(|n| n.to_proto()));
+                replies.push(defer(reply, self.cluster.node(&name).map(|n| n.to_proto())));
             }
             Command::NodeAdmin { name, admin, reply } => {
                 let r = self.cluster.set_node_admin(&name, admin, now, fx);
@@ -585,5 +581,278 @@ impl Core {
         if done {
             self.logs.remove(&data.request_id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use proto::v1::{JobState, Register};
+    use sched::Topology;
+
+    use super::*;
+    use crate::cluster::ClusterConfig;
+    use crate::observe::Observer;
+    use crate::store::Write;
+    use crate::store::embedded::EmbeddedStore;
+
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    /// An observer that records what the core reports and hands out one
+    /// trace context for every job.
+    #[derive(Default)]
+    struct Recorder {
+        submitted: Mutex<Vec<usize>>,
+        in_trace: Mutex<Vec<(String, String)>>,
+        /// (job id, state) of every committed event, in order.
+        committed: Mutex<Vec<(String, JobState)>>,
+        /// Nodes the cluster had at each tick.
+        ticks: Mutex<Vec<usize>>,
+    }
+
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    impl Observer for Recorder {
+        fn submitted(&self, jobs: usize, _seconds: f64) {
+            lock(&self.submitted).push(jobs);
+        }
+
+        fn submitted_in_trace(&self, jobs: &[Job], carrier: &HashMap<String, String>) {
+            for j in jobs {
+                lock(&self.in_trace).push((j.id.clone(), carrier["traceparent"].clone()));
+            }
+        }
+
+        fn tick(&self, cluster: &Cluster, _now_ms: i64) {
+            lock(&self.ticks).push(cluster.nodes().count());
+        }
+
+        fn committed(&self, events: &[JobEvent]) {
+            for ev in events {
+                if let Some(j) = &ev.job {
+                    let state = JobState::try_from(j.state).unwrap_or_default();
+                    lock(&self.committed).push((j.id.clone(), state));
+                }
+            }
+        }
+
+        /// Names the job, and whether its events were observed before its
+        /// assignment asked for the context (they must be: telemetry opens
+        /// the span the assignment names from them).
+        fn trace_context(&self, job_id: &str) -> HashMap<String, String> {
+            let seen = lock(&self.committed).iter().any(|(j, _)| j == job_id);
+            let when = if seen { "after" } else { "before" };
+            [(
+                "traceparent".to_string(),
+                format!("{job_id} {when} its events"),
+            )]
+            .into()
+        }
+    }
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            command: vec!["true".into()],
+            cpus: 1,
+            ..Default::default()
+        }
+    }
+
+    fn register(node: &str) -> Register {
+        Register {
+            node: node.into(),
+            topology: Some(engine_proto::topology(
+                &Topology::from_spec("1s:2c:1t").unwrap(),
+            )),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_core_reports_to_the_observers_it_was_built_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let recorder = Arc::new(Recorder::default());
+        let observers = Observers::none().with(recorder.clone());
+        let (core, thread) = spawn(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            observers,
+        );
+        let (tx, mut agent) = mpsc::unbounded_channel();
+        core.call(|reply| Command::Attach {
+            register: register("n1"),
+            tx,
+            reply,
+        })
+        .await
+        .unwrap();
+        let trace: HashMap<String, String> =
+            [("traceparent".to_string(), TRACEPARENT.to_string())].into();
+        let jobs = core
+            .call(|reply| Command::Submit {
+                specs: vec![spec()],
+                batch: false,
+                trace_context: trace,
+                owner: String::new(),
+                reply,
+            })
+            .await
+            .unwrap();
+        let id = jobs[0].id.clone();
+        let assign = loop {
+            let msg = agent.recv().await.unwrap().unwrap();
+            if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg {
+                break a;
+            }
+        };
+        assert_eq!(assign.job_id, id);
+        // The assignment carries the observer's trace context, and the
+        // observer saw the batch committed before the message left.
+        assert_eq!(
+            assign.trace_context["traceparent"],
+            format!("{id} after its events")
+        );
+        assert!(
+            lock(&recorder.committed).contains(&(id.clone(), JobState::Assigned)),
+            "{:?}",
+            lock(&recorder.committed)
+        );
+        assert_eq!(*lock(&recorder.submitted), [1]);
+        assert_eq!(
+            *lock(&recorder.in_trace),
+            [(id.clone(), TRACEPARENT.to_string())]
+        );
+        // The tick (every 500 ms with the default heartbeat) samples the
+        // cluster into the observers.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while lock(&recorder.ticks).is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(lock(&recorder.ticks).first(), Some(&1));
+        core.send(Command::Shutdown);
+        assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
+    }
+
+    /// A store whose commits fail after `ok` of them succeeded.
+    struct FailingStore {
+        inner: EmbeddedStore,
+        ok: usize,
+    }
+
+    impl Store for FailingStore {
+        fn load(&self) -> Result<crate::store::Snapshot, StoreError> {
+            self.inner.load()
+        }
+
+        fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+            if self.ok == 0 {
+                return Err(StoreError::Backend("the disk is full".into()));
+            }
+            self.ok -= 1;
+            self.inner.commit(writes)
+        }
+    }
+
+    /// The replies of one batch: a submission, then every read of it.
+    struct Reads {
+        submit: oneshot::Receiver<Result<Vec<Job>, Status>>,
+        get: oneshot::Receiver<Result<Job, Status>>,
+        list: oneshot::Receiver<Result<(Vec<Job>, String), Status>>,
+        watch: oneshot::Receiver<Result<(Vec<Job>, broadcast::Receiver<JobEvent>), Status>>,
+    }
+
+    /// Queue a submission of one job followed by a Get, a List and a Watch
+    /// of it, so that the core takes them as one batch, then run the core
+    /// on this thread until it stops.
+    fn one_batch(store: Box<dyn Store>) -> (Reads, CoreExit) {
+        let (tx, rx) = std_mpsc::channel();
+        let (submit, s) = oneshot::channel();
+        let (get, g) = oneshot::channel();
+        let (list, l) = oneshot::channel();
+        let (watch, w) = oneshot::channel();
+        let commands = [
+            Command::Submit {
+                specs: vec![spec()],
+                batch: false,
+                trace_context: HashMap::new(),
+                owner: String::new(),
+                reply: submit,
+            },
+            Command::Get {
+                id: "j-1".into(),
+                reply: get,
+            },
+            Command::List {
+                req: ListJobsRequest::default(),
+                reply: list,
+            },
+            Command::Watch {
+                ids: Vec::new(),
+                include_current: true,
+                reply: watch,
+            },
+            Command::Shutdown,
+        ];
+        for c in commands {
+            tx.send(c).unwrap();
+        }
+        let core = Core::new(
+            Cluster::new(ClusterConfig::default()),
+            store,
+            OnStoreFailure::Stop,
+            Observers::none(),
+        );
+        let exit = core.run(rx);
+        let reads = Reads {
+            submit: s,
+            get: g,
+            list: l,
+            watch: w,
+        };
+        (reads, exit)
+    }
+
+    #[test]
+    fn reads_in_a_batch_see_its_jobs_once_it_is_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let (mut r, exit) = one_batch(Box::new(store));
+        assert!(matches!(exit, CoreExit::Shutdown));
+        assert_eq!(r.submit.try_recv().unwrap().unwrap()[0].id, "j-1");
+        assert_eq!(r.get.try_recv().unwrap().unwrap().id, "j-1");
+        let (page, _) = r.list.try_recv().unwrap().unwrap();
+        assert_eq!(page.len(), 1);
+        let (current, _) = r.watch.try_recv().unwrap().unwrap();
+        assert_eq!(current.len(), 1);
+    }
+
+    #[test]
+    fn no_read_in_a_batch_whose_commit_fails_sees_the_dropped_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FailingStore {
+            inner: EmbeddedStore::open(dir.path()).unwrap(),
+            ok: 0,
+        };
+        let (mut r, exit) = one_batch(Box::new(store));
+        assert!(matches!(exit, CoreExit::StoreFailed(_)));
+        let unavailable = |s: &Status| s.code() == tonic::Code::Unavailable;
+        let submit = r.submit.try_recv().unwrap();
+        assert!(submit.as_ref().is_err_and(unavailable), "{submit:?}");
+        let get = r.get.try_recv().unwrap();
+        assert!(get.as_ref().is_err_and(unavailable), "Get saw {get:?}");
+        let list = r.list.try_recv().unwrap();
+        assert!(list.as_ref().is_err_and(unavailable), "List saw {list:?}");
+        match r.watch.try_recv().unwrap() {
+            Ok((current, _)) => panic!("Watch saw {current:?}"),
+            Err(s) => assert!(unavailable(&s), "{s:?}"),
+        }
+        // Nothing of the batch was stored.
+        let stored = EmbeddedStore::open(dir.path()).unwrap().load().unwrap();
+        assert!(stored.jobs.is_empty());
     }
 }

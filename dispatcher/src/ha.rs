@@ -1,6 +1,6 @@
-//! High availability on etcd: the election among dispatcher replicas,
-//! the leader's term, and the [`Gate`] through which every RPC learns
-//! whether this replica may serve it.
+//! High availability on etcd: the election among dispatcher replicas and
+//! the leader's term. It drives this replica's [`Role`]; every RPC reads
+//! it through a [`crate::gate::Gate`].
 //!
 //! Protocol (all keys under `--etcd-prefix` `P`):
 //!
@@ -36,73 +36,16 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use tokio::sync::watch;
-use tonic::Status;
 
 use crate::cluster::Cluster;
-use crate::core::{CoreExit, CoreHandle, OnStoreFailure};
+use crate::core::{CoreExit, OnStoreFailure};
+use crate::gate::Role;
+use crate::observe::Observers;
 use crate::store::etcd::{EtcdStore, Fence, LeaseClock, OP_TIMEOUT, TxnLimits};
 use crate::store::{Snapshot, Store, StoreError};
 
 /// How often a follower campaigns (and refreshes the leader's URL).
 pub const CAMPAIGN_POLL: Duration = Duration::from_millis(300);
-
-/// What this replica is.
-#[derive(Clone)]
-pub enum Role {
-    /// A follower; the leader's URL when known.
-    Follower {
-        /// The leader's advertise URL (gRPC).
-        leader: Option<String>,
-        /// The leader's web page and /metrics URL (`--advertise-http-url`),
-        /// when it published one.
-        leader_http: Option<String>,
-    },
-    /// Elected, loading the state from the store.
-    Starting,
-    /// The leader, with its running core.
-    Leader(CoreHandle),
-}
-
-/// Every RPC's view of this replica's role.
-#[derive(Clone)]
-pub struct Gate {
-    role: watch::Receiver<Role>,
-}
-
-impl Gate {
-    /// A gate following `role`.
-    pub fn new(role: watch::Receiver<Role>) -> Self {
-        Self { role }
-    }
-
-    /// Always the leader (the single embedded-store dispatcher).
-    pub fn always(core: CoreHandle) -> Self {
-        // With the sender gone the receiver keeps its value for good.
-        let (_, rx) = watch::channel(Role::Leader(core));
-        Self { role: rx }
-    }
-
-    /// The core when this replica leads, else the status to answer.
-    pub fn core(&self) -> Result<CoreHandle, Status> {
-        match &*self.role.borrow() {
-            Role::Leader(core) => Ok(core.clone()),
-            Role::Starting => Err(Status::unavailable(
-                "this dispatcher was just elected leader and is loading its state; retry",
-            )),
-            Role::Follower { leader, .. } => Err(proto::endpoints::not_leader(leader.as_deref())),
-        }
-    }
-
-    /// True while this replica leads.
-    pub fn is_leader(&self) -> bool {
-        matches!(&*self.role.borrow(), Role::Leader(_))
-    }
-
-    /// A receiver of role changes.
-    pub fn watch(&self) -> watch::Receiver<Role> {
-        self.role.clone()
-    }
-}
 
 /// A replica's etcd settings.
 #[derive(Clone, Debug)]
@@ -329,15 +272,17 @@ enum TermEnd {
 
 /// Runs the replica until `stop` turns true: campaign, lead, step down,
 /// campaign again. `build` makes the cluster from a loaded snapshot (the
-/// caller's configuration and restore grace).
+/// caller's configuration and restore grace); each term's core reports to
+/// `observers`, which learn when a term starts and ends.
 pub async fn run(
     cfg: HaConfig,
     build: impl Fn(Snapshot) -> Cluster,
+    observers: Observers,
     role: watch::Sender<Role>,
     mut stop: watch::Receiver<bool>,
 ) {
     // Not leading yet: export no cluster gauges until elected.
-    clear_published();
+    observers.leading(false);
     let Some(client) = connect(&cfg, &mut stop).await else {
         return;
     };
@@ -398,6 +343,7 @@ pub async fn run(
             &client,
             &cfg,
             &build,
+            &observers,
             &role,
             &mut stop,
             &held,
@@ -409,8 +355,8 @@ pub async fn run(
             leader_http: None,
         });
         // The core has stopped: what it published for the web page and
-        // the cluster gauges is stale from now on.
-        clear_published();
+        // the cluster gauges is stale from now on (`dispatch_leader` 0).
+        observers.leading(false);
         match &end {
             TermEnd::Stop => tracing::info!("leader stopping"),
             TermEnd::LeaseLost => {
@@ -426,17 +372,6 @@ pub async fn run(
     }
 }
 
-/// This replica stopped leading: drop the web snapshot and the cluster
-/// gauges the core published, and export `dispatch_leader 0`.
-fn clear_published() {
-    if let Some(web) = crate::web::installed() {
-        web.clear();
-    }
-    if let Some(metrics) = crate::metrics::installed() {
-        metrics.set_leader(false);
-    }
-}
-
 async fn pause(stop: &mut watch::Receiver<bool>, d: Duration) {
     tokio::select! {
         _ = tokio::time::sleep(d) => {}
@@ -449,6 +384,7 @@ async fn lead(
     client: &Client,
     cfg: &HaConfig,
     build: &impl Fn(Snapshot) -> Cluster,
+    observers: &Observers,
     role: &watch::Sender<Role>,
     stop: &mut watch::Receiver<bool>,
     lease: &Lease,
@@ -484,12 +420,15 @@ async fn lead(
     };
     let jobs = snapshot.jobs.len();
     let cluster = build(snapshot);
-    let (core, thread) = crate::core::spawn(cluster, Box::new(store), OnStoreFailure::Stop);
+    let (core, thread) = crate::core::spawn(
+        cluster,
+        Box::new(store),
+        OnStoreFailure::Stop,
+        observers.clone(),
+    );
     let mut joined = tokio::task::spawn_blocking(move || thread.join());
     let _ = role.send(Role::Leader(core.clone()));
-    if let Some(metrics) = crate::metrics::installed() {
-        metrics.set_leader(true);
-    }
+    observers.leading(true);
     tracing::info!(jobs, "leading: state loaded, placing");
     let mut check = tokio::time::interval(Duration::from_millis(50));
     let end = loop {
@@ -528,42 +467,6 @@ async fn lead(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::Code;
-
-    #[test]
-    fn a_follower_gate_redirects_to_the_leader() {
-        let (tx, rx) = watch::channel(Role::Follower {
-            leader: Some("http://10.0.0.7:50051".into()),
-            leader_http: None,
-        });
-        let gate = Gate::new(rx);
-        let status = gate.core().err().unwrap();
-        assert_eq!(status.code(), Code::Unavailable);
-        assert_eq!(
-            status.message(),
-            "not the leader; the leader is at http://10.0.0.7:50051"
-        );
-        assert_eq!(
-            proto::endpoints::leader_hint(&status).as_deref(),
-            Some("http://10.0.0.7:50051")
-        );
-        assert!(!gate.is_leader());
-        // Elected but still loading: unavailable, no hint (clients retry).
-        tx.send(Role::Starting).unwrap();
-        let status = gate.core().err().unwrap();
-        assert_eq!(status.code(), Code::Unavailable);
-        assert_eq!(proto::endpoints::leader_hint(&status), None);
-        // Unknown leader: no hint either.
-        tx.send(Role::Follower {
-            leader: None,
-            leader_http: None,
-        })
-        .unwrap();
-        assert_eq!(
-            proto::endpoints::leader_hint(&gate.core().err().unwrap()),
-            None
-        );
-    }
 
     #[test]
     fn leader_records_read_both_forms() {

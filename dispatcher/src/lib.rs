@@ -4,17 +4,19 @@
 //!
 //! - [`spec`]: job-spec validation (errors name the field).
 //! - [`store`]: durable state (embedded redb by default, or etcd).
-//! - [`ha`]: leader election among replicas on etcd, and the gate that
-//!   makes followers redirect.
+//! - [`ha`]: leader election among replicas on etcd; [`gate`]: the role
+//!   it drives, which makes followers redirect.
 //! - [`auth`]: bearer tokens and roles; [`tls`]: server TLS, agent
 //!   certificates and the local CA.
 
 pub mod auth;
 pub mod cluster;
 pub mod core;
+pub mod gate;
 pub mod ha;
 pub mod limits;
 pub mod metrics;
+pub mod observe;
 pub mod server;
 pub mod spec;
 pub mod store;

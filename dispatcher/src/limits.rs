@@ -4,12 +4,13 @@
 //! bucket per client, counted in specs). Each refusal is a gRPC status with
 //! a message saying which limit and what to do.
 //!
-//! The limits are installed once at start-up (`install`); servers started
-//! without it (tests) get the defaults.
+//! The services are built with their [`Limits`] (see
+//! [`crate::server::serve_secured`]); each JobService owns its
+//! [`SubmitLimiter`].
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tonic::{Request, Status};
@@ -67,6 +68,11 @@ impl Limits {
     /// Largest message the agents' stream carries, either way.
     pub fn agent_message(&self) -> usize {
         self.max_message_bytes.saturating_mul(AGENT_FACTOR)
+    }
+
+    /// The per-client submission limiter these limits ask for.
+    pub fn submit_limiter(&self) -> SubmitLimiter {
+        SubmitLimiter::new(self.submit_rate, self.submit_burst)
     }
 }
 
@@ -208,44 +214,6 @@ impl SubmitLimiter {
             }
         }
     }
-}
-
-struct Installed {
-    limits: Limits,
-    submit: SubmitLimiter,
-}
-
-static INSTALLED: OnceLock<Installed> = OnceLock::new();
-
-fn installed() -> &'static Installed {
-    INSTALLED.get_or_init(|| {
-        let limits = Limits::default();
-        Installed {
-            submit: SubmitLimiter::new(limits.submit_rate, limits.submit_burst),
-            limits,
-        }
-    })
-}
-
-/// Install the process's limits (once, before serving); later calls are
-/// ignored and return false.
-pub fn install(limits: Limits) -> bool {
-    let submit = SubmitLimiter::new(limits.submit_rate, limits.submit_burst);
-    INSTALLED.set(Installed { limits, submit }).is_ok()
-}
-
-/// The process's limits.
-pub fn current() -> &'static Limits {
-    &installed().limits
-}
-
-/// The submission hook of JobService: admit `specs` submissions from the
-/// request's client (`identity`: its authenticated user, "" without
-/// tokens).
-pub fn admit_submit<T>(req: &Request<T>, identity: &str, specs: usize) -> Result<(), Status> {
-    installed()
-        .submit
-        .admit(&client_key(req, identity), specs, Instant::now())
 }
 
 #[cfg(test)]

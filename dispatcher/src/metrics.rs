@@ -1,9 +1,9 @@
 //! Prometheus metrics of the dispatcher.
 //!
 //! Off by default: `dispatcher --http-listen ADDR` (or its older name
-//! `--metrics-listen`) installs [`Metrics`] ([`install`]) and serves
-//! `GET /metrics` beside the web page ([`crate::web::router`]). The core
-//! thread samples the cluster into the
+//! `--metrics-listen`) builds the core with [`Metrics`] as an
+//! [`Observer`] and serves `GET /metrics` beside the web page
+//! ([`crate::web::router`]). The core thread samples the cluster into the
 //! registry on every tick and records placements as they happen; every
 //! metric is an atomic, so a scrape never blocks the core and the core
 //! never waits on a scrape.
@@ -32,9 +32,9 @@
 //! process did.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Mutex;
 
-use agent::metrics::{EngineCounters, Family, add_families};
+use dispatch_telemetry::{EngineCounters, Family, add_families};
 use prometheus::proto::MetricType;
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, IntCounter, IntGauge, IntGaugeVec, Opts, Registry,
@@ -42,6 +42,7 @@ use prometheus::{
 use proto::v1::{JobEvent, JobState};
 
 use crate::cluster::{Cluster, Move, MoveKind, NodeInfo};
+use crate::observe::Observer;
 use crate::store::NodeAdmin;
 
 /// The dispatcher's metrics.
@@ -89,7 +90,8 @@ pub fn state_name(state: JobState) -> String {
         .to_ascii_lowercase()
 }
 
-fn class_of(job: &proto::v1::Job) -> &'static str {
+/// A job's latency class: `latency` (latency_nice < 0) or `normal`.
+pub fn class_of(job: &proto::v1::Job) -> &'static str {
     match &job.spec {
         Some(spec) if spec.latency_nice < 0 => "latency",
         _ => "normal",
@@ -336,26 +338,28 @@ impl Metrics {
                 .with_label_values(&[level.as_str(), domain.as_str()])
                 .set(*busy as f64 / (*cpus).max(1) as f64);
         }
-        // Overload-mask weight per rack, by the engine's leaf order.
+        // Overload-mask weight per rack: a rack is an LLC of the
+        // node-level engine; the cluster maps each node to its leaf.
         let mut racks = Vec::new();
         if let Some(engine) = cluster.engine() {
-            let order = cluster.node_engine().order();
             let topo = engine.topology();
-            if topo.nr_leaves() == order.len() {
-                for (i, llc) in topo.llcs().iter().enumerate() {
-                    let Some(n) = llc
-                        .members
-                        .first()
-                        .and_then(|&leaf| cluster.node(&order[leaf]).ok())
-                    else {
-                        continue;
-                    };
-                    let rack = format!("{}/{}", n.zone, n.rack);
-                    self.overload
-                        .with_label_values(&[rack.as_str()])
-                        .set(engine.overload_masks().weight(i) as i64);
-                    racks.push(rack);
+            let mut named = vec![false; topo.llcs().len()];
+            for n in cluster.nodes() {
+                let Some(leaf) = cluster
+                    .engine_leaf(&n.name)
+                    .filter(|&l| l < topo.nr_leaves())
+                else {
+                    continue;
+                };
+                let i = topo.llc_of(leaf);
+                if std::mem::replace(&mut named[i], true) {
+                    continue;
                 }
+                let rack = format!("{}/{}", n.zone, n.rack);
+                self.overload
+                    .with_label_values(&[rack.as_str()])
+                    .set(engine.overload_masks().weight(i) as i64);
+                racks.push(rack);
             }
             self.engine.sample(engine.stats());
         }
@@ -400,17 +404,26 @@ pub fn node_state(n: &NodeInfo) -> &'static str {
     }
 }
 
-static METRICS: OnceLock<Arc<Metrics>> = OnceLock::new();
+impl Observer for Metrics {
+    fn leading(&self, leading: bool) {
+        self.set_leader(leading);
+    }
 
-/// Install the process's metrics (once); the core samples into them from
-/// then on.
-pub fn install(metrics: Arc<Metrics>) {
-    let _ = METRICS.set(metrics);
-}
+    fn submitted(&self, jobs: usize, seconds: f64) {
+        self.observe_submit(jobs, seconds);
+    }
 
-/// The installed metrics, if any.
-pub fn installed() -> Option<&'static Arc<Metrics>> {
-    METRICS.get()
+    fn tick(&self, cluster: &Cluster, now_ms: i64) {
+        self.sample(cluster, now_ms);
+    }
+
+    fn committed(&self, events: &[JobEvent]) {
+        self.observe_events(events);
+    }
+
+    fn moved(&self, moves: &[Move]) {
+        self.observe_moves(moves);
+    }
 }
 
 #[cfg(test)]
@@ -418,7 +431,7 @@ mod tests {
     use super::*;
 
     fn scrape(m: &Metrics) -> String {
-        agent::metrics::render(&m.registry)
+        dispatch_telemetry::render(&m.registry)
     }
 
     #[test]

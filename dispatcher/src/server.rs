@@ -5,12 +5,15 @@
 //! [`Access::check`] (bearer tokens and roles, see [`crate::auth`]) and
 //! jobs outside the caller's scope are answered as missing; an agent's
 //! Attach passes [`crate::tls::authorize_agent`] when client certificates
-//! are required. Only the leader serves: each handler asks the [`Gate`]
+//! are required. Message sizes and the submission rate are the services'
+//! [`Limits`]. Only the leader serves: each handler asks the [`Gate`]
 //! for the core, which a follower answers with UNAVAILABLE naming the
 //! leader.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
 
 use proto::v1::agent_service_server::{AgentService, AgentServiceServer};
 use proto::v1::job_service_server::{JobService, JobServiceServer};
@@ -28,7 +31,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Access, Action, Scope};
 use crate::core::Command;
-use crate::ha::{Gate, Role};
+use crate::gate::{Gate, Role};
+use crate::limits::{Limits, SubmitLimiter, client_key};
 use crate::store::NodeAdmin;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -48,6 +52,8 @@ fn trace_context(md: &tonic::metadata::MetadataMap) -> std::collections::HashMap
 pub struct Jobs {
     gate: Gate,
     access: Access,
+    /// Per-client submission rate ([`Limits::submit_limiter`]).
+    submit: Arc<SubmitLimiter>,
 }
 
 /// The answer for a job that does not exist or is outside the caller's
@@ -57,6 +63,13 @@ fn no_job(id: &str) -> Status {
 }
 
 impl Jobs {
+    /// Admit `specs` submissions from the request's client (`identity`:
+    /// its authenticated user, "" without tokens), or refuse.
+    fn admit<T>(&self, req: &Request<T>, identity: &str, specs: usize) -> Result<(), Status> {
+        self.submit
+            .admit(&client_key(req, identity), specs, Instant::now())
+    }
+
     /// Whether job (or array) `id` is within `scope`; NOT_FOUND otherwise.
     async fn check_scope(&self, scope: &Scope, id: &str) -> Result<(), Status> {
         if *scope == Scope::All {
@@ -106,7 +119,7 @@ impl JobService for Jobs {
         req: Request<SubmitJobRequest>,
     ) -> Result<Response<SubmitJobResponse>, Status> {
         let owner = self.access.check(req.metadata(), Action::Submit)?.owner;
-        crate::limits::admit_submit(&req, &owner, 1)?;
+        self.admit(&req, &owner, 1)?;
         let trace_context = trace_context(req.metadata());
         let spec = req
             .into_inner()
@@ -131,7 +144,7 @@ impl JobService for Jobs {
         req: Request<SubmitJobsRequest>,
     ) -> Result<Response<SubmitJobsResponse>, Status> {
         let owner = self.access.check(req.metadata(), Action::Submit)?.owner;
-        crate::limits::admit_submit(&req, &owner, req.get_ref().specs.len())?;
+        self.admit(&req, &owner, req.get_ref().specs.len())?;
         let trace_context = trace_context(req.metadata());
         let specs = req.into_inner().specs;
         let jobs = self
@@ -438,23 +451,31 @@ pub struct Security {
     pub require_agent_cert: bool,
 }
 
-/// Serve every service on `addr` until `shutdown` resolves, open and in
-/// plain text.
+/// Serve every service on `addr` until `shutdown` resolves, open, in
+/// plain text and with the default limits.
 pub async fn serve(
     gate: Gate,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    serve_secured(gate, listener, Security::default(), shutdown).await
+    serve_secured(
+        gate,
+        listener,
+        Security::default(),
+        Limits::default(),
+        shutdown,
+    )
+    .await
 }
 
 /// Serve every service on `addr` until `shutdown` resolves, secured as
-/// `security` says. Health reports the three services SERVING while
-/// `gate` leads and NOT_SERVING on a follower.
+/// `security` says and within `limits`. Health reports the three services
+/// SERVING while `gate` leads and NOT_SERVING on a follower.
 pub async fn serve_secured(
     gate: Gate,
     listener: tokio::net::TcpListener,
     security: Security,
+    limits: Limits,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let (health_reporter, health) = tonic_health::server::health_reporter();
@@ -499,8 +520,11 @@ pub async fn serve_secured(
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     // Message size limits (crate::limits): over them tonic answers
     // OUT_OF_RANGE / RESOURCE_EXHAUSTED before a handler runs.
-    let l = crate::limits::current();
-    let (decode, encode, agent) = (l.client_decode(), l.client_encode(), l.agent_message());
+    let (decode, encode, agent) = (
+        limits.client_decode(),
+        limits.client_encode(),
+        limits.agent_message(),
+    );
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = security.tls {
         builder = builder.tls_config(tls)?;
@@ -526,6 +550,7 @@ pub async fn serve_secured(
             JobServiceServer::new(Jobs {
                 gate: gate.clone(),
                 access: access.clone(),
+                submit: Arc::new(limits.submit_limiter()),
             })
             .max_decoding_message_size(decode)
             .max_encoding_message_size(encode),

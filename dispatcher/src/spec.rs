@@ -358,12 +358,12 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
 
 /// The engine's alignment for a (validated) spec.
 pub fn align_of(spec: &JobSpec) -> Align {
-    proto::engine::align(spec.alignment)
+    engine_proto::align(spec.alignment)
 }
 
 /// The engine's policy for a (validated) spec.
 pub fn policy_of(spec: &JobSpec) -> Policy {
-    proto::engine::policy(spec.policy)
+    engine_proto::policy(spec.policy)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //!
 //! Off by default; on and configured exactly like the agent's (flag
 //! `--otlp-endpoint` or the standard `OTEL_*` environment): the pipelines,
-//! the Prometheus bridge and W3C propagation live in [`agent::telemetry`]
+//! the Prometheus bridge and W3C propagation live in [`dispatch_telemetry`]
 //! and are shared. Placement never waits on a collector (batch exporters
 //! on their own threads).
 //!
@@ -27,21 +27,17 @@
 //! `dispatch_placement_seconds`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
-use agent::telemetry::{Exporters, TelemetryError};
+use dispatch_telemetry::{Exporters, TelemetryError};
 use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::trace::{Span as _, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracer;
 use proto::v1::{Job, JobEvent, JobState};
 
-use crate::metrics::{Metrics, state_name};
-
-/// Is OTLP export asked for (flag or environment)?
-pub fn wanted(flag: Option<&str>) -> bool {
-    agent::telemetry::wanted(flag)
-}
+use crate::metrics::{Metrics, class_of, state_name};
+use crate::observe::Observer;
 
 /// The exporters; dropped or [`Telemetry::shutdown`] at exit.
 pub struct Telemetry {
@@ -62,13 +58,6 @@ struct JobTrace {
     run: Option<Context>,
 }
 
-fn class_of(job: &Job) -> &'static str {
-    match &job.spec {
-        Some(spec) if spec.latency_nice < 0 => "latency",
-        _ => "normal",
-    }
-}
-
 fn is_terminal(state: i32) -> bool {
     [
         JobState::Succeeded,
@@ -86,7 +75,7 @@ impl Telemetry {
     pub fn init(endpoint: Option<&str>, metrics: Arc<Metrics>) -> Result<Self, TelemetryError> {
         let exporters = Exporters::init("dispatcher", endpoint)?;
         let meter = exporters.meter("dispatcher");
-        agent::telemetry::bridge_prometheus(&meter, &metrics.registry, metrics.families());
+        dispatch_telemetry::bridge_prometheus(&meter, &metrics.registry, metrics.families());
         let tracer = exporters.tracer("dispatcher");
         Ok(Self::new(Some(exporters), tracer, &meter))
     }
@@ -120,7 +109,7 @@ impl Telemetry {
         ids: impl IntoIterator<Item = &'a str>,
         carrier: &HashMap<String, String>,
     ) {
-        let Some(parent) = agent::telemetry::extract(carrier) else {
+        let Some(parent) = dispatch_telemetry::extract(carrier) else {
             return;
         };
         let mut parents = self.parents.lock().unwrap_or_else(|e| e.into_inner());
@@ -135,7 +124,7 @@ impl Telemetry {
     pub fn trace_context(&self, job_id: &str) -> HashMap<String, String> {
         let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
         match jobs.get(job_id) {
-            Some(t) => agent::telemetry::inject(t.run.as_ref().unwrap_or(&t.root)),
+            Some(t) => dispatch_telemetry::inject(t.run.as_ref().unwrap_or(&t.root)),
             None => HashMap::new(),
         }
     }
@@ -273,16 +262,22 @@ impl Telemetry {
     }
 }
 
-static TELEMETRY: OnceLock<Arc<Telemetry>> = OnceLock::new();
+impl Observer for Telemetry {
+    fn submitted(&self, jobs: usize, seconds: f64) {
+        self.observe_submit(jobs, seconds);
+    }
 
-/// Install the process's telemetry (once).
-pub fn install(t: Arc<Telemetry>) {
-    let _ = TELEMETRY.set(t);
-}
+    fn submitted_in_trace(&self, jobs: &[Job], carrier: &HashMap<String, String>) {
+        self.adopt_parent(jobs.iter().map(|j| j.id.as_str()), carrier);
+    }
 
-/// The installed telemetry, if any.
-pub fn installed() -> Option<&'static Arc<Telemetry>> {
-    TELEMETRY.get()
+    fn committed(&self, events: &[JobEvent]) {
+        self.observe_events(events);
+    }
+
+    fn trace_context(&self, job_id: &str) -> HashMap<String, String> {
+        Telemetry::trace_context(self, job_id)
+    }
 }
 
 #[cfg(test)]

@@ -45,8 +45,9 @@ use proto::v1::JobState;
 use serde::Serialize;
 
 use crate::cluster::{Cluster, Move, NodeInfo};
-use crate::ha::{Gate, Role};
+use crate::gate::{Gate, Role};
 use crate::metrics::{Metrics, node_state};
+use crate::observe::Observer;
 
 /// The page, embedded in the binary.
 pub const PAGE: &str = include_str!("web/page.html");
@@ -488,23 +489,21 @@ impl Web {
     }
 }
 
-static WEB: OnceLock<Arc<Web>> = OnceLock::new();
+impl Observer for Web {
+    fn leading(&self, leading: bool) {
+        if !leading {
+            self.clear();
+        }
+    }
 
-/// Install the process's web state (once); the core publishes into it
-/// from then on.
-pub fn install(web: Arc<Web>) {
-    let _ = WEB.set(web);
-}
-
-/// The installed web state, if any.
-pub fn installed() -> Option<&'static Arc<Web>> {
-    WEB.get()
+    fn tick(&self, cluster: &Cluster, now_ms: i64) {
+        self.publish(cluster, now_ms);
+    }
 }
 
 #[derive(Clone)]
 struct AppState {
     web: Arc<Web>,
-    registry: Registry,
 }
 
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response {
@@ -565,14 +564,6 @@ async fn rack_detail(
     }
 }
 
-async fn metrics(State(s): State<AppState>) -> Response {
-    (
-        [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        agent::metrics::render(&s.registry),
-    )
-        .into_response()
-}
-
 /// The routes: the page, the API and `/metrics`.
 pub fn router(web: Arc<Web>, registry: Registry) -> axum::Router {
     axum::Router::new()
@@ -582,8 +573,8 @@ pub fn router(web: Arc<Web>, registry: Registry) -> axum::Router {
             "/api/v1/racks/{zone}/{rack}",
             axum::routing::get(rack_detail),
         )
-        .route("/metrics", axum::routing::get(metrics))
-        .with_state(AppState { web, registry })
+        .with_state(AppState { web })
+        .merge(dispatch_telemetry::prom::router(registry))
 }
 
 /// Bind `addr` and serve [`router`] on it in a background task; returns

@@ -13,7 +13,7 @@ use crate::cluster::{ClusterConfig, Effects, RECENT_MOVES};
 use crate::store::NodeAdmin;
 
 fn machine(spec: &str) -> proto::v1::Topology {
-    proto::engine::topology(&Topology::from_spec(spec).unwrap())
+    engine_proto::topology(&Topology::from_spec(spec).unwrap())
 }
 
 fn register(c: &mut Cluster, name: &str, spec: &str, zone: &str, rack: &str, fx: &mut Effects) {
@@ -377,7 +377,7 @@ fn the_page_is_self_contained() {
 
 #[test]
 fn a_follower_names_the_leader_instead_of_a_stale_snapshot() {
-    use crate::ha::{Gate, Role};
+    use crate::gate::{Gate, Role};
     let metrics = Arc::new(Metrics::new().unwrap());
     let web = Web::new(metrics);
     let mut c = Cluster::new(ClusterConfig::default());

@@ -163,7 +163,7 @@ impl Agent {
         Register {
             node: self.name.clone(),
             labels,
-            topology: Some(proto::engine::topology(
+            topology: Some(engine_proto::topology(
                 &sched::Topology::from_spec("1s:2c:1t").expect("a valid spec"),
             )),
             jobs,

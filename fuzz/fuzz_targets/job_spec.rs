@@ -23,7 +23,7 @@ fn cluster() -> Cluster {
             Register {
                 node: name.into(),
                 labels,
-                topology: Some(proto::engine::topology(&topo)),
+                topology: Some(engine_proto::topology(&topo)),
                 ..Default::default()
             },
             0,

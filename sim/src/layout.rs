@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use proto::v1::{CpuGroup, Register};
+use proto::v1::Register;
 use sched::Topology;
 use sched::topology::TopoSpec;
 
@@ -45,32 +45,13 @@ impl NodeShape {
                 "a node is a machine (<S>s:<C>c:<T>t), not a cluster",
             ));
         }
-        let proto = to_proto(&t);
+        let proto = engine_proto::topology(&t);
         Ok(Self {
             spec: spec.to_string(),
             cpus: t.nr_leaves() as u32,
             topo: Arc::new(t),
             proto,
         })
-    }
-}
-
-/// The topology message an agent would send for `t`.
-pub fn to_proto(t: &Topology) -> proto::v1::Topology {
-    let groups = |g: &[Vec<usize>]| -> Vec<CpuGroup> {
-        g.iter()
-            .map(|v| CpuGroup {
-                cpus: v.iter().map(|&l| t.os_id(l) as u32).collect(),
-            })
-            .collect()
-    };
-    let llcs: Vec<Vec<usize>> = t.llcs().iter().map(|l| l.members.clone()).collect();
-    proto::v1::Topology {
-        cpus: (0..t.nr_leaves()).map(|l| t.os_id(l) as u32).collect(),
-        smt: groups(t.cores()),
-        llc: groups(&llcs),
-        numa: groups(t.numa_groups()),
-        package: groups(t.package_groups()),
     }
 }
 

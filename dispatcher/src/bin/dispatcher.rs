@@ -361,11 +361,11 @@ async fn run(args: Args) -> Result<()> {
         args.max_message_bytes >= 1024,
         "--max-message-bytes must be at least 1024"
     );
-    dispatcher::limits::install(dispatcher::limits::Limits {
+    let limits = dispatcher::limits::Limits {
         max_message_bytes: args.max_message_bytes,
         submit_rate: args.submit_rate,
         submit_burst: args.submit_burst,
-    });
+    };
     // Bad TLS files or tokens stop the start before anything is opened.
     let (security, dev_tls) = security(&args)?;
     let mut cfg = ClusterConfig {
@@ -377,19 +377,26 @@ async fn run(args: Args) -> Result<()> {
     };
     cfg.engine.steal_node_limit = args.steal_zone_limit;
     let grace = (args.heartbeat_ms * args.missed_heartbeats * 2) as i64;
-    let otlp = dispatcher::telemetry::wanted(args.otlp_endpoint.as_deref());
+    let otlp = dispatch_telemetry::wanted(args.otlp_endpoint.as_deref());
     let mut telemetry = None;
     let http_listen = args.http_listen.or(args.metrics_listen);
     let dev_http = http_listen.is_none() && args.dev;
     let mut web_state = None;
+    // Printed with the gRPC banner, after it: whoever reads the web line
+    // finds the dispatchctl line already there.
+    let mut web_banner = None;
     let mut http_url = args.advertise_http_url.clone();
+    // What the core reports to: the metrics first (the web snapshot reads
+    // their job counts on the same tick), then the web page, then OTLP.
+    let mut observers = dispatcher::observe::Observers::none();
     if http_listen.is_some() || dev_http || otlp {
         let metrics = std::sync::Arc::new(
             dispatcher::metrics::Metrics::new().context("registering the metrics")?,
         );
+        observers = observers.with(metrics.clone());
         if http_listen.is_some() || dev_http {
             let web = std::sync::Arc::new(dispatcher::web::Web::new(metrics.clone()));
-            dispatcher::web::install(web.clone());
+            observers = observers.with(web.clone());
             web_state = Some(web.clone());
             let bound =
                 serve_http(http_listen, &args.listen, web, metrics.registry.clone()).await?;
@@ -397,7 +404,9 @@ async fn run(args: Args) -> Result<()> {
                 http_url = Some(format!("http://{bound}"));
             }
             tracing::info!(%bound, "serving the web page, its API and /metrics");
-            println!("web page on http://{bound}/ (Prometheus metrics on /metrics)");
+            web_banner = Some(format!(
+                "web page on http://{bound}/ (Prometheus metrics on /metrics)"
+            ));
         }
         if otlp {
             let t = dispatcher::telemetry::Telemetry::init(
@@ -410,11 +419,10 @@ async fn run(args: Args) -> Result<()> {
             if let Some(tracer) = t.tracer("agent") {
                 agent::telemetry::install_job_tracer(tracer);
             }
-            dispatcher::telemetry::install(t.clone());
+            observers = observers.with(t.clone());
             telemetry = Some(t);
             tracing::info!(endpoint = ?args.otlp_endpoint, "exporting traces and metrics over OTLP");
         }
-        dispatcher::metrics::install(metrics);
     }
     let build = move |snapshot| {
         let mut cluster = Cluster::new(cfg.clone());
@@ -457,6 +465,7 @@ async fn run(args: Args) -> Result<()> {
                 build(snapshot),
                 Box::new(store),
                 dispatcher::core::OnStoreFailure::ExitProcess,
+                observers.clone(),
             );
             tracing::info!(%addr, restored, "dispatcher listening");
             println!(
@@ -464,10 +473,8 @@ async fn run(args: Args) -> Result<()> {
                 args.data_dir.display()
             );
             single = Some((core.clone(), core_thread));
-            if let Some(metrics) = dispatcher::metrics::installed() {
-                metrics.set_leader(true);
-            }
-            dispatcher::ha::Gate::always(core)
+            observers.leading(true);
+            dispatcher::gate::Gate::always(core)
         }
         StoreKind::Etcd => {
             if args.etcd_endpoints.is_empty() {
@@ -488,21 +495,24 @@ async fn run(args: Args) -> Result<()> {
                     ..TxnLimits::default()
                 },
             };
-            let (role_tx, role_rx) = tokio::sync::watch::channel(dispatcher::ha::Role::Follower {
-                leader: None,
-                leader_http: None,
-            });
+            let (role_tx, role_rx) =
+                tokio::sync::watch::channel(dispatcher::gate::Role::Follower {
+                    leader: None,
+                    leader_http: None,
+                });
             if let Some(web) = &web_state {
-                web.follow_role(dispatcher::ha::Gate::new(role_rx.clone()));
+                web.follow_role(dispatcher::gate::Gate::new(role_rx.clone()));
             }
             let stop = stop_rx.clone();
-            replica = Some(tokio::spawn(dispatcher::ha::run(ha, build, role_tx, stop)));
+            replica = Some(tokio::spawn(dispatcher::ha::run(
+                ha, build, observers, role_tx, stop,
+            )));
             tracing::info!(%addr, %advertise_url, "dispatcher replica listening; campaigning on etcd");
             println!(
                 "dispatcher replica listening on {addr} as {advertise_url} (etcd {})",
                 args.etcd_endpoints.join(",")
             );
-            dispatcher::ha::Gate::new(role_rx)
+            dispatcher::gate::Gate::new(role_rx)
         }
     };
     println!("point dispatchctl at it:  export DISPATCH_SERVER={client_url}");
@@ -517,6 +527,9 @@ async fn run(args: Args) -> Result<()> {
             "                          export DISPATCH_TOKEN_FILE={}",
             dev.admin_token.display()
         );
+    }
+    if let Some(banner) = web_banner {
+        println!("{banner}");
     }
 
     let mut agent_task = None;
@@ -555,7 +568,7 @@ async fn run(args: Args) -> Result<()> {
         tracing::info!("shutting down");
         let _ = stopper.send(true);
     };
-    dispatcher::server::serve_secured(gate, listener, security, shutdown)
+    dispatcher::server::serve_secured(gate, listener, security, limits, shutdown)
         .await
         .context("serving gRPC")?;
     let _ = stop_tx.send(true);

@@ -39,7 +39,7 @@ use tonic::Status;
 
 pub use engine::NodeEngine;
 pub use jobs::{End, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
-pub use nodes::{NodeInfo, cpu_topology};
+pub use nodes::NodeInfo;
 pub use steal::{Move, MoveKind, RECENT_MOVES};
 
 use crate::spec::SpecLimits;

@@ -10,9 +10,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use proto::v1::{CpuGroup, JobSpec, NodeLoad, NodeState};
+use proto::v1::{JobSpec, NodeLoad, NodeState};
 use sched::alloc::{find_aligned_in, free_summary_of};
-use sched::topology::{DomainFlags, TopologyBuilder};
 use sched::{FreeSummary, LeafId, Topology};
 use tonic::Status;
 
@@ -176,33 +175,6 @@ impl NodeInfo {
     }
 }
 
-/// Build an engine tree over a node's CPUs from its reported topology.
-pub fn cpu_topology(topo: &proto::v1::Topology) -> Result<Topology, String> {
-    if topo.cpus.is_empty() {
-        return Err("topology.cpus: empty".into());
-    }
-    let ids: Vec<u64> = topo.cpus.iter().map(|&c| c as u64).collect();
-    let groups = |g: &[CpuGroup]| -> Vec<Vec<u64>> {
-        g.iter()
-            .map(|x| x.cpus.iter().map(|&c| c as u64).collect())
-            .collect()
-    };
-    let mut b = TopologyBuilder::new(ids);
-    for (name, flags, list) in [
-        ("SMT", DomainFlags::SMT, &topo.smt),
-        ("LLC", DomainFlags::LLC, &topo.llc),
-        ("NUMA", DomainFlags::NUMA, &topo.numa),
-        ("PKG", DomainFlags::PACKAGE, &topo.package),
-    ] {
-        if !list.is_empty() {
-            b = b
-                .level_from_groups(name, flags, &groups(list))
-                .map_err(|e| format!("topology.{}: {e}", name.to_lowercase()))?;
-        }
-    }
-    b.build().map_err(|e| format!("topology: {e}"))
-}
-
 /// All nodes, by name.
 #[derive(Default)]
 pub struct Nodes {
@@ -254,7 +226,7 @@ impl Nodes {
         if let Some(t) = self.topo_cache.get(&shape) {
             return Ok(t.clone());
         }
-        let t = Arc::new(cpu_topology(topology)?);
+        let t = Arc::new(engine_proto::cpu_topology(topology).map_err(|e| e.to_string())?);
         self.topo_cache.insert(shape, t.clone());
         Ok(t)
     }

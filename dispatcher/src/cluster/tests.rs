@@ -11,7 +11,7 @@ use crate::store::NodeAdmin;
 
 /// The API topology of a synthetic machine.
 pub(crate) fn machine(spec: &str) -> proto::v1::Topology {
-    proto::engine::topology(&Topology::from_spec(spec).unwrap())
+    engine_proto::topology(&Topology::from_spec(spec).unwrap())
 }
 
 fn register(c: &mut Cluster, name: &str, spec: &str, zone: &str, rack: &str, now: i64) -> Effects {
