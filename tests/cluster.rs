@@ -555,20 +555,12 @@ async fn idle_rack_peer_steals_but_not_across_zones_beyond_the_limit() -> Result
     let ctx = || logs(&d, &agents);
     let jobs = d.jobs().await?;
 
-    // b1 (the other zone) becomes idle and schedulable: with a limit of one
-    // zone it must not take a1's queued jobs.
+    // b1 (the other zone) becomes idle and schedulable first: with a limit
+    // of one zone it must never take a1's queued jobs. No sleep stands in
+    // for "long enough": the proof that stealing ran while b1 could have
+    // stolen is a2's steal below. b1 was made schedulable before a2, so
+    // every tick that let a2 (a1's rack peer) steal offered b1 the same.
     node_admin(&d, "b1", false).await?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let all = all_jobs(&mut jobs.clone()).await?;
-    ensure!(
-        all.iter()
-            .all(|j| j.node != "b1" && !j.reason.contains("another zone")),
-        "b1 stole across zones beyond the limit:\n{}\n{}",
-        describe(&all),
-        ctx()
-    );
-
-    // a2 (a1's rack peer) becomes idle: it steals queued jobs.
     node_admin(&d, "a2", false).await?;
     let all = wait_jobs(
         &jobs,
@@ -581,6 +573,20 @@ async fn idle_rack_peer_steals_but_not_across_zones_beyond_the_limit() -> Result
         ctx,
     )
     .await?;
+    // ... and when a2 stole, a1 had more queued than a2 could take: b1 had
+    // work in reach the whole time and took none.
+    let still_queued = all
+        .iter()
+        .filter(|j| j.state == JobState::Pending as i32 && j.reason.contains("queued on a1"))
+        .count();
+    ensure!(
+        all.iter()
+            .all(|j| j.node != "b1" && !j.reason.contains("another zone"))
+            && still_queued > 0,
+        "b1 stole across zones beyond the limit, or a1's queue was gone ({still_queued} queued):\n{}\n{}",
+        describe(&all),
+        ctx()
+    );
     let stolen: Vec<&Job> = all.iter().filter(|j| j.reason.contains("steal:")).collect();
     for j in &stolen {
         ensure!(

@@ -1,7 +1,14 @@
 //! The end-to-end harness: starts real `dispatcher` and `agent` processes
-//! on loopback ports chosen at random, gives tests gRPC clients and the
+//! on loopback, gives tests gRPC clients and the
 //! `dispatchctl` binary, and kills and reaps everything on drop (a process
 //! group per child, so shims and jobs go too).
+//!
+//! Dispatchers listen on port 0: the kernel picks a free port and the
+//! dispatcher prints the address it bound, which the harness reads from its
+//! log. Nothing binds a port, releases it and hopes it stays free, except
+//! where a port must be known before the process starts (etcd's peer and
+//! client URLs; a replica advertising a custom URL): there [`free_port`]
+//! is used and a start that lost the race is retried on new ports.
 //!
 //! Binaries come from the workspace's target directory; when one is
 //! missing (a `cargo test -p e2e` on a clean tree) the harness builds it
@@ -66,7 +73,9 @@ pub fn binary(name: &str) -> PathBuf {
     bin_dir().join(name)
 }
 
-/// A free loopback port (bound then released).
+/// A loopback port that was free a moment ago (bound then released):
+/// another process may take it before the caller binds it. Only for
+/// addresses that must be known before a process starts; prefer port 0.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -170,10 +179,11 @@ impl Dispatcher {
     /// Start a dispatcher with its data under `dir`; `extra` flags are
     /// appended (e.g. `--heartbeat-ms 200`).
     pub fn start(dir: &Path, extra: &[&str]) -> Result<Self> {
-        let port = free_port();
-        Self::start_on(dir, port, extra.iter().map(|s| s.to_string()).collect())
+        Self::start_on(dir, 0, extra.iter().map(|s| s.to_string()).collect())
     }
 
+    /// Start on `port`; 0 lets the kernel choose (the port is then read
+    /// from what the dispatcher prints).
     fn start_on(dir: &Path, port: u16, extra: Vec<String>) -> Result<Self> {
         let data_dir = dir.join("dispatcher");
         let mut cmd = Command::new(binary("dispatcher"));
@@ -185,10 +195,9 @@ impl Dispatcher {
             .env("RUST_LOG", "info");
         let log = dir.join(format!("dispatcher-{port}-{}.log", now_nanos()));
         let proc = Proc::spawn("dispatcher", cmd, log)?;
-        let url = format!("http://127.0.0.1:{port}");
         let mut d = Self {
             proc,
-            url,
+            url: String::new(),
             port,
             data_dir,
             extra,
@@ -197,15 +206,21 @@ impl Dispatcher {
         Ok(d)
     }
 
-    /// Wait until it answers gRPC.
+    /// Wait until it prints the address it bound (every mode prints
+    /// `export DISPATCH_SERVER=URL`) and accepts connections there; sets
+    /// [`Dispatcher::port`] and [`Dispatcher::url`] from it.
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if !self.proc.alive() {
                 bail!("the dispatcher exited:\n{}", self.proc.log_text());
             }
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
+            if let Some(port) = printed_port(&self.proc.log_text()) {
+                self.port = port;
+                self.url = format!("http://127.0.0.1:{port}");
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Ok(());
+                }
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -213,6 +228,28 @@ impl Dispatcher {
             "the dispatcher did not listen within {timeout:?}:\n{}",
             self.proc.log_text()
         )
+    }
+
+    /// The port of its web page and /metrics, started with `--http-listen
+    /// 127.0.0.1:0` (or `--dev`): read from the `web page on http://ADDR/`
+    /// line it prints once bound.
+    pub fn web_port(&self, timeout: Duration) -> Result<u16> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = self.proc.log_text();
+            let port = log.lines().find_map(|l| {
+                let rest = l.split("web page on http://").nth(1)?;
+                let addr = rest.split('/').next()?;
+                addr.rsplit(':').next()?.parse().ok()
+            });
+            if let Some(port) = port {
+                return Ok(port);
+            }
+            if Instant::now() > deadline {
+                bail!("the dispatcher printed no web page address:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// SIGKILL it and start it again on the same port and data.
@@ -234,6 +271,22 @@ impl Dispatcher {
         let ch = Channel::from_shared(self.url.clone())?.connect().await?;
         Ok(NodeServiceClient::new(ch))
     }
+}
+
+/// The port of `export DISPATCH_SERVER=SCHEME://HOST:PORT`, the line every
+/// dispatcher prints once it has bound its gRPC listener (for tests that
+/// start a dispatcher themselves).
+pub fn printed_port(log: &str) -> Option<u16> {
+    log.lines().find_map(|l| {
+        let url = l.split("export DISPATCH_SERVER=").nth(1)?.trim();
+        url.rsplit(':').next()?.parse().ok()
+    })
+}
+
+/// A start failed because another process bound the chosen port first.
+fn lost_port(e: &anyhow::Error) -> bool {
+    let text = format!("{e:#}").to_lowercase();
+    text.contains("address already in use")
 }
 
 fn now_nanos() -> u128 {
@@ -283,6 +336,49 @@ impl Agent {
             node: node.to_string(),
         })
     }
+}
+
+impl Agent {
+    /// The port of its /metrics, started with `--metrics-listen
+    /// 127.0.0.1:0`: read from the `bound=ADDR` it logs once bound.
+    pub fn metrics_port(&self, timeout: Duration) -> Result<u16> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = strip_ansi(&self.proc.log_text());
+            let port = log.lines().find_map(|l| {
+                if !l.contains("serving Prometheus metrics") {
+                    return None;
+                }
+                let addr = l.split("bound=").nth(1)?.split_whitespace().next()?;
+                addr.rsplit(':').next()?.parse().ok()
+            });
+            if let Some(port) = port {
+                return Ok(port);
+            }
+            if Instant::now() > deadline {
+                bail!("agent {} logged no metrics address:\n{log}", self.node);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `text` without terminal colour sequences (`ESC [ ... m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Run `dispatchctl` against `url`; returns (exit code, stdout, stderr).
@@ -381,22 +477,21 @@ impl Dispatcher {
     /// this machine). Its stdout goes to the log with stderr, so
     /// [`Proc::log_text`] shows what it printed.
     pub fn start_dev(dir: &Path, extra: &[&str]) -> Result<Self> {
-        let port = free_port();
         let data_dir = dir.join("dispatcher");
         let mut cmd = Command::new(binary("dispatcher"));
         cmd.arg("--dev")
             .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
+            .arg("127.0.0.1:0")
             .arg("--data-dir")
             .arg(&data_dir)
             .args(extra)
             .env("RUST_LOG", "info");
-        let log = dir.join(format!("dispatcher-dev-{port}-{}.log", now_nanos()));
+        let log = dir.join(format!("dispatcher-dev-{}.log", now_nanos()));
         let proc = Proc::spawn("dispatcher --dev", cmd, log)?;
         let mut d = Self {
             proc,
-            url: format!("http://127.0.0.1:{port}"),
-            port,
+            url: String::new(),
+            port: 0,
             data_dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
@@ -530,17 +625,29 @@ pub struct Etcd {
 
 impl Etcd {
     /// Start etcd with its data under `dir/etcd` and wait until healthy.
+    /// etcd's URLs name their ports, so they are chosen before it starts;
+    /// a start that lost a port to another process is retried on new ones.
     pub fn start(dir: &Path) -> Result<Self> {
-        let client_port = free_port();
-        let mut e = Self {
-            proc: None,
-            url: format!("http://127.0.0.1:{client_port}"),
-            peer_port: free_port(),
-            metrics_port: free_port(),
-            dir: dir.to_path_buf(),
-        };
-        e.restart()?;
-        Ok(e)
+        let mut attempt = 0;
+        loop {
+            let client_port = free_port();
+            let mut e = Self {
+                proc: None,
+                url: format!("http://127.0.0.1:{client_port}"),
+                peer_port: free_port(),
+                metrics_port: free_port(),
+                dir: dir.to_path_buf(),
+            };
+            match e.restart() {
+                Ok(()) => return Ok(e),
+                Err(err) if attempt < 5 && lost_port(&err) => {
+                    attempt += 1;
+                    e.kill9();
+                    let _ = std::fs::remove_dir_all(dir.join("etcd"));
+                }
+                Err(err) => return Err(err),
+            }
+        }
     }
 
     /// (Re)start on the same ports and data directory; waits for /health.
@@ -613,12 +720,17 @@ impl Dispatcher {
     /// data directory under `dir`; returns as soon as it listens (it may
     /// be a follower).
     pub fn start_replica(dir: &Path, etcd_url: &str, extra: &[&str]) -> Result<Self> {
-        Self::start_replica_as(
-            dir,
-            etcd_url,
-            |port| format!("http://127.0.0.1:{port}"),
-            extra,
-        )
+        // Port 0; the replica advertises the address it bound.
+        let own = dir.join(format!("replica-{}", now_nanos()));
+        std::fs::create_dir_all(&own)?;
+        let mut flags: Vec<String> = vec![
+            "--store".into(),
+            "etcd".into(),
+            "--etcd-endpoints".into(),
+            etcd_url.into(),
+        ];
+        flags.extend(extra.iter().map(|s| s.to_string()));
+        Self::start_on(&own, 0, flags)
     }
 
     /// [`Dispatcher::start_replica`] advertising `advertise(port)` (e.g.
@@ -629,19 +741,27 @@ impl Dispatcher {
         advertise: impl Fn(u16) -> String,
         extra: &[&str],
     ) -> Result<Self> {
-        let port = free_port();
-        let own = dir.join(format!("replica-{port}"));
-        std::fs::create_dir_all(&own)?;
-        let mut flags: Vec<String> = vec![
-            "--store".into(),
-            "etcd".into(),
-            "--etcd-endpoints".into(),
-            etcd_url.into(),
-            "--advertise-url".into(),
-            advertise(port),
-        ];
-        flags.extend(extra.iter().map(|s| s.to_string()));
-        Self::start_on(&own, port, flags)
+        // The advertised URL names the port, so it is chosen first; a
+        // start that lost the port to another process is retried.
+        let mut attempt = 0;
+        loop {
+            let port = free_port();
+            let own = dir.join(format!("replica-{port}-{}", now_nanos()));
+            std::fs::create_dir_all(&own)?;
+            let mut flags: Vec<String> = vec![
+                "--store".into(),
+                "etcd".into(),
+                "--etcd-endpoints".into(),
+                etcd_url.into(),
+                "--advertise-url".into(),
+                advertise(port),
+            ];
+            flags.extend(extra.iter().map(|s| s.to_string()));
+            match Self::start_on(&own, port, flags) {
+                Err(e) if attempt < 5 && lost_port(&e) => attempt += 1,
+                other => return other,
+            }
+        }
     }
 }
 

@@ -25,6 +25,12 @@
 //! "Exactly once" is checked outside the dispatcher: each job's command
 //! appends its own marker to a file, and each marker must appear once.
 //! Nothing asserts wall-clock timings; the time to a new leader is printed.
+//!
+//! The replicas hold 3 s leases. Two of these clusters at once (cargo runs
+//! tests in parallel) on a 2-CPU machine starve each other's lease
+//! renewals into spurious failovers, so every test takes [`serial`] first
+//! and holds it until its processes are gone. Waits are for events (a
+//! leader answering, jobs ending under the new leader), never sleeps.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -47,6 +53,16 @@ const LONG: Duration = Duration::from_secs(180);
 /// Generous bound for a new leader to be elected (the lease TTL is 3 s).
 const ELECTION: Duration = Duration::from_secs(30);
 
+/// One HA cluster at a time in this test binary (see the module
+/// documentation). A test that failed while holding it does not block the
+/// others.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Three replicas on one etcd, agents attached through the list of URLs.
 struct Ha {
     dir: tempfile::TempDir,
@@ -56,6 +72,8 @@ struct Ha {
     urls: Vec<String>,
     /// Each replica's web port (`--http-listen`), when started with one.
     http: Vec<u16>,
+    /// Held until every process above is gone (fields drop in order).
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Ha {
@@ -67,6 +85,7 @@ impl Ha {
     /// port of its own, advertised with `--advertise-http-url`.
     fn start_opts(agents: &[(&str, &str)], web: bool) -> Result<Self> {
         use std::os::unix::fs::PermissionsExt;
+        let serial = serial();
         let dir = tempfile::tempdir()?;
         // Jobs run as an unprivileged user when the agent is root: they
         // must be able to reach and append to the marker file.
@@ -75,26 +94,24 @@ impl Ha {
         std::fs::create_dir(&marks)?;
         std::fs::set_permissions(&marks, std::fs::Permissions::from_mode(0o777))?;
         let etcd = Etcd::start(dir.path())?;
-        let http: Vec<u16> = if web {
-            (0..3).map(|_| e2e::free_port()).collect()
-        } else {
-            Vec::new()
-        };
         let replicas = (0..3)
-            .map(|i| {
-                let mut flags = vec!["--lease-ttl-secs".to_string(), "3".to_string()];
-                if let Some(port) = http.get(i) {
-                    flags.extend([
-                        "--http-listen".to_string(),
-                        format!("127.0.0.1:{port}"),
-                        "--advertise-http-url".to_string(),
-                        format!("http://127.0.0.1:{port}"),
-                    ]);
+            .map(|_| {
+                let mut flags = vec!["--lease-ttl-secs", "3"];
+                if web {
+                    // Port 0: each replica advertises the page it bound.
+                    flags.extend(["--http-listen", "127.0.0.1:0"]);
                 }
-                let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
                 Dispatcher::start_replica(dir.path(), &etcd.url, &flags)
             })
             .collect::<Result<Vec<_>>>()?;
+        let http: Vec<u16> = if web {
+            replicas
+                .iter()
+                .map(|d| d.web_port(Duration::from_secs(30)))
+                .collect::<Result<_>>()?
+        } else {
+            Vec::new()
+        };
         let urls: Vec<String> = replicas.iter().map(|d| d.url.clone()).collect();
         let all = urls.join(",");
         let agents = agents
@@ -108,6 +125,7 @@ impl Ha {
             agents,
             urls,
             http,
+            _serial: serial,
         })
     }
 
@@ -513,8 +531,23 @@ async fn paused_leader_steps_down_without_writing() -> Result<()> {
         ha.urls[next],
         stopped_at.elapsed()
     );
-    // Let the new leader work for a moment before the old one wakes up.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The new leader works before the old one wakes up: a job ends under
+    // it (an event, not a pause of some length).
+    let done_at_takeover = ha
+        .jobs()
+        .await?
+        .iter()
+        .filter(|j| is_terminal(j.state))
+        .count();
+    let progressed = ha
+        .wait_jobs("a job to end under the new leader", |all| {
+            all.iter().filter(|j| is_terminal(j.state)).count() > done_at_takeover
+        })
+        .await;
+    if let Err(e) = progressed {
+        old.proc.signal(nix::sys::signal::Signal::SIGCONT);
+        return Err(e);
+    }
     old.proc.signal(nix::sys::signal::Signal::SIGCONT);
     // It steps down on its own and redirects to the new leader.
     let deadline = Instant::now() + ELECTION;
@@ -598,6 +631,7 @@ async fn replicas_over_tls_fail_over_for_agents_and_dispatchctl() -> Result<()> 
     ensure!(out.status.success(), "gen-certs: {out:?}");
     let file = |name: &str| ca_dir.join(name).display().to_string();
     let (ca, cert, key) = (file("ca.pem"), file("server.pem"), file("server.key"));
+    let _serial = serial();
     let etcd = Etcd::start(dir.path())?;
     let tls_flags = [
         "--tls-cert",

@@ -10,9 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::{
-    Agent, Dispatcher, all_jobs, eventually, free_port, http_get_typed, is_terminal, wait_nodes,
-};
+use e2e::{Agent, Dispatcher, all_jobs, eventually, http_get_typed, is_terminal, wait_nodes};
 use proto::v1::{JobSpec, JobState, SubmitJobsRequest};
 
 /// GET http://127.0.0.1:port/metrics; returns (content type, body).
@@ -300,20 +298,18 @@ struct Cluster {
 /// both classes to completion.
 async fn cluster_with_jobs() -> Result<Cluster> {
     let dir = tempfile::tempdir()?;
-    let dispatcher_port = free_port();
-    let agent_port = free_port();
-    let listen = format!("127.0.0.1:{dispatcher_port}");
+    // Port 0 for both endpoints: each process prints what it bound.
     let d = Dispatcher::start(
         dir.path(),
-        &["--heartbeat-ms", "300", "--metrics-listen", &listen],
+        &["--heartbeat-ms", "300", "--metrics-listen", "127.0.0.1:0"],
     )?;
+    let dispatcher_port = d.web_port(Duration::from_secs(30))?;
     let mut agents = Vec::new();
     for (i, rack) in ["r1", "r1", "r2", "r2"].iter().enumerate() {
         let node = format!("n{}", i + 1);
         let rack_label = format!("dispatch.io/rack={rack}");
-        let agent_listen = format!("127.0.0.1:{agent_port}");
         let extra: Vec<&str> = if i == 0 {
-            vec!["--metrics-listen", &agent_listen]
+            vec!["--metrics-listen", "127.0.0.1:0"]
         } else {
             vec![]
         };
@@ -326,6 +322,7 @@ async fn cluster_with_jobs() -> Result<Cluster> {
             &extra,
         )?);
     }
+    let agent_port = agents[0].metrics_port(Duration::from_secs(30))?;
     wait_nodes(&d, 4, Duration::from_secs(20)).await?;
     let mut jobs = d.jobs().await?;
     // More work than CPUs so that jobs queue, and both classes.

@@ -74,3 +74,41 @@ async fn jobs_run_on_agents_and_report_back() -> anyhow::Result<()> {
     assert!(out.contains("Cpus_allowed_list"), "{out}");
     Ok(())
 }
+
+/// Run one of this crate's benchmark binaries in its check mode (the same
+/// code path at a small size, verifying its own results); fails on a
+/// non-zero exit or a missing `check:` line, with its output.
+fn run_check_mode(exe: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new(exe)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    anyhow::ensure!(
+        out.status.success() && stdout.contains("\ncheck: "),
+        "{exe} {args:?}: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    Ok(stdout.into_owned())
+}
+
+#[test]
+fn e2e_throughput_check_mode() -> anyhow::Result<()> {
+    let out = run_check_mode(env!("CARGO_BIN_EXE_e2e-throughput"), &["--check"])?;
+    assert!(out.contains("jobs 40, succeeded 40"), "{out}");
+    Ok(())
+}
+
+#[test]
+fn hackbench_jobs_check_mode() -> anyhow::Result<()> {
+    // .ci/run installs rt-tests; without hackbench the binary fails, and so
+    // does this test.
+    let out = run_check_mode(env!("CARGO_BIN_EXE_hackbench-jobs"), &["--check"])?;
+    for w in ["mixed 2x", "mixed 4x", "uniform 8x"] {
+        assert!(out.contains(w), "{w} missing from\n{out}");
+    }
+    Ok(())
+}

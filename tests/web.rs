@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use e2e::{Agent, Dispatcher, chromium, eventually, free_port, http_get, rendered_dom, wait_nodes};
+use e2e::{Agent, Dispatcher, chromium, eventually, http_get, rendered_dom, wait_nodes};
 use proto::v1::{JobSpec, NodeActionRequest, SubmitJobsRequest};
 use serde_json::Value;
 
@@ -187,12 +187,12 @@ fn stable_part(view: &Value) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_page_renders_the_cluster_in_headless_chromium() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let web = free_port();
-    let listen = format!("127.0.0.1:{web}");
+    // Port 0: the dispatcher prints the address its page is on.
     let d = Dispatcher::start(
         dir.path(),
-        &["--heartbeat-ms", "300", "--http-listen", &listen],
+        &["--heartbeat-ms", "300", "--http-listen", "127.0.0.1:0"],
     )?;
+    let web = d.web_port(Duration::from_secs(30))?;
     let nodes = [
         ("a1-n1", "2s:2c:1t", "zone-a", "rack-a1"),
         ("a1-n2", "2s:2c:1t", "zone-a", "rack-a1"),

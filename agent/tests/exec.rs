@@ -893,12 +893,46 @@ async fn rejects_bad_requests_with_typed_errors() {
     ));
 }
 
+/// In CI (the `CI` environment variable is set) a cgroup prerequisite the
+/// CI machine provides must be there: its absence fails the test, naming
+/// what is missing. Elsewhere the test says what it did not exercise.
+fn missing_cgroup_part(what: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI provides cgroups but {what}"
+    );
+    eprintln!("cgroup part not exercised: {what}");
+}
+
+/// The cgroup v1 hierarchy `controller` is bound to (`/proc/cgroups`), if
+/// any: a controller bound to v1 cannot be offered to any cgroup2 directory
+/// (a hybrid host, like the CI machines: v1 `cpuset`, `memory`, ... next to
+/// a controller-less cgroup2 tree at `/sys/fs/cgroup/unified`).
+fn v1_hierarchy(controller: &str) -> Option<u32> {
+    fs::read_to_string("/proc/cgroups")
+        .ok()?
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            (f.next()? == controller).then(|| f.next()?.parse().ok())?
+        })
+        .filter(|&h| h != 0)
+}
+
+/// What the agent's cgroup code needs: a cgroup2 hierarchy and, under it,
+/// a directory it may create and write (`cgroup.procs`, `cgroup.kill`);
+/// `cpuset` and `memory` offered to it for the limits. The first two are
+/// required in CI; a controller is required wherever the kernel could
+/// offer it to cgroup2 (not bound to a v1 hierarchy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_cgroup_per_job_where_cgroup_v2_is_writable() {
     let fx = Fixture::new();
     let (a, b) = two_cpus();
     let (Some(mount), Some(own)) = (cgroup::cgroup2_mount(), cgroup::own_cgroup()) else {
-        eprintln!("no cgroup2 hierarchy: cgroup part not exercised");
+        missing_cgroup_part(
+            "no cgroup2 hierarchy is mounted (/proc/self/mountinfo) or this process has no cgroup2 path (/proc/self/cgroup)",
+        );
         return;
     };
     let root = mount
@@ -906,15 +940,35 @@ async fn one_cgroup_per_job_where_cgroup_v2_is_writable() {
         .join(format!("agent-exec-test-{}", std::process::id()));
     let exec = fx.executor_with(|c| c.cgroup_root = Some(root.clone()));
     let Some(support) = exec.cgroup_support().cloned() else {
-        eprintln!(
-            "{} not usable (see the warning): cgroup part not exercised",
+        missing_cgroup_part(&format!(
+            "{} is not a usable cgroup2 directory (see the warning above: not creatable or cgroup.procs not writable)",
             root.display()
-        );
+        ));
         return;
     };
+    for (controller, enabled) in [("cpuset", support.cpuset), ("memory", support.memory)] {
+        if enabled {
+            continue;
+        }
+        match v1_hierarchy(controller) {
+            Some(h) => eprintln!(
+                "{controller} not exercised: bound to cgroup v1 hierarchy {h} (/proc/cgroups), so no cgroup2 directory can have it"
+            ),
+            None => missing_cgroup_part(&format!(
+                "the {controller} controller is free of cgroup v1 yet not offered to {}: enable it in {}",
+                root.display(),
+                root.parent()
+                    .unwrap_or(&root)
+                    .join("cgroup.subtree_control")
+                    .display()
+            )),
+        }
+    }
     eprintln!("cgroups: {support:?}");
     let mut h = exec
-        .spawn(sh("cg", "sleep 30 & sleep 30 & wait", vec![a]).memory_max(256 << 20))
+        // One child leaves the job's process group and session (setsid):
+        // only the job's cgroup still knows it belongs to the job.
+        .spawn(sh("cg", "sleep 30 & setsid sleep 30 & wait", vec![a]).memory_max(256 << 20))
         .await
         .unwrap();
     let (pgid, shim) = (h.pid() as i32, h.shim_pid() as i32);
@@ -929,7 +983,19 @@ async fn one_cgroup_per_job_where_cgroup_v2_is_writable() {
         .split_whitespace()
         .map(|p| p.parse().unwrap())
         .collect();
-    assert_eq!(members, job_pids(pgid, shim));
+    let escaped: BTreeSet<i32> = members
+        .iter()
+        .copied()
+        .filter(|&p| stat(p).is_some_and(|s| s.pgrp != pgid))
+        .collect();
+    assert_eq!(escaped.len(), 1, "the setsid child left the process group");
+    assert_eq!(
+        members
+            .difference(&escaped)
+            .copied()
+            .collect::<BTreeSet<_>>(),
+        job_pids(pgid, shim)
+    );
     assert!(
         !members.contains(&shim),
         "the shim stays outside the job's cgroup"
@@ -960,6 +1026,13 @@ async fn one_cgroup_per_job_where_cgroup_v2_is_writable() {
     }
     exec.cancel("cg", Duration::ZERO).unwrap();
     assert_eq!(wait_exit(&mut h).await.outcome, JobOutcome::Cancelled);
+    // Killed through the cgroup although no signal to the process group
+    // reaches it.
+    let escapee = *escaped.first().unwrap();
+    eventually("the setsid child killed with its job", || {
+        stat(escapee).is_none_or(|s| s.state == 'Z')
+    })
+    .await;
     assert!(!cg.exists(), "the job's cgroup is removed after its exit");
     drop(exec);
     fs::remove_dir(&root).expect("remove the test's cgroup root");

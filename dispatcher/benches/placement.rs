@@ -8,9 +8,11 @@
 //! on the node tree, CPU model, effects); the baseline only scans and
 //! updates a free-CPU array, so the ratio flatters the baseline.
 //!
-//! `cargo bench -p dispatcher --bench placement` prints the table; under
-//! `cargo test` (no `--bench` argument) it runs a tiny size once as a smoke
-//! test.
+//! `cargo bench -p dispatcher --bench placement` prints the table. Under
+//! `cargo test` (no `--bench` argument), or with `--check`, it runs the same
+//! loops at a small size in check mode: after every step both sides verify
+//! their results against an account the bench keeps itself (see
+//! [`Check`]), and any disagreement panics.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -80,8 +82,68 @@ fn spec(cpus: u32) -> JobSpec {
     }
 }
 
+/// Check mode: the bench's own account of which job runs where, against
+/// the cluster's answers. Every job the bench counts as running is
+/// ASSIGNED on the node it was placed on, once; no node holds more CPUs
+/// than it has; the cluster's CPU model of each node marks exactly as many
+/// CPUs busy as the bench's account; and a job is left queued only when
+/// no node has that many CPUs free by the account.
+struct Check {
+    on: bool,
+    placed: u64,
+    queued: u64,
+}
+
+impl Check {
+    fn used_by_node(running: &[(String, String, u32)]) -> HashMap<&str, u32> {
+        let mut used: HashMap<&str, u32> = HashMap::new();
+        for (_, node, cpus) in running {
+            *used.entry(node.as_str()).or_default() += cpus;
+        }
+        used
+    }
+
+    /// A submit of `cpus` CPUs left its job queued (before it counts).
+    fn queued(&mut self, c: &Cluster, running: &[(String, String, u32)], cpus: u32) {
+        if !self.on {
+            return;
+        }
+        self.queued += 1;
+        let used = Self::used_by_node(running);
+        for n in c.nodes() {
+            let free = NODE_CPUS - used.get(n.name.as_str()).copied().unwrap_or(0);
+            assert!(
+                free < cpus,
+                "a {cpus}-CPU job was queued while {} has {free} CPUs free",
+                n.name
+            );
+        }
+    }
+
+    fn verify(&mut self, c: &Cluster, running: &[(String, String, u32)]) {
+        if !self.on {
+            return;
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (id, node, _) in running {
+            assert!(seen.insert(id.as_str()), "job {id} counted twice");
+            let j = c.get_job(id).unwrap_or_else(|e| panic!("job {id}: {e}"));
+            assert_eq!(j.state, JobState::Assigned as i32, "job {id}");
+            assert_eq!(&j.node, node, "job {id}");
+        }
+        self.placed = self.placed.max(running.len() as u64);
+        let used = Self::used_by_node(running);
+        for n in c.nodes() {
+            let ours = used.get(n.name.as_str()).copied().unwrap_or(0);
+            assert!(ours <= NODE_CPUS, "{} holds {ours} CPUs", n.name);
+            let busy = n.cpu_busy.iter().filter(|&&b| b).count() as u32;
+            assert_eq!(busy, ours, "{}: CPU model vs running jobs", n.name);
+        }
+    }
+}
+
 /// Ours: returns decisions per second over `ops` submits.
-fn run_ours(nodes: usize, ops: usize) -> (f64, f64) {
+fn run_ours(nodes: usize, ops: usize, check: &mut Check) -> (f64, f64) {
     let t0 = Instant::now();
     let mut c = cluster(nodes);
     let setup = t0.elapsed().as_secs_f64();
@@ -100,9 +162,12 @@ fn run_ours(nodes: usize, ops: usize) -> (f64, f64) {
             if j.state == JobState::Assigned as i32 {
                 used += cpus as u64;
                 running.push((j.id, j.node, cpus));
+            } else {
+                check.queued(&c, &running, cpus);
             }
         }
         fx = Effects::default();
+        check.verify(&c, &running);
     }
     let start = Instant::now();
     for i in 0..ops {
@@ -113,8 +178,14 @@ fn run_ours(nodes: usize, ops: usize) -> (f64, f64) {
         for j in jobs {
             if j.state == JobState::Assigned as i32 {
                 running.push((j.id, j.node, cpus));
+            } else {
+                check.queued(&c, &running, cpus);
             }
         }
+        // Found by the check mode: the submit's own Assign stayed in `fx`
+        // and was counted again with the exit's below.
+        fx = Effects::default();
+        check.verify(&c, &running);
         if !running.is_empty() {
             let k = rng.below(running.len() as u64) as usize;
             let (id, node, _) = running.swap_remove(k);
@@ -139,12 +210,15 @@ fn run_ours(nodes: usize, ops: usize) -> (f64, f64) {
             }
         }
         fx = Effects::default();
+        check.verify(&c, &running);
     }
     (ops as f64 / start.elapsed().as_secs_f64(), setup)
 }
 
-/// Baseline: least-loaded scan over a free-CPU array.
-fn run_least_loaded(nodes: usize, ops: usize) -> f64 {
+/// Baseline: least-loaded scan over a free-CPU array. In check mode every
+/// CPU is accounted for after each step: free plus held by running jobs is
+/// the cluster's capacity, and no node is over-full.
+fn run_least_loaded(nodes: usize, ops: usize, check: bool) -> f64 {
     let mut free = vec![NODE_CPUS; nodes];
     let mut rng = Rng(42);
     let target = (nodes as u64 * NODE_CPUS as u64) * 3 / 4;
@@ -172,24 +246,43 @@ fn run_least_loaded(nodes: usize, ops: usize) -> f64 {
     let start = Instant::now();
     for _ in 0..ops {
         let cpus = 1 + rng.below(8) as u32;
-        if let Some(n) = place(&mut free, cpus) {
-            running.push((n, cpus));
+        match place(&mut free, cpus) {
+            Some(n) => running.push((n, cpus)),
+            None if check => assert!(free.iter().all(|&f| f < cpus), "a fit was missed"),
+            None => {}
         }
         if !running.is_empty() {
             let k = rng.below(running.len() as u64) as usize;
             let (n, c) = running.swap_remove(k);
             free[n] += c;
         }
+        if check {
+            let mut held = vec![0u32; nodes];
+            for &(n, c) in &running {
+                held[n] += c;
+            }
+            for (n, (&f, &h)) in free.iter().zip(&held).enumerate() {
+                assert_eq!(f + h, NODE_CPUS, "node {n}: free {f} + held {h}");
+            }
+        }
     }
     ops as f64 / start.elapsed().as_secs_f64()
 }
 
 fn main() {
-    let bench = std::env::args().any(|a| a == "--bench");
+    // `--bench` (cargo bench) measures; `--check`, or no `--bench` (cargo
+    // test), runs the check mode.
+    let args: Vec<String> = std::env::args().collect();
+    let bench = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--check");
     let sizes: &[(usize, usize)] = if bench {
         &[(1_000, 20_000), (10_000, 20_000), (100_000, 5_000)]
     } else {
         &[(200, 500)]
+    };
+    let mut check = Check {
+        on: !bench,
+        placed: 0,
+        queued: 0,
     };
     println!(
         "placement decisions per second (steady state ~75% busy, jobs of 1-8 CPUs, nodes {NODE_SPEC})"
@@ -199,11 +292,23 @@ fn main() {
         "nodes", "ours/s", "least-loaded/s", "ours/base", "setup s"
     );
     for &(nodes, ops) in sizes {
-        let (ours, setup) = run_ours(nodes, ops);
-        let base = run_least_loaded(nodes, ops);
+        let (ours, setup) = run_ours(nodes, ops, &mut check);
+        let base = run_least_loaded(nodes, ops, !bench);
         println!(
             "{nodes:>8} {ours:>14.0} {base:>16.0} {:>12.2} {setup:>10.2}",
             ours / base
+        );
+    }
+    if check.on {
+        // The checks ran on a busy cluster, not an empty one.
+        assert!(
+            check.placed >= 500,
+            "only {} jobs ran at once",
+            check.placed
+        );
+        println!(
+            "check mode: every step verified ({} jobs running at most, {} left queued)",
+            check.placed, check.queued
         );
     }
 }

@@ -511,10 +511,12 @@ pub async fn serve_secured(
     });
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .unwrap_or_else(|e| panic!("the compiled-in descriptor set is valid: {e}"));
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .unwrap_or_else(|e| panic!("the compiled-in descriptor set is valid: {e}"));
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);

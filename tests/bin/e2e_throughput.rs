@@ -5,6 +5,10 @@
 //! `cargo run --release -p e2e --bin e2e-throughput [-- JOBS]` prints the
 //! rate; every job runs `true` for real under its own shim, so on a 2-CPU
 //! machine the figure is bounded by process creation, not by placement.
+//!
+//! `--check` runs the same path with 40 jobs and verifies the result (every
+//! job submitted once, succeeded, on one of the agents, with CPUs of its
+//! node); `tests/smoke.rs` runs it.
 
 use std::time::{Duration, Instant};
 
@@ -14,10 +18,11 @@ use proto::v1::{JobSpec, JobState, SubmitJobsRequest};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
+    let check = std::env::args().any(|a| a == "--check");
     let n: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2000);
+        .skip(1)
+        .find_map(|s| s.parse().ok())
+        .unwrap_or(if check { 40 } else { 2000 });
     let dir = tempfile::tempdir()?;
     let d = Dispatcher::start(dir.path(), &[])?;
     let mut agents = Vec::new();
@@ -73,6 +78,44 @@ async fn main() -> Result<()> {
         n as f64 / total.as_secs_f64()
     );
     drop(agents);
+    if check {
+        verify(&all, n)?;
+        println!("check: {n} jobs, each submitted once, succeeded on an agent's CPUs");
+    }
+    Ok(())
+}
+
+/// Check mode: the run did what it measured.
+fn verify(all: &[proto::v1::Job], n: usize) -> Result<()> {
+    let ids: std::collections::BTreeSet<&str> = all.iter().map(|j| j.id.as_str()).collect();
+    anyhow::ensure!(
+        all.len() == n && ids.len() == n,
+        "{} jobs ({} distinct) for {n} submitted",
+        all.len(),
+        ids.len()
+    );
+    for j in all {
+        anyhow::ensure!(
+            j.state == JobState::Succeeded as i32,
+            "job {} ended {:?}: {}",
+            j.id,
+            JobState::try_from(j.state),
+            j.reason
+        );
+        anyhow::ensure!(
+            ["n0", "n1", "n2", "n3"].contains(&j.node.as_str()),
+            "job {} ran on {:?}",
+            j.id,
+            j.node
+        );
+        // 1s:4c:2t: CPUs 0-7, one of them per trivial job.
+        anyhow::ensure!(
+            j.cpus.len() == 1 && j.cpus[0] < 8,
+            "job {} had CPUs {:?}",
+            j.id,
+            j.cpus
+        );
+    }
     Ok(())
 }
 

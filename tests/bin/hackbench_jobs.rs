@@ -21,7 +21,11 @@
 //! rt-tests`):
 //! `cargo run --release -p e2e --bin hackbench-jobs -- [--reps N]
 //! [--oversubscribe N] [--topology SPEC] [--threads] [--quick] [--only
-//! WORKLOAD-PREFIX]`
+//! WORKLOAD-PREFIX] [--check]`
+//!
+//! `--check` runs the same path at a tiny size (one rep of each workload,
+//! a few hackbench loops per job) and verifies each run instead of timing
+//! it (see [`verify`]); `tests/smoke.rs` runs it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -39,6 +43,7 @@ struct Opts {
     threads: bool,
     quick: bool,
     only: Option<String>,
+    check: bool,
 }
 
 fn parse_args() -> Result<Opts> {
@@ -49,6 +54,7 @@ fn parse_args() -> Result<Opts> {
         threads: false,
         quick: false,
         only: None,
+        check: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -60,9 +66,10 @@ fn parse_args() -> Result<Opts> {
             "--threads" => o.threads = true,
             "--quick" => o.quick = true,
             "--only" => o.only = Some(value("--only")?),
+            "--check" => o.check = true,
             "-h" | "--help" => {
                 println!(
-                    "hackbench-jobs [--reps N] [--oversubscribe N] [--topology SPEC] [--threads] [--quick] [--only WORKLOAD-PREFIX]"
+                    "hackbench-jobs [--reps N] [--oversubscribe N] [--topology SPEC] [--threads] [--quick] [--only WORKLOAD-PREFIX] [--check]"
                 );
                 std::process::exit(0);
             }
@@ -70,6 +77,9 @@ fn parse_args() -> Result<Opts> {
         }
     }
     o.reps = o.reps.max(1);
+    if o.check {
+        o.reps = 1;
+    }
     Ok(o)
 }
 
@@ -79,8 +89,10 @@ struct Workload {
     loops: Vec<u32>,
 }
 
-fn workloads(quick: bool) -> Vec<Workload> {
-    let (long, short, even) = if quick {
+fn workloads(quick: bool, check: bool) -> Vec<Workload> {
+    let (long, short, even) = if check {
+        (20, 2, 8)
+    } else if quick {
         (400, 40, 160)
     } else {
         (2000, 200, 800)
@@ -149,6 +161,8 @@ fn stat_seconds(pid: u32, n: usize) -> f64 {
 }
 
 struct Run {
+    /// Jobs run, each succeeded.
+    jobs: usize,
     makespan: f64,
     /// The jobs' CPU time over (real CPUs x makespan), percent.
     util_pct: f64,
@@ -265,6 +279,7 @@ async fn one_run(o: &Opts, w: &Workload, steal: bool) -> Result<Run> {
     let synthetic = node.topology.as_ref().map_or(1, |t| t.cpus.len());
     let used = real_cpus.min(synthetic).max(1) as f64;
     Ok(Run {
+        jobs: done.len(),
         makespan,
         util_pct: 100.0 * jobs_cpu / (used * makespan).max(1e-9),
         busy_pct: 100.0 * busy as f64 / total.max(1) as f64,
@@ -338,7 +353,7 @@ async fn main() -> Result<()> {
         loadavg()
     );
     let mut rows = Vec::new();
-    let chosen = workloads(o.quick).into_iter().filter(|w| {
+    let chosen = workloads(o.quick, o.check).into_iter().filter(|w| {
         o.only
             .as_ref()
             .is_none_or(|p| w.name.starts_with(p.as_str()))
@@ -367,6 +382,9 @@ async fn main() -> Result<()> {
                     r.stats.get("steal").copied().unwrap_or(0),
                     r.moved
                 );
+                if o.check {
+                    verify(&w, steal, &r)?;
+                }
                 if steal { on.add(&r) } else { off.add(&r) }
             }
         }
@@ -429,5 +447,39 @@ async fn main() -> Result<()> {
         );
     }
     println!("load average at end {}", loadavg());
+    if o.check {
+        println!("check: every run verified");
+    }
+    Ok(())
+}
+
+/// Check mode: a run did what the table reports. `one_run` already fails
+/// when a job does not succeed; here every job of the workload ran, the
+/// measured figures are real (a positive makespan, the jobs' CPU time
+/// seen), the agent reported its schedstats, and `--no-steal` stole
+/// nothing.
+fn verify(w: &Workload, steal: bool, r: &Run) -> Result<()> {
+    let name = format!("{} steal={steal}", w.name);
+    anyhow::ensure!(
+        r.jobs == w.loops.len(),
+        "{name}: {} jobs for {}",
+        r.jobs,
+        w.loops.len()
+    );
+    anyhow::ensure!(r.makespan > 0.0, "{name}: makespan {}", r.makespan);
+    anyhow::ensure!(r.util_pct > 0.0, "{name}: no job CPU time was seen");
+    anyhow::ensure!(
+        r.stats.contains_key("steal"),
+        "{name}: no schedstats in the load report: {:?}",
+        r.stats
+    );
+    if !steal {
+        anyhow::ensure!(
+            r.stats["steal"] == 0 && r.moved == 0,
+            "{name}: stealing is off, yet {} steals and {} jobs moved",
+            r.stats["steal"],
+            r.moved
+        );
+    }
     Ok(())
 }

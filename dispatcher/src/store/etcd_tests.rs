@@ -241,16 +241,33 @@ fn a_lost_lease_clock_refuses_writes_without_asking_etcd() {
 
 #[test]
 fn lease_clock_expires_from_the_send_time_of_the_last_renewal() {
-    let start = Instant::now();
-    let clock = LeaseClock::new(start, Duration::from_millis(200));
-    assert!(clock.valid());
-    clock.extend(
-        start + Duration::from_millis(100),
-        Duration::from_millis(200),
+    // No sleeps: the clock is granted 10 s in the past, so "now" sits at a
+    // known point of its timeline with seconds of margin either side, and
+    // each step below holds only if renewal does what it must.
+    let base = Instant::now()
+        .checked_sub(Duration::from_secs(10))
+        .expect("the monotonic clock is older than 10 s");
+    let ttl = Duration::from_secs(5);
+    let clock = LeaseClock::new(base, ttl);
+    assert!(!clock.valid(), "valid 10 s after a grant of 5 s");
+    // A renewal confirmed now but sent at +1 s runs to +6 s: still over.
+    clock.extend(base + Duration::from_secs(1), ttl);
+    assert!(
+        !clock.valid(),
+        "a renewal counted from its confirmation, not from when it was sent"
     );
-    std::thread::sleep(Duration::from_millis(320));
-    assert!(!clock.valid(), "valid beyond the last renewal + TTL");
-    let fresh = LeaseClock::new(Instant::now(), Duration::from_secs(60));
-    fresh.lose();
-    assert!(!fresh.valid());
+    // Sent at +8 s: valid until +13 s, and now is +10 s.
+    clock.extend(base + Duration::from_secs(8), ttl);
+    assert!(
+        clock.valid(),
+        "a renewal sent at +8 s did not extend the lease"
+    );
+    // A late confirmation of an older renewal never shortens it.
+    clock.extend(base + Duration::from_secs(2), ttl);
+    assert!(clock.valid(), "an older renewal shortened the lease");
+    // Given up is given up, whatever the renewals say.
+    clock.lose();
+    assert!(!clock.valid());
+    clock.extend(Instant::now(), Duration::from_secs(60));
+    assert!(!clock.valid(), "a renewal revived a lost lease");
 }
