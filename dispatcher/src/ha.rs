@@ -32,16 +32,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-};
+use etcd::{Client, Compare, CompareOp, ConnectOptions, RequestOp, TxnRequest};
 use tokio::sync::watch;
 
 use crate::cluster::Cluster;
 use crate::core::{CoreExit, OnStoreFailure};
 use crate::gate::Role;
 use crate::observe::Observers;
-use crate::store::etcd::{EtcdStore, Fence, LeaseClock, OP_TIMEOUT, TxnLimits};
+use crate::store::etcd::{EtcdStore, Fence, LeaseClock, MAX_DECODE, OP_TIMEOUT, TxnLimits};
 use crate::store::{Snapshot, Store, StoreError};
 
 /// How often a follower campaigns (and refreshes the leader's URL).
@@ -116,15 +114,11 @@ async fn connect(cfg: &HaConfig, stop: &mut watch::Receiver<bool>) -> Option<Cli
     let opts = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_keep_alive(Duration::from_secs(1), Duration::from_secs(2))
-        .with_keep_alive_while_idle(true);
+        .with_keep_alive_while_idle(true)
+        .with_max_message_bytes(MAX_DECODE);
     let mut backoff = Duration::from_millis(100);
     loop {
-        match tokio::time::timeout(
-            OP_TIMEOUT,
-            Client::connect(cfg.endpoints.clone(), Some(opts.clone())),
-        )
-        .await
-        {
+        match tokio::time::timeout(OP_TIMEOUT, Client::connect(&cfg.endpoints, &opts)).await {
             Ok(Ok(c)) => return Some(c),
             Ok(Err(err)) => tracing::warn!(%err, "connecting to etcd; retrying in {backoff:?}"),
             Err(_) => tracing::warn!("connecting to etcd timed out; retrying"),
@@ -150,16 +144,15 @@ struct Lease {
 impl Lease {
     async fn grant(client: &Client, ttl: Duration) -> Result<Self, String> {
         let sent = Instant::now();
-        let mut leases = client.lease_client();
-        let resp = tokio::time::timeout(OP_TIMEOUT, leases.grant(ttl.as_secs() as i64, None))
+        let resp = tokio::time::timeout(OP_TIMEOUT, client.lease_grant(ttl.as_secs() as i64))
             .await
             .map_err(|_| "lease grant timed out".to_string())?
             .map_err(|e| format!("lease grant: {e}"))?;
-        let granted = Duration::from_secs(resp.ttl().max(0) as u64);
+        let granted = Duration::from_secs(resp.ttl.max(0) as u64);
         let clock = Arc::new(LeaseClock::new(sent, granted));
-        let keeper = tokio::spawn(keep_alive(client.clone(), resp.id(), ttl, clock.clone()));
+        let keeper = tokio::spawn(keep_alive(client.clone(), resp.id, ttl, clock.clone()));
         Ok(Self {
-            id: resp.id(),
+            id: resp.id,
             clock,
             keeper,
         })
@@ -170,8 +163,7 @@ impl Lease {
     async fn give_up(self, client: &Client) {
         self.clock.lose();
         self.keeper.abort();
-        let mut leases = client.lease_client();
-        match tokio::time::timeout(Duration::from_secs(1), leases.revoke(self.id)).await {
+        match tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(self.id)).await {
             Ok(Ok(_)) => tracing::info!(lease = format!("{:x}", self.id), "lease revoked"),
             Ok(Err(err)) => tracing::info!(%err, "revoking the old lease failed; it expires"),
             Err(_) => tracing::info!("revoking the old lease timed out; it expires"),
@@ -182,7 +174,7 @@ impl Lease {
 /// Renews `lease` every TTL/3 until the clock is lost.
 async fn keep_alive(client: Client, lease: i64, ttl: Duration, clock: Arc<LeaseClock>) {
     let period = ttl / 3;
-    let mut stream = None;
+    let mut stream: Option<etcd::LeaseKeepAlive> = None;
     loop {
         if !clock.valid() {
             clock.lose();
@@ -190,26 +182,26 @@ async fn keep_alive(client: Client, lease: i64, ttl: Duration, clock: Arc<LeaseC
         }
         let sent = Instant::now();
         let renewed = tokio::time::timeout(period, async {
-            if stream.is_none() {
-                stream = Some(client.lease_client().keep_alive(lease).await?);
+            match stream.as_mut() {
+                Some(open) => open.renew().await,
+                None => {
+                    let (open, first) = client.lease_keep_alive(lease).await?;
+                    stream = Some(open);
+                    Ok(first)
+                }
             }
-            let Some((keeper, responses)) = stream.as_mut() else {
-                return Ok(None);
-            };
-            keeper.keep_alive().await?;
-            responses.message().await
         })
         .await;
         match renewed {
-            Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
-                clock.extend(sent, Duration::from_secs(resp.ttl() as u64));
+            Ok(Ok(resp)) if resp.ttl > 0 => {
+                clock.extend(sent, Duration::from_secs(resp.ttl as u64));
             }
-            Ok(Ok(Some(_))) => {
+            Ok(Ok(_)) => {
                 tracing::warn!(lease = format!("{lease:x}"), "etcd says the lease expired");
                 clock.lose();
                 return;
             }
-            Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
+            Ok(Err(_)) | Err(_) => {
                 // The stream broke (etcd restarted, connection lost) or the
                 // renewal is late: open a new one next time.
                 stream = None;
@@ -233,31 +225,29 @@ async fn campaign(
         http: cfg.advertise_http_url.clone(),
     }
     .encode();
-    let txn = Txn::new()
-        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-        .and_then([TxnOp::put(
-            key.as_str(),
-            record.as_str(),
-            Some(PutOptions::new().with_lease(lease)),
-        )])
-        .or_else([TxnOp::get(key.as_str(), None)]);
-    let mut kv = client.kv_client();
-    let resp = tokio::time::timeout(OP_TIMEOUT, kv.txn(txn))
+    let txn = TxnRequest {
+        compare: vec![Compare::create_revision(key.as_str(), CompareOp::Equal, 0)],
+        success: vec![RequestOp::put(key.as_str(), record.as_str(), lease)],
+        failure: vec![RequestOp::get(key.as_str())],
+    };
+    let resp = tokio::time::timeout(OP_TIMEOUT, client.txn(txn))
         .await
         .map_err(|_| "campaign timed out".to_string())?
         .map_err(|e| format!("campaign: {e}"))?;
-    if resp.succeeded() {
-        return Ok(Some(resp.header().map_or(0, |h| h.revision())));
+    if resp.succeeded {
+        return Ok(Some(etcd::revision(resp.header.as_ref())));
     }
-    for op in resp.op_responses() {
-        if let TxnOpResponse::Get(get) = op
-            && let Some(kv) = get.kvs().first()
+    for op in &resp.responses {
+        if let Some(get) = op.as_range()
+            && let Some(kv) = get.kvs.first()
         {
-            if kv.lease() == lease {
+            if kv.lease == lease {
                 // Ours already (an earlier campaign's answer was lost).
-                return Ok(Some(kv.create_revision()));
+                return Ok(Some(kv.create_revision));
             }
-            *leader = kv.value_str().ok().and_then(LeaderRecord::decode);
+            *leader = std::str::from_utf8(&kv.value)
+                .ok()
+                .and_then(LeaderRecord::decode);
         }
     }
     Ok(None)

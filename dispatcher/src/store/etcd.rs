@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, KvClient, Txn, TxnOp};
+use etcd::{Client, Compare, CompareOp, RangeRequest, RequestOp, TxnRequest};
 use prost::Message;
 use proto::v1::Job;
 use tokio::runtime::Handle;
@@ -47,7 +47,7 @@ use super::{NodeAdmin, Snapshot, Store, StoreError, Write};
 pub const OP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Largest response the store accepts from etcd (a page of jobs).
-const MAX_DECODE: usize = 64 << 20;
+pub const MAX_DECODE: usize = 64 << 20;
 
 /// Bytes of a job record besides its spec (ids, state, times, reason).
 const SPEC_HEADROOM: usize = 16 << 10;
@@ -172,7 +172,7 @@ struct RedoOp {
 
 /// The store on etcd; see the module documentation.
 pub struct EtcdStore {
-    kv: KvClient,
+    client: Client,
     runtime: Handle,
     prefix: String,
     fence: Fence,
@@ -204,7 +204,8 @@ impl EtcdStore {
     /// A store over `client` under `prefix`, writing as the holder of
     /// `fence`. Its methods block on `runtime` (the dispatcher's): call
     /// them from a thread outside the runtime (the core's thread, or
-    /// `spawn_blocking`).
+    /// `spawn_blocking`). The client must accept responses of
+    /// [`MAX_DECODE`] bytes (`ConnectOptions::with_max_message_bytes`).
     pub fn new(
         client: &Client,
         runtime: Handle,
@@ -213,10 +214,7 @@ impl EtcdStore {
         limits: TxnLimits,
     ) -> Self {
         Self {
-            kv: client
-                .kv_client()
-                .max_decoding_message_size(MAX_DECODE)
-                .max_encoding_message_size(MAX_DECODE),
+            client: client.clone(),
             runtime,
             prefix: prefix.trim_end_matches('/').to_string(),
             fence,
@@ -235,7 +233,7 @@ impl EtcdStore {
     fn block_on<T>(
         &self,
         what: &str,
-        fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+        fut: impl std::future::Future<Output = Result<T, etcd::Error>>,
     ) -> Result<T, StoreError> {
         self.runtime.block_on(async {
             match tokio::time::timeout(OP_TIMEOUT, fut).await {
@@ -302,16 +300,19 @@ impl EtcdStore {
 
     /// One fenced transaction: all of `ops` or, when this replica is not
     /// the leader any more, none.
-    fn fenced_txn(&self, ops: Vec<TxnOp>) -> Result<(), StoreError> {
+    fn fenced_txn(&self, ops: Vec<RequestOp>) -> Result<(), StoreError> {
         if !self.fence.clock.valid() {
             return Err(StoreError::Fenced(
                 "the leader lease expired or was given up".into(),
             ));
         }
-        let txn = Txn::new().when(self.fence.compares()).and_then(ops);
-        let mut kv = self.kv.clone();
-        let resp = self.block_on("txn", async move { kv.txn(txn).await })?;
-        if resp.succeeded() {
+        let txn = TxnRequest {
+            compare: self.fence.compares(),
+            success: ops,
+            failure: Vec::new(),
+        };
+        let resp = self.block_on("txn", self.client.txn(txn))?;
+        if resp.succeeded {
             Ok(())
         } else {
             self.fence.clock.lose();
@@ -322,11 +323,11 @@ impl EtcdStore {
         }
     }
 
-    fn txn_ops(ops: &[(String, KeyOp)]) -> Vec<TxnOp> {
+    fn txn_ops(ops: &[(String, KeyOp)]) -> Vec<RequestOp> {
         ops.iter()
             .map(|(k, op)| match op {
-                KeyOp::Put(v) => TxnOp::put(k.as_str(), v.clone(), None),
-                KeyOp::Delete => TxnOp::delete(k.as_str(), None),
+                KeyOp::Put(v) => RequestOp::put(k.as_str(), v.clone(), 0),
+                KeyOp::Delete => RequestOp::delete(k.as_str()),
             })
             .collect()
     }
@@ -341,20 +342,17 @@ impl EtcdStore {
 
     fn delete_redo(&self) -> Result<(), StoreError> {
         let prefix = self.key("redo/");
-        self.fenced_txn(vec![TxnOp::delete(
-            prefix.as_str(),
-            Some(etcd_client::DeleteOptions::new().with_prefix()),
-        )])
+        self.fenced_txn(vec![RequestOp::delete_prefix(prefix.as_str())])
     }
 
     /// Writes a batch too large for one transaction through the redo log.
     fn commit_through_redo(&self, ops: Vec<(String, KeyOp)>) -> Result<(), StoreError> {
         let chunks = self.write_redo_chunks(&ops)?;
         // The commit point.
-        self.fenced_txn(vec![TxnOp::put(
+        self.fenced_txn(vec![RequestOp::put(
             self.key("redo/commit"),
             chunks.to_string(),
-            None,
+            0,
         )])?;
         self.finish_redo(&ops)
     }
@@ -378,10 +376,10 @@ impl EtcdStore {
                     })
                     .collect(),
             };
-            self.fenced_txn(vec![TxnOp::put(
+            self.fenced_txn(vec![RequestOp::put(
                 self.redo_chunk_key(n),
                 chunk.encode_to_vec(),
-                None,
+                0,
             )])?;
         }
         Ok(pieces.len())
@@ -401,27 +399,27 @@ impl EtcdStore {
         let mut from = start.into_bytes();
         let mut revision = 0;
         loop {
-            let mut opts = GetOptions::new()
-                .with_range(end.clone())
-                .with_limit(LOAD_PAGE);
-            if revision > 0 {
-                opts = opts.with_revision(revision);
-            }
-            let mut kv = self.kv.clone();
-            let key = from.clone();
-            let resp = self.block_on("get", async move { kv.get(key, Some(opts)).await })?;
+            let req = RangeRequest {
+                key: from.clone(),
+                range_end: end.clone(),
+                limit: LOAD_PAGE,
+                // 0 on the first page: the newest revision.
+                revision,
+                ..Default::default()
+            };
+            let resp = self.block_on("get", self.client.range(req))?;
             if revision == 0 {
-                revision = resp.header().map_or(0, |h| h.revision());
+                revision = etcd::revision(resp.header.as_ref());
             }
-            let more = resp.more();
-            let kvs = resp.kvs();
+            let kvs = resp.kvs;
+            let last = kvs.last().map(|kv| kv.key.clone());
             for kv in kvs {
-                let key = String::from_utf8_lossy(kv.key()).into_owned();
-                out.insert(key, kv.value().to_vec());
+                let key = String::from_utf8_lossy(&kv.key).into_owned();
+                out.insert(key, kv.value);
             }
-            match kvs.last() {
-                Some(last) if more => {
-                    from = last.key().to_vec();
+            match last {
+                Some(last) if resp.more => {
+                    from = last;
                     from.push(0);
                 }
                 _ => return Ok(out),

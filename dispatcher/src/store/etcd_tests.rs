@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, GetOptions, PutOptions};
+use etcd::{Client, ConnectOptions, RangeRequest};
 use proto::v1::{Job, JobState};
 
 use super::*;
@@ -27,7 +27,10 @@ fn setup() -> Setup {
         .build()
         .unwrap();
     let client = runtime
-        .block_on(Client::connect([etcd.url.as_str()], None))
+        .block_on(Client::connect(
+            [etcd.url.as_str()],
+            &ConnectOptions::new().with_max_message_bytes(MAX_DECODE),
+        ))
         .unwrap();
     Setup {
         _dir: dir,
@@ -41,24 +44,22 @@ impl Setup {
     /// Becomes the leader with a fresh lease (replacing any leader key),
     /// as `ha` does, and returns the fence.
     fn elect(&self) -> Fence {
-        let mut c = self.client.clone();
+        let c = &self.client;
         let key = format!("{PREFIX}/leader");
         self.runtime.block_on(async {
             let sent = Instant::now();
-            let lease = c.lease_grant(10, None).await.unwrap();
-            c.delete(key.as_str(), None).await.unwrap();
-            let put = c
-                .put(
-                    key.as_str(),
-                    "http://me",
-                    Some(PutOptions::new().with_lease(lease.id())),
-                )
-                .await
-                .unwrap();
+            let lease = c.lease_grant(10).await.unwrap();
+            c.delete_range(etcd::DeleteRangeRequest {
+                key: key.clone().into_bytes(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let put = c.put(key.as_str(), "http://me", lease.id).await.unwrap();
             Fence {
                 leader_key: key.clone(),
-                lease: lease.id(),
-                create_revision: put.header().unwrap().revision(),
+                lease: lease.id,
+                create_revision: put.header.unwrap().revision,
                 clock: Arc::new(LeaseClock::new(sent, Duration::from_secs(10))),
             }
         })
@@ -75,15 +76,19 @@ impl Setup {
     }
 
     fn keys(&self, under: &str) -> Vec<String> {
-        let mut c = self.client.clone();
-        let key = format!("{PREFIX}/{under}");
+        let key = format!("{PREFIX}/{under}").into_bytes();
         let resp = self
             .runtime
-            .block_on(c.get(key, Some(GetOptions::new().with_prefix().with_keys_only())))
+            .block_on(self.client.range(RangeRequest {
+                range_end: etcd::prefix_end(&key),
+                key,
+                keys_only: true,
+                ..Default::default()
+            }))
             .unwrap();
-        resp.kvs()
+        resp.kvs
             .iter()
-            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
             .collect()
     }
 }
@@ -167,10 +172,10 @@ fn a_committed_redo_log_is_finished_by_the_next_leader_and_an_uncommitted_one_dr
         .collect();
     let chunks = old.write_redo_chunks(&ops).unwrap();
     assert!(chunks > 1);
-    old.fenced_txn(vec![TxnOp::put(
+    old.fenced_txn(vec![etcd::RequestOp::put(
         old.key("redo/commit"),
         chunks.to_string(),
-        None,
+        0,
     )])
     .unwrap();
     drop(old);
