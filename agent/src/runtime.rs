@@ -587,7 +587,13 @@ impl Agent {
         self.recent.retain(|_, (_, t)| t.elapsed() < keep);
         let mut jobs: Vec<JobStatus> = Vec::new();
         for st in self.exec.list() {
-            if let crate::exec::JobState::Running { .. } = st.state
+            // A job whose exit this loop has not handled yet is neither
+            // running for the executor nor in `recent`: it still counts
+            // as running here (its end follows on this stream), or the
+            // dispatcher would think it lost and run it again (found by
+            // tests/faults_etcd.rs, leaders changing every second).
+            let unreported = self.jobs.contains_key(&st.id) && !self.recent.contains_key(&st.id);
+            if (matches!(st.state, crate::exec::JobState::Running { .. }) || unreported)
                 && let Some((job_id, attempt)) = parse_local_id(&st.id)
             {
                 let cpus = self
