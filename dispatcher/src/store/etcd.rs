@@ -232,15 +232,28 @@ impl EtcdStore {
         self.key(&format!("redo/chunk/{n:08}"))
     }
 
-    fn block_on<T>(
-        &self,
-        what: &str,
-        fut: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, StoreError> {
+    /// Run `op` within `OP_TIMEOUT`, again while it fails before reaching
+    /// etcd: the client balances over every endpoint and keeps handing
+    /// requests to a member that died until it gives up on it, and such a
+    /// request was never sent (found by tests/faults_etcd.rs: without the
+    /// retry each one stopped the core, and leadership flapped for
+    /// seconds after the etcd leader's kill).
+    fn block_on<T, Fut>(&self, what: &str, mut op: impl FnMut() -> Fut) -> Result<T, StoreError>
+    where
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
         self.runtime.block_on(async {
-            match tokio::time::timeout(OP_TIMEOUT, fut).await {
-                Ok(r) => r.map_err(|e| backend(what, e)),
-                Err(_) => Err(backend(what, format!("no answer within {OP_TIMEOUT:?}"))),
+            let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+            loop {
+                match tokio::time::timeout_at(deadline, op()).await {
+                    Ok(Err(e)) if never_sent(&e) && tokio::time::Instant::now() < deadline => {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                    Ok(r) => return r.map_err(|e| backend(what, e)),
+                    Err(_) => {
+                        return Err(backend(what, format!("no answer within {OP_TIMEOUT:?}")));
+                    }
+                }
             }
         })
     }
@@ -309,8 +322,10 @@ impl EtcdStore {
             ));
         }
         let txn = Txn::new().when(self.fence.compares()).and_then(ops);
-        let mut kv = self.kv.clone();
-        let resp = self.block_on("txn", async move { kv.txn(txn).await })?;
+        let resp = self.block_on("txn", || {
+            let (mut kv, txn) = (self.kv.clone(), txn.clone());
+            async move { kv.txn(txn).await }
+        })?;
         if resp.succeeded() {
             Ok(())
         } else {
@@ -407,9 +422,10 @@ impl EtcdStore {
             if revision > 0 {
                 opts = opts.with_revision(revision);
             }
-            let mut kv = self.kv.clone();
-            let key = from.clone();
-            let resp = self.block_on("get", async move { kv.get(key, Some(opts)).await })?;
+            let resp = self.block_on("get", || {
+                let (mut kv, key, opts) = (self.kv.clone(), from.clone(), opts.clone());
+                async move { kv.get(key, Some(opts)).await }
+            })?;
             if revision == 0 {
                 revision = resp.header().map_or(0, |h| h.revision());
             }
@@ -554,3 +570,10 @@ impl Store for EtcdStore {
 #[cfg(test)]
 #[path = "etcd_tests.rs"]
 mod tests;
+
+/// The request failed connecting to its endpoint: it never reached etcd,
+/// so sending it again cannot apply it twice.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::Unavailable && s.message() == "tcp connect error")
+}
