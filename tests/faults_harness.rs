@@ -1,7 +1,8 @@
 //! The fault tests' harness (`e2e::faults`): jobs that leave a marker
 //! outside the dispatcher, the exactly-once check over those markers, a
 //! TCP proxy on loopback that the test can cut, and a three-member etcd
-//! cluster whose leader the test can find and kill.
+//! cluster (etcd's default election timing) whose leader the test can
+//! find and kill.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -81,8 +82,9 @@ pub fn token_of(job: &Job) -> Option<&str> {
 }
 
 /// Exactly once: every acknowledged job (by token) is SUCCEEDED in the
-/// dispatcher and left exactly one marker; no job the dispatcher holds
-/// is unaccounted for. Returns the problems found, empty when none.
+/// dispatcher and left exactly one marker, and no other token left more
+/// than one. Returns the problems found (with what the dispatcher says of
+/// each job concerned), empty when none.
 pub fn exactly_once(acknowledged: &[String], jobs: &[Job], markers: &Markers) -> Vec<String> {
     let counts = markers.counts();
     let mut by_token: BTreeMap<&str, Vec<&Job>> = BTreeMap::new();
@@ -109,10 +111,23 @@ pub fn exactly_once(acknowledged: &[String], jobs: &[Job], markers: &Markers) ->
             n => problems.push(format!("{token}: {n} markers")),
         }
     }
-    let acked: std::collections::HashSet<&str> = acknowledged.iter().map(String::as_str).collect();
     for (token, n) in &counts {
-        if !acked.contains(token.as_str()) && *n > 1 {
+        if *n > 1 && !acknowledged.contains(token) {
             problems.push(format!("{token} (not acknowledged): {n} markers"));
+        }
+    }
+    // What the dispatcher says of each job with a problem.
+    for p in problems.iter_mut() {
+        let token = p.split([':', ' ']).next().unwrap_or_default();
+        for j in by_token.get(token).into_iter().flatten() {
+            p.push_str(&format!(
+                " [job {} {} attempt {} on {:?}: {}]",
+                j.id,
+                JobState::try_from(j.state).map_or("?", |s| s.as_str_name()),
+                j.attempt,
+                j.node,
+                j.reason
+            ));
         }
     }
     problems
@@ -280,8 +295,6 @@ impl EtcdCluster {
                 .args(["--initial-cluster-state", "new"])
                 .args(["--initial-cluster-token", "faults"])
                 .arg(format!("--listen-metrics-urls=http://127.0.0.1:{metrics}"))
-                // Loopback: elect within a few hundred ms of a loss.
-                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
                 .args(["--logger=zap", "--log-outputs=stderr"]);
             let log = dir.join(format!("etcd-{name}.log"));
             members.push(EtcdMember {
