@@ -54,6 +54,9 @@ pub struct ClusterConfig {
     pub limits: SpecLimits,
 }
 
+/// The most runnable jobs per CPU an agent may announce (`Register`).
+pub const MAX_OVERSUBSCRIBE: u32 = 64;
+
 impl ClusterConfig {
     /// The lease agents get (`Registered.lease_ms`): one heartbeat
     /// interval shorter than the deadline after which `tick` declares a
@@ -164,7 +167,7 @@ impl NodeInfo {
     /// Capacity in the node-level engine: CPUs times the agent's
     /// oversubscription.
     pub fn slots(&self) -> u32 {
-        self.nr_cpus() * self.oversubscribe.max(1)
+        self.nr_cpus().saturating_mul(self.oversubscribe.max(1))
     }
 
     /// The state shown to users.
@@ -1194,6 +1197,14 @@ impl Cluster {
     pub fn register(&mut self, reg: Register, now: i64, fx: &mut Effects) -> Result<u64, Status> {
         if reg.node.is_empty() {
             return Err(Status::invalid_argument("register.node: empty"));
+        }
+        // Found by tests/faults_fuzz.rs: a huge value overflowed the
+        // node's slots and stopped the core.
+        if reg.oversubscribe > MAX_OVERSUBSCRIBE {
+            return Err(Status::invalid_argument(format!(
+                "register.oversubscribe: {} jobs per CPU, at most {MAX_OVERSUBSCRIBE}",
+                reg.oversubscribe
+            )));
         }
         let topology = reg
             .topology
