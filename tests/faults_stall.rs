@@ -106,7 +106,11 @@ async fn stalled_agent_fences_its_job_before_the_retry() -> Result<()> {
         frozen.elapsed() > Duration::from_secs(6),
         "the retry ended too early to tell"
     );
-    let problems = exactly_once(&["stalled".to_string()], &[done.clone()], &markers);
+    let problems = exactly_once(
+        &["stalled".to_string()],
+        std::slice::from_ref(&done),
+        &markers,
+    );
     ensure!(
         problems.is_empty(),
         "while a was frozen: {problems:?}\n{}",
