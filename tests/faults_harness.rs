@@ -1,8 +1,7 @@
 //! The fault tests' harness (`e2e::faults`): jobs that leave a marker
 //! outside the dispatcher, the exactly-once check over those markers, a
 //! TCP proxy on loopback that the test can cut, and a three-member etcd
-//! cluster (etcd's default election timing) whose leader the test can
-//! find and kill.
+//! cluster whose leader the test can find and kill.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -295,6 +294,11 @@ impl EtcdCluster {
                 .args(["--initial-cluster-state", "new"])
                 .args(["--initial-cluster-token", "faults"])
                 .arg(format!("--listen-metrics-urls=http://127.0.0.1:{metrics}"))
+                // Loopback round trips are ~0.1 ms: etcd's tuning guide
+                // sets the heartbeat near the round trip and the election
+                // timeout at ten heartbeats or more; 50/500 ms keeps that
+                // with room for a loaded CI machine.
+                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
                 .args(["--logger=zap", "--log-outputs=stderr"]);
             let log = dir.join(format!("etcd-{name}.log"));
             members.push(EtcdMember {
