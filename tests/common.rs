@@ -27,6 +27,9 @@ use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
 use tonic::transport::Channel;
 
+#[path = "faults_harness.rs"]
+pub mod faults;
+
 /// The directory holding the workspace's binaries.
 pub fn bin_dir() -> PathBuf {
     // target/<profile>/deps/<test-exe>, or target/<profile>/<bin> for this

@@ -9,11 +9,20 @@
 //! or recently finished, so the dispatcher can reconcile; jobs keep
 //! running meanwhile.
 //!
+//! The agent holds a lease from the leader (see `agent.proto`): each
+//! LoadReport is numbered and the grant that answers it extends the lease
+//! to the report's send time plus `lease_ms`, on `CLOCK_BOOTTIME`. The
+//! deadline goes to the shims through [`crate::exec::lease`]; each shim
+//! stops its job once the deadline passes, which fences the node even
+//! when this process is the one that stalled. While the lease has run out
+//! the agent sends no SIGCONT of its own (time slices); the first grant
+//! after it continues every started job that is not sliced out.
+//!
 //! Synthetic topologies (`--topology 2s:8c:2t`) are scheduled as given and
 //! mapped onto the real CPUs for pinning (synthetic CPU `i` runs on the
 //! `i mod n`-th allowed real CPU), which the log says at start.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +38,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use crate::exec::lease::{self, LeaseFile};
 use crate::exec::{ExecConfig, Executor, JobExec, JobExit, JobOutcome, ShutdownMode};
 use crate::local::{Action, LocalConfig, LocalJob, LocalScheduler};
 use crate::topology::MachineTopology;
@@ -115,6 +125,32 @@ pub fn memory_total() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// The agent's lease from the leader.
+struct Lease {
+    /// Granted length, ns; 0 = the dispatcher grants none.
+    len_ns: u64,
+    /// Where the shims read the deadline.
+    file: LeaseFile,
+    /// The deadline (`CLOCK_BOOTTIME` ns), `None` without a lease.
+    deadline: Option<u64>,
+    /// The deadline whose expiry was already logged.
+    logged: Option<u64>,
+    /// The last report number used.
+    seq: u64,
+    /// Reports awaiting their grant: (seq, send time).
+    sent: VecDeque<(u64, u64)>,
+}
+
+impl Lease {
+    /// Reports remembered while their grants are outstanding: a grant for
+    /// an older one would extend the lease by less than a newer one's.
+    const MAX_OUTSTANDING: usize = 64;
+
+    fn expired(&self) -> bool {
+        self.deadline.is_some_and(|d| lease::now_ns() >= d)
+    }
+}
+
 struct Pending {
     spec: JobSpec,
     /// The job's owner (picks the uid through the user map).
@@ -137,6 +173,10 @@ struct Agent {
     last_overloaded: Vec<u32>,
     /// The jobs' spans (no-ops unless OTLP export is on).
     traces: crate::telemetry::JobTraces,
+    /// The lease from the leader.
+    lease: Lease,
+    /// Started jobs the local scheduler has stopped (time-sliced out).
+    sliced_out: HashSet<String>,
 }
 
 impl Agent {
@@ -203,6 +243,7 @@ impl Agent {
             match action {
                 Action::Start { id, cpus } => self.start_job(&id, cpus).await,
                 Action::Stop { id } => {
+                    self.sliced_out.insert(id.clone());
                     if let Err(err) = self.exec.stop(&id) {
                         tracing::warn!(%id, %err, "cannot stop job");
                     }
@@ -220,7 +261,11 @@ impl Agent {
                         }
                         self.pinned.insert(id.clone(), real);
                     }
-                    if let Err(err) = self.exec.cont(&id) {
+                    self.sliced_out.remove(&id);
+                    // Fenced: the job continues when the lease is renewed.
+                    if !self.lease.expired()
+                        && let Err(err) = self.exec.cont(&id)
+                    {
                         tracing::warn!(%id, %err, "cannot continue job");
                     }
                 }
@@ -361,6 +406,7 @@ impl Agent {
         let actions = self.local.job_exited(&id, now);
         self.jobs.remove(&id);
         self.pinned.remove(&id);
+        self.sliced_out.remove(&id);
         let (state, message) = match &exit.outcome {
             JobOutcome::Exited(0) => (JobState::Succeeded, String::new()),
             JobOutcome::Exited(code) => (JobState::Failed, format!("exited with status {code}")),
@@ -400,6 +446,99 @@ impl Agent {
             attempt,
             released,
         }));
+    }
+
+    /// Send a LoadReport (the heartbeat), numbered for its lease grant.
+    fn send_load(&mut self) {
+        let load = self.load();
+        let mut seq = 0;
+        if self.lease.len_ns > 0 {
+            self.lease.seq += 1;
+            seq = self.lease.seq;
+            if self.lease.sent.len() == Lease::MAX_OUTSTANDING {
+                self.lease.sent.pop_front();
+            }
+            // Taken before the report leaves, so never later than it.
+            self.lease.sent.push_back((seq, lease::now_ns()));
+        }
+        self.send(agent_message::Msg::Load(LoadReport {
+            load: Some(load),
+            seq,
+        }));
+    }
+
+    /// A new stream: the registration sent at `sent_ns` was answered with
+    /// this lease length.
+    fn lease_registered(&mut self, lease_ms: u64, sent_ns: u64) {
+        self.lease.sent.clear();
+        self.lease.len_ns = lease_ms.saturating_mul(1_000_000);
+        if lease_ms == 0 {
+            let was_expired = self.lease.expired();
+            self.lease.deadline = None;
+            if let Err(err) = self.lease.file.clear() {
+                tracing::warn!(%err, "cannot remove the lease file");
+            }
+            if was_expired {
+                self.unfence();
+            }
+            return;
+        }
+        self.renew(sent_ns.saturating_add(self.lease.len_ns));
+    }
+
+    /// A grant: the report it names was sent at most this long ago.
+    fn on_lease(&mut self, grant: proto::v1::Lease) {
+        let Some(pos) = self.lease.sent.iter().position(|&(s, _)| s == grant.seq) else {
+            return; // not ours, or superseded
+        };
+        let (_, sent_ns) = self.lease.sent[pos];
+        self.lease.sent.drain(..=pos);
+        self.lease.len_ns = grant.lease_ms.saturating_mul(1_000_000);
+        self.renew(sent_ns.saturating_add(self.lease.len_ns));
+    }
+
+    fn renew(&mut self, deadline: u64) {
+        if self.lease.deadline.is_some_and(|d| d >= deadline) {
+            return;
+        }
+        let was_expired = self.lease.expired();
+        self.lease.deadline = Some(deadline);
+        // The file first, then the SIGCONTs: a shim that stops its job
+        // after reading the old deadline reads again and sees this one.
+        if let Err(err) = self.lease.file.write(deadline) {
+            tracing::warn!(%err, path = %self.lease.file.path().display(), "cannot write the lease file");
+        }
+        if was_expired && !self.lease.expired() {
+            self.unfence();
+        }
+    }
+
+    /// Continue every started job that is not sliced out, after the lease
+    /// ran out (the shims stopped them).
+    fn unfence(&mut self) {
+        let ids: Vec<String> = self
+            .jobs
+            .keys()
+            .filter(|id| self.local.is_started(id) && !self.sliced_out.contains(*id))
+            .cloned()
+            .collect();
+        tracing::info!(jobs = ids.len(), "lease renewed: continuing fenced jobs");
+        for id in ids {
+            if let Err(err) = self.exec.cont(&id) {
+                tracing::warn!(%id, %err, "cannot continue job");
+            }
+        }
+    }
+
+    /// Log once per deadline that the lease ran out (the shims fence).
+    fn check_lease(&mut self) {
+        if self.lease.expired() && self.lease.logged != self.lease.deadline {
+            self.lease.logged = self.lease.deadline;
+            tracing::warn!(
+                jobs = self.pinned.len(),
+                "no lease from a leader: the jobs are stopped until one is granted"
+            );
+        }
     }
 
     fn load(&self) -> NodeLoad {
@@ -448,7 +587,13 @@ impl Agent {
         self.recent.retain(|_, (_, t)| t.elapsed() < keep);
         let mut jobs: Vec<JobStatus> = Vec::new();
         for st in self.exec.list() {
-            if let crate::exec::JobState::Running { .. } = st.state
+            // A job whose exit this loop has not handled yet is neither
+            // running for the executor nor in `recent`: it still counts
+            // as running here (its end follows on this stream), or the
+            // dispatcher would think it lost and run it again (found by
+            // tests/faults_etcd.rs, leaders changing every second).
+            let unreported = self.jobs.contains_key(&st.id) && !self.recent.contains_key(&st.id);
+            if (matches!(st.state, crate::exec::JobState::Running { .. }) || unreported)
                 && let Some((job_id, attempt)) = parse_local_id(&st.id)
             {
                 let cpus = self
@@ -609,7 +754,19 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
     let mut exits = exec
         .take_exits()
         .context("the executor's exit channel was already taken")?;
+    // A lease left by a previous agent still binds the shims it started.
+    let lease_file = exec.lease();
+    let deadline = lease_file.read();
     let mut agent = Agent {
+        lease: Lease {
+            len_ns: 0,
+            file: lease_file,
+            deadline,
+            logged: None,
+            seq: 0,
+            sent: VecDeque::new(),
+        },
+        sliced_out: HashSet::new(),
         local: LocalScheduler::new(topo, opts.local.clone()),
         opts,
         exec: exec.clone(),
@@ -709,6 +866,7 @@ async fn session(
     let mut client = AgentServiceClient::new(channel).max_decoding_message_size(64 << 20);
     let (tx, rx) = mpsc::unbounded_channel();
     let register = agent.register_msg();
+    let register_sent = lease::now_ns();
     let _ = tx.send(AgentMessage {
         msg: Some(agent_message::Msg::Register(register)),
     });
@@ -727,6 +885,7 @@ async fn session(
     .with_context(|| format!("{url} did not answer the registration"))??;
     let interval = match first.and_then(|m| m.msg) {
         Some(dispatcher_message::Msg::Registered(r)) => {
+            agent.lease_registered(r.lease_ms, register_sent);
             Duration::from_millis(r.heartbeat_interval_ms.max(50))
         }
         _ => anyhow::bail!("the dispatcher did not answer Registered"),
@@ -754,6 +913,7 @@ async fn session(
                     dispatcher_message::Msg::Cancel(c) => agent.on_cancel(&c.job_id, c.attempt).await,
                     dispatcher_message::Msg::Steal(s) => agent.on_steal(s.job_id, s.attempt),
                     dispatcher_message::Msg::LogRequest(r) => agent.serve_log(r),
+                    dispatcher_message::Msg::Lease(l) => agent.on_lease(l),
                     dispatcher_message::Msg::Registered(_) => {}
                 }
             }
@@ -762,13 +922,13 @@ async fn session(
                 let now = agent.now_ns();
                 let actions = agent.local.tick(now);
                 agent.carry_out(actions).await;
+                agent.check_lease();
             }
             _ = report.tick() => {
                 if let Some(metrics) = crate::metrics::installed() {
                     metrics.sample(&agent.local);
                 }
-                let load = agent.load();
-                agent.send(agent_message::Msg::Load(LoadReport { load: Some(load) }));
+                agent.send_load();
             }
             _ = stop.changed() => {
                 if *stop.borrow() {
@@ -781,8 +941,7 @@ async fn session(
         let overloaded = agent.local.overloaded();
         if overloaded != agent.last_overloaded {
             agent.last_overloaded = overloaded;
-            let load = agent.load();
-            agent.send(agent_message::Msg::Load(LoadReport { load: Some(load) }));
+            agent.send_load();
         }
     }
 }

@@ -466,6 +466,7 @@ impl Core {
                         let hello = DispatcherMessage {
                             msg: Some(dispatcher_message::Msg::Registered(Registered {
                                 heartbeat_interval_ms,
+                                lease_ms: self.cluster.config().agent_lease_ms(),
                             })),
                         };
                         let _ = tx.send(Ok(hello));
@@ -493,6 +494,21 @@ impl Core {
                     agent_message::Msg::Load(report) => {
                         self.cluster
                             .load_report(&node, report.load.unwrap_or_default(), now, fx);
+                        // Renew the agent's lease; it goes out after this
+                        // batch's commit, so only a leader that can still
+                        // write grants one.
+                        if report.seq != 0 {
+                            let lease = proto::v1::Lease {
+                                seq: report.seq,
+                                lease_ms: self.cluster.config().agent_lease_ms(),
+                            };
+                            fx.to_agents.push((
+                                node,
+                                DispatcherMessage {
+                                    msg: Some(dispatcher_message::Msg::Lease(lease)),
+                                },
+                            ));
+                        }
                     }
                     agent_message::Msg::Status(status) => {
                         self.cluster.load_report_time(&node, now);

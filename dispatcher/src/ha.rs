@@ -163,10 +163,24 @@ impl Lease {
     async fn give_up(self, client: &Client) {
         self.clock.lose();
         self.keeper.abort();
-        match tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(self.id)).await {
-            Ok(Ok(_)) => tracing::info!(lease = format!("{:x}", self.id), "lease revoked"),
-            Ok(Err(err)) => tracing::info!(%err, "revoking the old lease failed; it expires"),
-            Err(_) => tracing::info!("revoking the old lease timed out; it expires"),
+        // Again until it answers: after an etcd member died the client
+        // keeps handing it requests for a while, and an unrevoked lease
+        // holds the leader key for a whole TTL, so no replica could win
+        // before it expires (found by tests/faults_etcd.rs). Revoking
+        // twice is harmless.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+        loop {
+            match tokio::time::timeout_at(deadline, client.lease_revoke(self.id)).await {
+                Ok(Ok(_)) => tracing::info!(lease = format!("{:x}", self.id), "lease revoked"),
+                Ok(Err(err)) if err.to_string().contains("lease not found") => {}
+                Ok(Err(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+                Ok(Err(err)) => tracing::info!(%err, "revoking the old lease failed; it expires"),
+                Err(_) => tracing::info!("revoking the old lease timed out; it expires"),
+            }
+            return;
         }
     }
 }

@@ -492,6 +492,7 @@ impl Executor {
             run_as,
             log_cap_bytes: self.cfg.log_cap_bytes,
             cgroup: cgroup.clone(),
+            lease: Some(self.lease().path().to_path_buf()),
         };
         write_json(&dir.spec(), &spec)?;
         let log_path = dir.shim_log();
@@ -625,6 +626,11 @@ impl Executor {
             }
             Ok(())
         })
+    }
+
+    /// The lease file its shims obey ([`super::lease`]).
+    pub fn lease(&self) -> super::lease::LeaseFile {
+        super::lease::LeaseFile::new(self.cfg.state_dir.join("lease"))
     }
 
     /// SIGSTOP the whole job (its process group and any escaped process).

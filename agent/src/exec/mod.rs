@@ -39,6 +39,7 @@ mod error;
 mod executor;
 mod group;
 mod jobdir;
+pub mod lease;
 mod logcap;
 pub mod procfs;
 pub mod shim;

@@ -32,6 +32,10 @@
 //!    SIGINT to the shim itself count as a cancel with the job's grace):
 //!    SIGTERM + SIGCONT to the job (a stopped job must run to see the
 //!    TERM), SIGKILL to everything after the grace;
+//!    While the job runs it also obeys the agent's lease
+//!    ([`super::lease`]): once the deadline in the lease file has passed
+//!    it SIGSTOPs the job (once per deadline; the agent continues it when
+//!    a renewal comes), so a node whose agent stalls fences its jobs;
 //! 5. when the job's main process has exited, SIGKILLs whatever is left of
 //!    the job and reaps until `ECHILD`: a job never outlives its main
 //!    process, so nothing is orphaned;
@@ -65,6 +69,7 @@ use super::cgroup;
 use super::error::{ExecError, Result};
 use super::group::{JobProcs, cpu_set};
 use super::jobdir::{JobDir, read_json, write_atomic, write_json, write_pid};
+use super::lease::LeaseFile;
 use super::logcap::{CappedLog, LogStats};
 use super::procfs;
 use super::spec::{CancelRequest, DEFAULT_PATH, JobExit, JobOutcome, ShimSpec, now_ms};
@@ -362,6 +367,9 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
     let mut term: Option<Termination> = None;
     let mut main: Option<WaitStatus> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let lease = spec.job_lease();
+    // The deadline the job was last fenced on (stopped once per deadline).
+    let mut fenced_on: Option<u64> = None;
 
     loop {
         let no_children = reap(pid, &mut main);
@@ -374,8 +382,14 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
         }
         let kill_at = term.filter(|t| !t.killed).map(|t| t.kill_at);
         let running = main.is_none();
+        // A job being terminated keeps running to see its SIGTERM.
+        let lease_left = match &lease {
+            Some(lease) if running && term.is_none() => fence(lease, &procs, &mut fenced_on),
+            _ => None,
+        };
         tokio::select! {
             _ = sigchld.recv() => {}
+            _ = tokio::time::sleep(lease_left.unwrap_or_default()), if lease_left.is_some() => {}
             _ = tick.tick() => {}
             _ = sighup.recv() => {}
             _ = sigusr1.recv() => {
@@ -424,6 +438,34 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
         &err_stats,
     );
     write_json(&jd.status(), &exit)
+}
+
+/// Obey the lease: stop the job once its deadline has passed (once per
+/// deadline: a renewal moves it, and the agent continues the job). Returns
+/// how long until the deadline, `None` when there is none to wait for.
+fn fence(lease: &LeaseFile, procs: &JobProcs<'_>, fenced_on: &mut Option<u64>) -> Option<Duration> {
+    let deadline = lease.read()?;
+    let now = super::lease::now_ns();
+    if now < deadline {
+        return Some(Duration::from_nanos(deadline - now));
+    }
+    if *fenced_on != Some(deadline) {
+        *fenced_on = Some(deadline);
+        eprintln!("the agent's lease ran out: stopping the job until it is renewed");
+        if let Err(e) = procs.signal(Signal::SIGSTOP) {
+            eprintln!("{e}");
+        }
+        // The agent writes a renewal before it continues fenced jobs: one
+        // that came between the read above and this stop is seen here.
+        if let Some(renewed) = lease.read().filter(|&d| d > super::lease::now_ns()) {
+            eprintln!("the lease was renewed meanwhile: continuing the job");
+            let _ = procs.signal(Signal::SIGCONT);
+            return Some(Duration::from_nanos(
+                renewed.saturating_sub(super::lease::now_ns()),
+            ));
+        }
+    }
+    None
 }
 
 /// Start terminating the job: SIGTERM and SIGCONT now, SIGKILL after

@@ -344,6 +344,17 @@ pub(crate) struct ShimSpec {
     pub log_cap_bytes: u64,
     /// The job's cgroup, created by the agent, if any.
     pub cgroup: Option<PathBuf>,
+    /// The agent's lease file ([`super::lease`]): the shim stops the job
+    /// once the lease it holds has run out.
+    #[serde(default)]
+    pub lease: Option<PathBuf>,
+}
+
+impl ShimSpec {
+    /// The lease the job runs under, if any.
+    pub fn job_lease(&self) -> Option<super::lease::LeaseFile> {
+        self.lease.as_ref().map(super::lease::LeaseFile::new)
+    }
 }
 
 pub(crate) const SPEC_VERSION: u32 = 1;

@@ -69,6 +69,22 @@ pub struct ClusterConfig {
     pub limits: SpecLimits,
 }
 
+/// The most runnable jobs per CPU an agent may announce (`Register`).
+pub const MAX_OVERSUBSCRIBE: u32 = 64;
+
+impl ClusterConfig {
+    /// The lease agents get (`Registered.lease_ms`): one heartbeat
+    /// interval shorter than the deadline after which `tick` declares a
+    /// node lost and retries its jobs (half the deadline when that is a
+    /// single interval). The agent counts it from a report's send time,
+    /// before this dispatcher received it, so when a node is declared
+    /// lost its agent has fenced its jobs for at least that margin.
+    pub fn agent_lease_ms(&self) -> u64 {
+        let deadline = self.heartbeat_interval_ms * self.missed_heartbeats;
+        (deadline - deadline.min(self.heartbeat_interval_ms)).max(deadline / 2)
+    }
+}
+
 impl Default for ClusterConfig {
     fn default() -> Self {
         let mut engine = SchedConfig::cluster();

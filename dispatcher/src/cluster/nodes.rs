@@ -64,7 +64,7 @@ impl NodeInfo {
     /// Capacity in the node-level engine: CPUs times the agent's
     /// oversubscription.
     pub fn slots(&self) -> u32 {
-        self.nr_cpus() * self.oversubscribe.max(1)
+        self.nr_cpus().saturating_mul(self.oversubscribe.max(1))
     }
 
     /// The state shown to users.

@@ -34,6 +34,14 @@ impl Cluster {
         if reg.node.is_empty() {
             return Err(Status::invalid_argument("register.node: empty"));
         }
+        // A larger value would overflow the node's slots.
+        if reg.oversubscribe > super::MAX_OVERSUBSCRIBE {
+            return Err(Status::invalid_argument(format!(
+                "register.oversubscribe: {} jobs per CPU, at most {}",
+                reg.oversubscribe,
+                super::MAX_OVERSUBSCRIBE
+            )));
+        }
         let topology = reg
             .topology
             .clone()

@@ -230,15 +230,28 @@ impl EtcdStore {
         self.key(&format!("redo/chunk/{n:08}"))
     }
 
-    fn block_on<T>(
-        &self,
-        what: &str,
-        fut: impl std::future::Future<Output = Result<T, etcd::Error>>,
-    ) -> Result<T, StoreError> {
+    /// Run `op` within `OP_TIMEOUT`, again while it fails before reaching
+    /// etcd: the client balances over every endpoint and keeps handing
+    /// requests to a member that died until it gives up on it, and such a
+    /// request was never sent (found by tests/faults_etcd.rs: without the
+    /// retry each one stopped the core, and leadership flapped for
+    /// seconds after the etcd leader's kill).
+    fn block_on<T, Fut>(&self, what: &str, mut op: impl FnMut() -> Fut) -> Result<T, StoreError>
+    where
+        Fut: std::future::Future<Output = Result<T, etcd::Error>>,
+    {
         self.runtime.block_on(async {
-            match tokio::time::timeout(OP_TIMEOUT, fut).await {
-                Ok(r) => r.map_err(|e| backend(what, e)),
-                Err(_) => Err(backend(what, format!("no answer within {OP_TIMEOUT:?}"))),
+            let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+            loop {
+                match tokio::time::timeout_at(deadline, op()).await {
+                    Ok(Err(e)) if never_sent(&e) && tokio::time::Instant::now() < deadline => {
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                    Ok(r) => return r.map_err(|e| backend(what, e)),
+                    Err(_) => {
+                        return Err(backend(what, format!("no answer within {OP_TIMEOUT:?}")));
+                    }
+                }
             }
         })
     }
@@ -311,7 +324,7 @@ impl EtcdStore {
             success: ops,
             failure: Vec::new(),
         };
-        let resp = self.block_on("txn", self.client.txn(txn))?;
+        let resp = self.block_on("txn", || self.client.txn(txn.clone()))?;
         if resp.succeeded {
             Ok(())
         } else {
@@ -407,7 +420,7 @@ impl EtcdStore {
                 revision,
                 ..Default::default()
             };
-            let resp = self.block_on("get", self.client.range(req))?;
+            let resp = self.block_on("get", || self.client.range(req.clone()))?;
             if revision == 0 {
                 revision = etcd::revision(resp.header.as_ref());
             }
@@ -552,3 +565,10 @@ impl Store for EtcdStore {
 #[cfg(test)]
 #[path = "etcd_tests.rs"]
 mod tests;
+
+/// The request failed connecting to its endpoint: it never reached etcd,
+/// so sending it again cannot apply it twice.
+fn never_sent(e: &etcd::Error) -> bool {
+    matches!(e, etcd::Error::Rpc { status, .. }
+        if status.code() == tonic::Code::Unavailable && status.message() == "tcp connect error")
+}

@@ -616,14 +616,16 @@ async fn session(
                             ..Default::default()
                         }));
                     }
-                    Some(dispatcher_message::Msg::Registered(_)) | None => {}
+                    // Fake agents report with seq 0: no lease, no fencing.
+                    Some(dispatcher_message::Msg::Registered(_) | dispatcher_message::Msg::Lease(_))
+                    | None => {}
                 }
             }
             _ = tokio::time::sleep_until(next_end.into()) => agent.end_due(Instant::now()),
             _ = tokio::time::sleep_until(next_report), if fleet.report_every.is_some() => {
                 let every = fleet.report_every.unwrap_or(never);
                 let load = agent.load();
-                agent.send(agent_message::Msg::Load(LoadReport { load: Some(load) }));
+                agent.send(agent_message::Msg::Load(LoadReport { load: Some(load), seq: 0 }));
                 fleet.stats.reports.fetch_add(1, Ordering::Relaxed);
                 next_report += every;
                 let now = tokio::time::Instant::now();

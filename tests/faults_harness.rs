@@ -1,0 +1,438 @@
+//! The fault tests' harness (`e2e::faults`): jobs that leave a marker
+//! outside the dispatcher, the exactly-once check over those markers, a
+//! TCP proxy on loopback that the test can cut, and a three-member etcd
+//! cluster whose leader the test can find and kill.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use proto::v1::{Job, JobSpec, JobState};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::Proc;
+
+/// A directory every job may append its marker to (jobs run as an
+/// unprivileged user when the agent is root).
+pub struct Markers {
+    file: PathBuf,
+}
+
+impl Markers {
+    /// Markers under `dir` (made world-writable).
+    pub fn new(dir: &Path) -> Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+        let marks = dir.join("marks");
+        std::fs::create_dir_all(&marks)?;
+        std::fs::set_permissions(&marks, std::fs::Permissions::from_mode(0o777))?;
+        Ok(Self {
+            file: marks.join("ended.txt"),
+        })
+    }
+
+    /// A job that sleeps `sleep` seconds (a decimal string, "0" for none),
+    /// then appends `token` to the marker file as its last act: a copy
+    /// stopped or killed before its end leaves no marker.
+    pub fn spec(&self, token: &str, sleep: &str, retries: u32) -> JobSpec {
+        let script = if sleep == "0" {
+            "echo \"$1\" >> \"$2\"".to_string()
+        } else {
+            format!("sleep {sleep}; echo \"$1\" >> \"$2\"")
+        };
+        JobSpec {
+            name: token.to_string(),
+            command: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                script,
+                "sh".into(),
+                token.into(),
+                self.file.display().to_string(),
+            ],
+            cpus: 1,
+            retries,
+            ..Default::default()
+        }
+    }
+
+    /// How many markers each token left.
+    pub fn counts(&self) -> HashMap<String, usize> {
+        let text = std::fs::read_to_string(&self.file).unwrap_or_default();
+        let mut out = HashMap::new();
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            *out.entry(line.to_string()).or_insert(0) += 1;
+        }
+        out
+    }
+}
+
+/// The token a job of [`Markers::spec`] writes.
+pub fn token_of(job: &Job) -> Option<&str> {
+    job.spec
+        .as_ref()
+        .and_then(|s| s.command.get(4))
+        .map(String::as_str)
+}
+
+/// Exactly once: every acknowledged job (by token) is SUCCEEDED in the
+/// dispatcher and left exactly one marker, and no other token left more
+/// than one. Returns the problems found (with what the dispatcher says of
+/// each job concerned), empty when none.
+pub fn exactly_once(acknowledged: &[String], jobs: &[Job], markers: &Markers) -> Vec<String> {
+    let counts = markers.counts();
+    let mut by_token: BTreeMap<&str, Vec<&Job>> = BTreeMap::new();
+    for j in jobs {
+        if let Some(t) = token_of(j) {
+            by_token.entry(t).or_default().push(j);
+        }
+    }
+    let mut problems = Vec::new();
+    for token in acknowledged {
+        match by_token.get(token.as_str()).map(Vec::as_slice) {
+            None | Some([]) => problems.push(format!("{token}: acknowledged, then lost")),
+            Some([j]) if j.state != JobState::Succeeded as i32 => problems.push(format!(
+                "{token}: {} ({}), attempt {}",
+                JobState::try_from(j.state).map_or("?", |s| s.as_str_name()),
+                j.reason,
+                j.attempt
+            )),
+            Some([_]) => {}
+            Some(many) => problems.push(format!("{token}: {} jobs", many.len())),
+        }
+        match counts.get(token).copied().unwrap_or(0) {
+            1 => {}
+            n => problems.push(format!("{token}: {n} markers")),
+        }
+    }
+    for (token, n) in &counts {
+        if *n > 1 && !acknowledged.contains(token) {
+            problems.push(format!("{token} (not acknowledged): {n} markers"));
+        }
+    }
+    // What the dispatcher says of each job with a problem.
+    for p in problems.iter_mut() {
+        let token = p.split([':', ' ']).next().unwrap_or_default();
+        for j in by_token.get(token).into_iter().flatten() {
+            p.push_str(&format!(
+                " [job {} {} attempt {} on {:?}: {}]",
+                j.id,
+                JobState::try_from(j.state).map_or("?", |s| s.as_str_name()),
+                j.attempt,
+                j.node,
+                j.reason
+            ));
+        }
+    }
+    problems
+}
+
+/// A TCP proxy on loopback in front of `target`, which the test can cut:
+/// [`TcpProxy::cut`] drops every connection and refuses (accepts and
+/// closes at once) new ones until [`TcpProxy::restore`].
+pub struct TcpProxy {
+    /// `127.0.0.1:PORT` to connect to instead of the target.
+    pub addr: std::net::SocketAddr,
+    cut: Arc<AtomicBool>,
+    generation: watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+    /// Connections accepted and forwarded so far.
+    pub forwarded: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl TcpProxy {
+    /// Listen on a fresh loopback port, forwarding to `target`.
+    pub async fn start(target: std::net::SocketAddr) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let cut = Arc::new(AtomicBool::new(false));
+        let (generation, gen_rx) = watch::channel(0u64);
+        let forwarded = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (cut2, fwd2) = (cut.clone(), forwarded.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if cut2.load(Ordering::SeqCst) {
+                    drop(inbound); // refused
+                    continue;
+                }
+                fwd2.fetch_add(1, Ordering::Relaxed);
+                let mut gen_rx = gen_rx.clone();
+                let born = *gen_rx.borrow_and_update();
+                tokio::spawn(async move {
+                    let Ok(outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let _ = inbound.set_nodelay(true);
+                    let _ = outbound.set_nodelay(true);
+                    let (mut ri, mut wi) = inbound.into_split();
+                    let (mut ro, mut wo) = outbound.into_split();
+                    let pump = async {
+                        tokio::select! {
+                            _ = tokio::io::copy(&mut ri, &mut wo) => {}
+                            _ = tokio::io::copy(&mut ro, &mut wi) => {}
+                        }
+                    };
+                    // A cut ends every connection born before it: both
+                    // halves drop, so both ends see the connection reset.
+                    let cut = async {
+                        while gen_rx.changed().await.is_ok() {
+                            if *gen_rx.borrow() != born {
+                                return;
+                            }
+                        }
+                        std::future::pending::<()>().await
+                    };
+                    tokio::select! {
+                        _ = pump => {}
+                        _ = cut => {}
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            cut,
+            generation,
+            task,
+            forwarded,
+        })
+    }
+
+    /// Drop every connection and refuse new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// Accept and forward again.
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.task.abort();
+    }
+}
+
+/// One member of an [`EtcdCluster`].
+pub struct EtcdMember {
+    /// Its name (`m0`, `m1`, ...).
+    pub name: String,
+    /// `http://127.0.0.1:PORT` for clients.
+    pub client_url: String,
+    /// The port of its `/metrics` and `/health`.
+    pub metrics_port: u16,
+    /// The process (`None` once killed).
+    pub proc: Option<Proc>,
+}
+
+/// An etcd cluster of `n` members on loopback ports, started by the test.
+pub struct EtcdCluster {
+    /// The members.
+    pub members: Vec<EtcdMember>,
+}
+
+fn listen_port() -> Result<(std::net::TcpListener, u16)> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = l.local_addr()?.port();
+    Ok((l, port))
+}
+
+impl EtcdCluster {
+    /// Start `n` members under `dir` and wait until every one is healthy.
+    pub fn start(dir: &Path, n: usize) -> Result<Self> {
+        // Hold every port until all are chosen, so no two members get the
+        // same one; etcd binds them itself right after they are released.
+        let mut held = Vec::new();
+        let mut ports = Vec::new();
+        for _ in 0..n {
+            let mut three = [0u16; 3];
+            for p in &mut three {
+                let (l, port) = listen_port()?;
+                held.push(l);
+                *p = port;
+            }
+            ports.push(three);
+        }
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, [_, peer, _])| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect();
+        let initial = initial.join(",");
+        drop(held);
+        let mut members = Vec::new();
+        for (i, [client, peer, metrics]) in ports.into_iter().enumerate() {
+            let name = format!("m{i}");
+            let client_url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let mut cmd = Command::new("etcd");
+            cmd.args(["--name", &name])
+                .arg("--data-dir")
+                .arg(dir.join(format!("etcd-{name}")))
+                .args(["--listen-client-urls", &client_url])
+                .args(["--advertise-client-urls", &client_url])
+                .args(["--listen-peer-urls", &peer_url])
+                .args(["--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &initial])
+                .args(["--initial-cluster-state", "new"])
+                .args(["--initial-cluster-token", "faults"])
+                .arg(format!("--listen-metrics-urls=http://127.0.0.1:{metrics}"))
+                // Loopback round trips are ~0.1 ms: etcd's tuning guide
+                // sets the heartbeat near the round trip and the election
+                // timeout at ten heartbeats or more; 50/500 ms keeps that
+                // with room for a loaded CI machine.
+                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+                .args(["--logger=zap", "--log-outputs=stderr"]);
+            let log = dir.join(format!("etcd-{name}.log"));
+            members.push(EtcdMember {
+                name: name.clone(),
+                client_url,
+                metrics_port: metrics,
+                proc: Some(Proc::spawn(&format!("etcd {name}"), cmd, log)?),
+            });
+        }
+        let cluster = Self { members };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cluster.members.iter().all(|m| m.healthy()) {
+            if Instant::now() > deadline {
+                bail!("the etcd cluster did not become healthy in 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(cluster)
+    }
+
+    /// Every member's client URL, comma-separated (for `--etcd-endpoints`).
+    pub fn endpoints(&self) -> String {
+        let urls: Vec<&str> = self.members.iter().map(|m| m.client_url.as_str()).collect();
+        urls.join(",")
+    }
+
+    /// The member that is leader now, from each live member's
+    /// `etcd_server_is_leader` metric.
+    pub fn leader(&self) -> Option<usize> {
+        self.members
+            .iter()
+            .position(|m| m.proc.is_some() && m.metric("etcd_server_is_leader") == Some(1.0))
+    }
+
+    /// SIGKILL member `i`.
+    pub fn kill9(&mut self, i: usize) {
+        if let Some(mut p) = self.members[i].proc.take() {
+            p.kill9();
+        }
+    }
+}
+
+impl EtcdMember {
+    /// `/health` answers `"health":"true"`.
+    pub fn healthy(&self) -> bool {
+        crate::http_get(self.metrics_port, "/health")
+            .is_ok_and(|(code, body)| code == 200 && body.contains("\"health\":\"true\""))
+    }
+
+    /// One unlabelled metric's value.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let (code, body) = crate::http_get(self.metrics_port, "/metrics").ok()?;
+        if code != 200 {
+            return None;
+        }
+        body.lines()
+            .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .find_map(|v| v.trim().parse().ok())
+    }
+}
+
+/// A seeded xorshift64* generator: the fault schedule of a run is
+/// printed as its seed and replayed with `FAULTS_SEED=...`.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// From `FAULTS_SEED` when set, else from the clock; prints the seed.
+    pub fn from_env(what: &str) -> Self {
+        let seed = std::env::var("FAULTS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+        println!("{what}: seed {seed} (replay with FAULTS_SEED={seed})");
+        Self::new(seed)
+    }
+
+    /// From a seed.
+    pub fn new(seed: u64) -> Self {
+        Self(seed.max(1))
+    }
+
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `lo..hi` (`lo` when empty).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            return lo;
+        }
+        lo + self.next_u64() % (hi - lo)
+    }
+}
+
+/// The job's process state letter (`R`, `S`, `T`...) from
+/// `/proc/PID/stat`, where PID is read from an agent's job directory.
+pub fn job_proc_state(job_dir: &Path) -> Option<char> {
+    let pid = std::fs::read_to_string(job_dir.join("pid")).ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    after.trim_start().chars().next()
+}
+
+/// An agent's directory for one attempt of a job.
+pub fn attempt_dir(agent_state: &Path, job_id: &str, attempt: u32) -> PathBuf {
+    agent_state
+        .join("jobs")
+        .join(format!("{job_id}_a{attempt}"))
+}
+
+/// Wait for `path` to exist, up to `timeout`.
+pub fn wait_file(path: &Path, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !path.exists() {
+        if Instant::now() > deadline {
+            bail!("{} did not appear within {timeout:?}", path.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// The text of `path`, with context on failure.
+pub fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
