@@ -858,6 +858,7 @@ impl Sched {
     /// later tasks that cannot delay its reservation start, and spare
     /// capacity left after that steals.
     pub fn schedule(&mut self, leaf: LeafId, now: u64) {
+        let mut stolen = None;
         loop {
             while let Some(next) = self.next_startable(leaf) {
                 let Some((demand, align)) = self.tasks.get(&next).map(|t| (t.demand, t.align))
@@ -877,7 +878,19 @@ impl Sched {
             } else if !self.rqs[leaf].is_idle() || !self.rqs[leaf].tasks_timeline.is_empty() {
                 return;
             }
-            if self.try_steal(leaf, now).is_none() {
+            // A task is stolen only if it can start here now; should it
+            // not have started (its arrival changed which task is the
+            // head), stop rather than keep pulling.
+            if let Some(p) = stolen
+                && !matches!(
+                    self.tasks.get(&p).map(|t| t.state),
+                    Some(TaskState::Running(_))
+                )
+            {
+                return;
+            }
+            stolen = self.try_steal(leaf, now);
+            if stolen.is_none() {
                 return;
             }
         }
