@@ -624,8 +624,10 @@ impl Sched {
         calc_delta_fair(self.config.wakeup_granularity, se.weight) as i64
     }
 
-    /// `wakeup_latency_gran(curr, se)` of the latency-nice series (seed
-    /// 004, v12 patch 5): how much the latency offsets shift the
+    /// `wakeup_latency_gran(curr, se)` of the latency-nice series that seed
+    /// 004's patch 8/8 builds on (v12 5/8, which the seed does not quote;
+    /// its patch 8 calls it through `wakeup_preempt_entity(latency, se)`
+    /// in `pick_next_entity`): how much the latency offsets shift the
     /// comparison of `curr` and `se`. When either is latency-sensitive
     /// (negative offset) the difference of the offsets counts; otherwise
     /// `se`'s own offset says how much scheduling delay it accepts (positive
