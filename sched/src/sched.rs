@@ -4,6 +4,11 @@
 //! latency timeline, time slices on the tick, wakeup preemption, and the
 //! transitions that keep the masks and flags exact.
 //!
+//! With [`SchedConfig::backfill`] a head that cannot start does not block
+//! its queue: EASY backfill (Slurm's, not the kernel's: a CPU never has
+//! to wait for room) gives the head a [`Reservation`] from the running
+//! tasks' time limits and starts later tasks that cannot delay it.
+//!
 //! Placement (`select_task_rq`) lives in `select`, stealing in `steal`;
 //! both are `impl Sched` blocks over the state kept here. The engine is
 //! synchronous and reads no clock: every call takes `now` in nanoseconds
