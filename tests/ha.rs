@@ -619,6 +619,10 @@ async fn etcd_restart_mid_run_loses_nothing() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[expect(
+    clippy::await_holding_lock,
+    reason = "serial() orders whole tests, each on its own runtime: a test waiting for it blocks its own thread, never a task of this runtime"
+)]
 async fn replicas_over_tls_fail_over_for_agents_and_dispatchctl() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ca_dir = dir.path().join("ca");

@@ -774,12 +774,15 @@ mod tests {
         }
     }
 
+    /// Where the answer to one command arrives.
+    type Answer<T> = oneshot::Receiver<Result<T, Status>>;
+
     /// The replies of one batch: a submission, then every read of it.
     struct Reads {
-        submit: oneshot::Receiver<Result<Vec<Job>, Status>>,
-        get: oneshot::Receiver<Result<Job, Status>>,
-        list: oneshot::Receiver<Result<(Vec<Job>, String), Status>>,
-        watch: oneshot::Receiver<Result<(Vec<Job>, broadcast::Receiver<JobEvent>), Status>>,
+        submit: Answer<Vec<Job>>,
+        get: Answer<Job>,
+        list: Answer<(Vec<Job>, String)>,
+        watch: Answer<(Vec<Job>, broadcast::Receiver<JobEvent>)>,
     }
 
     /// Queue a submission of one job followed by a Get, a List and a Watch

@@ -285,8 +285,9 @@ pub async fn run(
     role: watch::Sender<Role>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let setup = CoreSetup { build, observers };
     // Not leading yet: export no cluster gauges until elected.
-    observers.leading(false);
+    setup.observers.leading(false);
     let Some(client) = connect(&cfg, &mut stop).await else {
         return;
     };
@@ -346,8 +347,7 @@ pub async fn run(
         let end = lead(
             &client,
             &cfg,
-            &build,
-            &observers,
+            &setup,
             &role,
             &mut stop,
             &held,
@@ -360,7 +360,7 @@ pub async fn run(
         });
         // The core has stopped: what it published for the web page and
         // the cluster gauges is stale from now on (`dispatch_leader` 0).
-        observers.leading(false);
+        setup.observers.leading(false);
         match &end {
             TermEnd::Stop => tracing::info!("leader stopping"),
             TermEnd::LeaseLost => {
@@ -383,12 +383,18 @@ async fn pause(stop: &mut watch::Receiver<bool>, d: Duration) {
     }
 }
 
+/// What each term builds its core from: the cluster, made from the loaded
+/// state, and the observers the core reports to.
+struct CoreSetup<B> {
+    build: B,
+    observers: Observers,
+}
+
 /// One term as leader; returns when it ends, with the core stopped.
 async fn lead(
     client: &Client,
     cfg: &HaConfig,
-    build: &impl Fn(Snapshot) -> Cluster,
-    observers: &Observers,
+    setup: &CoreSetup<impl Fn(Snapshot) -> Cluster>,
     role: &watch::Sender<Role>,
     stop: &mut watch::Receiver<bool>,
     lease: &Lease,
@@ -423,16 +429,16 @@ async fn lead(
         }
     };
     let jobs = snapshot.jobs.len();
-    let cluster = build(snapshot);
+    let cluster = (setup.build)(snapshot);
     let (core, thread) = crate::core::spawn(
         cluster,
         Box::new(store),
         OnStoreFailure::Stop,
-        observers.clone(),
+        setup.observers.clone(),
     );
     let mut joined = tokio::task::spawn_blocking(move || thread.join());
     let _ = role.send(Role::Leader(core.clone()));
-    observers.leading(true);
+    setup.observers.leading(true);
     tracing::info!(jobs, "leading: state loaded, placing");
     let mut check = tokio::time::interval(Duration::from_millis(50));
     let end = loop {

@@ -8,6 +8,9 @@
 //!   it drives, which makes followers redirect.
 //! - [`auth`]: bearer tokens and roles; [`tls`]: server TLS, agent
 //!   certificates and the local CA.
+//! - [`core`]: the thread that owns the cluster and the store; it reports
+//!   to the [`observe::Observers`] it is built with ([`metrics`], [`web`],
+//!   [`telemetry`]).
 
 pub mod auth;
 pub mod cluster;

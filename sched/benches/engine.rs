@@ -58,7 +58,8 @@
 //!   (`NodeLimitScope::Global`, limit 0): the O(1) early exit.
 //!
 //! * `idle_balance/steady_pass`: after the steal groups, backfill and idle
-//!   balance are switched on, one pass moves what it can (printed), and the
+//!   balance are switched on (newidle stealing off, so that the pass does
+//!   the pulling), one pass moves what it can (printed), and the
 //!   measured pass finds nothing more to move (checked): the cost of the
 //!   call on a tick or finish when no room can be used.
 //!
@@ -666,9 +667,12 @@ fn bench_size(c: &mut Criterion, size: &Size) {
     if big {
         g.sample_size(10);
     }
+    // Newidle stealing off, so that turning backfill on (every leaf is
+    // rescheduled) leaves the pulling to the pass.
     s.set_config(SchedConfig {
         backfill: true,
         idle_balance: true,
+        steal: false,
         ..open_config(s, &base)
     });
     let t = Instant::now();

@@ -1,6 +1,8 @@
 //! Overload masks: one sparse bitmap per LLC-level domain (cluster: per
 //! rack) of the leaves whose runnable demand exceeds their capacity
-//! (seed 000 patches 3-4, `cfs_overload_cpus`).
+//! (seed 000 patches 3-4, `cfs_overload_cpus`); with backfill on
+//! ([`crate::SchedConfig::backfill`]) also of the leaves whose waiting work
+//! cannot start now (a head blocked by alignment or behind a reservation).
 //!
 //! Element numbers are a leaf's position inside its LLC
 //! ([`Topology::llc_pos`]) rather than a global id: the kernel sizes every

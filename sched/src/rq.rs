@@ -4,7 +4,10 @@
 //! A leaf has a capacity `C` (1 for a CPU, the node's CPUs in the
 //! dispatcher). `nr_running` counts runnable demand, running and waiting;
 //! the leaf is *overloaded* when `nr_running > C`, which for `C = 1` is the
-//! kernel's `nr_running >= 2` (seed 000 patch 4). Keys carry an enqueue
+//! kernel's `nr_running >= 2` (seed 000 patch 4); with backfill the engine
+//! also counts a leaf with waiting work as overloaded, and lets a newcomer
+//! use the room that cannot delay the head's reservation
+//! ([`crate::Sched::reservation`]). Keys carry an enqueue
 //! sequence number so that equal vruntimes keep FIFO order.
 
 use std::collections::BTreeSet;

@@ -4,6 +4,11 @@
 //! latency timeline, time slices on the tick, wakeup preemption, and the
 //! transitions that keep the masks and flags exact.
 //!
+//! With [`SchedConfig::backfill`] a head that cannot start does not block
+//! its queue: EASY backfill (Slurm's, not the kernel's: a CPU never has
+//! to wait for room) gives the head a [`Reservation`] from the running
+//! tasks' time limits and starts later tasks that cannot delay it.
+//!
 //! Placement (`select_task_rq`) lives in `select`, stealing in `steal`;
 //! both are `impl Sched` blocks over the state kept here. The engine is
 //! synchronous and reads no clock: every call takes `now` in nanoseconds
@@ -637,8 +642,10 @@ impl Sched {
         calc_delta_fair(self.config.wakeup_granularity, se.weight) as i64
     }
 
-    /// `wakeup_latency_gran(curr, se)` of the latency-nice series (seed
-    /// 004, v12 patch 5): how much the latency offsets shift the
+    /// `wakeup_latency_gran(curr, se)` of the latency-nice series that seed
+    /// 004's patch 8/8 builds on (v12 5/8, which the seed does not quote;
+    /// its patch 8 calls it through `wakeup_preempt_entity(latency, se)`
+    /// in `pick_next_entity`): how much the latency offsets shift the
     /// comparison of `curr` and `se`. When either is latency-sensitive
     /// (negative offset) the difference of the offsets counts; otherwise
     /// `se`'s own offset says how much scheduling delay it accepts (positive
@@ -871,6 +878,7 @@ impl Sched {
     /// later tasks that cannot delay its reservation start, and spare
     /// capacity left after that steals.
     pub fn schedule(&mut self, leaf: LeafId, now: u64) {
+        let mut stolen = None;
         loop {
             while let Some(next) = self.next_startable(leaf) {
                 let Some((demand, align)) = self.tasks.get(&next).map(|t| (t.demand, t.align))
@@ -890,7 +898,19 @@ impl Sched {
             } else if !self.rqs[leaf].is_idle() || !self.rqs[leaf].tasks_timeline.is_empty() {
                 return;
             }
-            if self.try_steal(leaf, now).is_none() {
+            // A task is stolen only if it can start here now; should it
+            // not have started (its arrival changed which task is the
+            // head), stop rather than keep pulling.
+            if let Some(p) = stolen
+                && !matches!(
+                    self.tasks.get(&p).map(|t| t.state),
+                    Some(TaskState::Running(_))
+                )
+            {
+                return;
+            }
+            stolen = self.try_steal(leaf, now);
+            if stolen.is_none() {
                 return;
             }
         }

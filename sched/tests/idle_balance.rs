@@ -7,7 +7,8 @@
 //! the domain is the node's rack, plus the other racks of its zone when
 //! cross-LLC stealing is on (zones within the node limit); "room" is
 //! brute force over the node's running jobs: the job fits now and, if the
-//! node has a waiting head, cannot delay the head's earliest start.
+//! node has a waiting head, cannot delay the head's earliest start. And
+//! nothing the pass brings to a node delays that node's own head.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -119,6 +120,21 @@ impl World {
         oracle_start(cap, &with, hd, now).is_some_and(|t| t <= before)
     }
 
+    /// The head of `leaf` (first waiting job, in queue order, that fits
+    /// the node at all) and its earliest start by the oracle.
+    fn head(&self, leaf: LeafId, now: u64) -> Option<(TaskId, Option<u64>)> {
+        let cap = self.caps[leaf];
+        let h = self
+            .s
+            .rq(leaf)
+            .waiting()
+            .find(|id| self.jobs[id].demand <= cap)?;
+        Some((
+            h,
+            oracle_start(cap, &self.plan(leaf), self.jobs[&h].demand, now),
+        ))
+    }
+
     /// The oracle's steal domain: same rack, or with cross-LLC stealing
     /// another rack of the same zone.
     fn in_domain(&self, dst: LeafId, src: LeafId, cross: bool) -> bool {
@@ -207,10 +223,22 @@ proptest! {
         };
         let (mut w, now) = build(spec, &caps, &jobs, &finish, config);
         let waiting_before: usize = (0..w.caps.len()).map(|l| w.s.rq(l).nr_waiting()).sum();
+        let heads_before: Vec<_> = (0..w.caps.len()).map(|l| w.head(l, now)).collect();
         let moved = w.s.idle_balance(now);
         w.record(now);
         prop_assert!(moved <= waiting_before);
         let n = w.caps.len();
+        // Nothing pulled into a node delays its own head.
+        for (leaf, before) in heads_before.into_iter().enumerate() {
+            if let (Some((h, Some(start))), Some((h2, after))) = (before, w.head(leaf, now))
+                && h == h2
+            {
+                prop_assert!(
+                    after.is_some_and(|a| a <= start),
+                    "node {leaf}: head {h:?} moved from {start} to {after:?}"
+                );
+            }
+        }
         for dst in 0..n {
             for src in (0..n).filter(|&s| s != dst && w.in_domain(dst, s, cross)) {
                 for id in w.s.rq(src).waiting().collect::<Vec<_>>() {
