@@ -2,35 +2,17 @@
 //! nodes and jobs, the top-level JSON stays per rack at 10,000 nodes, and
 //! placements, queues and steals show up.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use proto::v1::{CpuLoad, JobSpec, NodeLoad, Register};
-use sched::Topology;
+use proto::v1::{CpuLoad, JobSpec, NodeLoad};
 
 use super::*;
+use crate::cluster::tests::register_node;
 use crate::cluster::{ClusterConfig, Effects, RECENT_MOVES};
 use crate::store::NodeAdmin;
 
-fn machine(spec: &str) -> proto::v1::Topology {
-    engine_proto::topology(&Topology::from_spec(spec).unwrap())
-}
-
 fn register(c: &mut Cluster, name: &str, spec: &str, zone: &str, rack: &str, fx: &mut Effects) {
-    let mut labels = HashMap::new();
-    labels.insert("topology.kubernetes.io/zone".to_string(), zone.to_string());
-    labels.insert("dispatch.io/rack".to_string(), rack.to_string());
-    c.register(
-        Register {
-            node: name.into(),
-            labels,
-            topology: Some(machine(spec)),
-            ..Default::default()
-        },
-        0,
-        fx,
-    )
-    .unwrap();
+    register_node(c, name, spec, (zone, rack), 0, fx);
 }
 
 fn job(cpus: u32, latency_nice: i32) -> JobSpec {

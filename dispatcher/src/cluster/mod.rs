@@ -401,4 +401,4 @@ fn cancel_on(node: String, job_id: String, attempt: u32, fx: &mut Effects) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -14,8 +14,16 @@ pub(crate) fn machine(spec: &str) -> proto::v1::Topology {
     engine_proto::topology(&Topology::from_spec(spec).unwrap())
 }
 
-fn register(c: &mut Cluster, name: &str, spec: &str, zone: &str, rack: &str, now: i64) -> Effects {
-    let mut fx = Effects::default();
+/// Register node `name` with a synthetic machine `spec` in `zone`/`rack`
+/// (the default labels), appending what it causes to `fx`.
+pub(crate) fn register_node(
+    c: &mut Cluster,
+    name: &str,
+    spec: &str,
+    (zone, rack): (&str, &str),
+    now: i64,
+    fx: &mut Effects,
+) {
     let mut labels = HashMap::new();
     labels.insert("topology.kubernetes.io/zone".to_string(), zone.to_string());
     labels.insert("dispatch.io/rack".to_string(), rack.to_string());
@@ -27,9 +35,14 @@ fn register(c: &mut Cluster, name: &str, spec: &str, zone: &str, rack: &str, now
             ..Default::default()
         },
         now,
-        &mut fx,
+        fx,
     )
     .unwrap();
+}
+
+fn register(c: &mut Cluster, name: &str, spec: &str, zone: &str, rack: &str, now: i64) -> Effects {
+    let mut fx = Effects::default();
+    register_node(c, name, spec, (zone, rack), now, &mut fx);
     c.settle(now, &mut fx);
     fx
 }
