@@ -505,10 +505,12 @@ impl Executor {
             .stdout(Stdio::piped())
             .stderr(log)
             .kill_on_drop(false);
-        // No pre_exec hook (the shim's own first step is `setsid`): without
-        // one the standard library starts the shim with posix_spawn
-        // (vfork-like) instead of forking this large multi-threaded process,
-        // a copy of its page tables per job.
+        // Safety: runs in the forked child before exec and only calls
+        // setsid(2), which is async-signal-safe; it allocates nothing (the
+        // error path builds an io::Error from an errno, no allocation).
+        unsafe {
+            cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(io::Error::from));
+        }
         let mut child = cmd
             .spawn()
             .map_err(|e| ExecError::io("start the shim", &self.cfg.shim_exe, e))?;

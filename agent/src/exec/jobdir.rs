@@ -1,14 +1,6 @@
 //! The job directory `<state_dir>/jobs/<id>/`: its file names, and atomic
-//! writes (temporary file, rename) so a reader (the agent, possibly
-//! restarted) never sees a half-written file.
-//!
-//! The writes are atomic but not synced to disk. The directory describes
-//! live processes, and what must survive is an *agent* crash or restart,
-//! which the page cache outlives; a power loss ends every job at once, and
-//! a rebooted agent then finds each of them lost (or its directory
-//! unreadable and left alone), with or without the files. Two fsyncs per
-//! file (file and directory), six files per job, were most of what a
-//! trivial job cost the agent's loop and its shim.
+//! writes (temporary file, fsync, rename, fsync of the directory) so a
+//! reader (the agent, possibly restarted) never sees a half-written file.
 //!
 //! | file | writer | when |
 //! |---|---|---|
@@ -84,18 +76,24 @@ impl JobDir {
     }
 }
 
-/// Write `bytes` to `path` atomically (not synced: see the module
-/// documentation).
+/// Write `bytes` to `path` atomically and durably.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
     let tmp = dir.join(format!(".{}.tmp", name.as_deref().unwrap_or("file")));
     let write = || -> io::Result<()> {
         let mut file = File::create(&tmp)?;
-        file.write_all(bytes)
+        file.write_all(bytes)?;
+        file.sync_all()
     };
     write().map_err(|e| ExecError::io("write", &tmp, e))?;
-    fs::rename(&tmp, path).map_err(|e| ExecError::io("rename into place", path, e))
+    fs::rename(&tmp, path).map_err(|e| ExecError::io("rename into place", path, e))?;
+    // The rename is durable once the directory is synced; a failure here
+    // loses durability, not correctness, so it is not an error.
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
 }
 
 /// Serialise `value` as pretty JSON into `path`, atomically.

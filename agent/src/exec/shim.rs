@@ -12,9 +12,8 @@
 //! recognises it, and keeps running the old binary's inode across upgrades.
 //!
 //! What the shim does, in order:
-//! 1. becomes a session leader (`setsid`; the executor starts it with
-//!    posix_spawn, so this is its first act), reads `spec.json`, becomes a
-//!    child subreaper
+//! 1. reads `spec.json`; becomes a session leader (`setsid`, the executor
+//!    also does it between fork and exec) and a child subreaper
 //!    (`PR_SET_CHILD_SUBREAPER`), writes `shim.pid`, pins itself to the
 //!    job's CPUs (`sched_setaffinity`; the job inherits the mask);
 //! 2. forks the job; between fork and exec the child calls `setsid` (its
@@ -133,12 +132,6 @@ impl Handshake {
 }
 
 fn run(dir: &Path, handshake: &mut Handshake) -> Result<()> {
-    // First, out of the agent's session and process group: a signal to
-    // the agent's group (a terminal's ^C) must not reach the job.
-    let me = getpid();
-    if getsid(None).ok() != Some(me) {
-        setsid().map_err(|e| ExecError::sys("setsid", "the shim", e))?;
-    }
     let jd = JobDir::new(dir);
     let spec: ShimSpec = read_json(&jd.spec())?.ok_or_else(|| {
         ExecError::io(
@@ -147,6 +140,10 @@ fn run(dir: &Path, handshake: &mut Handshake) -> Result<()> {
             io::Error::new(io::ErrorKind::NotFound, "no spec.json"),
         )
     })?;
+    let me = getpid();
+    if getsid(None).ok() != Some(me) {
+        setsid().map_err(|e| ExecError::sys("setsid", "the shim", e))?;
+    }
     prctl::set_child_subreaper(true)
         .map_err(|e| ExecError::sys("prctl(PR_SET_CHILD_SUBREAPER)", "the shim", e))?;
     write_pid(&jd.shim_pid(), me.as_raw())?;
