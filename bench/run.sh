@@ -227,5 +227,10 @@ for load in "${LOADS[@]}"; do
     bash -c "cargo run -q --release -p e2e --bin loadgen -- --agents $agents --rate $rate --duration-s $secs --baseline 2>/dev/null"
 done
 
+# What a person measured (profiles, before/after, fault tests), unchanged.
+if [ -f "$ROOT/docs/bench/by-hand.md" ]; then
+  doc ""
+  cat "$ROOT/docs/bench/by-hand.md" >>"$TMP/doc"
+fi
 mv "$TMP/doc" "$OUT"
 echo "wrote $OUT" >&2
