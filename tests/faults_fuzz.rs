@@ -18,6 +18,9 @@
 //! attempt >= 1, a terminal job never becomes live again, attempts never
 //! decrease, `node-g` stays READY, and no job reached `node-h`. At the end
 //! every genuine job ends SUCCEEDED with exactly one marker.
+//!
+//! Earlier runs' findings ([`findings`]) are replayed first, each with the
+//! status it must end with.
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -235,14 +238,88 @@ fn sequence(rng: &mut Rng) -> Vec<agent_message::Msg> {
     seq
 }
 
-// Ignored until its finding is fixed: with seed 1796152517651511953 the
-// dispatcher ended stream 117 with an HTTP/2 reset (PROTOCOL_ERROR, "h2
-// protocol error") instead of a gRPC status, which this test rightly
-// refuses; other seeds pass. Plan (issue 15): find which hostile message
-// makes the server reset the stream, answer it with a status naming the
-// field, then drop this ignore. Replay with
-// `FAULTS_SEED=1796152517651511953 cargo test -p e2e --test faults_fuzz -- --ignored --nocapture`.
-#[ignore = "a seed ends a stream with an HTTP/2 reset instead of a status: see the comment above"]
+/// How a hostile stream ended: `Ok(Ok(()))` open after the sequence (we
+/// hung up) or closed with OK, `Ok(Err(status))` closed with `status`,
+/// `Err(_)` neither answered nor closed in 10 s.
+type Outcome = Result<Result<(), tonic::Status>, tokio::time::error::Elapsed>;
+
+/// Send `seq` on a new Attach stream and read what the dispatcher sends
+/// until it closes the stream (or stays quiet for 300 ms).
+async fn exchange(
+    mut client: AgentServiceClient<tonic::transport::Channel>,
+    seq: Vec<agent_message::Msg>,
+) -> Outcome {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let call = client.attach(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let feed = async {
+            for m in seq {
+                if tx.send(AgentMessage { msg: Some(m) }).await.is_err() {
+                    break;
+                }
+            }
+            drop(tx);
+        };
+        let (resp, ()) = tokio::join!(call, feed);
+        let mut inbound = resp?.into_inner();
+        loop {
+            match tokio::time::timeout(Duration::from_millis(300), inbound.message()).await {
+                Ok(Ok(Some(_))) => continue,
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Err(status)) => return Err(status),
+                Err(_) => return Ok(()), // still open: we hang up
+            }
+        }
+    })
+    .await
+}
+
+/// Findings of earlier runs, replayed first on every run: a sequence and
+/// the status code and message start the dispatcher must close it with.
+fn findings() -> Vec<(&'static str, Vec<agent_message::Msg>, Code, &'static str)> {
+    let sane = topology(&mut Rng::new(2));
+    let reg = |node: String| Register {
+        node,
+        topology: sane.clone(),
+        ..Default::default()
+    };
+    vec![
+        // Seed 1796152517651511953, stream 117: a status echoing a 41 KB
+        // node name outgrew the client's HTTP/2 header limit, which reset
+        // the stream (PROTOCOL_ERROR) and lost the status.
+        (
+            "a 41 KB node name",
+            vec![agent_message::Msg::Register(reg("x".repeat(41_296)))],
+            Code::InvalidArgument,
+            "register.node: 41296 bytes",
+        ),
+        // The longest name a status may echo whole still reaches the
+        // client: refused by the certificate check, not the length.
+        (
+            "a 253-byte node name",
+            vec![agent_message::Msg::Register(reg("é".repeat(126) + "x"))],
+            Code::PermissionDenied,
+            "node: the client certificate is for",
+        ),
+        // A message over the size limit after a good Register: the stream
+        // ends with the reader's error, not with OK.
+        (
+            "log data over the agent message limit",
+            vec![
+                agent_message::Msg::Register(reg("node-h".into())),
+                agent_message::Msg::Log(LogData {
+                    data: vec![0; 300_000],
+                    ..Default::default()
+                }),
+            ],
+            Code::OutOfRange,
+            "agent stream: ",
+        ),
+    ]
+}
+
+/// Replay a run with `FAULTS_SEED=N cargo test -p e2e --test faults_fuzz
+/// -- --nocapture` (the seed is printed first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_agent_stream_cannot_crash_or_corrupt_the_dispatcher() -> Result<()> {
     let mut rng = Rng::from_env("faults_fuzz");
@@ -270,6 +347,10 @@ async fn hostile_agent_stream_cannot_crash_or_corrupt_the_dispatcher() -> Result
             &p("ca/ca.pem"),
             "--heartbeat-ms",
             "300",
+            // Agent messages up to 4 x 64 KiB: the hostile texts and logs
+            // cross it.
+            "--max-message-bytes",
+            "65536",
         ],
     )?;
     d.url = format!("https://localhost:{}", d.port);
@@ -328,6 +409,14 @@ async fn hostile_agent_stream_cannot_crash_or_corrupt_the_dispatcher() -> Result
         SubmitJobsRequest { specs }
     };
 
+    for (what, seq, code, start) in findings() {
+        let client = AgentServiceClient::new(channel(&hostile_tls).await?);
+        match exchange(client, seq).await {
+            Ok(Err(status)) if status.code() == code && status.message().starts_with(start) => {}
+            other => bail!("{what}: want {code:?} \"{start}...\", got {other:?}"),
+        }
+    }
+
     let mut seen: HashMap<String, (u32, bool)> = HashMap::new();
     let mut closed: HashMap<String, usize> = HashMap::new();
     let mut sent = 0usize;
@@ -338,32 +427,9 @@ async fn hostile_agent_stream_cannot_crash_or_corrupt_the_dispatcher() -> Result
         }
         let seq = sequence(&mut rng);
         sent += seq.len();
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
-        let mut client = AgentServiceClient::new(channel(&hostile_tls).await?)
+        let client = AgentServiceClient::new(channel(&hostile_tls).await?)
             .max_decoding_message_size(64 << 20);
-        let outcome = tokio::time::timeout(Duration::from_secs(10), async {
-            let call = client.attach(tokio_stream::wrappers::ReceiverStream::new(rx));
-            let feed = async {
-                for m in seq {
-                    if tx.send(AgentMessage { msg: Some(m) }).await.is_err() {
-                        break;
-                    }
-                }
-                drop(tx);
-            };
-            let (resp, ()) = tokio::join!(call, feed);
-            let mut inbound = resp?.into_inner();
-            // Read what the dispatcher sends until it closes the stream.
-            loop {
-                match tokio::time::timeout(Duration::from_millis(300), inbound.message()).await {
-                    Ok(Ok(Some(_))) => continue,
-                    Ok(Ok(None)) => return Ok(()),
-                    Ok(Err(status)) => return Err(status),
-                    Err(_) => return Ok(()), // still open: we hang up
-                }
-            }
-        })
-        .await;
+        let outcome = exchange(client, seq).await;
         let key = match &outcome {
             Err(_) => bail!("stream {stream}: the dispatcher neither answered nor closed in 10 s"),
             Ok(Ok(())) => "open or closed cleanly".to_string(),

@@ -381,14 +381,54 @@ pub struct Agents {
     require_client_cert: bool,
 }
 
-#[tonic::async_trait]
-impl AgentService for Agents {
-    type AttachStream = BoxStream<DispatcherMessage>;
+/// Longest node name an agent may register as: a DNS name's limit, which
+/// holds Kubernetes node names and host names.
+pub const MAX_NODE_NAME_BYTES: usize = 253;
 
-    async fn attach(
+/// Longest status message the agents' stream ends with. A status travels
+/// in an HTTP/2 header; one larger than the peer's header list limit
+/// (16 KiB in hyper) is refused by the peer's HTTP/2 layer, which resets
+/// the stream with PROTOCOL_ERROR and loses the status. Messages that
+/// echo what the agent sent are cut to this size.
+const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
+
+/// `status` with its message cut to [`MAX_STATUS_MESSAGE_BYTES`] (at a
+/// character boundary, saying how long it was).
+fn bounded(status: Status) -> Status {
+    let msg = status.message();
+    if msg.len() <= MAX_STATUS_MESSAGE_BYTES {
+        return status;
+    }
+    let mut end = MAX_STATUS_MESSAGE_BYTES;
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    Status::new(
+        status.code(),
+        format!("{}... (cut from {} bytes)", &msg[..end], msg.len()),
+    )
+}
+
+/// Why the agents' stream ends when reading it failed: the agent sent a
+/// message the server could not decode (tonic says INTERNAL) or one over
+/// the size limit (OUT_OF_RANGE). Told back to the agent, naming the
+/// stream, as its error rather than the server's.
+fn inbound_error(status: &Status) -> Status {
+    let code = match status.code() {
+        tonic::Code::Internal | tonic::Code::Unknown => tonic::Code::InvalidArgument,
+        code => code,
+    };
+    bounded(Status::new(
+        code,
+        format!("agent stream: {}", status.message()),
+    ))
+}
+
+impl Agents {
+    async fn attach_stream(
         &self,
         req: Request<Streaming<AgentMessage>>,
-    ) -> Result<Response<Self::AttachStream>, Status> {
+    ) -> Result<Response<BoxStream<DispatcherMessage>>, Status> {
         // The stream stays with the core it attached to: if this replica
         // steps down, that core ends the stream and the agent moves on.
         let core = self.gate.core()?;
@@ -396,19 +436,28 @@ impl AgentService for Agents {
         let mut inbound = req.into_inner();
         let first = inbound
             .message()
-            .await?
+            .await
+            .map_err(|s| inbound_error(&s))?
             .ok_or_else(|| Status::invalid_argument("stream ended before Register"))?;
         let Some(agent_message::Msg::Register(register)) = first.msg else {
             return Err(Status::invalid_argument(
                 "the first message must be Register",
             ));
         };
+        if register.node.len() > MAX_NODE_NAME_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "register.node: {} bytes, at most {MAX_NODE_NAME_BYTES}",
+                register.node.len()
+            )));
+        }
         let node = register.node.clone();
         if self.require_client_cert {
             crate::tls::authorize_agent(peer_certs.as_deref().map(Vec::as_slice), &node)
                 .inspect_err(|status| tracing::warn!(%node, %status, "agent refused"))?;
         }
         let (tx, rx) = mpsc::unbounded_channel();
+        // Kept to end the stream with the reason when reading it fails.
+        let failed = tx.clone();
         let session = core
             .call(|reply| Command::Attach {
                 register,
@@ -427,6 +476,7 @@ impl AgentService for Agents {
                     Some(Ok(AgentMessage { msg: None })) => {}
                     Some(Err(status)) => {
                         tracing::info!(%node, %status, "agent stream error");
+                        let _ = failed.send(Err(inbound_error(&status)));
                         break;
                     }
                     None => break,
@@ -435,6 +485,20 @@ impl AgentService for Agents {
             core.send(Command::Detach { node, session });
         });
         Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+}
+
+#[tonic::async_trait]
+impl AgentService for Agents {
+    type AttachStream = BoxStream<DispatcherMessage>;
+
+    /// An agent's stream: Register first, then its reports. Every refusal
+    /// is a status small enough to reach the agent ([`bounded`]).
+    async fn attach(
+        &self,
+        req: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        self.attach_stream(req).await.map_err(bounded)
     }
 }
 
@@ -580,4 +644,34 @@ pub async fn serve_secured(
 /// The address a listener is bound to, for printing.
 pub fn local_addr(l: &tokio::net::TcpListener) -> Option<SocketAddr> {
     l.local_addr().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_the_agents_stream_ends_with_fits_in_a_header() {
+        let short = Status::permission_denied("node: no");
+        assert_eq!(bounded(short.clone()).message(), short.message());
+        // Two-byte characters across the cut: it falls on a boundary.
+        let long = Status::invalid_argument(format!("x{}", "é".repeat(40_000)));
+        let cut = bounded(long);
+        assert_eq!(cut.code(), tonic::Code::InvalidArgument);
+        assert!(cut.message().len() <= MAX_STATUS_MESSAGE_BYTES + 40);
+        assert!(cut.message().ends_with("... (cut from 80001 bytes)"));
+    }
+
+    #[test]
+    fn a_stream_the_server_cannot_read_is_the_agents_error() {
+        let decode = Status::internal("failed to decode Protobuf message: buffer underflow");
+        let s = inbound_error(&decode);
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        assert_eq!(
+            s.message(),
+            "agent stream: failed to decode Protobuf message: buffer underflow"
+        );
+        let big = Status::out_of_range("decoded message length too large");
+        assert_eq!(inbound_error(&big).code(), tonic::Code::OutOfRange);
+    }
 }
