@@ -389,8 +389,18 @@ impl Core {
                     let _ = link.tx.send(Ok(msg));
                 }
             }
-            for ev in fx.events {
-                let _ = self.events.send(ev);
+            if self.events.receiver_count() > 0 {
+                let mut why = self.cluster.explainer(now);
+                for mut ev in fx.events {
+                    // The reason describes the job now: only an event of
+                    // the state the job is still in carries it.
+                    if let Some(job) = ev.job.as_mut()
+                        && self.cluster.phase(&job.id).map(|p| p.state() as i32) == Some(job.state)
+                    {
+                        why.fill(job);
+                    }
+                    let _ = self.events.send(ev);
+                }
             }
             if stop {
                 self.close_streams(&stopped());
@@ -421,11 +431,21 @@ impl Core {
             }
             // Reads answer after the commit too: they may show what this
             // batch changed, which a failed commit drops.
+            // Pending reasons are computed here, when read, never stored.
             Command::Get { id, reply } => {
-                replies.push(defer(reply, self.cluster.get_job(&id)));
+                let r = self.cluster.get_job(&id).map(|mut job| {
+                    self.cluster.explainer(now).fill(&mut job);
+                    job
+                });
+                replies.push(defer(reply, r));
             }
             Command::List { req, reply } => {
-                replies.push(defer(reply, self.cluster.list_jobs(&req)));
+                let r = self.cluster.list_jobs(&req).map(|(mut jobs, next)| {
+                    let mut why = self.cluster.explainer(now);
+                    jobs.iter_mut().for_each(|j| why.fill(j));
+                    (jobs, next)
+                });
+                replies.push(defer(reply, r));
             }
             Command::Watch {
                 ids,
@@ -433,7 +453,10 @@ impl Core {
                 reply,
             } => {
                 let current = if include_current {
-                    self.cluster.jobs_matching(&ids)
+                    let mut jobs = self.cluster.jobs_matching(&ids);
+                    let mut why = self.cluster.explainer(now);
+                    jobs.iter_mut().for_each(|j| why.fill(j));
+                    jobs
                 } else {
                     Vec::new()
                 };

@@ -232,4 +232,23 @@ impl Sched {
         }
         moved
     }
+
+    /// Whether `dst`'s steal search (`try_steal`, `idle_balance`) visits
+    /// `src`: `Some(true)` it does, `Some(false)` it would but node-limit
+    /// gating (seed 000 patch 9) stops it, `None` it never would (stealing
+    /// off, or `src` outside `dst`'s LLC and the enabled sibling LLCs).
+    /// For the dispatcher's pending reasons (the node-limit gate).
+    pub fn steal_reach(&self, dst: LeafId, src: LeafId) -> Option<bool> {
+        if !self.config.steal {
+            return None;
+        }
+        let (a, b) = (self.topo.llc_of(dst), self.topo.llc_of(src));
+        if a == b {
+            return Some(self.steal_llc_allowed);
+        }
+        if self.config.steal_cross_llc && self.topo.llc_siblings(a).contains(&b) {
+            return Some(self.steal_llc_allowed && self.steal_cross_allowed[a]);
+        }
+        None
+    }
 }

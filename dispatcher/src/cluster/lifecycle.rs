@@ -45,7 +45,9 @@ pub(super) fn task_spec(e: &JobEntry, affinity: Option<Arc<LeafSet>>) -> TaskSpe
         affinity,
         policy: Some(policy_of(&spec)),
         align: align_of(&spec),
-        time_limit: None,
+        // The job's timeout (ns): EASY backfill's reservations and the
+        // pending reasons' "until" come from it.
+        time_limit: (spec.timeout_ms > 0).then(|| spec.timeout_ms.saturating_mul(1_000_000)),
     }
 }
 

@@ -13,7 +13,9 @@
 //! - [`engine`]: the node-level `sched` engine, its leaf order and rebuild;
 //! - `lifecycle`: submit, place, start, status, finish, loss, cancel;
 //! - `reconcile`: agent registration and reconciliation;
-//! - [`steal`]: agent-level steals and the recent moves.
+//! - [`steal`]: agent-level steals and the recent moves;
+//! - [`pending`]: why a waiting job waits (the API's `PendingReason`),
+//!   computed when a job is read, never stored.
 //!
 //! Job states for users: PENDING (phases `Unplaced`, `Queued`), ASSIGNED
 //! (`Assigned`), RUNNING (`Running`), both also `AwaitingNode` after a
@@ -26,6 +28,7 @@ pub mod engine;
 pub mod jobs;
 mod lifecycle;
 pub mod nodes;
+pub mod pending;
 mod reconcile;
 pub mod steal;
 
