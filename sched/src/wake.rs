@@ -384,7 +384,7 @@ mod tests {
         load(&mut s, 2, 6, &mut next);
         assert_eq!(s.wake_wide_factor(t, 0), (32 - 14) / 4);
         for leaf in [0, 2, 3] {
-            let free = 8 - s.rq(leaf).nr_running as u32;
+            let free = 8 - s.rq(leaf).nr_running;
             load(&mut s, leaf, free, &mut next);
         }
         assert_eq!(s.wake_wide_factor(t, 0), 1, "a full rack still counts 1");
@@ -507,7 +507,7 @@ mod tests {
         assert_eq!(s.rq(leaf).nr_running, 3, "its idlest node");
         // A zone without room: the whole tree.
         for &l in &z0 {
-            let free = 8 - s.rq(l).nr_running as u32;
+            let free = 8 - s.rq(l).nr_running;
             load(&mut s, l, free, &mut next);
         }
         let (leaf, _) = s.find_idlest_from(t, waker);
