@@ -20,10 +20,7 @@ use crate::config::{PackThreshold, Policy};
 use crate::sched::Sched;
 use crate::task::{TaskId, TaskState};
 use crate::topology::LeafId;
-use crate::wake::{record_wakee, wake_wide};
-
-/// `imbalance_pct` of the LLC-level domain (117 in the kernel).
-const IMBALANCE_PCT: u64 = 117;
+use crate::wake::{IMBALANCE_PCT, record_wakee, wake_wide};
 
 /// What the waker relation decided in `select_task_rq`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -185,7 +182,7 @@ impl Sched {
         }
     }
 
-    fn allowed(&self, id: TaskId, leaf: LeafId) -> bool {
+    pub(crate) fn allowed(&self, id: TaskId, leaf: LeafId) -> bool {
         self.tasks.get(&id).is_some_and(|t| t.allowed(leaf))
     }
 
@@ -244,7 +241,7 @@ impl Sched {
         self.select_idle_sibling_placed(id, prev, target).0
     }
 
-    fn select_idle_sibling_placed(
+    pub(crate) fn select_idle_sibling_placed(
         &mut self,
         id: TaskId,
         prev: LeafId,
@@ -357,7 +354,7 @@ impl Sched {
         self.find_idlest_placed(id).0
     }
 
-    fn find_idlest_placed(&mut self, id: TaskId) -> (LeafId, PlacePath) {
+    pub(crate) fn find_idlest_placed(&mut self, id: TaskId) -> (LeafId, PlacePath) {
         self.stats.find_idlest += 1;
         let idlest = |leaf| (leaf, PlacePath::Idlest);
         let Some(task) = self.tasks.get(&id) else {

@@ -48,6 +48,11 @@ struct Args {
     /// Agents must report at least this often (milliseconds).
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
+    /// Wipe period of wake_wide's flip records (milliseconds): a waker
+    /// (a job named as `--waker`, else a user and group) that released more
+    /// jobs within it than its rack has room for spreads them.
+    #[arg(long, default_value_t = dispatcher::cluster::WAKE_FLIP_DECAY_MS)]
+    wake_flip_decay_ms: u64,
     /// Reports missed before a node is DOWN and its jobs are retried.
     #[arg(long, default_value_t = 3)]
     missed_heartbeats: u64,
@@ -373,6 +378,7 @@ async fn run(args: Args) -> Result<()> {
         missed_heartbeats: args.missed_heartbeats,
         zone_label: args.zone_label.clone(),
         rack_label: args.rack_label.clone(),
+        wake_flip_decay_ms: args.wake_flip_decay_ms,
         ..ClusterConfig::default()
     };
     cfg.engine.steal_node_limit = args.steal_zone_limit;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use proto::v1::{
     Assign, DispatcherMessage, Job, JobSpec, JobState, JobStatus, NodeLoad, dispatcher_message,
 };
+use sched::wake::OuterWaker;
 use sched::{LeafId, LeafSet, TaskId, TaskSpec, TaskState};
 use tonic::Status;
 
@@ -21,6 +22,7 @@ use super::engine::engine_ns;
 use super::jobs::{End, JobEntry, JobKey, Phase, Requeue, Unplaced, Via};
 use super::nodes::NodeInfo;
 use super::steal::{Move, MoveKind};
+use super::wakers::WakerKey;
 use super::{Cluster, Effects, cancel_on};
 use crate::spec::{align_of, check_submission, policy_of};
 use crate::store::{NodeAdmin, Write};
@@ -143,6 +145,21 @@ impl Cluster {
         };
         let spec = e.job().spec.clone().unwrap_or_default();
         let task = e.task;
+        // The waker's flip record (seed 001, kept in `wakers` across
+        // re-creations of the task): a flip when the job is woken (new, or
+        // a retry), none when it is only placed again.
+        let waker = WakerKey::of(e.job());
+        let woken = matches!(
+            e.phase(),
+            Phase::Unplaced {
+                why: Unplaced::New | Unplaced::Requeued
+            }
+        );
+        let flips = match &waker {
+            Some(w) if woken => self.wakers.record(w, task.0, engine_ns(now)),
+            Some(w) => self.wakers.flips(w, engine_ns(now)),
+            None => 0,
+        };
         if self.engine.sched().is_none() {
             self.jobs.set_phase(
                 key,
@@ -161,19 +178,39 @@ impl Cluster {
             }
         };
         let tspec = task_spec(e, allowed);
-        let waker = JobKey::parse(&spec.waker)
-            .and_then(|k| self.jobs.get(k))
-            .map(|w| w.task);
+        // Where the waker is: its job's node, else where its last wakee went.
+        let waker_node = match &waker {
+            Some(WakerKey::Job(k)) => self
+                .jobs
+                .get(*k)
+                .map(|w| w.job().node.as_str())
+                .filter(|n| !n.is_empty()),
+            _ => None,
+        }
+        .or_else(|| {
+            waker
+                .as_ref()
+                .and_then(|w| self.wakers.get(w))
+                .map(|r| r.node.as_str())
+        });
+        let outer = waker_node
+            .and_then(|n| self.engine.built_leaf(n))
+            .map(|leaf| OuterWaker { leaf, flips });
         let Some(engine) = self.engine.sched_mut() else {
             return;
         };
-        let waker = waker.filter(|t| engine.task(*t).is_some());
         if engine.task(task).is_some() {
             let _ = engine.remove_task(task, engine_ns(now));
         }
-        let placed = engine
-            .add_task(tspec)
-            .and_then(|()| engine.wake_up_placed(task, waker, false, engine_ns(now)));
+        let placed = engine.add_task(tspec).and_then(|()| match outer {
+            Some(w) => {
+                let (leaf, how) = engine.select_task_rq_outer(task, w);
+                engine
+                    .wake_up_on(task, leaf, engine_ns(now))
+                    .map(|()| (leaf, how))
+            }
+            None => engine.wake_up_placed(task, None, false, engine_ns(now)),
+        });
         let (leaf, how) = match placed {
             Ok(p) => p,
             Err(err) => {
@@ -187,6 +224,9 @@ impl Cluster {
             Some(TaskState::Queued(_))
         );
         let node = self.engine.node_at(leaf).unwrap_or_default().to_string();
+        if let Some(w) = &waker {
+            self.wakers.placed(w, &node, engine_ns(now));
+        }
         self.jobs.set_phase(
             key,
             Phase::Queued {

@@ -16,6 +16,8 @@
 //! - [`steal`]: agent-level steals and the recent moves;
 //! - [`pending`]: why a waiting job waits (the API's `PendingReason`),
 //!   computed when a job is read, never stored.
+//! - [`wakers`]: waker identities and their wake_wide flip records, kept
+//!   outside the engine so that rebuilds and re-placements keep them.
 //!
 //! Job states for users: PENDING (phases `Unplaced`, `Queued`), ASSIGNED
 //! (`Assigned`), RUNNING (`Running`), both also `AwaitingNode` after a
@@ -31,6 +33,7 @@ pub mod nodes;
 pub mod pending;
 mod reconcile;
 pub mod steal;
+pub mod wakers;
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -70,7 +73,13 @@ pub struct ClusterConfig {
     pub engine: SchedConfig,
     /// Spec limits.
     pub limits: SpecLimits,
+    /// Wipe period of the wakers' flip records (seed 001's one second at
+    /// CPU level; jobs wake jobs on a scale of seconds to minutes).
+    pub wake_flip_decay_ms: u64,
 }
+
+/// Default of [`ClusterConfig::wake_flip_decay_ms`]: one minute.
+pub const WAKE_FLIP_DECAY_MS: u64 = 60_000;
 
 /// The most runnable jobs per CPU an agent may announce (`Register`).
 pub const MAX_OVERSUBSCRIBE: u32 = 64;
@@ -102,6 +111,7 @@ impl Default for ClusterConfig {
             missed_heartbeats: 3,
             engine,
             limits: SpecLimits::default(),
+            wake_flip_decay_ms: WAKE_FLIP_DECAY_MS,
         }
     }
 }
@@ -126,6 +136,7 @@ pub struct Cluster {
     jobs: Jobs,
     engine: NodeEngine,
     moves: RecentMoves,
+    wakers: wakers::Wakers,
 }
 
 impl Cluster {
@@ -133,6 +144,7 @@ impl Cluster {
     pub fn new(cfg: ClusterConfig) -> Self {
         Self {
             engine: NodeEngine::new(cfg.engine.clone()),
+            wakers: wakers::Wakers::new(cfg.wake_flip_decay_ms, wakers::MAX_WAKERS),
             cfg,
             nodes: Nodes::default(),
             jobs: Jobs::new(),
