@@ -33,31 +33,6 @@ use super::jobs::{JobEntry, JobKey, Phase, Unplaced};
 use super::{Cluster, NodeInfo};
 use crate::metrics::node_state;
 
-/// The short, stable name of a kind (what `dispatchctl ls` and the web
-/// page show), e.g. `QueuedBehind`.
-pub fn kind_name(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Unspecified => "-",
-        Kind::New => "New",
-        Kind::NoNodes => "NoNodes",
-        Kind::NoMatchSelector => "NoMatchSelector",
-        Kind::NoMatchCpus => "NoMatchCpus",
-        Kind::NoMatchAlignment => "NoMatchAlignment",
-        Kind::NoMatchMemory => "NoMatchMemory",
-        Kind::NodesUnavailable => "NodesUnavailable",
-        Kind::Resources => "Resources",
-        Kind::QueuedBehind => "QueuedBehind",
-        Kind::Reservation => "Reservation",
-        Kind::NodeLimit => "NodeLimit",
-        Kind::Dispatching => "Dispatching",
-        Kind::Starting => "Starting",
-        Kind::AwaitingNode => "AwaitingNode",
-        Kind::Requeued => "Requeued",
-        Kind::Restored => "Restored",
-        Kind::EngineRefused => "EngineRefused",
-    }
-}
-
 /// The shape of a job as placement filters nodes.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Shape {
