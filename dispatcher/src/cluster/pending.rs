@@ -76,6 +76,17 @@ impl Cluster {
         let key = JobKey::parse(id)?;
         self.explainer(now).reason_of(key)
     }
+
+    /// The `n` PENDING jobs waiting longest (oldest first) and why, for
+    /// the web page: O(n) reasons, whatever the queue's length.
+    pub fn longest_waiting(&self, n: usize, now: i64) -> Vec<(&Job, PendingReason)> {
+        let mut why = self.explainer(now);
+        self.jobs
+            .oldest_pending(n)
+            .into_iter()
+            .filter_map(|k| Some((self.jobs.get(k)?.job(), why.reason_of(k)?)))
+            .collect()
+    }
 }
 
 fn reason(kind: Kind, node: &str, message: String) -> PendingReason {
