@@ -102,7 +102,7 @@ Exit codes with --wait: the job's exit status; 128+S if killed by signal S; 124 
     )]
     Submit(SubmitArgs),
 
-    /// Show one job in detail: node, CPUs, state, placement reason, times, exit
+    /// Show one job in detail: node, CPUs, state, placement reason, why it waits, times, exit
     #[command(visible_alias = "describe")]
     Get(GetArgs),
 
@@ -110,8 +110,9 @@ Exit codes with --wait: the job's exit status; 128+S if killed by signal S; 124 
     #[command(
         visible_alias = "list",
         long_about = "List jobs, newest first: ID, NAME, STATE, NODE, CPUS, AGE (since submit), \
-DURATION (run time), EXIT and REASON (the placement decision or why the job ended; cut to \
-48 columns, use -o wide for all of it). Pages through the dispatcher's results as needed.",
+DURATION (run time), EXIT and REASON (for a waiting job why it waits, as `kind: message`, \
+e.g. `queued_behind: waiting behind 2 jobs in node-3's queue`; else the placement decision \
+or why the job ended; cut to 48 columns, use -o wide for all of it). Pages through the dispatcher's results as needed.",
         after_long_help = "Examples:\n  dispatchctl ls --state running --state pending\n  \
 dispatchctl ls --state failed,lost --group nightly -o json\n  dispatchctl ls --node node-3 --limit 20"
     )]

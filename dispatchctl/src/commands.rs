@@ -482,6 +482,24 @@ pub async fn get(client: &mut Client, a: &GetArgs, io: &mut Io<'_>) -> Result<u8
     Ok(EXIT_OK)
 }
 
+/// A time ahead: `2026-12-01 20:05:00 UTC (in 1m 30s)`, or `(passed)`.
+fn until_text(ms: i64, now: i64) -> String {
+    if ms > now {
+        format!("{} (in {})", utc_time(ms), human_duration_ms(ms - now))
+    } else {
+        format!("{} (passed)", utc_time(ms))
+    }
+}
+
+/// The REASON cell of `ls` and the text of `watch`: why a waiting job
+/// waits (`kind: message`), else the last decision's text.
+fn reason_text(job: &pb::Job) -> String {
+    match &job.pending_reason {
+        Some(r) => sanitize(&proto::pending::one_line(r)),
+        None => sanitize(&job.reason),
+    }
+}
+
 fn or_dash(s: &str) -> String {
     if s.is_empty() {
         "-".to_string()
@@ -544,6 +562,20 @@ pub fn job_detail(job: &pb::Job, now: i64) -> String {
         ("Name", or_dash(&spec.name)),
         ("State", state.to_string()),
         ("Reason", or_dash(&job.reason)),
+    ];
+    if let Some(r) = &job.pending_reason {
+        rows.push(("Waiting", sanitize(&proto::pending::one_line(r))));
+        if !r.node.is_empty() {
+            rows.push(("Waiting on", sanitize(&r.node)));
+        }
+        if r.jobs_ahead > 0 {
+            rows.push(("Jobs ahead", r.jobs_ahead.to_string()));
+        }
+        if r.until_ms != 0 {
+            rows.push(("Until", until_text(r.until_ms, now)));
+        }
+    }
+    rows.extend([
         ("Node", or_dash(&job.node)),
         (
             "CPUs",
@@ -559,7 +591,7 @@ pub fn job_detail(job: &pb::Job, now: i64) -> String {
         ("Started", time_and_age(job.start_time_ms, now)),
         ("Ended", time_and_age(job.end_time_ms, now)),
         ("Run time", run_time(job, now)),
-    ];
+    ]);
     if !job.array_id.is_empty() {
         rows.push((
             "Array",
@@ -662,7 +694,9 @@ pub async fn ls(client: &mut Client, a: &LsArgs, io: &mut Io<'_>) -> Result<u8> 
 }
 
 /// `ls`'s table: ID, NAME, STATE, NODE, CPUS, AGE (since submit),
-/// DURATION (run time), EXIT, REASON (cut at 48 columns unless `wide`).
+/// DURATION (run time), EXIT, REASON (cut at 48 columns unless `wide`):
+/// for a waiting job its pending reason (`kind: message`, like squeue's
+/// REASON), else the text of the last decision.
 pub fn jobs_table(jobs: &[pb::Job], now: i64, wide: bool) -> String {
     let mut t = Table::new(vec![
         Column::left("ID"),
@@ -691,7 +725,7 @@ pub fn jobs_table(jobs: &[pb::Job], now: i64, wide: bool) -> String {
             },
             run_time(j, now),
             exit_text(j),
-            j.reason.clone(),
+            reason_text(j),
         ]);
     }
     t.render()
@@ -923,9 +957,10 @@ pub fn event_line(ev: &pb::JobEvent, now: i64) -> String {
     if state.is_terminal() && state != JobStateView::Succeeded {
         line.push_str(&format!("  exit={}", exit_text(job)));
     }
-    if !job.reason.is_empty() {
+    let reason = reason_text(job);
+    if !reason.is_empty() {
         line.push_str("  ");
-        line.push_str(&sanitize(&job.reason));
+        line.push_str(&reason);
     }
     line
 }

@@ -177,6 +177,8 @@ pub struct JobView {
     /// The signal that killed the job, when one did.
     pub signal: Option<i32>,
     pub reason: String,
+    /// Why it waits (`null` once it runs or ends).
+    pub pending_reason: Option<PendingReasonView>,
     pub attempt: u32,
     pub submit_time_ms: Option<i64>,
     pub start_time_ms: Option<i64>,
@@ -201,6 +203,7 @@ impl From<&pb::Job> for JobView {
             exit_code: state.is_terminal().then_some(j.exit_code),
             signal: (j.signal != 0).then_some(j.signal),
             reason: j.reason.clone(),
+            pending_reason: j.pending_reason.as_ref().map(PendingReasonView::from),
             attempt: j.attempt,
             submit_time_ms: nonzero_time(j.submit_time_ms),
             start_time_ms: nonzero_time(j.start_time_ms),
@@ -209,6 +212,30 @@ impl From<&pb::Job> for JobView {
             array_id,
             owner: nonempty(&j.owner),
             spec: j.spec.as_ref().map(JobSpecView::from),
+        }
+    }
+}
+
+/// `dispatch.v1.PendingReason`: why a job waits.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingReasonView {
+    /// The kind's name, e.g. `queued_behind`, `no_match_cpus`
+    /// (`unknown` for a kind this version does not know).
+    pub kind: String,
+    pub node: Option<String>,
+    pub jobs_ahead: u32,
+    pub until_ms: Option<i64>,
+    pub message: String,
+}
+
+impl From<&pb::PendingReason> for PendingReasonView {
+    fn from(r: &pb::PendingReason) -> Self {
+        PendingReasonView {
+            kind: proto::pending::kind_name(r.kind),
+            node: nonempty(&r.node),
+            jobs_ahead: r.jobs_ahead,
+            until_ms: nonzero_time(r.until_ms),
+            message: r.message.clone(),
         }
     }
 }

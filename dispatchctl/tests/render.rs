@@ -57,6 +57,15 @@ fn jobs() -> Vec<pb::Job> {
             spec: Some(spec("", 64, 0)),
             state: pb::JobState::Pending as i32,
             reason: "busy: no node has 64 free CPUs on one llc".into(),
+            pending_reason: Some(pb::PendingReason {
+                kind: pb::PendingReasonKind::Reservation as i32,
+                node: "node-2".into(),
+                jobs_ahead: 1,
+                until_ms: NOW + 90_000,
+                message: "64 CPUs are free on node-2, but starting it would delay the \
+                          reservation of j-7"
+                    .into(),
+            }),
             attempt: 1,
             submit_time_ms: NOW - 42_000,
             ..Default::default()
@@ -205,7 +214,7 @@ fn ls_table() {
     let expected = "\
 ID       NAME                       STATE       NODE     CPUS   AGE   DURATION    EXIT   REASON
 j-12     train                      running     node-2      8    5m      4m30s       -   wake_affine: near waker j-3 on node-2
-j-11     -                          pending     -          64   42s          -       -   busy: no node has 64 free CPUs on one llc
+j-11     -                          pending     -          64   42s          -       -   reservation: 64 CPUs are free on node-2, but st…
 j-10.3   a-very-long-job-name-th…   failed      node-1      1    3h     59m59s   sig 9   timeout
 j-9      etl                        succeeded   node-1      2    2d      850ms       0   steal: from node-4 (same rack), then ran to com…
 ";
@@ -261,6 +270,23 @@ fn get_detail_view() {
         "Env:           A=1 B=2",
     ] {
         assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
+    }
+    assert!(
+        !out.contains("Waiting"),
+        "a running job does not wait:\n{out}"
+    );
+    let pending = job_detail(&jobs()[1], NOW);
+    for line in [
+        "Reason:        busy: no node has 64 free CPUs on one llc",
+        "Waiting:       reservation: 64 CPUs are free on node-2, but starting it would delay the reservation of j-7",
+        "Waiting on:    node-2",
+        "Jobs ahead:    1",
+        "Until:         2026-01-01 00:11:30Z (in 1m30s)",
+    ] {
+        assert!(
+            pending.lines().any(|l| l == line),
+            "missing {line:?} in\n{pending}"
+        );
     }
     let failed = job_detail(&jobs()[2], NOW);
     assert!(failed.contains("Exit:          sig 9"), "{failed}");
@@ -323,6 +349,7 @@ fn job_json_view_has_stable_names_and_lower_case_enums() {
             "name",
             "node",
             "owner",
+            "pending_reason",
             "reason",
             "signal",
             "spec",
@@ -358,6 +385,29 @@ fn job_json_view_has_stable_names_and_lower_case_enums() {
     assert_eq!(failed["array_index"], 3);
     assert_eq!(failed["owner"], "alice");
     assert!(running["owner"].is_null(), "no owner without tokens");
+    // Why a job waits: the kind by name, nulls for what is not set.
+    assert!(running["pending_reason"].is_null());
+    assert_eq!(
+        v["jobs"][1]["pending_reason"],
+        serde_json::json!({
+            "kind": "reservation",
+            "node": "node-2",
+            "jobs_ahead": 1,
+            "until_ms": NOW + 90_000,
+            "message": "64 CPUs are free on node-2, but starting it would delay the reservation of j-7",
+        })
+    );
+    let mut unknown = jobs()[1].clone();
+    if let Some(r) = unknown.pending_reason.as_mut() {
+        r.kind = 999;
+        r.node.clear();
+        r.until_ms = 0;
+    }
+    let u: serde_json::Value =
+        serde_json::from_str(&to_json(&JobView::from(&unknown)).expect("json")).expect("json");
+    assert_eq!(u["pending_reason"]["kind"], "unknown");
+    assert!(u["pending_reason"]["node"].is_null());
+    assert!(u["pending_reason"]["until_ms"].is_null());
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! | path | what |
 //! |---|---|
 //! | `/` | the page (one self-contained HTML file, `web/page.html`) |
-//! | `/api/v1/cluster` | the aggregate: zones -> racks, queue depth by class, recent placements and steals |
+//! | `/api/v1/cluster` | the aggregate: zones -> racks, queue depth by class, recent placements and steals, the jobs waiting longest and why |
 //! | `/api/v1/racks/{zone}/{rack}` | one rack's nodes, with free CPUs per LLC |
 //! | `/metrics` | Prometheus ([`crate::metrics`]) |
 //!
@@ -156,6 +156,29 @@ impl From<&Move> for MoveView {
     }
 }
 
+/// A PENDING job among those waiting longest, and why it waits (the
+/// API's `PendingReason`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WaitingView {
+    /// Job id.
+    pub job: String,
+    /// Since it was submitted, ms.
+    pub waiting_ms: i64,
+    /// The kind's name (`queued_behind`, `no_match_cpus`, ...).
+    pub kind: String,
+    /// The node it waits on ("" for none).
+    pub node: String,
+    /// Jobs ahead of it in that node's queue.
+    pub jobs_ahead: u32,
+    /// When the wait ends at the latest (Unix ms; 0 unknown).
+    pub until_ms: i64,
+    /// The sentence with the numbers.
+    pub message: String,
+}
+
+/// How many of the longest-waiting jobs the aggregate shows.
+pub const WAITING_SHOWN: usize = 20;
+
 /// `/api/v1/cluster`: bounded by the number of racks, not nodes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ClusterView {
@@ -173,6 +196,9 @@ pub struct ClusterView {
     pub recent_placements: Vec<MoveView>,
     /// The last steals, newest first.
     pub recent_steals: Vec<MoveView>,
+    /// The [`WAITING_SHOWN`] PENDING jobs waiting longest, oldest first,
+    /// with why they wait.
+    pub waiting: Vec<WaitingView>,
 }
 
 /// One node in a rack's detail.
@@ -418,6 +444,19 @@ pub fn build(
     view.engine_steals = cluster.steals();
     view.recent_placements = cluster.recent_placements().rev().map(Into::into).collect();
     view.recent_steals = cluster.recent_steals().rev().map(Into::into).collect();
+    view.waiting = cluster
+        .longest_waiting(WAITING_SHOWN, now_ms)
+        .into_iter()
+        .map(|(job, r)| WaitingView {
+            job: job.id.clone(),
+            waiting_ms: (now_ms - job.submit_time_ms).max(0),
+            kind: proto::pending::kind_name(r.kind),
+            node: r.node,
+            jobs_ahead: r.jobs_ahead,
+            until_ms: r.until_ms,
+            message: r.message,
+        })
+        .collect();
     Snapshot {
         cluster: view,
         racks: racks

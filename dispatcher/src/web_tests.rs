@@ -322,6 +322,67 @@ fn queued_jobs_overload_and_steals_show_up() {
     assert_eq!(rack.totals.queued_jobs, 1);
 }
 
+/// The aggregate lists the PENDING jobs waiting longest, oldest first, each
+/// with the reason the API gives for it, and never more than
+/// [`WAITING_SHOWN`] of them.
+#[test]
+fn the_longest_waiting_jobs_say_why() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    let mut fx = Effects::default();
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", &mut fx);
+    c.settle(0, &mut fx);
+    // j-1 runs; j-2 (latency class) is next; j-3 waits behind it; j-4
+    // fits no node.
+    let mut fx = Effects::default();
+    c.submit(
+        vec![job(2, 0), job(2, -10), job(2, 0), job(16, 0)],
+        true,
+        1_000,
+        &mut fx,
+    )
+    .unwrap();
+    let snap = build(&c, &job_counts(&c), 5_000);
+    let seen: Vec<(&str, &str, &str, u32, i64)> = snap
+        .cluster
+        .waiting
+        .iter()
+        .map(|w| {
+            (
+                w.job.as_str(),
+                w.kind.as_str(),
+                w.node.as_str(),
+                w.jobs_ahead,
+                w.waiting_ms,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("j-2", "resources", "a", 0, 4_000),
+            ("j-3", "queued_behind", "a", 1, 4_000),
+            ("j-4", "no_match_cpus", "", 0, 4_000),
+        ]
+    );
+    for w in &snap.cluster.waiting {
+        let api = c.pending_reason(&w.job, 5_000).unwrap();
+        assert_eq!((&w.message, w.until_ms), (&api.message, api.until_ms));
+    }
+    // Many waiting: the oldest WAITING_SHOWN.
+    c.submit((0..30).map(|_| job(2, 0)).collect(), true, 6_000, &mut fx)
+        .unwrap();
+    let snap = build(&c, &job_counts(&c), 7_000);
+    let ids: Vec<&str> = snap
+        .cluster
+        .waiting
+        .iter()
+        .map(|w| w.job.as_str())
+        .collect();
+    assert_eq!(ids.len(), WAITING_SHOWN);
+    assert_eq!(&ids[..4], ["j-2", "j-3", "j-4", "j-5"]);
+    assert_eq!(ids[WAITING_SHOWN - 1], format!("j-{}", WAITING_SHOWN + 1));
+}
+
 #[test]
 fn publish_rebuilds_at_most_once_per_period() {
     let metrics = Arc::new(Metrics::new().unwrap());

@@ -2,12 +2,14 @@
 //! (`proto/dispatch/v1/*.proto`, documented field by field there) and the
 //! Rust code tonic/prost generate from it, plus [`client_security`]: the
 //! clients' TLS and bearer-token setup; [`endpoints`]: finding the leading
-//! dispatcher among replicas. It does not depend on the engine (`sched`):
+//! dispatcher among replicas; [`pending`]: the names of the pending
+//! reasons' kinds. It does not depend on the engine (`sched`):
 //! conversions to and from the engine's types are `dispatch-engine-proto`'s,
 //! so clients such as `dispatchctl` never compile the engine.
 
 pub mod client_security;
 pub mod endpoints;
+pub mod pending;
 
 /// Package `dispatch.v1`: messages, clients and servers.
 #[allow(clippy::large_enum_variant)] // generated oneofs; boxing would change the API

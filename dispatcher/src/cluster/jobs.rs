@@ -645,6 +645,15 @@ impl Jobs {
         self.queued.iter().copied().collect()
     }
 
+    /// The `n` oldest PENDING jobs (lowest keys), unplaced or queued.
+    pub fn oldest_pending(&self, n: usize) -> Vec<JobKey> {
+        let mut keys: Vec<JobKey> = self.unplaced.iter().take(n).copied().collect();
+        keys.extend(self.queued.iter().take(n));
+        keys.sort_unstable();
+        keys.truncate(n);
+        keys
+    }
+
     /// Add a job in `phase` with a fresh engine task.
     pub fn insert(&mut self, key: JobKey, job: Job, phase: Phase) {
         let task = TaskId(self.next_task);

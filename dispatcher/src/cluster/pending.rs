@@ -33,31 +33,6 @@ use super::jobs::{JobEntry, JobKey, Phase, Unplaced};
 use super::{Cluster, NodeInfo};
 use crate::metrics::node_state;
 
-/// The short, stable name of a kind (what `dispatchctl ls` and the web
-/// page show), e.g. `QueuedBehind`.
-pub fn kind_name(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Unspecified => "-",
-        Kind::New => "New",
-        Kind::NoNodes => "NoNodes",
-        Kind::NoMatchSelector => "NoMatchSelector",
-        Kind::NoMatchCpus => "NoMatchCpus",
-        Kind::NoMatchAlignment => "NoMatchAlignment",
-        Kind::NoMatchMemory => "NoMatchMemory",
-        Kind::NodesUnavailable => "NodesUnavailable",
-        Kind::Resources => "Resources",
-        Kind::QueuedBehind => "QueuedBehind",
-        Kind::Reservation => "Reservation",
-        Kind::NodeLimit => "NodeLimit",
-        Kind::Dispatching => "Dispatching",
-        Kind::Starting => "Starting",
-        Kind::AwaitingNode => "AwaitingNode",
-        Kind::Requeued => "Requeued",
-        Kind::Restored => "Restored",
-        Kind::EngineRefused => "EngineRefused",
-    }
-}
-
 /// The shape of a job as placement filters nodes.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct Shape {
@@ -100,6 +75,17 @@ impl Cluster {
     pub fn pending_reason(&self, id: &str, now: i64) -> Option<PendingReason> {
         let key = JobKey::parse(id)?;
         self.explainer(now).reason_of(key)
+    }
+
+    /// The `n` PENDING jobs waiting longest (oldest first) and why, for
+    /// the web page: O(n) reasons, whatever the queue's length.
+    pub fn longest_waiting(&self, n: usize, now: i64) -> Vec<(&Job, PendingReason)> {
+        let mut why = self.explainer(now);
+        self.jobs
+            .oldest_pending(n)
+            .into_iter()
+            .filter_map(|k| Some((self.jobs.get(k)?.job(), why.reason_of(k)?)))
+            .collect()
     }
 }
 
