@@ -12,12 +12,23 @@
 //! (capacity x makespan); makespan = last end - first submit; its lower
 //! bound = total work / capacity. Jobs submitted before `warmup` are run
 //! but not measured (response metrics only).
+//!
+//! Locality score. A job's *related jobs* are its waker (the job whose end
+//! released it, `Job::after`) and its siblings (the other jobs released
+//! by the same waker), counting only those that ran. A job with at least
+//! one related job scores the share of its related jobs that ran in its
+//! rack; the locality score is the mean of those scores over all such
+//! jobs, in percent (not warm-up filtered, like the near-waker shares).
+//! A pipeline stage's only related job is its waker; a fan-out child of
+//! k has k. Workloads without released jobs (the SWF traces) have no
+//! score. It is there so that no policy buys response time by scattering
+//! related jobs unseen.
 
 use serde::Serialize;
 
 use crate::US_PER_S;
 use crate::cpu::CpuStats;
-use crate::engine::{RunOutput, Sample};
+use crate::engine::{JobRecord, RunOutput, Sample};
 use crate::layout::Layout;
 use crate::policy::Counters;
 use crate::workload::{JobKind, Workload};
@@ -76,6 +87,11 @@ pub struct PolicyReport {
     pub near_waker_node_pct: f64,
     /// Of those, percent run in their waker's rack.
     pub near_waker_rack_pct: f64,
+    /// Jobs with at least one related job (waker or sibling) that ran.
+    pub locality_jobs: u64,
+    /// The locality score (see the module's doc), percent; 0 without
+    /// `locality_jobs`.
+    pub locality_pct: f64,
     /// Time-averaged nodes running at least one job.
     pub active_nodes_mean: f64,
     /// Most nodes active at a sample.
@@ -210,6 +226,7 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
             }
         }
     }
+    let (locality_jobs, locality_pct) = locality(w, recs, layout);
     let capacity = layout.capacity().max(1) as f64;
     let work = w.work_cpu_us();
     let makespan = last_end.saturating_sub(first_submit.min(last_end)) as f64;
@@ -254,6 +271,8 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
         woken_jobs: woken,
         near_waker_node_pct: pct(same_node, woken),
         near_waker_rack_pct: pct(same_rack, woken),
+        locality_jobs,
+        locality_pct,
         active_nodes_mean: if last_end > 0 {
             out.active_node_us / last_end as f64
         } else {
@@ -288,9 +307,150 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
     }
 }
 
+/// The locality score: (jobs scored, mean share of related jobs in the
+/// job's rack, percent). Per waker, its released jobs are grouped by rack
+/// (sorted), so the cost is O(jobs x log(children)), not O(children^2).
+pub fn locality(w: &Workload, recs: &[JobRecord], layout: &Layout) -> (u64, f64) {
+    let rack_of = |i: u32| {
+        recs.get(i as usize)
+            .map(|r| r.node)
+            .filter(|&n| n != u32::MAX)
+            .map(|n| layout.rack_of(n))
+    };
+    let (mut scored, mut sum) = (0u64, 0f64);
+    let mut racks: Vec<u32> = Vec::new();
+    for p in 0..w.jobs.len() as u32 {
+        let children = w.children(p);
+        if children.is_empty() {
+            continue;
+        }
+        let waker = rack_of(p);
+        racks.clear();
+        racks.extend(children.iter().filter_map(|&c| rack_of(c)));
+        racks.sort_unstable();
+        // Each child's related jobs: the other children that ran, and the
+        // waker if it ran.
+        let related = (racks.len() + usize::from(waker.is_some())).saturating_sub(1);
+        if related == 0 {
+            continue;
+        }
+        let mut lo = 0;
+        while lo < racks.len() {
+            let rack = racks[lo];
+            let hi = lo + racks[lo..].partition_point(|&r| r == rack);
+            let near = (hi - lo - 1) + usize::from(waker == Some(rack));
+            sum += (hi - lo) as f64 * near as f64 / related as f64;
+            scored += (hi - lo) as u64;
+            lo = hi;
+        }
+    }
+    let pct = if scored == 0 {
+        0.0
+    } else {
+        100.0 * sum / scored as f64
+    };
+    (scored, pct)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The score by its definition, pair by pair.
+    fn locality_oracle(w: &Workload, recs: &[JobRecord], layout: &Layout) -> (u64, f64) {
+        let ran = |i: usize| recs[i].node != u32::MAX;
+        let rack = |i: usize| layout.rack_of(recs[i].node);
+        let (mut n, mut sum) = (0u64, 0f64);
+        for (j, job) in w.jobs.iter().enumerate() {
+            let Some(p) = job.after.map(|p| p as usize) else {
+                continue;
+            };
+            if !ran(j) {
+                continue;
+            }
+            let mut related: Vec<usize> = (0..w.jobs.len())
+                .filter(|&s| s != j && w.jobs[s].after == job.after && ran(s))
+                .collect();
+            if ran(p) {
+                related.push(p);
+            }
+            if related.is_empty() {
+                continue;
+            }
+            let near = related.iter().filter(|&&r| rack(r) == rack(j)).count();
+            sum += near as f64 / related.len() as f64;
+            n += 1;
+        }
+        (n, if n == 0 { 0.0 } else { 100.0 * sum / n as f64 })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn locality_matches_its_definition(
+            shape in proptest::collection::vec((proptest::option::of(0usize..6), 0u32..10), 1..40),
+        ) {
+            // 3 racks of 3 nodes; node 9 = never ran.
+            let layout = Layout::new("1z:3r:3n", "1s:2c:1t").unwrap();
+            let mut jobs = Vec::new();
+            let mut recs = Vec::new();
+            for (i, &(after, node)) in shape.iter().enumerate() {
+                let after = after.filter(|&p| p < i).map(|p| p as u32);
+                jobs.push(crate::workload::Job {
+                    submit_us: 0,
+                    duration_us: 1,
+                    cpus: 1,
+                    latency: false,
+                    after,
+                    group: i as u32,
+                    kind: JobKind::Single,
+                });
+                recs.push(JobRecord {
+                    node: if node == 9 { u32::MAX } else { node },
+                    ..JobRecord::default()
+                });
+            }
+            let w = Workload::new("p", jobs).unwrap();
+            let (n, pct) = locality(&w, &recs, &layout);
+            let (on, opct) = locality_oracle(&w, &recs, &layout);
+            proptest::prop_assert_eq!(n, on);
+            proptest::prop_assert!((pct - opct).abs() < 1e-9, "{} vs {}", pct, opct);
+        }
+    }
+
+    #[test]
+    fn locality_of_a_fan_out_and_a_pipeline() {
+        let layout = Layout::new("1z:2r:2n", "1s:2c:1t").unwrap();
+        let job = |after: Option<u32>| crate::workload::Job {
+            submit_us: 0,
+            duration_us: 1,
+            cpus: 1,
+            latency: false,
+            after,
+            group: 0,
+            kind: JobKind::Single,
+        };
+        // Waker 0 on rack 0; children 1, 2 on rack 0, child 3 on rack 1;
+        // pipeline 4 -> 5 -> 6 on racks 1, 1, 0.
+        let mut jobs = vec![job(None), job(Some(0)), job(Some(0)), job(Some(0))];
+        jobs.extend([job(None), job(Some(4)), job(Some(5))]);
+        for (i, j) in jobs.iter_mut().enumerate() {
+            j.group = i as u32;
+        }
+        let w = Workload::new("t", jobs).unwrap();
+        let recs: Vec<JobRecord> = [0, 1, 1, 2, 3, 2, 0]
+            .into_iter()
+            .map(|node| JobRecord {
+                node,
+                ..JobRecord::default()
+            })
+            .collect();
+        let (n, pct) = locality(&w, &recs, &layout);
+        assert_eq!(n, 5);
+        // Children 1, 2: 2 of 3 related in rack 0; child 3: 0 of 3;
+        // stage 5: its waker 4 in rack 1 (1/1); stage 6: rack 1 vs 0 (0/1).
+        let want = 100.0 * (2.0 / 3.0 + 2.0 / 3.0 + 0.0 + 1.0 + 0.0) / 5.0;
+        assert!((pct - want).abs() < 1e-9, "{pct} vs {want}");
+    }
 
     #[test]
     fn nearest_rank_percentiles() {

@@ -103,6 +103,7 @@ pub fn table(r: &RunReport) -> String {
         "x-rack",
         "x-zone",
         "near waker (rack) %",
+        "locality %",
         "active nodes",
         "decisions/s",
         "sched %",
@@ -126,6 +127,11 @@ pub fn table(r: &RunReport) -> String {
                 p.cross_rack_moves.to_string(),
                 p.cross_zone_moves.to_string(),
                 format!("{:.1}", p.near_waker_rack_pct),
+                if p.locality_jobs == 0 {
+                    "-".to_string()
+                } else {
+                    format!("{:.1}", p.locality_pct)
+                },
                 format!("{:.1}", p.active_nodes_mean),
                 format!("{:.0}", p.decisions_per_s),
                 format!("{:.1}", p.sched_share_pct),
@@ -256,13 +262,13 @@ pub fn csv(r: &RunReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "workload,policy,jobs,tasks,unfinished,utilization,makespan_s,makespan_lb_s,resp_mean_s,resp_p50_s,resp_p99_s,wait_mean_s,wait_p99_s,bsld_mean,latency_jobs,latency_resp_p99_s,latency_wait_p99_s,batch_wait_p99_s,fanout_child_resp_mean_s,steals,cross_rack_moves,cross_zone_moves,woken_jobs,near_waker_node_pct,near_waker_rack_pct,active_nodes_mean,active_nodes_max,nodes,decisions,decisions_per_s,sched_share_pct,sched_wall_s,wall_s,setup_s,events,visits,wake_affine,wake_wide,busy_skip,pack_placed,latency_picks"
+        "workload,policy,jobs,tasks,unfinished,utilization,makespan_s,makespan_lb_s,resp_mean_s,resp_p50_s,resp_p99_s,wait_mean_s,wait_p99_s,bsld_mean,latency_jobs,latency_resp_p99_s,latency_wait_p99_s,batch_wait_p99_s,fanout_child_resp_mean_s,steals,cross_rack_moves,cross_zone_moves,woken_jobs,near_waker_node_pct,near_waker_rack_pct,locality_jobs,locality_pct,active_nodes_mean,active_nodes_max,nodes,decisions,decisions_per_s,sched_share_pct,sched_wall_s,wall_s,setup_s,events,visits,wake_affine,wake_wide,busy_skip,pack_placed,latency_picks"
     );
     for p in &r.policies {
         let c = &p.counters;
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{:.6},{:.3},{:.3},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.3},{:.3},{:.3},{},{},{},{:.1},{:.3},{:.6},{:.6},{:.6},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{:.6},{:.3},{:.3},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{},{},{:.1},{:.3},{:.6},{:.6},{:.6},{},{},{},{},{},{},{}",
             r.workload.replace(',', ";"),
             p.policy,
             p.jobs,
@@ -288,6 +294,8 @@ pub fn csv(r: &RunReport) -> String {
             p.woken_jobs,
             p.near_waker_node_pct,
             p.near_waker_rack_pct,
+            p.locality_jobs,
+            p.locality_pct,
             p.active_nodes_mean,
             p.active_nodes_max,
             p.nodes,

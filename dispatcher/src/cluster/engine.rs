@@ -9,7 +9,7 @@
 //! `dirty` (nodes registered since the last build) the leaves are stale
 //! and [`NodeEngine::leaf`] answers None.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use proto::v1::JobSpec;
@@ -19,9 +19,6 @@ use sched::{FreeSummary, LeafId, LeafSet, Sched, SchedConfig, TaskId};
 use super::jobs::Unplaced;
 use super::nodes::{NodeInfo, Nodes};
 use crate::spec::align_of;
-
-/// Engine tasks of finished jobs kept for wake_wide / wake_affine history.
-const RETAINED_TASKS: usize = 100_000;
 
 /// The engine's clock: nanoseconds (the dispatcher's is milliseconds), so
 /// `avg_idle` and the steal cost compare in one unit.
@@ -42,9 +39,6 @@ pub struct NodeEngine {
     leaf_shape: Vec<(FreeSummary, u64)>,
     /// The smallest of each over all leaves.
     leaf_shape_min: (FreeSummary, u64),
-    /// Terminal jobs whose task is kept (sleeping) so later jobs can name
-    /// them as waker; oldest first, bounded.
-    retained: VecDeque<TaskId>,
 }
 
 impl NodeEngine {
@@ -58,7 +52,6 @@ impl NodeEngine {
             node_leaf: HashMap::new(),
             leaf_shape: Vec::new(),
             leaf_shape_min: (FreeSummary::default(), 0),
-            retained: VecDeque::new(),
         }
     }
 
@@ -267,22 +260,10 @@ impl NodeEngine {
         }
     }
 
-    /// Put a finished job's task to sleep, kept (bounded) as a possible
-    /// waker of later jobs.
+    /// A finished job's task leaves the engine: its waker history lives
+    /// in the cluster's `wakers` records, which outlive tasks and rebuilds.
     pub(super) fn retire(&mut self, task: TaskId, now: i64) {
-        let Some(engine) = self.sched.as_mut() else {
-            return;
-        };
-        if engine.task(task).is_none() {
-            return;
-        }
-        let _ = engine.block(task, engine_ns(now));
-        self.retained.push_back(task);
-        while self.retained.len() > RETAINED_TASKS {
-            if let Some(old) = self.retained.pop_front() {
-                let _ = engine.remove_task(old, engine_ns(now));
-            }
-        }
+        self.remove(task, now);
     }
 
     /// Remove a task if the engine has it.

@@ -32,7 +32,8 @@ use crate::store::{NodeAdmin, Write};
 pub(super) enum TaskAfter {
     /// Removed: the job is placed again with a fresh start.
     Remove,
-    /// Kept sleeping as a possible waker of later jobs (the job ended).
+    /// The job ended (its waker history is kept in `wakers`, not in the
+    /// engine).
     Retire,
 }
 
@@ -383,7 +384,7 @@ impl Cluster {
     }
 
     /// Free what a job holds on its node: its modelled CPUs, and its
-    /// engine task (removed, or retired as a possible waker).
+    /// engine task.
     pub(super) fn release_from_node(&mut self, key: JobKey, after: TaskAfter, now: i64) {
         let Some(e) = self.jobs.get(key) else {
             return;
