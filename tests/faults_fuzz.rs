@@ -216,6 +216,8 @@ fn sequence(rng: &mut Rng) -> Vec<agent_message::Msg> {
         valid.node = "node-h".into();
         valid.topology = topology(&mut Rng::new(2)); // the sane shape
         valid.jobs.clear();
+        // Within the limit, so the stream gets past registration.
+        valid.oversubscribe = rng.range(0, 4) as u32;
         seq.insert(0, agent_message::Msg::Register(valid));
         for _ in 0..rng.range(0, 4) {
             let (i, j) = (
