@@ -405,12 +405,27 @@ impl Rng {
 }
 
 /// The job's process state letter (`R`, `S`, `T`...) from
-/// `/proc/PID/stat`, where PID is read from an agent's job directory.
+/// `/proc/PID/stat`, where PID is read from an agent's job directory (the
+/// `job PID STARTTIME` line of its `record`).
 pub fn job_proc_state(job_dir: &Path) -> Option<char> {
-    let pid = std::fs::read_to_string(job_dir.join("pid")).ok()?;
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).ok()?;
+    let pid = record_line(job_dir, "job")?;
+    let pid = pid.split(' ').next()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = stat.rsplit_once(')')?.1;
     after.trim_start().chars().next()
+}
+
+/// The rest of the first complete `KEY ...` line of a job directory's
+/// `record` (the agent executor's append-only file: `shim PID`,
+/// `job PID STARTTIME`, `exit {JSON}`, ...).
+pub fn record_line(job_dir: &Path, key: &str) -> Option<String> {
+    let text = std::fs::read_to_string(job_dir.join("record")).ok()?;
+    let complete = &text[..text.rfind('\n')?];
+    complete.lines().find_map(|l| {
+        l.strip_prefix(key)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .map(str::to_owned)
+    })
 }
 
 /// An agent's directory for one attempt of a job.

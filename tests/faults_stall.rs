@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
-use e2e::faults::{Markers, attempt_dir, exactly_once, job_proc_state, read};
+use e2e::faults::{Markers, attempt_dir, exactly_once, job_proc_state};
 use e2e::{Agent, Dispatcher, wait_nodes};
 use nix::sys::signal::Signal;
 use proto::v1::{GetJobRequest, JobState, SubmitJobRequest};
@@ -125,18 +125,17 @@ async fn stalled_agent_fences_its_job_before_the_retry() -> Result<()> {
     // Thaw a: it reads the Cancel queued for the stale attempt and ends
     // it; the copy must never reach its end.
     a.proc.signal(Signal::SIGCONT);
-    let path = first.join("status.json");
-    e2e::faults::wait_file(&path, Duration::from_secs(30))?;
-    // The shim may still be writing it.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut status = read(&path)?;
-    while !status.contains("outcome") && Instant::now() < deadline {
+    // The shim appends the exit to the job's record.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut status = e2e::faults::record_line(&first, "exit");
+    while status.is_none() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        status = read(&path)?;
+        status = e2e::faults::record_line(&first, "exit");
     }
+    let status = status.unwrap_or_default();
     ensure!(
-        status.contains("\"outcome\": \"cancelled\""),
-        "the stale copy ended otherwise: {status}"
+        status.contains("\"outcome\":\"cancelled\""),
+        "the stale copy ended otherwise: {status:?}"
     );
     let problems = exactly_once(&["stalled".to_string()], &[done], &markers);
     ensure!(

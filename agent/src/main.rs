@@ -130,7 +130,7 @@ struct RunArgs {
 
 #[derive(Debug, Args)]
 struct ShimArgs {
-    /// The job directory holding `spec.json`.
+    /// The job directory holding the `record` that starts with the spec.
     #[arg(long, value_name = "DIR")]
     job_dir: PathBuf,
 }

@@ -25,6 +25,24 @@ use tempfile::TempDir;
 /// Limit for anything to happen (a job to start, exit, be seen in /proc).
 const PATIENCE: Duration = Duration::from_secs(60);
 
+/// The value of the first complete `KEY VALUE` line of a job's `record`
+/// (the executor's append-only file: `shim PID`, `job PID STARTTIME`,
+/// `exit {JSON}`, ...).
+fn record_line(job_dir: &Path, key: &str) -> Option<String> {
+    let text = fs::read_to_string(job_dir.join("record")).ok()?;
+    let complete = &text[..text.rfind('\n')?];
+    complete.lines().find_map(|l| {
+        l.strip_prefix(key)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .map(str::to_owned)
+    })
+}
+
+/// A pid from the job's `record`: `shim` or `job` (its first field).
+fn record_pid(job_dir: &Path, key: &str) -> Option<i32> {
+    record_line(job_dir, key)?.split(' ').next()?.parse().ok()
+}
+
 fn is_root() -> bool {
     geteuid().is_root()
 }
@@ -99,19 +117,13 @@ impl Drop for Fixture {
             return;
         };
         for entry in entries.flatten() {
-            let read = |name: &str| -> Option<i32> {
-                fs::read_to_string(entry.path().join(name))
-                    .ok()?
-                    .trim()
-                    .parse()
-                    .ok()
-            };
-            if let Some(pgid) = read("pid")
+            let read = |key: &str| record_pid(&entry.path(), key);
+            if let Some(pgid) = read("job")
                 && stat(pgid).is_some_and(|s| s.session == pgid)
             {
                 let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
             }
-            if let Some(shim) = read("shim.pid")
+            if let Some(shim) = read("shim")
                 && fs::read(format!("/proc/{shim}/cmdline"))
                     .is_ok_and(|c| c.windows(4).any(|w| w == b"shim"))
             {
@@ -336,8 +348,7 @@ async fn records_exit_codes_signals_and_start_failures() {
     assert_eq!(exit.outcome, JobOutcome::Exited(7));
     assert_eq!((exit.exit_code, exit.signal), (Some(7), None));
     assert!(exit.ended_at_ms >= exit.started_at_ms);
-    let on_disk: JobExit =
-        serde_json::from_slice(&fs::read(h.dir().join("status.json")).unwrap()).unwrap();
+    let on_disk: JobExit = serde_json::from_str(&record_line(h.dir(), "exit").unwrap()).unwrap();
     assert_eq!(on_disk, exit);
 
     let mut h = exec
@@ -681,14 +692,8 @@ async fn readopts_after_the_agent_process_exits() {
         .expect("run the helper agent");
     assert!(helper.success());
     let dir = fx.path().join("jobs/restart");
-    let read = |name: &str| -> i32 {
-        fs::read_to_string(dir.join(name))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    let (pid, shim) = (read("pid"), read("shim.pid"));
+    let read = |key: &str| -> i32 { record_pid(&dir, key).unwrap() };
+    let (pid, shim) = (read("job"), read("shim"));
     // The agent that started it is gone; the shim is nobody's child here.
     let shim_stat = stat(shim).expect("the shim outlives its agent");
     assert_ne!(shim_stat.ppid, std::process::id() as i32);
@@ -722,8 +727,8 @@ async fn reports_an_exit_that_happened_while_no_executor_ran() {
         (h.pid(), h.dir().to_owned())
     };
     open_gate(pid);
-    eventually("status.json written by the shim alone", || {
-        dir.join("status.json").exists()
+    eventually("the exit recorded by the shim alone", || {
+        record_line(&dir, "exit").is_some()
     })
     .await;
 

@@ -10,6 +10,12 @@
 //! `std::process::Command` does), and prints the end-to-end rate as a
 //! ratio of it.
 //!
+//! A second phase then submits open loop at half the end-to-end rate just
+//! measured (a batch every 10 ms, for `JOBS / 2` jobs) and prints the
+//! submit -> start latency of those jobs (the dispatcher's submit time to
+//! the start time the agent reported, both in ms on this machine's clock):
+//! its median and p99, against the target p99 <= 10 ms.
+//!
 //! `--check` runs the same path with 40 jobs and verifies the result (every
 //! job submitted once, succeeded, on one of the agents, with CPUs of its
 //! node); `tests/smoke.rs` runs it.
@@ -87,9 +93,22 @@ async fn main() -> Result<()> {
         "end to end / raw spawn+wait: {:.2} (target >= 0.50)",
         rate / raw
     );
+    let paced = n / 2;
+    let latencies = paced_submit_to_start(&mut jobs, paced, rate / 2.0).await?;
+    println!(
+        "paced at {:.0} jobs/s (half the rate above), {paced} jobs: submit -> start p50 {} ms, p99 {} ms (target p99 <= 10 ms)",
+        rate / 2.0,
+        percentile(&latencies, 0.50),
+        percentile(&latencies, 0.99),
+    );
     drop(agents);
     if check {
         verify(&all, n)?;
+        anyhow::ensure!(
+            latencies.len() == paced,
+            "{} start times for {paced} paced jobs",
+            latencies.len()
+        );
         println!("check: {n} jobs, each submitted once, succeeded on an agent's CPUs");
     }
     Ok(())
@@ -127,6 +146,63 @@ fn verify(all: &[proto::v1::Job], n: usize) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Submit `n` trivial jobs open loop at `rate` per second (a batch every
+/// 10 ms, sized to keep the schedule), wait for them to end, and return
+/// each succeeded job's submit -> start latency in ms, sorted.
+async fn paced_submit_to_start(
+    jobs: &mut proto::v1::job_service_client::JobServiceClient<tonic::transport::Channel>,
+    n: usize,
+    rate: f64,
+) -> Result<Vec<i64>> {
+    let tick = Duration::from_millis(10);
+    let start = Instant::now();
+    let mut ids = std::collections::HashSet::new();
+    let mut sent = 0usize;
+    let mut interval = tokio::time::interval(tick);
+    while sent < n {
+        interval.tick().await;
+        let due = ((start.elapsed().as_secs_f64() * rate) as usize + 1).min(n);
+        if due <= sent {
+            continue;
+        }
+        let specs = (sent..due)
+            .map(|_| JobSpec {
+                command: vec!["true".into()],
+                ..Default::default()
+            })
+            .collect();
+        let reply = jobs.submit_jobs(SubmitJobsRequest { specs }).await?;
+        ids.extend(reply.into_inner().jobs.into_iter().map(|j| j.id));
+        sent = due;
+    }
+    let done = eventually(Duration::from_secs(600), "paced jobs finished", || {
+        let mut c = jobs.clone();
+        let ids = &ids;
+        async move {
+            let all = all_jobs(&mut c).await.ok()?;
+            let mine: Vec<_> = all.into_iter().filter(|j| ids.contains(&j.id)).collect();
+            (mine.len() == ids.len() && mine.iter().all(|j| is_terminal(j.state))).then_some(mine)
+        }
+    })
+    .await?;
+    let mut lat: Vec<i64> = done
+        .iter()
+        .filter(|j| j.state == JobState::Succeeded as i32 && j.start_time_ms > 0)
+        .map(|j| (j.start_time_ms - j.submit_time_ms).max(0))
+        .collect();
+    lat.sort_unstable();
+    Ok(lat)
+}
+
+/// The `q` quantile of sorted values (nearest rank); 0 when empty.
+fn percentile(sorted: &[i64], q: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
 }
 
 /// Processes per second this machine starts and reaps one at a time: `n`

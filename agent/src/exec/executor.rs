@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use super::cgroup::{self, CgroupSupport};
 use super::error::{ExecError, Result};
 use super::group::JobProcs;
-use super::jobdir::{JobDir, read_json, read_pid, write_atomic, write_json};
+use super::jobdir::{JobDir, write_json};
 use super::procfs;
 use super::spec::{
     CancelRequest, JobExec, JobExit, JobOutcome, RunAs, SPEC_VERSION, ShimSpec, validate_cpus,
@@ -120,7 +120,7 @@ pub enum JobState {
 pub struct JobStatus {
     /// The job.
     pub id: String,
-    /// Its directory (logs: `stdout`, `stderr`).
+    /// Its directory (logs: `stdout`, `stderr`, created on the first byte).
     pub dir: PathBuf,
     /// Pid of its first process, which is also its process group id.
     pub pid: Option<u32>,
@@ -140,7 +140,7 @@ pub struct JobStatus {
 pub struct ReadoptReport {
     /// Jobs whose shim still runs: watched again.
     pub reattached: Vec<String>,
-    /// Jobs that finished (`status.json`) without an `ack`.
+    /// Jobs that finished (an `exit` in their `record`) without an `ack`.
     pub exited: Vec<String>,
     /// Jobs whose shim is gone without a status: their leftovers were
     /// killed and the exit is [`JobOutcome::Lost`].
@@ -177,11 +177,12 @@ impl JobHandle {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
-    /// The file its stdout goes to (readable while it runs).
+    /// The file its stdout goes to (readable while it runs; created on its
+    /// first byte, so a missing file is an empty log).
     pub fn stdout_path(&self) -> PathBuf {
         self.dir.join("stdout")
     }
-    /// The file its stderr goes to (readable while it runs).
+    /// The file its stderr goes to (like [`JobHandle::stdout_path`]).
     pub fn stderr_path(&self) -> PathBuf {
         self.dir.join("stderr")
     }
@@ -295,7 +296,7 @@ impl Shared {
 enum ShimWatch {
     /// Our child: wait for it.
     Child(tokio::process::Child),
-    /// Someone else's (re-adopted): poll /proc and `status.json`.
+    /// Someone else's (re-adopted): poll /proc and the `record`.
     Adopted(Option<i32>, Duration),
 }
 
@@ -494,9 +495,8 @@ impl Executor {
             cgroup: cgroup.clone(),
             lease: Some(self.lease().path().to_path_buf()),
         };
-        write_json(&dir.spec(), &spec)?;
+        dir.create_record(&spec)?;
         let log_path = dir.shim_log();
-        let log = File::create(&log_path).map_err(|e| ExecError::io("create", &log_path, e))?;
         let mut cmd = tokio::process::Command::new(&self.cfg.shim_exe);
         cmd.arg("shim")
             .arg("--job-dir")
@@ -504,7 +504,7 @@ impl Executor {
             .env_clear()
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(log)
+            .stderr(Stdio::inherit())
             .kill_on_drop(false);
         // Safety: runs in the forked child before exec and only calls
         // setsid(2), which is async-signal-safe; it allocates nothing (the
@@ -534,7 +534,7 @@ impl Executor {
             Err(_elapsed) => {
                 // A hung shim: kill it and whatever it may have started.
                 let _ = child.start_kill();
-                if let Ok(Some(pgid)) = read_pid(&dir.pid()) {
+                if let Ok(Some(pgid)) = dir.read_record().map(|r| r.pid) {
                     JobProcs {
                         pgid,
                         shim: None,
@@ -557,7 +557,10 @@ impl Executor {
                     let log = fs::read_to_string(&log_path).unwrap_or_default();
                     format!(
                         "the shim exited without answering: {}",
-                        log.trim().lines().last().unwrap_or("(shim.log is empty)")
+                        log.trim()
+                            .lines()
+                            .last()
+                            .unwrap_or("(no shim.log: see the agent's log)")
                     )
                 }
             };
@@ -651,7 +654,7 @@ impl Executor {
         self.with_job(id, |job| {
             let n = job.running_procs(id)?.pin(cpus, id)?;
             job.cpus = cpus.to_vec();
-            if let Err(e) = write_json(&job.dir.cpus(), &cpus) {
+            if let Err(e) = job.dir.record_cpus(cpus) {
                 tracing::warn!(job = id, error = %e, "re-pinned, but could not record the CPUs");
             }
             Ok(n)
@@ -682,18 +685,19 @@ impl Executor {
         }
         validate_id(id).map_err(|_| ExecError::UnknownJob(id.to_owned()))?;
         let dir = JobDir::new(self.jobs_dir.join(id));
-        let exit: JobExit =
-            read_json(&dir.status())?.ok_or_else(|| ExecError::UnknownJob(id.to_owned()))?;
-        let spec: Option<ShimSpec> = read_json(&dir.spec()).ok().flatten();
+        let record = dir.read_record()?;
+        let exit: JobExit = record
+            .exit
+            .ok_or_else(|| ExecError::UnknownJob(id.to_owned()))?;
+        let spec = record.spec;
         let to_u32 = |p: Option<i32>| p.and_then(|p| u32::try_from(p).ok());
         Ok(JobStatus {
             id: id.to_owned(),
             dir: dir.path().to_owned(),
-            pid: to_u32(read_pid(&dir.pid()).ok().flatten()),
-            shim_pid: to_u32(read_pid(&dir.shim_pid()).ok().flatten()),
-            cpus: read_json(&dir.cpus())
-                .ok()
-                .flatten()
+            pid: to_u32(record.pid),
+            shim_pid: to_u32(record.shim_pid),
+            cpus: record
+                .cpus
                 .or_else(|| spec.as_ref().map(|s| s.job.cpus.clone()))
                 .unwrap_or_default(),
             cgroup: spec.and_then(|s| s.cgroup),
@@ -734,7 +738,7 @@ impl Executor {
     /// its directory (logs) stays. Stops tracking it.
     pub fn ack(&self, id: &str) -> Result<()> {
         let dir = self.finished_dir(id)?;
-        write_atomic(&dir.acked(), b"")?;
+        dir.record_acked()?;
         self.shared.jobs().remove(id);
         Ok(())
     }
@@ -774,37 +778,35 @@ impl Executor {
                 continue;
             }
             let dir = JobDir::new(self.jobs_dir.join(&id));
-            if dir.acked().exists() {
-                continue;
-            }
-            let spec = match read_json::<ShimSpec>(&dir.spec()) {
-                Ok(Some(spec)) => spec,
-                Ok(None) => {
-                    tracing::warn!(job = %id, dir = %dir.path().display(), "no spec.json: the job never started; left alone");
-                    report.skipped.push(id);
-                    continue;
-                }
+            let mut record = match dir.read_record() {
+                Ok(r) if r.acked => continue,
+                Ok(r) => r,
                 Err(e) => {
-                    tracing::warn!(job = %id, error = %e, "unreadable job directory; left alone");
+                    tracing::warn!(job = %id, error = %e, "unreadable job record; left alone");
                     report.skipped.push(id);
                     continue;
                 }
             };
-            let shim_pid = read_pid(&dir.shim_pid()).ok().flatten();
+            let Some(spec) = record.spec.take() else {
+                tracing::warn!(job = %id, dir = %dir.path().display(), "no spec in the record: the job never started; left alone");
+                report.skipped.push(id);
+                continue;
+            };
+            let shim_pid = record.shim_pid;
             let alive =
                 |shim: Option<i32>| shim.is_some_and(|p| procfs::is_shim_for(p, dir.path()));
-            let mut pid = read_pid(&dir.pid()).ok().flatten();
-            // A shim still starting: give it the start timeout to write `pid`.
+            // A shim still starting: give it the start timeout to record the job.
             let deadline = tokio::time::Instant::now() + self.cfg.shim_start_timeout;
-            while pid.is_none()
+            while record.pid.is_none()
                 && alive(shim_pid)
-                && !dir.status().exists()
+                && record.exit.is_none()
                 && tokio::time::Instant::now() < deadline
             {
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                pid = read_pid(&dir.pid()).ok().flatten();
+                record = dir.read_record().unwrap_or(record);
             }
-            let finished = dir.status().exists();
+            let pid = record.pid;
+            let finished = record.exit.is_some();
             let running = !finished && alive(shim_pid);
             if finished {
                 report.exited.push(id.clone());
@@ -814,10 +816,7 @@ impl Executor {
                 report.lost.push(id.clone());
             }
             let stopped = running && pid.and_then(procfs::stat).is_some_and(|s| s.state == 'T');
-            let cpus = read_json::<Vec<u32>>(&dir.cpus())
-                .ok()
-                .flatten()
-                .unwrap_or_else(|| spec.job.cpus.clone());
+            let cpus = record.cpus.unwrap_or_else(|| spec.job.cpus.clone());
             let (exit_tx, _) = watch::channel(None);
             self.shared.jobs().insert(
                 id.clone(),
@@ -931,7 +930,8 @@ async fn monitor(
         ShimWatch::Adopted(shim_pid, every) => Some((shim_pid, every)),
     };
     if let Some((shim_pid, every)) = poll {
-        while !dir.status().exists() && shim_pid.is_some_and(|p| procfs::is_shim_for(p, dir.path()))
+        while !dir.read_record().is_ok_and(|r| r.exit.is_some())
+            && shim_pid.is_some_and(|p| procfs::is_shim_for(p, dir.path()))
         {
             tokio::time::sleep(every).await;
         }
@@ -945,16 +945,22 @@ async fn monitor(
     shared.finish(&id, exit);
 }
 
-/// The job's `status.json`; or, if the shim vanished without one, kill
-/// what is left of the job and record it as lost.
+/// The exit in the job's `record`; or, if the shim vanished without one,
+/// kill what is left of the job and record it as lost.
 fn collect_exit(id: &str, dir: &JobDir, pid: Option<i32>, cgroup: Option<&Path>) -> JobExit {
-    let problem = match read_json::<JobExit>(&dir.status()) {
-        Ok(Some(mut exit)) => {
-            exit.id = id.to_owned();
-            return exit;
-        }
-        Ok(None) => "the shim exited without writing status.json (see shim.log)".to_owned(),
-        Err(e) => format!("unreadable status: {e}"),
+    let record = dir.read_record();
+    let (problem, recorded) = match record {
+        Ok(rec) => match rec.exit {
+            Some(mut exit) => {
+                exit.id = id.to_owned();
+                return exit;
+            }
+            None => (
+                "the shim exited without recording an exit (see shim.log)".to_owned(),
+                rec.starttime,
+            ),
+        },
+        Err(e) => (format!("unreadable record: {e}"), None),
     };
     tracing::warn!(job = id, problem = %problem, "job lost; killing what is left of it");
     if let Some(cg) = cgroup {
@@ -963,9 +969,6 @@ fn collect_exit(id: &str, dir: &JobDir, pid: Option<i32>, cgroup: Option<&Path>)
     if let Some(pgid) = pid {
         // The group id can only have been reused if the whole group is
         // gone; a live leader must be the job's own (same start time).
-        let recorded = fs::read_to_string(dir.starttime())
-            .ok()
-            .and_then(|t| t.trim().parse::<u64>().ok());
         let ours = match procfs::stat(pgid) {
             Some(leader) => recorded == Some(leader.starttime),
             None => true,
@@ -975,7 +978,7 @@ fn collect_exit(id: &str, dir: &JobDir, pid: Option<i32>, cgroup: Option<&Path>)
         }
     }
     let exit = JobExit::bare(id, JobOutcome::Lost(problem));
-    if let Err(e) = write_json(&dir.status(), &exit) {
+    if let Err(e) = dir.record_exit(&exit) {
         tracing::warn!(job = id, error = %e, "could not record the lost job");
     }
     exit

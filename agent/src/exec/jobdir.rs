@@ -1,22 +1,38 @@
-//! The job directory `<state_dir>/jobs/<id>/`: its file names, and atomic
-//! writes (temporary file, fsync, rename, fsync of the directory) so a
-//! reader (the agent, possibly restarted) never sees a half-written file.
+//! The job directory `<state_dir>/jobs/<id>/`: its file names, the
+//! append-only `record` that carries everything a restarted agent needs,
+//! and the small writes around it.
+//!
+//! Few files, few syncs: per trivial job the directory holds `record`
+//! alone (one inode besides the directory), nothing else unless the job
+//! writes output, the shim has a diagnostic or the job is cancelled. Nothing here is fsynced: the directory describes live
+//! processes, which a power loss ends anyway, while an agent crash or
+//! restart (what re-adoption is for) keeps the page cache, so every byte
+//! written before it is seen by the next agent.
 //!
 //! | file | writer | when |
 //! |---|---|---|
-//! | `spec.json` | agent | before the shim starts |
-//! | `shim.pid` | shim | first thing |
-//! | `starttime` | shim | with `pid`: the job's start in `/proc/<pid>/stat` ticks, its identity against pid reuse |
-//! | `pid` | shim | once the job runs (its pid = its process group) |
-//! | `stdout`, `stderr` | shim | while the job runs, up to the cap |
+//! | `record` | agent, shim | append-only lines, see below |
+//! | `stdout`, `stderr` | shim | created on the job's first byte of output, up to the cap |
 //! | `stdout.truncated`, `stderr.truncated` | shim | when the cap is hit |
-//! | `cpus` | agent | on every re-pin |
 //! | `cancel` | agent | before it sends SIGUSR1 to the shim |
-//! | `status.json` | shim (agent if the shim vanished) | last |
-//! | `acked` | agent | the exit was consumed: `readopt` skips the job |
-//! | `shim.log` | shim (stderr) | diagnostics |
+//! | `shim.log` | shim | created on its first diagnostic |
+//!
+//! `record` lines, each appended by one `write(2)` on an `O_APPEND` file
+//! and complete only with its final newline (a reader ignores a torn last
+//! line):
+//! - `spec {JSON}`: the agent creates the file with it, before the shim
+//!   starts: everything the shim needs ([`ShimSpec`]); a record without
+//!   it means the shim never started (`readopt` skips it);
+//! - `shim PID`: the shim, first thing;
+//! - `job PID STARTTIME`: once the job runs; its pid is its process
+//!   group, the start time (ticks, `/proc/PID/stat`) its identity against
+//!   pid reuse;
+//! - `cpus [..]`: the agent, on every re-pin (the last one holds);
+//! - `exit {JSON}`: the exit ([`JobExit`]), by the shim, or by the agent
+//!   when the shim vanished without one; the first one holds;
+//! - `acked`: the agent consumed the exit, `readopt` skips the job.
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -24,6 +40,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::{ExecError, Result};
+use super::spec::{JobExit, ShimSpec};
 
 /// Paths of one job directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,20 +55,8 @@ impl JobDir {
     pub fn path(&self) -> &Path {
         &self.path
     }
-    pub fn spec(&self) -> PathBuf {
-        self.path.join("spec.json")
-    }
-    pub fn status(&self) -> PathBuf {
-        self.path.join("status.json")
-    }
-    pub fn pid(&self) -> PathBuf {
-        self.path.join("pid")
-    }
-    pub fn starttime(&self) -> PathBuf {
-        self.path.join("starttime")
-    }
-    pub fn shim_pid(&self) -> PathBuf {
-        self.path.join("shim.pid")
+    pub fn record(&self) -> PathBuf {
+        self.path.join("record")
     }
     pub fn stdout(&self) -> PathBuf {
         self.path.join("stdout")
@@ -62,43 +67,166 @@ impl JobDir {
     pub fn truncated_marker(&self, stream: &str) -> PathBuf {
         self.path.join(format!("{stream}.truncated"))
     }
-    pub fn cpus(&self) -> PathBuf {
-        self.path.join("cpus")
-    }
     pub fn cancel(&self) -> PathBuf {
         self.path.join("cancel")
-    }
-    pub fn acked(&self) -> PathBuf {
-        self.path.join("acked")
     }
     pub fn shim_log(&self) -> PathBuf {
         self.path.join("shim.log")
     }
+
+    /// What `record` says so far (all `None` when it does not exist).
+    pub fn read_record(&self) -> Result<Record> {
+        let path = self.record();
+        match fs::read(&path) {
+            Ok(text) => Ok(Record::parse(&text)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Record::default()),
+            Err(e) => Err(ExecError::io("read", &path, e)),
+        }
+    }
+
+    /// Append one line to `record` in a single `write(2)`.
+    pub fn append(&self, line: &str) -> Result<()> {
+        let path = self.record();
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(&bytes))
+            .map_err(|e| ExecError::io("append to", &path, e))
+    }
+
+    /// Create `record` with its `spec` line; fails if it exists.
+    pub fn create_record(&self, spec: &ShimSpec) -> Result<()> {
+        let path = self.record();
+        let mut bytes = b"spec ".to_vec();
+        serde_json::to_writer(&mut bytes, spec).map_err(|e| ExecError::Json {
+            path: path.clone(),
+            source: e,
+        })?;
+        bytes.push(b'\n');
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(&bytes))
+            .map_err(|e| ExecError::io("create", &path, e))
+    }
+
+    /// Append `shim PID`.
+    pub fn record_shim(&self, pid: i32) -> Result<()> {
+        self.append(&format!("shim {pid}"))
+    }
+
+    /// Append `job PID STARTTIME` (start time 0: the job was already gone).
+    pub fn record_job(&self, pid: i32, starttime: u64) -> Result<()> {
+        self.append(&format!("job {pid} {starttime}"))
+    }
+
+    /// Append `cpus [..]`.
+    pub fn record_cpus(&self, cpus: &[u32]) -> Result<()> {
+        self.append(&format!("cpus {}", json_line(&self.record(), &cpus)?))
+    }
+
+    /// Append `exit {..}`.
+    pub fn record_exit(&self, exit: &JobExit) -> Result<()> {
+        self.append(&format!("exit {}", json_line(&self.record(), exit)?))
+    }
+
+    /// Append `acked`.
+    pub fn record_acked(&self) -> Result<()> {
+        self.append("acked")
+    }
 }
 
-/// Write `bytes` to `path` atomically and durably.
+fn json_line<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| ExecError::Json {
+        path: path.to_owned(),
+        source: e,
+    })
+}
+
+/// The parsed `record` of one job.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Record {
+    pub spec: Option<ShimSpec>,
+    pub shim_pid: Option<i32>,
+    pub pid: Option<i32>,
+    /// The job's start time in `/proc/PID/stat` ticks (`None`: unknown).
+    pub starttime: Option<u64>,
+    pub cpus: Option<Vec<u32>>,
+    pub exit: Option<JobExit>,
+    pub acked: bool,
+}
+
+impl Record {
+    /// Parse every complete line; unknown or malformed lines are skipped
+    /// (a newer writer's, or a torn last line).
+    pub fn parse(text: &[u8]) -> Record {
+        let mut rec = Record::default();
+        let complete = match text.iter().rposition(|&b| b == b'\n') {
+            Some(end) => &text[..end],
+            None => return rec,
+        };
+        let pid = |s: &str| s.parse::<i32>().ok().filter(|&p| p > 0);
+        for line in complete.split(|&b| b == b'\n') {
+            let Ok(line) = std::str::from_utf8(line) else {
+                continue;
+            };
+            let (key, rest) = line.split_once(' ').unwrap_or((line, ""));
+            match key {
+                "spec" => {
+                    if rec.spec.is_none() {
+                        rec.spec = serde_json::from_str(rest).ok();
+                    }
+                }
+                "shim" => rec.shim_pid = rec.shim_pid.or(pid(rest)),
+                "job" => {
+                    let mut it = rest.split(' ');
+                    if let Some(p) = it.next().and_then(pid) {
+                        rec.pid = Some(p);
+                        rec.starttime = it
+                            .next()
+                            .and_then(|t| t.parse::<u64>().ok())
+                            .filter(|&t| t > 0);
+                    }
+                }
+                "cpus" => {
+                    if let Ok(cpus) = serde_json::from_str(rest) {
+                        rec.cpus = Some(cpus);
+                    }
+                }
+                "exit" => {
+                    if rec.exit.is_none()
+                        && let Ok(exit) = serde_json::from_str(rest)
+                    {
+                        rec.exit = Some(exit);
+                    }
+                }
+                "acked" => rec.acked = true,
+                _ => {}
+            }
+        }
+        rec
+    }
+}
+
+/// Write `bytes` to `path` atomically (temporary file, rename) so a reader
+/// never sees half of it; not synced (see the module documentation).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
     let tmp = dir.join(format!(".{}.tmp", name.as_deref().unwrap_or("file")));
-    let write = || -> io::Result<()> {
-        let mut file = File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()
-    };
+    let write = || -> io::Result<()> { File::create(&tmp)?.write_all(bytes) };
     write().map_err(|e| ExecError::io("write", &tmp, e))?;
-    fs::rename(&tmp, path).map_err(|e| ExecError::io("rename into place", path, e))?;
-    // The rename is durable once the directory is synced; a failure here
-    // loses durability, not correctness, so it is not an error.
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    fs::rename(&tmp, path).map_err(|e| ExecError::io("rename into place", path, e))
 }
 
-/// Serialise `value` as pretty JSON into `path`, atomically.
+/// Serialise `value` as JSON into `path`, atomically.
 pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let mut text = serde_json::to_vec_pretty(value).map_err(|e| ExecError::Json {
+    let mut text = serde_json::to_vec(value).map_err(|e| ExecError::Json {
         path: path.to_owned(),
         source: e,
     })?;
@@ -121,48 +249,83 @@ pub(crate) fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
         })
 }
 
-/// Read a pid file (a positive decimal number); `Ok(None)` if missing.
-pub(crate) fn read_pid(path: &Path) -> Result<Option<i32>> {
-    let text = match fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(ExecError::io("read", path, e)),
-    };
-    match text.trim().parse::<i32>() {
-        Ok(pid) if pid > 0 => Ok(Some(pid)),
-        _ => Err(ExecError::io(
-            "parse pid in",
-            path,
-            io::Error::new(io::ErrorKind::InvalidData, format!("{text:?} is not a pid")),
-        )),
-    }
-}
-
-/// Write a pid file atomically.
-pub(crate) fn write_pid(path: &Path, pid: i32) -> Result<()> {
-    write_atomic(path, format!("{pid}\n").as_bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::JobOutcome;
+    use proptest::prelude::*;
 
     #[test]
-    fn atomic_json_and_pid_round_trip() {
+    fn record_round_trip() {
         let dir = tempfile::tempdir().unwrap();
         let jd = JobDir::new(dir.path());
-        write_pid(&jd.pid(), 42).unwrap();
-        assert_eq!(read_pid(&jd.pid()).unwrap(), Some(42));
-        assert_eq!(read_pid(&jd.shim_pid()).unwrap(), None);
-        fs::write(jd.shim_pid(), "zero\n").unwrap();
-        assert!(read_pid(&jd.shim_pid()).is_err());
-        write_json(&jd.cpus(), &vec![1u32, 3]).unwrap();
-        assert_eq!(read_json::<Vec<u32>>(&jd.cpus()).unwrap(), Some(vec![1, 3]));
+        let empty = jd.read_record().unwrap();
+        assert!(empty.spec.is_none() && empty.shim_pid.is_none() && empty.exit.is_none());
+        let spec = ShimSpec {
+            version: crate::exec::spec::SPEC_VERSION,
+            job: crate::exec::JobExec::new("j", "true", vec![0]),
+            run_as: None,
+            log_cap_bytes: 10,
+            cgroup: None,
+            lease: None,
+        };
+        jd.create_record(&spec).unwrap();
+        assert!(jd.create_record(&spec).is_err(), "created once");
+        jd.record_shim(7).unwrap();
+        jd.record_job(42, 1234).unwrap();
+        jd.record_cpus(&[1, 3]).unwrap();
+        jd.record_cpus(&[2]).unwrap();
+        let first = JobExit::bare("j", JobOutcome::Exited(3));
+        jd.record_exit(&first).unwrap();
+        jd.record_exit(&JobExit::bare("j", JobOutcome::Lost("late".into())))
+            .unwrap();
+        let rec = jd.read_record().unwrap();
+        assert_eq!(rec.spec.map(|s| s.job.id), Some("j".to_owned()));
+        assert_eq!(rec.shim_pid, Some(7));
+        assert_eq!((rec.pid, rec.starttime), (Some(42), Some(1234)));
+        assert_eq!(rec.cpus, Some(vec![2]), "the last re-pin holds");
+        assert_eq!(rec.exit, Some(first), "the first exit holds");
+        assert!(!rec.acked);
+        jd.record_acked().unwrap();
+        assert!(jd.read_record().unwrap().acked);
+        write_json(&jd.cancel(), &vec![1u32]).unwrap();
+        assert_eq!(read_json::<Vec<u32>>(&jd.cancel()).unwrap(), Some(vec![1]));
         // No temporary file is left behind.
         let names: Vec<_> = fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
         assert!(names.iter().all(|n| !n.to_string_lossy().ends_with(".tmp")));
+    }
+
+    /// The oracle: a line counts once its newline is there; the parse of a
+    /// torn record equals the parse of its complete lines alone.
+    fn oracle_lines(text: &[u8]) -> Vec<&[u8]> {
+        let mut lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+        lines.pop(); // after the last newline: incomplete (or empty)
+        lines
+    }
+
+    proptest! {
+        #[test]
+        fn a_torn_record_reads_as_its_complete_lines(cut in 0usize..400, shim in 1i32..1000, pid in 1i32..100000, t in 1u64..1_000_000) {
+            let exit = JobExit::bare("j", JobOutcome::Exited(1));
+            let text = format!(
+                "shim {shim}\njob {pid} {t}\ncpus [0,1]\nexit {}\nacked\n",
+                serde_json::to_string(&exit).unwrap()
+            );
+            let cut = cut.min(text.len());
+            let torn = &text.as_bytes()[..cut];
+            let lines = oracle_lines(torn);
+            let rec = Record::parse(torn);
+            prop_assert_eq!(rec.shim_pid.is_some(), !lines.is_empty());
+            prop_assert_eq!(rec.pid.is_some(), lines.len() >= 2);
+            prop_assert_eq!(rec.cpus.is_some(), lines.len() >= 3);
+            prop_assert_eq!(rec.exit.is_some(), lines.len() >= 4);
+            prop_assert_eq!(rec.acked, lines.len() >= 5);
+            if lines.len() >= 2 {
+                prop_assert_eq!((rec.pid, rec.starttime), (Some(pid), Some(t)));
+            }
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! Size-capped job logs. The shim reads the job's stdout and stderr pipes
 //! and appends to `stdout` / `stderr` in the job directory through a
-//! [`CappedLog`]: bytes go straight to the file (readable while the job
-//! runs) until the cap, the rest is read and dropped (the job never blocks
+//! [`CappedLog`]: the file is created on the first byte (a job without
+//! output costs no inode; readers take a missing file as empty), bytes go
+//! straight to it (readable while the job runs) until the cap, the rest is read and dropped (the job never blocks
 //! on a full pipe), and the first dropped byte creates a `<stream>.truncated`
 //! marker so readers see the truncation before the job ends.
 
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tokio::io::AsyncReadExt;
 use tokio::net::unix::pipe;
 
-use super::error::{ExecError, Result};
+use super::shim::diag;
 
 /// Counters of one stream, shared with the shim's supervisor so they
 /// survive the pump task.
@@ -27,7 +28,8 @@ pub(crate) struct LogStats {
 /// An append-only file that accepts at most `cap` bytes.
 #[derive(Debug)]
 pub(crate) struct CappedLog {
-    file: File,
+    /// Opened on the first byte.
+    file: Option<File>,
     path: PathBuf,
     cap: u64,
     marker: PathBuf,
@@ -35,22 +37,16 @@ pub(crate) struct CappedLog {
 }
 
 impl CappedLog {
-    /// Create (truncate) `path`; `marker` is created on the first byte past
-    /// the cap.
-    pub fn create(path: &Path, cap: u64, marker: PathBuf) -> Result<Self> {
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(path)
-            .map_err(|e| ExecError::io("create", path, e))?;
-        Ok(CappedLog {
-            file,
+    /// A log into `path`, created (truncated) on the first byte; `marker`
+    /// is created on the first byte past the cap.
+    pub fn lazy(path: &Path, cap: u64, marker: PathBuf) -> Self {
+        CappedLog {
+            file: None,
             path: path.to_owned(),
             cap,
             marker,
             stats: Arc::default(),
-        })
+        }
     }
 
     pub fn stats(&self) -> Arc<LogStats> {
@@ -63,7 +59,17 @@ impl CappedLog {
         let room = self.cap.saturating_sub(written);
         let take = usize::try_from(room).unwrap_or(usize::MAX).min(buf.len());
         if take > 0 {
-            self.file.write_all(&buf[..take])?;
+            let file = match &mut self.file {
+                Some(f) => f,
+                None => self.file.insert(
+                    OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .open(&self.path)?,
+                ),
+            };
+            file.write_all(&buf[..take])?;
             self.stats
                 .written
                 .store(written + take as u64, Ordering::Relaxed);
@@ -85,15 +91,18 @@ impl CappedLog {
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    eprintln!("reading the job's pipe for {}: {e}", self.path.display());
+                    diag(format_args!(
+                        "reading the job's pipe for {}: {e}",
+                        self.path.display()
+                    ));
                     break;
                 }
             };
             if !failed && let Err(e) = self.append(&buf[..n]) {
-                eprintln!(
+                diag(format_args!(
                     "writing {}: {e}; dropping further output",
                     self.path.display()
-                );
+                ));
                 failed = true;
             }
         }
@@ -114,13 +123,14 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("out");
             let marker = dir.path().join("out.truncated");
-            let mut log = CappedLog::create(&path, cap, marker.clone()).unwrap();
+            let mut log = CappedLog::lazy(&path, cap, marker.clone());
             let stats = log.stats();
             let all: Vec<u8> = chunks.concat();
             for c in &chunks {
                 log.append(c).unwrap();
             }
-            let kept = std::fs::read(&path).unwrap();
+            let kept = std::fs::read(&path).unwrap_or_default();
+            prop_assert_eq!(path.exists(), cap > 0 && !all.is_empty(), "created on the first byte");
             let want = &all[..all.len().min(cap as usize)];
             prop_assert_eq!(&kept[..], want);
             let truncated = all.len() as u64 > cap;

@@ -22,8 +22,9 @@
 //!   re-adoption, shutdown.
 //! - [`shim`]: the per-job supervisor process.
 //! - `spec.rs`: [`JobExec`], [`JobExit`], [`JobOutcome`], [`Rlimit`], the
-//!   on-disk `spec.json` / `status.json` / `cancel` forms, validation.
-//! - `jobdir.rs`: the job directory's layout and atomic writes.
+//!   on-disk `spec` / `cancel` forms, validation.
+//! - `jobdir.rs`: the job directory's layout (one
+//!   append-only `record`: spec, shim and job pids, exit, ack) and its writes.
 //! - `group.rs`: a job's processes and threads; signalling and pinning all
 //!   of them.
 //! - [`procfs`]: reading `/proc` (stat, process groups, threads, shim

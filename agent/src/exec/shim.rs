@@ -12,9 +12,10 @@
 //! recognises it, and keeps running the old binary's inode across upgrades.
 //!
 //! What the shim does, in order:
-//! 1. reads `spec.json`; becomes a session leader (`setsid`, the executor
+//! 1. reads the `spec` line of `record`; becomes a session leader (`setsid`, the executor
 //!    also does it between fork and exec) and a child subreaper
-//!    (`PR_SET_CHILD_SUBREAPER`), writes `shim.pid`, pins itself to the
+//!    (`PR_SET_CHILD_SUBREAPER`), appends `shim PID` to the job's `record`
+//!    (see `jobdir.rs`), pins itself to the
 //!    job's CPUs (`sched_setaffinity`; the job inherits the mask);
 //! 2. forks the job; between fork and exec the child calls `setsid` (its
 //!    own session and process group, pgid = its pid), enters its cgroup,
@@ -22,10 +23,11 @@
 //!    uid/gid (`setgroups`, `setgid`, `setuid`, in that order) before
 //!    exec'ing the command with a clean environment, cwd, stdin from
 //!    `/dev/null` and stdout/stderr into pipes read by the shim;
-//! 3. writes `pid`, then answers the executor on its stdout (`ok <pid>` or
+//! 3. appends `job PID STARTTIME` to `record`, then answers the executor on its stdout (`ok <pid>` or
 //!    `err <reason>`; the only thing it ever writes there) and points its
 //!    stdout at `/dev/null`;
-//! 4. copies the pipes into `stdout`/`stderr` under the size cap, reaps
+//! 4. copies the pipes into `stdout`/`stderr` (created on the first byte)
+//!    under the size cap, reaps
 //!    every child (`waitpid(-1)` on SIGCHLD, so double-forked grandchildren
 //!    re-parented to it are reaped too), enforces the timeout, and obeys
 //!    cancel requests (SIGUSR1 after the agent wrote `cancel`; SIGTERM or
@@ -39,9 +41,13 @@
 //! 5. when the job's main process has exited, SIGKILLs whatever is left of
 //!    the job and reaps until `ECHILD`: a job never outlives its main
 //!    process, so nothing is orphaned;
-//! 6. writes `status.json` atomically (outcome, exit code or signal, times,
-//!    truncation flags, CPU time from `getrusage(RUSAGE_CHILDREN)`) and
-//!    exits.
+//! 6. appends `exit {JSON}` to `record` (outcome, exit code or signal,
+//!    times, truncation flags, CPU time from `getrusage(RUSAGE_CHILDREN)`)
+//!    and exits.
+//!
+//! Its diagnostics go to `shim.log` in the job directory, created on the
+//! first one ([`diag`]); anything else on its stderr (a panic) goes where
+//! the agent's stderr goes.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -68,7 +74,7 @@ use tokio::time::Instant;
 use super::cgroup;
 use super::error::{ExecError, Result};
 use super::group::{JobProcs, cpu_set};
-use super::jobdir::{JobDir, read_json, write_atomic, write_json, write_pid};
+use super::jobdir::{JobDir, read_json};
 use super::lease::LeaseFile;
 use super::logcap::{CappedLog, LogStats};
 use super::procfs;
@@ -79,13 +85,34 @@ use super::spec::{CancelRequest, DEFAULT_PATH, JobExit, JobOutcome, ShimSpec, no
 /// was handed the pipe could hold them open).
 const PIPE_DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
+/// Where [`diag`] writes: the job directory's `shim.log`.
+static DIAG_LOG: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Append one diagnostic line to `shim.log` (created by the first one);
+/// to stderr when there is no job directory or it cannot be written.
+pub(crate) fn diag(msg: impl std::fmt::Display) {
+    let line = format!("{msg}\n");
+    let written = DIAG_LOG.get().is_some_and(|path| {
+        File::options()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .is_ok()
+    });
+    if !written {
+        eprint!("{line}");
+    }
+}
+
 /// Entry point of `agent shim --job-dir DIR`.
 pub fn main(job_dir: &Path) -> ExitCode {
+    let _ = DIAG_LOG.set(JobDir::new(job_dir).shim_log());
     let mut handshake = Handshake { done: false };
     match run(job_dir, &mut handshake) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("agent shim {}: {err}", job_dir.display());
+            diag(format_args!("agent shim {}: {err}", job_dir.display()));
             handshake.fail(&start_failure(&err));
             ExitCode::FAILURE
         }
@@ -119,10 +146,10 @@ impl Handshake {
         match File::options().write(true).open("/dev/null") {
             Ok(null) => {
                 if let Err(e) = nix::unistd::dup2_stdout(&null) {
-                    eprintln!("dup2 /dev/null onto stdout: {e}");
+                    diag(format_args!("dup2 /dev/null onto stdout: {e}"));
                 }
             }
-            Err(e) => eprintln!("open /dev/null: {e}"),
+            Err(e) => diag(format_args!("open /dev/null: {e}")),
         }
     }
 
@@ -138,11 +165,11 @@ impl Handshake {
 
 fn run(dir: &Path, handshake: &mut Handshake) -> Result<()> {
     let jd = JobDir::new(dir);
-    let spec: ShimSpec = read_json(&jd.spec())?.ok_or_else(|| {
+    let spec: ShimSpec = jd.read_record()?.spec.ok_or_else(|| {
         ExecError::io(
             "read",
-            jd.spec(),
-            io::Error::new(io::ErrorKind::NotFound, "no spec.json"),
+            jd.record(),
+            io::Error::new(io::ErrorKind::NotFound, "no spec line"),
         )
     })?;
     let me = getpid();
@@ -151,7 +178,7 @@ fn run(dir: &Path, handshake: &mut Handshake) -> Result<()> {
     }
     prctl::set_child_subreaper(true)
         .map_err(|e| ExecError::sys("prctl(PR_SET_CHILD_SUBREAPER)", "the shim", e))?;
-    write_pid(&jd.shim_pid(), me.as_raw())?;
+    jd.record_shim(me.as_raw())?;
     let set = cpu_set(&spec.job.cpus)?;
     sched_setaffinity(Pid::from_raw(0), &set)
         .map_err(|e| ExecError::sys("sched_setaffinity", "the shim", e))?;
@@ -177,7 +204,10 @@ fn start_job(spec: &ShimSpec) -> Result<Started> {
         Some(cg) => match cgroup::open_procs(cg) {
             Ok(f) => Some(f),
             Err(e) => {
-                eprintln!("running job {} outside its cgroup: {e}", job.id);
+                diag(format_args!(
+                    "running job {} outside its cgroup: {e}",
+                    job.id
+                ));
                 None
             }
         },
@@ -301,16 +331,16 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
 
     let job = &spec.job;
     let started_at_ms = now_ms();
-    let out_log = CappedLog::create(
+    let out_log = CappedLog::lazy(
         &jd.stdout(),
         spec.log_cap_bytes,
         jd.truncated_marker("stdout"),
-    )?;
-    let err_log = CappedLog::create(
+    );
+    let err_log = CappedLog::lazy(
         &jd.stderr(),
         spec.log_cap_bytes,
         jd.truncated_marker("stderr"),
-    )?;
+    );
     let (out_stats, err_stats) = (out_log.stats(), err_log.stats());
 
     let started = match start_job(spec) {
@@ -318,7 +348,7 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
         Err(e) => {
             // If no agent is listening any more, readopt() reports this.
             let exit = JobExit::bare(&job.id, JobOutcome::StartFailed(start_failure(&e)));
-            write_json(&jd.status(), &exit)?;
+            jd.record_exit(&exit)?;
             return Err(e);
         }
     };
@@ -333,17 +363,13 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
             .map_err(|e| ExecError::io("watch the output pipe of", jd.path(), e))?;
         Ok(tokio::spawn(log.pump(rx)))
     };
-    let identity = match procfs::stat(pid) {
-        Some(st) => write_atomic(&jd.starttime(), format!("{}\n", st.starttime).as_bytes()),
-        None => Ok(()), // already gone: nothing to misidentify
-    };
-    let tasks = identity
-        .and_then(|()| write_pid(&jd.pid(), pid))
-        .and_then(|()| {
-            let out_task = pump(started.stdout, out_log)?;
-            let err_task = pump(started.stderr, err_log)?;
-            Ok((out_task, err_task))
-        });
+    // Start time 0 when it is already gone: nothing to misidentify.
+    let starttime = procfs::stat(pid).map_or(0, |st| st.starttime);
+    let tasks = jd.record_job(pid, starttime).and_then(|()| {
+        let out_task = pump(started.stdout, out_log)?;
+        let err_task = pump(started.stderr, err_log)?;
+        Ok((out_task, err_task))
+    });
     let (out_task, err_task) = match tasks {
         Ok(t) => t,
         Err(e) => {
@@ -357,7 +383,7 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let exit = JobExit::bare(&job.id, JobOutcome::StartFailed(start_failure(&e)));
-            write_json(&jd.status(), &exit)?;
+            jd.record_exit(&exit)?;
             return Err(e);
         }
     };
@@ -426,7 +452,9 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
         let _ = err_task.await;
     };
     if tokio::time::timeout(PIPE_DRAIN_LIMIT, drain).await.is_err() {
-        eprintln!("job output pipes still open after every process exited; stopped reading");
+        diag(format_args!(
+            "job output pipes still open after every process exited; stopped reading"
+        ));
     }
 
     let exit = exit_record(
@@ -437,7 +465,7 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
         &out_stats,
         &err_stats,
     );
-    write_json(&jd.status(), &exit)
+    jd.record_exit(&exit)
 }
 
 /// Obey the lease: stop the job once its deadline has passed (once per
@@ -451,14 +479,18 @@ fn fence(lease: &LeaseFile, procs: &JobProcs<'_>, fenced_on: &mut Option<u64>) -
     }
     if *fenced_on != Some(deadline) {
         *fenced_on = Some(deadline);
-        eprintln!("the agent's lease ran out: stopping the job until it is renewed");
+        diag(format_args!(
+            "the agent's lease ran out: stopping the job until it is renewed"
+        ));
         if let Err(e) = procs.signal(Signal::SIGSTOP) {
-            eprintln!("{e}");
+            diag(format_args!("{e}"));
         }
         // The agent writes a renewal before it continues fenced jobs: one
         // that came between the read above and this stop is seen here.
         if let Some(renewed) = lease.read().filter(|&d| d > super::lease::now_ns()) {
-            eprintln!("the lease was renewed meanwhile: continuing the job");
+            diag(format_args!(
+                "the lease was renewed meanwhile: continuing the job"
+            ));
             let _ = procs.signal(Signal::SIGCONT);
             return Some(Duration::from_nanos(
                 renewed.saturating_sub(super::lease::now_ns()),
@@ -481,7 +513,7 @@ fn terminate(
         Some(t) => t.kill_at = t.kill_at.min(kill_at),
         None => {
             if let Err(e) = procs.signal(Signal::SIGTERM) {
-                eprintln!("{e}");
+                diag(format_args!("{e}"));
             }
             let _ = procs.signal(Signal::SIGCONT);
             *term = Some(Termination {
@@ -509,7 +541,7 @@ fn reap(main_pid: i32, main: &mut Option<WaitStatus>) -> bool {
             Err(Errno::EINTR) => {}
             Err(Errno::ECHILD) => return true,
             Err(e) => {
-                eprintln!("waitpid: {e}");
+                diag(format_args!("waitpid: {e}"));
                 return false;
             }
         }

@@ -1,8 +1,8 @@
 //! What a job is and how it ended: [`JobExec`] (the request the local
 //! scheduler passes to [`Executor::spawn`](super::Executor::spawn)),
 //! [`JobExit`] / [`JobOutcome`] (the result), and the on-disk forms the
-//! agent and the shim exchange through the job directory (`spec.json`,
-//! `status.json`, `cancel`). Validation of outside input lives here too.
+//! agent and the shim exchange through the job directory (the `spec` line,
+//! the `exit` line of `record`, `cancel`). Validation of outside input lives here too.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -270,7 +270,7 @@ pub enum JobOutcome {
     Lost(String),
 }
 
-/// The exit of a job, as written by its shim to `status.json` and
+/// The exit of a job, as appended by its shim to `record` and
 /// delivered on the executor's exit channel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobExit {
@@ -333,7 +333,7 @@ pub(crate) struct RunAs {
     pub gid: u32,
 }
 
-/// `spec.json`: everything the shim needs, resolved by the agent.
+/// The `spec` line of `record`: everything the shim needs, resolved by the agent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct ShimSpec {
     /// Format version of this file.
