@@ -162,9 +162,7 @@ async fn waiting_jobs_say_why_through_grpc_and_dispatchctl() -> Result<()> {
     let detail = ctl(&d.url, &["get", &ids[2]]).await?;
     assert_eq!(
         field(&detail, "Waiting"),
-        Some(
-            "queued_behind: waiting behind 1 jobs in node-a's queue (0 of its 2 CPUs free; no node it may use has room)"
-        ),
+        Some("queued_behind: waiting behind 1 job in node-a's queue (0 of its 2 CPUs free)"),
         "{detail}"
     );
     assert_eq!(field(&detail, "Waiting on"), Some("node-a"), "{detail}");

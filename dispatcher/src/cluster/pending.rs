@@ -110,6 +110,11 @@ fn in_time(at: i64, now: i64) -> String {
     }
 }
 
+/// `1 job`, `2 jobs`.
+fn jobs(n: u32) -> String {
+    format!("{n} job{}", if n == 1 { "" } else { "s" })
+}
+
 fn engine_ms(ns: u64) -> i64 {
     i64::try_from(ns / 1_000_000).unwrap_or(i64::MAX)
 }
@@ -316,9 +321,10 @@ impl Explainer<'_> {
                         node,
                         format!(
                             "{cpus} CPUs are free on {node}, but starting it would delay the \
-                             reservation of {} (first in the queue, {ahead} jobs ahead): \
+                             reservation of {} (first in the queue, {} ahead): \
                              held {when}",
-                            head_name(res.task)
+                            head_name(res.task),
+                            jobs(ahead)
                         ),
                     )
                 }
@@ -330,8 +336,8 @@ impl Explainer<'_> {
                     Kind::QueuedBehind,
                     node,
                     format!(
-                        "waiting behind {ahead} jobs in {node}'s queue ({} of its {} CPUs \
-                         free; no node it may use has room)",
+                        "waiting behind {} in {node}'s queue ({} of its {} CPUs free)",
+                        jobs(ahead),
                         rq.free(),
                         rq.capacity
                     ),
@@ -672,7 +678,7 @@ mod tests {
             let r = why(&c, &ids[2], 11_000, Kind::QueuedBehind);
             assert_eq!((r.node.as_str(), r.jobs_ahead), ("a", 1), "{r:?}");
             assert!(
-                r.message.contains("behind 1 jobs in a's queue"),
+                r.message.contains("behind 1 job in a's queue"),
                 "{}",
                 r.message
             );
