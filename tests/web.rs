@@ -106,6 +106,25 @@ fn check_overview(dom: &str, view: &Value) -> Result<()> {
         .sum();
     let want = format!("data-class=\"total\" data-pending=\"{pending}\"");
     ensure!(dom.contains(&want), "queue total `{want}` missing");
+    // The jobs waiting longest, each with the kind of its pending reason.
+    let waiting = view["waiting"].as_array().context("waiting")?;
+    ensure!(!waiting.is_empty(), "no waiting jobs in {view}");
+    for w in waiting {
+        let want = format!(
+            "data-job=\"{}\" data-kind=\"{}\"",
+            w["job"].as_str().unwrap_or_default(),
+            w["kind"].as_str().unwrap_or_default()
+        );
+        ensure!(dom.contains(&want), "waiting: `{want}` missing");
+        // (Serialised DOM text escapes only `&`, `<` and `>`, which no
+        // message has.)
+        let message = w["message"].as_str().unwrap_or_default();
+        ensure!(dom.contains(message), "waiting: `{message}` missing");
+    }
+    ensure!(
+        waiting.iter().any(|w| w["kind"] == "no_match_cpus"),
+        "the 64-CPU job fits no node: {view}"
+    );
     for list in ["recent_steals", "recent_placements"] {
         let moves = view[list].as_array().context("moves")?;
         ensure!(!moves.is_empty(), "no {list} in {view}");
@@ -181,6 +200,11 @@ fn stable_part(view: &Value) -> Value {
         "queue": view["queue"],
         "steals": view["recent_steals"],
         "placements": view["recent_placements"],
+        "waiting": view["waiting"].as_array().map(|w| {
+            w.iter()
+                .map(|w| (w["job"].clone(), w["kind"].clone(), w["node"].clone(), w["jobs_ahead"].clone()))
+                .collect::<Vec<_>>()
+        }),
     })
 }
 
@@ -272,8 +296,14 @@ async fn web_page_renders_the_cluster_in_headless_chromium() -> Result<()> {
         (steal["to"] == "a1-n2" && steal["from"] == "a1-n1").then_some(())
     })
     .await?;
-    // More for rack a1 than it holds: it stays overloaded.
-    let specs = vec![spec(2, 0, &a1), spec(2, -5, &a1), spec(4, 0, &a1)];
+    // More for rack a1 than it holds: it stays overloaded. And a job no
+    // node has the CPUs for.
+    let specs = vec![
+        spec(2, 0, &a1),
+        spec(2, -5, &a1),
+        spec(4, 0, &a1),
+        spec(64, 0, &[]),
+    ];
     jobs.submit_jobs(SubmitJobsRequest { specs }).await?;
 
     // Wait for a settled state: two successive snapshots alike, nothing

@@ -88,6 +88,15 @@ impl NodeEngine {
         self.leaf_node.get(leaf).map(String::as_str)
     }
 
+    /// Each node of the engine with its largest aligned room and memory,
+    /// as placement filters them (for the pending reasons), in leaf order.
+    pub(super) fn shapes(&self) -> impl Iterator<Item = (&str, &(FreeSummary, u64))> + '_ {
+        self.leaf_node
+            .iter()
+            .map(String::as_str)
+            .zip(&self.leaf_shape)
+    }
+
     /// Steals made so far.
     pub fn steals(&self) -> u64 {
         self.sched.as_ref().map_or(0, |e| e.stats().steal)

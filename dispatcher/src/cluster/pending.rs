@@ -110,6 +110,11 @@ fn in_time(at: i64, now: i64) -> String {
     }
 }
 
+/// `1 job`, `2 jobs`.
+fn jobs(n: u32) -> String {
+    format!("{n} job{}", if n == 1 { "" } else { "s" })
+}
+
 fn engine_ms(ns: u64) -> i64 {
     i64::try_from(ns / 1_000_000).unwrap_or(i64::MAX)
 }
@@ -230,7 +235,10 @@ impl Explainer<'_> {
             return reason(Kind::Resources, node, format!("queued on {node}"));
         };
         let now_ns = engine_ns(self.now);
-        if let Some(states) = self.unavailable(engine, task.affinity.as_ref()) {
+        // Its own node takes jobs (the common case, O(1)): some node it may
+        // use is available; else count the states of all it may use.
+        let own_ok = cluster.nodes.get(node).is_some_and(NodeInfo::schedulable);
+        if !own_ok && let Some(states) = self.unavailable(engine, task.affinity.as_ref()) {
             return reason(
                 Kind::NodesUnavailable,
                 node,
@@ -316,9 +324,10 @@ impl Explainer<'_> {
                         node,
                         format!(
                             "{cpus} CPUs are free on {node}, but starting it would delay the \
-                             reservation of {} (first in the queue, {ahead} jobs ahead): \
+                             reservation of {} (first in the queue, {} ahead): \
                              held {when}",
-                            head_name(res.task)
+                            head_name(res.task),
+                            jobs(ahead)
                         ),
                     )
                 }
@@ -330,8 +339,8 @@ impl Explainer<'_> {
                     Kind::QueuedBehind,
                     node,
                     format!(
-                        "waiting behind {ahead} jobs in {node}'s queue ({} of its {} CPUs \
-                         free; no node it may use has room)",
+                        "waiting behind {} in {node}'s queue ({} of its {} CPUs free)",
+                        jobs(ahead),
                         rq.free(),
                         rq.capacity
                     ),
@@ -389,9 +398,16 @@ impl Explainer<'_> {
 }
 
 /// The leaves whose steal search would visit the LLC of `src` but that
-/// node-limit gating stops. O(nodes), once per source LLC and read.
+/// node-limit gating stops: only leaves of `src`'s LLC and of its sibling
+/// LLCs can reach it at all. O(nodes of that domain), once per source LLC
+/// and read.
 fn gated_from(engine: &Sched, src: LeafId) -> Vec<LeafId> {
-    (0..engine.topology().nr_leaves())
+    let topo = engine.topology();
+    let llc = topo.llc_of(src);
+    let mut llcs = vec![llc];
+    llcs.extend(topo.llc_siblings(llc).iter().filter(|&&l| l != llc));
+    llcs.into_iter()
+        .flat_map(|l| topo.llcs()[l].members.iter().copied())
         .filter(|&l| l != src && engine.steal_reach(l, src) == Some(false))
         .collect()
 }
@@ -402,13 +418,16 @@ fn gated_from(engine: &Sched, src: LeafId) -> Vec<LeafId> {
 fn no_match(cluster: &Cluster, s: &Shape) -> (Kind, String) {
     let (mut labels, mut cpus, mut align, mut memory, mut total) = (0u32, 0u32, 0u32, 0u32, 0u32);
     let (mut max_cpus, mut max_align, mut max_memory) = (0u32, 0u32, 0u64);
-    for n in cluster.nodes.iter() {
+    // The shapes the engine keeps (placement's own view), not recomputed.
+    for (name, &(room, mem)) in cluster.engine.shapes() {
+        let Some(n) = cluster.nodes.get(name) else {
+            continue;
+        };
         total += 1;
         if !s.selector.iter().all(|(k, v)| n.labels.get(k) == Some(v)) {
             labels += 1;
             continue;
         }
-        let (room, mem) = n.shape();
         max_cpus = max_cpus.max(room.any);
         if room.any < s.cpus {
             cpus += 1;
@@ -672,7 +691,7 @@ mod tests {
             let r = why(&c, &ids[2], 11_000, Kind::QueuedBehind);
             assert_eq!((r.node.as_str(), r.jobs_ahead), ("a", 1), "{r:?}");
             assert!(
-                r.message.contains("behind 1 jobs in a's queue"),
+                r.message.contains("behind 1 job in a's queue"),
                 "{}",
                 r.message
             );
