@@ -139,9 +139,47 @@ fn gated(then: &str) -> String {
     format!("trap '{then}' USR1; while :; do sleep 0.05; done")
 }
 
-/// Release a [`gated`] job whose shell is `pid`.
+/// Release a [`gated`] job whose shell is `pid`, once its trap is set: a
+/// SIGUSR1 that came earlier (the shell not yet exec'd or not yet past
+/// `trap`) would kill it or be lost.
 fn open_gate(pid: u32) {
+    let start = Instant::now();
+    while !(comm(pid as i32) == "sh" && signal_in(pid as i32, "SigCgt", Signal::SIGUSR1)) {
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the gated job never set its trap"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     kill(Pid::from_raw(pid as i32), Signal::SIGUSR1).expect("signal the gated job");
+}
+
+/// Whether `sig` is in the signal mask `field` of /proc/<pid>/status
+/// (`SigCgt`: caught; `SigPnd`/`ShdPnd`: pending for the thread/process).
+fn signal_in(pid: i32, field: &str, sig: Signal) -> bool {
+    proc_status(&format!("/proc/{pid}/status"), field)
+        .and_then(|v| u64::from_str_radix(&v, 16).ok())
+        .is_some_and(|mask| mask & (1 << (sig as i32 - 1)) != 0)
+}
+
+/// Whether every process of process group `pgid` is stopped: in state T,
+/// or with SIGSTOP pending. The second is a shell in `vfork()` whose
+/// child the group stop caught before it exec'd: the parent waits for the
+/// child uninterruptibly (state D) and takes its own stop only when the
+/// child goes on. dash starts `sleep` that way; under load the child
+/// often waits for a CPU before its exec, and a check for state T alone
+/// waited for ever (the flake of `readopts_after_the_agent_process_exits`).
+fn group_stopped(pgid: i32) -> bool {
+    let members: Vec<i32> = all_pids()
+        .into_iter()
+        .filter(|&p| stat(p).is_some_and(|s| s.pgrp == pgid && s.state != 'Z'))
+        .collect();
+    !members.is_empty()
+        && members.iter().all(|&p| {
+            stat(p).is_some_and(|s| s.state == 'T')
+                || signal_in(p, "ShdPnd", Signal::SIGSTOP)
+                || signal_in(p, "SigPnd", Signal::SIGSTOP)
+        })
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -703,7 +741,7 @@ async fn readopts_after_the_agent_process_exits() {
     let report = exec.readopt().await.unwrap();
     assert_eq!(report.reattached, vec!["restart".to_owned()]);
     exec.stop("restart").unwrap();
-    eventually("stopped", || stat(pid).is_some_and(|s| s.state == 'T')).await;
+    eventually("stopped", || group_stopped(pid)).await;
     exec.cont("restart").unwrap();
     open_gate(pid as u32);
     let exit = next_exit(&mut exits).await;

@@ -39,7 +39,9 @@ use crate::cluster::Cluster;
 use crate::core::{CoreExit, OnStoreFailure};
 use crate::gate::Role;
 use crate::observe::Observers;
-use crate::store::etcd::{EtcdStore, Fence, LeaseClock, MAX_DECODE, OP_TIMEOUT, TxnLimits};
+use crate::store::etcd::{
+    EtcdStore, Fence, LeaseClock, MAX_DECODE, OP_TIMEOUT, TxnLimits, attempt_timeout, transient,
+};
 use crate::store::{Snapshot, Store, StoreError};
 
 /// How often a follower campaigns (and refreshes the leader's URL).
@@ -61,6 +63,10 @@ pub struct HaConfig {
     pub lease_ttl: Duration,
     /// Transaction limits of the etcd servers.
     pub limits: TxnLimits,
+    /// The etcd servers' `--election-timeout`: a request with no answer
+    /// for [`attempt_timeout`] of it is sent again (it waits on a member
+    /// for a leader that died).
+    pub election_timeout: Duration,
 }
 
 impl HaConfig {
@@ -142,9 +148,11 @@ struct Lease {
 }
 
 impl Lease {
-    async fn grant(client: &Client, ttl: Duration) -> Result<Self, String> {
+    /// A new lease of `ttl`; the grant waits at most `wait` (an
+    /// unanswered grant that etcd applies anyway expires unused).
+    async fn grant(client: &Client, ttl: Duration, wait: Duration) -> Result<Self, String> {
         let sent = Instant::now();
-        let resp = tokio::time::timeout(OP_TIMEOUT, client.lease_grant(ttl.as_secs() as i64))
+        let resp = tokio::time::timeout(wait, client.lease_grant(ttl.as_secs() as i64))
             .await
             .map_err(|_| "lease grant timed out".to_string())?
             .map_err(|e| format!("lease grant: {e}"))?;
@@ -244,7 +252,20 @@ async fn campaign(
         success: vec![RequestOp::put(key.as_str(), record.as_str(), lease)],
         failure: vec![RequestOp::get(key.as_str())],
     };
-    let resp = tokio::time::timeout(OP_TIMEOUT, client.txn(txn))
+    // A campaign is safe to repeat (one that applied is recognised by its
+    // lease): it is sent again at once while it fails on the way (a dead
+    // member the client still tries), and waits no longer than a request
+    // held by a member whose leader died: the next one, CAMPAIGN_POLL
+    // later, finds a new leader.
+    let send = async {
+        loop {
+            match client.txn(txn.clone()).await {
+                Err(e) if transient(&e) => tokio::time::sleep(Duration::from_millis(10)).await,
+                r => return r,
+            }
+        }
+    };
+    let resp = tokio::time::timeout(attempt_timeout(cfg.election_timeout), send)
         .await
         .map_err(|_| "campaign timed out".to_string())?
         .map_err(|e| format!("campaign: {e}"))?;
@@ -301,7 +322,13 @@ pub async fn run(
                 if let Some(old) = old {
                     old.give_up(&client).await;
                 }
-                match Lease::grant(&client, cfg.lease_ttl).await {
+                match Lease::grant(
+                    &client,
+                    cfg.lease_ttl,
+                    attempt_timeout(cfg.election_timeout),
+                )
+                .await
+                {
                     Ok(l) => l,
                     Err(err) => {
                         tracing::warn!(%err, "cannot get a lease; retrying");
@@ -413,7 +440,8 @@ async fn lead(
         &cfg.prefix,
         fence,
         cfg.limits,
-    );
+    )
+    .with_attempt_timeout(attempt_timeout(cfg.election_timeout));
     let loaded = tokio::task::spawn_blocking(move || {
         let snap = store.load();
         (store, snap)

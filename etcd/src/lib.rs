@@ -6,7 +6,7 @@
 //! vendored in `proto/etcd/api` (see their headers for the etcd version
 //! and what was left out), compiled with protox, so building this crate
 //! needs no `protoc`. The generated messages are re-exported as they are
-//! ([`pb`]); a few constructors on them ([`Compare::create_revision`],
+//! ([`pb`]); a few constructors on them ([`Compare::mod_revision`],
 //! [`RequestOp::put`], [`prefix_end`], ...) keep call sites short.
 //! Every call returns a typed [`Error`].
 
@@ -391,6 +391,15 @@ impl Compare {
         Self {
             target_union: Some(TargetUnion::CreateRevision(revision)),
             ..Self::on(key, CompareTarget::Create, result)
+        }
+    }
+
+    /// `key`'s mod revision (of its last write) compared with `revision`
+    /// (0: absent).
+    pub fn mod_revision(key: impl Into<Vec<u8>>, result: CompareResult, revision: i64) -> Self {
+        Self {
+            target_union: Some(TargetUnion::ModRevision(revision)),
+            ..Self::on(key, CompareTarget::Mod, result)
         }
     }
 

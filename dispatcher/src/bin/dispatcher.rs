@@ -112,6 +112,11 @@ struct Args {
     /// through the store's redo log.
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(2..))]
     etcd_max_txn_ops: u64,
+    /// The etcd servers' --election-timeout, milliseconds: a store request
+    /// with no answer for twice this long (a member waiting for a new
+    /// leader) is sent again.
+    #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    etcd_election_timeout_ms: u64,
     /// Largest request a client may send, in bytes (responses may be 16
     /// times larger, agents' messages 4 times). Over it a call fails with
     /// OUT_OF_RANGE or RESOURCE_EXHAUSTED before it is read.
@@ -500,6 +505,7 @@ async fn run(args: Args) -> Result<()> {
                     max_ops: args.etcd_max_txn_ops as usize,
                     ..TxnLimits::default()
                 },
+                election_timeout: std::time::Duration::from_millis(args.etcd_election_timeout_ms),
             };
             let (role_tx, role_rx) =
                 tokio::sync::watch::channel(dispatcher::gate::Role::Follower {

@@ -30,6 +30,20 @@
 //! replays a committed log that was not fully applied (and finishes it)
 //! and deletes the chunks of one that was never committed, so a crash at
 //! any step leaves either all or none of the batch.
+//!
+//! **Asking again, applying once.** A request to an etcd member whose
+//! leader just died waits there until etcd elects another, and may or may
+//! not be applied (the proposal may have reached the old leader's log).
+//! So each attempt gets a deadline from etcd's election timeout
+//! ([`attempt_timeout`]) and the request is sent again when it passes or
+//! the connection breaks, within [`OP_TIMEOUT`] in all. A transaction is
+//! made safe to send twice by the commit mark `P/meta/commit`: every
+//! fenced transaction also compares the mark's mod revision with the one
+//! this store last wrote or read, and writes a new mark unique to the
+//! transaction (the lease and a count). An attempt that arrives after
+//! another attempt of the same transaction, or after a later one, fails
+//! that compare and writes nothing; when a retry finds the mark it would
+//! have written, an earlier attempt applied and the commit succeeded.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -43,8 +57,22 @@ use tokio::runtime::Handle;
 
 use super::{NodeAdmin, Snapshot, Store, StoreError, Write};
 
-/// How long one etcd request may take before the store gives up on it.
+/// How long one etcd request may take, all attempts together, before the
+/// store gives up on it.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// etcd's default `--election-timeout`.
+pub const DEFAULT_ELECTION_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// The deadline of a request's first attempt with etcd's
+/// `--election-timeout` `election`: twice it, the longest a follower waits
+/// for a dead leader before it campaigns (raft randomizes the timeout in
+/// `[election, 2 * election)`), so the attempt sent again finds a new
+/// leader. Each further attempt gets twice the time of the one before
+/// (a slow but healthy request is not cut short for ever).
+pub fn attempt_timeout(election: Duration) -> Duration {
+    election.saturating_mul(2)
+}
 
 /// Largest response the store accepts from etcd (a page of jobs).
 pub const MAX_DECODE: usize = 64 << 20;
@@ -59,10 +87,18 @@ const LOAD_PAGE: i64 = 1000;
 /// exceed the etcd server's `--max-txn-ops` and `--max-request-bytes`.
 #[derive(Clone, Copy, Debug)]
 pub struct TxnLimits {
-    /// Operations in the success branch.
+    /// Operations in the success branch (the store's own commit mark
+    /// takes one of them).
     pub max_ops: usize,
     /// Approximate bytes of keys and values in one request.
     pub max_bytes: usize,
+}
+
+impl TxnLimits {
+    /// Writes of a batch one transaction holds besides the commit mark.
+    fn data_ops(&self) -> usize {
+        self.max_ops.saturating_sub(1).max(1)
+    }
 }
 
 impl Default for TxnLimits {
@@ -177,6 +213,21 @@ pub struct EtcdStore {
     prefix: String,
     fence: Fence,
     limits: TxnLimits,
+    /// The first attempt's deadline ([`attempt_timeout`]).
+    attempt: Duration,
+    /// The commit mark's mod revision as this store last wrote or read it
+    /// (0: absent); read before the first transaction.
+    mark_revision: std::cell::Cell<Option<i64>>,
+    /// Fenced transactions this store applied (the mark's count).
+    applied: std::cell::Cell<u64>,
+}
+
+/// One fenced transaction, ready to send (again).
+#[derive(Clone, Debug)]
+struct Prepared {
+    txn: TxnRequest,
+    /// The commit mark it writes.
+    mark: Vec<u8>,
 }
 
 fn backend(what: &str, e: impl std::fmt::Display) -> StoreError {
@@ -219,7 +270,18 @@ impl EtcdStore {
             prefix: prefix.trim_end_matches('/').to_string(),
             fence,
             limits,
+            attempt: attempt_timeout(DEFAULT_ELECTION_TIMEOUT),
+            mark_revision: std::cell::Cell::new(None),
+            applied: std::cell::Cell::new(0),
         }
+    }
+
+    /// Requests are sent again when an attempt has had no answer for
+    /// `first` (then twice as long, ...): [`attempt_timeout`] of the etcd
+    /// servers' election timeout.
+    pub fn with_attempt_timeout(mut self, first: Duration) -> Self {
+        self.attempt = first.max(Duration::from_millis(1));
+        self
     }
 
     fn key(&self, rest: &str) -> String {
@@ -230,24 +292,38 @@ impl EtcdStore {
         self.key(&format!("redo/chunk/{n:08}"))
     }
 
-    /// Run `op` within `OP_TIMEOUT`, again while it fails before reaching
-    /// etcd: the client balances over every endpoint and keeps handing
-    /// requests to a member that died until it gives up on it, and such a
-    /// request was never sent (found by tests/faults_etcd.rs: without the
-    /// retry each one stopped the core, and leadership flapped for
-    /// seconds after the etcd leader's kill).
+    /// Run `op` within [`OP_TIMEOUT`], again while it fails in a way
+    /// that may pass ([`transient`]) or has no answer within its attempt's
+    /// deadline. Callers send only requests that are safe to send twice
+    /// (reads, and transactions guarded by the commit mark).
+    ///
+    /// Found by tests/faults_etcd.rs: the client balances over every
+    /// endpoint and keeps handing requests to a member that died until it
+    /// gives up on it (without the retry each one stopped the core, and
+    /// leadership flapped for seconds after the etcd leader's kill); and a
+    /// request a follower forwarded to the dying leader was held there
+    /// for all of `OP_TIMEOUT` (5.29 s to resume leadership in CI).
     fn block_on<T, Fut>(&self, what: &str, mut op: impl FnMut() -> Fut) -> Result<T, StoreError>
     where
         Fut: std::future::Future<Output = Result<T, etcd::Error>>,
     {
         self.runtime.block_on(async {
             let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+            let mut attempt = self.attempt;
             loop {
-                match tokio::time::timeout_at(deadline, op()).await {
-                    Ok(Err(e)) if never_sent(&e) && tokio::time::Instant::now() < deadline => {
-                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                let now = tokio::time::Instant::now();
+                let until = (now + attempt).min(deadline);
+                match tokio::time::timeout_at(until, op()).await {
+                    Ok(Ok(v)) => return Ok(v),
+                    Ok(Err(e)) if transient(&e) && tokio::time::Instant::now() < deadline => {
+                        tracing::debug!(what, err = %e, "etcd request failed; asking again");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                     }
-                    Ok(r) => return r.map_err(|e| backend(what, e)),
+                    Ok(Err(e)) => return Err(backend(what, e)),
+                    Err(_) if until < deadline => {
+                        tracing::info!(what, ?attempt, "no answer from etcd; asking again");
+                        attempt = attempt.saturating_mul(2);
+                    }
                     Err(_) => {
                         return Err(backend(what, format!("no answer within {OP_TIMEOUT:?}")));
                     }
@@ -297,7 +373,7 @@ impl EtcdStore {
         for (k, op) in ops {
             let size = Self::op_size(k, op);
             if !cur.is_empty()
-                && (cur.len() >= self.limits.max_ops || bytes + size > self.limits.max_bytes)
+                && (cur.len() >= self.limits.data_ops() || bytes + size > self.limits.max_bytes)
             {
                 out.push(std::mem::take(&mut cur));
                 bytes = 0;
@@ -312,28 +388,109 @@ impl EtcdStore {
     }
 
     /// One fenced transaction: all of `ops` or, when this replica is not
-    /// the leader any more, none.
+    /// the leader any more, none; applied once however often it is sent.
     fn fenced_txn(&self, ops: Vec<RequestOp>) -> Result<(), StoreError> {
+        let prepared = self.prepare(ops)?;
+        self.send(&prepared)
+    }
+
+    fn mark_key(&self) -> String {
+        self.key("meta/commit")
+    }
+
+    /// The transaction for `ops`: the fence and the commit mark compared,
+    /// `ops` and the next mark written; on a failed compare it reads the
+    /// leader key and the mark, to tell why.
+    fn prepare(&self, mut ops: Vec<RequestOp>) -> Result<Prepared, StoreError> {
         if !self.fence.clock.valid() {
             return Err(StoreError::Fenced(
                 "the leader lease expired or was given up".into(),
             ));
         }
-        let txn = TxnRequest {
-            compare: self.fence.compares(),
-            success: ops,
-            failure: Vec::new(),
+        let revision = match self.mark_revision.get() {
+            Some(r) => r,
+            None => {
+                let key = self.mark_key();
+                let resp = self.block_on("get", || {
+                    self.client.range(RangeRequest {
+                        key: key.clone().into_bytes(),
+                        ..Default::default()
+                    })
+                })?;
+                let r = resp.kvs.first().map_or(0, |kv| kv.mod_revision);
+                self.mark_revision.set(Some(r));
+                r
+            }
         };
-        let resp = self.block_on("txn", || self.client.txn(txn.clone()))?;
-        if resp.succeeded {
+        let mark = format!("{:x}/{}", self.fence.lease, self.applied.get() + 1).into_bytes();
+        let key = self.mark_key();
+        let mut compare = self.fence.compares();
+        compare.push(Compare::mod_revision(
+            key.as_str(),
+            CompareOp::Equal,
+            revision,
+        ));
+        ops.push(RequestOp::put(key.as_str(), mark.clone(), 0));
+        Ok(Prepared {
+            txn: TxnRequest {
+                compare,
+                success: ops,
+                failure: vec![
+                    RequestOp::get(self.fence.leader_key.as_str()),
+                    RequestOp::get(key.as_str()),
+                ],
+            },
+            mark,
+        })
+    }
+
+    /// Sends `p` (again while it may pass) and says whether it applied.
+    fn send(&self, p: &Prepared) -> Result<(), StoreError> {
+        if !self.fence.clock.valid() {
+            return Err(StoreError::Fenced(
+                "the leader lease expired or was given up".into(),
+            ));
+        }
+        let resp = self.block_on("txn", || self.client.txn(p.txn.clone()))?;
+        let applied = |revision: i64| {
+            self.mark_revision.set(Some(revision));
+            self.applied.set(self.applied.get() + 1);
             Ok(())
-        } else {
+        };
+        if resp.succeeded {
+            return applied(etcd::revision(resp.header.as_ref()));
+        }
+        let read = |i: usize| {
+            resp.responses
+                .get(i)
+                .and_then(|r| r.as_range())
+                .and_then(|r| r.kvs.first())
+        };
+        // An earlier attempt of this transaction applied (its answer was
+        // lost or came too late): done.
+        if let Some(mark) = read(1)
+            && mark.value == p.mark
+        {
+            return applied(mark.mod_revision);
+        }
+        let fenced = read(0).is_none_or(|leader| {
+            leader.create_revision != self.fence.create_revision || leader.lease != self.fence.lease
+        });
+        if fenced {
             self.fence.clock.lose();
-            Err(StoreError::Fenced(format!(
+            return Err(StoreError::Fenced(format!(
                 "the leader key {} no longer holds lease {:x} from revision {}",
                 self.fence.leader_key, self.fence.lease, self.fence.create_revision
-            )))
+            )));
         }
+        // Still the leader, but the mark is not the one this store last
+        // saw: written by someone else. Read it again next term.
+        self.mark_revision.set(None);
+        Err(StoreError::Backend(format!(
+            "the commit mark {} changed under this leader (to {:?})",
+            self.mark_key(),
+            read(1).map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
+        )))
     }
 
     fn txn_ops(ops: &[(String, KeyOp)]) -> Vec<RequestOp> {
@@ -554,7 +711,7 @@ impl Store for EtcdStore {
         }
         let ops: Vec<(String, KeyOp)> = self.coalesce(writes).into_iter().collect();
         let bytes: usize = ops.iter().map(|(k, op)| Self::op_size(k, op)).sum();
-        if ops.len() <= self.limits.max_ops && bytes <= self.limits.max_bytes {
+        if ops.len() <= self.limits.data_ops() && bytes <= self.limits.max_bytes {
             self.fenced_txn(Self::txn_ops(&ops))
         } else {
             self.commit_through_redo(ops)
@@ -566,9 +723,18 @@ impl Store for EtcdStore {
 #[path = "etcd_tests.rs"]
 mod tests;
 
-/// The request failed connecting to its endpoint: it never reached etcd,
-/// so sending it again cannot apply it twice.
-fn never_sent(e: &etcd::Error) -> bool {
+/// The request failed in a way that may pass when it is sent again: its
+/// connection failed or broke, or etcd had no leader or timed out waiting
+/// for one (etcd says UNAVAILABLE). Refusals (too many operations, too
+/// large, no space) are not.
+pub(crate) fn transient(e: &etcd::Error) -> bool {
     matches!(e, etcd::Error::Rpc { status, .. }
-        if status.code() == tonic::Code::Unavailable && status.message() == "tcp connect error")
+    if matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Cancelled
+            | tonic::Code::Aborted
+    ))
 }

@@ -276,3 +276,93 @@ fn lease_clock_expires_from_the_send_time_of_the_last_renewal() {
     clock.extend(Instant::now(), Duration::from_secs(60));
     assert!(!clock.valid(), "a renewal revived a lost lease");
 }
+
+fn signal(etcd: &e2e::Etcd, sig: &str) {
+    let pid = etcd.proc.as_ref().map(|p| p.pid()).unwrap();
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+fn state_of(store: &EtcdStore, id: &str) -> i32 {
+    let snap = store.load().unwrap();
+    snap.jobs.iter().find(|j| j.id == id).unwrap().state
+}
+
+#[test]
+fn a_commit_whose_answer_was_lost_applies_once_when_sent_again() {
+    let s = setup();
+    let mut store = s.store(s.elect(), TxnLimits::default());
+    store.commit(&[put("j-1", JobState::Pending)]).unwrap();
+    // An attempt etcd applied but whose answer never came back: sent
+    // behind the store's back.
+    let ops: Vec<(String, KeyOp)> = store
+        .coalesce(&[put("j-1", JobState::Running)])
+        .into_iter()
+        .collect();
+    let running = store.prepare(EtcdStore::txn_ops(&ops)).unwrap();
+    let first = s
+        .runtime
+        .block_on(s.client.txn(running.txn.clone()))
+        .unwrap();
+    assert!(first.succeeded);
+    // The store asks again: it recognises its own mark, and goes on.
+    store.send(&running).unwrap();
+    store.commit(&[put("j-1", JobState::Succeeded)]).unwrap();
+    // A copy of the old attempt that arrives late writes nothing.
+    let late = s
+        .runtime
+        .block_on(s.client.txn(running.txn.clone()))
+        .unwrap();
+    assert!(
+        !late.succeeded,
+        "a stale attempt applied after a later commit"
+    );
+    assert_eq!(state_of(&store, "j-1"), JobState::Succeeded as i32);
+}
+
+#[test]
+fn a_batch_fills_a_transaction_beside_the_commit_mark() {
+    // etcd refuses more than --max-txn-ops operations: with the mark, a
+    // batch of exactly max_ops writes must not go as one transaction.
+    let s = setup();
+    let limits = TxnLimits {
+        max_ops: 128,
+        max_bytes: 1 << 20,
+    };
+    let mut store = s.store(s.elect(), limits);
+    let writes: Vec<Write> = (0..128)
+        .map(|i| put(&format!("j-{i}"), JobState::Pending))
+        .collect();
+    store.commit(&writes).unwrap();
+    store.commit(&writes[..127]).unwrap();
+    assert_eq!(store.load().unwrap().jobs.len(), 128);
+}
+
+#[test]
+fn a_commit_held_past_its_attempt_deadline_is_sent_again_and_applies_once() {
+    let s = setup();
+    let mut store = s
+        .store(s.elect(), TxnLimits::default())
+        .with_attempt_timeout(Duration::from_millis(100));
+    store.commit(&[put("j-1", JobState::Pending)]).unwrap();
+    // etcd stops answering for several attempts' deadlines (100, 200 ms).
+    signal(&s._etcd, "-STOP");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let committer = std::thread::spawn(move || {
+        let r = store.commit(&[put("j-1", JobState::Running), put("j-2", JobState::Pending)]);
+        tx.send(()).unwrap();
+        (store, r)
+    });
+    let held = rx.recv_timeout(Duration::from_millis(500));
+    signal(&s._etcd, "-CONT");
+    assert!(held.is_err(), "the commit returned while etcd was stopped");
+    let (mut store, r) = committer.join().unwrap();
+    r.unwrap();
+    store.commit(&[put("j-2", JobState::Succeeded)]).unwrap();
+    assert_eq!(state_of(&store, "j-1"), JobState::Running as i32);
+    assert_eq!(state_of(&store, "j-2"), JobState::Succeeded as i32);
+}
