@@ -162,7 +162,7 @@ impl Explainer<'_> {
                     node,
                     format!(
                         "was {} on {node} before a dispatcher restart; waiting for {node} \
-                         to report it, lost {} unless it does",
+                         to report it, lost (or retried) {} unless it does",
                         if *running { "running" } else { "assigned" },
                         in_time(*deadline, self.now),
                     ),
