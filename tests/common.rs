@@ -446,22 +446,27 @@ pub async fn wait_nodes(d: &Dispatcher, n: usize, timeout: Duration) -> Result<(
 
 /// Every job, all pages.
 pub async fn all_jobs(client: &mut JobServiceClient<Channel>) -> Result<Vec<proto::v1::Job>> {
+    job_pages(async |req| Ok(client.list_jobs(req).await?.into_inner())).await
+}
+
+/// Every job, page after page of ListJobs through `page`.
+async fn job_pages(
+    mut page: impl AsyncFnMut(proto::v1::ListJobsRequest) -> Result<proto::v1::ListJobsResponse>,
+) -> Result<Vec<proto::v1::Job>> {
     let mut out = Vec::new();
     let mut token = String::new();
     loop {
-        let page = client
-            .list_jobs(proto::v1::ListJobsRequest {
-                page_size: 10_000,
-                page_token: token.clone(),
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
-        out.extend(page.jobs);
-        if page.next_page_token.is_empty() {
+        let got = page(proto::v1::ListJobsRequest {
+            page_size: 10_000,
+            page_token: token.clone(),
+            ..Default::default()
+        })
+        .await?;
+        out.extend(got.jobs);
+        if got.next_page_token.is_empty() {
             return Ok(out);
         }
-        token = page.next_page_token;
+        token = got.next_page_token;
     }
 }
 
@@ -614,6 +619,86 @@ fn dechunk(mut s: &str) -> Result<String> {
     }
 }
 
+/// What tells one etcd member from another: its name, data, URLs and
+/// the cluster it starts in (`name=peer_url,...`).
+pub struct EtcdMemberConfig<'a> {
+    /// `--name`.
+    pub name: &'a str,
+    /// `--data-dir`.
+    pub data_dir: &'a Path,
+    /// Listened on and advertised to clients.
+    pub client_url: &'a str,
+    /// Listened on and advertised to peers.
+    pub peer_url: &'a str,
+    /// Port of `/metrics` and `/health`.
+    pub metrics_port: u16,
+    /// `--initial-cluster`.
+    pub initial_cluster: &'a str,
+}
+
+/// The command that runs etcd member `m` on loopback (a new cluster),
+/// logging to stderr; callers add tuning flags.
+pub fn etcd_command(m: &EtcdMemberConfig<'_>) -> Command {
+    let mut cmd = Command::new("etcd");
+    cmd.args(["--name", m.name])
+        .arg("--data-dir")
+        .arg(m.data_dir)
+        .args(["--listen-client-urls", m.client_url])
+        .args(["--advertise-client-urls", m.client_url])
+        .args(["--listen-peer-urls", m.peer_url])
+        .args(["--initial-advertise-peer-urls", m.peer_url])
+        .args(["--initial-cluster", m.initial_cluster])
+        .args(["--initial-cluster-state", "new"])
+        .arg(format!(
+            "--listen-metrics-urls=http://127.0.0.1:{}",
+            m.metrics_port
+        ))
+        .args(["--logger=zap", "--log-outputs=stderr"]);
+    cmd
+}
+
+/// Whether the etcd member with metrics on `metrics_port` answers
+/// `GET /health` with `"health":"true"`.
+pub fn etcd_healthy(metrics_port: u16) -> bool {
+    http_get(metrics_port, "/health")
+        .is_ok_and(|(code, body)| code == 200 && body.contains("\"health\":\"true\""))
+}
+
+/// Run `dispatcher gen-certs ARGS` (the operators' code path for the
+/// cluster CA and its certificates).
+pub fn gen_certs(args: &[&str]) -> Result<()> {
+    let out = Command::new(binary("dispatcher"))
+        .arg("gen-certs")
+        .args(args)
+        .output()
+        .context("running dispatcher gen-certs")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "gen-certs {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Every job, all pages, through the leader `c` finds.
+pub async fn leader_jobs(c: &mut proto::endpoints::LeaderChannel) -> Result<Vec<proto::v1::Job>> {
+    job_pages(async |req| {
+        let page = c
+            .call(|ch| {
+                let req = req.clone();
+                async move {
+                    JobServiceClient::new(ch)
+                        .max_decoding_message_size(256 << 20)
+                        .list_jobs(req)
+                        .await
+                }
+            })
+            .await?;
+        Ok(page.into_inner())
+    })
+    .await
+}
+
 /// A real etcd server (Debian's `etcd-server`) on random loopback ports
 /// with its data in a directory it keeps across restarts; killed on drop.
 pub struct Etcd {
@@ -655,29 +740,15 @@ impl Etcd {
 
     /// (Re)start on the same ports and data directory; waits for /health.
     pub fn restart(&mut self) -> Result<()> {
-        let data = self.dir.join("etcd");
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let mut cmd = Command::new("etcd");
-        cmd.arg("--name")
-            .arg("t")
-            .arg("--data-dir")
-            .arg(&data)
-            .arg("--listen-client-urls")
-            .arg(&self.url)
-            .arg("--advertise-client-urls")
-            .arg(&self.url)
-            .arg("--listen-peer-urls")
-            .arg(&peer)
-            .arg("--initial-advertise-peer-urls")
-            .arg(&peer)
-            .arg("--initial-cluster")
-            .arg(format!("t={peer}"))
-            .arg("--initial-cluster-state")
-            .arg("new")
-            .arg("--listen-metrics-urls")
-            .arg(format!("http://127.0.0.1:{}", self.metrics_port))
-            .arg("--logger=zap")
-            .arg("--log-outputs=stderr");
+        let cmd = etcd_command(&EtcdMemberConfig {
+            name: "t",
+            data_dir: &self.dir.join("etcd"),
+            client_url: &self.url,
+            peer_url: &peer,
+            metrics_port: self.metrics_port,
+            initial_cluster: &format!("t={peer}"),
+        });
         let log = self.dir.join(format!("etcd-{}.log", now_nanos()));
         self.proc = Some(Proc::spawn("etcd", cmd, log)?);
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -696,18 +767,7 @@ impl Etcd {
 
     /// True when `GET /health` answers `"health":"true"`.
     pub fn healthy(&self) -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let req = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        if s.write_all(req.as_bytes()).is_err() {
-            return false;
-        }
-        let mut body = String::new();
-        let _ = s.read_to_string(&mut body);
-        body.contains("\"health\":\"true\"")
+        etcd_healthy(self.metrics_port)
     }
 
     /// SIGKILL it (the data directory stays for [`Etcd::restart`]).

@@ -12,12 +12,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::faults::{EtcdCluster, Markers, Rng, exactly_once};
+use e2e::faults::{ETCD_ELECTION_TIMEOUT_MS, EtcdCluster, Markers, Rng, exactly_once};
 use e2e::{Agent, Dispatcher, is_terminal};
 use proto::endpoints::{Endpoints, LeaderChannel};
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
-use proto::v1::{Job, JobSpec, JobState, ListJobsRequest, ListNodesRequest, NodeState};
+use proto::v1::{Job, JobSpec, JobState, ListNodesRequest, NodeState};
 use proto::v1::{SubmitJobRequest, SubmitJobsRequest};
 
 /// The bound the brief sets on leadership coming back.
@@ -40,18 +40,7 @@ async fn submit(urls: &[String], specs: Vec<JobSpec>) -> Result<()> {
 }
 
 async fn jobs(urls: &[String]) -> Result<Vec<Job>> {
-    let resp = client(urls, Duration::from_secs(30))?
-        .call(|ch| async move {
-            JobServiceClient::new(ch)
-                .max_decoding_message_size(256 << 20)
-                .list_jobs(ListJobsRequest {
-                    page_size: 10_000,
-                    ..Default::default()
-                })
-                .await
-        })
-        .await?;
-    Ok(resp.into_inner().jobs)
+    e2e::leader_jobs(&mut client(urls, Duration::from_secs(30))?).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -69,9 +58,8 @@ async fn etcd_leader_kill_dispatcher_resumes_within_5s() -> Result<()> {
                 &[
                     "--lease-ttl-secs",
                     "2",
-                    // The cluster's (EtcdCluster::start).
                     "--etcd-election-timeout-ms",
-                    "500",
+                    &ETCD_ELECTION_TIMEOUT_MS.to_string(),
                 ],
             )
         })

@@ -23,12 +23,11 @@
 //! status it must end with.
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use e2e::faults::{Markers, Rng, exactly_once};
-use e2e::{Agent, Dispatcher, binary, is_terminal};
+use e2e::{Agent, Dispatcher, gen_certs, is_terminal};
 use proto::client_security::ClientTls;
 use proto::v1::agent_service_client::AgentServiceClient;
 use proto::v1::job_service_client::JobServiceClient;
@@ -42,20 +41,6 @@ use tonic::Code;
 
 /// Streams the hostile agent opens (each a seeded random sequence).
 const STREAMS: usize = 150;
-
-fn gen_certs(args: &[&str]) -> Result<()> {
-    let out = Command::new(binary("dispatcher"))
-        .arg("gen-certs")
-        .args(args)
-        .output()
-        .context("running dispatcher gen-certs")?;
-    ensure!(
-        out.status.success(),
-        "gen-certs failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
 
 fn text(rng: &mut Rng) -> String {
     match rng.range(0, 8) {

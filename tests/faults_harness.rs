@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -230,6 +229,10 @@ impl Drop for TcpProxy {
     }
 }
 
+/// The election timeout of an [`EtcdCluster`]'s members, ms (for the
+/// dispatcher's `--etcd-election-timeout-ms`).
+pub const ETCD_ELECTION_TIMEOUT_MS: u64 = 500;
+
 /// One member of an [`EtcdCluster`].
 pub struct EtcdMember {
     /// Its name (`m0`, `m1`, ...).
@@ -282,24 +285,21 @@ impl EtcdCluster {
             let name = format!("m{i}");
             let client_url = format!("http://127.0.0.1:{client}");
             let peer_url = format!("http://127.0.0.1:{peer}");
-            let mut cmd = Command::new("etcd");
-            cmd.args(["--name", &name])
-                .arg("--data-dir")
-                .arg(dir.join(format!("etcd-{name}")))
-                .args(["--listen-client-urls", &client_url])
-                .args(["--advertise-client-urls", &client_url])
-                .args(["--listen-peer-urls", &peer_url])
-                .args(["--initial-advertise-peer-urls", &peer_url])
-                .args(["--initial-cluster", &initial])
-                .args(["--initial-cluster-state", "new"])
-                .args(["--initial-cluster-token", "faults"])
-                .arg(format!("--listen-metrics-urls=http://127.0.0.1:{metrics}"))
+            let mut cmd = crate::etcd_command(&crate::EtcdMemberConfig {
+                name: &name,
+                data_dir: &dir.join(format!("etcd-{name}")),
+                client_url: &client_url,
+                peer_url: &peer_url,
+                metrics_port: metrics,
+                initial_cluster: &initial,
+            });
+            cmd.args(["--initial-cluster-token", "faults"])
                 // Loopback round trips are ~0.1 ms: etcd's tuning guide
                 // sets the heartbeat near the round trip and the election
                 // timeout at ten heartbeats or more; 50/500 ms keeps that
                 // with room for a loaded CI machine.
-                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-                .args(["--logger=zap", "--log-outputs=stderr"]);
+                .args(["--heartbeat-interval", "50"])
+                .arg(format!("--election-timeout={ETCD_ELECTION_TIMEOUT_MS}"));
             let log = dir.join(format!("etcd-{name}.log"));
             members.push(EtcdMember {
                 name: name.clone(),
@@ -344,8 +344,7 @@ impl EtcdCluster {
 impl EtcdMember {
     /// `/health` answers `"health":"true"`.
     pub fn healthy(&self) -> bool {
-        crate::http_get(self.metrics_port, "/health")
-            .is_ok_and(|(code, body)| code == 200 && body.contains("\"health\":\"true\""))
+        crate::etcd_healthy(self.metrics_port)
     }
 
     /// One unlabelled metric's value.

@@ -43,8 +43,7 @@ use proto::endpoints::{Endpoints, LeaderChannel};
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
 use proto::v1::{
-    GetJobRequest, Job, JobSpec, JobState, ListJobsRequest, ListNodesRequest, NodeState,
-    SubmitJobsRequest,
+    GetJobRequest, Job, JobSpec, JobState, ListNodesRequest, NodeState, SubmitJobsRequest,
 };
 use tonic::Code;
 
@@ -246,19 +245,7 @@ impl Ha {
     }
 
     async fn jobs(&self) -> Result<Vec<Job>> {
-        let mut c = self.client()?;
-        let resp = c
-            .call(|ch| async move {
-                JobServiceClient::new(ch)
-                    .max_decoding_message_size(256 << 20)
-                    .list_jobs(ListJobsRequest {
-                        page_size: 10_000,
-                        ..Default::default()
-                    })
-                    .await
-            })
-            .await?;
-        Ok(resp.into_inner().jobs)
+        e2e::leader_jobs(&mut self.client()?).await
     }
 
     /// Waits until `pred` holds for the job list.
@@ -296,12 +283,20 @@ impl Ha {
                 all.len() >= ids.len() && all.iter().all(|j| is_terminal(j.state))
             })
             .await?;
-        ensure!(
-            all.len() == ids.len(),
-            "{} jobs listed, {} submitted",
-            all.len(),
-            ids.len()
-        );
+        if all.len() != ids.len() {
+            let extra: Vec<String> = all
+                .iter()
+                .filter(|j| !ids.contains(&j.id))
+                .map(|j| format!("{}{:?}", describe(j), j.spec.as_ref().map(|s| &s.command)))
+                .collect();
+            bail!(
+                "{} jobs listed, {} submitted; not submitted:\n{}\n{}",
+                all.len(),
+                ids.len(),
+                extra.join("\n"),
+                self.logs()
+            );
+        }
         let bad: Vec<String> = all
             .iter()
             .filter(|j| j.state != JobState::Succeeded as i32)

@@ -19,7 +19,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::{Agent, Dispatcher, binary, eventually};
+use e2e::{Agent, Dispatcher, binary, eventually, gen_certs};
 use proto::client_security::{AuthChannel, Bearer, ClientTls, endpoint};
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
@@ -33,20 +33,6 @@ const ADMIN: &str = "admin-token-0123456789";
 /// Certificates and tokens for one test, made with `dispatcher gen-certs`.
 struct Material {
     dir: PathBuf,
-}
-
-fn gen_certs(args: &[&str]) -> Result<()> {
-    let out = Command::new(binary("dispatcher"))
-        .arg("gen-certs")
-        .args(args)
-        .output()
-        .context("running dispatcher gen-certs")?;
-    ensure!(
-        out.status.success(),
-        "gen-certs {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
 }
 
 impl Material {
