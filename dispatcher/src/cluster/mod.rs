@@ -402,3 +402,6 @@ fn cancel_on(node: String, job_id: String, attempt: u32, fx: &mut Effects) {
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+#[cfg(test)]
+mod balance_tests;
