@@ -109,7 +109,7 @@ pub struct PolicySpec {
 /// The baselines and "ours" (`--policies default`).
 pub const DEFAULT_POLICIES: &str = "random,least-loaded,pod:2,sparrow:2,ours";
 /// "ours" with each mechanism toggled (`--policies ablation`).
-pub const ABLATION_POLICIES: &str = "ours,ours-steal,ours-crossrack,ours-wakewide,ours-latency,ours-busyskip,ours+pack,ours+nodelimit";
+pub const ABLATION_POLICIES: &str = "ours,ours-steal,ours-crossrack,ours-wakewide,ours-latency,ours-busyskip,ours+pack,ours+nodelimit,ours-backfill,ours+idlebal,ours+oldest";
 
 impl PolicySpec {
     /// Parse one name (see the module's table).
@@ -367,6 +367,6 @@ mod tests {
             assert!(PolicySpec::parse(bad).is_err(), "{bad}");
         }
         let all = PolicySpec::parse_list("all,ours").unwrap();
-        assert_eq!(all.len(), 12, "presets expand without duplicates");
+        assert_eq!(all.len(), 15, "presets expand without duplicates");
     }
 }
