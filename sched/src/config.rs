@@ -86,6 +86,16 @@ pub struct SchedConfig {
     /// balance pass over leaves with room. Off by default: the call does
     /// nothing.
     pub idle_balance: bool,
+    /// How a pulling leaf (a steal, or the idle-balance pass) chooses its
+    /// source within one level of the search (SMT siblings, the LLC, the
+    /// sibling LLCs). Off (seed 000): the first overloaded leaf from the
+    /// puller's position with a task that fits. On: the overloaded leaf
+    /// whose first task that fits has waited longest, latency class first
+    /// (the kernel's `find_busiest_queue`, with "busiest" measured by run
+    /// delay, `sched_info.last_queued`, rather than load: a leaf's load
+    /// says how much waits there, not who has waited longest). The levels
+    /// keep their order. Off by default.
+    pub pull_longest_wait: bool,
 }
 
 impl Default for SchedConfig {
@@ -109,6 +119,7 @@ impl Default for SchedConfig {
             migration_cost: 500_000,
             backfill: false,
             idle_balance: false,
+            pull_longest_wait: false,
         }
     }
 }

@@ -504,6 +504,9 @@ impl Sched {
         t.state = TaskState::Queued(leaf);
         t.prev_leaf = Some(leaf);
         t.enqueue_seq = seq;
+        if wakeup {
+            t.queued_at = now;
+        }
         let rq = &mut self.rqs[leaf];
         if let Some(stamp) = rq.idle_stamp.take()
             && wakeup
@@ -780,6 +783,7 @@ impl Sched {
         rq.running_demand -= t.demand;
         t.state = TaskState::Queued(leaf);
         t.enqueue_seq = seq;
+        t.queued_at = now;
         rq.tasks_timeline.insert((t.vruntime, seq, id));
         let delta_exec = t.sum_exec_runtime - t.prev_sum_exec_runtime;
         if latency_enabled && t.latency_offset < 0 && delta_exec < min_gran {

@@ -53,22 +53,25 @@ impl Sched {
 
     /// The search of `try_steal` past its gates: SMT siblings, the LLC
     /// from `dst`'s position with wrap-around, then (if enabled and allowed
-    /// by node-limit gating) the sibling LLCs. Returns the task moved and
-    /// the leaf it came from.
+    /// by node-limit gating) the sibling LLCs. Within a level the source
+    /// is the first overloaded leaf with a task that fits (seed 000) or,
+    /// with [`crate::SchedConfig::pull_longest_wait`], the one whose first
+    /// such task has waited longest. Returns the task moved and the leaf
+    /// it came from.
     fn steal_search(&mut self, dst: LeafId, now: u64) -> Option<(TaskId, LeafId)> {
         let topo = self.topo.clone();
         let mut found_overloaded = false;
 
         // First try overloaded leaves on the same core, for cache warmth.
-        for &src in topo.smt_siblings(dst) {
-            if src != dst && self.overload.test(&topo, src) {
-                found_overloaded = true;
-                self.stats.steal_scanned += 1;
-                if let Some(p) = self.steal_from(dst, src, now) {
-                    self.stats.steal_smt += 1;
-                    return Some((p, src));
-                }
-            }
+        let smt: Vec<LeafId> = topo
+            .smt_siblings(dst)
+            .iter()
+            .copied()
+            .filter(|&src| src != dst && self.overload.test(&topo, src))
+            .collect();
+        if let Some(hit) = self.pull_level(dst, &smt, now, &mut found_overloaded) {
+            self.stats.steal_smt += 1;
+            return Some(hit);
         }
 
         // Accept any suitable task in the LLC.
@@ -76,16 +79,10 @@ impl Sched {
         let candidates: Vec<LeafId> = self
             .overload
             .iter_wrap(&topo, llc, topo.llc_pos(dst))
+            .filter(|&src| src != dst)
             .collect();
-        for src in candidates {
-            if src == dst {
-                continue;
-            }
-            found_overloaded = true;
-            self.stats.steal_scanned += 1;
-            if let Some(p) = self.steal_from(dst, src, now) {
-                return Some((p, src));
-            }
+        if let Some(hit) = self.pull_level(dst, &candidates, now, &mut found_overloaded) {
+            return Some(hit);
         }
 
         // One level up: the other LLCs of the parent domain.
@@ -95,18 +92,14 @@ impl Sched {
             } else {
                 let sibs = topo.llc_siblings(llc);
                 let me = sibs.iter().position(|&x| x == llc).unwrap_or(0);
+                let mut candidates: Vec<LeafId> = Vec::new();
                 for i in 1..sibs.len() {
                     let other = sibs[(me + i) % sibs.len()];
-                    let candidates: Vec<LeafId> =
-                        self.overload.iter_wrap(&topo, other, 0).collect();
-                    for src in candidates {
-                        found_overloaded = true;
-                        self.stats.steal_scanned += 1;
-                        if let Some(p) = self.steal_from(dst, src, now) {
-                            self.stats.steal_cross_llc += 1;
-                            return Some((p, src));
-                        }
-                    }
+                    candidates.extend(self.overload.iter_wrap(&topo, other, 0));
+                }
+                if let Some(hit) = self.pull_level(dst, &candidates, now, &mut found_overloaded) {
+                    self.stats.steal_cross_llc += 1;
+                    return Some(hit);
                 }
             }
         }
@@ -115,6 +108,63 @@ impl Sched {
             self.stats.steal_fail += 1;
         }
         None
+    }
+
+    /// One level of the search: `candidates` are overloaded leaves in
+    /// search order. Seed 000 takes the first with a migratable task;
+    /// with `pull_longest_wait` every candidate's first migratable task is
+    /// weighed and the one waiting longest (latency class first) moves.
+    fn pull_level(
+        &mut self,
+        dst: LeafId,
+        candidates: &[LeafId],
+        now: u64,
+        found_overloaded: &mut bool,
+    ) -> Option<(TaskId, LeafId)> {
+        if candidates.is_empty() {
+            return None;
+        }
+        *found_overloaded = true;
+        if !self.config.pull_longest_wait {
+            for &src in candidates {
+                self.stats.steal_scanned += 1;
+                if let Some(p) = self.steal_from(dst, src, now) {
+                    return Some((p, src));
+                }
+            }
+            return None;
+        }
+        let mut best: Option<((bool, u64, TaskId), LeafId)> = None;
+        for &src in candidates {
+            self.stats.steal_scanned += 1;
+            if src == dst || !self.leaf_overloaded(src) {
+                continue;
+            }
+            let Some(p) = self.detach_next_task(src, dst, now) else {
+                continue;
+            };
+            let key = self.wait_key(p);
+            if best.is_none_or(|(k, _)| key < k) {
+                best = Some((key, src));
+            }
+        }
+        let ((_, _, p), src) = best?;
+        self.migrate_queued(p, src, dst, now);
+        self.stats.steal += 1;
+        Some((p, src))
+    }
+
+    /// Order of pull candidates under `pull_longest_wait`: latency class
+    /// (when latency-nice is on) first, then the earliest `queued_at`.
+    fn wait_key(&self, p: TaskId) -> (bool, u64, TaskId) {
+        match self.tasks.get(&p) {
+            Some(t) => (
+                !(self.config.latency && t.latency_offset < 0),
+                t.queued_at,
+                p,
+            ),
+            None => (true, u64::MAX, p),
+        }
     }
 
     /// `steal_from`: migrate the first migratable waiting task of `src`, in

@@ -163,6 +163,10 @@ pub struct Task {
     pub wakee_flips: u32,
     /// Clock of the last once-a-second wipe of `wakee_flips`.
     pub wakee_flip_decay_ts: u64,
+    /// When the task last became runnable and waiting (woken, or put
+    /// back by preemption), kept across migrations: the start of its
+    /// current run delay (the kernel's `sched_info.last_queued`).
+    pub queued_at: u64,
     /// Queued in the latency timeline too.
     pub(crate) in_latency_tree: bool,
     /// Woken since it last ran (used for the latency timeline's rule).
@@ -192,6 +196,7 @@ impl Task {
             last_wakee: None,
             wakee_flips: 0,
             wakee_flip_decay_ts: 0,
+            queued_at: 0,
             in_latency_tree: false,
             enqueue_seq: 0,
         }

@@ -258,6 +258,7 @@ impl Sim<'_> {
                     cpus: j.cpus,
                     latency: j.latency,
                     waker,
+                    limit_us: j.limit_us,
                 });
             }
             self.outstanding += chunk.len() as u64;

@@ -121,6 +121,11 @@ struct SyntheticArgs {
     /// Fraction of jobs in the latency class (latency_nice -10).
     #[arg(long, default_value_t = 0.1)]
     latency_frac: f64,
+    /// Users' overestimate of run times: each job's time limit (its
+    /// `timeout_ms`, which EASY backfill reads) is its duration times a
+    /// factor uniform in [1, 1 + F]; a negative F submits no limits.
+    #[arg(long, default_value_t = sim::workload::LIMIT_OVERESTIMATE, allow_hyphen_values = true)]
+    limit_overestimate: f64,
     /// Fan-outs: `PROB:CHILDREN` (a root job is a parent with this
     /// probability and releases that many children when it ends).
     #[arg(long, default_value = "0.05:16")]
@@ -419,6 +424,7 @@ fn cmd_synthetic(a: SyntheticArgs) -> Result<()> {
         fanout_k,
         pipeline_prob,
         pipeline_len,
+        limit_overestimate: (a.limit_overestimate >= 0.0).then_some(a.limit_overestimate),
         seed: c.seed,
     };
     let mut w = synthetic(&params, layout.capacity(), layout.min_node_cpus())?;
@@ -451,8 +457,8 @@ fn cmd_swf(a: SwfArgs) -> Result<()> {
     })?;
     if c.format == Format::Table {
         eprintln!(
-            "{}: {} records used, {} skipped (unknown fields), {} split over nodes",
-            trace.path, stats.used, stats.skipped, stats.split
+            "{}: {} records used, {} skipped (unknown fields), {} split over nodes, {} with a time limit, {} run times clamped to it",
+            trace.path, stats.used, stats.skipped, stats.split, stats.limited, stats.clamped
         );
     }
     let name = w

@@ -103,6 +103,7 @@ pub fn run(p: &QueueingParams) -> Result<QueueingResult> {
         fanout_k: 0,
         pipeline_prob: 0.0,
         pipeline_len: 1,
+        limit_overestimate: None,
         seed: p.seed,
     };
     let w = synthetic(&params, layout.capacity(), 1)?;

@@ -9,6 +9,13 @@
 //! 11 status, 12 user, 15 queue. A job's size is its allocated processors,
 //! else its requested ones; jobs with an unknown submit time, run time or
 //! size are skipped (and counted).
+//!
+//! A job's requested time (field 9, when > 0) is its time limit in a
+//! replay (the dispatcher's `timeout_ms`): the estimate the traced
+//! machine's EASY backfilling used. The dispatcher's agent kills a job at
+//! its limit, so a run time above it (a traced machine's grace period:
+//! 1.7% of the KTH SP2 log's jobs) is clamped to the limit, and counted
+//! ([`ReplayStats::clamped`]).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -232,6 +239,11 @@ pub struct ReplayStats {
     pub skipped: usize,
     /// Records split over several nodes.
     pub split: usize,
+    /// Records with a requested time (their time limit).
+    pub limited: usize,
+    /// Records whose run time exceeded their requested time, clamped to
+    /// it.
+    pub clamped: usize,
 }
 
 impl SwfTrace {
@@ -264,7 +276,15 @@ impl SwfTrace {
         for j in order {
             let submit_us =
                 ((j.submit - t0) as f64 * US_PER_S as f64 / opts.time_scale).round() as u64;
-            let duration_us = (j.run as u64).saturating_mul(US_PER_S);
+            let limit_us = (j.req_time > 0).then(|| (j.req_time as u64).saturating_mul(US_PER_S));
+            let mut duration_us = (j.run as u64).saturating_mul(US_PER_S);
+            if let Some(limit) = limit_us {
+                stats.limited += 1;
+                if duration_us > limit {
+                    stats.clamped += 1;
+                    duration_us = limit;
+                }
+            }
             let procs = j.procs().unwrap_or(1);
             let latency = rng.unit() < opts.latency_frac;
             if procs > opts.node_cpus {
@@ -279,6 +299,7 @@ impl SwfTrace {
                     jobs.push(Job {
                         submit_us,
                         duration_us,
+                        limit_us,
                         cpus,
                         latency,
                         after: None,
@@ -338,6 +359,31 @@ mod tests {
         assert_eq!(w.jobs[2].group, 2);
         assert_eq!(w.jobs[4].group, 2);
         assert_eq!(w.jobs[1].submit_us, 3 * US_PER_S);
+        // Field 9: job 1 asked for 20 s (ran 10); job 2 gave no estimate.
+        assert_eq!(s.limited, 1);
+        assert_eq!(w.jobs[0].limit_us, Some(20 * US_PER_S));
+        assert_eq!(w.jobs[1].limit_us, None);
+    }
+
+    /// A run time beyond the requested time is clamped to it: the
+    /// dispatcher kills a job at its timeout.
+    #[test]
+    fn run_time_over_the_request_is_clamped() {
+        let t = parse(
+            "1 0 0 50 1 -1 -1 1 30 -1 1 1 1 -1 -1 -1 -1 -1\n2 0 0 10 1 -1 -1 1 30 -1 1 1 1 -1 -1 -1 -1 -1\n"
+                .as_bytes(),
+            "t",
+        )
+        .unwrap();
+        let (w, s) = t.to_workload(&ReplayOptions::default()).unwrap();
+        assert_eq!((s.limited, s.clamped), (2, 1));
+        assert_eq!(w.jobs[0].duration_us, 30 * US_PER_S);
+        assert_eq!(w.jobs[1].duration_us, 10 * US_PER_S);
+        assert!(
+            w.jobs
+                .iter()
+                .all(|j| j.limit_us.is_some_and(|l| j.duration_us <= l))
+        );
     }
 
     #[test]

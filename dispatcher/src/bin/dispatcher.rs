@@ -66,6 +66,21 @@ struct Args {
     /// many zones.
     #[arg(long, default_value_t = 2)]
     steal_zone_limit: usize,
+    /// EASY backfill within a node: a queue's blocked head gets a
+    /// reservation from the running jobs' timeouts and later jobs start
+    /// now only if they cannot delay it (`--backfill false` to turn off).
+    #[arg(long, default_value_t = ClusterConfig::default().engine.backfill, action = clap::ArgAction::Set)]
+    backfill: bool,
+    /// The idle-balance pass (the kernel's periodic / nohz idle balance)
+    /// on the tick, after every finish and when a node gains room: nodes
+    /// with room pull waiting jobs from their steal domain.
+    #[arg(long, default_value_t = ClusterConfig::default().engine.idle_balance, action = clap::ArgAction::Set)]
+    idle_balance: bool,
+    /// Pulls (steals, idle balance) take the job that has waited longest
+    /// at each level of the search (latency class first), not the first
+    /// found from the puller's position.
+    #[arg(long, default_value_t = ClusterConfig::default().engine.pull_longest_wait, action = clap::ArgAction::Set)]
+    pull_longest_wait: bool,
     /// Serve the web page (`/`), its JSON API (`/api/v1/...`) and
     /// Prometheus metrics (`/metrics`) on ADDR, e.g. 0.0.0.0:9100. Off by
     /// default, except with --dev (127.0.0.1, the gRPC port + 1).
@@ -387,6 +402,9 @@ async fn run(args: Args) -> Result<()> {
         ..ClusterConfig::default()
     };
     cfg.engine.steal_node_limit = args.steal_zone_limit;
+    cfg.engine.backfill = args.backfill;
+    cfg.engine.idle_balance = args.idle_balance;
+    cfg.engine.pull_longest_wait = args.pull_longest_wait;
     let grace = (args.heartbeat_ms * args.missed_heartbeats * 2) as i64;
     let otlp = dispatch_telemetry::wanted(args.otlp_endpoint.as_deref());
     let mut telemetry = None;

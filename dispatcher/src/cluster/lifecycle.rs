@@ -19,7 +19,7 @@ use sched::{LeafId, LeafSet, TaskId, TaskSpec, TaskState};
 use tonic::Status;
 
 use super::engine::engine_ns;
-use super::jobs::{End, JobEntry, JobKey, Phase, Requeue, Unplaced, Via};
+use super::jobs::{End, JobEntry, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
 use super::nodes::NodeInfo;
 use super::steal::{Move, MoveKind};
 use super::wakers::WakerKey;
@@ -37,7 +37,9 @@ pub(super) enum TaskAfter {
     Retire,
 }
 
-/// The engine task of a job.
+/// The engine task of a job. Its time limit is the job's `timeout_ms`
+/// (the agent kills the job there), which EASY backfill reads to compute a
+/// blocked head's reservation; a job without a timeout has none.
 pub(super) fn task_spec(e: &JobEntry, affinity: Option<Arc<LeafSet>>) -> TaskSpec {
     let spec = e.job().spec.clone().unwrap_or_default();
     TaskSpec {
@@ -239,7 +241,19 @@ impl Cluster {
     }
 
     /// Turn engine events into job transitions, agent messages and moves.
+    /// A migration is a newidle steal ([`MoveKind::Stolen`]).
     pub(super) fn process_events(&mut self, now: i64, fx: &mut Effects) {
+        self.process_events_as(now, fx, MoveKind::Stolen);
+    }
+
+    /// [`Cluster::process_events`], with the move kind a migration gets
+    /// (the mechanism that ran since the events were last drained).
+    pub(super) fn process_events_as(
+        &mut self,
+        now: i64,
+        fx: &mut Effects,
+        pulled: fn(StealLevel) -> MoveKind,
+    ) {
         loop {
             let events = match self.engine.sched_mut() {
                 Some(e) => e.drain_events(),
@@ -254,7 +268,7 @@ impl Cluster {
                         self.on_started(task, leaf, now, fx)
                     }
                     sched::SchedEvent::Migrated { task, from, to } => {
-                        self.on_migrated(task, from, to, now, fx)
+                        self.on_migrated(task, from, to, now, pulled, fx)
                     }
                     sched::SchedEvent::Preempted { .. } => {}
                 }
@@ -262,8 +276,17 @@ impl Cluster {
         }
     }
 
-    /// An idle node stole a queued job.
-    fn on_migrated(&mut self, task: TaskId, from: LeafId, to: LeafId, now: i64, fx: &mut Effects) {
+    /// A node with room took a queued job (a newidle steal, or a pull of
+    /// the idle-balance pass: `pulled` says which).
+    fn on_migrated(
+        &mut self,
+        task: TaskId,
+        from: LeafId,
+        to: LeafId,
+        now: i64,
+        pulled: fn(StealLevel) -> MoveKind,
+        fx: &mut Effects,
+    ) {
         let (Some(from), Some(to)) = (self.engine.node_at(from), self.engine.node_at(to)) else {
             return;
         };
@@ -309,7 +332,7 @@ impl Cluster {
             job: key,
             from,
             to,
-            kind: MoveKind::Stolen(level),
+            kind: pulled(level),
         };
         self.record_move(m, fx);
     }
@@ -425,6 +448,7 @@ impl Cluster {
             self.sync_summary(node, now);
             self.retry_unplaced(now, fx);
             self.process_events(now, fx);
+            self.idle_balance(now, fx);
         }
     }
 
@@ -547,6 +571,8 @@ impl Cluster {
             self.sync_summary(&node, now);
         }
         self.process_events(now, fx);
+        // The node gained room: the idle-balance pass (nohz kick).
+        self.idle_balance(now, fx);
     }
 
     /// The agent's stream closed. The node stays up until its heartbeats
@@ -672,6 +698,8 @@ impl Cluster {
             }
         }
         self.process_events(now, fx);
+        // The periodic balance: work a missed newidle moment left waiting.
+        self.idle_balance(now, fx);
         self.request_agent_steals(now, fx);
     }
 
@@ -753,6 +781,8 @@ impl Cluster {
         n.admin = admin;
         fx.writes.push(Write::PutNodeAdmin(name.to_string(), admin));
         self.refresh_capacity(name, now, fx);
+        // An uncordoned node has room again.
+        self.idle_balance(now, fx);
         self.node(name).map(NodeInfo::to_proto)
     }
 }

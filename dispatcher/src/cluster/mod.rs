@@ -102,6 +102,11 @@ impl Default for ClusterConfig {
         let mut engine = SchedConfig::cluster();
         engine.steal_cross_llc = true;
         engine.steal_cost = 0;
+        // Chosen by measurement (docs/BENCHMARKS.md, "Choosing the
+        // defaults"): EASY backfill within a node wins on every workload;
+        // the idle-balance pass and longest-wait pulls add little for
+        // their cost and stay off.
+        engine.backfill = true;
         Self {
             zone_label: "topology.kubernetes.io/zone".into(),
             rack_label: "dispatch.io/rack".into(),
@@ -417,3 +422,6 @@ fn cancel_on(node: String, job_id: String, attempt: u32, fx: &mut Effects) {
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+#[cfg(test)]
+mod balance_tests;

@@ -153,6 +153,7 @@ impl Cluster {
             self.sync_summary(&reg.node, now);
             self.retry_unplaced(now, fx);
             self.process_events(now, fx);
+            self.idle_balance(now, fx);
         }
         // Otherwise the tree is rebuilt once by `settle` (the core calls it
         // after every batch), so a thousand agents registering at once
@@ -227,7 +228,11 @@ impl Cluster {
     /// Apply deferred work (a rebuilt node tree after registrations, which
     /// also places waiting jobs). The core calls it after every batch.
     pub fn settle(&mut self, now: i64, fx: &mut Effects) {
-        self.ensure_engine(now, fx);
+        if self.engine.is_dirty() {
+            self.ensure_engine(now, fx);
+            // New nodes have room: the idle-balance pass.
+            self.idle_balance(now, fx);
+        }
     }
 
     /// Put a job on its node into the engine, running there.

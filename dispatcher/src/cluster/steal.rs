@@ -12,6 +12,7 @@ use std::collections::{HashMap, VecDeque};
 
 use proto::v1::{DispatcherMessage, StealReply, dispatcher_message};
 
+use super::engine::engine_ns;
 use super::jobs::{End, JobKey, Phase, Requeue, StealLevel, Unplaced, Via, via_text};
 use super::lifecycle::TaskAfter;
 use super::{Cluster, Effects};
@@ -31,6 +32,11 @@ pub enum MoveKind {
     },
     /// An idle node took it from an overloaded one's queue.
     Stolen(StealLevel),
+    /// A node with room pulled it from an overloaded one's queue in the
+    /// idle-balance pass (the periodic / nohz balance: on the tick, after
+    /// a finish, when a node registers or comes back), not at the moment
+    /// it went idle.
+    Balanced(StealLevel),
     /// Its agent gave it back unstarted (the agent-level steal).
     GivenBack,
 }
@@ -65,6 +71,7 @@ impl Move {
                 via_text(via, &self.to, after.as_ref()).unwrap_or_default()
             }
             MoveKind::Stolen(level) => level.name().to_string(),
+            MoveKind::Balanced(level) => format!("idle balance, {}", level.name()),
             MoveKind::GivenBack => "agent gave it back".into(),
         }
     }
@@ -102,6 +109,29 @@ impl RecentMoves {
 }
 
 impl Cluster {
+    /// The idle-balance pass ([`sched::Sched::idle_balance`], the kernel's
+    /// periodic / nohz idle balance) when `ClusterConfig::engine` turns it
+    /// on: every node with room for a job waiting in its steal domain
+    /// pulls it, in seed 000's order. Run on the tick, after every finish
+    /// and wherever a node gains room (registration, recovery); each pull
+    /// becomes a [`MoveKind::Balanced`] move and the job's phase follows
+    /// as for a steal (queued on the puller via `Via::Stolen`, then
+    /// assigned there and persisted when it starts).
+    pub(super) fn idle_balance(&mut self, now: i64, fx: &mut Effects) {
+        if !self.cfg.engine.idle_balance {
+            return;
+        }
+        self.ensure_engine(now, fx);
+        // Events of the operation before the pass keep their own kind.
+        self.process_events(now, fx);
+        let Some(engine) = self.engine.sched_mut() else {
+            return;
+        };
+        if engine.idle_balance(engine_ns(now)) > 0 {
+            self.process_events_as(now, fx, MoveKind::Balanced);
+        }
+    }
+
     /// Record a move for observers and in the operation's effects.
     pub(super) fn record_move(&mut self, m: Move, fx: &mut Effects) {
         self.moves.push(m.clone());

@@ -181,6 +181,7 @@ mod tests {
             cpus,
             latency,
             waker: None,
+            limit_us: None,
         };
         p.submit(0, &[req(0, 3, false), req(1, 2, false)], &mut out)
             .unwrap();

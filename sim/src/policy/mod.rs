@@ -46,18 +46,32 @@ pub struct OursFlags {
     pub pack: bool,
     /// Node-limit gating, global scope, with this limit.
     pub node_limit: Option<usize>,
+    /// EASY backfill within a node (`SchedConfig::backfill`).
+    pub backfill: bool,
+    /// The idle-balance pass on the tick and every finish
+    /// (`SchedConfig::idle_balance`).
+    pub idle_balance: bool,
+    /// Pulls take the longest-waiting task of a level
+    /// (`SchedConfig::pull_longest_wait`).
+    pub pull_oldest: bool,
 }
 
 impl Default for OursFlags {
+    /// The dispatcher's defaults (`ClusterConfig::default()`), so that
+    /// `ours` is what a dispatcher runs unless told otherwise.
     fn default() -> Self {
+        let e = dispatcher::cluster::ClusterConfig::default().engine;
         Self {
-            steal: true,
-            cross_rack: true,
-            wake_wide: true,
-            latency: true,
-            busy_skip: true,
-            pack: false,
+            steal: e.steal,
+            cross_rack: e.steal_cross_llc,
+            wake_wide: e.wake_wide,
+            latency: e.latency,
+            busy_skip: e.busy_skip,
+            pack: e.default_policy == sched::Policy::Pack,
             node_limit: None,
+            backfill: e.backfill,
+            idle_balance: e.idle_balance,
+            pull_oldest: e.pull_longest_wait,
         }
     }
 }
@@ -95,7 +109,7 @@ pub struct PolicySpec {
 /// The baselines and "ours" (`--policies default`).
 pub const DEFAULT_POLICIES: &str = "random,least-loaded,pod:2,sparrow:2,ours";
 /// "ours" with each mechanism toggled (`--policies ablation`).
-pub const ABLATION_POLICIES: &str = "ours,ours-steal,ours-crossrack,ours-wakewide,ours-latency,ours-busyskip,ours+pack,ours+nodelimit";
+pub const ABLATION_POLICIES: &str = "ours,ours-steal,ours-crossrack,ours-wakewide,ours-latency,ours-busyskip,ours+pack,ours+nodelimit,ours-backfill,ours+idlebal,ours+oldest";
 
 impl PolicySpec {
     /// Parse one name (see the module's table).
@@ -196,6 +210,9 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
             ("latency", _) => flags.latency = on,
             ("busyskip", _) => flags.busy_skip = on,
             ("pack", _) => flags.pack = on,
+            ("backfill", _) => flags.backfill = on,
+            ("idlebal", _) => flags.idle_balance = on,
+            ("oldest", _) => flags.pull_oldest = on,
             ("nodelimit", true) => flags.node_limit = Some(2),
             ("nodelimit", false) => flags.node_limit = None,
             (w, true) if w.starts_with("nodelimit:") => {
@@ -209,7 +226,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
                     W,
                     name,
                     format!(
-                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N])"
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest)"
                     ),
                 ));
             }
@@ -229,6 +246,8 @@ pub struct SubmitReq {
     pub latency: bool,
     /// The job whose end released it.
     pub waker: Option<u32>,
+    /// Its time limit (µs; the dispatcher's `timeout_ms`), if it has one.
+    pub limit_us: Option<u64>,
 }
 
 /// How far a job moved after it was first queued (a steal).
@@ -348,6 +367,6 @@ mod tests {
             assert!(PolicySpec::parse(bad).is_err(), "{bad}");
         }
         let all = PolicySpec::parse_list("all,ours").unwrap();
-        assert_eq!(all.len(), 12, "presets expand without duplicates");
+        assert_eq!(all.len(), 15, "presets expand without duplicates");
     }
 }

@@ -20,6 +20,9 @@ use crate::layout::Layout;
 /// Agents report every 2^40 ms: nodes never miss heartbeats in a run.
 const HEARTBEAT_MS: u64 = 1 << 40;
 
+/// The longest `timeout_ms` the API accepts (a year).
+const MAX_TIMEOUT_MS: u64 = 365 * 24 * 3600 * 1000;
+
 /// Jobs per `submit` call (the API's limit).
 const MAX_SPECS: usize = 10_000;
 
@@ -56,6 +59,9 @@ impl OursPlacer {
         cfg.engine.wake_wide = flags.wake_wide;
         cfg.engine.latency = flags.latency;
         cfg.engine.busy_skip = flags.busy_skip;
+        cfg.engine.backfill = flags.backfill;
+        cfg.engine.idle_balance = flags.idle_balance;
+        cfg.engine.pull_longest_wait = flags.pull_oldest;
         if let Some(limit) = flags.node_limit {
             cfg.engine.node_limit_scope = NodeLimitScope::Global;
             cfg.engine.steal_node_limit = limit;
@@ -138,6 +144,10 @@ impl Placer for OursPlacer {
                     cpus: j.cpus,
                     latency_nice: if j.latency { -10 } else { 0 },
                     waker: j.waker.map(|w| self.job_id(w)).unwrap_or_default(),
+                    // Rounded up to whole ms; the API takes at most a year.
+                    timeout_ms: j
+                        .limit_us
+                        .map_or(0, |l| l.div_ceil(1000).min(MAX_TIMEOUT_MS)),
                     policy: if self.flags.pack {
                         PlacementPolicy::Pack as i32
                     } else {
