@@ -117,6 +117,10 @@ pub struct OuterWaker {
     pub leaf: LeafId,
     /// Its `wakee_flips` (the wakee being placed already counted).
     pub flips: u32,
+    /// Free capacity of its LLC when its flips last started from zero
+    /// (the caller's snapshot, [`Sched::llc_free`]): the room the burst
+    /// of wakees found; None = the room now.
+    pub room: Option<u64>,
 }
 
 /// `wake_wide` for a new task of an outer waker: the waker switched
@@ -135,12 +139,22 @@ impl Sched {
     /// each of which holds one task; a cluster leaf holds several, and some
     /// are in use).
     pub fn wake_wide_factor(&self, id: TaskId, leaf: LeafId) -> usize {
+        self.wake_wide_factor_in(id, self.llc_free(leaf))
+    }
+
+    /// [`Sched::wake_wide_factor`] for an LLC with `room` free capacity.
+    pub fn wake_wide_factor_in(&self, id: TaskId, room: u64) -> usize {
         let demand = self.tasks.get(&id).map_or(1, |t| t.demand.max(1)) as u64;
+        (room / demand).max(1) as usize
+    }
+
+    /// Free capacity (room for newcomers) of `leaf`'s LLC; 0 for a leaf
+    /// out of range.
+    pub fn llc_free(&self, leaf: LeafId) -> u64 {
         if leaf >= self.topo.nr_leaves() {
-            return 1;
+            return 0;
         }
-        let llc = self.topo.sd_llc(leaf);
-        (self.agg[llc].sum_free / demand).max(1) as usize
+        self.agg[self.topo.sd_llc(leaf)].sum_free
     }
 
     /// `select_task_rq` for a new task whose waker the caller keeps
@@ -175,8 +189,9 @@ impl Sched {
             how.path = path;
             return (leaf, how);
         }
+        let room = waker.room.unwrap_or_else(|| self.llc_free(waker.leaf));
         let wide = self.config.wake_wide
-            && wake_wide_outer(waker.flips, self.wake_wide_factor(id, waker.leaf));
+            && wake_wide_outer(waker.flips, self.wake_wide_factor_in(id, room));
         if wide || !self.allowed(id, waker.leaf) {
             if wide {
                 self.stats.wake_wide += 1;
@@ -402,6 +417,7 @@ mod tests {
             OuterWaker {
                 leaf: waker,
                 flips: 1,
+                room: None,
             },
         );
         assert_eq!(how.wake, WakeChoice::Affine);
@@ -414,6 +430,7 @@ mod tests {
             OuterWaker {
                 leaf: waker,
                 flips: 17,
+                room: None,
             },
         );
         assert_eq!((how.wake, how.path), (WakeChoice::Wide, PlacePath::Idlest));
@@ -425,9 +442,19 @@ mod tests {
             OuterWaker {
                 leaf: waker,
                 flips: 16,
+                room: None,
             },
         );
         assert_eq!(how.wake, WakeChoice::Affine, "not above the factor");
+        // The room the burst found (a snapshot) counts, not what its first
+        // wakees left.
+        let t = new_task(&mut s, 4, 2);
+        let w = OuterWaker {
+            leaf: waker,
+            flips: 17,
+            room: Some(64),
+        };
+        assert_eq!(s.select_task_rq_outer(t, w).1.wake, WakeChoice::Affine);
         let mut off = cluster();
         let mut c = off.config().clone();
         c.wake_wide = false;
@@ -438,6 +465,7 @@ mod tests {
             OuterWaker {
                 leaf: waker,
                 flips: 99,
+                room: None,
             },
         );
         assert_eq!(how.wake, WakeChoice::Affine, "wake_wide switched off");
@@ -460,6 +488,7 @@ mod tests {
             OuterWaker {
                 leaf: waker,
                 flips: 1,
+                room: None,
             },
         );
         assert_eq!(

@@ -196,11 +196,28 @@ impl Cluster {
                 .and_then(|w| self.wakers.get(w))
                 .map(|r| r.node.as_str())
         });
-        let outer = waker_node
-            .and_then(|n| self.engine.built_leaf(n))
-            .map(|leaf| OuterWaker { leaf, flips });
+        let waker_leaf = waker_node.and_then(|n| self.engine.built_leaf(n));
         let Some(engine) = self.engine.sched_mut() else {
             return;
+        };
+        let outer = match (&waker, waker_leaf) {
+            (Some(w), Some(leaf)) => {
+                // The room the waker's burst found: taken at its first flip.
+                let room = match self.wakers.get(w).and_then(|r| r.room) {
+                    Some(room) if !(woken && flips == 1) => room,
+                    _ => {
+                        let room = engine.llc_free(leaf);
+                        self.wakers.set_room(w, room, engine_ns(now));
+                        room
+                    }
+                };
+                Some(OuterWaker {
+                    leaf,
+                    flips,
+                    room: Some(room),
+                })
+            }
+            _ => None,
         };
         if engine.task(task).is_some() {
             let _ = engine.remove_task(task, engine_ns(now));

@@ -9,7 +9,10 @@
 //! kernel's `last_wakee`, `wakee_flips` and wipe clock
 //! ([`sched::wake::WakeeFlips`]), wiped on the cluster's time scale
 //! (`ClusterConfig::wake_flip_decay_ms`, not the kernel's one second), and
-//! the node its last wakee was placed on (where an identity "is").
+//! the node its last wakee was placed on (where an identity "is"), and the
+//! room its rack had when the flips last started from zero (the wake_wide
+//! factor counts how many wakees of a size that room holds, so a burst's
+//! first wakees filling the rack do not shrink the factor for the rest).
 //!
 //! A flip is recorded when a job is woken: when it is submitted and when a
 //! retry makes it PENDING again; placing the same job again (an engine
@@ -74,6 +77,10 @@ pub struct WakerRecord {
     pub flips: WakeeFlips,
     /// The node its last wakee was placed on (empty: none yet).
     pub node: String,
+    /// Free capacity of the waker's rack when its flips last started from
+    /// zero: the room its burst of wakees found (the wake_wide factor is
+    /// how many of a wakee's size that room holds).
+    pub room: Option<u64>,
     /// Clock of the last touch (ns), for eviction.
     touched: u64,
 }
@@ -130,6 +137,11 @@ impl Wakers {
         self.records
             .get(key)
             .map_or(0, |r| r.flips.current(now, self.period_ns))
+    }
+
+    /// Set the room the waker's burst found (see [`WakerRecord::room`]).
+    pub fn set_room(&mut self, key: &WakerKey, room: u64, now: u64) {
+        self.touch(key, now).room = Some(room);
     }
 
     /// A wakee of `key` was placed on `node` at `now` (ns).
@@ -384,11 +396,10 @@ mod cluster_tests {
             .map(|id| c.get_job(id).unwrap().node)
             .collect();
         let at_home = nodes.iter().filter(|n| rack(n) == home).count();
-        assert!(
-            at_home >= 4,
-            "the first children stay near the waker: {nodes:?}"
-        );
-        assert!(at_home < 12, "the rest spread: {nodes:?}");
+        // The first 8 fill the room the burst found in the waker's rack,
+        // the other 4 go wide (to the other rack: the waker's is full).
+        assert_eq!(at_home, 8, "{nodes:?}");
+        assert_eq!(wide, 4, "{nodes:?}");
         // All 12 start at once: 16 CPUs for 12 jobs.
         for id in &children {
             assert_eq!(
