@@ -398,6 +398,7 @@ mod tests {
                 jobs.push(crate::workload::Job {
                     submit_us: 0,
                     duration_us: 1,
+                    limit_us: None,
                     cpus: 1,
                     latency: false,
                     after,
@@ -423,6 +424,7 @@ mod tests {
         let job = |after: Option<u32>| crate::workload::Job {
             submit_us: 0,
             duration_us: 1,
+            limit_us: None,
             cpus: 1,
             latency: false,
             after,
