@@ -8,7 +8,8 @@
 //! on the node tree, CPU model, effects); the baseline only scans and
 //! updates a free-CPU array, so the ratio flatters the baseline.
 //!
-//! `cargo bench -p dispatcher --bench placement` prints the table. Under
+//! `cargo bench -p dispatcher --bench placement` prints the table
+//! (`-- --nodes 10000`: one size only, for profiling). Under
 //! `cargo test` (no `--bench` argument), or with `--check`, it runs the same
 //! loops at a small size in check mode: after every step both sides verify
 //! their results against an account the bench keeps itself (see
@@ -279,6 +280,12 @@ fn main() {
     } else {
         &[(200, 500)]
     };
+    // `--nodes N`: only that size (for profiling one size).
+    let only: Option<usize> = args
+        .iter()
+        .position(|a| a == "--nodes")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.parse().ok());
     let mut check = Check {
         on: !bench,
         placed: 0,
@@ -291,7 +298,7 @@ fn main() {
         "{:>8} {:>14} {:>16} {:>12} {:>10}",
         "nodes", "ours/s", "least-loaded/s", "ours/base", "setup s"
     );
-    for &(nodes, ops) in sizes {
+    for &(nodes, ops) in sizes.iter().filter(|s| only.is_none_or(|n| n == s.0)) {
         let (ours, setup) = run_ours(nodes, ops, &mut check);
         let base = run_least_loaded(nodes, ops, !bench);
         println!(

@@ -41,9 +41,8 @@ use prometheus::{
 };
 use proto::v1::{JobEvent, JobState};
 
-use crate::cluster::{Cluster, Move, MoveKind, NodeInfo};
+use crate::cluster::{Cluster, Move, MoveKind};
 use crate::observe::Observer;
-use crate::store::NodeAdmin;
 
 /// The dispatcher's metrics.
 pub struct Metrics {
@@ -388,21 +387,7 @@ impl Metrics {
     }
 }
 
-/// A node's state as metrics and the web page name it: ready / down /
-/// disconnected / draining / cordoned.
-pub fn node_state(n: &NodeInfo) -> &'static str {
-    if n.down {
-        "down"
-    } else if !n.connected {
-        "disconnected"
-    } else {
-        match n.admin {
-            NodeAdmin::Draining => "draining",
-            NodeAdmin::Cordoned => "cordoned",
-            NodeAdmin::Ready => "ready",
-        }
-    }
-}
+pub use crate::cluster::nodes::node_state;
 
 impl Observer for Metrics {
     fn leading(&self, leading: bool) {

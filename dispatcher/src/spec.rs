@@ -204,10 +204,13 @@ pub fn check_submission(
     }
     check_batch(specs, limits)?;
     for (i, spec) in specs.iter_mut().enumerate() {
-        let prefix = prefix(i);
-        validate(spec, &prefix, limits)?;
+        // The field path is formatted only for an error: a refused spec
+        // is validated again under its name (validation is idempotent).
+        if validate(spec, "", limits).is_err() {
+            validate(spec, &prefix(i), limits)?;
+        }
         if !spec.waker.is_empty() && !known_job(&spec.waker) {
-            return Err(err(&prefix, "waker", format!("no job {:?}", spec.waker)));
+            return Err(err(&prefix(i), "waker", format!("no job {:?}", spec.waker)));
         }
     }
     check_call(specs, limits)
@@ -235,9 +238,9 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
         limits.max_command_entries,
     )?;
     for (i, arg) in spec.command.iter().enumerate() {
-        let field = format!("command[{i}]");
-        too_long(prefix, &field, arg.len(), limits.max_arg_bytes)?;
-        if arg.contains('\0') {
+        if arg.len() > limits.max_arg_bytes || arg.contains('\0') {
+            let field = format!("command[{i}]");
+            too_long(prefix, &field, arg.len(), limits.max_arg_bytes)?;
             return Err(err(prefix, &field, "contains a NUL byte"));
         }
     }

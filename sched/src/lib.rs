@@ -19,6 +19,7 @@
 //! - [`alloc`]: k idle leaves aligned to a core, LLC, NUMA node or package,
 //!   and the per-level free summary agents report.
 //! - [`stats`], [`config`]: schedstats and tunables.
+//! - [`idhash`]: the fast hasher of id-keyed maps on hot paths.
 //! - [`harness`]: the discrete-event harness that reproduces the seeds'
 //!   experiments on this engine (the simulator grows from it).
 
@@ -26,6 +27,7 @@ pub mod alloc;
 pub mod busy;
 pub mod config;
 pub mod harness;
+pub mod idhash;
 pub mod overload;
 pub mod pack;
 pub mod rq;

@@ -16,7 +16,6 @@
 //! the harness). What changed for the outside world (a task started,
 //! stopped or moved) is reported as [`SchedEvent`]s.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use thiserror::Error;
@@ -24,6 +23,7 @@ use thiserror::Error;
 use crate::alloc::{Align, FreeSummary};
 use crate::busy::BusyFlags;
 use crate::config::{NodeLimitScope, SchedConfig};
+use crate::idhash::IdMap;
 use crate::overload::OverloadMasks;
 use crate::pack::PackIndex;
 use crate::rq::RunQueue;
@@ -148,7 +148,7 @@ pub struct Sched {
     pub(crate) topo: Arc<Topology>,
     pub(crate) config: SchedConfig,
     pub(crate) rqs: Vec<RunQueue>,
-    pub(crate) tasks: HashMap<TaskId, Task>,
+    pub(crate) tasks: IdMap<TaskId, Task>,
     pub(crate) overload: OverloadMasks,
     pub(crate) busy: BusyFlags,
     pub(crate) agg: Vec<NodeAgg>,
@@ -189,7 +189,7 @@ impl Sched {
             topo,
             config,
             rqs,
-            tasks: HashMap::new(),
+            tasks: IdMap::default(),
             stats: Schedstats::default(),
             events: Vec::new(),
             seq: 0,
@@ -460,12 +460,15 @@ impl Sched {
     /// The tick of one leaf: account the running tasks' time, end slices
     /// that are used up (when time-slicing), and flag busy domains lazily.
     pub fn tick(&mut self, leaf: LeafId, now: u64) {
-        let running = self.rqs[leaf].running.clone();
-        for &id in &running {
+        // Accounting changes no run queue: index instead of cloning the
+        // running set (the tick runs for every leaf).
+        for i in 0..self.rqs[leaf].running.len() {
+            let id = self.rqs[leaf].running[i];
             self.account(id, now);
         }
         self.update_min_vruntime(leaf);
         if self.config.preempt && !self.rqs[leaf].tasks_timeline.is_empty() {
+            let running = self.rqs[leaf].running.clone();
             for &id in &running {
                 if self.check_preempt_tick(leaf, id) {
                     self.resched(leaf, id, now);
@@ -1088,34 +1091,72 @@ impl Sched {
         for align in Align::ALL {
             max_room[align.index()] = rq.room(align);
         }
-        self.agg[leaf] = NodeAgg {
+        let mut new = NodeAgg {
             capacity: rq.capacity as u64,
             nr_running: rq.nr_running as u64,
             sum_free: fit as u64,
             max_free: fit,
             max_room,
         };
+        let mut old = std::mem::replace(&mut self.agg[leaf], new);
         self.pack.update(leaf, fit);
         let mut node = self.topo.node(leaf).parent;
         while let Some(d) = node {
-            let mut a = NodeAgg::default();
-            for &c in &self.topo.node(d).children {
-                let ca = self.agg[c];
-                a.capacity += ca.capacity;
-                a.nr_running += ca.nr_running;
-                a.sum_free += ca.sum_free;
-                a.max_free = a.max_free.max(ca.max_free);
-                for (m, c) in a.max_room.iter_mut().zip(ca.max_room) {
-                    *m = (*m).max(c);
+            // One child changed from `old` to `new`: the sums move by the
+            // difference; a maximum is recomputed over the children only
+            // when the child that may have held it shrank.
+            let prev = self.agg[d];
+            let a = match agg_step(prev, old, new) {
+                Some(a) => a,
+                None => {
+                    let mut a = NodeAgg::default();
+                    for &c in &self.topo.node(d).children {
+                        let ca = self.agg[c];
+                        a.capacity += ca.capacity;
+                        a.nr_running += ca.nr_running;
+                        a.sum_free += ca.sum_free;
+                        a.max_free = a.max_free.max(ca.max_free);
+                        for (m, c) in a.max_room.iter_mut().zip(ca.max_room) {
+                            *m = (*m).max(c);
+                        }
+                    }
+                    a
                 }
-            }
-            if self.agg[d] == a {
+            };
+            if prev == a {
                 break;
             }
             self.agg[d] = a;
+            (old, new) = (prev, a);
             node = self.topo.node(d).parent;
         }
     }
+}
+
+/// The aggregate of a parent after one child changed from `old` to `new`,
+/// without visiting the other children; None when a maximum the child
+/// held shrank (the caller recomputes over all children).
+fn agg_step(parent: NodeAgg, old: NodeAgg, new: NodeAgg) -> Option<NodeAgg> {
+    let max = |p: u32, o: u32, n: u32| {
+        if n >= p {
+            Some(n)
+        } else if o < p {
+            Some(p)
+        } else {
+            None
+        }
+    };
+    let mut max_room = [0; 5];
+    for (i, m) in max_room.iter_mut().enumerate() {
+        *m = max(parent.max_room[i], old.max_room[i], new.max_room[i])?;
+    }
+    Some(NodeAgg {
+        capacity: parent.capacity - old.capacity + new.capacity,
+        nr_running: parent.nr_running - old.nr_running + new.nr_running,
+        sum_free: parent.sum_free - old.sum_free + new.sum_free,
+        max_free: max(parent.max_free, old.max_free, new.max_free)?,
+        max_room,
+    })
 }
 
 /// Node-limit gating (seed 000 patch 9): whether stealing inside an LLC is

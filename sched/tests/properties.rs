@@ -555,6 +555,47 @@ fn check_invariants(s: &Sched, nr_tasks: usize) -> Result<bool, TestCaseError> {
             align
         );
     }
+    // Every domain's aggregate, not only the root's, against its leaves
+    // (they are kept by difference when a child changes).
+    for node in topo.nr_leaves()..topo.nodes().len() {
+        let a = s.aggregate(node);
+        let span = topo.span(node);
+        let sum = |f: &dyn Fn(usize) -> u64| span.iter().map(|&l| f(l)).sum::<u64>();
+        prop_assert_eq!(
+            a.capacity,
+            sum(&|l| s.rq(l).capacity as u64),
+            "capacity of {}",
+            node
+        );
+        prop_assert_eq!(
+            a.nr_running,
+            sum(&|l| demand[l] as u64),
+            "nr_running of {}",
+            node
+        );
+        prop_assert_eq!(
+            a.sum_free,
+            sum(&|l| s.rq(l).fit_free() as u64),
+            "sum_free of {}",
+            node
+        );
+        let max = |f: &dyn Fn(usize) -> u32| span.iter().map(|&l| f(l)).max().unwrap_or(0);
+        prop_assert_eq!(
+            a.max_free,
+            max(&|l| s.rq(l).fit_free()),
+            "max_free of {}",
+            node
+        );
+        for align in sched::Align::ALL {
+            prop_assert_eq!(
+                a.max_room[align.index()],
+                max(&|l| s.rq(l).room(align)),
+                "max_room {:?} of {}",
+                align,
+                node
+            );
+        }
+    }
     Ok(any_overloaded)
 }
 

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use proto::v1::JobSpec;
+use sched::idhash::IdMap;
 use sched::topology::{DomainFlags, TopologyBuilder};
 use sched::{FreeSummary, LeafId, LeafSet, Sched, SchedConfig, TaskId};
 
@@ -33,7 +34,7 @@ pub struct NodeEngine {
     dirty: bool,
     /// Leaf -> node name, and back.
     leaf_node: Vec<String>,
-    node_leaf: HashMap<String, LeafId>,
+    node_leaf: IdMap<String, LeafId>,
     /// Per leaf: the largest aligned room of the whole (empty) node and its
     /// memory (u64::MAX when unknown).
     leaf_shape: Vec<(FreeSummary, u64)>,
@@ -49,7 +50,7 @@ impl NodeEngine {
             sched: None,
             dirty: false,
             leaf_node: Vec::new(),
-            node_leaf: HashMap::new(),
+            node_leaf: IdMap::default(),
             leaf_shape: Vec::new(),
             leaf_shape_min: (FreeSummary::default(), 0),
         }

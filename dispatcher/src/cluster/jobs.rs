@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use proto::v1::{Job, JobState};
+use sched::idhash::IdMap;
 use sched::{Align, LeafId, PlacePath, Placement, TaskId, WakeChoice};
 
 /// A job's id as an ordered key: `j-12` is `(12, 0)`, element 3 of array
@@ -529,10 +530,10 @@ impl Facts<'_> {
 #[derive(Default)]
 pub struct Jobs {
     table: BTreeMap<JobKey, JobEntry>,
-    task_job: HashMap<TaskId, JobKey>,
+    task_job: IdMap<TaskId, JobKey>,
     next_job: u64,
     next_task: u64,
-    by_node: HashMap<String, BTreeSet<JobKey>>,
+    by_node: IdMap<String, BTreeSet<JobKey>>,
     assigned: BTreeSet<JobKey>,
     awaiting: BTreeSet<JobKey>,
     unplaced: BTreeSet<JobKey>,
@@ -824,7 +825,9 @@ impl Jobs {
                 return Err(format!("index {name}: {index:?}, the phases say {truth:?}"));
             }
         }
-        if by_node != self.by_node {
+        if by_node.len() != self.by_node.len()
+            || by_node.iter().any(|(n, s)| self.by_node.get(n) != Some(s))
+        {
             return Err(format!(
                 "index by_node: {:?}, the phases say {by_node:?}",
                 self.by_node

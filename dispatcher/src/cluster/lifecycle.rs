@@ -41,15 +41,22 @@ pub(super) enum TaskAfter {
 /// (the agent kills the job there), which EASY backfill reads to compute a
 /// blocked head's reservation; a job without a timeout has none.
 pub(super) fn task_spec(e: &JobEntry, affinity: Option<Arc<LeafSet>>) -> TaskSpec {
-    let spec = e.job().spec.clone().unwrap_or_default();
+    let default;
+    let spec = match e.job().spec.as_ref() {
+        Some(s) => s,
+        None => {
+            default = JobSpec::default();
+            &default
+        }
+    };
     TaskSpec {
         id: e.task,
         nice: spec.nice,
         latency_nice: spec.latency_nice,
         demand: spec.cpus.max(1),
         affinity,
-        policy: Some(policy_of(&spec)),
-        align: align_of(&spec),
+        policy: Some(policy_of(spec)),
+        align: align_of(spec),
         // The job's timeout (ns): EASY backfill's reservations and the
         // pending reasons' "until" come from it.
         time_limit: (spec.timeout_ms > 0).then(|| spec.timeout_ms.saturating_mul(1_000_000)),
@@ -146,7 +153,14 @@ impl Cluster {
         let Some(e) = self.jobs.get(key) else {
             return;
         };
-        let spec = e.job().spec.clone().unwrap_or_default();
+        let default;
+        let spec = match e.job().spec.as_ref() {
+            Some(s) => s,
+            None => {
+                default = JobSpec::default();
+                &default
+            }
+        };
         let task = e.task;
         // The waker's flip record (seed 001, kept in `wakers` across
         // re-creations of the task): a flip when the job is woken (new, or
@@ -172,7 +186,7 @@ impl Cluster {
             );
             return;
         }
-        let allowed = match self.engine.allowed_leaves(&spec, &self.nodes) {
+        let allowed = match self.engine.allowed_leaves(spec, &self.nodes) {
             Ok(a) => a,
             Err(why) => {
                 self.jobs.set_phase(key, Phase::Unplaced { why });
@@ -387,12 +401,12 @@ impl Cluster {
         if !running_here {
             return;
         }
-        let spec = e.job().spec.clone().unwrap_or_default();
         let after = e.requeues.last().cloned();
         // Model the CPUs the agent will give it.
-        let cpus = match self.nodes.get_mut(&name) {
-            Some(n) => n.claim(&spec, Vec::new()),
-            None => Vec::new(),
+        let cpus = match (self.nodes.get_mut(&name), e.job().spec.as_ref()) {
+            (Some(n), Some(spec)) => n.claim(spec, Vec::new()),
+            (Some(n), None) => n.claim(&JobSpec::default(), Vec::new()),
+            (None, _) => Vec::new(),
         };
         self.sync_summary(&name, now);
         if let Some(m) = self.jobs.model_cpus_mut(key) {

@@ -254,3 +254,19 @@ impl Nodes {
             .collect()
     }
 }
+
+/// A node's state as metrics and the web page name it: ready / down /
+/// disconnected / draining / cordoned.
+pub fn node_state(n: &NodeInfo) -> &'static str {
+    if n.down {
+        "down"
+    } else if !n.connected {
+        "disconnected"
+    } else {
+        match n.admin {
+            NodeAdmin::Draining => "draining",
+            NodeAdmin::Cordoned => "cordoned",
+            NodeAdmin::Ready => "ready",
+        }
+    }
+}

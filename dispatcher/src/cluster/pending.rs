@@ -30,8 +30,8 @@ use sched::{Align, LeafId, LeafSet, Sched, TaskId};
 
 use super::engine::engine_ns;
 use super::jobs::{JobEntry, JobKey, Phase, Unplaced};
+use super::nodes::node_state;
 use super::{Cluster, NodeInfo};
-use crate::metrics::node_state;
 
 /// The shape of a job as placement filters nodes.
 #[derive(Clone, PartialEq, Eq, Hash)]
