@@ -177,11 +177,7 @@ impl Record {
             };
             let (key, rest) = line.split_once(' ').unwrap_or((line, ""));
             match key {
-                "spec" => {
-                    if rec.spec.is_none() {
-                        rec.spec = serde_json::from_str(rest).ok();
-                    }
-                }
+                "spec" if rec.spec.is_none() => rec.spec = serde_json::from_str(rest).ok(),
                 "shim" => rec.shim_pid = rec.shim_pid.or(pid(rest)),
                 "job" => {
                     let mut it = rest.split(' ');
@@ -198,13 +194,7 @@ impl Record {
                         rec.cpus = Some(cpus);
                     }
                 }
-                "exit" => {
-                    if rec.exit.is_none()
-                        && let Ok(exit) = serde_json::from_str(rest)
-                    {
-                        rec.exit = Some(exit);
-                    }
-                }
+                "exit" if rec.exit.is_none() => rec.exit = serde_json::from_str(rest).ok(),
                 "acked" => rec.acked = true,
                 _ => {}
             }
