@@ -420,11 +420,14 @@ fn no_match(cluster: &Cluster, s: &Shape) -> (Kind, String) {
     let (mut max_cpus, mut max_align, mut max_memory) = (0u32, 0u32, 0u64);
     // The shapes the engine keeps (placement's own view), not recomputed.
     for (name, &(room, mem)) in cluster.engine.shapes() {
-        let Some(n) = cluster.nodes.get(name) else {
-            continue;
-        };
         total += 1;
-        if !s.selector.iter().all(|(k, v)| n.labels.get(k) == Some(v)) {
+        // The registry is looked up only for a selector's labels.
+        if !s.selector.is_empty()
+            && !cluster
+                .nodes
+                .get(name)
+                .is_some_and(|n| s.selector.iter().all(|(k, v)| n.labels.get(k) == Some(v)))
+        {
             labels += 1;
             continue;
         }
