@@ -3,9 +3,9 @@
 //! tick), each checked on the jobs' phases, the `Assign`s sent and the
 //! `Move`s recorded.
 
-use proto::v1::{JobSpec, JobState, JobStatus, dispatcher_message};
+use proto::v1::{JobSpec, JobState, JobStatus};
 
-use super::tests::register_node;
+use super::tests::{assigns, register_node};
 use super::*;
 
 fn cluster(steal: bool, idle_balance: bool, backfill: bool) -> Cluster {
@@ -30,16 +30,6 @@ fn job(cpus: u32, timeout_s: u64) -> JobSpec {
         timeout_ms: timeout_s * 1000,
         ..Default::default()
     }
-}
-
-fn assigned(fx: &Effects) -> Vec<(String, String)> {
-    fx.to_agents
-        .iter()
-        .filter_map(|(n, m)| match &m.msg {
-            Some(dispatcher_message::Msg::Assign(a)) => Some((n.clone(), a.job_id.clone())),
-            _ => None,
-        })
-        .collect()
 }
 
 fn finish(c: &mut Cluster, node: &str, id: &str, now: i64) -> Effects {
@@ -87,10 +77,7 @@ fn idle_balance_on_finish_pulls_from_another_rack_of_the_zone() {
     let mut c = cluster(false, true, false);
     j3_waiting_on_r1(&mut c);
     let fx = finish(&mut c, "small", "j-2", 10);
-    assert_eq!(
-        assigned(&fx),
-        vec![("small".to_string(), "j-3".to_string())]
-    );
+    assert_eq!(assigns(&fx), vec![("small".to_string(), "j-3".to_string())]);
     let pulls: Vec<&Move> = fx.moves.iter().filter(|m| m.is_steal()).collect();
     assert_eq!(pulls.len(), 1, "{:?}", fx.moves);
     assert_eq!(pulls[0].kind, MoveKind::Balanced(StealLevel::SameZone));
@@ -118,7 +105,7 @@ fn without_idle_balance_the_job_stays_behind() {
     let mut c = cluster(false, false, false);
     j3_waiting_on_r1(&mut c);
     let fx = finish(&mut c, "small", "j-2", 10);
-    assert!(assigned(&fx).is_empty());
+    assert!(assigns(&fx).is_empty());
     assert_eq!(node_of(&c, "j-3"), "big");
 }
 
@@ -129,10 +116,7 @@ fn idle_node_steals_from_another_rack_of_the_zone() {
     let mut c = cluster(true, false, false);
     j3_waiting_on_r1(&mut c);
     let fx = finish(&mut c, "small", "j-2", 10);
-    assert_eq!(
-        assigned(&fx),
-        vec![("small".to_string(), "j-3".to_string())]
-    );
+    assert_eq!(assigns(&fx), vec![("small".to_string(), "j-3".to_string())]);
     assert!(
         fx.moves
             .iter()
@@ -150,7 +134,7 @@ fn backfill_starts_what_cannot_delay_the_head_and_refuses_what_would() {
     let mut fx = Effects::default();
     c.submit(vec![job(2, 100), job(4, 1000)], true, 1_000, &mut fx)
         .unwrap();
-    assert_eq!(assigned(&fx), vec![("n".to_string(), "j-1".to_string())]);
+    assert_eq!(assigns(&fx), vec![("n".to_string(), "j-1".to_string())]);
     let res = c
         .engine()
         .and_then(|e| e.reservation(0, super::engine::engine_ns(1_000)))
@@ -158,10 +142,10 @@ fn backfill_starts_what_cannot_delay_the_head_and_refuses_what_would() {
     assert_eq!(res.start, Some(super::engine::engine_ns(101_000)));
     let mut fx = Effects::default();
     c.submit(vec![job(2, 50)], false, 2_000, &mut fx).unwrap();
-    assert_eq!(assigned(&fx), vec![("n".to_string(), "j-3".to_string())]);
+    assert_eq!(assigns(&fx), vec![("n".to_string(), "j-3".to_string())]);
     let mut fx = Effects::default();
     c.submit(vec![job(2, 500)], false, 3_000, &mut fx).unwrap();
-    assert!(assigned(&fx).is_empty(), "{:?}", assigned(&fx));
+    assert!(assigns(&fx).is_empty(), "{:?}", assigns(&fx));
     assert!(matches!(
         c.phase("j-4"),
         Some(Phase::Queued { waiting: true, .. })
@@ -169,7 +153,7 @@ fn backfill_starts_what_cannot_delay_the_head_and_refuses_what_would() {
     // The head starts when j-1 and j-3 end, before j-4.
     finish(&mut c, "n", "j-3", 40_000);
     let fx = finish(&mut c, "n", "j-1", 60_000);
-    assert_eq!(assigned(&fx), vec![("n".to_string(), "j-2".to_string())]);
+    assert_eq!(assigns(&fx), vec![("n".to_string(), "j-2".to_string())]);
     c.check().unwrap();
 }
 
@@ -187,5 +171,5 @@ fn backfill_needs_a_time_limit() {
         &mut fx,
     )
     .unwrap();
-    assert_eq!(assigned(&fx), vec![("n".to_string(), "j-1".to_string())]);
+    assert_eq!(assigns(&fx), vec![("n".to_string(), "j-1".to_string())]);
 }

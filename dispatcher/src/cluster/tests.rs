@@ -55,7 +55,7 @@ fn job(cpus: u32) -> JobSpec {
     }
 }
 
-fn assigns(fx: &Effects) -> Vec<(String, String)> {
+pub(crate) fn assigns(fx: &Effects) -> Vec<(String, String)> {
     fx.to_agents
         .iter()
         .filter_map(|(n, m)| match &m.msg {
