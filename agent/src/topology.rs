@@ -26,6 +26,10 @@
 //!   `CONFIG_NUMA` (then the machine is one node) and node ids may be sparse
 //!   (POWER: 0, 1, 4, 5).
 //!
+//! PCI devices (GPUs, accelerators, network adapters) and their place in
+//! the machine are read by the [`devices`] submodule, through the same
+//! reader and root.
+//!
 //! Groups are keyed by what the kernel says is shared (the sibling list, the
 //! cache), never by `core_id` alone: core ids repeat across packages on x86
 //! and across clusters on Arm.
@@ -40,6 +44,10 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use sched::topology::{DomainFlags, TopoSpec, Topology, TopologyBuilder};
+
+pub mod devices;
+
+pub use devices::{DeviceKind, PciDevice, PcieLink};
 
 /// The largest CPU id a CPU list may name. Linux's `NR_CPUS` tops out at
 /// 8192; the margin keeps a corrupt file from allocating gigabytes.
@@ -354,6 +362,8 @@ pub struct MachineTopology {
     /// The last-level caches of the usable CPUs, numbered in order of their
     /// lowest usable CPU.
     pub llcs: Vec<CacheInfo>,
+    /// The GPUs, accelerators and network adapters, by PCI address.
+    pub devices: Vec<PciDevice>,
 }
 
 /// The JSON summary printed by `agent topology --json`. Each grouping is a
@@ -381,6 +391,10 @@ pub struct TopologySummary {
     pub numa_ids: Vec<Option<u32>>,
     /// CPUs of one package (socket).
     pub package: Vec<Vec<u32>>,
+    /// The GPUs, accelerators and network adapters, by PCI address (absent
+    /// from the JSON when there are none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<PciDevice>,
 }
 
 impl TopologySummary {
@@ -607,12 +621,20 @@ impl SysfsReader {
                     .collect();
             }
         }
+        let usable_ids: Vec<u32> = cpus.iter().map(|c: &CpuInfo| c.cpu).collect();
+        let devices = self.read_devices(&usable_ids, |cpu| {
+            usable_ids
+                .binary_search(&cpu)
+                .ok()
+                .and_then(|i| cpus[i].numa_node)
+        })?;
         Ok(MachineTopology {
             source: format!("sysfs {}", self.root.display()),
             online,
             allowed,
             cpus,
             llcs,
+            devices,
         })
     }
 
@@ -944,6 +966,7 @@ impl MachineTopology {
             numa_ids: numa.iter().map(|(_, id)| *id).collect(),
             numa: groups_only(numa),
             package: self.package_groups(),
+            devices: self.devices.clone(),
         }
     }
 
@@ -1030,6 +1053,16 @@ impl MachineTopology {
         for child in &root.children {
             self.render(child, 0, &mut counters, &mut out);
         }
+        let cpu_nodes: Vec<Option<u32>> = self.cpus.iter().map(|c| c.numa_node).collect();
+        for d in &self.devices {
+            if d.numa_node.is_none() || !cpu_nodes.contains(&d.numa_node) {
+                let _ = writeln!(
+                    out,
+                    "  {} (no NUMA node among the usable CPUs)",
+                    device_label(d)
+                );
+            }
+        }
         out
     }
 
@@ -1070,7 +1103,36 @@ impl MachineTopology {
         for child in &node.children {
             self.render(child, depth + 1, counters, out);
         }
+        if depth == 1 && c.numa_node.is_some() {
+            for d in self.devices.iter().filter(|d| d.numa_node == c.numa_node) {
+                let _ = writeln!(
+                    out,
+                    "{:indent$}{}",
+                    "",
+                    device_label(d),
+                    indent = 2 * (depth + 2)
+                );
+            }
+        }
     }
+}
+
+/// One line of the tree for a device, in the spirit of lstopo's `PCI`
+/// objects: address, kind, ids, and the device files a job would get.
+fn device_label(d: &PciDevice) -> String {
+    let kind = match d.kind {
+        DeviceKind::Gpu => "GPU",
+        DeviceKind::Accelerator => "Accelerator",
+        DeviceKind::Nic => "NIC",
+    };
+    let mut label = format!("PCI {} {kind} {:04x}:{:04x}", d.address, d.vendor, d.device);
+    if let Some(minor) = d.nvidia_minor {
+        let _ = write!(label, " /dev/nvidia{minor}");
+    }
+    for card in &d.drm_cards {
+        let _ = write!(label, " {card}");
+    }
+    label
 }
 
 #[derive(Default)]
@@ -1135,6 +1197,7 @@ pub fn synthetic(spec: &str) -> Result<MachineTopology> {
         allowed: None,
         cpus,
         llcs,
+        devices: Vec::new(),
     })
 }
 
