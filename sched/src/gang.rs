@@ -1,0 +1,216 @@
+//! Gangs: placing `n` members of one job on `n` distinct leaves inside one
+//! domain of a chosen level, all at once or not at all, and the reservation
+//! a gang that cannot start now holds so that smaller work cannot starve
+//! it. At cluster level a leaf is a node, the LLC level a rack and the NUMA
+//! level a zone, so `--nodes 8 --within rack` is a gang of 8 aligned at
+//! [`Align::Llc`].
+//!
+//! This is not in the seeds either: the kernel has no gangs. It is the
+//! multi-node analogue of [`crate::alloc`]'s aligned allocation, with the
+//! same policies. *Spread* takes the best-fitting domain (the fewest leaves
+//! with room that still hold the gang, as Slurm's topology/tree picks the
+//! lowest switch with enough nodes and the fullest one of those), so whole
+//! racks stay free for the next large gang, and inside it the leaves with
+//! the least room left once a member is placed (best fit again). *Pack*
+//! takes the lowest-numbered domain with room and its lowest leaves (seed
+//! 002's priority order).
+//!
+//! Both functions take the leaves' state as closures, like
+//! [`crate::alloc::find_aligned_in`], so that the dispatcher (its model of
+//! each node), the simulator and an engine share them.
+
+use crate::alloc::{Align, align_groups};
+use crate::config::Policy;
+use crate::topology::{LeafId, Topology};
+
+/// Choose `members` distinct leaves inside one domain of level `within`
+/// where a member fits now; `None` when no domain has that many (the gang
+/// waits: nothing is held).
+///
+/// `room(leaf)` is `None` when a member does not fit on `leaf`, else the
+/// room the leaf would have left with the member placed (CPUs, or any unit
+/// in which less means fuller); best fit prefers small values.
+pub fn find_gang_in(
+    topo: &Topology,
+    members: usize,
+    within: Align,
+    policy: Policy,
+    room: impl Fn(LeafId) -> Option<u32>,
+) -> Option<Vec<LeafId>> {
+    if members == 0 {
+        return Some(Vec::new());
+    }
+    let mut best: Option<(usize, Vec<(u32, LeafId)>)> = None;
+    for group in align_groups(topo, within) {
+        let fitting: Vec<(u32, LeafId)> = group
+            .iter()
+            .filter_map(|&l| room(l).map(|r| (r, l)))
+            .collect();
+        if fitting.len() < members {
+            continue;
+        }
+        match policy {
+            Policy::Pack => {
+                best = Some((fitting.len(), fitting));
+                break;
+            }
+            Policy::Spread => {
+                if best.as_ref().is_none_or(|(n, _)| fitting.len() < *n) {
+                    best = Some((fitting.len(), fitting));
+                }
+            }
+        }
+    }
+    let (_, mut fitting) = best?;
+    match policy {
+        Policy::Pack => fitting.sort_unstable_by_key(|&(_, l)| l),
+        Policy::Spread => fitting.sort_unstable(),
+    }
+    let mut out: Vec<LeafId> = fitting.into_iter().take(members).map(|(_, l)| l).collect();
+    out.sort_unstable();
+    Some(out)
+}
+
+/// Where and when a waiting gang will start: the earliest time at which
+/// some domain of its level has `members` leaves ready, and those leaves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GangReservation {
+    /// When the last of the reserved leaves is ready (µs, the caller's
+    /// clock).
+    pub start: u64,
+    /// The reserved leaves, ascending.
+    pub leaves: Vec<LeafId>,
+}
+
+/// The reservation of a gang of `members` at level `within`: for each
+/// domain, the time its `members`-th ready leaf is ready; the earliest
+/// such domain (lowest-ranked on ties) and its `members` earliest leaves
+/// (lowest on ties). `ready_at(leaf)` is when a member could start on the
+/// leaf (now, or when enough of its running work ends by its time limits);
+/// `None` when it never can (too small, or work without a limit).
+///
+/// Like EASY backfill's single reservation, later work may start on the
+/// reserved leaves only if it ends by `start`.
+pub fn gang_reservation_in(
+    topo: &Topology,
+    members: usize,
+    within: Align,
+    ready_at: impl Fn(LeafId) -> Option<u64>,
+) -> Option<GangReservation> {
+    if members == 0 {
+        return None;
+    }
+    let mut best: Option<GangReservation> = None;
+    for group in align_groups(topo, within) {
+        let mut ready: Vec<(u64, LeafId)> = group
+            .iter()
+            .filter_map(|&l| ready_at(l).map(|t| (t, l)))
+            .collect();
+        if ready.len() < members {
+            continue;
+        }
+        ready.sort_unstable();
+        let start = ready[members - 1].0;
+        if best.as_ref().is_none_or(|b| start < b.start) {
+            let mut leaves: Vec<LeafId> = ready[..members].iter().map(|&(_, l)| l).collect();
+            leaves.sort_unstable();
+            best = Some(GangReservation { start, leaves });
+        }
+    }
+    best
+}
+
+/// The level a gang is placed at after waiting `waited_us`: a `required`
+/// gang always at `within`; a `preferred` one at `within` until `relax_us`
+/// has passed, then anywhere (Slurm's `--switches=N@time`).
+pub fn effective_level(within: Align, preferred: bool, waited_us: u64, relax_us: u64) -> Align {
+    if preferred && waited_us >= relax_us {
+        Align::Any
+    } else {
+        within
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster() -> Topology {
+        // 2 zones x 2 racks x 4 nodes: leaves 0-3 rack 0, 4-7 rack 1 (zone
+        // 0), 8-11 rack 2, 12-15 rack 3 (zone 1).
+        Topology::from_spec("2z:2r:4n").unwrap()
+    }
+
+    #[test]
+    fn spread_takes_the_fullest_rack_that_holds_the_gang() {
+        let t = cluster();
+        // Rack 0: 4 nodes with room; rack 1: 3; rack 2: 2; rack 3: 0.
+        let room = |l: LeafId| match l {
+            0..=3 => Some(8),
+            4..=6 => Some(2 + l as u32),
+            8 | 9 => Some(1),
+            _ => None,
+        };
+        let got = find_gang_in(&t, 3, Align::Llc, Policy::Spread, room).unwrap();
+        assert_eq!(got, vec![4, 5, 6], "rack 1 is the best fit");
+        let got = find_gang_in(&t, 2, Align::Llc, Policy::Spread, room).unwrap();
+        assert_eq!(got, vec![8, 9]);
+        assert_eq!(find_gang_in(&t, 5, Align::Llc, Policy::Spread, room), None);
+        // Zone 0 has 7 nodes with room; the members go to the fullest:
+        // nodes 4 and 5 (room 6 and 7 left), then 0, 1, 2 (8 each, lowest).
+        let got = find_gang_in(&t, 5, Align::Numa, Policy::Spread, room).unwrap();
+        assert_eq!(got, vec![0, 1, 2, 4, 5]);
+    }
+
+    #[test]
+    fn pack_takes_the_lowest_rack_and_nodes() {
+        let t = cluster();
+        let room = |l: LeafId| (l != 1).then_some(4);
+        assert_eq!(
+            find_gang_in(&t, 3, Align::Llc, Policy::Pack, room),
+            Some(vec![0, 2, 3])
+        );
+        assert_eq!(
+            find_gang_in(&t, 4, Align::Llc, Policy::Pack, room),
+            Some(vec![4, 5, 6, 7])
+        );
+    }
+
+    #[test]
+    fn reservation_is_the_earliest_domain_and_its_earliest_nodes() {
+        let t = cluster();
+        let ready = |l: LeafId| match l {
+            0..=3 => Some(100 * (l as u64 + 1)),
+            4..=7 => Some(250),
+            8..=11 => None,
+            _ => Some(50),
+        };
+        let r = gang_reservation_in(&t, 2, Align::Llc, ready).unwrap();
+        assert_eq!(
+            r,
+            GangReservation {
+                start: 50,
+                leaves: vec![12, 13]
+            }
+        );
+        let r = gang_reservation_in(&t, 4, Align::Llc, |l| ready(l).filter(|_| l < 12)).unwrap();
+        assert_eq!(
+            r,
+            GangReservation {
+                start: 250,
+                leaves: vec![4, 5, 6, 7]
+            }
+        );
+        let r = gang_reservation_in(&t, 6, Align::Numa, ready).unwrap();
+        assert_eq!(r.start, 250);
+        assert_eq!(r.leaves.len(), 6);
+        assert_eq!(gang_reservation_in(&t, 5, Align::Llc, ready), None);
+    }
+
+    #[test]
+    fn preferred_relaxes_after_its_wait_required_never() {
+        assert_eq!(effective_level(Align::Llc, true, 9, 10), Align::Llc);
+        assert_eq!(effective_level(Align::Llc, true, 10, 10), Align::Any);
+        assert_eq!(effective_level(Align::Llc, false, u64::MAX, 10), Align::Llc);
+    }
+}

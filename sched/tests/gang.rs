@@ -1,0 +1,229 @@
+//! Property tests of gang placement ([`sched::gang`]) against brute-force
+//! oracles that never ask the engine: a node's rack and zone come from the
+//! cluster spec's own arithmetic (`Zz:Rr:Nn` numbers nodes zone by zone,
+//! rack by rack), the answers from enumerating every subset of nodes.
+//!
+//! - a gang is placed if and only if some domain of its level has as many
+//!   nodes with room as it has members; then on distinct nodes with room,
+//!   all in one domain; never partly (all members or `None`);
+//! - spread takes a feasible domain with the fewest nodes with room, and
+//!   in it the nodes with the least room left; pack the lowest domain and
+//!   its lowest nodes;
+//! - a reservation's start is the least, over every set of `members` nodes
+//!   of one domain, of the latest ready time in the set, and its nodes are
+//!   all ready by then.
+//!
+//! Each property counts the cases that exercised both outcomes.
+
+use std::cell::Cell;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use sched::Policy;
+use sched::alloc::Align;
+use sched::gang::{find_gang_in, gang_reservation_in};
+use sched::topology::Topology;
+
+/// (zones, racks per zone, nodes per rack).
+const SHAPES: &[(usize, usize, usize)] = &[(1, 2, 3), (2, 2, 3), (2, 3, 2), (1, 1, 5), (3, 2, 2)];
+
+struct Shape {
+    zones: usize,
+    racks: usize,
+    nodes: usize,
+}
+
+impl Shape {
+    fn leaves(&self) -> usize {
+        self.zones * self.racks * self.nodes
+    }
+    /// The domain of `leaf` at `level`, by the spec's arithmetic.
+    fn domain(&self, level: Align, leaf: usize) -> usize {
+        match level {
+            Align::Llc => leaf / self.nodes,
+            Align::Numa => leaf / (self.racks * self.nodes),
+            _ => 0,
+        }
+    }
+    fn domains(&self, level: Align) -> usize {
+        self.domain(level, self.leaves() - 1) + 1
+    }
+    fn topology(&self) -> Topology {
+        Topology::from_spec(&format!("{}z:{}r:{}n", self.zones, self.racks, self.nodes))
+            .expect("cluster spec")
+    }
+}
+
+const LEVELS: [Align; 3] = [Align::Llc, Align::Numa, Align::Any];
+
+fn case() -> impl Strategy<Value = (usize, usize, usize, Vec<Option<u32>>, usize)> {
+    (0..SHAPES.len(), 0..LEVELS.len(), 1usize..7).prop_flat_map(|(s, level, members)| {
+        let (z, r, n) = SHAPES[s];
+        (
+            Just(s),
+            Just(level),
+            Just(members),
+            proptest::collection::vec(proptest::option::weighted(0.6, 0u32..6), z * r * n),
+            0usize..2,
+        )
+    })
+}
+
+#[test]
+fn gang_is_placed_whole_in_one_domain_iff_one_has_room() {
+    let placed = Cell::new(0);
+    let waited = Cell::new(0);
+    let mut runner = TestRunner::new(Config::with_cases(2000));
+    runner
+        .run(&case(), |(s, level, members, room, pol)| {
+            let (zones, racks, nodes) = SHAPES[s];
+            let shape = Shape {
+                zones,
+                racks,
+                nodes,
+            };
+            let level = LEVELS[level];
+            let policy = [Policy::Spread, Policy::Pack][pol];
+            let topo = shape.topology();
+            let got = find_gang_in(&topo, members, level, policy, |l| room[l]);
+
+            // Nodes with room per domain, by the oracle.
+            let mut with_room: Vec<Vec<usize>> = vec![Vec::new(); shape.domains(level)];
+            for (leaf, r) in room.iter().enumerate() {
+                if r.is_some() {
+                    with_room[shape.domain(level, leaf)].push(leaf);
+                }
+            }
+            let feasible: Vec<usize> = (0..with_room.len())
+                .filter(|&d| with_room[d].len() >= members)
+                .collect();
+            match got {
+                None => {
+                    prop_assert!(feasible.is_empty(), "a domain had room: {feasible:?}");
+                    waited.set(waited.get() + 1);
+                }
+                Some(leaves) => {
+                    placed.set(placed.get() + 1);
+                    prop_assert_eq!(leaves.len(), members, "all members or none");
+                    let mut distinct = leaves.clone();
+                    distinct.dedup();
+                    prop_assert_eq!(distinct.len(), members, "distinct nodes");
+                    prop_assert!(leaves.iter().all(|&l| room[l].is_some()), "room");
+                    let d = shape.domain(level, leaves[0]);
+                    prop_assert!(
+                        leaves.iter().all(|&l| shape.domain(level, l) == d),
+                        "one domain"
+                    );
+                    match policy {
+                        Policy::Pack => {
+                            prop_assert_eq!(d, feasible[0], "lowest domain");
+                            let lowest: Vec<usize> =
+                                with_room[d].iter().copied().take(members).collect();
+                            prop_assert_eq!(leaves, lowest);
+                        }
+                        Policy::Spread => {
+                            let fewest = feasible.iter().map(|&f| with_room[f].len()).min();
+                            prop_assert_eq!(Some(with_room[d].len()), fewest, "best-fit domain");
+                            let mut rooms: Vec<u32> =
+                                with_room[d].iter().filter_map(|&l| room[l]).collect();
+                            rooms.sort_unstable();
+                            let mut chosen: Vec<u32> =
+                                leaves.iter().filter_map(|&l| room[l]).collect();
+                            chosen.sort_unstable();
+                            prop_assert_eq!(chosen, rooms[..members].to_vec(), "best-fit nodes");
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+        .expect("property");
+    assert!(
+        placed.get() > 300 && waited.get() > 300,
+        "placed {} waited {}",
+        placed.get(),
+        waited.get()
+    );
+}
+
+/// Every `k`-subset of `items`.
+fn subsets(
+    items: &[usize],
+    k: usize,
+    out: &mut Vec<Vec<usize>>,
+    cur: &mut Vec<usize>,
+    from: usize,
+) {
+    if cur.len() == k {
+        out.push(cur.clone());
+        return;
+    }
+    for i in from..items.len() {
+        cur.push(items[i]);
+        subsets(items, k, out, cur, i + 1);
+        cur.pop();
+    }
+}
+
+#[test]
+fn reservation_is_the_earliest_time_a_domain_holds_the_gang() {
+    let reserved = Cell::new(0);
+    let never = Cell::new(0);
+    let mut runner = TestRunner::new(Config::with_cases(1500));
+    let strategy = case().prop_flat_map(|(s, level, members, _, _)| {
+        let (z, r, n) = SHAPES[s];
+        (
+            Just(s),
+            Just(level),
+            Just(members),
+            proptest::collection::vec(proptest::option::weighted(0.8, 0u64..20), z * r * n),
+        )
+    });
+    runner
+        .run(&strategy, |(s, level, members, ready)| {
+            let (zones, racks, nodes) = SHAPES[s];
+            let shape = Shape {
+                zones,
+                racks,
+                nodes,
+            };
+            let level = LEVELS[level];
+            let got = gang_reservation_in(&shape.topology(), members, level, |l| ready[l]);
+            let mut best: Option<u64> = None;
+            for d in 0..shape.domains(level) {
+                let ready_leaves: Vec<usize> = (0..shape.leaves())
+                    .filter(|&l| shape.domain(level, l) == d && ready[l].is_some())
+                    .collect();
+                let mut all = Vec::new();
+                subsets(&ready_leaves, members, &mut all, &mut Vec::new(), 0);
+                for set in all {
+                    let t = set.iter().filter_map(|&l| ready[l]).max().unwrap_or(0);
+                    best = Some(best.map_or(t, |b: u64| b.min(t)));
+                }
+            }
+            match got {
+                None => {
+                    prop_assert_eq!(best, None);
+                    never.set(never.get() + 1);
+                }
+                Some(r) => {
+                    reserved.set(reserved.get() + 1);
+                    prop_assert_eq!(Some(r.start), best);
+                    prop_assert_eq!(r.leaves.len(), members);
+                    let d = shape.domain(level, r.leaves[0]);
+                    for &l in &r.leaves {
+                        prop_assert_eq!(shape.domain(level, l), d);
+                        prop_assert!(ready[l].is_some_and(|t| t <= r.start));
+                    }
+                }
+            }
+            Ok(())
+        })
+        .expect("property");
+    assert!(
+        reserved.get() > 300 && never.get() > 100,
+        "reserved {} never {}",
+        reserved.get(),
+        never.get()
+    );
+}
