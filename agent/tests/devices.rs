@@ -250,3 +250,41 @@ fn broken_device_files_are_errors_naming_the_file() {
         other => panic!("expected Inconsistent, got {other:?}"),
     }
 }
+
+#[test]
+fn gpu_tree_feeds_the_engines_device_choice() {
+    let m = SysfsReader::new(fixture_dir("x6-2-8gpu"))
+        .read(None)
+        .expect("read");
+    let (index, keys) = agent::topology::devices::gpu_tree(&m.devices);
+    assert_eq!(index.len(), 8);
+    let addr = |chosen: Vec<usize>| -> Vec<String> {
+        chosen
+            .into_iter()
+            .map(|c| m.devices[index[c]].address.clone())
+            .collect()
+    };
+    // Two GPUs: a pair behind one switch.
+    let two = sched::devices::choose_devices(2, &keys, |_| true).expect("2 of 8");
+    assert_eq!(addr(two), ["0000:1a:00.0", "0000:1b:00.0"]);
+    // With 1a busy, one GPU goes to its lone switch partner (best fit),
+    // two go to the next whole switch, four to socket 1.
+    let busy = |c: usize| m.devices[index[c]].address != "0000:1a:00.0";
+    assert_eq!(
+        addr(sched::devices::choose_devices(1, &keys, busy).expect("1")),
+        ["0000:1b:00.0"]
+    );
+    assert_eq!(
+        addr(sched::devices::choose_devices(2, &keys, busy).expect("2")),
+        ["0000:3d:00.0", "0000:3e:00.0"]
+    );
+    assert_eq!(
+        addr(sched::devices::choose_devices(4, &keys, busy).expect("4")),
+        [
+            "0000:88:00.0",
+            "0000:89:00.0",
+            "0000:b1:00.0",
+            "0000:b2:00.0"
+        ]
+    );
+}

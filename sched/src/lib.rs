@@ -26,6 +26,7 @@
 pub mod alloc;
 pub mod busy;
 pub mod config;
+pub mod devices;
 pub mod gang;
 pub mod harness;
 pub mod idhash;

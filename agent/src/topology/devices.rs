@@ -156,6 +156,48 @@ impl PciDevice {
     }
 }
 
+/// The GPUs of `devices` as leaves of a tree for
+/// [`sched::devices::choose_devices`]: each GPU's path of keys, innermost
+/// first: the PCIe bridge directly above it (its switch port's switch),
+/// its host bridge, its NUMA node, the machine. Keys are interned per level
+/// so equal keys mean the same bridge. Returns the GPUs' indices in
+/// `devices` and their paths, in the same order.
+pub fn gpu_tree(devices: &[PciDevice]) -> (Vec<usize>, Vec<Vec<u64>>) {
+    let mut interned: Vec<Vec<String>> = vec![Vec::new(); 3];
+    let mut intern = |level: usize, name: String| -> u64 {
+        let names = &mut interned[level];
+        match names.iter().position(|n| *n == name) {
+            Some(i) => i as u64,
+            None => {
+                names.push(name);
+                (names.len() - 1) as u64
+            }
+        }
+    };
+    let mut index = Vec::new();
+    let mut keys = Vec::new();
+    for (i, d) in devices.iter().enumerate() {
+        if d.kind != DeviceKind::Gpu {
+            continue;
+        }
+        // The switch: the bridge above the downstream port the GPU hangs
+        // from (a GPU directly under a root port is alone at this level).
+        let switch = match d.bridges.len() {
+            0 | 1 => format!("{}/{}", d.host_bridge, d.address),
+            n => format!("{}/{}", d.host_bridge, d.bridges[n - 2]),
+        };
+        let numa = d.numa_node.map_or(u64::MAX, u64::from);
+        keys.push(vec![
+            intern(0, switch),
+            intern(1, d.host_bridge.clone()),
+            numa,
+            0,
+        ]);
+        index.push(i);
+    }
+    (index, keys)
+}
+
 /// Parse a hexadecimal sysfs attribute ("0x030200\n").
 pub fn parse_sysfs_hex(text: &str) -> Option<u32> {
     let t = text.trim();
