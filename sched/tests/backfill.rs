@@ -21,9 +21,12 @@
 //! room behind a big job starts the small ones that cannot delay it, and a
 //! head blocked by alignment is overloaded, so a peer steals it.
 
+mod oracle;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use oracle::oracle_start;
 use proptest::prelude::*;
 use sched::topology::Topology;
 use sched::{Align, FreeSummary, Sched, SchedConfig, SchedEvent, TaskId, TaskSpec, TaskState};
@@ -59,25 +62,6 @@ fn op(cap: u32) -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(|pick| Op::FinishEarly { pick }),
         3 => (1u64..40).prop_map(|dt| Op::Advance { dt: dt * UNIT }),
     ]
-}
-
-/// Earliest instant >= now at which `demand` fits in `cap` when every
-/// running task `(demand, end)` leaves at its end (`None`: never), by
-/// trying every instant where something ends. `None`: no such instant.
-fn oracle_start(cap: u32, running: &[(u32, Option<u64>)], demand: u32, now: u64) -> Option<u64> {
-    let mut instants = vec![now];
-    instants.extend(running.iter().filter_map(|r| r.1).map(|e| e.max(now)));
-    instants
-        .into_iter()
-        .filter(|&t| {
-            let used: u32 = running
-                .iter()
-                .filter(|r| r.1.is_none_or(|e| e > t))
-                .map(|r| r.0)
-                .sum();
-            used + demand <= cap
-        })
-        .min()
 }
 
 struct Model {

@@ -10,9 +10,12 @@
 //! node has a waiting head, cannot delay the head's earliest start. And
 //! nothing the pass brings to a node delays that node's own head.
 
+mod oracle;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use oracle::oracle_start;
 use proptest::prelude::*;
 use sched::topology::Topology;
 use sched::{LeafId, LeafSet, Sched, SchedConfig, SchedEvent, TaskId, TaskSpec, TaskState};
@@ -43,24 +46,6 @@ fn job() -> impl Strategy<Value = Job> {
             affinity,
             place,
         })
-}
-
-/// Earliest instant >= now at which `demand` fits in `cap` while running
-/// jobs `(demand, end)` leave at their ends (`None`: never).
-fn oracle_start(cap: u32, running: &[(u32, Option<u64>)], demand: u32, now: u64) -> Option<u64> {
-    let mut instants = vec![now];
-    instants.extend(running.iter().filter_map(|r| r.1).map(|e| e.max(now)));
-    instants
-        .into_iter()
-        .filter(|&t| {
-            let used: u32 = running
-                .iter()
-                .filter(|r| r.1.is_none_or(|e| e > t))
-                .map(|r| r.0)
-                .sum();
-            used + demand <= cap
-        })
-        .min()
 }
 
 struct World {
