@@ -182,6 +182,19 @@ fn start_agent(
     Agent::start(dir, &d.url, node, "1s:2c:1t", &[], &flags)
 }
 
+/// node-a with its certificate from the cluster CA, registered.
+async fn start_node_a(m: &Material, d: &Dispatcher, dir: &Path, extra: &[&str]) -> Result<Agent> {
+    let agent = start_agent(
+        dir,
+        d,
+        "node-a",
+        &m.agent_tls("ca/ca.pem", Some("ca/agent-node-a")),
+        extra,
+    )?;
+    wait_registered(m, d, "node-a").await?;
+    Ok(agent)
+}
+
 async fn node_names(m: &Material, d: &Dispatcher) -> Result<Vec<String>> {
     let mut nodes = m.nodes(d, ADMIN).await?;
     Ok(nodes
@@ -262,14 +275,7 @@ async fn agents_need_a_certificate_from_the_cluster_ca_naming_their_node() -> Re
     let d = m.start_dispatcher(tmp.path())?;
 
     // The right certificate: registers and runs a job over mutual TLS.
-    let _good = start_agent(
-        tmp.path(),
-        &d,
-        "node-a",
-        &m.agent_tls("ca/ca.pem", Some("ca/agent-node-a")),
-        &[],
-    )?;
-    wait_registered(&m, &d, "node-a").await?;
+    let _good = start_node_a(&m, &d, tmp.path(), &[]).await?;
     let mut alice = m.jobs(&d, ALICE).await?;
     let job = alice
         .submit_job(SubmitJobRequest {
@@ -357,14 +363,7 @@ async fn tokens_and_roles_decide_who_sees_and_does_what() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let m = Material::new(&tmp.path().join("pki"))?;
     let d = m.start_dispatcher(tmp.path())?;
-    let _agent = start_agent(
-        tmp.path(),
-        &d,
-        "node-a",
-        &m.agent_tls("ca/ca.pem", Some("ca/agent-node-a")),
-        &[],
-    )?;
-    wait_registered(&m, &d, "node-a").await?;
+    let _agent = start_node_a(&m, &d, tmp.path(), &[]).await?;
 
     // No token: UNAUTHENTICATED, exit 1 with the message.
     let (code, _, err) = m.ctl(&d, None, &["ls"])?;
@@ -570,14 +569,7 @@ async fn jobs_run_as_the_uid_mapped_to_their_owner() -> Result<()> {
     );
 
     let map_arg = map.display().to_string();
-    let _agent = start_agent(
-        tmp.path(),
-        &d,
-        "node-a",
-        &m.agent_tls("ca/ca.pem", Some("ca/agent-node-a")),
-        &["--user-map", &map_arg],
-    )?;
-    wait_registered(&m, &d, "node-a").await?;
+    let _agent = start_node_a(&m, &d, tmp.path(), &["--user-map", &map_arg]).await?;
     // Distinct arguments find each job's process in /proc.
     let alice_argv = ["sleep", "600.4242"];
     let bob_argv = ["sleep", "600.65534"];
