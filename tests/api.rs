@@ -32,6 +32,14 @@ fn ok_spec() -> JobSpec {
     }
 }
 
+/// SubmitJob with `spec`: the jobs it created.
+async fn submit(c: &mut JobServiceClient<Channel>, spec: JobSpec) -> Result<Vec<Job>> {
+    Ok(c.submit_job(SubmitJobRequest { spec: Some(spec) })
+        .await?
+        .into_inner()
+        .jobs)
+}
+
 fn sh(script: &str) -> JobSpec {
     JobSpec {
         command: vec!["sh".into(), "-c".into(), script.into()],
@@ -179,13 +187,7 @@ async fn bad_spec_fields_are_refused_by_name_and_create_nothing() -> Result<()> 
     let mut c = d.jobs().await?;
     // One accepted job, so "nothing new" is measured against a non-empty
     // store.
-    let first = c
-        .submit_job(SubmitJobRequest {
-            spec: Some(ok_spec()),
-        })
-        .await?
-        .into_inner()
-        .jobs;
+    let first = submit(&mut c, ok_spec()).await?;
     assert_eq!(first.len(), 1);
     let before: Vec<String> = all_jobs(&mut c).await?.into_iter().map(|j| j.id).collect();
     assert_eq!(before, [first[0].id.clone()]);
@@ -261,13 +263,7 @@ async fn bad_spec_fields_are_refused_by_name_and_create_nothing() -> Result<()> 
 
     // No id was used up by the refusals either: the next job gets the id
     // right after the first one.
-    let next = c
-        .submit_job(SubmitJobRequest {
-            spec: Some(ok_spec()),
-        })
-        .await?
-        .into_inner()
-        .jobs;
+    let next = submit(&mut c, ok_spec()).await?;
     assert_eq!(next.len(), 1);
     assert_eq!(next[0].id, "j-2", "a refused submission used up a job id");
 
@@ -697,14 +693,7 @@ async fn watch_jobs_sends_current_states_then_changes_in_order() -> Result<()> {
     let mut c = d.jobs().await?;
     let mut n = d.nodes().await?;
 
-    let a = c
-        .submit_job(SubmitJobRequest {
-            spec: Some(ok_spec()),
-        })
-        .await?
-        .into_inner()
-        .jobs
-        .remove(0);
+    let a = submit(&mut c, ok_spec()).await?.remove(0);
     wait_job(&c, &a.id, "succeeded", |j| state(j) == Succeeded).await?;
 
     // With the node cordoned, new jobs wait in PENDING until we let them go.
@@ -724,31 +713,11 @@ async fn watch_jobs_sends_current_states_then_changes_in_order() -> Result<()> {
         "current state first, with no previous state"
     );
 
-    let b = c
-        .submit_job(SubmitJobRequest {
-            spec: Some(sh("sleep 0.3; echo b")),
-        })
-        .await?
-        .into_inner()
-        .jobs
-        .remove(0);
-    let other = c
-        .submit_job(SubmitJobRequest {
-            spec: Some(ok_spec()),
-        })
-        .await?
-        .into_inner()
-        .jobs
-        .remove(0);
+    let b = submit(&mut c, sh("sleep 0.3; echo b")).await?.remove(0);
+    let other = submit(&mut c, ok_spec()).await?.remove(0);
     let mut arr_spec = ok_spec();
     arr_spec.array_count = 3;
-    let arr = c
-        .submit_job(SubmitJobRequest {
-            spec: Some(arr_spec),
-        })
-        .await?
-        .into_inner()
-        .jobs;
+    let arr = submit(&mut c, arr_spec).await?;
     assert_eq!(arr.len(), 3);
     let array_id = arr[0].array_id.clone();
     let arr_ids: Vec<String> = arr.iter().map(|j| j.id.clone()).collect();
@@ -1553,14 +1522,7 @@ async fn arrays_expand_list_and_cancel_as_one() -> Result<()> {
         .collect();
 
     // ls --array: the elements only, as a table and as JSON.
-    let other = c
-        .submit_job(SubmitJobRequest {
-            spec: Some(ok_spec()),
-        })
-        .await?
-        .into_inner()
-        .jobs
-        .remove(0);
+    let other = submit(&mut c, ok_spec()).await?.remove(0);
     let (code, out, _) = ctl(url, &["ls", "--array", &array_id]).await?;
     assert_eq!(code, 0);
     assert_eq!(out.lines().count(), 51, "{out}");
