@@ -1351,8 +1351,9 @@ async fn dispatchctl_errors_refusals_and_unreachable() -> Result<()> {
         );
     }
 
-    // An unreachable dispatcher: exit 2 and a clear message.
-    let dead = format!("http://127.0.0.1:{}", e2e::free_port());
+    // An unreachable dispatcher: exit 2 and a clear message. Nothing can
+    // listen on port 0, so a connection there is always refused.
+    let dead = "http://127.0.0.1:0".to_string();
     for args in [&["ls"][..], &["submit", "--wait", "--", "true"], &["nodes"]] {
         let (code, out, err) = dispatchctl(&dead, args)?;
         assert_eq!(code, 2, "{args:?}: {out} {err}");
