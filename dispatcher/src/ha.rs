@@ -536,7 +536,10 @@ mod tests {
                 "the lease clock ran out after {:?} with renewal running",
                 granted.elapsed()
             );
-            assert!(etcd_ttl(lease.id).await >= 0, "etcd expired a renewed lease");
+            assert!(
+                etcd_ttl(lease.id).await >= 0,
+                "etcd expired a renewed lease"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         // Renewal stops: the clock runs out, and while it still says
