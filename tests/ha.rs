@@ -727,6 +727,8 @@ async fn etcd_restart_mid_run_loses_nothing() -> Result<()> {
     })
     .await?;
     ha.etcd.kill9();
+    // The length of the outage (the fault itself, not a wait for an event:
+    // every wait below is for one).
     tokio::time::sleep(Duration::from_secs(1)).await;
     ha.etcd.restart()?;
     let next = ha.wait_leader(None, ELECTION).await?;
