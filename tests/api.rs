@@ -503,6 +503,8 @@ async fn health_and_reflection_v1_and_v1alpha() -> Result<()> {
                 Req::FileContainingSymbol("dispatch.v1.NodeService".into()),
                 Req::FileContainingSymbol("dispatch.v1.JobSpec".into()),
                 Req::FileByFilename("dispatch/v1/common.proto".into()),
+                // What `grpcurl ... grpc.health.v1.Health/Check` asks first.
+                Req::FileContainingSymbol("grpc.health.v1.Health".into()),
             ];
             let n = requests.len();
             let stream = tokio_stream::iter(requests.into_iter().map(|m| {
@@ -556,11 +558,19 @@ async fn health_and_reflection_v1_and_v1alpha() -> Result<()> {
                     Ok(None) => false,
                 },
             };
-            (services, files(1)?, files(2)?, files(3)?, files(4)?, not_found)
+            (
+                services,
+                files(1)?,
+                files(2)?,
+                files(3)?,
+                files(4)?,
+                files(5)?,
+                not_found,
+            )
         }};
     }
 
-    for (version, (services, job_svc, node_svc, job_spec, common, unknown_is_error)) in [
+    for (version, (services, job_svc, node_svc, job_spec, common, health, unknown_is_error)) in [
         ("v1", reflect!(tonic_reflection::pb::v1)),
         ("v1alpha", reflect!(tonic_reflection::pb::v1alpha)),
     ] {
@@ -568,9 +578,22 @@ async fn health_and_reflection_v1_and_v1alpha() -> Result<()> {
             "dispatch.v1.JobService",
             "dispatch.v1.NodeService",
             "dispatch.v1.AgentService",
+            "grpc.health.v1.Health",
         ] {
             assert!(services.contains(s), "{version}: {s} not in {services:?}");
         }
+        // The health service is described too, with its methods.
+        let health_svc = health
+            .iter()
+            .flat_map(|f| f.service.iter().map(move |s| (f.package(), s)))
+            .find(|(pkg, s)| *pkg == "grpc.health.v1" && s.name() == "Health")
+            .with_context(|| format!("{version}: no descriptor of grpc.health.v1.Health"))?
+            .1;
+        let health_methods: BTreeSet<&str> = health_svc.method.iter().map(|m| m.name()).collect();
+        assert!(
+            health_methods.contains("Check") && health_methods.contains("Watch"),
+            "{version}: {health_methods:?}"
+        );
         // The file defining JobService, with every method, and what it
         // imports, so a client can build requests without the .proto.
         let jobs_file = job_svc
@@ -1320,8 +1343,9 @@ async fn dispatchctl_errors_refusals_and_unreachable() -> Result<()> {
         );
     }
 
-    // An unreachable dispatcher: exit 2 and a clear message.
-    let dead = format!("http://127.0.0.1:{}", e2e::free_port());
+    // An unreachable dispatcher: exit 2 and a clear message. Nothing can
+    // listen on port 0, so a connection there is always refused.
+    let dead = "http://127.0.0.1:0".to_string();
     for args in [&["ls"][..], &["submit", "--wait", "--", "true"], &["nodes"]] {
         let (code, out, err) = dispatchctl(&dead, args)?;
         assert_eq!(code, 2, "{args:?}: {out} {err}");

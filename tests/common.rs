@@ -3,18 +3,16 @@
 //! `dispatchctl` binary, and kills and reaps everything on drop (a process
 //! group per child, so shims and jobs go too).
 //!
-//! Dispatchers listen on port 0: the kernel picks a free port and the
-//! dispatcher prints the address it bound, which the harness reads from its
-//! log. Nothing binds a port, releases it and hopes it stays free, except
-//! where a port must be known before the process starts (etcd's peer and
-//! client URLs; a replica advertising a custom URL): there [`free_port`]
-//! is used and a start that lost the race is retried on new ports.
+//! Dispatchers and etcd listen on port 0: the kernel picks a free port and
+//! the process logs the address it bound, which the harness reads from its
+//! log. Nothing binds a port, releases it and hopes it stays free. (The
+//! 3-member etcd of the fault tests must name its peers' ports before any
+//! starts: `faults::EtcdCluster` holds them bound until all are chosen.)
 //!
 //! Binaries come from the workspace's target directory; when one is
 //! missing (a `cargo test -p e2e` on a clean tree) the harness builds it
 //! with the same cargo.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Once;
@@ -74,16 +72,6 @@ pub fn binary(name: &str) -> PathBuf {
         }
     });
     bin_dir().join(name)
-}
-
-/// A loopback port that was free a moment ago (bound then released):
-/// another process may take it before the caller binds it. Only for
-/// addresses that must be known before a process starts; prefer port 0.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(0)
 }
 
 /// A child process in its own process group, killed with its group on
@@ -284,12 +272,6 @@ pub fn printed_port(log: &str) -> Option<u16> {
         let url = l.split("export DISPATCH_SERVER=").nth(1)?.trim();
         url.rsplit(':').next()?.parse().ok()
     })
-}
-
-/// A start failed because another process bound the chosen port first.
-fn lost_port(e: &anyhow::Error) -> bool {
-    let text = format!("{e:#}").to_lowercase();
-    text.contains("address already in use")
 }
 
 fn now_nanos() -> u128 {
@@ -657,11 +639,22 @@ pub fn etcd_command(m: &EtcdMemberConfig<'_>) -> Command {
     cmd
 }
 
-/// Whether the etcd member with metrics on `metrics_port` answers
-/// `GET /health` with `"health":"true"`.
+/// Whether the etcd member with metrics (or clients) on `metrics_port`
+/// answers `GET /health` with `"health":"true"`.
 pub fn etcd_healthy(metrics_port: u16) -> bool {
     http_get(metrics_port, "/health")
         .is_ok_and(|(code, body)| code == 200 && body.contains("\"health\":\"true\""))
+}
+
+/// The client port an etcd started with `--logger=zap` reports binding
+/// ("serving client traffic ...", `"address":"127.0.0.1:PORT"`).
+fn etcd_client_port(log: &str) -> Option<u16> {
+    log.lines()
+        .filter(|l| l.contains("\"msg\":\"serving client traffic"))
+        .find_map(|l| {
+            let rest = l.split("\"address\":\"").nth(1)?;
+            rest.split('"').next()?.rsplit(':').next()?.parse().ok()
+        })
 }
 
 /// Run `dispatcher gen-certs ARGS` (the operators' code path for the
@@ -699,58 +692,80 @@ pub async fn leader_jobs(c: &mut proto::endpoints::LeaderChannel) -> Result<Vec<
     .await
 }
 
-/// A real etcd server (Debian's `etcd-server`) on random loopback ports
-/// with its data in a directory it keeps across restarts; killed on drop.
+/// A real etcd server (Debian's `etcd-server`) on loopback ports the
+/// kernel picks (port 0) with its data in a directory it keeps across
+/// restarts; killed on drop.
 pub struct Etcd {
     /// The process (None between [`Etcd::kill9`] and [`Etcd::restart`]).
     pub proc: Option<Proc>,
     /// Client URL, `http://127.0.0.1:PORT`.
     pub url: String,
-    peer_port: u16,
-    metrics_port: u16,
+    /// The client port (`/health` is served there too).
+    port: u16,
     dir: PathBuf,
 }
 
 impl Etcd {
     /// Start etcd with its data under `dir/etcd` and wait until healthy.
-    /// etcd's URLs name their ports, so they are chosen before it starts;
-    /// a start that lost a port to another process is retried on new ones.
+    /// Every port is 0: etcd binds what the kernel gives it and logs the
+    /// client address, which this reads (a single member needs no peer to
+    /// know its peer URL).
     pub fn start(dir: &Path) -> Result<Self> {
-        let mut attempt = 0;
-        loop {
-            let client_port = free_port();
-            let mut e = Self {
-                proc: None,
-                url: format!("http://127.0.0.1:{client_port}"),
-                peer_port: free_port(),
-                metrics_port: free_port(),
-                dir: dir.to_path_buf(),
-            };
-            match e.restart() {
-                Ok(()) => return Ok(e),
-                Err(err) if attempt < 5 && lost_port(&err) => {
-                    attempt += 1;
-                    e.kill9();
-                    let _ = std::fs::remove_dir_all(dir.join("etcd"));
-                }
-                Err(err) => return Err(err),
+        let any = "http://127.0.0.1:0";
+        let cmd = etcd_command(&EtcdMemberConfig {
+            name: "t",
+            data_dir: &dir.join("etcd"),
+            client_url: any,
+            peer_url: any,
+            metrics_port: 0,
+            initial_cluster: &format!("t={any}"),
+        });
+        let log = dir.join(format!("etcd-{}.log", now_nanos()));
+        let mut proc = Proc::spawn("etcd", cmd, log)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let port = loop {
+            if let Some(port) = etcd_client_port(&proc.log_text()) {
+                break port;
             }
-        }
+            if !proc.alive() || Instant::now() > deadline {
+                bail!(
+                    "etcd did not serve clients (is etcd-server installed?):\n{}",
+                    proc.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut e = Self {
+            proc: Some(proc),
+            url: format!("http://127.0.0.1:{port}"),
+            port,
+            dir: dir.to_path_buf(),
+        };
+        e.wait_healthy()?;
+        Ok(e)
     }
 
-    /// (Re)start on the same ports and data directory; waits for /health.
+    /// Restart on the same client URL (the dispatchers were given it) and
+    /// data directory; waits for /health. The client port is the one etcd
+    /// held until it was killed: nothing else on loopback binds it in
+    /// between unless it asks for that number (the kernel hands out port
+    /// 0 requests from the whole ephemeral range).
     pub fn restart(&mut self) -> Result<()> {
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let any = "http://127.0.0.1:0";
         let cmd = etcd_command(&EtcdMemberConfig {
             name: "t",
             data_dir: &self.dir.join("etcd"),
             client_url: &self.url,
-            peer_url: &peer,
-            metrics_port: self.metrics_port,
-            initial_cluster: &format!("t={peer}"),
+            peer_url: any,
+            metrics_port: 0,
+            initial_cluster: &format!("t={any}"),
         });
         let log = self.dir.join(format!("etcd-{}.log", now_nanos()));
         self.proc = Some(Proc::spawn("etcd", cmd, log)?);
+        self.wait_healthy()
+    }
+
+    fn wait_healthy(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if self.healthy() {
@@ -767,7 +782,7 @@ impl Etcd {
 
     /// True when `GET /health` answers `"health":"true"`.
     pub fn healthy(&self) -> bool {
-        etcd_healthy(self.metrics_port)
+        etcd_healthy(self.port)
     }
 
     /// SIGKILL it (the data directory stays for [`Etcd::restart`]).
@@ -794,37 +809,6 @@ impl Dispatcher {
         ];
         flags.extend(extra.iter().map(|s| s.to_string()));
         Self::start_on(&own, 0, flags)
-    }
-
-    /// [`Dispatcher::start_replica`] advertising `advertise(port)` (e.g.
-    /// an `https://localhost:PORT` URL for a TLS replica).
-    pub fn start_replica_as(
-        dir: &Path,
-        etcd_url: &str,
-        advertise: impl Fn(u16) -> String,
-        extra: &[&str],
-    ) -> Result<Self> {
-        // The advertised URL names the port, so it is chosen first; a
-        // start that lost the port to another process is retried.
-        let mut attempt = 0;
-        loop {
-            let port = free_port();
-            let own = dir.join(format!("replica-{port}-{}", now_nanos()));
-            std::fs::create_dir_all(&own)?;
-            let mut flags: Vec<String> = vec![
-                "--store".into(),
-                "etcd".into(),
-                "--etcd-endpoints".into(),
-                etcd_url.into(),
-                "--advertise-url".into(),
-                advertise(port),
-            ];
-            flags.extend(extra.iter().map(|s| s.to_string()));
-            match Self::start_on(&own, port, flags) {
-                Err(e) if attempt < 5 && lost_port(&e) => attempt += 1,
-                other => return other,
-            }
-        }
     }
 }
 

@@ -9,7 +9,10 @@
 //! - [`paused_leader_steps_down_without_writing`]: SIGSTOP the leader past
 //!   its lease; a follower takes over; SIGCONT: the old leader steps down
 //!   (it logs the step-down, answers with the redirect to the new leader)
-//!   and no job is lost or run twice.
+//!   and no job is lost or run twice. A submission it reads on waking is
+//!   stored, if at all, only under a later term it won after the flapping
+//!   a loaded machine can cause: checked in etcd (the leader key as it was
+//!   at the job key's create revision), never the deposed term.
 //! - [`etcd_restart_mid_run_loses_nothing`]: SIGKILL etcd mid-run and
 //!   restart it on the same data directory: every job still finishes
 //!   exactly once.
@@ -496,6 +499,13 @@ async fn paused_leader_steps_down_without_writing() -> Result<()> {
     let to_old = tonic::transport::Channel::from_shared(old.url.clone())?
         .connect()
         .await?;
+    // The deposed term, as etcd holds it: the leader key's lease and
+    // create revision (the fence every write of that term compares).
+    let etcd = etcd_client(&ha.etcd.url).await?;
+    let deposed = leader_at(&etcd, 0)
+        .await?
+        .context("no leader key while a replica leads")?;
+    ensure!(deposed.url == old.url, "the leader key names {deposed:?}");
     old.proc.signal(nix::sys::signal::Signal::SIGSTOP);
     let stopped_at = Instant::now();
     let marks = ha.marks();
@@ -544,6 +554,40 @@ async fn paused_leader_steps_down_without_writing() -> Result<()> {
         return Err(e);
     }
     old.proc.signal(nix::sys::signal::Signal::SIGCONT);
+    // The submission it received after waking up: the deposed term must
+    // not have written it. Under load the leadership may flap (a renewal
+    // starved past the 3 s TTL) and the old replica may legitimately win
+    // a later term before it reads the request; then it may accept it
+    // (or time out on etcd after storing it). So whether the job exists is
+    // not the test: *which term wrote it* is. etcd tells: the job key's
+    // create revision, and the leader key as it was at that revision.
+    // Checked in etcd itself as soon as the answer is in (no leader's view
+    // in between), and again at the end (a write that etcd applied after
+    // the replica gave up waiting for it).
+    let late = tokio::time::timeout(ELECTION, late)
+        .await
+        .context("the submission to the paused leader never returned")??;
+    match &late {
+        Ok(_) => eprintln!("the resumed old replica accepted the submission (a later term?)"),
+        Err(s) if s.code() == Code::Unavailable => {
+            eprintln!("submission to the resumed old leader: {}", s.message())
+        }
+        Err(other) => bail!(
+            "the deposed leader answered a submission with {other:?}\n{}",
+            ha.logs()
+        ),
+    }
+    let stored = late_jobs_of_later_terms(&etcd, &old.url, &deposed)
+        .await
+        .with_context(|| ha.logs())?;
+    if let Ok(resp) = &late {
+        let id = resp.get_ref().jobs.first().map(|j| j.id.clone());
+        ensure!(
+            id.is_some() && stored == id.into_iter().collect::<Vec<_>>(),
+            "the late submission was acknowledged ({:?}) but etcd holds {stored:?}",
+            resp.get_ref().jobs
+        );
+    }
     // It steps down on its own and redirects to the new leader.
     let deadline = Instant::now() + ELECTION;
     loop {
@@ -563,26 +607,112 @@ async fn paused_leader_steps_down_without_writing() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The submission it received after waking up was refused, and (below)
-    // no trace of it is stored: its write was fenced or never attempted.
-    let late = tokio::time::timeout(ELECTION, late)
-        .await
-        .context("the submission to the paused leader never returned")??;
-    match late {
-        Err(s) if s.code() == Code::Unavailable => {
-            eprintln!("submission to the resumed old leader: {}", s.message())
-        }
-        other => bail!(
-            "the deposed leader answered a submission with {other:?}\n{}",
+    // The old replica cannot take the leader key from a live leader: if
+    // leadership moved again, the new leader stepped down on its own first.
+    let now = ha.wait_leader(None, ELECTION).await?;
+    if now != next {
+        ensure!(
+            ha.replicas[next].proc.log_text().contains("stepped down"),
+            "{} answers as leader while {} never stepped down\n{}",
+            ha.urls[now],
+            ha.urls[next],
             ha.logs()
-        ),
+        );
+        eprintln!(
+            "leadership moved again under load: {} -> {}",
+            ha.urls[next], ha.urls[now]
+        );
+    }
+    let mut expected = ids.clone();
+    expected.extend(
+        late_jobs_of_later_terms(&etcd, &old.url, &deposed)
+            .await
+            .with_context(|| ha.logs())?,
+    );
+    ha.check_exactly_once(&expected).await
+}
+
+/// The late submission's jobs as etcd holds them (at most one), each
+/// checked to have been written under a term of `writer` later than
+/// `deposed`: the job key's create revision, and the leader key at that
+/// revision. A job written while the leader key named another replica,
+/// or still `deposed`, is the fence failing.
+async fn late_jobs_of_later_terms(
+    etcd: &etcd::Client,
+    writer: &str,
+    deposed: &Term,
+) -> Result<Vec<String>> {
+    use prost::Message as _;
+    let key = b"/dispatch/jobs/".to_vec();
+    let resp = etcd
+        .range(etcd::RangeRequest {
+            range_end: etcd::prefix_end(&key),
+            key,
+            ..Default::default()
+        })
+        .await?;
+    let mut late = Vec::new();
+    for kv in &resp.kvs {
+        let job = Job::decode(kv.value.as_slice())?;
+        let is_late = job
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.command.iter().any(|a| a.contains("echo late")));
+        if !is_late {
+            continue;
+        }
+        let written = kv.create_revision;
+        let term = leader_at(etcd, written)
+            .await?
+            .context("no leader key when the late job was written")?;
+        eprintln!(
+            "the late job {} was written at revision {written} under {term:?} (the deposed term: {deposed:?})",
+            job.id
+        );
+        ensure!(
+            term.url == writer
+                && term.create_revision > deposed.create_revision
+                && term.lease != deposed.lease,
+            "the late job {} was written at revision {written} while the leader key was \
+             {term:?}: not a later term of {writer} (its deposed term was {deposed:?}); \
+             the fence let a deposed leader write",
+            job.id,
+        );
+        late.push(job.id);
     }
     ensure!(
-        ha.wait_leader(None, ELECTION).await? == next,
-        "leadership moved again after the old leader woke up\n{}",
-        ha.logs()
+        late.len() <= 1,
+        "the late submission was stored as {late:?}"
     );
-    ha.check_exactly_once(&ids).await
+    Ok(late)
+}
+
+/// The leader key (`/dispatch/leader`) as etcd held it at `revision` (0:
+/// now).
+#[derive(Debug)]
+struct Term {
+    url: String,
+    lease: i64,
+    create_revision: i64,
+}
+
+async fn etcd_client(url: &str) -> Result<etcd::Client> {
+    Ok(etcd::Client::connect([url], &etcd::ConnectOptions::new()).await?)
+}
+
+async fn leader_at(etcd: &etcd::Client, revision: i64) -> Result<Option<Term>> {
+    let resp = etcd
+        .range(etcd::RangeRequest {
+            key: b"/dispatch/leader".to_vec(),
+            revision,
+            ..Default::default()
+        })
+        .await?;
+    Ok(resp.kvs.first().map(|kv| Term {
+        url: String::from_utf8_lossy(&kv.value).into_owned(),
+        lease: kv.lease,
+        create_revision: kv.create_revision,
+    }))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -597,6 +727,8 @@ async fn etcd_restart_mid_run_loses_nothing() -> Result<()> {
     })
     .await?;
     ha.etcd.kill9();
+    // The length of the outage (the fault itself, not a wait for an event:
+    // every wait below is for one).
     tokio::time::sleep(Duration::from_secs(1)).await;
     ha.etcd.restart()?;
     let next = ha.wait_leader(None, ELECTION).await?;
@@ -624,7 +756,8 @@ async fn replicas_over_tls_fail_over_for_agents_and_dispatchctl() -> Result<()> 
     let ca_dir_s = ca_dir.display().to_string();
     let out = std::process::Command::new(e2e::binary("dispatcher"))
         .args(["gen-certs", "--ca-dir", &ca_dir_s])
-        .args(["--server-name", "localhost", "--agent", "n1"])
+        .args(["--server-name", "localhost", "--server-name", "127.0.0.1"])
+        .args(["--agent", "n1"])
         .output()
         .context("running dispatcher gen-certs")?;
     ensure!(out.status.success(), "gen-certs: {out:?}");
@@ -642,17 +775,14 @@ async fn replicas_over_tls_fail_over_for_agents_and_dispatchctl() -> Result<()> 
     ];
     let mut replicas = (0..3)
         .map(|_| {
-            Dispatcher::start_replica_as(
-                dir.path(),
-                &etcd.url,
-                |port| format!("https://localhost:{port}"),
-                &tls_flags,
-            )
+            // Port 0: each replica advertises https://127.0.0.1:PORT, the
+            // address it bound (a name of the server certificate).
+            Dispatcher::start_replica(dir.path(), &etcd.url, &tls_flags)
         })
         .collect::<Result<Vec<_>>>()?;
     let urls: Vec<String> = replicas
         .iter()
-        .map(|d| format!("https://localhost:{}", d.port))
+        .map(|d| format!("https://127.0.0.1:{}", d.port))
         .collect();
     let all = urls.join(",");
     let (agent_cert, agent_key) = (file("agent-n1.pem"), file("agent-n1.key"));

@@ -506,6 +506,56 @@ async fn lead(
 mod tests {
     use super::*;
 
+    /// The keepalive loop against a real etcd: a kept lease outlives
+    /// several TTLs both in etcd and in the local clock (this fails if
+    /// renewal is broken: the clock runs out after one TTL); once renewal
+    /// stops, the clock runs out no later than etcd's lease. Time passing
+    /// is what is tested here, so the test waits for it (polling etcd).
+    /// etcd reports a lease's remaining time in whole seconds, rounded
+    /// down (0 for the last second), and -1 once it is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn renewal_keeps_the_lease_and_the_clock_never_outlives_etcd() {
+        let dir = tempfile::tempdir().unwrap();
+        let etcd = e2e::Etcd::start(dir.path()).unwrap();
+        let client = Client::connect([etcd.url.as_str()], &ConnectOptions::new())
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(3);
+        let lease = Lease::grant(&client, ttl, Duration::from_secs(30))
+            .await
+            .unwrap();
+        let granted = Instant::now();
+        let etcd_ttl = |id| {
+            let client = client.clone();
+            async move { client.lease_time_to_live(id, false).await.unwrap().ttl }
+        };
+        // Two TTLs, checked all along: never lost, etcd's lease alive.
+        while granted.elapsed() < ttl * 2 {
+            assert!(
+                lease.clock.valid(),
+                "the lease clock ran out after {:?} with renewal running",
+                granted.elapsed()
+            );
+            assert!(
+                etcd_ttl(lease.id).await >= 0,
+                "etcd expired a renewed lease"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // Renewal stops: the clock runs out, and while it still says
+        // valid, etcd still holds the lease.
+        lease.keeper.abort();
+        let stopped = Instant::now();
+        while lease.clock.valid() {
+            assert!(
+                etcd_ttl(lease.id).await >= 0,
+                "the local clock outlived etcd's lease"
+            );
+            assert!(stopped.elapsed() < ttl * 3, "the clock never ran out");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     #[test]
     fn leader_records_read_both_forms() {
         let bare = LeaderRecord {

@@ -815,7 +815,7 @@ impl Executor {
             } else {
                 report.lost.push(id.clone());
             }
-            let stopped = running && pid.and_then(procfs::stat).is_some_and(|s| s.state == 'T');
+            let stopped = running && pid.is_some_and(procfs::is_stopped);
             let cpus = record.cpus.unwrap_or_else(|| spec.job.cpus.clone());
             let (exit_tx, _) = watch::channel(None);
             self.shared.jobs().insert(

@@ -5,7 +5,9 @@
 //!
 //! Invariant: a node's CPU model marks exactly the CPUs of the jobs the
 //! dispatcher has on it (`JobEntry::model_cpus`); nodes share one engine
-//! tree per distinct reported topology.
+//! tree per distinct reported topology, and the cache of those trees
+//! holds only trees some node uses (plus the one being registered): an
+//! agent that re-registers with ever-new topologies cannot grow it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -182,7 +184,9 @@ pub struct Nodes {
     /// Administrative states restored from the store for nodes that have
     /// not registered yet.
     restored_admin: HashMap<String, NodeAdmin>,
-    /// Engine trees of node topologies, by encoded topology.
+    /// Engine trees of node topologies, by encoded topology. Bounded:
+    /// a tree no node holds any more is dropped when another is added
+    /// ([`Nodes::cpu_tree`]).
     topo_cache: HashMap<Vec<u8>, Arc<Topology>>,
 }
 
@@ -221,14 +225,26 @@ impl Nodes {
 
     /// The engine tree of a reported topology (shared by nodes that
     /// report the same one: fleets are mostly identical machines).
+    ///
+    /// Before a new tree is cached, the trees only the cache still holds
+    /// are dropped (their nodes re-registered with another topology): a
+    /// hostile agent re-registering with a new topology each time keeps
+    /// at most its current tree and the new one here, so the cache holds
+    /// at most one tree per node plus one.
     pub fn cpu_tree(&mut self, topology: &proto::v1::Topology) -> Result<Arc<Topology>, String> {
         let shape = prost::Message::encode_to_vec(topology);
         if let Some(t) = self.topo_cache.get(&shape) {
             return Ok(t.clone());
         }
         let t = Arc::new(engine_proto::cpu_topology(topology).map_err(|e| e.to_string())?);
+        self.topo_cache.retain(|_, t| Arc::strong_count(t) > 1);
         self.topo_cache.insert(shape, t.clone());
         Ok(t)
+    }
+
+    /// Engine trees in the topology cache.
+    pub fn cached_trees(&self) -> usize {
+        self.topo_cache.len()
     }
 
     /// The administrative state a (re-)registering node keeps.
@@ -268,5 +284,42 @@ pub fn node_state(n: &NodeInfo) -> &'static str {
             NodeAdmin::Cordoned => "cordoned",
             NodeAdmin::Ready => "ready",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::register_node;
+    use super::super::{Cluster, ClusterConfig, Effects};
+    use std::sync::Arc;
+
+    /// A node that re-registers with a new topology every time (a hostile
+    /// agent with a valid certificate: its name is fixed by it) leaves the
+    /// cache at one tree per node plus one, and nodes reporting the same
+    /// topology still share one tree.
+    #[test]
+    fn topology_cache_holds_only_trees_in_use() {
+        let mut c = Cluster::new(ClusterConfig::default());
+        let mut fx = Effects::default();
+        register_node(&mut c, "a", "2s:4c:2t", ("z", "r1"), 0, &mut fx);
+        register_node(&mut c, "b", "2s:4c:2t", ("z", "r2"), 0, &mut fx);
+        let mut most = 0;
+        for (i, (sockets, cores)) in (1..=8)
+            .flat_map(|s| (1..=40).map(move |c| (s, c)))
+            .enumerate()
+        {
+            let spec = format!("{sockets}s:{cores}c:1t");
+            register_node(&mut c, "evil", &spec, ("z", "r3"), i as i64, &mut fx);
+            c.settle(i as i64, &mut fx);
+            most = most.max(c.nodes.cached_trees());
+        }
+        // a and b share one tree; evil holds one; one more while a new
+        // tree is added before the node drops its old one.
+        assert!(most <= 3, "the cache grew to {most} trees for 3 nodes");
+        let a = c.nodes.get("a").unwrap().cpu_topo.clone();
+        assert!(Arc::ptr_eq(&a, &c.nodes.get("b").unwrap().cpu_topo));
+        // The honest nodes' tree survived every eviction.
+        register_node(&mut c, "d", "2s:4c:2t", ("z", "r4"), 999, &mut fx);
+        assert!(Arc::ptr_eq(&a, &c.nodes.get("d").unwrap().cpu_topo));
     }
 }
