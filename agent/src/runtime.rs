@@ -3,8 +3,22 @@
 //!
 //! One task owns everything mutable and reacts, in a single `select!`, to:
 //! dispatcher messages (Assign, Cancel, Steal, LogRequest), job exits from
-//! the executor, the scheduler tick (time slices), and the report timer
-//! (LoadReport, which is also the heartbeat). On a broken stream it
+//! the executor, the answers of starting shims, the scheduler tick (time
+//! slices), and the report timer (LoadReport, which is also the
+//! heartbeat).
+//!
+//! The loop never waits for a shim: each start runs on its own task and
+//! its answer comes back as a message, so a burst of Assigns starts every
+//! job there are CPUs for at once. Until its shim answers, a job counts as
+//! started for the local scheduler but is unknown to the executor; what
+//! the loop asks of it meanwhile (re-pin, stop or continue after a fence,
+//! cancel, and its exit if that is delivered first) waits in [`Starting`]
+//! and is carried out, in that order, after the start is reported. A
+//! reconnect in that window lists it nowhere, like a job still queued
+//! here: the dispatcher re-sends its Assign, which the agent ignores.
+//! Job statuses of one turn of the loop (plus the exits and answers that
+//! are already waiting) leave as one `StatusBatch` when the dispatcher
+//! takes them, which it commits together. On a broken stream it
 //! reconnects with backoff and registers again, listing every job it runs
 //! or recently finished, so the dispatcher can reconcile; jobs keep
 //! running meanwhile.
@@ -31,7 +45,8 @@ use anyhow::{Context, Result};
 use proto::v1::agent_service_client::AgentServiceClient;
 use proto::v1::{
     AgentMessage, CpuLoad, DispatcherMessage, JobSpec, JobState, JobStatus, LoadReport, LogData,
-    LogRequest, LogStream, NodeLoad, Register, StealReply, agent_message, dispatcher_message,
+    LogRequest, LogStream, NodeLoad, Register, StatusBatch, StealReply, agent_message,
+    dispatcher_message,
 };
 use sched::{Align, Policy};
 use tokio::sync::{mpsc, watch};
@@ -157,6 +172,36 @@ struct Pending {
     owner: String,
 }
 
+/// A job whose shim has been started and has not answered yet: what the
+/// loop asked of it meanwhile, carried out when the answer comes (the
+/// executor knows the job only from then on).
+#[derive(Default)]
+struct Starting {
+    /// A cancel arrived.
+    cancel: bool,
+    /// The lease was renewed after it had run out: the shim may have
+    /// fenced (stopped) the job, continue it.
+    unfence: bool,
+    /// Its exit, when the executor delivered it before the answer was
+    /// handled (a job that ends at once).
+    exit: Option<JobExit>,
+}
+
+/// A shim's answer: the job runs, or why it could not start.
+type StartResult = (
+    String,
+    Vec<u32>,
+    crate::exec::Result<crate::exec::JobHandle>,
+);
+
+/// What the executor reports to the loop: exits, and the answers of the
+/// shims it is starting (each start runs on its own task, so the loop
+/// starts many jobs at once and never waits for a shim).
+struct Inbox {
+    exits: mpsc::UnboundedReceiver<JobExit>,
+    started: mpsc::UnboundedReceiver<StartResult>,
+}
+
 struct Agent {
     opts: AgentOptions,
     exec: Arc<Executor>,
@@ -177,6 +222,15 @@ struct Agent {
     lease: Lease,
     /// Started jobs the local scheduler has stopped (time-sliced out).
     sliced_out: HashSet<String>,
+    /// Jobs whose shims are starting (see [`Starting`]).
+    starting: HashMap<String, Starting>,
+    /// Where the start tasks answer.
+    started_tx: mpsc::UnboundedSender<StartResult>,
+    /// Job statuses not yet sent: flushed once per turn of the loop, as one
+    /// message when the dispatcher takes batches ([`Agent::flush`]).
+    outbox: Vec<JobStatus>,
+    /// The dispatcher said it takes `StatusBatch` (its `Registered`).
+    batches: bool,
 }
 
 impl Agent {
@@ -235,16 +289,38 @@ impl Agent {
             self.recent
                 .insert(id.to_string(), (status.clone(), Instant::now()));
         }
-        self.send(agent_message::Msg::Status(status));
+        self.outbox.push(status);
     }
 
-    async fn carry_out(&mut self, actions: Vec<Action>) {
+    /// Send this turn's statuses: one `StatusBatch` when the dispatcher
+    /// takes them (it applies a batch in one store commit), else one
+    /// message each. Without a stream they are dropped, as a send on a
+    /// broken one would be: the next Register lists running jobs, and
+    /// `recent` holds the ends.
+    fn flush(&mut self) {
+        if self.outbox.is_empty() {
+            return;
+        }
+        let statuses = std::mem::take(&mut self.outbox);
+        if self.batches && statuses.len() > 1 {
+            self.send(agent_message::Msg::Statuses(StatusBatch { statuses }));
+        } else {
+            for status in statuses {
+                self.send(agent_message::Msg::Status(status));
+            }
+        }
+    }
+
+    fn carry_out(&mut self, actions: Vec<Action>) {
         for action in actions {
             match action {
-                Action::Start { id, cpus } => self.start_job(&id, cpus).await,
+                Action::Start { id, cpus } => self.start_job(&id, cpus),
                 Action::Stop { id } => {
                     self.sliced_out.insert(id.clone());
-                    if let Err(err) = self.exec.stop(&id) {
+                    // A starting job is stopped when its shim answers.
+                    if !self.starting.contains_key(&id)
+                        && let Err(err) = self.exec.stop(&id)
+                    {
                         tracing::warn!(%id, %err, "cannot stop job");
                     }
                     self.traces.stopped(&id);
@@ -253,6 +329,12 @@ impl Agent {
                     let topo = self.local.engine().topology();
                     self.traces.moved(&id, "continued", &cpus, topo);
                     let real = self.real(&cpus);
+                    self.sliced_out.remove(&id);
+                    if self.starting.contains_key(&id) {
+                        // Pinned and left running when its shim answers.
+                        self.pinned.insert(id.clone(), real);
+                        continue;
+                    }
                     // Re-pinning walks every thread of the job in /proc:
                     // only when the job comes back on other CPUs.
                     if self.pinned.get(&id) != Some(&real) {
@@ -261,7 +343,6 @@ impl Agent {
                         }
                         self.pinned.insert(id.clone(), real);
                     }
-                    self.sliced_out.remove(&id);
                     // Fenced: the job continues when the lease is renewed.
                     if !self.lease.expired()
                         && let Err(err) = self.exec.cont(&id)
@@ -273,7 +354,9 @@ impl Agent {
                     let topo = self.local.engine().topology();
                     self.traces.moved(&id, "migrated", &cpus, topo);
                     let real = self.real(&cpus);
-                    if let Err(err) = self.exec.repin(&id, &real) {
+                    if !self.starting.contains_key(&id)
+                        && let Err(err) = self.exec.repin(&id, &real)
+                    {
                         tracing::warn!(%id, %err, "cannot re-pin job");
                     }
                     self.pinned.insert(id.clone(), real);
@@ -282,7 +365,11 @@ impl Agent {
         }
     }
 
-    async fn start_job(&mut self, id: &str, cpus: Vec<u32>) {
+    /// Start a job's shim on its own task and return at once: the answer
+    /// comes back through [`Inbox::started`] ([`Agent::on_started`]), so
+    /// the loop starts every job it has CPUs for without waiting for any
+    /// shim. The job counts as started for the local scheduler from now.
+    fn start_job(&mut self, id: &str, cpus: Vec<u32>) {
         let Some(p) = self.jobs.get(id) else {
             return;
         };
@@ -308,32 +395,81 @@ impl Agent {
             self.traces
                 .starting(id, (&job_id, attempt), &node, &cpus, &real);
         }
-        match self.exec.spawn(job).await {
+        self.starting.insert(id.to_string(), Starting::default());
+        self.pinned.insert(id.to_string(), real.clone());
+        let exec = self.exec.clone();
+        let tx = self.started_tx.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let result = exec.spawn(job).await;
+            // The loop holds the receiver for as long as it runs.
+            let _ = tx.send((id, real, result));
+        });
+    }
+
+    /// A shim answered: report the start (or the failure), then carry out
+    /// what the loop asked of the job meanwhile, in order (stop, re-pin,
+    /// cancel, continue after a fence, its exit).
+    fn on_started(&mut self, (id, real, result): StartResult) {
+        let Some(starting) = self.starting.remove(&id) else {
+            return;
+        };
+        let cpus = self
+            .local
+            .cpus_of(&id)
+            .map(|c| c.to_vec())
+            .unwrap_or_default();
+        match result {
             Ok(_) => {
-                self.traces.started(id, Ok(()));
+                self.traces.started(&id, Ok(()));
                 tracing::info!(%id, ?cpus, ?real, "job started");
-                self.pinned.insert(id.to_string(), real.clone());
-                self.send_status(id, JobState::Running, cpus, None, String::new());
+                self.send_status(&id, JobState::Running, cpus, None, String::new());
+                let wanted = self.pinned.get(&id).cloned().unwrap_or_default();
+                if wanted != real
+                    && let Err(err) = self.exec.repin(&id, &wanted)
+                {
+                    tracing::warn!(%id, %err, "cannot re-pin job");
+                }
+                if self.sliced_out.contains(&id) {
+                    if let Err(err) = self.exec.stop(&id) {
+                        tracing::warn!(%id, %err, "cannot stop job");
+                    }
+                } else if starting.unfence
+                    && !self.lease.expired()
+                    && let Err(err) = self.exec.cont(&id)
+                {
+                    tracing::warn!(%id, %err, "cannot continue job");
+                }
+                if starting.cancel
+                    && let Err(err) = self.exec.cancel(&id, crate::exec::DEFAULT_KILL_GRACE)
+                {
+                    tracing::warn!(%id, %err, "cannot cancel job");
+                }
+                if let Some(exit) = starting.exit {
+                    self.on_exit(exit);
+                }
             }
             Err(err) => {
                 tracing::warn!(%id, %err, "job failed to start");
-                self.traces.started(id, Err(&err.to_string()));
+                self.traces.started(&id, Err(&err.to_string()));
                 let now = self.now_ns();
-                let actions = self.local.job_exited(id, now);
-                self.jobs.remove(id);
+                let actions = self.local.job_exited(&id, now);
+                self.jobs.remove(&id);
+                self.pinned.remove(&id);
+                self.sliced_out.remove(&id);
                 self.send_status(
-                    id,
+                    &id,
                     JobState::Failed,
                     cpus,
                     None,
                     format!("could not start: {err}"),
                 );
-                Box::pin(self.carry_out(actions)).await;
+                self.carry_out(actions);
             }
         }
     }
 
-    async fn on_assign(
+    fn on_assign(
         &mut self,
         job_id: String,
         attempt: u32,
@@ -357,7 +493,7 @@ impl Agent {
         self.jobs.insert(id.clone(), Pending { spec, owner });
         let now = self.now_ns();
         match self.local.submit(local, now) {
-            Ok(actions) => self.carry_out(actions).await,
+            Ok(actions) => self.carry_out(actions),
             Err(reason) => {
                 self.jobs.remove(&id);
                 self.traces.forget(&id);
@@ -366,9 +502,13 @@ impl Agent {
         }
     }
 
-    async fn on_cancel(&mut self, job_id: &str, attempt: u32) {
+    fn on_cancel(&mut self, job_id: &str, attempt: u32) {
         let id = local_id(job_id, attempt);
-        if self.local.is_started(&id) {
+        if let Some(starting) = self.starting.get_mut(&id) {
+            // The shim installs its cancel handler before it answers:
+            // signal it then.
+            starting.cancel = true;
+        } else if self.local.is_started(&id) {
             if let Err(err) = self.exec.cancel(&id, crate::exec::DEFAULT_KILL_GRACE) {
                 tracing::warn!(%id, %err, "cannot cancel job");
             }
@@ -385,18 +525,24 @@ impl Agent {
                 None,
                 "cancelled before it started".into(),
             );
-            self.carry_out(actions).await;
+            self.carry_out(actions);
         } else if let Some((status, _)) = self.recent.get(&id) {
             // Already finished: say so again.
             let status = status.clone();
-            self.send(agent_message::Msg::Status(status));
+            self.outbox.push(status);
         } else if self.exec.status(&id).is_ok() {
             let _ = self.exec.cancel(&id, crate::exec::DEFAULT_KILL_GRACE);
         }
     }
 
-    async fn on_exit(&mut self, exit: JobExit) {
+    fn on_exit(&mut self, exit: JobExit) {
         let id = exit.id.clone();
+        if let Some(starting) = self.starting.get_mut(&id) {
+            // The monitor delivered the exit before the loop handled the
+            // shim's answer: the start is reported first.
+            starting.exit = Some(exit);
+            return;
+        }
         let now = self.now_ns();
         let cpus = self
             .local
@@ -429,7 +575,7 @@ impl Agent {
         );
         self.send_status(&id, state, cpus, Some(&exit), message);
         let _ = self.exec.ack(&id);
-        self.carry_out(actions).await;
+        self.carry_out(actions);
     }
 
     fn on_steal(&mut self, job_id: String, attempt: u32) {
@@ -524,7 +670,9 @@ impl Agent {
             .collect();
         tracing::info!(jobs = ids.len(), "lease renewed: continuing fenced jobs");
         for id in ids {
-            if let Err(err) = self.exec.cont(&id) {
+            if let Some(starting) = self.starting.get_mut(&id) {
+                starting.unfence = true;
+            } else if let Err(err) = self.exec.cont(&id) {
                 tracing::warn!(%id, %err, "cannot continue job");
             }
         }
@@ -751,9 +899,11 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
             .context("building the engine topology")?,
     );
     let exec = Arc::new(Executor::new(opts.exec.clone()).context("starting the executor")?);
-    let mut exits = exec
+    let exits = exec
         .take_exits()
         .context("the executor's exit channel was already taken")?;
+    let (started_tx, started) = mpsc::unbounded_channel();
+    let mut inbox = Inbox { exits, started };
     // A lease left by a previous agent still binds the shims it started.
     let lease_file = exec.lease();
     let deadline = lease_file.read();
@@ -767,6 +917,10 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
             sent: VecDeque::new(),
         },
         sliced_out: HashSet::new(),
+        starting: HashMap::new(),
+        started_tx,
+        outbox: Vec::new(),
+        batches: false,
         local: LocalScheduler::new(topo, opts.local.clone()),
         opts,
         exec: exec.clone(),
@@ -818,7 +972,7 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
             break;
         }
         let url = endpoints.current().to_string();
-        match session(&mut agent, &url, &mut exits, &mut stop).await {
+        match session(&mut agent, &url, &mut inbox, &mut stop).await {
             Ok(()) => break,
             Err(err) => {
                 if agent.out.take().is_some() {
@@ -835,16 +989,27 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
                 }
             }
         }
-        // Keep handling exits and ticks while disconnected.
+        // Keep handling exits and starts while disconnected.
         let deadline = tokio::time::Instant::now() + backoff;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => break,
-                Some(exit) = exits.recv() => agent.on_exit(exit).await,
+                Some(started) = inbox.started.recv() => agent.on_started(started),
+                Some(exit) = inbox.exits.recv() => agent.on_exit(exit),
                 _ = stop.changed() => break,
             }
+            agent.outbox.clear(); // no stream: see `Agent::flush`
         }
         backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+    // Shims still starting: wait for their answers, so that the executor
+    // tracks every job it is asked to shut down.
+    let limit = tokio::time::Instant::now() + agent.opts.exec.shim_start_timeout;
+    while !agent.starting.is_empty() {
+        match tokio::time::timeout_at(limit, inbox.started.recv()).await {
+            Ok(Some(started)) => agent.on_started(started),
+            Ok(None) | Err(_) => break,
+        }
     }
     exec.shutdown().await.context("stopping the executor")?;
     Ok(())
@@ -854,7 +1019,7 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
 async fn session(
     agent: &mut Agent,
     url: &str,
-    exits: &mut mpsc::UnboundedReceiver<JobExit>,
+    inbox: &mut Inbox,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<()> {
     let endpoint = proto::endpoints::endpoint(url, &agent.opts.tls)
@@ -886,6 +1051,7 @@ async fn session(
     let interval = match first.and_then(|m| m.msg) {
         Some(dispatcher_message::Msg::Registered(r)) => {
             agent.lease_registered(r.lease_ms, register_sent);
+            agent.batches = r.status_batches;
             Duration::from_millis(r.heartbeat_interval_ms.max(50))
         }
         _ => anyhow::bail!("the dispatcher did not answer Registered"),
@@ -908,20 +1074,21 @@ async fn session(
                 match msg {
                     dispatcher_message::Msg::Assign(a) => {
                         let spec = a.spec.unwrap_or_default();
-                        agent.on_assign(a.job_id, a.attempt, spec, a.owner, &a.trace_context).await;
+                        agent.on_assign(a.job_id, a.attempt, spec, a.owner, &a.trace_context);
                     }
-                    dispatcher_message::Msg::Cancel(c) => agent.on_cancel(&c.job_id, c.attempt).await,
+                    dispatcher_message::Msg::Cancel(c) => agent.on_cancel(&c.job_id, c.attempt),
                     dispatcher_message::Msg::Steal(s) => agent.on_steal(s.job_id, s.attempt),
                     dispatcher_message::Msg::LogRequest(r) => agent.serve_log(r),
                     dispatcher_message::Msg::Lease(l) => agent.on_lease(l),
                     dispatcher_message::Msg::Registered(_) => {}
                 }
             }
-            Some(exit) = exits.recv() => agent.on_exit(exit).await,
+            Some(started) = inbox.started.recv() => agent.on_started(started),
+            Some(exit) = inbox.exits.recv() => agent.on_exit(exit),
             _ = tick.tick() => {
                 let now = agent.now_ns();
                 let actions = agent.local.tick(now);
-                agent.carry_out(actions).await;
+                agent.carry_out(actions);
                 agent.check_lease();
             }
             _ = report.tick() => {
@@ -936,6 +1103,19 @@ async fn session(
                 }
             }
         }
+        // Whatever else is already waiting joins this turn's statuses:
+        // exits and shim answers that came meanwhile (bounded, so a flood
+        // of them cannot starve the stream), then one send.
+        for _ in 0..256 {
+            if let Ok(started) = inbox.started.try_recv() {
+                agent.on_started(started);
+            } else if let Ok(exit) = inbox.exits.try_recv() {
+                agent.on_exit(exit);
+            } else {
+                break;
+            }
+        }
+        agent.flush();
         // Report at once on every overload transition, not only on the
         // timer: the dispatcher's view of where work waits stays fresh.
         let overloaded = agent.local.overloaded();

@@ -490,6 +490,10 @@ impl Core {
                             msg: Some(dispatcher_message::Msg::Registered(Registered {
                                 heartbeat_interval_ms,
                                 lease_ms: self.cluster.config().agent_lease_ms(),
+                                // A batch is applied here like its
+                                // statuses one by one, in this batch of
+                                // commands: one store commit.
+                                status_batches: true,
                             })),
                         };
                         let _ = tx.send(Ok(hello));
@@ -536,6 +540,12 @@ impl Core {
                     agent_message::Msg::Status(status) => {
                         self.cluster.load_report_time(&node, now);
                         self.cluster.job_status(&node, status, now, fx);
+                    }
+                    agent_message::Msg::Statuses(batch) => {
+                        self.cluster.load_report_time(&node, now);
+                        for status in batch.statuses {
+                            self.cluster.job_status(&node, status, now, fx);
+                        }
                     }
                     agent_message::Msg::Log(data) => self.forward_log(data),
                     agent_message::Msg::StealReply(reply) => {

@@ -4,6 +4,13 @@
 //! a real `Cluster` with two registered nodes. Nothing may panic; a valid
 //! spec is valid again after normalisation; a refused call creates nothing
 //! and writes nothing; an accepted one creates one job per element.
+//!
+//! The cluster runs with `max_array` lowered to [`FUZZ_MAX_ARRAY`]: with
+//! the default (100,000 elements per call) the corpus fills with calls
+//! that create tens of thousands of jobs each, and the rate falls from
+//! ~10k to <1k executions per second. The refusal path is the same code
+//! (`check_call`), only its threshold is smaller; the default's own
+//! refusal is a unit test (`spec::tests`).
 #![no_main]
 
 use dispatcher::cluster::{Cluster, ClusterConfig, Effects};
@@ -12,8 +19,21 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use proto::v1::{JobSpec, Register, SubmitJobsRequest};
 
+/// Elements per call the fuzzed cluster accepts (see the module comment).
+const FUZZ_MAX_ARRAY: u32 = 64;
+
+fn limits() -> SpecLimits {
+    SpecLimits {
+        max_array: FUZZ_MAX_ARRAY,
+        ..SpecLimits::default()
+    }
+}
+
 fn cluster() -> Cluster {
-    let mut c = Cluster::new(ClusterConfig::default());
+    let mut c = Cluster::new(ClusterConfig {
+        limits: limits(),
+        ..ClusterConfig::default()
+    });
     let mut fx = Effects::default();
     for (name, shape, rack) in [("n1", "1s:4c:2t", "r1"), ("n2", "2s:2c:1t", "r2")] {
         let topo = sched::Topology::from_spec(shape).expect("a valid shape");
@@ -36,7 +56,7 @@ fn cluster() -> Cluster {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let limits = SpecLimits::default();
+    let limits = limits();
     if let Ok(spec) = JobSpec::decode(data) {
         let mut s = spec;
         if validate(&mut s, "spec", &limits).is_ok() {
@@ -60,6 +80,7 @@ fuzz_target!(|data: &[u8]| {
         .sum();
     match c.submit(req.specs, true, 1, &mut fx) {
         Ok(jobs) => {
+            assert!(elements <= FUZZ_MAX_ARRAY as usize);
             assert_eq!(jobs.len(), elements);
             assert_eq!(c.nr_jobs(), elements);
         }

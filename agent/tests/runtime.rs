@@ -1,0 +1,315 @@
+//! The agent's loop ([`agent::runtime::run`]) against a scripted
+//! dispatcher: a real `AgentService` gRPC server on loopback that answers
+//! the agent's Register, sends it Assigns and Cancels, and records every
+//! message it gets back. Jobs run for real under the agent binary's shim,
+//! started through a wrapper that holds each shim for a moment before it
+//! runs, so that whether the loop waits for one shim before starting the
+//! next shows in how many were starting at the same time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::time::Duration;
+
+use agent::exec::{ExecConfig, ShutdownMode};
+use agent::local::LocalConfig;
+use agent::runtime::{AgentOptions, run};
+use proto::v1::agent_service_server::{AgentService, AgentServiceServer};
+use proto::v1::{
+    AgentMessage, Assign, Cancel, DispatcherMessage, JobSpec, JobState, JobStatus, Registered,
+    agent_message, dispatcher_message,
+};
+use tokio::sync::{Mutex, mpsc, watch};
+use tokio_stream::wrappers::{TcpListenerStream, UnboundedReceiverStream};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// What the agent sent: each job status in arrival order, and how many
+/// messages carried them.
+#[derive(Default)]
+struct Seen {
+    statuses: Vec<JobStatus>,
+    single: usize,
+    batches: usize,
+}
+
+/// The scripted dispatcher: one agent stream at a time.
+struct Scripted {
+    /// Messages to the agent, taken by the first Attach.
+    to_agent: Mutex<Option<mpsc::UnboundedReceiver<DispatcherMessage>>>,
+    seen: std::sync::Arc<std::sync::Mutex<Seen>>,
+    batches: bool,
+}
+
+type BoxStream = Pin<Box<dyn Stream<Item = Result<DispatcherMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentService for Scripted {
+    type AttachStream = BoxStream;
+
+    async fn attach(
+        &self,
+        req: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<BoxStream>, Status> {
+        let mut inbound = req.into_inner();
+        match inbound.message().await? {
+            Some(AgentMessage {
+                msg: Some(agent_message::Msg::Register(_)),
+            }) => {}
+            _ => return Err(Status::invalid_argument("Register first")),
+        }
+        let Some(mut script) = self.to_agent.lock().await.take() else {
+            return Err(Status::unavailable("one stream only"));
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(Ok(DispatcherMessage {
+            msg: Some(dispatcher_message::Msg::Registered(Registered {
+                heartbeat_interval_ms: 1000,
+                lease_ms: 0,
+                status_batches: self.batches,
+            })),
+        }));
+        let out = tx.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = script.recv().await {
+                if out.send(Ok(msg)).is_err() {
+                    break;
+                }
+            }
+        });
+        let seen = self.seen.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(m)) = inbound.next().await {
+                let mut seen = seen.lock().unwrap();
+                match m.msg {
+                    Some(agent_message::Msg::Status(s)) => {
+                        seen.single += 1;
+                        seen.statuses.push(s);
+                    }
+                    Some(agent_message::Msg::Statuses(b)) => {
+                        seen.batches += 1;
+                        seen.statuses.extend(b.statuses);
+                    }
+                    _ => {}
+                }
+            }
+            drop(tx);
+        });
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+}
+
+fn allowed_cpus() -> Vec<u32> {
+    use nix::sched::{CpuSet, sched_getaffinity};
+    let set = sched_getaffinity(nix::unistd::Pid::from_raw(0)).expect("sched_getaffinity");
+    (0..CpuSet::count())
+        .filter(|&i| set.is_set(i).unwrap_or(false))
+        .map(|i| i as u32)
+        .collect()
+}
+
+/// A shim wrapper: marks itself in flight for `hold`, records how many
+/// shims were in flight at the end of it, then becomes the real shim.
+fn slow_shim(dir: &Path, hold: &str) -> PathBuf {
+    let inflight = dir.join("inflight");
+    fs::create_dir_all(&inflight).unwrap();
+    let script = dir.join("slow-shim");
+    fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nPATH=/usr/sbin:/usr/bin:/sbin:/bin\nmkdir '{i}/'$$\nsleep {hold}\nls '{i}' | wc -l >> '{o}'\nrmdir '{i}/'$$\nexec '{agent}' \"$@\"\n",
+            i = inflight.display(),
+            o = dir.join("overlap").display(),
+            agent = env!("CARGO_BIN_EXE_agent"),
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+fn assign(id: &str, command: &[&str]) -> DispatcherMessage {
+    DispatcherMessage {
+        msg: Some(dispatcher_message::Msg::Assign(Assign {
+            job_id: id.to_string(),
+            attempt: 1,
+            spec: Some(JobSpec {
+                command: command.iter().map(|s| s.to_string()).collect(),
+                cpus: 1,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })),
+    }
+}
+
+/// Start the scripted dispatcher and an agent on it; returns the script's
+/// sender, what the dispatcher saw, and the agent's stop switch and task.
+async fn start(
+    dir: &Path,
+    batches: bool,
+    hold: &str,
+) -> (
+    mpsc::UnboundedSender<DispatcherMessage>,
+    std::sync::Arc<std::sync::Mutex<Seen>>,
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (script, to_agent) = mpsc::unbounded_channel();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
+    let service = Scripted {
+        to_agent: Mutex::new(Some(to_agent)),
+        seen: seen.clone(),
+        batches,
+    };
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentServiceServer::new(service))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let mut exec = ExecConfig::new(dir.join("state"));
+    exec.shim_exe = slow_shim(dir, hold);
+    exec.run_as = nix::unistd::geteuid().is_root().then_some((65534, 65534));
+    exec.shim_start_timeout = PATIENCE;
+    exec.shutdown = ShutdownMode::KillJobs;
+    exec.shutdown_grace = Duration::from_millis(200);
+    let opts = AgentOptions {
+        dispatchers: vec![url],
+        tls: Default::default(),
+        node: "n0".into(),
+        labels: HashMap::new(),
+        machine: agent::topology::synthetic("1s:4c:2t").unwrap(),
+        real_cpus: allowed_cpus(),
+        memory_bytes: 0,
+        exec,
+        local: LocalConfig::default(),
+        oversubscribe: 1,
+        tick: Duration::from_millis(10),
+        retention: Duration::from_secs(3600),
+    };
+    let (stop, stop_rx) = watch::channel(false);
+    let task = tokio::spawn(run(opts, stop_rx));
+    (script, seen, stop, task)
+}
+
+/// Wait until `done` holds for what the dispatcher saw.
+async fn wait_for(seen: &std::sync::Mutex<Seen>, what: &str, done: impl Fn(&Seen) -> bool) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !done(&seen.lock().unwrap()) {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn is_terminal(s: &JobStatus) -> bool {
+    s.state != JobState::Running as i32
+}
+
+/// Every job's states in arrival order.
+fn by_job(seen: &Seen) -> BTreeMap<String, Vec<i32>> {
+    let mut out: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+    for s in &seen.statuses {
+        out.entry(s.job_id.clone()).or_default().push(s.state);
+    }
+    out
+}
+
+/// Eight jobs at once on eight CPUs, each shim held for a second before it
+/// runs: the loop starts them all without waiting for any shim (several
+/// shims are in flight together), reports each start before its end and
+/// each end once, and a cancel that comes while the shim starts is carried
+/// out once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_jobs_without_waiting_for_each_shim() {
+    let dir = tempfile::tempdir().unwrap();
+    let (script, seen, stop, task) = start(dir.path(), true, "1").await;
+    for i in 0..7 {
+        script.send(assign(&format!("j-{i}"), &["true"])).unwrap();
+    }
+    script.send(assign("j-7", &["sleep", "30"])).unwrap();
+    // Before its shim can have answered (held a second).
+    script
+        .send(DispatcherMessage {
+            msg: Some(dispatcher_message::Msg::Cancel(Cancel {
+                job_id: "j-7".into(),
+                attempt: 1,
+            })),
+        })
+        .unwrap();
+    wait_for(&seen, "eight jobs ended", |s| {
+        s.statuses.iter().filter(|s| is_terminal(s)).count() >= 8
+    })
+    .await;
+    // Nothing more comes for them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = stop.send(true);
+    task.await.unwrap().unwrap();
+
+    let seen = seen.lock().unwrap();
+    let jobs = by_job(&seen);
+    assert_eq!(jobs.len(), 8, "{jobs:?}");
+    for (id, states) in &jobs {
+        let end = if id == "j-7" {
+            JobState::Cancelled
+        } else {
+            JobState::Succeeded
+        };
+        assert_eq!(
+            states,
+            &vec![JobState::Running as i32, end as i32],
+            "job {id}: its start, then its end, each once"
+        );
+    }
+    let overlap = fs::read_to_string(dir.path().join("overlap")).unwrap();
+    let most = overlap
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        most >= 2,
+        "at most {most} shim(s) starting at a time: the loop waited for each (counts: {overlap:?})"
+    );
+    assert!(seen.single + seen.batches > 0);
+}
+
+/// A dispatcher that does not say it takes batches gets one message per
+/// status; one that does gets the same statuses, batched or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_batches_only_to_a_dispatcher_that_takes_them() {
+    for batches in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let (script, seen, stop, task) = start(dir.path(), batches, "0.2").await;
+        for i in 0..8 {
+            script.send(assign(&format!("j-{i}"), &["true"])).unwrap();
+        }
+        wait_for(&seen, "eight jobs ended", |s| {
+            s.statuses.iter().filter(|s| is_terminal(s)).count() >= 8
+        })
+        .await;
+        let _ = stop.send(true);
+        task.await.unwrap().unwrap();
+        let seen = seen.lock().unwrap();
+        if !batches {
+            assert_eq!(seen.batches, 0, "no StatusBatch without status_batches");
+        }
+        assert_eq!(
+            seen.statuses.len(),
+            16,
+            "eight starts and eight ends, once each"
+        );
+        for (id, states) in by_job(&seen) {
+            assert_eq!(
+                states,
+                vec![JobState::Running as i32, JobState::Succeeded as i32],
+                "job {id}"
+            );
+        }
+    }
+}
