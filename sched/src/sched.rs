@@ -585,6 +585,8 @@ impl Sched {
     /// destination's too (seed 004: the timeline exists so that a
     /// latency-sensitive task that could not run at once runs first; a
     /// steal must not drop it to the fair order).
+    /// The caller starts the task and then lets the source run what its
+    /// leaving lets run (`steal::pull_task`).
     pub(crate) fn migrate_queued(&mut self, id: TaskId, from: LeafId, to: LeafId, now: u64) {
         let was_latency = self.tasks.get(&id).is_some_and(|t| t.in_latency_tree);
         self.dequeue_task(id, from, now);
@@ -599,9 +601,6 @@ impl Sched {
         if was_latency {
             self.enqueue_latency(id, to);
         }
-        // With demands, the task taken may have been what blocked the
-        // source's queue: let the source run what now fits.
-        self.schedule(from, now);
     }
 
     /// Account execution since `exec_start` (`update_curr`).
@@ -727,7 +726,7 @@ impl Sched {
     }
 
     /// Start a waiting task (`set_next_entity`).
-    fn set_next(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+    pub(crate) fn set_next(&mut self, id: TaskId, leaf: LeafId, now: u64) {
         // A latency pick: the latency timeline's first, not the fair one's
         // (a backfilled task is neither).
         let latency_first = self.rqs[leaf].first_fair().map(|k| k.2) != Some(id)
@@ -887,6 +886,9 @@ impl Sched {
     pub fn schedule(&mut self, leaf: LeafId, now: u64) {
         let mut stolen = None;
         loop {
+            // Latency-sensitive tasks waiting in the domain first
+            // (`SchedConfig::latency_pull`, off unless configured).
+            self.latency_pull(leaf, now);
             while let Some(next) = self.next_startable(leaf) {
                 let Some((demand, align)) = self.tasks.get(&next).map(|t| (t.demand, t.align))
                 else {
@@ -896,6 +898,7 @@ impl Sched {
                     break;
                 }
                 self.set_next(next, leaf, now);
+                self.latency_pull(leaf, now);
             }
             if self.config.backfill {
                 self.backfill(leaf, now);
