@@ -199,9 +199,11 @@ impl Sched {
         };
         for leaf in 0..n {
             s.refresh_aggregates(leaf);
-            if s.rqs[leaf].is_idle() {
+            let idle = s.rqs[leaf].is_idle();
+            if idle {
                 s.rqs[leaf].idle_stamp = Some(0);
             }
+            s.busy.set_leaf(&s.topo, leaf, !idle);
         }
         s
     }
@@ -461,12 +463,21 @@ impl Sched {
     /// that are used up (when time-slicing), and flag busy domains lazily.
     pub fn tick(&mut self, leaf: LeafId, now: u64) {
         // Accounting changes no run queue: index instead of cloning the
-        // running set (the tick runs for every leaf).
-        for i in 0..self.rqs[leaf].running.len() {
-            let id = self.rqs[leaf].running[i];
-            self.account(id, now);
+        // running set (the tick runs for every leaf). The smallest
+        // vruntime is taken on the way (`update_min_vruntime` in the same
+        // pass: one lookup per running task).
+        let rq = &self.rqs[leaf];
+        let mut m: Option<i64> = rq.first_fair().map(|k| k.0);
+        for &id in &rq.running {
+            if let Some(t) = self.tasks.get_mut(&id) {
+                account_task(t, now);
+                m = Some(m.map_or(t.vruntime, |x| x.min(t.vruntime)));
+            }
         }
-        self.update_min_vruntime(leaf);
+        if let Some(m) = m {
+            let rq = &mut self.rqs[leaf];
+            rq.min_vruntime = rq.min_vruntime.max(m);
+        }
         if self.config.preempt && !self.rqs[leaf].tasks_timeline.is_empty() {
             let running = self.rqs[leaf].running.clone();
             for &id in &running {
@@ -615,18 +626,7 @@ impl Sched {
     /// for callers that account every running task of a leaf and update
     /// it once (the tick: O(k), not O(k^2), with k running tasks).
     fn account(&mut self, id: TaskId, now: u64) -> Option<LeafId> {
-        let t = self.tasks.get_mut(&id)?;
-        let TaskState::Running(leaf) = t.state else {
-            return None;
-        };
-        let delta = now.saturating_sub(t.exec_start);
-        if delta == 0 {
-            return None;
-        }
-        t.exec_start = now;
-        t.sum_exec_runtime += delta;
-        t.vruntime += calc_delta_fair(delta, t.weight) as i64;
-        Some(leaf)
+        account_task(self.tasks.get_mut(&id)?, now)
     }
 
     fn update_min_vruntime(&mut self, leaf: LeafId) {
@@ -1073,14 +1073,16 @@ impl Sched {
             }
         }
         let rq = &mut self.rqs[leaf];
-        if rq.is_idle() {
+        let idle = rq.is_idle();
+        if idle {
             if rq.idle_stamp.is_none() {
                 rq.idle_stamp = Some(now);
             }
-            self.busy.mark_idle(&self.topo, leaf);
         } else {
             rq.idle_stamp = None;
         }
+        // Idle: the flags above are cleared at once (`mark_idle`).
+        self.busy.set_leaf(&self.topo, leaf, !idle);
         self.refresh_aggregates(leaf);
     }
 
@@ -1131,6 +1133,23 @@ impl Sched {
             node = self.topo.node(d).parent;
         }
     }
+}
+
+/// `update_curr`'s accounting of one task: the execution since
+/// `exec_start`, in real and virtual time. Returns its leaf when it ran
+/// (None when not running or no time passed).
+fn account_task(t: &mut Task, now: u64) -> Option<LeafId> {
+    let TaskState::Running(leaf) = t.state else {
+        return None;
+    };
+    let delta = now.saturating_sub(t.exec_start);
+    if delta == 0 {
+        return None;
+    }
+    t.exec_start = now;
+    t.sum_exec_runtime += delta;
+    t.vruntime += calc_delta_fair(delta, t.weight) as i64;
+    Some(leaf)
 }
 
 /// The aggregate of a parent after one child changed from `old` to `new`,

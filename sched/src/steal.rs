@@ -59,6 +59,14 @@ impl Sched {
     /// such task has waited longest. Returns the task moved and the leaf
     /// it came from.
     fn steal_search(&mut self, dst: LeafId, now: u64) -> Option<(TaskId, LeafId)> {
+        if self.overload.total() == 0 {
+            // Nothing overloaded anywhere (O(1)): every level below finds
+            // no candidate; only the cross-LLC gate counts, as it would.
+            if self.config.steal_cross_llc && !self.steal_cross_allowed[self.topo.llc_of(dst)] {
+                self.stats.steal_skip_node_limit += 1;
+            }
+            return None;
+        }
         let topo = self.topo.clone();
         let mut found_overloaded = false;
 
@@ -219,6 +227,9 @@ impl Sched {
     /// overloaded.
     pub fn idle_balance(&mut self, now: u64) -> usize {
         if !self.config.idle_balance || !self.steal_llc_allowed {
+            return 0;
+        }
+        if self.overload.total() == 0 {
             return 0;
         }
         let topo = self.topo.clone();
