@@ -907,4 +907,133 @@ mod tests {
         let stored = EmbeddedStore::open(dir.path()).unwrap().load().unwrap();
         assert!(stored.jobs.is_empty());
     }
+
+    /// A store that records, for every commit that writes, the (job, state)
+    /// of each job it writes, in order.
+    struct CountingStore {
+        inner: EmbeddedStore,
+        commits: Arc<Mutex<Vec<Vec<(String, JobState)>>>>,
+    }
+
+    impl Store for CountingStore {
+        fn load(&self) -> Result<crate::store::Snapshot, StoreError> {
+            self.inner.load()
+        }
+
+        fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+            if !writes.is_empty() {
+                let jobs = writes
+                    .iter()
+                    .filter_map(|w| match w {
+                        Write::PutJob(j) => Some((
+                            j.id.clone(),
+                            JobState::try_from(j.state).unwrap_or_default(),
+                        )),
+                        _ => None,
+                    })
+                    .collect();
+                lock(&self.commits).push(jobs);
+            }
+            self.inner.commit(writes)
+        }
+    }
+
+    /// An agent's StatusBatch: announced in Registered, applied like its
+    /// statuses one by one and in order (each job RUNNING with the batch's
+    /// start time, then SUCCEEDED), all in one store commit.
+    #[tokio::test]
+    async fn a_status_batch_is_applied_in_order_in_one_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let commits = Arc::new(Mutex::new(Vec::new()));
+        let store = CountingStore {
+            inner: EmbeddedStore::open(dir.path()).unwrap(),
+            commits: commits.clone(),
+        };
+        let (core, thread) = spawn(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            Observers::none(),
+        );
+        let (tx, mut agent) = mpsc::unbounded_channel();
+        let session = core
+            .call(|reply| Command::Attach {
+                register: register("n1"),
+                tx,
+                reply,
+            })
+            .await
+            .unwrap();
+        let jobs = core
+            .call(|reply| Command::Submit {
+                specs: vec![spec(), spec()],
+                batch: false,
+                trace_context: HashMap::new(),
+                owner: String::new(),
+                reply,
+            })
+            .await
+            .unwrap();
+        let mut registered = None;
+        let mut assigned = Vec::new();
+        while assigned.len() < 2 {
+            match agent.recv().await.unwrap().unwrap().msg {
+                Some(dispatcher_message::Msg::Registered(r)) => registered = Some(r),
+                Some(dispatcher_message::Msg::Assign(a)) => assigned.push(a.job_id),
+                _ => {}
+            }
+        }
+        assert!(registered.is_some_and(|r| r.status_batches));
+        let status = |id: &str, state: JobState, time_ms: i64| proto::v1::JobStatus {
+            job_id: id.to_string(),
+            attempt: 1,
+            state: state as i32,
+            cpus: vec![0],
+            time_ms,
+            ..Default::default()
+        };
+        let (a, b) = (jobs[0].id.as_str(), jobs[1].id.as_str());
+        let before = lock(&commits).len();
+        core.send(Command::FromAgent {
+            node: "n1".into(),
+            session,
+            msg: agent_message::Msg::Statuses(proto::v1::StatusBatch {
+                statuses: vec![
+                    status(a, JobState::Running, 1_000),
+                    status(b, JobState::Running, 1_001),
+                    status(a, JobState::Succeeded, 1_002),
+                    status(b, JobState::Succeeded, 1_003),
+                ],
+            }),
+        });
+        for (id, start) in [(a, 1_000), (b, 1_001)] {
+            let job = core
+                .call(|reply| Command::Get {
+                    id: id.to_string(),
+                    reply,
+                })
+                .await
+                .unwrap();
+            assert_eq!(job.state, JobState::Succeeded as i32, "{id}");
+            assert_eq!(job.start_time_ms, start, "{id}: RUNNING was applied first");
+        }
+        let commits = lock(&commits)[before..].to_vec();
+        let ours: Vec<_> = commits
+            .iter()
+            .filter(|c| c.iter().any(|(id, _)| id == a || id == b))
+            .collect();
+        let want = |id: &str, state| (id.to_string(), state);
+        assert_eq!(
+            ours,
+            [&vec![
+                want(a, JobState::Running),
+                want(b, JobState::Running),
+                want(a, JobState::Succeeded),
+                want(b, JobState::Succeeded),
+            ]],
+            "one commit with the whole batch, in order"
+        );
+        core.send(Command::Shutdown);
+        assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
+    }
 }

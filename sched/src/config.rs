@@ -96,6 +96,19 @@ pub struct SchedConfig {
     /// says how much waits there, not who has waited longest). The levels
     /// keep their order. Off by default.
     pub pull_longest_wait: bool,
+    /// Seed 004's latency-first pick over the steal domain
+    /// ([`crate::Sched::latency_pull`]): a leaf with room, before it starts
+    /// its own next task or steals, takes the latency-sensitive task
+    /// waiting on an overloaded leaf of its domain (SMT siblings, its LLC,
+    /// the sibling LLCs when cross-LLC stealing is on) that can start on
+    /// it now and that its own `pick_next_entity` would run first. The
+    /// latency timeline is per leaf in the kernel, where a waiting task is
+    /// microseconds from a CPU; a job queued on one node may wait hours
+    /// while the node beside it frees room, so at cluster level the
+    /// timeline is the domain's. Needs `latency` and `steal`; gated by
+    /// node-limit gating like a steal. Off by default (the kernel's
+    /// per-CPU behaviour).
+    pub latency_pull: bool,
 }
 
 impl Default for SchedConfig {
@@ -120,6 +133,7 @@ impl Default for SchedConfig {
             backfill: false,
             idle_balance: false,
             pull_longest_wait: false,
+            latency_pull: false,
         }
     }
 }

@@ -199,9 +199,11 @@ impl Sched {
         };
         for leaf in 0..n {
             s.refresh_aggregates(leaf);
-            if s.rqs[leaf].is_idle() {
+            let idle = s.rqs[leaf].is_idle();
+            if idle {
                 s.rqs[leaf].idle_stamp = Some(0);
             }
+            s.busy.set_leaf(&s.topo, leaf, !idle);
         }
         s
     }
@@ -461,12 +463,21 @@ impl Sched {
     /// that are used up (when time-slicing), and flag busy domains lazily.
     pub fn tick(&mut self, leaf: LeafId, now: u64) {
         // Accounting changes no run queue: index instead of cloning the
-        // running set (the tick runs for every leaf).
-        for i in 0..self.rqs[leaf].running.len() {
-            let id = self.rqs[leaf].running[i];
-            self.account(id, now);
+        // running set (the tick runs for every leaf). The smallest
+        // vruntime is taken on the way (`update_min_vruntime` in the same
+        // pass: one lookup per running task).
+        let rq = &self.rqs[leaf];
+        let mut m: Option<i64> = rq.first_fair().map(|k| k.0);
+        for &id in &rq.running {
+            if let Some(t) = self.tasks.get_mut(&id) {
+                account_task(t, now);
+                m = Some(m.map_or(t.vruntime, |x| x.min(t.vruntime)));
+            }
         }
-        self.update_min_vruntime(leaf);
+        if let Some(m) = m {
+            let rq = &mut self.rqs[leaf];
+            rq.min_vruntime = rq.min_vruntime.max(m);
+        }
         if self.config.preempt && !self.rqs[leaf].tasks_timeline.is_empty() {
             let running = self.rqs[leaf].running.clone();
             for &id in &running {
@@ -585,6 +596,8 @@ impl Sched {
     /// destination's too (seed 004: the timeline exists so that a
     /// latency-sensitive task that could not run at once runs first; a
     /// steal must not drop it to the fair order).
+    /// The caller starts the task and then lets the source run what its
+    /// leaving lets run (`steal::pull_task`).
     pub(crate) fn migrate_queued(&mut self, id: TaskId, from: LeafId, to: LeafId, now: u64) {
         let was_latency = self.tasks.get(&id).is_some_and(|t| t.in_latency_tree);
         self.dequeue_task(id, from, now);
@@ -599,9 +612,6 @@ impl Sched {
         if was_latency {
             self.enqueue_latency(id, to);
         }
-        // With demands, the task taken may have been what blocked the
-        // source's queue: let the source run what now fits.
-        self.schedule(from, now);
     }
 
     /// Account execution since `exec_start` (`update_curr`).
@@ -615,18 +625,7 @@ impl Sched {
     /// for callers that account every running task of a leaf and update
     /// it once (the tick: O(k), not O(k^2), with k running tasks).
     fn account(&mut self, id: TaskId, now: u64) -> Option<LeafId> {
-        let t = self.tasks.get_mut(&id)?;
-        let TaskState::Running(leaf) = t.state else {
-            return None;
-        };
-        let delta = now.saturating_sub(t.exec_start);
-        if delta == 0 {
-            return None;
-        }
-        t.exec_start = now;
-        t.sum_exec_runtime += delta;
-        t.vruntime += calc_delta_fair(delta, t.weight) as i64;
-        Some(leaf)
+        account_task(self.tasks.get_mut(&id)?, now)
     }
 
     fn update_min_vruntime(&mut self, leaf: LeafId) {
@@ -727,7 +726,7 @@ impl Sched {
     }
 
     /// Start a waiting task (`set_next_entity`).
-    fn set_next(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+    pub(crate) fn set_next(&mut self, id: TaskId, leaf: LeafId, now: u64) {
         // A latency pick: the latency timeline's first, not the fair one's
         // (a backfilled task is neither).
         let latency_first = self.rqs[leaf].first_fair().map(|k| k.2) != Some(id)
@@ -887,6 +886,9 @@ impl Sched {
     pub fn schedule(&mut self, leaf: LeafId, now: u64) {
         let mut stolen = None;
         loop {
+            // Latency-sensitive tasks waiting in the domain first
+            // (`SchedConfig::latency_pull`, off unless configured).
+            self.latency_pull(leaf, now);
             while let Some(next) = self.next_startable(leaf) {
                 let Some((demand, align)) = self.tasks.get(&next).map(|t| (t.demand, t.align))
                 else {
@@ -896,6 +898,7 @@ impl Sched {
                     break;
                 }
                 self.set_next(next, leaf, now);
+                self.latency_pull(leaf, now);
             }
             if self.config.backfill {
                 self.backfill(leaf, now);
@@ -1073,14 +1076,16 @@ impl Sched {
             }
         }
         let rq = &mut self.rqs[leaf];
-        if rq.is_idle() {
+        let idle = rq.is_idle();
+        if idle {
             if rq.idle_stamp.is_none() {
                 rq.idle_stamp = Some(now);
             }
-            self.busy.mark_idle(&self.topo, leaf);
         } else {
             rq.idle_stamp = None;
         }
+        // Idle: the flags above are cleared at once (`mark_idle`).
+        self.busy.set_leaf(&self.topo, leaf, !idle);
         self.refresh_aggregates(leaf);
     }
 
@@ -1131,6 +1136,23 @@ impl Sched {
             node = self.topo.node(d).parent;
         }
     }
+}
+
+/// `update_curr`'s accounting of one task: the execution since
+/// `exec_start`, in real and virtual time. Returns its leaf when it ran
+/// (None when not running or no time passed).
+fn account_task(t: &mut Task, now: u64) -> Option<LeafId> {
+    let TaskState::Running(leaf) = t.state else {
+        return None;
+    };
+    let delta = now.saturating_sub(t.exec_start);
+    if delta == 0 {
+        return None;
+    }
+    t.exec_start = now;
+    t.sum_exec_runtime += delta;
+    t.vruntime += calc_delta_fair(delta, t.weight) as i64;
+    Some(leaf)
 }
 
 /// The aggregate of a parent after one child changed from `old` to `new`,

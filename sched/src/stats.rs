@@ -54,6 +54,9 @@ pub struct Schedstats {
     pub nr_preemptions: u64,
     /// Tasks picked from the latency timeline ahead of the fair order.
     pub latency_picks: u64,
+    /// Latency-sensitive tasks a leaf with room took from another leaf's
+    /// queue to run first (`latency_pull`; a subset of `steal`).
+    pub latency_pull: u64,
     /// Times a task started running on a leaf.
     pub nr_switches: u64,
 }

@@ -59,6 +59,14 @@ impl Sched {
     /// such task has waited longest. Returns the task moved and the leaf
     /// it came from.
     fn steal_search(&mut self, dst: LeafId, now: u64) -> Option<(TaskId, LeafId)> {
+        if self.overload.total() == 0 {
+            // Nothing overloaded anywhere (O(1)): every level below finds
+            // no candidate; only the cross-LLC gate counts, as it would.
+            if self.config.steal_cross_llc && !self.steal_cross_allowed[self.topo.llc_of(dst)] {
+                self.stats.steal_skip_node_limit += 1;
+            }
+            return None;
+        }
         let topo = self.topo.clone();
         let mut found_overloaded = false;
 
@@ -149,8 +157,7 @@ impl Sched {
             }
         }
         let ((_, _, p), src) = best?;
-        self.migrate_queued(p, src, dst, now);
-        self.stats.steal += 1;
+        self.pull_task(p, src, dst, now, false);
         Some((p, src))
     }
 
@@ -174,9 +181,38 @@ impl Sched {
             return None;
         }
         let p = self.detach_next_task(src, dst, now)?;
+        self.pull_task(p, src, dst, now, false);
+        Some(p)
+    }
+
+    /// Move the waiting task `p` from `src` to `dst` (a steal, a pull of
+    /// the idle-balance pass or a latency pull), start it there, then let
+    /// `src` run what its leaving lets run. `p` was chosen because it can
+    /// start on `dst` now (as `dst`'s next task, or, with backfill,
+    /// without delaying `dst`'s head), so `dst`'s `schedule` would start
+    /// it; starting it before `src`'s queue runs means that a task in
+    /// flight is never pulled again by a leaf that `src`'s `schedule`
+    /// reaches (two leaves could otherwise hand one waiting task back and
+    /// forth without end). With `settle_dst`, `dst` runs the rest of its
+    /// own queue first too (a latency pull comes before `dst`'s own
+    /// tasks, which must not be pulled away from it while they can start
+    /// there).
+    fn pull_task(&mut self, p: TaskId, src: LeafId, dst: LeafId, now: u64, settle_dst: bool) {
         self.migrate_queued(p, src, dst, now);
         self.stats.steal += 1;
-        Some(p)
+        // A latency pull was predicted to be `dst`'s next task.
+        debug_assert!(!settle_dst || self.next_to_run(dst) == Some(p));
+        if self
+            .tasks
+            .get(&p)
+            .is_some_and(|t| self.rqs[dst].can_start(t.demand, t.align))
+        {
+            self.set_next(p, dst, now);
+        }
+        if settle_dst {
+            self.schedule(dst, now);
+        }
+        self.schedule(src, now);
     }
 
     /// `detach_next_task`: the first waiting task of `src`, in next-to-run
@@ -195,6 +231,141 @@ impl Sched {
             return false;
         };
         t.state == TaskState::Queued(src) && t.allowed(dst) && self.fits_now(dst, p, now)
+    }
+
+    /// `latency_pull`: seed 004's latency-first pick over `dst`'s steal
+    /// domain ([`crate::SchedConfig::latency_pull`]). While `dst` has
+    /// spare capacity, take the latency-sensitive task waiting on an
+    /// overloaded leaf of the domain that can start on `dst` now and that
+    /// `dst`'s `pick_next_entity` would run first once it waited there
+    /// (it leads `dst`'s latency timeline and
+    /// `wakeup_preempt_entity(latency, left) < 1` against `dst`'s fair
+    /// leftmost, vruntimes made relative as a migration does), and start
+    /// it. Levels in seed 000's order (SMT siblings, the LLC from `dst`'s
+    /// position, the sibling LLCs when cross-LLC stealing is on and
+    /// node-limit gating allows); within a level the lowest latency key
+    /// (relative vruntime + offset), then the longest wait. Called by
+    /// `schedule` before the leaf's own tasks and before `try_steal`.
+    /// Returns the number of tasks started.
+    ///
+    /// Cost: nothing unless latency-nice, stealing and the switch are on
+    /// and `dst` has room; then one visit per overloaded leaf of the
+    /// domain, and the latency timeline of those that have one.
+    pub fn latency_pull(&mut self, dst: LeafId, now: u64) -> usize {
+        let c = &self.config;
+        if !(c.latency_pull && c.latency && c.steal && self.steal_llc_allowed) {
+            return 0;
+        }
+        let mut started = 0;
+        while self.rqs[dst].has_spare() {
+            let Some((p, src)) = self.latency_pull_search(dst) else {
+                break;
+            };
+            self.stats.latency_pull += 1;
+            self.pull_task(p, src, dst, now, true);
+            started += 1;
+        }
+        started
+    }
+
+    /// The search of [`Sched::latency_pull`]: the task to take and where
+    /// it waits.
+    fn latency_pull_search(&mut self, dst: LeafId) -> Option<(TaskId, LeafId)> {
+        let topo = self.topo.clone();
+        let smt: Vec<LeafId> = topo
+            .smt_siblings(dst)
+            .iter()
+            .copied()
+            .filter(|&src| src != dst && self.overload.test(&topo, src))
+            .collect();
+        if let Some(hit) = self.latency_pull_level(dst, &smt) {
+            return Some(hit);
+        }
+        let llc = topo.llc_of(dst);
+        let candidates: Vec<LeafId> = self
+            .overload
+            .iter_wrap(&topo, llc, topo.llc_pos(dst))
+            .filter(|&src| src != dst)
+            .collect();
+        if let Some(hit) = self.latency_pull_level(dst, &candidates) {
+            return Some(hit);
+        }
+        if self.config.steal_cross_llc && self.steal_cross_allowed[llc] {
+            let sibs = topo.llc_siblings(llc);
+            let me = sibs.iter().position(|&x| x == llc).unwrap_or(0);
+            let mut candidates: Vec<LeafId> = Vec::new();
+            for i in 1..sibs.len() {
+                let other = sibs[(me + i) % sibs.len()];
+                candidates.extend(self.overload.iter_wrap(&topo, other, 0));
+            }
+            return self.latency_pull_level(dst, &candidates);
+        }
+        None
+    }
+
+    /// One level of [`Sched::latency_pull`]'s search over overloaded
+    /// leaves `candidates`: per leaf, the first task of its latency
+    /// timeline that may move to `dst`, start there now and go first
+    /// there; the best of those by (relative latency key, wait start).
+    fn latency_pull_level(
+        &mut self,
+        dst: LeafId,
+        candidates: &[LeafId],
+    ) -> Option<(TaskId, LeafId)> {
+        let mut best: Option<((i64, u64, TaskId), LeafId)> = None;
+        for &src in candidates {
+            self.stats.steal_scanned += 1;
+            if src == dst {
+                continue;
+            }
+            let shift = self.rqs[dst].min_vruntime - self.rqs[src].min_vruntime;
+            let found = self.rqs[src]
+                .latency_timeline
+                .iter()
+                .find_map(|&(key, _, p)| {
+                    let t = self.tasks.get(&p)?;
+                    let movable = t.state == TaskState::Queued(src)
+                        && t.allowed(dst)
+                        && self.rqs[dst].can_start(t.demand, t.align)
+                        && self.latency_goes_first(t, shift, dst);
+                    movable.then_some((key + shift, t.queued_at, p))
+                });
+            if let Some(k) = found
+                && best.is_none_or(|(b, _)| k < b)
+            {
+                best = Some((k, src));
+            }
+        }
+        best.map(|((_, _, p), src)| (p, src))
+    }
+
+    /// True when the waiting latency-sensitive task `t`, moved to `dst`
+    /// (its vruntime shifted by `shift`), would be `dst`'s
+    /// `pick_next_entity`: it would lead `dst`'s latency timeline (it
+    /// enters it last, so ties lose) and either lead the fair timeline
+    /// too or pass seed 004's test against its leftmost,
+    /// `wakeup_preempt_entity(latency, left) < 1`.
+    fn latency_goes_first(&self, t: &crate::task::Task, shift: i64, dst: LeafId) -> bool {
+        let rq = &self.rqs[dst];
+        let vruntime = t.vruntime + shift;
+        if rq
+            .first_latency()
+            .is_some_and(|k| k.0 <= vruntime + t.latency_offset)
+        {
+            return false;
+        }
+        let Some(left) = rq.first_fair() else {
+            return true;
+        };
+        if vruntime < left.0 {
+            return true;
+        }
+        let Some(l) = self.tasks.get(&left.2) else {
+            return false;
+        };
+        let mut moved = t.clone();
+        moved.vruntime = vruntime;
+        self.wakeup_preempt_entity(&moved, l) < 1
     }
 
     /// `idle_balance`: the periodic / nohz idle balance pass (the kernel's
@@ -219,6 +390,9 @@ impl Sched {
     /// overloaded.
     pub fn idle_balance(&mut self, now: u64) -> usize {
         if !self.config.idle_balance || !self.steal_llc_allowed {
+            return 0;
+        }
+        if self.overload.total() == 0 {
             return 0;
         }
         let topo = self.topo.clone();
@@ -265,6 +439,7 @@ impl Sched {
         }
         let mut moved = 0;
         while let Some(dst) = work.pop() {
+            moved += self.latency_pull(dst, now);
             while self.can_pull(dst) && self.rqs[dst].free() >= bound[topo.llc_of(dst)] {
                 let Some((p, src)) = self.steal_search(dst, now) else {
                     break;

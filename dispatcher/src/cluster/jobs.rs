@@ -9,7 +9,10 @@
 //!   phase: it is written only by [`Jobs::set_phase`];
 //! - the indexes hold exactly the keys of the jobs in the phases they
 //!   name: `by_node[n]` the jobs that hold node `n` (Assigned, Running,
-//!   AwaitingNode), `assigned`, `awaiting`, `unplaced`, `queued`;
+//!   AwaitingNode), `assigned`, `awaiting`, `unplaced`, `queued`, and
+//!   `unasked` the Assigned ones not asked back yet, by (`since`, key), so
+//!   that the tick finds the jobs due for an agent-level steal without
+//!   visiting every ASSIGNED job;
 //! - `reason` is display text, generated from the phase, the requeue
 //!   history and the placement data; nothing reads it back.
 
@@ -538,6 +541,8 @@ pub struct Jobs {
     awaiting: BTreeSet<JobKey>,
     unplaced: BTreeSet<JobKey>,
     queued: BTreeSet<JobKey>,
+    /// ASSIGNED jobs not asked back (`steal_asked: None`), by `since`.
+    unasked: BTreeSet<(i64, JobKey)>,
 }
 
 impl Jobs {
@@ -631,6 +636,19 @@ impl Jobs {
             .filter_map(|k| self.table.get(k).map(|e| (*k, e)))
     }
 
+    /// ASSIGNED jobs not asked back, sent at or before `since_at_most`,
+    /// in key order (the agent-level steal's candidates): O(log n + k).
+    pub fn unasked_since(&self, since_at_most: i64) -> Vec<JobKey> {
+        let mut keys: Vec<JobKey> = self
+            .unasked
+            .iter()
+            .take_while(|(since, _)| *since <= since_at_most)
+            .map(|&(_, k)| k)
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// Restored jobs whose node has not reported them.
     pub fn awaiting(&self) -> Vec<JobKey> {
         self.awaiting.iter().copied().collect()
@@ -709,8 +727,15 @@ impl Jobs {
     /// Mark an ASSIGNED job as asked back (`Steal`) at `now`, or clear it.
     pub fn set_steal_asked(&mut self, key: JobKey, at: Option<i64>) {
         if let Some(e) = self.table.get_mut(&key)
-            && let Phase::Assigned { steal_asked, .. } = &mut e.phase
+            && let Phase::Assigned {
+                steal_asked, since, ..
+            } = &mut e.phase
         {
+            if at.is_some() {
+                self.unasked.remove(&(*since, key));
+            } else {
+                self.unasked.insert((*since, key));
+            }
             *steal_asked = at;
         }
     }
@@ -753,6 +778,18 @@ impl Jobs {
                 set.remove(&key);
             }
         }
+        if let Phase::Assigned {
+            since,
+            steal_asked: None,
+            ..
+        } = phase
+        {
+            if add {
+                self.unasked.insert((*since, key));
+            } else {
+                self.unasked.remove(&(*since, key));
+            }
+        }
         if let Some(node) = phase.holds() {
             if add {
                 self.by_node
@@ -787,8 +824,17 @@ impl Jobs {
             BTreeSet::new(),
             BTreeSet::new(),
         );
+        let mut unasked = BTreeSet::new();
         for (&key, e) in &self.table {
             let p = &e.phase;
+            if let Phase::Assigned {
+                since,
+                steal_asked: None,
+                ..
+            } = p
+            {
+                unasked.insert((*since, key));
+            }
             match p {
                 Phase::Unplaced { .. } => unplaced.insert(key),
                 Phase::Queued { .. } => queued.insert(key),
@@ -824,6 +870,12 @@ impl Jobs {
             if truth != index {
                 return Err(format!("index {name}: {index:?}, the phases say {truth:?}"));
             }
+        }
+        if unasked != self.unasked {
+            return Err(format!(
+                "index unasked: {:?}, the phases say {unasked:?}",
+                self.unasked
+            ));
         }
         if by_node.len() != self.by_node.len()
             || by_node.iter().any(|(n, s)| self.by_node.get(n) != Some(s))

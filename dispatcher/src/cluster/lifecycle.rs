@@ -735,8 +735,19 @@ impl Cluster {
     }
 
     /// Place every unplaced job again (a node came up or registered).
+    /// Latency-class jobs (latency_nice < 0) are placed first, then the
+    /// others, each in submission order: when room is scarce the latency
+    /// class gets it (seed 004 at cluster level).
     pub(super) fn retry_unplaced(&mut self, now: i64, fx: &mut Effects) {
-        for key in self.jobs.unplaced() {
+        let mut keys = self.jobs.unplaced();
+        let latency = |k: &JobKey| {
+            self.jobs
+                .get(*k)
+                .and_then(|e| e.job().spec.as_ref())
+                .is_some_and(|s| s.latency_nice < 0)
+        };
+        keys.sort_by_key(|k| (!latency(k), *k));
+        for key in keys {
             self.place(key, now, fx);
             self.persist(key, fx);
         }

@@ -425,3 +425,5 @@ pub(crate) mod tests;
 
 #[cfg(test)]
 mod balance_tests;
+#[cfg(test)]
+mod latency_tests;

@@ -155,10 +155,12 @@ impl Cluster {
     /// tick; the agent answers with `StealReply`.
     pub(super) fn request_agent_steals(&mut self, now: i64, fx: &mut Effects) {
         let grace = self.cfg.heartbeat_interval_ms as i64;
-        let due = |p: &Phase| matches!(p, Phase::Assigned { since, steal_asked: None, .. } if now - since >= grace);
         // Most ticks find no job held unstarted past the grace period:
-        // check that first, before indexing the idle nodes (O(nodes)).
-        if !self.jobs.assigned().any(|(_, e)| due(e.phase())) {
+        // the index of jobs not asked back, by the time they were sent,
+        // says so without visiting every ASSIGNED job, before the idle
+        // nodes are indexed (O(nodes)).
+        let due = self.jobs.unasked_since(now.saturating_sub(grace));
+        if due.is_empty() {
             return;
         }
         let Some(engine) = self.engine.sched() else {
@@ -181,10 +183,10 @@ impl Cluster {
             return;
         }
         let mut requests = Vec::new();
-        for (key, e) in self.jobs.assigned() {
-            if !due(e.phase()) {
+        for key in due {
+            let Some(e) = self.jobs.get(key) else {
                 continue;
-            }
+            };
             let Some(n) = e.phase().node().and_then(|n| self.nodes.get(n)) else {
                 continue;
             };

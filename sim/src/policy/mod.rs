@@ -13,6 +13,7 @@
 //! | `sparrow[:D]` | Sparrow batch sampling: a batch of m jobs probes D x m nodes and places its jobs on the least loaded probes |
 //! | `ours` | the dispatcher (steal, cross-rack steal, wake_wide, latency classes, busy-skip on; spread) |
 //! | `ours-steal`, `ours-crossrack`, `ours-wakewide`, `ours-latency`, `ours-busyskip` | one mechanism off |
+//! | `ours+latpull` / `ours-latpull` | latency-class jobs waiting in a node's steal domain start first where room opens (`SchedConfig::latency_pull`) |
 //! | `ours+pack`, `ours+nodelimit[:N]` | packing (jobs ask PLACEMENT_POLICY_PACK); seed 000's node-limit gating (global scope, limit N = 2: no stealing when zones > N) |
 //!
 //! Modifiers combine: `ours-steal-wakewide+pack`.
@@ -54,6 +55,9 @@ pub struct OursFlags {
     /// Pulls take the longest-waiting task of a level
     /// (`SchedConfig::pull_longest_wait`).
     pub pull_oldest: bool,
+    /// Latency-sensitive jobs waiting in a node's steal domain start
+    /// first where room opens (`SchedConfig::latency_pull`).
+    pub latency_pull: bool,
 }
 
 impl Default for OursFlags {
@@ -72,6 +76,7 @@ impl Default for OursFlags {
             backfill: e.backfill,
             idle_balance: e.idle_balance,
             pull_oldest: e.pull_longest_wait,
+            latency_pull: e.latency_pull,
         }
     }
 }
@@ -213,6 +218,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
             ("backfill", _) => flags.backfill = on,
             ("idlebal", _) => flags.idle_balance = on,
             ("oldest", _) => flags.pull_oldest = on,
+            ("latpull", _) => flags.latency_pull = on,
             ("nodelimit", true) => flags.node_limit = Some(2),
             ("nodelimit", false) => flags.node_limit = None,
             (w, true) if w.starts_with("nodelimit:") => {
@@ -226,7 +232,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
                     W,
                     name,
                     format!(
-                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest)"
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull)"
                     ),
                 ));
             }

@@ -62,6 +62,7 @@ impl OursPlacer {
         cfg.engine.backfill = flags.backfill;
         cfg.engine.idle_balance = flags.idle_balance;
         cfg.engine.pull_longest_wait = flags.pull_oldest;
+        cfg.engine.latency_pull = flags.latency_pull;
         if let Some(limit) = flags.node_limit {
             cfg.engine.node_limit_scope = NodeLimitScope::Global;
             cfg.engine.steal_node_limit = limit;
