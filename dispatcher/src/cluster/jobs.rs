@@ -697,10 +697,14 @@ impl Jobs {
     /// Move a job to `phase`: the indexes, its state, node and reason
     /// follow. Returns the state it had.
     pub fn set_phase(&mut self, key: JobKey, phase: Phase) -> JobState {
-        let Some(e) = self.table.get(&key) else {
+        let Some(e) = self.table.get_mut(&key) else {
             return JobState::Unspecified;
         };
-        let previous = e.phase.clone();
+        // Taken, not cloned (its strings); `write_phase` sets the new one.
+        let placeholder = Phase::Unplaced {
+            why: Unplaced::Restored,
+        };
+        let previous = std::mem::replace(&mut e.phase, placeholder);
         self.unindex(key, &previous);
         self.index(key, &phase);
         self.write_phase(key, phase);
@@ -752,8 +756,12 @@ impl Jobs {
             | Phase::Done { .. } => {}
             Phase::Unplaced { .. } => e.job.node.clear(),
             p => {
-                if let Some(n) = p.node() {
-                    e.job.node = n.to_string();
+                if let Some(n) = p.node()
+                    && e.job.node != n
+                {
+                    // In place: the record keeps its buffer.
+                    e.job.node.clear();
+                    e.job.node.push_str(n);
                 }
             }
         }
@@ -792,10 +800,15 @@ impl Jobs {
         }
         if let Some(node) = phase.holds() {
             if add {
-                self.by_node
-                    .entry(node.to_string())
-                    .or_default()
-                    .insert(key);
+                // The node's name is copied only for its first job.
+                match self.by_node.get_mut(node) {
+                    Some(s) => {
+                        s.insert(key);
+                    }
+                    None => {
+                        self.by_node.insert(node.to_string(), BTreeSet::from([key]));
+                    }
+                }
             } else if let Some(s) = self.by_node.get_mut(node) {
                 s.remove(&key);
                 if s.is_empty() {
