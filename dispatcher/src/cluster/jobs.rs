@@ -924,6 +924,45 @@ mod tests {
         }
     }
 
+    /// The agent-level steal's candidates: ASSIGNED jobs sent long
+    /// enough ago and not asked back yet, in key order; asking one back
+    /// takes it out, clearing the request puts it back, and the index
+    /// agrees with the brute-force recomputation of `check` throughout.
+    #[test]
+    fn unasked_index_follows_sends_and_requests() {
+        let mut jobs = Jobs::new();
+        let assigned = |since| Phase::Assigned {
+            node: "n1".into(),
+            since,
+            steal_asked: None,
+            via: Via::Restored,
+        };
+        let keys: Vec<JobKey> = (0..3).map(|_| JobKey::single(jobs.take_number())).collect();
+        for (i, &key) in keys.iter().enumerate() {
+            let job = Job {
+                id: key.to_string(),
+                ..Default::default()
+            };
+            jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
+            // Sent at 30, 20, 10: the index is by time, the answer by key.
+            jobs.set_phase(key, assigned(30 - 10 * i as i64));
+        }
+        assert_eq!(jobs.unasked_since(20), vec![keys[1], keys[2]]);
+        jobs.set_steal_asked(keys[1], Some(40));
+        assert_eq!(jobs.unasked_since(100), vec![keys[0], keys[2]]);
+        jobs.check().unwrap();
+        jobs.set_steal_asked(keys[1], None);
+        assert_eq!(jobs.unasked_since(100), keys);
+        jobs.set_phase(
+            keys[0],
+            Phase::Unplaced {
+                why: Unplaced::Requeued,
+            },
+        );
+        assert_eq!(jobs.unasked_since(100), vec![keys[1], keys[2]]);
+        jobs.check().unwrap();
+    }
+
     #[test]
     fn bad_ids_do_not_parse() {
         for id in ["", "j-", "x-1", "j-1.", "j-a", "j-1.x", "j-1.4294967295"] {
