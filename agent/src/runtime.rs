@@ -1030,6 +1030,8 @@ async fn session(
         .with_context(|| format!("connecting to {url}"))?;
     let mut client = AgentServiceClient::new(channel).max_decoding_message_size(64 << 20);
     let (tx, rx) = mpsc::unbounded_channel();
+    // Statuses from while there was no stream: the Register says it all.
+    agent.outbox.clear();
     let register = agent.register_msg();
     let register_sent = lease::now_ns();
     let _ = tx.send(AgentMessage {

@@ -908,11 +908,14 @@ mod tests {
         assert!(stored.jobs.is_empty());
     }
 
+    /// Per commit that writes: the (job, state) of each job it writes.
+    type Commits = Arc<Mutex<Vec<Vec<(String, JobState)>>>>;
+
     /// A store that records, for every commit that writes, the (job, state)
     /// of each job it writes, in order.
     struct CountingStore {
         inner: EmbeddedStore,
-        commits: Arc<Mutex<Vec<Vec<(String, JobState)>>>>,
+        commits: Commits,
     }
 
     impl Store for CountingStore {
@@ -944,7 +947,7 @@ mod tests {
     #[tokio::test]
     async fn a_status_batch_is_applied_in_order_in_one_commit() {
         let dir = tempfile::tempdir().unwrap();
-        let commits = Arc::new(Mutex::new(Vec::new()));
+        let commits: Commits = Arc::new(Mutex::new(Vec::new()));
         let store = CountingStore {
             inner: EmbeddedStore::open(dir.path()).unwrap(),
             commits: commits.clone(),

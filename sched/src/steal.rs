@@ -279,6 +279,7 @@ impl Sched {
             .filter(|&src| src != dst && self.overload.test(&topo, src))
             .collect();
         if let Some(hit) = self.latency_pull_level(dst, &smt) {
+            self.stats.steal_smt += 1;
             return Some(hit);
         }
         let llc = topo.llc_of(dst);
@@ -298,7 +299,11 @@ impl Sched {
                 let other = sibs[(me + i) % sibs.len()];
                 candidates.extend(self.overload.iter_wrap(&topo, other, 0));
             }
-            return self.latency_pull_level(dst, &candidates);
+            let hit = self.latency_pull_level(dst, &candidates);
+            if hit.is_some() {
+                self.stats.steal_cross_llc += 1;
+            }
+            return hit;
         }
         None
     }

@@ -86,4 +86,99 @@ mod tests {
         assert_eq!(calc_latency_offset(6_000_000, -20), -3_000_000);
         assert!(calc_latency_offset(6_000_000, 19) > 0);
     }
+
+    mod latency_preempt {
+        //! Seed 004's `wakeup_preempt_entity` with latency offsets, checked
+        //! against the plain CFS rule computed here from its definition:
+        //! with latency-nice off, or both tasks at latency-nice 0, the
+        //! decision is the plain one; a lower latency-nice of the waking
+        //! task never makes it preempt later, a higher latency-nice of the
+        //! running task never makes it harder to preempt (positive values
+        //! count: the old `offset.min(0)` clamp failed the first); and the
+        //! running task's lead that a positive latency-nice forgives is at
+        //! most one wakeup granularity.
+
+        use std::sync::Arc;
+
+        use proptest::prelude::*;
+
+        use crate::config::{Policy, SchedConfig};
+        use crate::sched::Sched;
+        use crate::task::{Task, TaskId, TaskSpec};
+        use crate::topology::Topology;
+        use crate::weight::calc_delta_fair;
+
+        fn engine(latency: bool) -> Sched {
+            let topo = Arc::new(Topology::from_spec("1s:1c:1t").unwrap());
+            let config = SchedConfig {
+                latency,
+                ..SchedConfig::default()
+            };
+            Sched::new(topo, 1, config)
+        }
+
+        fn task(s: &Sched, nice: i32, latency_nice: i32, vruntime: i64) -> Task {
+            let mut spec = TaskSpec::new(TaskId(1));
+            spec.nice = nice;
+            spec.latency_nice = latency_nice;
+            let mut t = Task::new(spec, Policy::Spread, s.config().sched_latency);
+            t.vruntime = vruntime;
+            t
+        }
+
+        /// The plain rule: -1 when `se` is not behind `curr`, 1 when it
+        /// is more than `wakeup_gran(se)` behind, else 0.
+        fn plain(s: &Sched, curr_v: i64, se: &Task) -> i32 {
+            let vdiff = curr_v - se.vruntime;
+            let gran = calc_delta_fair(s.config().wakeup_granularity, se.weight) as i64;
+            if vdiff <= 0 {
+                -1
+            } else if vdiff > gran {
+                1
+            } else {
+                0
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            #[test]
+            fn wakeup_preempt_entity_and_latency_nice(
+                curr_ln in -20i32..=19,
+                se_ln in -20i32..=19,
+                nice in -5i32..=5,
+                lead in -8_000_000i64..8_000_000,
+            ) {
+                let on = engine(true);
+                let off = engine(false);
+                let base = 1_000_000_000;
+                let curr = task(&on, 0, curr_ln, base + lead);
+                let se = task(&on, nice, se_ln, base);
+                let r = on.wakeup_preempt_entity(&curr, &se);
+                prop_assert_eq!(off.wakeup_preempt_entity(&curr, &se), plain(&off, curr.vruntime, &se));
+                if curr_ln == 0 && se_ln == 0 {
+                    prop_assert_eq!(r, plain(&on, curr.vruntime, &se));
+                }
+                if se_ln < 19 {
+                    let later = task(&on, nice, se_ln + 1, base);
+                    prop_assert!(on.wakeup_preempt_entity(&curr, &later) <= r);
+                }
+                if curr_ln < 19 {
+                    let tolerant = task(&on, 0, curr_ln + 1, base + lead);
+                    prop_assert!(on.wakeup_preempt_entity(&tolerant, &se) >= r);
+                }
+                // Non-negative latency-nice on both sides: the waking
+                // task's own offset (sched_latency * latency_nice / 40) is
+                // forgiven from the running task's lead, at most one
+                // granularity; the running task's is not counted.
+                if curr_ln >= 0 && se_ln >= 0 {
+                    let gran = calc_delta_fair(on.config().wakeup_granularity, se.weight) as i64;
+                    let offset = (6_000_000 * se_ln as i64 / 40).min(gran);
+                    prop_assert_eq!(r, plain(&on, curr.vruntime - offset, &se));
+                    prop_assert!(r <= plain(&on, curr.vruntime, &se));
+                }
+            }
+        }
+    }
 }

@@ -270,4 +270,7 @@ fn without_the_pull_room_goes_to_the_local_batch_job() {
     assert_eq!(w.where_is(TaskId(3)), TaskState::Running(0));
     assert_eq!(w.where_is(TaskId(2)), TaskState::Queued(0));
     assert_eq!(w.s.stats().latency_pull, 1);
+    // Counted as a steal within the rack (schedstats' level split).
+    let st = w.s.stats();
+    assert_eq!((st.steal, st.steal_smt, st.steal_cross_llc), (1, 0, 0));
 }

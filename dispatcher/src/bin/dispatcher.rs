@@ -81,6 +81,11 @@ struct Args {
     /// found from the puller's position.
     #[arg(long, default_value_t = ClusterConfig::default().engine.pull_longest_wait, action = clap::ArgAction::Set)]
     pull_longest_wait: bool,
+    /// Latency-class jobs (latency_nice < 0) waiting in a node's steal
+    /// domain start first where room opens, before that node's own queue
+    /// (`--latency-pull false` to turn off).
+    #[arg(long, default_value_t = ClusterConfig::default().engine.latency_pull, action = clap::ArgAction::Set)]
+    latency_pull: bool,
     /// Serve the web page (`/`), its JSON API (`/api/v1/...`) and
     /// Prometheus metrics (`/metrics`) on ADDR, e.g. 0.0.0.0:9100. Off by
     /// default, except with --dev (127.0.0.1, the gRPC port + 1).
@@ -405,6 +410,7 @@ async fn run(args: Args) -> Result<()> {
     cfg.engine.backfill = args.backfill;
     cfg.engine.idle_balance = args.idle_balance;
     cfg.engine.pull_longest_wait = args.pull_longest_wait;
+    cfg.engine.latency_pull = args.latency_pull;
     let grace = (args.heartbeat_ms * args.missed_heartbeats * 2) as i64;
     let otlp = dispatch_telemetry::wanted(args.otlp_endpoint.as_deref());
     let mut telemetry = None;

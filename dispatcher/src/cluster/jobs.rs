@@ -697,10 +697,14 @@ impl Jobs {
     /// Move a job to `phase`: the indexes, its state, node and reason
     /// follow. Returns the state it had.
     pub fn set_phase(&mut self, key: JobKey, phase: Phase) -> JobState {
-        let Some(e) = self.table.get(&key) else {
+        let Some(e) = self.table.get_mut(&key) else {
             return JobState::Unspecified;
         };
-        let previous = e.phase.clone();
+        // Taken, not cloned (its strings); `write_phase` sets the new one.
+        let placeholder = Phase::Unplaced {
+            why: Unplaced::Restored,
+        };
+        let previous = std::mem::replace(&mut e.phase, placeholder);
         self.unindex(key, &previous);
         self.index(key, &phase);
         self.write_phase(key, phase);
@@ -752,8 +756,12 @@ impl Jobs {
             | Phase::Done { .. } => {}
             Phase::Unplaced { .. } => e.job.node.clear(),
             p => {
-                if let Some(n) = p.node() {
-                    e.job.node = n.to_string();
+                if let Some(n) = p.node()
+                    && e.job.node != n
+                {
+                    // In place: the record keeps its buffer.
+                    e.job.node.clear();
+                    e.job.node.push_str(n);
                 }
             }
         }
@@ -792,10 +800,15 @@ impl Jobs {
         }
         if let Some(node) = phase.holds() {
             if add {
-                self.by_node
-                    .entry(node.to_string())
-                    .or_default()
-                    .insert(key);
+                // The node's name is copied only for its first job.
+                match self.by_node.get_mut(node) {
+                    Some(s) => {
+                        s.insert(key);
+                    }
+                    None => {
+                        self.by_node.insert(node.to_string(), BTreeSet::from([key]));
+                    }
+                }
             } else if let Some(s) = self.by_node.get_mut(node) {
                 s.remove(&key);
                 if s.is_empty() {
@@ -909,6 +922,45 @@ mod tests {
             prop_assert_eq!(x.cmp(&y), rank(a, i).cmp(&rank(b, j)));
             prop_assert_eq!(x.array().elements().contains(&x), i.is_some());
         }
+    }
+
+    /// The agent-level steal's candidates: ASSIGNED jobs sent long
+    /// enough ago and not asked back yet, in key order; asking one back
+    /// takes it out, clearing the request puts it back, and the index
+    /// agrees with the brute-force recomputation of `check` throughout.
+    #[test]
+    fn unasked_index_follows_sends_and_requests() {
+        let mut jobs = Jobs::new();
+        let assigned = |since| Phase::Assigned {
+            node: "n1".into(),
+            since,
+            steal_asked: None,
+            via: Via::Restored,
+        };
+        let keys: Vec<JobKey> = (0..3).map(|_| JobKey::single(jobs.take_number())).collect();
+        for (i, &key) in keys.iter().enumerate() {
+            let job = Job {
+                id: key.to_string(),
+                ..Default::default()
+            };
+            jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
+            // Sent at 30, 20, 10: the index is by time, the answer by key.
+            jobs.set_phase(key, assigned(30 - 10 * i as i64));
+        }
+        assert_eq!(jobs.unasked_since(20), vec![keys[1], keys[2]]);
+        jobs.set_steal_asked(keys[1], Some(40));
+        assert_eq!(jobs.unasked_since(100), vec![keys[0], keys[2]]);
+        jobs.check().unwrap();
+        jobs.set_steal_asked(keys[1], None);
+        assert_eq!(jobs.unasked_since(100), keys);
+        jobs.set_phase(
+            keys[0],
+            Phase::Unplaced {
+                why: Unplaced::Requeued,
+            },
+        );
+        assert_eq!(jobs.unasked_since(100), vec![keys[1], keys[2]]);
+        jobs.check().unwrap();
     }
 
     #[test]

@@ -107,6 +107,11 @@ impl Default for ClusterConfig {
         // the idle-balance pass and longest-wait pulls add little for
         // their cost and stay off.
         engine.backfill = true;
+        // Also by measurement ("Choosing the defaults", latency classes):
+        // latency-class jobs waiting in a node's steal domain start first
+        // where room opens; p99 wait of the latency class 4-250x better
+        // than batch on every queueing workload, batch makespan unchanged.
+        engine.latency_pull = true;
         Self {
             zone_label: "topology.kubernetes.io/zone".into(),
             rack_label: "dispatch.io/rack".into(),
