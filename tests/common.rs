@@ -286,6 +286,68 @@ pub struct Agent {
     pub proc: Proc,
     /// Its node name.
     pub node: String,
+    /// Its `--state-dir` (the job directories its shims run from).
+    pub state_dir: PathBuf,
+}
+
+impl Drop for Agent {
+    /// A live agent stops its jobs when its group gets SIGTERM (the
+    /// [`Proc`] drop); the shims of a SIGKILLed one run on by design, each
+    /// its own session, their jobs stopped once the lease ran out: end
+    /// every process of those job directories' shims.
+    fn drop(&mut self) {
+        if self.proc.child.is_none() {
+            kill_shims_under(&self.state_dir);
+        }
+    }
+}
+
+/// SIGKILL each `agent shim --job-dir DIR` with `DIR` under `state_dir`,
+/// and every process descended from it (its job, and what the job forked).
+fn kill_shims_under(state_dir: &Path) {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    // (pid, parent) of every process, and the shims to end.
+    let mut parents: Vec<(i32, i32)> = Vec::new();
+    let mut doomed: Vec<i32> = Vec::new();
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // Fields after the command's closing parenthesis: state, ppid.
+        if let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+        {
+            parents.push((pid, ppid));
+        }
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let is_ours = args.windows(2).any(|w| {
+            w[0] == b"--job-dir"
+                && Path::new(std::ffi::OsStr::from_bytes(w[1])).starts_with(state_dir)
+        });
+        if args.get(1) == Some(&&b"shim"[..]) && is_ours {
+            doomed.push(pid);
+        }
+    }
+    let mut i = 0;
+    while i < doomed.len() {
+        let parent = doomed[i];
+        for &(pid, ppid) in &parents {
+            if ppid == parent && !doomed.contains(&pid) {
+                doomed.push(pid);
+            }
+        }
+        i += 1;
+    }
+    for pid in doomed {
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
 }
 
 impl Agent {
@@ -319,6 +381,7 @@ impl Agent {
         Ok(Self {
             proc,
             node: node.to_string(),
+            state_dir: dir.join(format!("agent-{node}")),
         })
     }
 }
