@@ -71,12 +71,7 @@ impl Sched {
         let mut found_overloaded = false;
 
         // First try overloaded leaves on the same core, for cache warmth.
-        let smt: Vec<LeafId> = topo
-            .smt_siblings(dst)
-            .iter()
-            .copied()
-            .filter(|&src| src != dst && self.overload.test(&topo, src))
-            .collect();
+        let smt = self.overloaded_smt_siblings(dst);
         if let Some(hit) = self.pull_level(dst, &smt, now, &mut found_overloaded) {
             self.stats.steal_smt += 1;
             return Some(hit);
@@ -84,11 +79,7 @@ impl Sched {
 
         // Accept any suitable task in the LLC.
         let llc = topo.llc_of(dst);
-        let candidates: Vec<LeafId> = self
-            .overload
-            .iter_wrap(&topo, llc, topo.llc_pos(dst))
-            .filter(|&src| src != dst)
-            .collect();
+        let candidates = self.overloaded_in_llc(dst);
         if let Some(hit) = self.pull_level(dst, &candidates, now, &mut found_overloaded) {
             return Some(hit);
         }
@@ -98,13 +89,7 @@ impl Sched {
             if !self.steal_cross_allowed[llc] {
                 self.stats.steal_skip_node_limit += 1;
             } else {
-                let sibs = topo.llc_siblings(llc);
-                let me = sibs.iter().position(|&x| x == llc).unwrap_or(0);
-                let mut candidates: Vec<LeafId> = Vec::new();
-                for i in 1..sibs.len() {
-                    let other = sibs[(me + i) % sibs.len()];
-                    candidates.extend(self.overload.iter_wrap(&topo, other, 0));
-                }
+                let candidates = self.overloaded_in_sibling_llcs(llc);
                 if let Some(hit) = self.pull_level(dst, &candidates, now, &mut found_overloaded) {
                     self.stats.steal_cross_llc += 1;
                     return Some(hit);
@@ -116,6 +101,41 @@ impl Sched {
             self.stats.steal_fail += 1;
         }
         None
+    }
+
+    /// The search's first level: `dst`'s overloaded SMT siblings (cache
+    /// warmth).
+    fn overloaded_smt_siblings(&self, dst: LeafId) -> Vec<LeafId> {
+        self.topo
+            .smt_siblings(dst)
+            .iter()
+            .copied()
+            .filter(|&src| src != dst && self.overload.test(&self.topo, src))
+            .collect()
+    }
+
+    /// The second level: the overloaded leaves of `dst`'s LLC, from its
+    /// position with wrap-around (seed 000's `sd_llc` walk).
+    fn overloaded_in_llc(&self, dst: LeafId) -> Vec<LeafId> {
+        let topo = &self.topo;
+        self.overload
+            .iter_wrap(topo, topo.llc_of(dst), topo.llc_pos(dst))
+            .filter(|&src| src != dst)
+            .collect()
+    }
+
+    /// One level up: the overloaded leaves of the other LLCs of `llc`'s
+    /// parent domain, LLC by LLC from the one after `llc`.
+    fn overloaded_in_sibling_llcs(&self, llc: usize) -> Vec<LeafId> {
+        let topo = &self.topo;
+        let sibs = topo.llc_siblings(llc);
+        let me = sibs.iter().position(|&x| x == llc).unwrap_or(0);
+        (1..sibs.len())
+            .flat_map(|i| {
+                self.overload
+                    .iter_wrap(topo, sibs[(me + i) % sibs.len()], 0)
+            })
+            .collect()
     }
 
     /// One level of the search: `candidates` are overloaded leaves in
@@ -272,33 +292,18 @@ impl Sched {
     /// it waits.
     fn latency_pull_search(&mut self, dst: LeafId) -> Option<(TaskId, LeafId)> {
         let topo = self.topo.clone();
-        let smt: Vec<LeafId> = topo
-            .smt_siblings(dst)
-            .iter()
-            .copied()
-            .filter(|&src| src != dst && self.overload.test(&topo, src))
-            .collect();
+        let smt = self.overloaded_smt_siblings(dst);
         if let Some(hit) = self.latency_pull_level(dst, &smt) {
             self.stats.steal_smt += 1;
             return Some(hit);
         }
         let llc = topo.llc_of(dst);
-        let candidates: Vec<LeafId> = self
-            .overload
-            .iter_wrap(&topo, llc, topo.llc_pos(dst))
-            .filter(|&src| src != dst)
-            .collect();
+        let candidates = self.overloaded_in_llc(dst);
         if let Some(hit) = self.latency_pull_level(dst, &candidates) {
             return Some(hit);
         }
         if self.config.steal_cross_llc && self.steal_cross_allowed[llc] {
-            let sibs = topo.llc_siblings(llc);
-            let me = sibs.iter().position(|&x| x == llc).unwrap_or(0);
-            let mut candidates: Vec<LeafId> = Vec::new();
-            for i in 1..sibs.len() {
-                let other = sibs[(me + i) % sibs.len()];
-                candidates.extend(self.overload.iter_wrap(&topo, other, 0));
-            }
+            let candidates = self.overloaded_in_sibling_llcs(llc);
             let hit = self.latency_pull_level(dst, &candidates);
             if hit.is_some() {
                 self.stats.steal_cross_llc += 1;
