@@ -5,7 +5,7 @@
 
 use proto::v1::{JobSpec, JobState, JobStatus};
 
-use super::tests::{assigns, register_node};
+use super::tests::{assigns, node_in_rack as node};
 use super::*;
 
 fn cluster(steal: bool, idle_balance: bool, backfill: bool) -> Cluster {
@@ -15,12 +15,6 @@ fn cluster(steal: bool, idle_balance: bool, backfill: bool) -> Cluster {
     cfg.engine.idle_balance = idle_balance;
     cfg.engine.backfill = backfill;
     Cluster::new(cfg)
-}
-
-fn node(c: &mut Cluster, name: &str, spec: &str, rack: &str) {
-    let mut fx = Effects::default();
-    register_node(c, name, spec, ("z1", rack), 0, &mut fx);
-    c.settle(0, &mut fx);
 }
 
 fn job(cpus: u32, timeout_s: u64) -> JobSpec {

@@ -15,19 +15,13 @@
 
 use proto::v1::{JobSpec, JobState, JobStatus, PlacementPolicy};
 
-use super::tests::{assigns, register_node};
+use super::tests::{assigns, node_in_rack as node};
 use super::*;
 
 fn cluster(latency_pull: bool) -> Cluster {
     let mut cfg = ClusterConfig::default();
     cfg.engine.latency_pull = latency_pull;
     Cluster::new(cfg)
-}
-
-fn node(c: &mut Cluster, name: &str, spec: &str, rack: &str) {
-    let mut fx = Effects::default();
-    register_node(c, name, spec, ("z1", rack), 0, &mut fx);
-    c.settle(0, &mut fx);
 }
 
 fn job(cpus: u32, latency_nice: i32, on: Option<&str>) -> JobSpec {

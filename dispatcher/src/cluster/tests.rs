@@ -14,6 +14,14 @@ pub(crate) fn machine(spec: &str) -> proto::v1::Topology {
     engine_proto::topology(&Topology::from_spec(spec).unwrap())
 }
 
+/// Register node `name` with machine `spec` in rack `rack` of zone `z1`
+/// at time 0 and settle what it causes.
+pub(crate) fn node_in_rack(c: &mut Cluster, name: &str, spec: &str, rack: &str) {
+    let mut fx = Effects::default();
+    register_node(c, name, spec, ("z1", rack), 0, &mut fx);
+    c.settle(0, &mut fx);
+}
+
 /// Register node `name` with a synthetic machine `spec` in `zone`/`rack`
 /// (the default labels), appending what it causes to `fx`.
 pub(crate) fn register_node(
