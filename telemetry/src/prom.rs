@@ -29,7 +29,7 @@ pub fn add_families(out: &mut Vec<Family>, collector: &dyn Collector, ty: Metric
 }
 
 /// Every schedstats field by name, in declaration order.
-pub fn schedstat_fields(s: &Schedstats) -> [(&'static str, u64); 21] {
+pub fn schedstat_fields(s: &Schedstats) -> [(&'static str, u64); 22] {
     [
         ("sis_easy", s.sis_easy),
         ("sis_core", s.sis_core),
@@ -51,6 +51,7 @@ pub fn schedstat_fields(s: &Schedstats) -> [(&'static str, u64); 21] {
         ("nr_migrations", s.nr_migrations),
         ("nr_preemptions", s.nr_preemptions),
         ("latency_picks", s.latency_picks),
+        ("latency_pull", s.latency_pull),
         ("nr_switches", s.nr_switches),
     ]
 }
@@ -220,6 +221,22 @@ mod tests {
         text.lines()
             .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    }
+
+    /// Every field of `Schedstats` is exported (its `Debug` lists them):
+    /// a counter added to the engine and forgotten here fails.
+    #[test]
+    fn schedstat_fields_name_every_field_in_order() {
+        let debug = format!("{:?}", Schedstats::default());
+        let declared: Vec<&str> = debug
+            .split(['{', ',', '}'])
+            .filter_map(|part| part.split_once(':').map(|(name, _)| name.trim()))
+            .collect();
+        let exported: Vec<&str> = schedstat_fields(&Schedstats::default())
+            .iter()
+            .map(|(name, _)| *name)
+            .collect();
+        assert_eq!(exported, declared);
     }
 
     #[test]
