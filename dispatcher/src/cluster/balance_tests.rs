@@ -3,9 +3,9 @@
 //! tick), each checked on the jobs' phases, the `Assign`s sent and the
 //! `Move`s recorded.
 
-use proto::v1::{JobSpec, JobState, JobStatus};
+use proto::v1::JobSpec;
 
-use super::tests::{assigns, node_in_rack as node};
+use super::tests::{assigns, finish_on as finish, node_in_rack as node};
 use super::*;
 
 fn cluster(steal: bool, idle_balance: bool, backfill: bool) -> Cluster {
@@ -24,18 +24,6 @@ fn job(cpus: u32, timeout_s: u64) -> JobSpec {
         timeout_ms: timeout_s * 1000,
         ..Default::default()
     }
-}
-
-fn finish(c: &mut Cluster, node: &str, id: &str, now: i64) -> Effects {
-    let mut fx = Effects::default();
-    let status = JobStatus {
-        job_id: id.into(),
-        attempt: 1,
-        state: JobState::Succeeded as i32,
-        ..Default::default()
-    };
-    c.job_status(node, status, now, &mut fx);
-    fx
 }
 
 fn node_of(c: &Cluster, id: &str) -> String {

@@ -13,9 +13,9 @@
 //! wake_wide at cluster level is tested in `wakers.rs`
 //! (`a_fan_out_larger_than_its_rack_goes_wide`).
 
-use proto::v1::{JobSpec, JobState, JobStatus, PlacementPolicy};
+use proto::v1::{JobSpec, PlacementPolicy};
 
-use super::tests::{assigns, node_in_rack as node};
+use super::tests::{assigns, finish_on, node_in_rack as node};
 use super::*;
 
 fn cluster(latency_pull: bool) -> Cluster {
@@ -48,15 +48,7 @@ fn submit(c: &mut Cluster, spec: JobSpec, now: i64) -> String {
 
 fn finish(c: &mut Cluster, id: &str, now: i64) -> Effects {
     let node = c.get_job(id).unwrap().node;
-    let mut fx = Effects::default();
-    let status = JobStatus {
-        job_id: id.into(),
-        attempt: 1,
-        state: JobState::Succeeded as i32,
-        ..Default::default()
-    };
-    c.job_status(&node, status, now, &mut fx);
-    fx
+    finish_on(c, &node, id, now)
 }
 
 fn waiting_on(c: &Cluster, id: &str) -> Option<String> {

@@ -14,6 +14,19 @@ pub(crate) fn machine(spec: &str) -> proto::v1::Topology {
     engine_proto::topology(&Topology::from_spec(spec).unwrap())
 }
 
+/// Attempt 1 of job `id` on `node` succeeded at `now`: what it caused.
+pub(crate) fn finish_on(c: &mut Cluster, node: &str, id: &str, now: i64) -> Effects {
+    let mut fx = Effects::default();
+    let status = proto::v1::JobStatus {
+        job_id: id.into(),
+        attempt: 1,
+        state: proto::v1::JobState::Succeeded as i32,
+        ..Default::default()
+    };
+    c.job_status(node, status, now, &mut fx);
+    fx
+}
+
 /// Register node `name` with machine `spec` in rack `rack` of zone `z1`
 /// at time 0 and settle what it causes.
 pub(crate) fn node_in_rack(c: &mut Cluster, name: &str, spec: &str, rack: &str) {
