@@ -30,15 +30,20 @@
 //! the machine are read by the [`devices`] submodule, through the same
 //! reader and root.
 //!
+//! The reader's files come from the filesystem ([`SysfsReader::new`]), or
+//! from a [`SysfsTree`] held in memory ([`SysfsReader::in_memory`]), which
+//! the [`source`] submodule makes answer like the filesystem; the parsing
+//! is the same code either way.
+//!
 //! Groups are keyed by what the kernel says is shared (the sibling list, the
 //! cache), never by `core_id` alone: core ids repeat across packages on x86
 //! and across clusters on Arm.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -46,8 +51,12 @@ use thiserror::Error;
 use sched::topology::{DomainFlags, TopoSpec, Topology, TopologyBuilder};
 
 pub mod devices;
+pub mod source;
 
 pub use devices::{DeviceKind, PciDevice, PcieLink};
+pub use source::SysfsTree;
+
+use source::Source;
 
 /// The largest CPU id a CPU list may name. Linux's `NR_CPUS` tops out at
 /// 8192; the margin keeps a corrupt file from allocating gigabytes.
@@ -419,10 +428,12 @@ impl TopologySummary {
     }
 }
 
-/// Reads a machine's topology from a sysfs tree under a root prefix.
+/// Reads a machine's topology from a sysfs tree under a root prefix, on
+/// disk or in memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SysfsReader {
     root: PathBuf,
+    source: Source,
 }
 
 impl Default for SysfsReader {
@@ -468,7 +479,24 @@ impl SysfsReader {
     /// A reader of the tree under `root`: reads
     /// `<root>/sys/devices/system/...` and `<root>/proc/self/status`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        Self {
+            root: root.into(),
+            source: Source::Disk,
+        }
+    }
+
+    /// A reader of `tree`, held in memory, as if it were mounted at `root`:
+    /// the root only names files in errors and in the topology's source.
+    pub fn in_memory(root: impl Into<PathBuf>, tree: SysfsTree) -> Self {
+        Self {
+            root: root.into(),
+            source: Source::Memory(Arc::new(tree)),
+        }
+    }
+
+    /// Whether this reader reads a tree in memory rather than files.
+    pub fn is_in_memory(&self) -> bool {
+        matches!(self.source, Source::Memory(_))
     }
 
     /// The root prefix.
@@ -493,7 +521,7 @@ impl SysfsReader {
 
     /// The online CPUs (`cpu/online`).
     pub fn online(&self) -> Result<Vec<u32>> {
-        read_cpulist(&self.cpu_dir().join("online"))
+        self.read_cpulist(&self.cpu_dir().join("online"))
     }
 
     /// The CPUs this process may run on: `Cpus_allowed_list` of
@@ -501,7 +529,7 @@ impl SysfsReader {
     /// `sched_getaffinity`).
     pub fn process_affinity(&self) -> Result<Vec<u32>> {
         let path = self.status_path();
-        let status = read_string(&path)?;
+        let status = self.read_string(&path)?;
         let line = status
             .lines()
             .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
@@ -520,7 +548,7 @@ impl SysfsReader {
     /// has a `proc/self/status` (the live machine), `None` for a captured
     /// sysfs tree without one.
     pub fn default_allowed(&self) -> Result<Option<Vec<u32>>> {
-        if self.status_path().exists() {
+        if self.exists(&self.status_path()) {
             self.process_affinity().map(Some)
         } else {
             Ok(None)
@@ -628,8 +656,12 @@ impl SysfsReader {
                 .ok()
                 .and_then(|i| cpus[i].numa_node)
         })?;
+        let source = match self.source {
+            Source::Disk => format!("sysfs {}", self.root.display()),
+            Source::Memory(_) => format!("sysfs in memory {}", self.root.display()),
+        };
         Ok(MachineTopology {
-            source: format!("sysfs {}", self.root.display()),
+            source,
             online,
             allowed,
             cpus,
@@ -643,25 +675,17 @@ impl SysfsReader {
     fn read_numa(&self) -> Result<HashMap<u32, u32>> {
         let dir = self.node_dir();
         let mut map = HashMap::new();
-        let entries = match fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(map),
-            Err(source) => return Err(DiscoveryError::Io { path: dir, source }),
+        let Some(names) = self.list_dir(&dir)? else {
+            return Ok(map);
         };
-        let mut nodes = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|source| DiscoveryError::Io {
-                path: dir.clone(),
-                source,
-            })?;
-            if let Some(id) = numbered(&entry.file_name().to_string_lossy(), "node") {
-                nodes.push(id);
-            }
-        }
+        let mut nodes: Vec<u32> = names
+            .iter()
+            .filter_map(|name| numbered(&name.to_string_lossy(), "node"))
+            .collect();
         nodes.sort_unstable();
         for node in nodes {
             let path = dir.join(format!("node{node}/cpulist"));
-            for cpu in read_cpulist(&path)? {
+            for cpu in self.read_cpulist(&path)? {
                 if let Some(other) = map.insert(cpu, node) {
                     return Err(DiscoveryError::Inconsistent {
                         path,
@@ -676,21 +700,24 @@ impl SysfsReader {
     fn read_cpu(&self, cpu: u32) -> Result<RawCpu> {
         let dir = self.cpu_dir().join(format!("cpu{cpu}"));
         let topo = dir.join("topology");
-        let core_id = read_int(&topo.join("core_id"))?;
+        let core_id = self.read_int(&topo.join("core_id"))?;
         let core_id = u32::try_from(core_id).unwrap_or(cpu);
-        let package_id = read_int(&topo.join("physical_package_id"))?;
+        let package_id = self.read_int(&topo.join("physical_package_id"))?;
         let package_id = u32::try_from(package_id).unwrap_or(0);
-        let die_id = read_optional_int(&topo.join("die_id"))?.and_then(|v| u32::try_from(v).ok());
-        let cluster_id = read_optional_int(&topo.join("cluster_id"))?
+        let die_id = self
+            .read_optional_int(&topo.join("die_id"))?
+            .and_then(|v| u32::try_from(v).ok());
+        let cluster_id = self
+            .read_optional_int(&topo.join("cluster_id"))?
             .and_then(|v| u32::try_from(v).ok())
             .filter(|&v| v != u32::from(u16::MAX));
         let (siblings, siblings_path) = {
             let new = topo.join("core_cpus_list");
-            match read_optional(&new)? {
+            match self.read_optional(&new)? {
                 Some(text) => (parse_cpulist_at(&new, &text)?, new),
                 None => {
                     let old = topo.join("thread_siblings_list");
-                    (read_cpulist(&old)?, old)
+                    (self.read_cpulist(&old)?, old)
                 }
             }
         };
@@ -700,7 +727,7 @@ impl SysfsReader {
                 reason: format!("CPU {cpu} is not among its own siblings"),
             });
         }
-        let llc = read_llc(&dir.join("cache"))?;
+        let llc = self.read_llc(&dir.join("cache"))?;
         Ok(RawCpu {
             cpu,
             core_id,
@@ -714,55 +741,103 @@ impl SysfsReader {
     }
 }
 
-/// The last-level cache listed under a CPU's `cache/` directory; `None`
-/// when there is no directory or no data/unified cache in it.
-fn read_llc(cache_dir: &Path) -> Result<Option<RawCache>> {
-    let entries = match fs::read_dir(cache_dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(DiscoveryError::Io {
-                path: cache_dir.to_path_buf(),
+impl SysfsReader {
+    /// The last-level cache listed under a CPU's `cache/` directory; `None`
+    /// when there is no directory or no data/unified cache in it.
+    fn read_llc(&self, cache_dir: &Path) -> Result<Option<RawCache>> {
+        let Some(names) = self.list_dir(cache_dir)? else {
+            return Ok(None);
+        };
+        let mut indexes: Vec<u32> = names
+            .iter()
+            .filter_map(|name| numbered(&name.to_string_lossy(), "index"))
+            .collect();
+        indexes.sort_unstable();
+        let mut listed = Vec::new();
+        for i in indexes {
+            let dir = cache_dir.join(format!("index{i}"));
+            let level_path = dir.join("level");
+            let level = self.read_int(&level_path)?;
+            let level = u8::try_from(level).map_err(|_| DiscoveryError::Inconsistent {
+                path: level_path,
+                reason: format!("cache level {level} is out of range"),
+            })?;
+            if let Some(kind) = parse_cache_type(&self.read_string(&dir.join("type"))?) {
+                listed.push((dir, level, kind));
+            }
+        }
+        let Some(best) = pick_llc(listed.iter().map(|(_, level, kind)| (*level, *kind))) else {
+            return Ok(None);
+        };
+        let (dir, level, kind) = &listed[best];
+        let id = self
+            .read_optional_int(&dir.join("id"))?
+            .and_then(|v| u64::try_from(v).ok());
+        let shared = self.read_cpulist(&dir.join("shared_cpu_list"))?;
+        Ok(Some(RawCache {
+            level: *level,
+            kind: *kind,
+            id,
+            shared,
+        }))
+    }
+
+    /// The file at `path` as text.
+    fn read_string(&self, path: &Path) -> Result<String> {
+        self.source
+            .read_to_string(&self.root, path)
+            .map_err(|source| io_error(path, source))
+    }
+
+    /// The file at `path` as text; `None` when it does not exist.
+    fn read_optional(&self, path: &Path) -> Result<Option<String>> {
+        match self.read_string(path) {
+            Ok(s) => Ok(Some(s)),
+            Err(DiscoveryError::Missing { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn read_int(&self, path: &Path) -> Result<i64> {
+        parse_int_at(path, &self.read_string(path)?)
+    }
+
+    fn read_optional_int(&self, path: &Path) -> Result<Option<i64>> {
+        self.read_optional(path)?
+            .map(|t| parse_int_at(path, &t))
+            .transpose()
+    }
+
+    fn read_cpulist(&self, path: &Path) -> Result<Vec<u32>> {
+        parse_cpulist_at(path, &self.read_string(path)?)
+    }
+
+    /// The names in the directory `dir`; `None` when it does not exist.
+    fn list_dir(&self, dir: &Path) -> Result<Option<Vec<std::ffi::OsString>>> {
+        match self.source.list_dir(&self.root, dir) {
+            Ok(names) => Ok(Some(names)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(DiscoveryError::Io {
+                path: dir.to_path_buf(),
                 source,
-            });
-        }
-    };
-    let mut indexes = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| DiscoveryError::Io {
-            path: cache_dir.to_path_buf(),
-            source,
-        })?;
-        if let Some(i) = numbered(&entry.file_name().to_string_lossy(), "index") {
-            indexes.push(i);
+            }),
         }
     }
-    indexes.sort_unstable();
-    let mut listed = Vec::new();
-    for i in indexes {
-        let dir = cache_dir.join(format!("index{i}"));
-        let level_path = dir.join("level");
-        let level = read_int(&level_path)?;
-        let level = u8::try_from(level).map_err(|_| DiscoveryError::Inconsistent {
-            path: level_path,
-            reason: format!("cache level {level} is out of range"),
-        })?;
-        if let Some(kind) = parse_cache_type(&read_string(&dir.join("type"))?) {
-            listed.push((dir, level, kind));
-        }
+
+    /// Whether `path` exists (links followed).
+    fn exists(&self, path: &Path) -> bool {
+        self.source.exists(&self.root, path)
     }
-    let Some(best) = pick_llc(listed.iter().map(|(_, level, kind)| (*level, *kind))) else {
-        return Ok(None);
-    };
-    let (dir, level, kind) = &listed[best];
-    let id = read_optional_int(&dir.join("id"))?.and_then(|v| u64::try_from(v).ok());
-    let shared = read_cpulist(&dir.join("shared_cpu_list"))?;
-    Ok(Some(RawCache {
-        level: *level,
-        kind: *kind,
-        id,
-        shared,
-    }))
+
+    /// The target of the symbolic link at `path`.
+    fn read_link(&self, path: &Path) -> Result<PathBuf> {
+        self.source
+            .read_link(&self.root, path)
+            .map_err(|source| DiscoveryError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+    }
 }
 
 /// Choose the last-level cache among `(level, kind)` entries: the highest
@@ -821,26 +896,17 @@ fn numbered(name: &str, prefix: &str) -> Option<u32> {
     digits.parse().ok()
 }
 
-fn read_string(path: &Path) -> Result<String> {
-    fs::read_to_string(path).map_err(|source| {
-        if source.kind() == io::ErrorKind::NotFound {
-            DiscoveryError::Missing {
-                path: path.to_path_buf(),
-            }
-        } else {
-            DiscoveryError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
+/// A failed read of `path`: `Missing` when it does not exist.
+fn io_error(path: &Path, source: io::Error) -> DiscoveryError {
+    if source.kind() == io::ErrorKind::NotFound {
+        DiscoveryError::Missing {
+            path: path.to_path_buf(),
         }
-    })
-}
-
-fn read_optional(path: &Path) -> Result<Option<String>> {
-    match read_string(path) {
-        Ok(s) => Ok(Some(s)),
-        Err(DiscoveryError::Missing { .. }) => Ok(None),
-        Err(e) => Err(e),
+    } else {
+        DiscoveryError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     }
 }
 
@@ -868,26 +934,12 @@ fn parse_int_at(path: &Path, text: &str) -> Result<i64> {
     })
 }
 
-fn read_int(path: &Path) -> Result<i64> {
-    parse_int_at(path, &read_string(path)?)
-}
-
-fn read_optional_int(path: &Path) -> Result<Option<i64>> {
-    read_optional(path)?
-        .map(|t| parse_int_at(path, &t))
-        .transpose()
-}
-
 fn parse_cpulist_at(path: &Path, text: &str) -> Result<Vec<u32>> {
     parse_cpulist(text).map_err(|source| DiscoveryError::Cpulist {
         path: path.to_path_buf(),
         text: text.trim().to_string(),
         source,
     })
-}
-
-fn read_cpulist(path: &Path) -> Result<Vec<u32>> {
-    parse_cpulist_at(path, &read_string(path)?)
 }
 
 /// Group CPUs by a key; groups sorted inside and among themselves, each

@@ -3,9 +3,9 @@
 //! and where each sits: its NUMA node, the CPUs local to it, and its path
 //! through the PCIe tree (which host bridge, which switches).
 //!
-//! It reads through the parent module's [`SysfsReader`] root, like the CPU
-//! discovery, so a captured tree of another machine reads exactly like the
-//! live one. What is read, for each entry of `<root>/sys/bus/pci/devices/`:
+//! It reads through the parent module's [`SysfsReader`] (its root, on disk
+//! or in memory), like the CPU discovery, so a captured tree of another
+//! machine reads exactly like the live one. What is read, for each entry of `<root>/sys/bus/pci/devices/`:
 //!
 //! * `class`, `vendor`, `device`: what the device is. A GPU is a display
 //!   controller (class `0x03xxxx`) of a GPU vendor (NVIDIA `0x10de`, AMD
@@ -31,16 +31,11 @@
 //! tree of CPUs only) has no devices; that is not an error. A device whose
 //! `class` or `vendor` cannot be parsed is an error naming the file.
 
-use std::fs;
-use std::io;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    DiscoveryError, Result, SysfsReader, parse_cpulist_at, read_optional, read_optional_int,
-    read_string,
-};
+use super::{DiscoveryError, Result, SysfsReader, parse_cpulist_at};
 
 /// PCI vendor id of NVIDIA.
 pub const VENDOR_NVIDIA: u16 = 0x10de;
@@ -205,8 +200,8 @@ pub fn parse_sysfs_hex(text: &str) -> Option<u32> {
     u32::from_str_radix(digits, 16).ok()
 }
 
-fn read_hex(path: &Path) -> Result<u32> {
-    let text = read_string(path)?;
+fn read_hex(reader: &SysfsReader, path: &Path) -> Result<u32> {
+    let text = reader.read_string(path)?;
     parse_sysfs_hex(&text).ok_or_else(|| DiscoveryError::BadInt {
         path: path.to_path_buf(),
         text: text.trim().to_string(),
@@ -266,31 +261,19 @@ impl SysfsReader {
         numa_of: impl Fn(u32) -> Option<u32>,
     ) -> Result<Vec<PciDevice>> {
         let dir = self.root().join("sys/bus/pci/devices");
-        let entries = match fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(source) => return Err(DiscoveryError::Io { path: dir, source }),
+        let Some(entries) = self.list_dir(&dir)? else {
+            return Ok(Vec::new());
         };
-        let mut names = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|source| DiscoveryError::Io {
-                path: dir.clone(),
-                source,
-            })?;
-            if let Some(name) = entry.file_name().to_str()
-                && is_pci_address(name)
-            {
-                names.push(name.to_string());
-            }
-        }
+        let mut names: Vec<String> = entries
+            .into_iter()
+            .filter_map(|name| name.into_string().ok())
+            .filter(|name| is_pci_address(name))
+            .collect();
         names.sort();
         let mut devices = Vec::new();
         for address in names {
             let path = dir.join(&address);
-            let target = fs::read_link(&path).map_err(|source| DiscoveryError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let target = self.read_link(&path)?;
             let (host_bridge, bridges) =
                 pcie_path(&target, &address).ok_or_else(|| DiscoveryError::Inconsistent {
                     path: path.clone(),
@@ -299,24 +282,24 @@ impl SysfsReader {
                         target.display()
                     ),
                 })?;
-            let class = read_hex(&path.join("class"))?;
-            let vendor = read_hex(&path.join("vendor"))? as u16;
+            let class = read_hex(self, &path.join("class"))?;
+            let vendor = read_hex(self, &path.join("vendor"))? as u16;
             let Some(kind) = DeviceKind::classify(class, vendor) else {
                 continue;
             };
-            if kind == DeviceKind::Nic && path.join("physfn").exists() {
+            if kind == DeviceKind::Nic && self.exists(&path.join("physfn")) {
                 continue;
             }
-            let device = read_hex(&path.join("device"))? as u16;
+            let device = read_hex(self, &path.join("device"))? as u16;
             let local_path = path.join("local_cpulist");
-            let local_cpus: Vec<u32> = match read_optional(&local_path)? {
+            let local_cpus: Vec<u32> = match self.read_optional(&local_path)? {
                 Some(text) => parse_cpulist_at(&local_path, &text)?
                     .into_iter()
                     .filter(|c| usable.binary_search(c).is_ok())
                     .collect(),
                 None => Vec::new(),
             };
-            let numa_node = match read_optional_int(&path.join("numa_node"))? {
+            let numa_node = match self.read_optional_int(&path.join("numa_node"))? {
                 Some(n) if n >= 0 => u32::try_from(n).ok(),
                 _ => {
                     let mut nodes = local_cpus.iter().map(|&c| numa_of(c));
@@ -332,20 +315,24 @@ impl SysfsReader {
                     .join("proc/driver/nvidia/gpus")
                     .join(&address)
                     .join("information");
-                read_optional(&info)?.and_then(|t| parse_nvidia_minor(&t))
+                self.read_optional(&info)?
+                    .and_then(|t| parse_nvidia_minor(&t))
             } else {
                 None
             };
-            let mut drm_cards: Vec<String> = match fs::read_dir(path.join("drm")) {
-                Ok(cards) => cards
-                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .filter(|n| {
-                        n.strip_prefix("card")
-                            .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-                    })
-                    .collect(),
-                Err(_) => Vec::new(),
-            };
+            let mut drm_cards: Vec<String> =
+                match self.source.list_dir(&self.root, &path.join("drm")) {
+                    Ok(cards) => cards
+                        .into_iter()
+                        .filter_map(|name| name.into_string().ok())
+                        .filter(|n| {
+                            n.strip_prefix("card").is_some_and(|d| {
+                                !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
+                            })
+                        })
+                        .collect(),
+                    Err(_) => Vec::new(),
+                };
             drm_cards.sort();
             devices.push(PciDevice {
                 address,
