@@ -6,8 +6,9 @@
 //! Dispatchers and etcd listen on port 0: the kernel picks a free port and
 //! the process logs the address it bound, which the harness reads from its
 //! log. Nothing binds a port, releases it and hopes it stays free. (The
-//! 3-member etcd of the fault tests must name its peers' ports before any
-//! starts: `faults::EtcdCluster` holds them bound until all are chosen.)
+//! 3-member etcd of the fault tests must name its peers before any starts:
+//! `faults::EtcdCluster` gives them unix-domain sockets in the test's
+//! directory.)
 //!
 //! Binaries come from the workspace's target directory; when one is
 //! missing (a `cargo test -p e2e` on a clean tree) the harness builds it

@@ -239,61 +239,51 @@ pub struct EtcdMember {
     pub name: String,
     /// `http://127.0.0.1:PORT` for clients.
     pub client_url: String,
-    /// The port of its `/metrics` and `/health`.
-    pub metrics_port: u16,
+    /// The client port, which also serves `/metrics` and `/health`.
+    pub port: u16,
     /// The process (`None` once killed).
     pub proc: Option<Proc>,
 }
 
-/// An etcd cluster of `n` members on loopback ports, started by the test.
+/// An etcd cluster of `n` members on loopback, started by the test.
+///
+/// Nothing is bound and released for it to race with parallel tests: the
+/// members reach each other over unix-domain sockets in the test's
+/// directory (a static `--initial-cluster` must name every peer URL before
+/// any member starts, and a socket's name can be chosen without asking
+/// the kernel), and serve clients on port 0, whose bound address each
+/// member logs ("serving client traffic").
 pub struct EtcdCluster {
     /// The members.
     pub members: Vec<EtcdMember>,
 }
 
-fn listen_port() -> Result<(std::net::TcpListener, u16)> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let port = l.local_addr()?.port();
-    Ok((l, port))
+/// Member `i`'s peer URL: etcd takes a `unix://` URL's `host:port` as the
+/// socket's file name, relative to the member's working directory.
+fn peer_url(i: usize) -> String {
+    format!("unix://etcd-m{i}-peer:1")
 }
 
 impl EtcdCluster {
-    /// Start `n` members under `dir` and wait until every one is healthy.
+    /// Start `n` members under `dir` and wait until every one serves
+    /// clients and is healthy.
     pub fn start(dir: &Path, n: usize) -> Result<Self> {
-        // Hold every port until all are chosen, so no two members get the
-        // same one; etcd binds them itself right after they are released.
-        let mut held = Vec::new();
-        let mut ports = Vec::new();
-        for _ in 0..n {
-            let mut three = [0u16; 3];
-            for p in &mut three {
-                let (l, port) = listen_port()?;
-                held.push(l);
-                *p = port;
-            }
-            ports.push(three);
-        }
-        let initial: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, [_, peer, _])| format!("m{i}=http://127.0.0.1:{peer}"))
-            .collect();
+        let initial: Vec<String> = (0..n).map(|i| format!("m{i}={}", peer_url(i))).collect();
         let initial = initial.join(",");
-        drop(held);
-        let mut members = Vec::new();
-        for (i, [client, peer, metrics]) in ports.into_iter().enumerate() {
+        let any = "http://127.0.0.1:0";
+        let mut procs = Vec::new();
+        for i in 0..n {
             let name = format!("m{i}");
-            let client_url = format!("http://127.0.0.1:{client}");
-            let peer_url = format!("http://127.0.0.1:{peer}");
             let mut cmd = crate::etcd_command(&crate::EtcdMemberConfig {
                 name: &name,
                 data_dir: &dir.join(format!("etcd-{name}")),
-                client_url: &client_url,
-                peer_url: &peer_url,
-                metrics_port: metrics,
+                client_url: any,
+                peer_url: &peer_url(i),
+                metrics_port: 0,
                 initial_cluster: &initial,
             });
-            cmd.args(["--initial-cluster-token", "faults"])
+            cmd.current_dir(dir)
+                .args(["--initial-cluster-token", "faults"])
                 // Loopback round trips are ~0.1 ms: etcd's tuning guide
                 // sets the heartbeat near the round trip and the election
                 // timeout at ten heartbeats or more; 50/500 ms keeps that
@@ -301,15 +291,35 @@ impl EtcdCluster {
                 .args(["--heartbeat-interval", "50"])
                 .arg(format!("--election-timeout={ETCD_ELECTION_TIMEOUT_MS}"));
             let log = dir.join(format!("etcd-{name}.log"));
+            procs.push((
+                name.clone(),
+                Proc::spawn(&format!("etcd {name}"), cmd, log)?,
+            ));
+        }
+        // A member serves clients once the cluster has a leader.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut members = Vec::new();
+        for (name, mut proc) in procs {
+            let port = loop {
+                if let Some(port) = crate::etcd_client_port(&proc.log_text()) {
+                    break port;
+                }
+                if !proc.alive() || Instant::now() > deadline {
+                    bail!(
+                        "etcd {name} did not serve clients within 30 s:\n{}",
+                        proc.log_text()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
             members.push(EtcdMember {
-                name: name.clone(),
-                client_url,
-                metrics_port: metrics,
-                proc: Some(Proc::spawn(&format!("etcd {name}"), cmd, log)?),
+                name,
+                client_url: format!("http://127.0.0.1:{port}"),
+                port,
+                proc: Some(proc),
             });
         }
         let cluster = Self { members };
-        let deadline = Instant::now() + Duration::from_secs(30);
         while !cluster.members.iter().all(|m| m.healthy()) {
             if Instant::now() > deadline {
                 bail!("the etcd cluster did not become healthy in 30 s");
@@ -344,12 +354,12 @@ impl EtcdCluster {
 impl EtcdMember {
     /// `/health` answers `"health":"true"`.
     pub fn healthy(&self) -> bool {
-        crate::etcd_healthy(self.metrics_port)
+        crate::etcd_healthy(self.port)
     }
 
     /// One unlabelled metric's value.
     pub fn metric(&self, name: &str) -> Option<f64> {
-        let (code, body) = crate::http_get(self.metrics_port, "/metrics").ok()?;
+        let (code, body) = crate::http_get(self.port, "/metrics").ok()?;
         if code != 200 {
             return None;
         }
