@@ -692,23 +692,7 @@ impl Agent {
     fn load(&self) -> NodeLoad {
         let free = self.local.free_summary();
         let stats = self.local.engine().stats();
-        let schedstats: HashMap<String, u64> = [
-            ("sis_easy", stats.sis_easy),
-            ("sis_core", stats.sis_core),
-            ("sis_cpu", stats.sis_cpu),
-            ("sis_none", stats.sis_none),
-            ("steal", stats.steal),
-            ("steal_fail", stats.steal_fail),
-            ("steal_smt", stats.steal_smt),
-            ("steal_cross_llc", stats.steal_cross_llc),
-            ("busy_skip", stats.busy_skip),
-            ("nr_preemptions", stats.nr_preemptions),
-            ("nr_migrations", stats.nr_migrations),
-            ("latency_picks", stats.latency_picks),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+        let schedstats = schedstats_report(stats);
         NodeLoad {
             cpus: self
                 .local
@@ -1176,9 +1160,54 @@ pub async fn run_dev(
     run(opts, stop).await
 }
 
+/// The engine's schedstats as a load report carries them: every field, by
+/// the names the metrics export (`dispatch_telemetry::schedstat_fields`,
+/// the one list), so a new counter reaches the dispatcher without a second
+/// list to forget. The proto map owns its keys: one short String each.
+fn schedstats_report(stats: &sched::Schedstats) -> HashMap<String, u64> {
+    dispatch_telemetry::schedstat_fields(stats)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every field of `Schedstats`, read from its Debug output (not from
+    /// the list under test), with its value.
+    fn debug_fields(s: &sched::Schedstats) -> HashMap<String, u64> {
+        let text = format!("{s:?}");
+        let inner = text
+            .split_once('{')
+            .and_then(|(_, r)| r.rsplit_once('}'))
+            .expect("a struct")
+            .0;
+        inner
+            .split(',')
+            .filter(|f| !f.trim().is_empty())
+            .map(|f| {
+                let (k, v) = f.split_once(':').expect("name: value");
+                (k.trim().to_string(), v.trim().parse().expect("a counter"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn load_reports_every_schedstat_with_its_value() {
+        let s = sched::Schedstats {
+            sis_core: 2,
+            steal: 3,
+            steal_skip_node_limit: 5,
+            latency_pull: 7,
+            nr_switches: 11,
+            ..Default::default()
+        };
+        let want = debug_fields(&s);
+        assert!(want.len() >= 22, "{want:?}");
+        assert_eq!(schedstats_report(&s), want);
+    }
 
     #[test]
     fn local_ids_round_trip() {
