@@ -211,6 +211,11 @@ impl Explainer<'_> {
                     None => "requeued; being placed again".into(),
                 },
             ),
+            Unplaced::Gang | Unplaced::Reserved { .. } => self.cluster.gang_pending(
+                JobKey::parse(&e.job().id).unwrap_or(JobKey::single(0)),
+                why,
+                self.now,
+            ),
             Unplaced::Restored => reason(
                 Kind::Restored,
                 "",
