@@ -6,7 +6,8 @@
 //! 1. `dispatchctl submit --nodes 2 --within rack` prints the gang's id
 //!    then its members'; both members run on two distinct nodes of r1,
 //!    and their ASSIGNED events carry one time (one operation of the
-//!    dispatcher); no read of the job table ever shows one member placed
+//!    dispatcher); each member's environment names its index and its
+//!    peers' nodes; no read of the job table ever shows one member placed
 //!    and the other waiting; `dispatchctl get` and `ls --gang` show the
 //!    gang.
 //! 2. A gang of 3 within one rack cannot start (r1 has one free node, r2
@@ -179,8 +180,10 @@ async fn gangs_start_together_wait_holding_nothing_and_restart_on_member_loss() 
             "--retries",
             "1",
             "--",
-            "sleep",
-            "120",
+            "sh",
+            "-c",
+            "echo \"member $DISPATCH_GANG_INDEX of $DISPATCH_GANG_ID on $DISPATCH_GANG_NODES\"; \
+             exec sleep 120",
         ],
     )?;
     ensure!(code == 0, "dispatchctl submit: {code} {out} {err}");
@@ -230,6 +233,18 @@ async fn gangs_start_together_wait_holding_nothing_and_restart_on_member_loss() 
         assigned_at[0] == assigned_at[1],
         "members assigned at different times: {assigned_at:?}"
     );
+    // Each member knows its index and its peers' nodes.
+    let peers = format!("member 1 of j-1 on {},{}", gang[0].node, gang[1].node);
+    eventually(LONG, "member 1's output", || {
+        let peers = peers.clone();
+        let url = d.url.clone();
+        async move {
+            let (_, out, _) = dispatchctl(&url, &["logs", "j-1.1"]).ok()?;
+            out.contains(&peers).then_some(())
+        }
+    })
+    .await
+    .with_context(ctx)?;
     let (code, out, _) = dispatchctl(&d.url, &["get", "j-1.1"])?;
     ensure!(
         code == 0 && out.contains("j-1 (member 1 of 2, within rack"),

@@ -50,14 +50,17 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
-use proto::v1::{Job, JobSpec, JobState, PendingReason, PendingReasonKind as Kind};
+use proto::v1::{
+    DispatcherMessage, Job, JobSpec, JobState, PendingReason, PendingReasonKind as Kind,
+    dispatcher_message,
+};
 use sched::alloc::{align_groups, free_summary_of};
 use sched::gang::{effective_level, find_gang_in, gang_reservation_in};
 use sched::{Align, LeafId, LeafSet, PlacePath, Placement, TaskState};
 
 use super::engine::engine_ns;
 use super::jobs::{End, JobKey, Phase, Requeue, Unplaced, Via};
-use super::lifecycle::{TaskAfter, task_spec};
+use super::lifecycle::{TaskAfter, assign_of, task_spec};
 use super::{Cluster, Effects, cancel_on};
 use crate::spec::{align_of, policy_of, replaces_members, within_of};
 
@@ -201,6 +204,44 @@ impl Cluster {
     /// The gang number of a gang member.
     pub(super) fn gang_of(&self, key: JobKey) -> Option<u64> {
         (!key.is_single() && self.gangs.map.contains_key(&key.number())).then_some(key.number())
+    }
+
+    /// The `Assign` of a job's current attempt. A gang member's copy of
+    /// the spec also carries its gang in the environment, so that members
+    /// find each other: `DISPATCH_GANG_ID`, `DISPATCH_GANG_INDEX`,
+    /// `DISPATCH_GANG_SIZE` and `DISPATCH_GANG_NODES` (the members' nodes
+    /// by index, comma-separated, as placed when this attempt was sent).
+    pub(super) fn assign_msg(&self, key: JobKey) -> Option<DispatcherMessage> {
+        let job = self.jobs.get(key)?.job();
+        let mut msg = assign_of(job);
+        if job.gang_id.is_empty() {
+            return Some(msg);
+        }
+        if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_mut()
+            && let Some(spec) = a.spec.as_mut()
+        {
+            let nodes: Vec<String> = self
+                .jobs
+                .elements(key.array())
+                .map(|k| {
+                    self.jobs
+                        .get(k)
+                        .and_then(|e| e.phase().node())
+                        .unwrap_or("")
+                        .to_string()
+                })
+                .collect();
+            let env = [
+                ("DISPATCH_GANG_ID", job.gang_id.clone()),
+                ("DISPATCH_GANG_INDEX", job.gang_index.to_string()),
+                ("DISPATCH_GANG_SIZE", job.gang_size.to_string()),
+                ("DISPATCH_GANG_NODES", nodes.join(",")),
+            ];
+            for (k, v) in env {
+                spec.env.insert(k.to_string(), v);
+            }
+        }
+        Some(msg)
     }
 
     /// The gangs.

@@ -137,6 +137,20 @@ fn all_or_nothing_with_a_rack_too_small() {
     let (ids, fx) = submit(&mut c, gang(3, Within::Rack, 2), 2);
     let sent = assigns(&fx);
     assert_eq!(sent.len(), 3, "all members in one operation: {sent:?}");
+    // Each member's Assign tells it its gang, index and peers.
+    let nodes: Vec<String> = ids.iter().map(|id| node_of(&c, id)).collect();
+    for (_, m) in &fx.to_agents {
+        if let Some(dispatcher_message::Msg::Assign(a)) = &m.msg {
+            let env = &a.spec.as_ref().unwrap().env;
+            let index = a.job_id.rsplit('.').next().unwrap();
+            assert_eq!(env["DISPATCH_GANG_ID"], "j-2");
+            assert_eq!(env["DISPATCH_GANG_INDEX"], index);
+            assert_eq!(env["DISPATCH_GANG_SIZE"], "3");
+            assert_eq!(env["DISPATCH_GANG_NODES"], nodes.join(","));
+        }
+    }
+    // The stored spec stays the user's.
+    assert!(c.get_job(&ids[0]).unwrap().spec.unwrap().env.is_empty());
     for id in &ids {
         assert_eq!(state(&c, id), JobState::Assigned);
         assert_eq!(rack_of(&c, id), "r1");

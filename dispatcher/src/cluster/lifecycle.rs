@@ -450,10 +450,10 @@ impl Cluster {
                 via: via.clone(),
             },
         );
-        let Some(e) = self.jobs.get(key) else {
+        let Some(assign) = self.assign_msg(key) else {
             return;
         };
-        fx.to_agents.push((name.clone(), assign_of(e.job())));
+        fx.to_agents.push((name.clone(), assign));
         let m = Move {
             at_ms: now,
             job: key,
