@@ -1341,6 +1341,57 @@ mod tests {
         assert_eq!(d.alignment, pb::Alignment::Any as i32);
         assert_eq!(d.policy, pb::PlacementPolicy::Spread as i32);
         assert_eq!((d.memory_bytes, d.timeout_ms, d.array_count), (0, 0, 0));
+        assert_eq!((d.nodes, d.within, d.gang_retry), (0, 0, 0));
+    }
+
+    /// The gang flags map to the spec's gang fields; the ones that only
+    /// make sense with another are refused without it.
+    #[test]
+    fn gang_flags() {
+        let s = job_spec(&submit_args(&[
+            "--nodes",
+            "4",
+            "--within",
+            "rack",
+            "--preferred",
+            "--relax-after",
+            "10m",
+            "--gang-retry",
+            "replace",
+            "--",
+            "./train",
+        ]));
+        assert_eq!(s.nodes, 4);
+        assert_eq!(s.within, pb::Within::Rack as i32);
+        assert!(s.within_preferred);
+        assert_eq!(s.relax_after_ms, 600_000);
+        assert_eq!(s.gang_retry, pb::GangRetry::ReplaceMember as i32);
+        let s = job_spec(&submit_args(&["-N", "2", "--within", "zone", "--", "x"]));
+        assert_eq!(
+            (s.within, s.within_preferred, s.relax_after_ms),
+            (3, false, 0)
+        );
+        for bad in [
+            &["--within", "rack", "--", "x"][..],
+            &["--nodes", "2", "--preferred", "--", "x"],
+            &[
+                "--nodes",
+                "2",
+                "--within",
+                "rack",
+                "--relax-after",
+                "1m",
+                "--",
+                "x",
+            ],
+            &["--gang-retry", "restart", "--", "x"],
+            &["--nodes", "2", "--array", "3", "--", "x"],
+            &["--nodes", "0", "--", "x"],
+        ] {
+            let mut argv = vec!["dispatchctl", "submit"];
+            argv.extend_from_slice(bad);
+            assert!(crate::cli::Cli::try_parse_from(argv).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
