@@ -17,6 +17,8 @@
 //!    out, the gang restarts (restart-all, the default): both members run
 //!    again as attempt 2 on two live nodes of r1, with the retry in their
 //!    reason.
+//! 4. A gang of 3 preferring one rack waits for it (`gang_resources`),
+//!    then, after its `--relax-after`, runs across both racks.
 //!
 //! Waits are generous; nothing asserts wall-clock performance. A failure
 //! prints the jobs and the tails of the process logs.
@@ -353,5 +355,51 @@ async fn gangs_start_together_wait_holding_nothing_and_restart_on_member_loss() 
         ctx,
     )
     .await?;
+
+    // 4. Three members preferring one rack: r1 has two live nodes, r2
+    // one. The gang waits for its rack, then relaxes after 3 s and runs
+    // across both racks.
+    let (code, out, err) = dispatchctl(
+        &d.url,
+        &[
+            "submit",
+            "--nodes",
+            "3",
+            "--within",
+            "rack",
+            "--preferred",
+            "--relax-after",
+            "3s",
+            "--cpus",
+            "2",
+            "--",
+            "true",
+        ],
+    )?;
+    ensure!(code == 0, "dispatchctl submit: {code} {out} {err}");
+    let id = out.lines().next().unwrap_or_default().to_string();
+    let early = members(&mut jobs, &id).await?;
+    ensure!(
+        early.len() == 3 && early.iter().all(|j| j.state == JobState::Pending as i32),
+        "a preferred gang should first wait for one rack:
+{}",
+        describe(&early)
+    );
+    let (_, out, _) = dispatchctl(&d.url, &["get", &format!("{id}.0")])?;
+    ensure!(
+        out.contains("gang_resources"),
+        "get {id}.0:
+{out}"
+    );
+    let done = wait_gang(
+        &jobs,
+        &id,
+        "the relaxed gang to run across racks and succeed",
+        |m| m.len() == 3 && m.iter().all(|j| j.state == JobState::Succeeded as i32),
+        ctx,
+    )
+    .await?;
+    let racks: HashSet<&str> = done.iter().map(|j| rack_of(&j.node)).collect();
+    ensure!(racks.len() == 2, "not across racks:\n{}", describe(&done));
     Ok(())
 }
