@@ -61,6 +61,7 @@ use sched::{Align, LeafId, LeafSet, PlacePath, Placement, TaskState};
 use super::engine::engine_ns;
 use super::jobs::{End, JobKey, Phase, Requeue, Unplaced, Via};
 use super::lifecycle::{TaskAfter, assign_of, task_spec};
+use super::pending::in_time;
 use super::{Cluster, Effects, cancel_on};
 use crate::spec::{align_of, policy_of, replaces_members, within_of};
 
@@ -280,7 +281,7 @@ impl Cluster {
         if self.engine.sched().is_none() || self.engine.is_dirty() {
             return;
         }
-        let before = self.gangs.reservation.take().map(|h| (h.gang, h.nodes));
+        let before = self.gangs.reservation.take();
         let numbers: Vec<u64> = self.gangs.waiting.iter().copied().collect();
         for n in numbers {
             let (waiting, holding) = self.members_by_phase(n);
@@ -300,13 +301,9 @@ impl Cluster {
                 self.gangs.waiting.remove(&n);
             }
         }
-        let after = self
-            .gangs
-            .reservation
-            .as_ref()
-            .map(|h| (h.gang, h.nodes.clone()));
-        if before != after {
-            self.enforce_reservation(now, fx);
+        let key = |h: &Held| (h.gang, h.nodes.clone());
+        if before.as_ref().map(key) != self.gangs.reservation.as_ref().map(key) {
+            self.enforce_reservation(before.as_ref(), now, fx);
         }
     }
 
@@ -789,8 +786,8 @@ impl Cluster {
         }
         self.gangs.waiting.remove(&n);
         if self.gangs.reservation.as_ref().is_some_and(|h| h.gang == n) {
-            self.gangs.reservation = None;
-            self.enforce_reservation(now, fx);
+            let old = self.gangs.reservation.take();
+            self.enforce_reservation(old.as_ref(), now, fx);
         }
         let end = || End::GangEnded { member: key, state };
         for k in self.jobs.elements(JobKey::single(n)).collect::<Vec<_>>() {
@@ -850,11 +847,12 @@ impl Cluster {
         Ok(Some(Arc::new(LeafSet::from_leaves(nr, leaves))))
     }
 
-    /// The reserved nodes changed: place again every waiting job the
-    /// reservation keeps off them that is queued where it could start on
-    /// one (its own node reserved, or a reserved node could pull it), and
-    /// every job held unplaced by an older reservation.
-    fn enforce_reservation(&mut self, now: i64, fx: &mut Effects) {
+    /// The reserved nodes changed (from `old`): place again every waiting
+    /// job the reservation keeps off them that is queued where it could
+    /// start on one (its own node reserved, or a reserved node could pull
+    /// it), every job the old reservation kept off its nodes (its affinity
+    /// excludes one of them), and every job held unplaced by it.
+    fn enforce_reservation(&mut self, old: Option<&Held>, now: i64, fx: &mut Effects) {
         let mut again = Vec::new();
         for key in self.jobs.unplaced() {
             if matches!(
@@ -866,24 +864,30 @@ impl Cluster {
                 again.push(key);
             }
         }
-        if let (Some(h), Some(engine)) = (self.gangs.reservation.as_ref(), self.engine.sched()) {
+        let new = self.gangs.reservation.as_ref();
+        if let Some(engine) = self.engine.sched()
+            && (new.is_some() || old.is_some())
+        {
             for key in self.jobs.queued() {
                 let Some(e) = self.jobs.get(key) else {
                     continue;
                 };
-                if !matches!(e.phase(), Phase::Queued { waiting: true, .. })
-                    || key.number() == h.gang
-                {
+                if !matches!(e.phase(), Phase::Queued { waiting: true, .. }) {
                     continue;
                 }
-                let spec = e.job().spec.clone().unwrap_or_default();
-                if ends_by(&spec, now).is_some_and(|end| end <= h.start_ms) {
+                let Some(task) = engine.task(e.task) else {
                     continue;
-                }
-                if engine
-                    .task(e.task)
-                    .is_some_and(|t| h.leaves.iter().any(|l| t.allowed(l)))
-                {
+                };
+                let ends = e.job().spec.as_ref().and_then(|s| ends_by(s, now));
+                let kept_off_new = new.is_some_and(|h| {
+                    key.number() != h.gang
+                        && ends.is_none_or(|end| end > h.start_ms)
+                        && h.leaves.iter().any(|l| task.allowed(l))
+                });
+                let kept_off_old = old.is_some_and(|h| {
+                    task.affinity.is_some() && h.leaves.iter().any(|l| !task.allowed(l))
+                });
+                if kept_off_new || kept_off_old {
                     again.push(key);
                 }
             }
@@ -903,14 +907,7 @@ impl Cluster {
 
     /// Why a waiting gang member (or a job kept off reserved nodes) waits.
     pub(super) fn gang_pending(&self, key: JobKey, why: &Unplaced, now: i64) -> PendingReason {
-        let until = |at: i64| {
-            let s = (at - now).max(0) / 1000;
-            if s < 120 {
-                format!("in {s} s")
-            } else {
-                format!("in {} min", s / 60)
-            }
-        };
+        let until = |at: i64| in_time(at, now);
         if let Unplaced::Reserved { until_ms, .. } = why {
             return PendingReason {
                 kind: Kind::GangReservation as i32,

@@ -232,6 +232,38 @@ fn reservation_blocks_a_long_single_job_but_lets_a_short_one_backfill() {
     assert!(c.gangs().reservation().is_none());
 }
 
+/// A job kept off the reserved nodes while the gang waited may use them
+/// again once the reservation is gone: rack r1 (n1, n2) is reserved for
+/// the gang, so a job without a timeout queues on r2's n3 only; when the
+/// gang has started and a member ended, its node takes that job.
+#[test]
+fn a_job_kept_off_reserved_nodes_uses_them_once_the_reservation_is_gone() {
+    let mut c = cluster();
+    node(&mut c, "n1", "r1", 0);
+    node(&mut c, "n2", "r1", 0);
+    node(&mut c, "n3", "r2", 0);
+    let (first, _) = submit(&mut c, single(4, 100), 1_000);
+    assert_eq!(node_of(&c, &first[0]), "n1");
+    let (g, _) = submit(&mut c, gang(2, Within::Rack, 4), 2_000);
+    assert_eq!(c.gangs().reservation().unwrap().nodes, ["n1", "n2"]);
+    let (blocker, _) = submit(&mut c, single(4, 0), 3_000);
+    assert_eq!(node_of(&c, &blocker[0]), "n3");
+    let (long, _) = submit(&mut c, single(4, 0), 4_000);
+    assert_eq!(state(&c, &long[0]), JobState::Pending);
+    assert_eq!(c.phase(&long[0]).and_then(|p| p.node()), Some("n3"));
+    let fx = report(&mut c, "n1", &first[0], 1, JobState::Succeeded, 5_000);
+    assert_eq!(assigns(&fx).len(), 2, "the gang starts: {:?}", assigns(&fx));
+    assert!(c.gangs().reservation().is_none());
+    let (g0, g1) = (node_of(&c, &g[0]), node_of(&c, &g[1]));
+    // The first member to end frees a node of r1: the long job goes there.
+    let fx = report(&mut c, &g0, &g[0], 1, JobState::Succeeded, 6_000);
+    let sent = assigns(&fx);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].1, long[0]);
+    assert_eq!(sent[0].0, g0);
+    report(&mut c, &g1, &g[1], 1, JobState::Succeeded, 7_000);
+}
+
 /// Racks r1 and r2 of one node each: a gang of 2 preferring one rack
 /// waits until its relax_after_ms passes, then starts across the racks;
 /// the same gang with the rack required never does.
