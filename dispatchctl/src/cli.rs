@@ -89,14 +89,17 @@ pub enum Command {
     #[command(
         long_about = "Submit a job: the command after `--` runs on a node the dispatcher \
 chooses, on CPUs its agent chooses within the job's alignment.\n\nPrints the job's id \
-(for an array, one id per element), or the job as JSON/YAML with -o. With --wait, waits \
+(for an array, one id per element; for a gang, the gang's id, then one id per member), \
+or the job as JSON/YAML with -o. With --wait, waits \
 for the job to end and exits with its exit code; with --follow, also streams its stdout \
 (then the ids go to stderr).",
         after_long_help = "Examples:\n  \
 dispatchctl submit -- ./simulate --steps 1000\n  \
 dispatchctl submit --name build --cpus 8 --align llc --memory 16G --wait -- make -j8\n  \
 dispatchctl submit --latency-nice -10 --selector zone=z1 --follow -- ./serve-batch\n  \
-dispatchctl submit --array 100 --group sweep --timeout 30m -- ./run-shard\n\n\
+dispatchctl submit --array 100 --group sweep --timeout 30m -- ./run-shard\n  \
+dispatchctl submit --nodes 4 --within rack --cpus 16 --timeout 2h -- ./mpi-rank\n  \
+dispatchctl submit --nodes 8 --within rack --preferred --relax-after 10m --gang-retry replace -- ./train\n\n\
 Exit codes with --wait: the job's exit status; 128+S if killed by signal S; 124 timed out \
 (no signal); 130 cancelled; 3 lost. See `dispatchctl --help`."
     )]
@@ -118,7 +121,7 @@ dispatchctl ls --state failed,lost --group nightly -o json\n  dispatchctl ls --n
     )]
     Ls(LsArgs),
 
-    /// Cancel jobs (an array's id cancels all its elements)
+    /// Cancel jobs (an array's or gang's id cancels all its elements or members)
     #[command(
         long_about = "Cancel jobs by id; an array's id cancels all its elements. Cancelling a \
 job that has already ended is not an error: its state is shown unchanged. Every id is \
@@ -191,6 +194,27 @@ pub enum AlignArg {
     Package,
     /// Anywhere on one node
     Any,
+}
+
+/// `--within`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WithinArg {
+    /// All members in one rack
+    Rack,
+    /// All members in one zone
+    Zone,
+    /// Anywhere in the cluster
+    Any,
+}
+
+/// `--gang-retry`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GangRetryArg {
+    /// Stop every member and start the whole gang again
+    Restart,
+    /// Start only the lost member again, on a free node of the gang's domain
+    /// (restart all when none has room)
+    Replace,
 }
 
 /// `--policy`.
@@ -282,6 +306,30 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "N")]
     pub array: Option<u32>,
 
+    /// Run as a gang of N members on N distinct nodes, each with --cpus/--memory/--align;
+    /// all start together or none does (ids <id>.0 .. <id>.N-1; <id> is the gang)
+    #[arg(long, short = 'N', value_name = "N", conflicts_with = "array",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub nodes: Option<u32>,
+
+    /// The domain that must hold all of a gang's members [default: any]
+    #[arg(long, value_enum, value_name = "LEVEL", requires = "nodes")]
+    pub within: Option<WithinArg>,
+
+    /// --within is a preference: after --relax-after the gang may be placed anywhere
+    #[arg(long, requires = "within")]
+    pub preferred: bool,
+
+    /// How long a --preferred gang waits for its domain before it relaxes (Slurm's
+    /// --switches=N@time) [default: 5m]
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "preferred")]
+    pub relax_after: Option<Duration>,
+
+    /// What a gang does when a member's node is lost (each retry counts against --retries)
+    /// [default: restart]
+    #[arg(long, value_enum, value_name = "POLICY", requires = "nodes")]
+    pub gang_retry: Option<GangRetryArg>,
+
     /// Wait for the job to end and exit with its exit code
     #[arg(long)]
     pub wait: bool,
@@ -323,6 +371,10 @@ pub struct LsArgs {
     /// Only elements of this array (the array's id)
     #[arg(long, value_name = "ARRAY_ID")]
     pub array: Option<String>,
+
+    /// Only members of this gang (the gang's id)
+    #[arg(long, value_name = "GANG_ID")]
+    pub gang: Option<String>,
 
     /// Show at most N jobs [default: all]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use proto::v1 as pb;
 
 use crate::cli::{
-    AlignArg, CancelArgs, Command, ConfigArgs, GetArgs, LogsArgs, LsArgs, NodeAction, NodeArgs,
-    NodesArgs, PolicyArg, StateArg, SubmitArgs, WatchArgs, WatchFormat,
+    AlignArg, CancelArgs, Command, ConfigArgs, GangRetryArg, GetArgs, LogsArgs, LsArgs, NodeAction,
+    NodeArgs, NodesArgs, PolicyArg, StateArg, SubmitArgs, WatchArgs, WatchFormat, WithinArg,
 };
 use crate::client::{Client, NodeOp, describe_status, is_disconnect, status_cause};
 use crate::config::Server;
@@ -21,7 +21,7 @@ use crate::output::{
 };
 use crate::view::{
     AlignmentView, JobEventView, JobListView, JobStateView, JobView, NodeListView, NodeStateView,
-    NodeView, PolicyView, node_cpus,
+    NodeView, PolicyView, WithinView, node_cpus,
 };
 use crate::{EXIT_ERROR, EXIT_OK, Error, Io, Result};
 
@@ -150,6 +150,40 @@ pub fn job_spec(a: &SubmitArgs) -> pb::JobSpec {
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0),
         array_count: a.array.unwrap_or(0),
+        nodes: a.nodes.unwrap_or(0),
+        within: a.within.map_or(pb::Within::Unspecified, within_to_pb) as i32,
+        within_preferred: a.preferred,
+        relax_after_ms: a
+            .relax_after
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0),
+        gang_retry: a
+            .gang_retry
+            .map_or(pb::GangRetry::Unspecified, gang_retry_to_pb) as i32,
+    }
+}
+
+/// A preferred gang's wait before it relaxes: 0 is the dispatcher's
+/// default (`JobSpec.relax_after_ms`).
+fn effective_relax_ms(ms: u64) -> i64 {
+    match ms {
+        0 => 300_000,
+        ms => i64::try_from(ms).unwrap_or(i64::MAX),
+    }
+}
+
+fn within_to_pb(w: WithinArg) -> pb::Within {
+    match w {
+        WithinArg::Rack => pb::Within::Rack,
+        WithinArg::Zone => pb::Within::Zone,
+        WithinArg::Any => pb::Within::Any,
+    }
+}
+
+fn gang_retry_to_pb(r: GangRetryArg) -> pb::GangRetry {
+    match r {
+        GangRetryArg::Restart => pb::GangRetry::RestartAll,
+        GangRetryArg::Replace => pb::GangRetry::ReplaceMember,
     }
 }
 
@@ -171,6 +205,11 @@ pub async fn submit(client: &mut Client, a: &SubmitArgs, io: &mut Io<'_>) -> Res
     if !structured {
         // With --follow, stdout carries the job's output: ids go to stderr.
         let w: &mut dyn std::io::Write = if a.follow { io.err } else { io.out };
+        // A gang: its id first (what `get`, `ls --gang` and `cancel`
+        // take), then its members'.
+        if let Some(gang) = jobs.first().map(|j| &j.gang_id).filter(|g| !g.is_empty()) {
+            writeln!(w, "{gang}")?;
+        }
         for j in &jobs {
             writeln!(w, "{}", j.id)?;
         }
@@ -598,6 +637,26 @@ pub fn job_detail(job: &pb::Job, now: i64) -> String {
             format!("{} (element {})", job.array_id, job.array_index),
         ));
     }
+    if !job.gang_id.is_empty() {
+        rows.push((
+            "Gang",
+            format!(
+                "{} (member {} of {}, within {}{})",
+                job.gang_id,
+                job.gang_index,
+                job.gang_size,
+                WithinView::of_spec(&spec),
+                if spec.within_preferred {
+                    format!(
+                        ", preferred: relaxed after {}",
+                        human_age_ms(effective_relax_ms(spec.relax_after_ms))
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        ));
+    }
     rows.extend([
         ("Command", sanitize(&shell_join(&spec.command))),
         ("CPUs wanted", spec.cpus.max(1).to_string()),
@@ -669,6 +728,7 @@ pub fn list_request(a: &LsArgs) -> pb::ListJobsRequest {
         node: a.node.clone().unwrap_or_default(),
         group: a.group.clone().unwrap_or_default(),
         array_id: a.array.clone().unwrap_or_default(),
+        gang_id: a.gang.clone().unwrap_or_default(),
         page_size: 0,
         page_token: String::new(),
         owner: String::new(),
@@ -1281,6 +1341,57 @@ mod tests {
         assert_eq!(d.alignment, pb::Alignment::Any as i32);
         assert_eq!(d.policy, pb::PlacementPolicy::Spread as i32);
         assert_eq!((d.memory_bytes, d.timeout_ms, d.array_count), (0, 0, 0));
+        assert_eq!((d.nodes, d.within, d.gang_retry), (0, 0, 0));
+    }
+
+    /// The gang flags map to the spec's gang fields; the ones that only
+    /// make sense with another are refused without it.
+    #[test]
+    fn gang_flags() {
+        let s = job_spec(&submit_args(&[
+            "--nodes",
+            "4",
+            "--within",
+            "rack",
+            "--preferred",
+            "--relax-after",
+            "10m",
+            "--gang-retry",
+            "replace",
+            "--",
+            "./train",
+        ]));
+        assert_eq!(s.nodes, 4);
+        assert_eq!(s.within, pb::Within::Rack as i32);
+        assert!(s.within_preferred);
+        assert_eq!(s.relax_after_ms, 600_000);
+        assert_eq!(s.gang_retry, pb::GangRetry::ReplaceMember as i32);
+        let s = job_spec(&submit_args(&["-N", "2", "--within", "zone", "--", "x"]));
+        assert_eq!(
+            (s.within, s.within_preferred, s.relax_after_ms),
+            (3, false, 0)
+        );
+        for bad in [
+            &["--within", "rack", "--", "x"][..],
+            &["--nodes", "2", "--preferred", "--", "x"],
+            &[
+                "--nodes",
+                "2",
+                "--within",
+                "rack",
+                "--relax-after",
+                "1m",
+                "--",
+                "x",
+            ],
+            &["--gang-retry", "restart", "--", "x"],
+            &["--nodes", "2", "--array", "3", "--", "x"],
+            &["--nodes", "0", "--", "x"],
+        ] {
+            let mut argv = vec!["dispatchctl", "submit"];
+            argv.extend_from_slice(bad);
+            assert!(crate::cli::Cli::try_parse_from(argv).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -90,6 +90,43 @@ lower_enum!(
 );
 
 lower_enum!(
+    /// `dispatch.v1.Within`: where a gang's members must be.
+    WithinView from pb::Within {
+        Any = Any => "any",
+        Rack = Rack => "rack",
+        Zone = Zone => "zone",
+    }
+);
+
+lower_enum!(
+    /// `dispatch.v1.GangRetry`: a gang's answer to a lost member.
+    GangRetryView from pb::GangRetry {
+        Restart = RestartAll => "restart",
+        Replace = ReplaceMember => "replace",
+    }
+);
+
+impl WithinView {
+    /// A spec's `within`, its default (unspecified = any) resolved.
+    pub fn of_spec(s: &pb::JobSpec) -> Self {
+        match pb::Within::try_from(s.within) {
+            Ok(pb::Within::Unspecified) => WithinView::Any,
+            _ => WithinView::from_i32(s.within),
+        }
+    }
+}
+
+impl GangRetryView {
+    /// A spec's `gang_retry`, its default (unspecified = restart) resolved.
+    pub fn of_spec(s: &pb::JobSpec) -> Self {
+        match pb::GangRetry::try_from(s.gang_retry) {
+            Ok(pb::GangRetry::Unspecified) => GangRetryView::Restart,
+            _ => GangRetryView::from_i32(s.gang_retry),
+        }
+    }
+}
+
+lower_enum!(
     /// `dispatch.v1.PlacementPolicy`.
     PolicyView from pb::PlacementPolicy {
         Spread = Spread => "spread",
@@ -139,10 +176,17 @@ pub struct JobSpecView {
     pub retries: u32,
     pub timeout_ms: u64,
     pub array_count: u32,
+    /// Gang members (`null` for a job that is not a gang).
+    pub nodes: Option<u32>,
+    pub within: Option<WithinView>,
+    pub within_preferred: Option<bool>,
+    pub relax_after_ms: Option<u64>,
+    pub gang_retry: Option<GangRetryView>,
 }
 
 impl From<&pb::JobSpec> for JobSpecView {
     fn from(s: &pb::JobSpec) -> Self {
+        let gang = s.nodes > 1;
         JobSpecView {
             name: s.name.clone(),
             command: s.command.clone(),
@@ -160,6 +204,11 @@ impl From<&pb::JobSpec> for JobSpecView {
             retries: s.retries,
             timeout_ms: s.timeout_ms,
             array_count: s.array_count.max(1),
+            nodes: gang.then_some(s.nodes),
+            within: gang.then(|| WithinView::of_spec(s)),
+            within_preferred: gang.then_some(s.within_preferred),
+            relax_after_ms: (gang && s.within_preferred).then_some(s.relax_after_ms),
+            gang_retry: gang.then(|| GangRetryView::of_spec(s)),
         }
     }
 }
@@ -185,6 +234,11 @@ pub struct JobView {
     pub end_time_ms: Option<i64>,
     pub array_id: Option<String>,
     pub array_index: Option<u32>,
+    /// For a gang member: the gang's id, this member's index and the
+    /// gang's size.
+    pub gang_id: Option<String>,
+    pub gang_index: Option<u32>,
+    pub gang_size: Option<u32>,
     /// Who submitted it (`null` on a dispatcher without tokens).
     pub owner: Option<String>,
     pub spec: Option<JobSpecView>,
@@ -210,6 +264,9 @@ impl From<&pb::Job> for JobView {
             end_time_ms: nonzero_time(j.end_time_ms),
             array_index: array_id.as_ref().map(|_| j.array_index),
             array_id,
+            gang_index: (!j.gang_id.is_empty()).then_some(j.gang_index),
+            gang_size: (!j.gang_id.is_empty()).then_some(j.gang_size),
+            gang_id: nonempty(&j.gang_id),
             owner: nonempty(&j.owner),
             spec: j.spec.as_ref().map(JobSpecView::from),
         }

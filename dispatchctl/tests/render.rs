@@ -345,6 +345,9 @@ fn job_json_view_has_stable_names_and_lower_case_enums() {
             "cpus",
             "end_time_ms",
             "exit_code",
+            "gang_id",
+            "gang_index",
+            "gang_size",
             "id",
             "name",
             "node",
@@ -376,6 +379,11 @@ fn job_json_view_has_stable_names_and_lower_case_enums() {
     assert!(running["signal"].is_null());
     assert!(running["end_time_ms"].is_null());
     assert!(running["array_id"].is_null());
+    assert!(running["gang_id"].is_null() && running["gang_index"].is_null());
+    assert!(
+        running["spec"]["nodes"].is_null(),
+        "not a gang: no gang fields"
+    );
     assert!(v["jobs"][1]["node"].is_null());
     let failed = &v["jobs"][2];
     assert_eq!(failed["state"], "failed");

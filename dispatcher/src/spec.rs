@@ -7,7 +7,7 @@
 //! (`cpus: 0` means 1) so the rest of the dispatcher never sees a zero
 //! default.
 
-use proto::v1::{Alignment, JobSpec, PlacementPolicy};
+use proto::v1::{Alignment, GangRetry, JobSpec, PlacementPolicy, Within};
 use sched::{Align, Policy};
 use thiserror::Error;
 
@@ -40,6 +40,10 @@ pub struct SpecLimits {
     pub max_array: u32,
     /// Retries of one job.
     pub max_retries: u32,
+    /// Members of one gang (`nodes`).
+    pub max_gang_nodes: u32,
+    /// A preferred gang's wait before it relaxes (`relax_after_ms`).
+    pub max_relax_after_ms: u64,
     /// Specs in one SubmitJobs call.
     pub max_batch_specs: usize,
     /// Bytes of the jobs one call creates: each spec's encoded size times
@@ -64,6 +68,8 @@ impl Default for SpecLimits {
             max_cpus: 4096,
             max_array: 100_000,
             max_retries: 100,
+            max_gang_nodes: 1024,
+            max_relax_after_ms: 7 * 24 * 3600 * 1000,
             max_batch_specs: 10_000,
             max_call_bytes: 64 << 20,
             max_stored_spec_bytes: None,
@@ -145,13 +151,19 @@ pub fn check_batch(specs: &[JobSpec], limits: &SpecLimits) -> Result<(), SpecErr
     Ok(())
 }
 
+/// The jobs a spec creates: its array elements, or its gang members, or
+/// itself.
+pub fn jobs_of(spec: &JobSpec) -> u32 {
+    spec.array_count.max(spec.nodes).max(1)
+}
+
 /// Check what a call of valid specs would create as a whole: its jobs
-/// (array elements count one each) and their bytes (every element keeps
+/// (array elements and gang members count one each) and their bytes (every element keeps
 /// its own copy of the spec).
 pub fn check_call(specs: &[JobSpec], limits: &SpecLimits) -> Result<(), SpecError> {
     check_batch(specs, limits)?;
     let field = call_error;
-    let jobs: u64 = specs.iter().map(|s| s.array_count.max(1) as u64).sum();
+    let jobs: u64 = specs.iter().map(|s| jobs_of(s) as u64).sum();
     if jobs > limits.max_array as u64 {
         return Err(field(format!(
             "{jobs} jobs in one call, at most {}",
@@ -160,7 +172,7 @@ pub fn check_call(specs: &[JobSpec], limits: &SpecLimits) -> Result<(), SpecErro
     }
     let bytes: u64 = specs
         .iter()
-        .map(|s| prost::Message::encoded_len(s) as u64 * s.array_count.max(1) as u64)
+        .map(|s| prost::Message::encoded_len(s) as u64 * jobs_of(s) as u64)
         .sum();
     if bytes > limits.max_call_bytes {
         return Err(field(format!(
@@ -356,7 +368,99 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
     if spec.timeout_ms > 366 * 24 * 3600 * 1000 {
         return Err(err(prefix, "timeout_ms", "more than a year"));
     }
+    validate_gang(spec, prefix, limits)
+}
+
+/// The gang fields: `nodes` within its limit and not with an array; the
+/// others only for a gang, each with what it depends on.
+fn validate_gang(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result<(), SpecError> {
+    if spec.nodes > limits.max_gang_nodes {
+        return Err(err(
+            prefix,
+            "nodes",
+            format!("{} is more than {}", spec.nodes, limits.max_gang_nodes),
+        ));
+    }
+    let within = Within::try_from(spec.within)
+        .map_err(|_| err(prefix, "within", format!("unknown value {}", spec.within)))?;
+    if GangRetry::try_from(spec.gang_retry).is_err() {
+        return Err(err(
+            prefix,
+            "gang_retry",
+            format!("unknown value {}", spec.gang_retry),
+        ));
+    }
+    let gang = spec.nodes > 1;
+    if gang && spec.array_count > 1 {
+        return Err(err(
+            prefix,
+            "nodes",
+            "a gang (nodes > 1) cannot also be an array (array_count > 1)",
+        ));
+    }
+    let only_gangs = |field: &str| err(prefix, field, "only for gangs (nodes > 1)");
+    if !gang {
+        if within != Within::Unspecified {
+            return Err(only_gangs("within"));
+        }
+        if spec.within_preferred {
+            return Err(only_gangs("within_preferred"));
+        }
+        if spec.gang_retry != GangRetry::Unspecified as i32 {
+            return Err(only_gangs("gang_retry"));
+        }
+        if spec.relax_after_ms != 0 {
+            return Err(only_gangs("relax_after_ms"));
+        }
+        return Ok(());
+    }
+    if spec.within_preferred && matches!(within, Within::Unspecified | Within::Any) {
+        return Err(err(
+            prefix,
+            "within_preferred",
+            "needs within RACK or ZONE (ANY holds every gang already)",
+        ));
+    }
+    if spec.relax_after_ms != 0 && !spec.within_preferred {
+        return Err(err(
+            prefix,
+            "relax_after_ms",
+            "only with within_preferred (a required level never relaxes)",
+        ));
+    }
+    if spec.relax_after_ms > limits.max_relax_after_ms {
+        return Err(err(
+            prefix,
+            "relax_after_ms",
+            format!(
+                "{} is more than {} (7 days)",
+                spec.relax_after_ms, limits.max_relax_after_ms
+            ),
+        ));
+    }
+    if spec.within_preferred && spec.relax_after_ms == 0 {
+        spec.relax_after_ms = DEFAULT_RELAX_AFTER_MS;
+    }
     Ok(())
+}
+
+/// A preferred gang's wait before it relaxes when the spec says 0: Slurm's
+/// default `max_switch_wait` (300 s).
+pub const DEFAULT_RELAX_AFTER_MS: u64 = 300_000;
+
+/// The engine's level for a (validated) gang spec's `within`: a rack is
+/// the cluster's LLC level, a zone its NUMA level.
+pub fn within_of(spec: &JobSpec) -> Align {
+    match Within::try_from(spec.within) {
+        Ok(Within::Rack) => Align::Llc,
+        Ok(Within::Zone) => Align::Numa,
+        _ => Align::Any,
+    }
+}
+
+/// The gang's retry policy of a (validated) spec: true for replace-member.
+pub fn replaces_members(spec: &JobSpec) -> bool {
+    spec.gang_retry == GangRetry::ReplaceMember as i32
 }
 
 /// The engine's alignment for a (validated) spec.
@@ -426,6 +530,60 @@ mod tests {
         check(|s| s.retries = 101, "spec.retries");
         check(|s| s.array_count = 100_001, "spec.array_count");
         check(|s| s.timeout_ms = u64::MAX, "spec.timeout_ms");
+        check(|s| s.nodes = 1025, "spec.nodes");
+        check(
+            |s| {
+                s.nodes = 2;
+                s.array_count = 3;
+            },
+            "spec.nodes",
+        );
+        let gang = |s: &mut JobSpec| s.nodes = 4;
+        check(|s| s.within = Within::Rack as i32, "spec.within");
+        check(
+            |s| {
+                gang(s);
+                s.within = 9;
+            },
+            "spec.within",
+        );
+        check(|s| s.within_preferred = true, "spec.within_preferred");
+        check(
+            |s| {
+                gang(s);
+                s.within_preferred = true;
+            },
+            "spec.within_preferred",
+        );
+        check(
+            |s| s.gang_retry = GangRetry::ReplaceMember as i32,
+            "spec.gang_retry",
+        );
+        check(
+            |s| {
+                gang(s);
+                s.gang_retry = 5;
+            },
+            "spec.gang_retry",
+        );
+        check(|s| s.relax_after_ms = 10, "spec.relax_after_ms");
+        check(
+            |s| {
+                gang(s);
+                s.within = Within::Rack as i32;
+                s.relax_after_ms = 10;
+            },
+            "spec.relax_after_ms",
+        );
+        check(
+            |s| {
+                gang(s);
+                s.within = Within::Zone as i32;
+                s.within_preferred = true;
+                s.relax_after_ms = 8 * 24 * 3600 * 1000;
+            },
+            "spec.relax_after_ms",
+        );
         check(|s| s.command = vec!["x".repeat(2 << 20)], "spec.command[0]");
     }
 
@@ -569,6 +727,29 @@ mod tests {
             "{e}"
         );
         call(vec![array(100, 100_000)]).unwrap();
+    }
+
+    /// A valid gang passes; a preferred one without a wait gets Slurm's
+    /// default; its members count as jobs of the call.
+    #[test]
+    fn gangs_are_normalised_and_counted() {
+        let mut s = JobSpec {
+            nodes: 3,
+            within: Within::Rack as i32,
+            within_preferred: true,
+            gang_retry: GangRetry::ReplaceMember as i32,
+            ..ok_spec()
+        };
+        validate(&mut s, "spec", &SpecLimits::default()).unwrap();
+        assert_eq!(s.relax_after_ms, DEFAULT_RELAX_AFTER_MS);
+        assert_eq!((within_of(&s), replaces_members(&s)), (Align::Llc, true));
+        assert_eq!(jobs_of(&s), 3);
+        let limits = SpecLimits {
+            max_array: 5,
+            ..Default::default()
+        };
+        let e = check_call(&[s.clone(), s], &limits).unwrap_err();
+        assert!(e.message.starts_with("6 jobs in one call"), "{e}");
     }
 
     #[test]

@@ -301,6 +301,9 @@ impl super::Cluster {
         if !self.engine.rebuild(&self.nodes) {
             return;
         }
+        // The reservation's leaves are stale: the gang pass below takes it
+        // again.
+        self.gangs.drop_reservation();
         let mut on_nodes = Vec::new();
         for node in self.engine.order().to_vec() {
             for key in self.jobs.on(&node) {
@@ -342,6 +345,7 @@ impl super::Cluster {
             self.place(key, now, fx);
         }
         self.process_events(now, fx);
+        self.schedule_gangs(now, fx);
     }
 
     /// Push a node's modelled free summary into the engine.

@@ -115,6 +115,16 @@ pub enum Unplaced {
     /// Restored PENDING after a dispatcher restart, not placed since (its
     /// reason is the one the store holds).
     Restored,
+    /// A gang member: its gang waits for nodes (`cluster::gang`).
+    Gang,
+    /// Every node it may use is reserved for a waiting gang, and it would
+    /// not end before the reservation's start (no timeout, or too long).
+    Reserved {
+        /// The gang holding the reservation.
+        gang: JobKey,
+        /// The reservation's start (ms).
+        until_ms: i64,
+    },
 }
 
 /// How far a steal moved a job.
@@ -174,6 +184,14 @@ pub enum End {
     CancelledGivenBack(String),
     /// Cancelled; its node was lost.
     CancelledLost,
+    /// Cancelled because another member of its gang ended without
+    /// succeeding.
+    GangEnded {
+        /// The member that ended first.
+        member: JobKey,
+        /// How it ended.
+        state: JobState,
+    },
     /// Lost with its node, no retries left.
     Lost {
         /// The node.
@@ -199,6 +217,9 @@ pub enum Requeue {
     },
     /// Its node gave it back unstarted (an agent-level steal).
     GivenBack(String),
+    /// Its gang restarted: a member could not be replaced inside the
+    /// gang's domain.
+    GangRestart,
 }
 
 /// Where a job is in its lifecycle, and why. The job's user-visible
@@ -364,6 +385,12 @@ impl fmt::Display for Unplaced {
             Unplaced::EngineRefused(err) => write!(f, "engine refused the job: {err}"),
             Unplaced::Requeued => write!(f, "requeued"),
             Unplaced::Restored => write!(f, "restored after a dispatcher restart"),
+            Unplaced::Gang => write!(f, "gang waiting for nodes: all members start together"),
+            Unplaced::Reserved { gang, .. } => write!(
+                f,
+                "the nodes it may use are reserved for gang {gang}, and it would not end \
+                 before the reservation's start"
+            ),
         }
     }
 }
@@ -374,6 +401,10 @@ impl fmt::Display for Requeue {
             Requeue::Retry { n, of, node, why } => {
                 write!(f, "retry {n} of {of}: node {node} lost ({why})")
             }
+            Requeue::GangRestart => write!(
+                f,
+                "gang restart: a member could not be replaced inside the gang's domain"
+            ),
             Requeue::GivenBack(node) => write!(
                 f,
                 "steal: {node} gave it back unstarted (an idle rack peer had room)"
@@ -394,6 +425,11 @@ impl fmt::Display for End {
             }
             End::CancelledLost => write!(f, "cancelled by user; its node was lost"),
             End::Lost { node, why } => write!(f, "node {node} lost ({why}), no retries left"),
+            End::GangEnded { member, state } => write!(
+                f,
+                "gang member {member} ended {}: the rest of the gang is cancelled",
+                state.as_str_name().strip_prefix("JOB_STATE_").unwrap_or("")
+            ),
         }
     }
 }
@@ -423,6 +459,39 @@ fn queued_text(how: Placement, node: &str) -> String {
         "queued on {node} ({}): no node has room",
         placement_text(how)
     )
+}
+
+/// The display text of a gang member placed with its gang (None: not a
+/// gang member on a node; the phase's own text applies).
+fn gang_text(phase: &Phase, job: &Job, last: Option<&Requeue>) -> Option<String> {
+    if job.gang_id.is_empty() {
+        return None;
+    }
+    let node = match phase {
+        Phase::Queued {
+            node,
+            via: Via::Placed(_),
+            ..
+        }
+        | Phase::Assigned {
+            node,
+            via: Via::Placed(_),
+            ..
+        }
+        | Phase::Running {
+            node,
+            via: Via::Placed(_),
+        } => node,
+        _ => return None,
+    };
+    let text = format!(
+        "gang {}: member {} of {} placed with the others -> {node}",
+        job.gang_id, job.gang_index, job.gang_size
+    );
+    Some(match last {
+        Some(r) => format!("{r} | {text}"),
+        None => text,
+    })
 }
 
 /// The display text of a phase (None: the text does not change).
@@ -765,7 +834,11 @@ impl Jobs {
                 }
             }
         }
-        if let Some(text) = reason_of(&phase, e.requeues.last()) {
+        let text = match gang_text(&phase, &e.job, e.requeues.last()) {
+            Some(t) => Some(t),
+            None => reason_of(&phase, e.requeues.last()),
+        };
+        if let Some(text) = text {
             e.job.reason = text;
         }
         e.phase = phase;

@@ -111,7 +111,16 @@ impl Cluster {
         for spec in specs {
             let n = self.jobs.take_number();
             let count = spec.array_count;
-            let keys: Vec<(JobKey, Option<u32>)> = if count > 1 {
+            // A gang: one job per member, `j-N.i`, like an array's elements.
+            let gang = spec.nodes > 1;
+            if gang {
+                self.gangs.insert(n, super::gang::Gang::of_spec(&spec, now));
+            }
+            let keys: Vec<(JobKey, Option<u32>)> = if gang {
+                (0..spec.nodes)
+                    .map(|i| (JobKey::element(n, i), Some(i)))
+                    .collect()
+            } else if count > 1 {
                 (0..count)
                     .map(|i| (JobKey::element(n, i), Some(i)))
                     .collect()
@@ -124,8 +133,18 @@ impl Cluster {
                     spec: Some(spec.clone()),
                     attempt: 1,
                     submit_time_ms: now,
-                    array_id: index.map_or(String::new(), |_| key.array().to_string()),
-                    array_index: index.unwrap_or(0),
+                    array_id: match index {
+                        Some(_) if !gang => key.array().to_string(),
+                        _ => String::new(),
+                    },
+                    array_index: if gang { 0 } else { index.unwrap_or(0) },
+                    gang_id: if gang {
+                        key.array().to_string()
+                    } else {
+                        String::new()
+                    },
+                    gang_index: if gang { index.unwrap_or(0) } else { 0 },
+                    gang_size: if gang { spec.nodes } else { 0 },
                     owner: owner.to_string(),
                     ..Default::default()
                 };
@@ -141,6 +160,7 @@ impl Cluster {
             self.place(key, now, fx);
         }
         self.process_events(now, fx);
+        self.schedule_gangs(now, fx);
         Ok(created
             .iter()
             .filter_map(|k| self.jobs.get(*k).map(|e| e.job().clone()))
@@ -150,6 +170,11 @@ impl Cluster {
     /// Place a PENDING job: into the engine (which runs it on a node with
     /// room or queues it on one), or `Unplaced` when no node can take it.
     pub(super) fn place(&mut self, key: JobKey, now: i64, fx: &mut Effects) {
+        if let Some(gang) = self.gang_of(key) {
+            // Never alone in the engine: the gang pass places all members.
+            self.gang_member_waits(key, gang);
+            return;
+        }
         let Some(e) = self.jobs.get(key) else {
             return;
         };
@@ -186,7 +211,11 @@ impl Cluster {
             );
             return;
         }
-        let allowed = match self.engine.allowed_leaves(spec, &self.nodes) {
+        let allowed = match self
+            .engine
+            .allowed_leaves(spec, &self.nodes)
+            .and_then(|a| self.outside_reservation(key, spec, a, now))
+        {
             Ok(a) => a,
             Err(why) => {
                 self.jobs.set_phase(key, Phase::Unplaced { why });
@@ -421,10 +450,10 @@ impl Cluster {
                 via: via.clone(),
             },
         );
-        let Some(e) = self.jobs.get(key) else {
+        let Some(assign) = self.assign_msg(key) else {
             return;
         };
-        fx.to_agents.push((name.clone(), assign_of(e.job())));
+        fx.to_agents.push((name.clone(), assign));
         let m = Move {
             at_ms: now,
             job: key,
@@ -604,6 +633,10 @@ impl Cluster {
         self.process_events(now, fx);
         // The node gained room: the idle-balance pass (nohz kick).
         self.idle_balance(now, fx);
+        if let Some(gang) = self.gang_of(key) {
+            self.gang_member_ended(key, gang, now, fx);
+        }
+        self.schedule_gangs(now, fx);
     }
 
     /// The agent's stream closed. The node stays up until its heartbeats
@@ -633,6 +666,10 @@ impl Cluster {
                 end: End::CancelledLost,
             };
             self.finish(key, done, now, fx);
+            return;
+        }
+        if let Some(gang) = self.gang_of(key) {
+            self.gang_member_lost(key, gang, why, now, fx);
             return;
         }
         let retries = e.job().spec.as_ref().map_or(0, |s| s.retries);
@@ -732,6 +769,8 @@ impl Cluster {
         // The periodic balance: work a missed newidle moment left waiting.
         self.idle_balance(now, fx);
         self.request_agent_steals(now, fx);
+        // Gangs: a preferred level may have relaxed, nodes may be free.
+        self.schedule_gangs(now, fx);
     }
 
     /// Place every unplaced job again (a node came up or registered).
@@ -751,6 +790,7 @@ impl Cluster {
             self.place(key, now, fx);
             self.persist(key, fx);
         }
+        self.schedule_gangs(now, fx);
     }
 
     /// Cancel a job, or every element of an array.
@@ -825,6 +865,7 @@ impl Cluster {
         self.refresh_capacity(name, now, fx);
         // An uncordoned node has room again.
         self.idle_balance(now, fx);
+        self.schedule_gangs(now, fx);
         self.node(name).map(NodeInfo::to_proto)
     }
 }

@@ -16,6 +16,8 @@
 //! - [`steal`]: agent-level steals and the recent moves;
 //! - [`pending`]: why a waiting job waits (the API's `PendingReason`),
 //!   computed when a job is read, never stored.
+//! - [`gang`]: multi-node gangs: all members start together or none does,
+//!   the waiting gang's reservation, member loss and the retry policy;
 //! - [`wakers`]: waker identities and their wake_wide flip records, kept
 //!   outside the engine so that rebuilds and re-placements keep them.
 //!
@@ -27,6 +29,7 @@
 //! `Unplaced` and `AwaitingNode` jobs are not in the engine.
 
 pub mod engine;
+pub mod gang;
 pub mod jobs;
 mod lifecycle;
 pub mod nodes;
@@ -147,6 +150,7 @@ pub struct Cluster {
     engine: NodeEngine,
     moves: RecentMoves,
     wakers: wakers::Wakers,
+    gangs: gang::Gangs,
 }
 
 impl Cluster {
@@ -159,6 +163,7 @@ impl Cluster {
             nodes: Nodes::default(),
             jobs: Jobs::new(),
             moves: RecentMoves::default(),
+            gangs: gang::Gangs::default(),
         }
     }
 
@@ -232,6 +237,7 @@ impl Cluster {
     /// tests; costs O(jobs).
     pub fn check(&self) -> Result<(), String> {
         self.jobs.check()?;
+        self.check_gangs()?;
         let Some(engine) = self.engine.sched() else {
             return Ok(());
         };
@@ -295,6 +301,8 @@ impl Cluster {
             };
             self.jobs.insert(key, job, phase);
         }
+        self.gangs
+            .restore(self.jobs.iter().map(|(k, e)| (k, e.job())));
     }
 
     // ------------------------------------------------------------------
@@ -306,6 +314,14 @@ impl Cluster {
             JobKey::parse(id).ok_or_else(|| Status::not_found(format!("id: no job {id:?}")))?;
         match self.jobs.get(key) {
             Some(e) => Ok(e.job().clone()),
+            None if self.gangs.get(key.number()).is_some() && key.is_single() => {
+                let size = self.gangs.get(key.number()).map_or(0, |g| g.size);
+                Err(Status::not_found(format!(
+                    "id: {id} is a gang of {size}; its members are {id}.0 .. {id}.{} \
+                     (dispatchctl ls --gang {id})",
+                    size.saturating_sub(1)
+                )))
+            }
             None if self.jobs.elements(key).next().is_some() => Err(Status::not_found(format!(
                 "id: {id} is an array; its elements are {id}.0, {id}.1, ... (dispatchctl ls --array {id})"
             ))),
@@ -341,6 +357,7 @@ impl Cluster {
                 || (!req.node.is_empty() && j.node != req.node)
                 || (!req.group.is_empty() && j.spec.as_ref().is_none_or(|s| s.group != req.group))
                 || (!req.array_id.is_empty() && j.array_id != req.array_id)
+                || (!req.gang_id.is_empty() && j.gang_id != req.gang_id)
                 || (!req.owner.is_empty() && j.owner != req.owner)
             {
                 continue;
@@ -430,5 +447,7 @@ pub(crate) mod tests;
 
 #[cfg(test)]
 mod balance_tests;
+#[cfg(test)]
+mod gang_tests;
 #[cfg(test)]
 mod latency_tests;

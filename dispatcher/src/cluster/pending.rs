@@ -100,7 +100,7 @@ fn reason(kind: Kind, node: &str, message: String) -> PendingReason {
 }
 
 /// `in 42 s` / `in 3 min` from `now` to `at` (ms), for messages.
-fn in_time(at: i64, now: i64) -> String {
+pub(super) fn in_time(at: i64, now: i64) -> String {
     let s = (at - now).max(0) / 1000;
     match s {
         0 => "now".to_string(),
@@ -210,6 +210,11 @@ impl Explainer<'_> {
                     Some(r) => format!("{r}; being placed again"),
                     None => "requeued; being placed again".into(),
                 },
+            ),
+            Unplaced::Gang | Unplaced::Reserved { .. } => self.cluster.gang_pending(
+                JobKey::parse(&e.job().id).unwrap_or(JobKey::single(0)),
+                why,
+                self.now,
             ),
             Unplaced::Restored => reason(
                 Kind::Restored,

@@ -17,7 +17,7 @@ use tonic::Status;
 
 use super::engine::engine_ns;
 use super::jobs::{End, JobKey, Phase, Via};
-use super::lifecycle::{assign_of, task_spec};
+use super::lifecycle::task_spec;
 use super::nodes::NodeInfo;
 use super::{Cluster, Effects, cancel_on};
 
@@ -193,8 +193,8 @@ impl Cluster {
                     self.engine_add_on_node(key, now);
                 }
             }
-            if let Some(e) = self.jobs.get(key) {
-                fx.to_agents.push((node.to_string(), assign_of(e.job())));
+            if let Some(assign) = self.assign_msg(key) {
+                fx.to_agents.push((node.to_string(), assign));
             }
         } else {
             self.job_lost_on_node(key, "its agent restarted without it", now, fx);

@@ -184,6 +184,10 @@ impl Cluster {
         }
         let mut requests = Vec::new();
         for key in due {
+            // Stealing moves whole gangs only: a member never alone.
+            if self.gang_of(key).is_some() {
+                continue;
+            }
             let Some(e) = self.jobs.get(key) else {
                 continue;
             };
