@@ -186,7 +186,10 @@ impl Cluster {
             );
             return;
         }
-        let allowed = match self.engine.allowed_leaves(spec, &self.nodes) {
+        let allowed = match self
+            .engine
+            .allowed_leaves(spec, &self.nodes, |n| self.gpus_free_for(n, Some(key)))
+        {
             Ok(a) => a,
             Err(why) => {
                 self.jobs.set_phase(key, Phase::Unplaced { why });
@@ -286,6 +289,8 @@ impl Cluster {
         pulled: fn(StealLevel) -> MoveKind,
     ) {
         loop {
+            // Jobs waiting for GPUs, when a job's GPUs were freed.
+            self.place_gpu_waiters(now, fx);
             let events = match self.engine.sched_mut() {
                 Some(e) => e.drain_events(),
                 None => return,
@@ -536,6 +541,7 @@ impl Cluster {
                 );
                 if let Some(mut f) = self.jobs.facts(key) {
                     f.set_cpus(&status.cpus);
+                    f.set_gpus(&status.gpus);
                     f.set_start(if status.time_ms > 0 {
                         status.time_ms
                     } else {
@@ -557,6 +563,9 @@ impl Cluster {
                     f.set_exit(status.exit_code, status.signal);
                     if !status.cpus.is_empty() {
                         f.set_cpus(&status.cpus);
+                    }
+                    if !status.gpus.is_empty() {
+                        f.set_gpus(&status.gpus);
                     }
                     if status.time_ms > 0 {
                         f.set_start(status.time_ms);
@@ -659,6 +668,7 @@ impl Cluster {
         if let Some(mut f) = self.jobs.facts(key) {
             f.next_attempt();
             f.set_cpus(&[]);
+            f.set_gpus(&[]);
             f.set_start(0);
         }
         let retry = Requeue::Retry {

@@ -27,6 +27,7 @@
 //! `Unplaced` and `AwaitingNode` jobs are not in the engine.
 
 pub mod engine;
+mod gpus;
 pub mod jobs;
 mod lifecycle;
 pub mod nodes;
@@ -430,5 +431,7 @@ pub(crate) mod tests;
 
 #[cfg(test)]
 mod balance_tests;
+#[cfg(test)]
+mod gpu_tests;
 #[cfg(test)]
 mod latency_tests;
