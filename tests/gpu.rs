@@ -6,13 +6,14 @@
 //! its agent gave it, which its command sees in `CUDA_VISIBLE_DEVICES`;
 //! with all 8 GPUs taken a GPU job waits (`gpus_busy`) although CPUs are
 //! free, and starts when a GPU job ends; more GPUs than the node has
-//! waits `no_match_gpus`.
+//! waits `no_match_gpus`. The web page's JSON API counts the GPUs per
+//! node and rack.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use e2e::{Agent, Dispatcher, dispatchctl_timeout, eventually, wait_nodes};
+use e2e::{Agent, Dispatcher, dispatchctl_timeout, eventually, http_get, wait_nodes};
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::{GetJobRequest, Job, JobState, PendingReasonKind};
 use tonic::transport::Channel;
@@ -101,7 +102,8 @@ const PRINT_AND_SLEEP: &str = "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES; 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_jobs_get_gpus_near_their_cpus_and_wait_for_free_ones() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let d = Dispatcher::start(dir.path(), &[])?;
+    let d = Dispatcher::start(dir.path(), &["--http-listen", "127.0.0.1:0"])?;
+    let web = d.web_port(T)?;
     let _a = Agent::start_sysfs(dir.path(), &d.url, "gpu-node", &fixture(), &[], &[])?;
     wait_nodes(&d, 1, T).await?;
     let c = d.jobs().await?;
@@ -169,6 +171,15 @@ async fn gpu_jobs_get_gpus_near_their_cpus_and_wait_for_free_ones() -> Result<()
     all.sort_unstable();
     assert_eq!(all, (0..8).collect::<Vec<u32>>(), "no GPU given twice");
     assert_eq!(gpus_column(&d.url).await?, "0/8");
+    // The web page's rack (the default zone and rack) and its node.
+    let rack = eventually(T, "the web snapshot with 0 of 8 GPUs free", || async {
+        let (status, body) = http_get(web, "/api/v1/racks/default/default").ok()?;
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        (status == 200 && v["totals"]["free_gpus"] == 0 && v["totals"]["gpus"] == 8).then_some(v)
+    })
+    .await?;
+    assert_eq!(rack["nodes"][0]["gpus"], 8, "{rack}");
+    assert_eq!(rack["nodes"][0]["gpus_free"], 0, "{rack}");
     let one = submit(
         &d.url,
         &[

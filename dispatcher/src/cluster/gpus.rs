@@ -35,10 +35,15 @@ impl Cluster {
         n.gpus.saturating_sub(taken)
     }
 
+    /// GPUs of `node` no job holds (queued, assigned or running there).
+    pub fn gpus_free(&self, node: &str) -> u32 {
+        self.gpus_free_for(node, None)
+    }
+
     /// The node's API view, with its free GPUs.
     pub fn node_proto(&self, n: &NodeInfo) -> Node {
         Node {
-            gpus_free: self.gpus_free_for(&n.name, None),
+            gpus_free: self.gpus_free(&n.name),
             ..n.to_proto()
         }
     }
