@@ -235,3 +235,45 @@ async fn gpu_jobs_get_gpus_near_their_cpus_and_wait_for_free_ones() -> Result<()
     }
     Ok(())
 }
+
+/// An agent killed (SIGKILL: its shims and jobs live on) and started again
+/// on the same state directory re-adopts a GPU job with the GPUs it held
+/// (its ledger): a later job gets the other GPUs, never one still in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_keeps_readopted_jobs_gpus() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = Dispatcher::start(dir.path(), &[])?;
+    let mut first = Agent::start_sysfs(dir.path(), &d.url, "gpu-node", &fixture(), &[], &[])?;
+    wait_nodes(&d, 1, T).await?;
+    let c = d.jobs().await?;
+    let two = submit(&d.url, &["--gpus", "2", "--", "sleep", "60"]).await?;
+    let held = in_state(&c, &two, JobState::Running).await?.gpus;
+    assert_eq!(held.len(), 2);
+
+    first.proc.kill9();
+    let _second = Agent::start_sysfs(dir.path(), &d.url, "gpu-node", &fixture(), &[], &[])?;
+    let log = _second.proc.log.clone();
+    eventually(T, "the job re-adopted", || async {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("re-adopted jobs").then_some(())
+    })
+    .await?;
+    wait_nodes(&d, 1, T).await?;
+
+    let six = submit(&d.url, &["--gpus", "6", "--", "sleep", "60"]).await?;
+    let got = in_state(&c, &six, JobState::Running).await?.gpus;
+    assert!(
+        got.iter().all(|g| !held.contains(g)),
+        "GPUs {got:?} given while the re-adopted job holds {held:?}"
+    );
+    assert_eq!(got.len(), 6);
+    assert_eq!(
+        in_state(&c, &two, JobState::Running).await?.gpus,
+        held,
+        "still reported"
+    );
+    for id in [&two, &six] {
+        ctl(&d.url, &["cancel", id]).await?;
+    }
+    Ok(())
+}
