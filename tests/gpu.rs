@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use e2e::{Agent, Dispatcher, dispatchctl_timeout, eventually, http_get, wait_nodes};
+use e2e::{Agent, Dispatcher, dispatchctl_timeout, eventually, http_get, rendered_dom, wait_nodes};
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::{GetJobRequest, Job, JobState, PendingReasonKind};
 use tonic::transport::Channel;
@@ -180,6 +180,18 @@ async fn gpu_jobs_get_gpus_near_their_cpus_and_wait_for_free_ones() -> Result<()
     .await?;
     assert_eq!(rack["nodes"][0]["gpus"], 8, "{rack}");
     assert_eq!(rack["nodes"][0]["gpus_free"], 0, "{rack}");
+    // The page itself (headless Chromium): the rack's cell and the node's
+    // row in its drill-down.
+    let url = format!("http://127.0.0.1:{web}/#rack=default/default");
+    let dom = tokio::task::spawn_blocking(move || rendered_dom(&url)).await??;
+    assert!(
+        dom.contains(r#"data-gpus="8" data-free-gpus="0"><b>0</b>/8 GPUs free"#),
+        "the rack's GPUs:\n{dom}"
+    );
+    assert!(
+        dom.contains(r#"<td class="num gpus" data-gpus="8" data-free-gpus="0">0/8</td>"#),
+        "the node's GPUs:\n{dom}"
+    );
     let one = submit(
         &d.url,
         &[
