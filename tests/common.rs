@@ -14,6 +14,7 @@
 //! missing (a `cargo test -p e2e` on a clean tree) the harness builds it
 //! with the same cargo.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Once;
@@ -362,6 +363,33 @@ impl Agent {
         labels: &[&str],
         extra: &[&str],
     ) -> Result<Self> {
+        let machine = [OsStr::new("--topology"), OsStr::new(topology)];
+        Self::start_machine(dir, dispatcher_url, node, &machine, labels, extra)
+    }
+
+    /// [`Agent::start`] on the machine captured under `root` (its
+    /// `--sysfs-root`, e.g. `agent/tests/fixtures/x6-2-8gpu`: the CPUs and
+    /// PCI devices of another machine, mapped onto the real CPUs).
+    pub fn start_sysfs(
+        dir: &Path,
+        dispatcher_url: &str,
+        node: &str,
+        root: &Path,
+        labels: &[&str],
+        extra: &[&str],
+    ) -> Result<Self> {
+        let machine = [OsStr::new("--sysfs-root"), root.as_os_str()];
+        Self::start_machine(dir, dispatcher_url, node, &machine, labels, extra)
+    }
+
+    fn start_machine(
+        dir: &Path,
+        dispatcher_url: &str,
+        node: &str,
+        machine: &[&OsStr],
+        labels: &[&str],
+        extra: &[&str],
+    ) -> Result<Self> {
         let mut cmd = Command::new(binary("agent"));
         cmd.arg("run")
             .arg("--dispatcher")
@@ -370,8 +398,7 @@ impl Agent {
             .arg(node)
             .arg("--state-dir")
             .arg(dir.join(format!("agent-{node}")))
-            .arg("--topology")
-            .arg(topology)
+            .args(machine)
             .env("RUST_LOG", "info");
         for l in labels {
             cmd.arg("--label").arg(l);

@@ -126,6 +126,15 @@ fn register(rng: &mut Rng) -> Register {
         jobs: (0..rng.range(0, 4)).map(|_| status(rng)).collect(),
         version: text(rng),
         oversubscribe: num(rng) as u32,
+        devices: (0..rng.range(0, 4))
+            .map(|_| proto::v1::Device {
+                kind: rng.range(0, 5) as i32,
+                index: num(rng) as u32,
+                pci_address: text(rng),
+                numa_node: (rng.range(0, 2) == 0).then(|| num(rng) as u32),
+                ..Default::default()
+            })
+            .collect(),
     }
 }
 
@@ -143,6 +152,7 @@ fn status(rng: &mut Rng) -> JobStatus {
         signal: num(rng) as i32,
         message: text(rng),
         time_ms: num(rng) as i64,
+        gpus: cpus(rng, 3),
     }
 }
 

@@ -20,6 +20,12 @@
 //!
 //! Without oversubscription a 1-CPU job also waits for an idle CPU instead
 //! of queueing behind a running one.
+//!
+//! A job asking for GPUs starts like a gang (on idle CPUs, never queued
+//! behind a running task) and only when the machine has that many free
+//! GPUs; once its CPUs are found, its GPUs are chosen by
+//! [`GpuPool::choose`] (the CPUs' NUMA nodes first) and held until it
+//! exits ([`LocalScheduler::gpus_of`]), whatever happens to its CPUs.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -28,6 +34,8 @@ use sched::{
     Align, LeafId, LeafSet, Policy, Sched, SchedConfig, SchedEvent, TaskId, TaskSpec, TaskState,
     Topology,
 };
+
+use crate::gpus::GpuPool;
 
 /// What the local scheduler needs to know of a job.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,6 +52,8 @@ pub struct LocalJob {
     pub nice: i32,
     /// Latency class when negative.
     pub latency_nice: i32,
+    /// GPUs wanted.
+    pub gpus: u32,
 }
 
 /// What the runtime must do.
@@ -129,6 +139,8 @@ pub struct LocalScheduler {
     /// (latency class first, arrival) -> id.
     waiting: BTreeMap<(bool, u64), String>,
     arrival: u64,
+    /// The machine's GPUs and their holders.
+    gpus: GpuPool,
 }
 
 impl LocalScheduler {
@@ -142,7 +154,29 @@ impl LocalScheduler {
             next_task: 1,
             waiting: BTreeMap::new(),
             arrival: 0,
+            gpus: GpuPool::default(),
         }
+    }
+
+    /// The same, handing out the GPUs of `pool` to jobs that ask for them.
+    pub fn with_gpus(mut self, pool: GpuPool) -> Self {
+        self.gpus = pool;
+        self
+    }
+
+    /// The GPU pool (holdings, the environment of a choice).
+    pub fn gpu_pool(&self) -> &GpuPool {
+        &self.gpus
+    }
+
+    /// The GPU pool, to note that its holdings were saved.
+    pub fn gpu_pool_mut(&mut self) -> &mut GpuPool {
+        &mut self.gpus
+    }
+
+    /// The GPUs a job holds (node indices, ascending; empty for none).
+    pub fn gpus_of(&self, id: &str) -> Vec<u32> {
+        self.gpus.held_by(id)
     }
 
     /// The engine (for reports and tests).
@@ -207,6 +241,14 @@ impl LocalScheduler {
                 largest
             ));
         }
+        if job.gpus as usize > self.gpus.len() {
+            return Err(format!(
+                "job {} wants {} GPUs; this node has {}",
+                job.id,
+                job.gpus,
+                self.gpus.len()
+            ));
+        }
         let mut shares = Vec::with_capacity(job.cpus as usize);
         for _ in 0..job.cpus {
             let t = TaskId(self.next_task);
@@ -251,12 +293,15 @@ impl LocalScheduler {
             time_limit: None,
         };
         let n = self.engine.topology().nr_leaves();
-        if job.cpus == 1 && self.cfg.oversubscribe {
+        if job.cpus == 1 && self.cfg.oversubscribe && job.gpus == 0 {
             let t = shares[0];
             if self.engine.add_task(spec(t, None)).is_err() {
                 return false;
             }
             return self.engine.wake_up(t, None, false, now).is_ok();
+        }
+        if self.gpus.free() < job.gpus as usize {
+            return false;
         }
         let Some(leaves) = self
             .engine
@@ -264,6 +309,14 @@ impl LocalScheduler {
         else {
             return false;
         };
+        if job.gpus > 0 {
+            // After the CPUs: the GPUs on their NUMA nodes first.
+            let cpus: Vec<u32> = leaves.iter().map(|&l| self.cpu(l)).collect();
+            let Some(gpus) = self.gpus.choose(job.gpus as usize, &cpus) else {
+                return false;
+            };
+            self.gpus.take(&job.id, &gpus);
+        }
         for (t, &leaf) in shares.iter().zip(&leaves) {
             // A 1-CPU job may be stolen or migrate later; a gang's shares are
             // pinned one per CPU.
@@ -275,6 +328,7 @@ impl LocalScheduler {
             if self.engine.add_task(spec(*t, affinity)).is_err()
                 || self.engine.wake_up_on(*t, leaf, now).is_err()
             {
+                self.gpus.release(&job.id);
                 return false;
             }
         }
@@ -299,6 +353,7 @@ impl LocalScheduler {
             return actions;
         };
         self.waiting.retain(|_, v| v != id);
+        self.gpus.release(id);
         for t in e.shares {
             self.task_job.remove(&t);
             let _ = self.engine.remove_task(t, now);
@@ -309,9 +364,10 @@ impl LocalScheduler {
     }
 
     /// Re-adopt a job that was already running on `cpus` (after an agent
-    /// restart): it holds those CPUs.
-    pub fn adopt(&mut self, job: LocalJob, cpus: &[u32], now: u64) -> Vec<Action> {
+    /// restart): it holds those CPUs, and `gpus` (from the ledger).
+    pub fn adopt(&mut self, job: LocalJob, cpus: &[u32], gpus: &[u32], now: u64) -> Vec<Action> {
         let mut actions = Vec::new();
+        self.gpus.take(&job.id, gpus);
         let topo = self.engine.topology().clone();
         let n = topo.nr_leaves();
         let leaves: Vec<LeafId> = cpus
@@ -481,6 +537,7 @@ mod tests {
             policy: Policy::Spread,
             nice: 0,
             latency_nice: 0,
+            gpus: 0,
         }
     }
 
@@ -585,6 +642,86 @@ mod tests {
             "{acts:?}"
         );
         assert_eq!(l.engine().stats().steal, steals_before + 1);
+    }
+
+    /// The 8-GPU X6-2 fixture (2 sockets x 22 cores x 2 threads, GPUs
+    /// 0-3 on NUMA node 0, 4-7 on node 1).
+    fn gpu_machine() -> LocalScheduler {
+        let root =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/x6-2-8gpu");
+        let m = crate::topology::SysfsReader::new(root).read(None).unwrap();
+        LocalScheduler::new(Arc::new(m.to_sched().unwrap()), LocalConfig::default())
+            .with_gpus(GpuPool::new(&m))
+    }
+
+    fn gpu_job(id: &str, cpus: u32, align: Align, gpus: u32) -> LocalJob {
+        LocalJob {
+            gpus,
+            ..job(id, cpus, align)
+        }
+    }
+
+    fn started_cpus(actions: &[Action], id: &str) -> Vec<u32> {
+        actions
+            .iter()
+            .find_map(|a| match a {
+                Action::Start { id: i, cpus } if i == id => Some(cpus.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{id} did not start: {actions:?}"))
+    }
+
+    fn socket(cpu: u32) -> u32 {
+        (cpu % 44) / 22
+    }
+
+    #[test]
+    fn gpus_follow_the_cpus_numa_node_and_wait_until_freed() {
+        let mut l = gpu_machine();
+        // A job filling one NUMA node's CPUs, then a GPU job: its CPUs are
+        // on the other node, and so are its GPUs (not GPUs 0-1 by default).
+        let a = l.submit(job("numa", 44, Align::Numa), 0).unwrap();
+        let busy = socket(started_cpus(&a, "numa")[0]);
+        let b = l.submit(gpu_job("g2", 2, Align::Any, 2), 1).unwrap();
+        let cpus = started_cpus(&b, "g2");
+        assert!(cpus.iter().all(|&c| socket(c) != busy), "{cpus:?}");
+        let gpus = l.gpus_of("g2");
+        assert_eq!(gpus.len(), 2);
+        assert!(
+            gpus.iter()
+                .all(|&g| l.gpu_pool().numa_node(g) == Some(socket(cpus[0]))),
+            "GPUs {gpus:?} for CPUs {cpus:?}"
+        );
+        // The other six GPUs, then one more job: it waits for a GPU, not
+        // for CPUs (plenty are idle).
+        l.submit(gpu_job("g6", 1, Align::Any, 6), 2).unwrap();
+        assert_eq!(l.gpu_pool().free(), 0);
+        assert!(
+            l.submit(gpu_job("g1", 1, Align::Any, 1), 3)
+                .unwrap()
+                .is_empty()
+        );
+        assert_eq!(l.waiting_ids(), VecDeque::from(vec!["g1".to_string()]));
+        // A job without GPUs still starts.
+        assert_eq!(l.submit(job("cpu", 1, Align::Any), 4).unwrap().len(), 1);
+        let acts = l.job_exited("g2", 5);
+        started_cpus(&acts, "g1");
+        assert_eq!(l.gpus_of("g1").len(), 1);
+        assert!(l.gpus_of("g2").is_empty());
+        assert!(
+            l.submit(gpu_job("g9", 1, Align::Any, 9), 6).is_err(),
+            "more GPUs than the machine has"
+        );
+    }
+
+    #[test]
+    fn adopted_jobs_keep_their_gpus() {
+        let mut l = gpu_machine();
+        l.adopt(gpu_job("old", 1, Align::Any, 2), &[30], &[6, 7], 0);
+        assert_eq!(l.gpus_of("old"), vec![6, 7]);
+        assert_eq!(l.gpu_pool().free(), 6);
+        l.job_exited("old", 1);
+        assert_eq!(l.gpu_pool().free(), 8);
     }
 
     #[test]

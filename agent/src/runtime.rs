@@ -284,6 +284,7 @@ impl Agent {
             signal: exit.and_then(|e| e.signal).unwrap_or(0),
             message,
             time_ms: now_ms(),
+            gpus: self.local.gpus_of(id),
         };
         if state != JobState::Running {
             self.recent
@@ -298,6 +299,7 @@ impl Agent {
     /// broken one would be: the next Register lists running jobs, and
     /// `recent` holds the ends.
     fn flush(&mut self) {
+        self.save_gpus();
         if self.outbox.is_empty() {
             return;
         }
@@ -307,6 +309,16 @@ impl Agent {
         } else {
             for status in statuses {
                 self.send(agent_message::Msg::Status(status));
+            }
+        }
+    }
+
+    /// Save the GPU holdings when they changed (see [`crate::gpus::Ledger`]).
+    fn save_gpus(&mut self) {
+        if self.local.gpu_pool_mut().take_changed() {
+            let ledger = crate::gpus::Ledger::new(&self.opts.exec.state_dir);
+            if let Err(err) = ledger.save(&self.local.gpu_pool().holdings()) {
+                tracing::warn!(%err, "cannot save the GPU holdings");
             }
         }
     }
@@ -390,6 +402,9 @@ impl Agent {
         job.memory_max = (spec.memory_bytes > 0).then_some(spec.memory_bytes);
         job.timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
         job.owner = p.owner.clone();
+        // The job's GPUs (chosen with its CPUs): CUDA_VISIBLE_DEVICES etc.
+        let gpus = self.local.gpus_of(id);
+        job.env.extend(self.local.gpu_pool().env(&gpus));
         if let Some((job_id, attempt)) = parse_local_id(id) {
             let node = self.opts.node.clone();
             self.traces
@@ -489,6 +504,7 @@ impl Agent {
             policy: engine_proto::policy(spec.policy),
             nice: spec.nice,
             latency_nice: spec.latency_nice,
+            gpus: spec.gpus,
         };
         self.jobs.insert(id.clone(), Pending { spec, owner });
         let now = self.now_ns();
@@ -739,6 +755,7 @@ impl Agent {
                     state: JobState::Running as i32,
                     cpus,
                     time_ms: now_ms(),
+                    gpus: self.local.gpus_of(&st.id),
                     ..Default::default()
                 });
             }
@@ -749,6 +766,7 @@ impl Agent {
             labels: self.opts.labels.clone(),
             topology: Some(topology_proto(&self.opts.machine)),
             memory_bytes: self.opts.memory_bytes,
+            devices: crate::gpus::devices_proto(&self.opts.machine.devices),
             jobs,
             version: env!("CARGO_PKG_VERSION").to_string(),
             oversubscribe: if self.opts.local.oversubscribe {
@@ -905,7 +923,8 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
         started_tx,
         outbox: Vec::new(),
         batches: false,
-        local: LocalScheduler::new(topo, opts.local.clone()),
+        local: LocalScheduler::new(topo, opts.local.clone())
+            .with_gpus(crate::gpus::GpuPool::new(&opts.machine)),
         opts,
         exec: exec.clone(),
         jobs: HashMap::new(),
@@ -918,6 +937,8 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
     };
     // Jobs left running by a previous agent on this state directory.
     let report = exec.readopt().await.context("re-adopting jobs")?;
+    // The GPUs re-adopted jobs hold (the ledger of the previous agent).
+    let held_gpus = crate::gpus::Ledger::new(&agent.opts.exec.state_dir).load();
     for id in &report.reattached {
         if let (Ok(st), Some(_)) = (exec.status(id), parse_local_id(id)) {
             let local = LocalJob {
@@ -927,9 +948,11 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
                 policy: Policy::Spread,
                 nice: 0,
                 latency_nice: 0,
+                gpus: held_gpus.get(id).map_or(0, |g| g.len() as u32),
             };
             let now = agent.now_ns();
-            agent.local.adopt(local, &st.cpus, now);
+            let gpus = held_gpus.get(id).cloned().unwrap_or_default();
+            agent.local.adopt(local, &st.cpus, &gpus, now);
             agent.jobs.insert(
                 id.clone(),
                 Pending {

@@ -249,6 +249,11 @@ pub struct SubmitArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub cpus: u32,
 
+    /// GPUs the job needs on its node (chosen by the agent near its CPUs;
+    /// the job sees them in CUDA_VISIBLE_DEVICES)
+    #[arg(long, short = 'G', default_value_t = 0, value_name = "K")]
+    pub gpus: u32,
+
     /// Memory limit: bytes or with a unit (512M, 4G, 1.5GiB; powers of 1024)
     #[arg(long, visible_alias = "mem", value_name = "SIZE", value_parser = parse_size)]
     pub memory: Option<u64>,
@@ -511,6 +516,8 @@ mod tests {
             "4",
             "--memory",
             "4G",
+            "--gpus",
+            "2",
             "--align",
             "llc",
             "--latency-nice",
@@ -539,6 +546,7 @@ mod tests {
         };
         assert_eq!(s.cpus, 4);
         assert_eq!(s.memory, Some(4 << 30));
+        assert_eq!(s.gpus, 2);
         assert_eq!(s.align, Some(AlignArg::Llc));
         assert_eq!(s.latency_nice, Some(-5));
         assert_eq!(s.nice, Some(3));

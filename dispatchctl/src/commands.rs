@@ -20,8 +20,8 @@ use crate::output::{
     shell_join, to_json, to_yaml, utc_time,
 };
 use crate::view::{
-    AlignmentView, JobEventView, JobListView, JobStateView, JobView, NodeListView, NodeStateView,
-    NodeView, PolicyView, WithinView, node_cpus,
+    AlignmentView, DeviceView, JobEventView, JobListView, JobStateView, JobView, NodeListView,
+    NodeStateView, NodeView, PolicyView, WithinView, node_cpus,
 };
 use crate::{EXIT_ERROR, EXIT_OK, Error, Io, Result};
 
@@ -160,6 +160,7 @@ pub fn job_spec(a: &SubmitArgs) -> pb::JobSpec {
         gang_retry: a
             .gang_retry
             .map_or(pb::GangRetry::Unspecified, gang_retry_to_pb) as i32,
+        gpus: a.gpus,
     }
 }
 
@@ -624,6 +625,14 @@ pub fn job_detail(job: &pb::Job, now: i64) -> String {
                 format!("{} ({})", cpu_list(&job.cpus), job.cpus.len())
             },
         ),
+        (
+            "GPUs",
+            if job.gpus.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{} ({})", cpu_list(&job.gpus), job.gpus.len())
+            },
+        ),
         ("Attempt", job.attempt.to_string()),
         ("Exit", exit_text(job)),
         ("Submitted", time_and_age(job.submit_time_ms, now)),
@@ -660,6 +669,7 @@ pub fn job_detail(job: &pb::Job, now: i64) -> String {
     rows.extend([
         ("Command", sanitize(&shell_join(&spec.command))),
         ("CPUs wanted", spec.cpus.max(1).to_string()),
+        ("GPUs wanted", spec.gpus.to_string()),
         (
             "Memory",
             if spec.memory_bytes == 0 {
@@ -1048,9 +1058,9 @@ pub async fn nodes(client: &mut Client, a: &NodesArgs, io: &mut Io<'_>) -> Resul
 }
 
 /// `nodes`'s table: NAME, STATE, ZONE, RACK, SOCKETS, NUMA, LLC, CORES,
-/// T/C, CPUS, BUSY, the free CPUs per level (CORE, LLC, NUMA, PKG, ANY
-/// under a `FREE:` prefix), RUN and WAIT. Load columns are `-` for a node
-/// that has not reported load.
+/// T/C, CPUS, GPUS (free/total, `-` without GPUs), BUSY, the free CPUs
+/// per level (CORE, LLC, NUMA, PKG, ANY under a `FREE:` prefix), RUN and
+/// WAIT. Load columns are `-` for a node that has not reported load.
 pub fn nodes_table(nodes: &[pb::Node], wide: bool) -> String {
     let mut t = Table::new(vec![
         Column::left("NAME").max(32),
@@ -1063,6 +1073,7 @@ pub fn nodes_table(nodes: &[pb::Node], wide: bool) -> String {
         Column::right("CORES"),
         Column::right("T/C"),
         Column::right("CPUS"),
+        Column::right("GPUS"),
         Column::right("BUSY"),
         Column::right("FREE:CORE"),
         Column::right("LLC"),
@@ -1086,6 +1097,7 @@ pub fn nodes_table(nodes: &[pb::Node], wide: bool) -> String {
             v.cores.to_string(),
             v.threads_per_core.to_string(),
             node_cpus(n).to_string(),
+            gpus_text(n),
         ];
         match &v.load {
             Some(l) => row.extend([
@@ -1103,6 +1115,15 @@ pub fn nodes_table(nodes: &[pb::Node], wide: bool) -> String {
         t.row(row);
     }
     t.render()
+}
+
+/// A node's GPUs as `free/total`, `-` for none.
+fn gpus_text(n: &pb::Node) -> String {
+    if n.gpus == 0 {
+        "-".to_string()
+    } else {
+        format!("{}/{}", n.gpus_free, n.gpus)
+    }
 }
 
 /// `dispatchctl node show|drain|cordon|uncordon`.
@@ -1168,6 +1189,27 @@ pub fn node_detail(n: &pb::Node, now: i64) -> String {
         rows.push(("Packages", groups(&t.package)));
         rows.push(("NUMA nodes", groups(&t.numa)));
         rows.push(("LLCs", groups(&t.llc)));
+    }
+    if n.gpus > 0 {
+        rows.push(("GPUs", format!("{} of {} free", n.gpus_free, n.gpus)));
+    }
+    for d in &n.devices {
+        let d = DeviceView::from(d);
+        let numa = d.numa_node.map_or("-".to_string(), |x| x.to_string());
+        let minor = d
+            .nvidia_minor
+            .map_or(String::new(), |m| format!(" /dev/nvidia{m}"));
+        rows.push((
+            "Device",
+            format!(
+                "{} {} {} {} {} numa {numa}{minor}",
+                d.kind,
+                d.index,
+                sanitize(&d.pci_address),
+                sanitize(&d.vendor),
+                sanitize(&d.model)
+            ),
+        ));
     }
     match &v.load {
         Some(l) => {

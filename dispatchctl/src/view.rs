@@ -182,6 +182,7 @@ pub struct JobSpecView {
     pub within_preferred: Option<bool>,
     pub relax_after_ms: Option<u64>,
     pub gang_retry: Option<GangRetryView>,
+    pub gpus: u32,
 }
 
 impl From<&pb::JobSpec> for JobSpecView {
@@ -209,6 +210,7 @@ impl From<&pb::JobSpec> for JobSpecView {
             within_preferred: gang.then_some(s.within_preferred),
             relax_after_ms: (gang && s.within_preferred).then_some(s.relax_after_ms),
             gang_retry: gang.then(|| GangRetryView::of_spec(s)),
+            gpus: s.gpus,
         }
     }
 }
@@ -221,6 +223,8 @@ pub struct JobView {
     pub state: JobStateView,
     pub node: Option<String>,
     pub cpus: Vec<u32>,
+    /// The node's GPU numbers it runs on (empty without GPUs).
+    pub gpus: Vec<u32>,
     /// Set only in terminal states.
     pub exit_code: Option<i32>,
     /// The signal that killed the job, when one did.
@@ -254,6 +258,7 @@ impl From<&pb::Job> for JobView {
             state,
             node: nonempty(&j.node),
             cpus: j.cpus.clone(),
+            gpus: j.gpus.clone(),
             exit_code: state.is_terminal().then_some(j.exit_code),
             signal: (j.signal != 0).then_some(j.signal),
             reason: j.reason.clone(),
@@ -416,6 +421,44 @@ pub struct NodeView {
     pub last_heartbeat_ms: Option<i64>,
     pub load: Option<NodeLoadView>,
     pub topology: Option<TopologyView>,
+    /// GPUs, and those no job holds.
+    pub gpus: u32,
+    pub gpus_free: u32,
+    pub devices: Vec<DeviceView>,
+}
+
+/// `dispatch.v1.Device`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeviceView {
+    /// `gpu`, `accelerator`, `nic` (`unspecified` for an unknown kind).
+    pub kind: String,
+    pub index: u32,
+    pub pci_address: String,
+    pub numa_node: Option<u32>,
+    pub vendor: String,
+    pub model: String,
+    pub nvidia_minor: Option<u32>,
+    /// Switch, host bridge, NUMA node, machine keys (GPUs).
+    pub locality: Vec<u64>,
+}
+
+impl From<&pb::Device> for DeviceView {
+    fn from(d: &pb::Device) -> Self {
+        DeviceView {
+            kind: pb::DeviceKind::try_from(d.kind)
+                .unwrap_or(pb::DeviceKind::Unspecified)
+                .as_str_name()
+                .trim_start_matches("DEVICE_KIND_")
+                .to_ascii_lowercase(),
+            index: d.index,
+            pci_address: d.pci_address.clone(),
+            numa_node: d.numa_node,
+            vendor: d.vendor.clone(),
+            model: d.model.clone(),
+            nvidia_minor: d.nvidia_minor,
+            locality: d.locality.clone(),
+        }
+    }
 }
 
 impl From<&pb::Node> for NodeView {
@@ -435,6 +478,9 @@ impl From<&pb::Node> for NodeView {
             last_heartbeat_ms: nonzero_time(n.last_heartbeat_ms),
             load: n.load.as_ref().map(NodeLoadView::from),
             topology: n.topology.as_ref().map(TopologyView::from),
+            gpus: n.gpus,
+            gpus_free: n.gpus_free,
+            devices: n.devices.iter().map(DeviceView::from).collect(),
         }
     }
 }

@@ -46,6 +46,7 @@ fn jobs() -> Vec<pb::Job> {
             state: pb::JobState::Running as i32,
             node: "node-2".into(),
             cpus: vec![0, 1, 2, 3, 32, 33, 34, 35],
+            gpus: vec![4, 5],
             reason: "wake_affine: near waker j-3 on node-2".into(),
             attempt: 1,
             submit_time_ms: NOW - 5 * MIN,
@@ -165,6 +166,29 @@ fn nodes() -> Vec<pb::Node> {
             threads_per_core: 2,
             zone: "z1".into(),
             rack: "r1".into(),
+            gpus: 2,
+            gpus_free: 1,
+            devices: vec![
+                pb::Device {
+                    kind: pb::DeviceKind::Gpu as i32,
+                    index: 0,
+                    pci_address: "0000:1a:00.0".into(),
+                    numa_node: Some(0),
+                    vendor: "nvidia".into(),
+                    model: "10de:20b0".into(),
+                    nvidia_minor: Some(2),
+                    locality: vec![0, 0, 0, 0],
+                    ..Default::default()
+                },
+                pb::Device {
+                    kind: pb::DeviceKind::Gpu as i32,
+                    index: 1,
+                    pci_address: "0000:1b:00.0".into(),
+                    vendor: "nvidia".into(),
+                    model: "10de:20b0".into(),
+                    ..Default::default()
+                },
+            ],
         },
         pb::Node {
             name: "node-2".into(),
@@ -239,10 +263,10 @@ j-9      etl                        succeeded   node-1      2    2d      850ms  
 fn nodes_table_shows_topology_and_free_cpus_per_level() {
     let out = nodes_table(&nodes(), false);
     let expected = "\
-NAME     STATE      ZONE   RACK   SOCKETS   NUMA   LLC   CORES   T/C   CPUS   BUSY   FREE:CORE   LLC   NUMA   PKG   ANY   RUN   WAIT
-node-1   ready      z1     r1           1      1     2       4     2      8      3           2     4      5     5     5     2      1
-node-2   draining   z1     r2           2      2     4      32     2     64      8           2     8     24    24    56     1      0
-node-3   down       z2     -            1      1     1       4     1      4      -           -     -      -     -     -     -      -
+NAME     STATE      ZONE   RACK   SOCKETS   NUMA   LLC   CORES   T/C   CPUS   GPUS   BUSY   FREE:CORE   LLC   NUMA   PKG   ANY   RUN   WAIT
+node-1   ready      z1     r1           1      1     2       4     2      8    1/2      3           2     4      5     5     5     2      1
+node-2   draining   z1     r2           2      2     4      32     2     64      -      8           2     8     24    24    56     1      0
+node-3   down       z2     -            1      1     1       4     1      4      -      -           -     -      -     -     -     -      -
 ";
     assert_eq!(out, expected, "\n{out}");
 }
@@ -256,6 +280,7 @@ fn get_detail_view() {
         "Reason:        wake_affine: near waker j-3 on node-2",
         "Node:          node-2",
         "CPUs:          0-3,32-35 (8)",
+        "GPUs:          4-5 (2)",
         "Exit:          -",
         "Submitted:     2026-01-01 00:05:00Z (5m ago)",
         "Ended:         -",
@@ -310,6 +335,9 @@ fn node_detail_view() {
         "Overloaded:  7",
         "Avg idle:    12.5us",
         "Schedstats:  failed_steals=1 steals=3",
+        "GPUs:        1 of 2 free",
+        "Device:      gpu 0 0000:1a:00.0 nvidia 10de:20b0 numa 0 /dev/nvidia2",
+        "Device:      gpu 1 0000:1b:00.0 nvidia 10de:20b0 numa -",
     ] {
         assert!(out.lines().any(|l| l == line), "missing {line:?} in\n{out}");
     }
@@ -348,6 +376,7 @@ fn job_json_view_has_stable_names_and_lower_case_enums() {
             "gang_id",
             "gang_index",
             "gang_size",
+            "gpus",
             "id",
             "name",
             "node",
@@ -374,6 +403,7 @@ fn job_json_view_has_stable_names_and_lower_case_enums() {
         running["cpus"],
         serde_json::json!([0, 1, 2, 3, 32, 33, 34, 35])
     );
+    assert_eq!(running["gpus"], serde_json::json!([4, 5]));
     // Unset values are null, not 0 or "".
     assert!(running["exit_code"].is_null());
     assert!(running["signal"].is_null());

@@ -466,11 +466,18 @@ impl Core {
                 let _ = reply.send(self.start_logs(req, tx));
             }
             Command::Nodes { reply } => {
-                let nodes = self.cluster.nodes().map(|n| n.to_proto()).collect();
+                let nodes = self
+                    .cluster
+                    .nodes()
+                    .map(|n| self.cluster.node_proto(n))
+                    .collect();
                 replies.push(defer(reply, Ok(nodes)));
             }
             Command::Node { name, reply } => {
-                replies.push(defer(reply, self.cluster.node(&name).map(|n| n.to_proto())));
+                replies.push(defer(
+                    reply,
+                    self.cluster.node(&name).map(|n| self.cluster.node_proto(n)),
+                ));
             }
             Command::NodeAdmin { name, admin, reply } => {
                 let r = self.cluster.set_node_admin(&name, admin, now, fx);

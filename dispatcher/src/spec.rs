@@ -77,6 +77,9 @@ impl Default for SpecLimits {
     }
 }
 
+/// GPUs of one job (the largest GPU servers have 16; 64 leaves room).
+pub const MAX_GPUS: u32 = 64;
+
 /// A refused field.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 #[error("{field}: {message}")]
@@ -308,6 +311,16 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
             ),
         ));
     }
+    if spec.gpus > MAX_GPUS {
+        return Err(err(
+            prefix,
+            "gpus",
+            format!(
+                "{} is more than the largest allowed ({MAX_GPUS})",
+                spec.gpus
+            ),
+        ));
+    }
     if Alignment::try_from(spec.alignment).is_err() {
         return Err(err(
             prefix,
@@ -516,6 +529,7 @@ mod tests {
         );
         check(|s| s.cwd = "relative".into(), "spec.cwd");
         check(|s| s.cpus = 5000, "spec.cpus");
+        check(|s| s.gpus = 65, "spec.gpus");
         check(|s| s.alignment = 99, "spec.alignment");
         check(|s| s.policy = 7, "spec.policy");
         check(

@@ -77,6 +77,10 @@ pub struct Totals {
     pub queued_jobs: u64,
     /// Jobs running, as the agents last reported.
     pub running_jobs: u64,
+    /// GPUs of all nodes.
+    pub gpus: u64,
+    /// GPUs no job holds, of nodes that take new jobs.
+    pub free_gpus: u64,
 }
 
 impl Totals {
@@ -90,6 +94,8 @@ impl Totals {
         self.overloaded_nodes += o.overloaded_nodes;
         self.queued_jobs += o.queued_jobs;
         self.running_jobs += o.running_jobs;
+        self.gpus += o.gpus;
+        self.free_gpus += o.free_gpus;
     }
 }
 
@@ -232,6 +238,10 @@ pub struct NodeView {
     pub reported_busy_cpus: u32,
     /// Time since its last report, ms.
     pub heartbeat_age_ms: i64,
+    /// GPUs.
+    pub gpus: u32,
+    /// GPUs no job holds (queued, assigned or running there).
+    pub gpus_free: u32,
 }
 
 /// `/api/v1/racks/{zone}/{rack}`: one rack's nodes.
@@ -335,6 +345,7 @@ fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals,
     let overloaded = engine_overloaded || overloaded_cpus > 0;
     let state = node_state(n);
     let takes_jobs = state == "ready";
+    let gpus_free = cluster.gpus_free(&n.name);
     let max_free_llc = if takes_jobs {
         llc_free.iter().copied().max().unwrap_or(0)
     } else {
@@ -355,6 +366,8 @@ fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals,
         reported_busy_cpus: n.load.cpus.iter().filter(|c| c.busy).count() as u32,
         heartbeat_age_ms: (now_ms - n.last_heartbeat_ms).max(0),
         llc_free,
+        gpus: n.gpus,
+        gpus_free,
     };
     let totals = Totals {
         nodes: 1,
@@ -370,6 +383,8 @@ fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals,
         overloaded_nodes: u32::from(overloaded),
         queued_jobs: queued,
         running_jobs: u64::from(n.load.running_jobs),
+        gpus: u64::from(n.gpus),
+        free_gpus: if takes_jobs { u64::from(gpus_free) } else { 0 },
     };
     (view, totals, max_free_llc)
 }

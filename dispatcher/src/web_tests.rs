@@ -117,6 +117,12 @@ fn brute_force(c: &Cluster) -> BTreeMap<(String, String), (Totals, u32)> {
         e.0.overloaded_nodes += u32::from(overloaded);
         e.0.queued_jobs += rq.map_or(0, |rq| rq.nr_waiting() as u64);
         e.0.running_jobs += u64::from(n.load.running_jobs);
+        e.0.gpus += u64::from(n.gpus);
+        e.0.free_gpus += if ready {
+            u64::from(c.gpus_free(&n.name))
+        } else {
+            0
+        };
         if ready {
             // Free CPUs per LLC from the reported groups of CPU ids.
             for group in &n.topology.llc {

@@ -124,6 +124,7 @@ impl CpuLevel {
             policy: Policy::Spread,
             nice: 0,
             latency_nice: if latency { -10 } else { 0 },
+            gpus: 0,
         };
         match self.nodes[node as usize].submit(lj, now * 1000) {
             Ok(actions) => {

@@ -35,9 +35,9 @@ pub struct NodeEngine {
     /// Leaf -> node name, and back.
     leaf_node: Vec<String>,
     node_leaf: IdMap<String, LeafId>,
-    /// Per leaf: the largest aligned room of the whole (empty) node and its
-    /// memory (u64::MAX when unknown).
-    leaf_shape: Vec<(FreeSummary, u64)>,
+    /// Per leaf: the largest aligned room of the whole (empty) node, its
+    /// memory (u64::MAX when unknown) and its GPUs.
+    leaf_shape: Vec<(FreeSummary, u64, u32)>,
     /// The smallest of each over all leaves.
     leaf_shape_min: (FreeSummary, u64),
 }
@@ -89,9 +89,10 @@ impl NodeEngine {
         self.leaf_node.get(leaf).map(String::as_str)
     }
 
-    /// Each node of the engine with its largest aligned room and memory,
-    /// as placement filters them (for the pending reasons), in leaf order.
-    pub(super) fn shapes(&self) -> impl Iterator<Item = (&str, &(FreeSummary, u64))> + '_ {
+    /// Each node of the engine with its largest aligned room, memory and
+    /// GPUs, as placement filters them (for the pending reasons), in leaf
+    /// order.
+    pub(super) fn shapes(&self) -> impl Iterator<Item = (&str, &(FreeSummary, u64, u32))> + '_ {
         self.leaf_node
             .iter()
             .map(String::as_str)
@@ -197,7 +198,7 @@ impl NodeEngine {
             },
             u64::MAX,
         );
-        for (f, m) in &self.leaf_shape {
+        for (f, m, _) in &self.leaf_shape {
             min.0 = FreeSummary {
                 core: min.0.core.min(f.core),
                 llc: min.0.llc.min(f.llc),
@@ -214,15 +215,20 @@ impl NodeEngine {
     }
 
     /// Nodes a spec may run on, as engine leaves (None: all of them);
-    /// `Err` when none.
+    /// `Err` when none: `NoMatch` when no node has the labels, CPUs,
+    /// memory and GPUs at all, `GpusBusy` when some have the GPUs but
+    /// none has `spec.gpus` free now (`gpus_free(node)`: the node's GPUs
+    /// not taken by other jobs).
     pub(super) fn allowed_leaves(
         &self,
         spec: &JobSpec,
         nodes: &Nodes,
+        gpus_free: impl Fn(&str) -> u32,
     ) -> Result<Option<Arc<LeafSet>>, Unplaced> {
         let align = align_of(spec);
-        // Fast path: no selector and every node is big enough.
+        // Fast path: no selector, no GPUs and every node is big enough.
         if spec.node_selector.is_empty()
+            && spec.gpus == 0
             && spec.cpus <= self.leaf_shape_min.0.get(align)
             && (spec.memory_bytes == 0 || spec.memory_bytes <= self.leaf_shape_min.1)
         {
@@ -230,23 +236,32 @@ impl NodeEngine {
         }
         let mut all = true;
         let mut leaves = Vec::new();
+        let mut busy = false;
         for (leaf, name) in self.leaf_node.iter().enumerate() {
             let Some(n) = nodes.get(name) else {
                 all = false;
                 continue;
             };
-            let (largest, memory) = self.leaf_shape[leaf];
+            let (largest, memory, gpus) = self.leaf_shape[leaf];
             let fits_labels = spec
                 .node_selector
                 .iter()
                 .all(|(k, v)| n.labels.get(k) == Some(v));
             let fits_mem = spec.memory_bytes == 0 || memory >= spec.memory_bytes;
             let fits_cpus = largest.get(align) >= spec.cpus;
-            if fits_labels && fits_mem && fits_cpus {
+            let fits_gpus = gpus >= spec.gpus;
+            // Free GPUs are a filter, like the labels: the engine's
+            // capacity counts CPUs only.
+            let free_gpus = spec.gpus == 0 || gpus_free(name) >= spec.gpus;
+            if fits_labels && fits_mem && fits_cpus && fits_gpus && free_gpus {
                 leaves.push(leaf);
             } else {
+                busy |= fits_labels && fits_mem && fits_cpus && fits_gpus;
                 all = false;
             }
+        }
+        if leaves.is_empty() && busy {
+            return Err(Unplaced::GpusBusy { gpus: spec.gpus });
         }
         if leaves.is_empty() {
             return Err(Unplaced::NoMatch {
@@ -258,6 +273,7 @@ impl NodeEngine {
                 cpus: spec.cpus,
                 align,
                 memory_bytes: spec.memory_bytes,
+                gpus: spec.gpus,
             });
         }
         if all {

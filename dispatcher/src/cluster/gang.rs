@@ -335,7 +335,10 @@ impl Cluster {
             return false;
         };
         let level = gang.level_at(now);
-        let allowed = match self.engine.allowed_leaves(&spec, &self.nodes) {
+        let allowed = match self
+            .engine
+            .allowed_leaves(&spec, &self.nodes, |n| self.gpus_free_for(n, None))
+        {
             Ok(a) => a,
             Err(why) => {
                 for &k in waiting {
@@ -616,7 +619,10 @@ impl Cluster {
         else {
             return false;
         };
-        let allowed = match self.engine.allowed_leaves(&spec, &self.nodes) {
+        let allowed = match self
+            .engine
+            .allowed_leaves(&spec, &self.nodes, |n| self.gpus_free_for(n, None))
+        {
             Ok(a) => a,
             Err(_) => return false,
         };

@@ -12,7 +12,9 @@
 //!   AwaitingNode), `assigned`, `awaiting`, `unplaced`, `queued`, and
 //!   `unasked` the Assigned ones not asked back yet, by (`since`, key), so
 //!   that the tick finds the jobs due for an agent-level steal without
-//!   visiting every ASSIGNED job;
+//!   visiting every ASSIGNED job; `gpus_by_node[n]` the GPUs asked by the
+//!   jobs whose phase names node `n` (Queued there, Assigned, Running,
+//!   AwaitingNode): the GPUs the dispatcher counts as taken on it;
 //! - `reason` is display text, generated from the phase, the requeue
 //!   history and the placement data; nothing reads it back.
 
@@ -106,6 +108,14 @@ pub enum Unplaced {
         align: Align,
         /// Memory asked (0 = none).
         memory_bytes: u64,
+        /// GPUs asked (0 = none).
+        gpus: u32,
+    },
+    /// Nodes have the GPUs asked, but none has that many free now: placed
+    /// again when a job's GPUs are freed.
+    GpusBusy {
+        /// GPUs asked.
+        gpus: u32,
     },
     /// The engine refused the task.
     EngineRefused(String),
@@ -371,6 +381,7 @@ impl fmt::Display for Unplaced {
                 cpus,
                 align,
                 memory_bytes,
+                gpus,
             } => {
                 let mut why = Vec::new();
                 if !selector.is_empty() {
@@ -380,7 +391,13 @@ impl fmt::Display for Unplaced {
                 if *memory_bytes > 0 {
                     why.push(format!("{memory_bytes} bytes of memory"));
                 }
+                if *gpus > 0 {
+                    why.push(format!("{gpus} GPUs"));
+                }
                 write!(f, "no node matches {}", why.join(", "))
+            }
+            Unplaced::GpusBusy { gpus } => {
+                write!(f, "waiting for {gpus} free GPUs on one node")
             }
             Unplaced::EngineRefused(err) => write!(f, "engine refused the job: {err}"),
             Unplaced::Requeued => write!(f, "requeued"),
@@ -553,6 +570,11 @@ impl JobEntry {
         self.job.spec.as_ref().map_or(1, |s| s.cpus.max(1))
     }
 
+    /// The GPUs it asks for.
+    pub fn gpus(&self) -> u32 {
+        self.job.spec.as_ref().map_or(0, |s| s.gpus)
+    }
+
     /// A cancel was requested while it was on a node.
     pub fn cancel_requested(&self) -> bool {
         self.job.cancel_requested
@@ -567,6 +589,11 @@ impl Facts<'_> {
     /// CPUs the agent reported.
     pub fn set_cpus(&mut self, cpus: &[u32]) {
         self.0.cpus = cpus.to_vec();
+    }
+
+    /// GPUs the agent reported.
+    pub fn set_gpus(&mut self, gpus: &[u32]) {
+        self.0.gpus = gpus.to_vec();
     }
 
     /// Start time, unless one is set; `0` clears it.
@@ -612,6 +639,10 @@ pub struct Jobs {
     queued: BTreeSet<JobKey>,
     /// ASSIGNED jobs not asked back (`steal_asked: None`), by `since`.
     unasked: BTreeSet<(i64, JobKey)>,
+    /// GPUs taken per node by the jobs whose phase names it.
+    gpus_by_node: IdMap<String, u32>,
+    /// A job's GPUs left a node since [`Jobs::take_gpus_freed`].
+    gpus_freed: bool,
 }
 
 impl Jobs {
@@ -698,6 +729,16 @@ impl Jobs {
         })
     }
 
+    /// GPUs taken on `node` by the jobs queued, assigned or running there.
+    pub fn gpus_on(&self, node: &str) -> u32 {
+        self.gpus_by_node.get(node).copied().unwrap_or(0)
+    }
+
+    /// True (once) when some job's GPUs left a node since the last call.
+    pub fn take_gpus_freed(&mut self) -> bool {
+        std::mem::take(&mut self.gpus_freed)
+    }
+
     /// ASSIGNED jobs (candidates for agent-level steals).
     pub fn assigned(&self) -> impl Iterator<Item = (JobKey, &JobEntry)> {
         self.assigned
@@ -774,6 +815,9 @@ impl Jobs {
             why: Unplaced::Restored,
         };
         let previous = std::mem::replace(&mut e.phase, placeholder);
+        if e.gpus() > 0 && previous.node().is_some() && previous.node() != phase.node() {
+            self.gpus_freed = true;
+        }
         self.unindex(key, &previous);
         self.index(key, &phase);
         self.write_phase(key, phase);
@@ -871,6 +915,24 @@ impl Jobs {
                 self.unasked.remove(&(*since, key));
             }
         }
+        let gpus = self.table.get(&key).map_or(0, JobEntry::gpus);
+        if gpus > 0
+            && let Some(node) = phase.node()
+        {
+            if add {
+                match self.gpus_by_node.get_mut(node) {
+                    Some(n) => *n += gpus,
+                    None => {
+                        self.gpus_by_node.insert(node.to_string(), gpus);
+                    }
+                }
+            } else if let Some(n) = self.gpus_by_node.get_mut(node) {
+                *n = n.saturating_sub(gpus);
+                if *n == 0 {
+                    self.gpus_by_node.remove(node);
+                }
+            }
+        }
         if let Some(node) = phase.holds() {
             if add {
                 // The node's name is copied only for its first job.
@@ -911,8 +973,14 @@ impl Jobs {
             BTreeSet::new(),
         );
         let mut unasked = BTreeSet::new();
+        let mut gpus_by_node: HashMap<String, u32> = HashMap::new();
         for (&key, e) in &self.table {
             let p = &e.phase;
+            if let Some(n) = p.node()
+                && e.gpus() > 0
+            {
+                *gpus_by_node.entry(n.to_string()).or_default() += e.gpus();
+            }
             if let Phase::Assigned {
                 since,
                 steal_asked: None,
@@ -961,6 +1029,16 @@ impl Jobs {
             return Err(format!(
                 "index unasked: {:?}, the phases say {unasked:?}",
                 self.unasked
+            ));
+        }
+        if gpus_by_node.len() != self.gpus_by_node.len()
+            || gpus_by_node
+                .iter()
+                .any(|(n, g)| self.gpus_by_node.get(n) != Some(g))
+        {
+            return Err(format!(
+                "index gpus_by_node: {:?}, the phases say {gpus_by_node:?}",
+                self.gpus_by_node
             ));
         }
         if by_node.len() != self.by_node.len()

@@ -213,7 +213,7 @@ impl Cluster {
         }
         let allowed = match self
             .engine
-            .allowed_leaves(spec, &self.nodes)
+            .allowed_leaves(spec, &self.nodes, |n| self.gpus_free_for(n, Some(key)))
             .and_then(|a| self.outside_reservation(key, spec, a, now))
         {
             Ok(a) => a,
@@ -315,6 +315,8 @@ impl Cluster {
         pulled: fn(StealLevel) -> MoveKind,
     ) {
         loop {
+            // Jobs waiting for GPUs, when a job's GPUs were freed.
+            self.place_gpu_waiters(now, fx);
             let events = match self.engine.sched_mut() {
                 Some(e) => e.drain_events(),
                 None => return,
@@ -565,6 +567,7 @@ impl Cluster {
                 );
                 if let Some(mut f) = self.jobs.facts(key) {
                     f.set_cpus(&status.cpus);
+                    f.set_gpus(&status.gpus);
                     f.set_start(if status.time_ms > 0 {
                         status.time_ms
                     } else {
@@ -586,6 +589,9 @@ impl Cluster {
                     f.set_exit(status.exit_code, status.signal);
                     if !status.cpus.is_empty() {
                         f.set_cpus(&status.cpus);
+                    }
+                    if !status.gpus.is_empty() {
+                        f.set_gpus(&status.gpus);
                     }
                     if status.time_ms > 0 {
                         f.set_start(status.time_ms);
@@ -696,6 +702,7 @@ impl Cluster {
         if let Some(mut f) = self.jobs.facts(key) {
             f.next_attempt();
             f.set_cpus(&[]);
+            f.set_gpus(&[]);
             f.set_start(0);
         }
         let retry = Requeue::Retry {

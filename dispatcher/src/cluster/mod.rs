@@ -30,6 +30,7 @@
 
 pub mod engine;
 pub mod gang;
+mod gpus;
 pub mod jobs;
 mod lifecycle;
 pub mod nodes;
@@ -449,5 +450,7 @@ pub(crate) mod tests;
 mod balance_tests;
 #[cfg(test)]
 mod gang_tests;
+#[cfg(test)]
+mod gpu_tests;
 #[cfg(test)]
 mod latency_tests;

@@ -1,7 +1,8 @@
 //! The node registry: each node's labels and place in the cluster (region,
 //! zone, rack, host group), its reported topology and the engine tree over
 //! its CPUs, the dispatcher's model of which of those CPUs its jobs hold,
-//! its heartbeats and its administrative state.
+//! its heartbeats and its administrative state, and its devices (GPUs:
+//! how many; which are taken is the job table's `gpus_on`).
 //!
 //! Invariant: a node's CPU model marks exactly the CPUs of the jobs the
 //! dispatcher has on it (`JobEntry::model_cpus`); nodes share one engine
@@ -43,6 +44,10 @@ pub struct NodeInfo {
     pub cpu_busy: Vec<bool>,
     /// Memory offered to jobs.
     pub memory_bytes: u64,
+    /// The PCI devices its agent reported (GPUs, accelerators, NICs).
+    pub devices: Vec<proto::v1::Device>,
+    /// Its GPUs (devices of kind GPU).
+    pub gpus: u32,
     /// Runnable jobs per CPU the agent accepts (1 = no oversubscription).
     pub oversubscribe: u32,
     /// The last load report.
@@ -142,9 +147,9 @@ impl NodeInfo {
         free_summary_of(&self.cpu_topo, |l| !self.cpu_busy[l])
     }
 
-    /// The largest aligned room of the whole (empty) node and its memory
-    /// (u64::MAX when unknown).
-    pub fn shape(&self) -> (FreeSummary, u64) {
+    /// The largest aligned room of the whole (empty) node, its memory
+    /// (u64::MAX when unknown) and its GPUs.
+    pub fn shape(&self) -> (FreeSummary, u64, u32) {
         (
             free_summary_of(&self.cpu_topo, |_| true),
             if self.memory_bytes == 0 {
@@ -152,6 +157,7 @@ impl NodeInfo {
             } else {
                 self.memory_bytes
             },
+            self.gpus,
         )
     }
 
@@ -173,8 +179,20 @@ impl NodeInfo {
             threads_per_core: (topo.cpus.len() as u32).checked_div(cores).unwrap_or(0),
             zone: self.zone.clone(),
             rack: self.rack.clone(),
+            devices: self.devices.clone(),
+            gpus: self.gpus,
+            // The cluster knows which are taken: `Cluster::node_proto`.
+            gpus_free: self.gpus,
         }
     }
+}
+
+/// The GPUs among reported devices.
+pub fn count_gpus(devices: &[proto::v1::Device]) -> u32 {
+    devices
+        .iter()
+        .filter(|d| d.kind == proto::v1::DeviceKind::Gpu as i32)
+        .count() as u32
 }
 
 /// All nodes, by name.

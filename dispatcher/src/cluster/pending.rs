@@ -40,6 +40,7 @@ struct Shape {
     cpus: u32,
     align: Align,
     memory_bytes: u64,
+    gpus: u32,
 }
 
 /// Answers the pending reasons of one read (see the module doc).
@@ -184,6 +185,7 @@ impl Explainer<'_> {
                 cpus,
                 align,
                 memory_bytes,
+                gpus,
             } => {
                 let shape = Shape {
                     selector: selector
@@ -193,6 +195,7 @@ impl Explainer<'_> {
                     cpus: (*cpus).max(1),
                     align: *align,
                     memory_bytes: *memory_bytes,
+                    gpus: *gpus,
                 };
                 let cluster = self.cluster;
                 let (kind, counts) = self
@@ -201,6 +204,9 @@ impl Explainer<'_> {
                     .or_insert_with_key(|s| no_match(cluster, s))
                     .clone();
                 reason(kind, "", format!("{why}: {counts}"))
+            }
+            Unplaced::GpusBusy { gpus } => {
+                reason(Kind::GpusBusy, "", gpus_busy(self.cluster, e, *gpus))
             }
             Unplaced::EngineRefused(_) => reason(Kind::EngineRefused, "", why.to_string()),
             Unplaced::Requeued => reason(
@@ -417,14 +423,46 @@ fn gated_from(engine: &Sched, src: LeafId) -> Vec<LeafId> {
         .collect()
 }
 
+/// Why a job asking for `gpus` GPUs waits although nodes have that many:
+/// the nodes that do, with their free GPUs.
+fn gpus_busy(cluster: &Cluster, e: &JobEntry, gpus: u32) -> String {
+    let key = JobKey::parse(&e.job().id);
+    let mut with = Vec::new();
+    for (name, &(_, _, total)) in cluster.engine.shapes() {
+        if total >= gpus {
+            with.push(format!(
+                "{name} {} of {total} free",
+                cluster.gpus_free_for(name, key)
+            ));
+        }
+    }
+    let shown = with.len().min(5);
+    let more = with.len() - shown;
+    format!(
+        "waiting for {gpus} free GPUs on one node: {} node{} {} that many ({}{}); placed when \
+         running jobs free them",
+        with.len(),
+        if with.len() == 1 { "" } else { "s" },
+        if with.len() == 1 { "has" } else { "have" },
+        with[..shown].join(", "),
+        if more > 0 {
+            format!(", {more} more")
+        } else {
+            String::new()
+        }
+    )
+}
+
 /// "No node matches" for one shape: per node the first constraint it
-/// fails (labels, CPUs, alignment, memory), counted; the kind is the
-/// last of them that ruled a node out (what stopped the closest nodes).
+/// fails (labels, CPUs, alignment, memory, GPUs), counted; the kind is
+/// the last of them that ruled a node out (what stopped the closest
+/// nodes).
 fn no_match(cluster: &Cluster, s: &Shape) -> (Kind, String) {
     let (mut labels, mut cpus, mut align, mut memory, mut total) = (0u32, 0u32, 0u32, 0u32, 0u32);
     let (mut max_cpus, mut max_align, mut max_memory) = (0u32, 0u32, 0u64);
+    let (mut gpus, mut max_gpus) = (0u32, 0u32);
     // The shapes the engine keeps (placement's own view), not recomputed.
-    for (name, &(room, mem)) in cluster.engine.shapes() {
+    for (name, &(room, mem, node_gpus)) in cluster.engine.shapes() {
         total += 1;
         // The registry is looked up only for a selector's labels.
         if !s.selector.is_empty()
@@ -449,9 +487,14 @@ fn no_match(cluster: &Cluster, s: &Shape) -> (Kind, String) {
         max_memory = max_memory.max(mem);
         if s.memory_bytes > 0 && mem < s.memory_bytes {
             memory += 1;
+            continue;
+        }
+        max_gpus = max_gpus.max(node_gpus);
+        if node_gpus < s.gpus {
+            gpus += 1;
         }
     }
-    let matching = total - labels - cpus - align - memory;
+    let matching = total - labels - cpus - align - memory - gpus;
     let mut parts = Vec::new();
     if labels > 0 {
         let sel: Vec<String> = s.selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -476,6 +519,12 @@ fn no_match(cluster: &Cluster, s: &Shape) -> (Kind, String) {
             s.memory_bytes
         ));
     }
+    if gpus > 0 {
+        parts.push(format!(
+            "{gpus} have fewer than {} GPUs (largest {max_gpus})",
+            s.gpus
+        ));
+    }
     // The constraint that stopped the nodes that came closest: the last
     // one, in the order they are checked, that ruled a node out.
     let kind = [
@@ -483,6 +532,7 @@ fn no_match(cluster: &Cluster, s: &Shape) -> (Kind, String) {
         (cpus, Kind::NoMatchCpus),
         (align, Kind::NoMatchAlignment),
         (memory, Kind::NoMatchMemory),
+        (gpus, Kind::NoMatchGpus),
     ]
     .into_iter()
     .rfind(|(n, _)| *n > 0)

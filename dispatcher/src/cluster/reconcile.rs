@@ -69,6 +69,7 @@ impl Cluster {
                     || old.rack != rack
                     || old.hostgroup != hostgroup
                     || old.region != region
+                    || old.gpus != super::nodes::count_gpus(&reg.devices)
             }
         };
         let nr = cpu_topo.nr_leaves();
@@ -83,6 +84,8 @@ impl Cluster {
             cpu_topo,
             cpu_busy: vec![false; nr],
             memory_bytes: reg.memory_bytes,
+            gpus: super::nodes::count_gpus(&reg.devices),
+            devices: reg.devices.clone(),
             oversubscribe: reg.oversubscribe.max(1),
             load: NodeLoad::default(),
             admin: self.nodes.admin_of(&reg.node),

@@ -263,6 +263,7 @@ impl FakeAgent {
             signal: 0,
             message: message.to_string(),
             time_ms: now_ms(),
+            gpus: Vec::new(),
         }
     }
 
@@ -491,6 +492,7 @@ impl FakeAgent {
             jobs,
             version: concat!("loadgen-", env!("CARGO_PKG_VERSION")).to_string(),
             oversubscribe: self.fleet.oversubscribe,
+            devices: Vec::new(),
         }
     }
 }

@@ -1,0 +1,291 @@
+//! GPUs end to end: an agent on the captured 8-GPU, 2-socket machine
+//! (`agent/tests/fixtures/x6-2-8gpu`, synthetic devices read through
+//! `--sysfs-root`, its 88 CPUs mapped onto the real ones) reports its
+//! devices; `dispatchctl nodes` shows them; a job submitted with
+//! `dispatchctl submit --gpus 2` gets two GPUs on the NUMA node of the CPUs
+//! its agent gave it, which its command sees in `CUDA_VISIBLE_DEVICES`;
+//! with all 8 GPUs taken a GPU job waits (`gpus_busy`) although CPUs are
+//! free, and starts when a GPU job ends; more GPUs than the node has
+//! waits `no_match_gpus`. The web page's JSON API counts the GPUs per
+//! node and rack.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use e2e::{Agent, Dispatcher, dispatchctl_timeout, eventually, http_get, rendered_dom, wait_nodes};
+use proto::v1::job_service_client::JobServiceClient;
+use proto::v1::{GetJobRequest, Job, JobState, PendingReasonKind};
+use tonic::transport::Channel;
+
+/// How long anything may take before the test gives up (2 busy cores).
+const T: Duration = Duration::from_secs(60);
+
+fn fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../agent/tests/fixtures/x6-2-8gpu")
+}
+
+/// The X6-2's socket (= NUMA node) of a CPU: cores 0-21 and their
+/// siblings 44-65 are socket 0. The fixture's GPUs 0-3 are on node 0,
+/// 4-7 on node 1 (PCI bus order, which is also their CUDA numbering with
+/// CUDA_DEVICE_ORDER=PCI_BUS_ID on this all-NVIDIA machine).
+fn socket(cpu: u32) -> u32 {
+    (cpu % 44) / 22
+}
+
+fn gpu_node(gpu: u32) -> u32 {
+    gpu / 4
+}
+
+async fn ctl(url: &str, args: &[&str]) -> Result<String> {
+    let url = url.to_string();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        dispatchctl_timeout(&url, &a, T)
+    })
+    .await??;
+    if code != 0 {
+        bail!("dispatchctl exited {code}: {err}");
+    }
+    Ok(out)
+}
+
+async fn submit(url: &str, args: &[&str]) -> Result<String> {
+    let mut all = vec!["submit", "--timeout", "2m"];
+    all.extend_from_slice(args);
+    Ok(ctl(url, &all).await?.trim().to_string())
+}
+
+async fn get(c: &mut JobServiceClient<Channel>, id: &str) -> Result<Job> {
+    Ok(c.get_job(GetJobRequest { id: id.into() })
+        .await?
+        .into_inner())
+}
+
+async fn in_state(c: &JobServiceClient<Channel>, id: &str, state: JobState) -> Result<Job> {
+    eventually(T, &format!("{id} {state:?}"), || {
+        let mut c = c.clone();
+        let id = id.to_string();
+        async move {
+            let j = get(&mut c, &id).await.ok()?;
+            (j.state == state as i32).then_some(j)
+        }
+    })
+    .await
+}
+
+/// The GPU column of the node's row in `dispatchctl nodes`.
+async fn gpus_column(url: &str) -> Result<String> {
+    let out = ctl(url, &["nodes"]).await?;
+    let mut lines = out.lines();
+    let header: Vec<&str> = lines.next().context("header")?.split_whitespace().collect();
+    let at = header.iter().position(|h| *h == "GPUS").context("GPUS")?;
+    let row: Vec<&str> = lines.next().context("row")?.split_whitespace().collect();
+    Ok(row[at].to_string())
+}
+
+/// The numbers of a `CUDA_VISIBLE_DEVICES=...` line the job printed.
+async fn visible(url: &str, id: &str) -> Result<Vec<u32>> {
+    let out = ctl(url, &["logs", id]).await?;
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("CUDA_VISIBLE_DEVICES="))
+        .with_context(|| format!("{id} printed no CUDA_VISIBLE_DEVICES: {out:?}"))?;
+    line.split(',')
+        .map(|v| v.trim().parse().context("a GPU number"))
+        .collect()
+}
+
+const PRINT_AND_SLEEP: &str = "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES; sleep 60";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_jobs_get_gpus_near_their_cpus_and_wait_for_free_ones() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = Dispatcher::start(dir.path(), &["--http-listen", "127.0.0.1:0"])?;
+    let web = d.web_port(T)?;
+    let _a = Agent::start_sysfs(dir.path(), &d.url, "gpu-node", &fixture(), &[], &[])?;
+    wait_nodes(&d, 1, T).await?;
+    let c = d.jobs().await?;
+    assert_eq!(gpus_column(&d.url).await?, "8/8");
+
+    // A job holding one NUMA node's 44 CPUs (no GPUs): the GPU job's CPUs
+    // are then on the other node, and its GPUs must be too (GPUs 0-1, the
+    // closest pair of the machine, would be wrong when that is node 1).
+    let numa = submit(
+        &d.url,
+        &["--cpus", "44", "--align", "numa", "--", "sleep", "60"],
+    )
+    .await?;
+    let numa_job = in_state(&c, &numa, JobState::Running).await?;
+    let full = socket(numa_job.cpus[0]);
+    assert!(numa_job.cpus.iter().all(|&x| socket(x) == full));
+
+    let two = submit(
+        &d.url,
+        &[
+            "--gpus",
+            "2",
+            "--cpus",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            PRINT_AND_SLEEP,
+        ],
+    )
+    .await?;
+    let job = in_state(&c, &two, JobState::Running).await?;
+    let node = socket(job.cpus[0]);
+    assert_ne!(node, full, "its CPUs are on the free node: {:?}", job.cpus);
+    assert!(
+        job.cpus.iter().all(|&x| socket(x) == node),
+        "{:?}",
+        job.cpus
+    );
+    assert_eq!(job.gpus.len(), 2, "{job:?}");
+    assert!(
+        job.gpus.iter().all(|&g| gpu_node(g) == node),
+        "GPUs {:?} for CPUs {:?} on NUMA node {node}",
+        job.gpus,
+        job.cpus
+    );
+    // What the job's command saw is what the dispatcher shows.
+    let seen = eventually(T, "the job's output", || async {
+        visible(&d.url, &two).await.ok()
+    })
+    .await?;
+    assert_eq!(seen, job.gpus);
+    let detail = ctl(&d.url, &["get", &two]).await?;
+    let line = detail
+        .lines()
+        .find(|l| l.starts_with("GPUs:"))
+        .context("get shows GPUs")?;
+    assert!(line.ends_with("(2)"), "{line}");
+
+    // The other six, then one more GPU job: it waits for a GPU although
+    // 42 CPUs are idle, and says so.
+    let six = submit(&d.url, &["--gpus", "6", "--", "sleep", "60"]).await?;
+    let six_job = in_state(&c, &six, JobState::Running).await?;
+    let mut all: Vec<u32> = six_job.gpus.iter().chain(&job.gpus).copied().collect();
+    all.sort_unstable();
+    assert_eq!(all, (0..8).collect::<Vec<u32>>(), "no GPU given twice");
+    assert_eq!(gpus_column(&d.url).await?, "0/8");
+    // The web page's rack (the default zone and rack) and its node.
+    let rack = eventually(T, "the web snapshot with 0 of 8 GPUs free", || async {
+        let (status, body) = http_get(web, "/api/v1/racks/default/default").ok()?;
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        (status == 200 && v["totals"]["free_gpus"] == 0 && v["totals"]["gpus"] == 8).then_some(v)
+    })
+    .await?;
+    assert_eq!(rack["nodes"][0]["gpus"], 8, "{rack}");
+    assert_eq!(rack["nodes"][0]["gpus_free"], 0, "{rack}");
+    // The page itself (headless Chromium): the rack's cell and the node's
+    // row in its drill-down.
+    let url = format!("http://127.0.0.1:{web}/#rack=default/default");
+    let dom = tokio::task::spawn_blocking(move || rendered_dom(&url)).await??;
+    assert!(
+        dom.contains(r#"data-gpus="8" data-free-gpus="0"><b>0</b>/8 GPUs free"#),
+        "the rack's GPUs:\n{dom}"
+    );
+    assert!(
+        dom.contains(r#"<td class="num gpus" data-gpus="8" data-free-gpus="0">0/8</td>"#),
+        "the node's GPUs:\n{dom}"
+    );
+    let one = submit(
+        &d.url,
+        &[
+            "--gpus",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES",
+        ],
+    )
+    .await?;
+    let mut cc = c.clone();
+    let waiting = eventually(T, "a GPU pending reason", || {
+        let mut cc = cc.clone();
+        let one = one.clone();
+        async move {
+            let j = get(&mut cc, &one).await.ok()?;
+            j.pending_reason
+                .filter(|r| r.kind() == PendingReasonKind::GpusBusy)
+        }
+    })
+    .await?;
+    assert!(
+        waiting.message.contains("gpu-node 0 of 8 free"),
+        "{waiting:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(get(&mut cc, &one).await?.state, JobState::Pending as i32);
+
+    // More GPUs than the node has: no node matches.
+    let nine = submit(&d.url, &["--gpus", "9", "--", "true"]).await?;
+    let r = eventually(T, "no_match_gpus", || {
+        let mut cc = cc.clone();
+        let nine = nine.clone();
+        async move { get(&mut cc, &nine).await.ok()?.pending_reason }
+    })
+    .await?;
+    assert_eq!(r.kind(), PendingReasonKind::NoMatchGpus, "{r:?}");
+    assert!(
+        r.message.contains("have fewer than 9 GPUs (largest 8)"),
+        "{r:?}"
+    );
+
+    // The 2-GPU job ends: the waiting job starts on one of its GPUs.
+    ctl(&d.url, &["cancel", &two]).await?;
+    let done = in_state(&c, &one, JobState::Succeeded).await?;
+    assert_eq!(done.gpus.len(), 1, "{done:?}");
+    assert!(job.gpus.contains(&done.gpus[0]), "{done:?} after {job:?}");
+    assert_eq!(visible(&d.url, &one).await?, done.gpus);
+    for id in [&numa, &six, &nine] {
+        ctl(&d.url, &["cancel", id]).await?;
+    }
+    Ok(())
+}
+
+/// An agent killed (SIGKILL: its shims and jobs live on) and started again
+/// on the same state directory re-adopts a GPU job with the GPUs it held
+/// (its ledger): a later job gets the other GPUs, never one still in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_keeps_readopted_jobs_gpus() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let d = Dispatcher::start(dir.path(), &[])?;
+    let mut first = Agent::start_sysfs(dir.path(), &d.url, "gpu-node", &fixture(), &[], &[])?;
+    wait_nodes(&d, 1, T).await?;
+    let c = d.jobs().await?;
+    let two = submit(&d.url, &["--gpus", "2", "--", "sleep", "60"]).await?;
+    let held = in_state(&c, &two, JobState::Running).await?.gpus;
+    assert_eq!(held.len(), 2);
+
+    first.proc.kill9();
+    let _second = Agent::start_sysfs(dir.path(), &d.url, "gpu-node", &fixture(), &[], &[])?;
+    let log = _second.proc.log.clone();
+    eventually(T, "the job re-adopted", || async {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("re-adopted jobs").then_some(())
+    })
+    .await?;
+    wait_nodes(&d, 1, T).await?;
+
+    let six = submit(&d.url, &["--gpus", "6", "--", "sleep", "60"]).await?;
+    let got = in_state(&c, &six, JobState::Running).await?.gpus;
+    assert!(
+        got.iter().all(|g| !held.contains(g)),
+        "GPUs {got:?} given while the re-adopted job holds {held:?}"
+    );
+    assert_eq!(got.len(), 6);
+    assert_eq!(
+        in_state(&c, &two, JobState::Running).await?.gpus,
+        held,
+        "still reported"
+    );
+    for id in [&two, &six] {
+        ctl(&d.url, &["cancel", id]).await?;
+    }
+    Ok(())
+}
