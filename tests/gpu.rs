@@ -1,7 +1,7 @@
 //! GPUs end to end: an agent on the captured 8-GPU, 2-socket machine
 //! (`agent/tests/fixtures/x6-2-8gpu`, synthetic devices read through
 //! `--sysfs-root`, its 88 CPUs mapped onto the real ones) reports its
-//! devices; `dispatchctl nodes` shows them; a job submitted with
+//! devices; `dispatchctl nodes` and `top` show them; a job submitted with
 //! `dispatchctl submit --gpus 2` gets two GPUs on the NUMA node of the CPUs
 //! its agent gave it, which its command sees in `CUDA_VISIBLE_DEVICES`;
 //! with all 8 GPUs taken a GPU job waits (`gpus_busy`) although CPUs are
@@ -171,6 +171,12 @@ async fn gpu_jobs_get_gpus_near_their_cpus_and_wait_for_free_ones() -> Result<()
     all.sort_unstable();
     assert_eq!(all, (0..8).collect::<Vec<u32>>(), "no GPU given twice");
     assert_eq!(gpus_column(&d.url).await?, "0/8");
+    let top = ctl(&d.url, &["top", "--once"]).await?;
+    let row = top
+        .lines()
+        .find(|l| l.starts_with("gpu-node"))
+        .context("top's row")?;
+    assert!(row.contains(" 0/8 "), "top --once: {row}");
     // The web page's rack (the default zone and rack) and its node.
     let rack = eventually(T, "the web snapshot with 0 of 8 GPUs free", || async {
         let (status, body) = http_get(web, "/api/v1/racks/default/default").ok()?;

@@ -21,8 +21,9 @@
 //!   (the 8-GPU fixture's are 2,3,0,1,6,7,4,5) and no CUDA variable takes
 //!   them.
 //! * `ROCR_VISIBLE_DEVICES`: the job's AMD GPUs as positions among the
-//!   machine's AMD GPUs in PCI bus order (ROCm's enumeration of the KFD
-//!   nodes, which follows PCI order on the machines we know of).
+//!   machine's AMD GPUs in PCI bus order. ROCm numbers GPUs by the KFD
+//!   topology nodes the kernel creates as it probes them; we assume that
+//!   is PCI bus order, which no AMD machine here could confirm.
 //! * `DISPATCH_GPUS`: the node's GPU indices, whatever the vendor.
 //!
 //! Not done: device cgroup rules. A job can open every `/dev/nvidia*` it

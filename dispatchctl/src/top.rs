@@ -43,6 +43,9 @@ pub struct NodeRow {
     pub free: Option<FreeView>,
     pub running: u32,
     pub waiting: u32,
+    /// GPUs, and those no job holds.
+    pub gpus: u32,
+    pub gpus_free: u32,
 }
 
 /// Active jobs by state and latency class.
@@ -100,6 +103,8 @@ impl Snapshot {
                     free: load.and_then(|l| l.free.as_ref()).map(FreeView::from),
                     running: load.map_or(0, |l| l.running_jobs),
                     waiting: load.map_or(0, |l| l.waiting_jobs),
+                    gpus: n.gpus,
+                    gpus_free: n.gpus_free,
                 }
             })
             .collect();
@@ -195,6 +200,11 @@ fn node_cells(n: &NodeRow) -> Vec<String> {
         truncate(&dash(&n.zone), 12),
         truncate(&dash(&n.rack), 12),
         busy,
+        if n.gpus == 0 {
+            "-".to_string()
+        } else {
+            format!("{}/{}", n.gpus_free, n.gpus)
+        },
     ];
     match n.free {
         Some(f) => row.extend([f.core, f.llc, f.numa, f.package, f.any].map(|v| v.to_string())),
@@ -205,12 +215,13 @@ fn node_cells(n: &NodeRow) -> Vec<String> {
     row
 }
 
-const NODE_HEADERS: [&str; 12] = [
+const NODE_HEADERS: [&str; 13] = [
     "NODE",
     "STATE",
     "ZONE",
     "RACK",
     "BUSY",
+    "GPUS",
     "FREE:CORE",
     "LLC",
     "NUMA",
@@ -353,6 +364,7 @@ pub fn draw(frame: &mut Frame, view: &View) {
         Constraint::Length(8),
         Constraint::Length(8),
         Constraint::Length(BAR_WIDTH as u16 + 12),
+        Constraint::Length(5),
         Constraint::Length(9),
         Constraint::Length(4),
         Constraint::Length(4),

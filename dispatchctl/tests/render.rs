@@ -483,10 +483,10 @@ fn top_text_snapshot() {
 dispatchctl top   http://127.0.0.1:50051   2026-01-01 00:10:00Z
 nodes: 3 (1 ready, 1 draining, 1 down)   cpus: 11/76 busy (14%)   jobs: 1 pending, 0 assigned, 1 running
 
-NODE     STATE      ZONE   RACK   BUSY                          FREE:CORE   LLC   NUMA   PKG   ANY   RUN   WAIT
-node-1   ready      z1     r1     [||||||||            ] 3/8            2     4      5     5     5     2      1
-node-2   draining   z1     r2     [|||                 ] 8/64           2     8     24    24    56     1      0
-node-3   down       z2     -      [                    ] -/4            -     -      -     -     -     0      0
+NODE     STATE      ZONE   RACK   BUSY                          GPUS   FREE:CORE   LLC   NUMA   PKG   ANY   RUN   WAIT
+node-1   ready      z1     r1     [||||||||            ] 3/8     1/2           2     4      5     5     5     2      1
+node-2   draining   z1     r2     [|||                 ] 8/64      -           2     8     24    24    56     1      0
+node-3   down       z2     -      [                    ] -/4       -           -     -      -     -     -     0      0
 
 QUEUE      LATENCY(<0)   NORMAL(>=0)   TOTAL
 pending              0             1       1
@@ -521,6 +521,8 @@ fn top_frame_renders_nodes_and_queues() {
         "node-1",
         "draining",
         "[||||||||            ] 3/8",
+        "GPUS",
+        "1/2",
         "Queues by latency class",
         "LATENCY(<0)",
         "q quit",

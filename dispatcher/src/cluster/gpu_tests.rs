@@ -150,3 +150,118 @@ fn cancelled_gpu_waiter_and_cpu_jobs_hold_no_gpus() {
     assert!(assigns(&fx).is_empty(), "the cancelled waiter stays ended");
     assert_eq!(c.node_proto(c.node("gpu").unwrap()).gpus_free, 1);
 }
+
+mod prop {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Submit { cpus: u32, gpus: u32 },
+        Run(usize),
+        Finish(usize),
+        Cancel(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (1u32..4, 0u32..4).prop_map(|(cpus, gpus)| Op::Submit { cpus, gpus }),
+            2 => (0usize..64).prop_map(Op::Run),
+            2 => (0usize..64).prop_map(Op::Finish),
+            1 => (0usize..64).prop_map(Op::Cancel),
+        ]
+    }
+
+    /// The GPUs taken on each node, recomputed from every job's phase and
+    /// spec (not from the index placement reads).
+    fn taken(c: &Cluster) -> HashMap<String, u32> {
+        let mut out = HashMap::new();
+        for (_, e) in c.jobs.iter() {
+            if let Some(n) = e.phase().node() {
+                *out.entry(n.to_string()).or_default() +=
+                    e.job().spec.as_ref().map_or(0, |s| s.gpus);
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        /// Against the brute-force count after every step: no node ever
+        /// has more GPUs taken than it has; a job waits `gpus_busy` only
+        /// while no node with that many GPUs has them free; a job never
+        /// sits on a node with fewer GPUs than it asks for.
+        #[test]
+        fn gpus_are_never_overcommitted_and_waiters_start_when_they_can(
+            ops in proptest::collection::vec(op(), 1..60),
+        ) {
+            let mut c = Cluster::new(ClusterConfig::default());
+            node(&mut c, "a", 2);
+            node(&mut c, "b", 4);
+            node(&mut c, "none", 0);
+            let mut ids: Vec<String> = Vec::new();
+            for (t, op) in ops.into_iter().enumerate() {
+                let now = 10 + t as i64;
+                let mut fx = Effects::default();
+                match op {
+                    Op::Submit { cpus, gpus } => {
+                        let jobs = c.submit(vec![job(cpus, gpus)], false, now, &mut fx).unwrap();
+                        ids.push(jobs[0].id.clone());
+                    }
+                    Op::Run(i) | Op::Finish(i) | Op::Cancel(i) if ids.is_empty() => {
+                        let _ = i;
+                    }
+                    Op::Run(i) => {
+                        let id = &ids[i % ids.len()];
+                        if let Some(Phase::Assigned { node, .. }) = c.phase(id).cloned() {
+                            let st = JobStatus {
+                                job_id: id.clone(),
+                                attempt: 1,
+                                state: JobState::Running as i32,
+                                ..Default::default()
+                            };
+                            c.job_status(&node, st, now, &mut fx);
+                        }
+                    }
+                    Op::Finish(i) => {
+                        let id = ids[i % ids.len()].clone();
+                        if let Some(node) = c.phase(&id).and_then(|p| p.on_node()).map(str::to_string) {
+                            fx = finish_on(&mut c, &node, &id, now);
+                        }
+                    }
+                    Op::Cancel(i) => {
+                        let id = ids[i % ids.len()].clone();
+                        let _ = c.cancel(&id, now, &mut fx);
+                    }
+                }
+                c.settle(now, &mut fx);
+                prop_assert!(c.check().is_ok(), "{:?}", c.check());
+                let taken = taken(&c);
+                for n in c.nodes() {
+                    let t = taken.get(&n.name).copied().unwrap_or(0);
+                    prop_assert!(t <= n.gpus, "{}: {t} GPUs taken of {}", n.name, n.gpus);
+                }
+                for id in &ids {
+                    let Some(e) = JobKey::parse(id).and_then(|k| c.jobs.get(k)) else {
+                        continue;
+                    };
+                    let want = e.gpus();
+                    if let Some(n) = e.phase().node() {
+                        prop_assert!(c.node(n).unwrap().gpus >= want, "{id} on {n}");
+                    }
+                    if matches!(e.phase(), Phase::Unplaced { why: Unplaced::GpusBusy { .. } }) {
+                        for n in c.nodes() {
+                            let free = n.gpus - taken.get(&n.name).copied().unwrap_or(0);
+                            prop_assert!(
+                                n.gpus < want || free < want,
+                                "{id} waits for {want} GPUs but {} has {free} free",
+                                n.name
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
