@@ -13,7 +13,7 @@
 //! restart. This module owns the grouping and every decision about it:
 //!
 //! - **all or nothing**: waiting members are `Unplaced { Gang }` and are
-//!   not in the engine; [`Cluster::schedule_gangs`] starts a gang only when
+//!   not in the engine; `Cluster::schedule_gangs` starts a gang only when
 //!   one domain of its level has a node with room for a member *now*
 //!   (the engine leaf's `room` for the member's CPUs and alignment, the
 //!   same test the single-job path's engine applies) for every waiting
@@ -25,10 +25,10 @@
 //!   single job (or a later gang) may use a reserved node only if its own
 //!   timeout ends before the reservation's start: placement removes the
 //!   reserved nodes from the affinity of every other job
-//!   ([`Cluster::outside_reservation`]), and when the reserved set
+//!   (`Cluster::outside_reservation`), and when the reserved set
 //!   changes, waiting jobs that could be pulled onto it are placed again.
 //!   The test is repeated when the engine would start a job on a reserved
-//!   node ([`Cluster::breaks_reservation`]), since a job that fit in time
+//!   node (`Cluster::breaks_reservation`), since a job that fit in time
 //!   when placed may only start later. A job without a timeout never
 //!   starts on a reserved node;
 //! - **end**: the gang ends when every member has; a member that ends
