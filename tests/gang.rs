@@ -28,7 +28,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use e2e::{Agent, Dispatcher, all_jobs, dispatchctl, eventually, wait_nodes};
+use e2e::{Agent, Dispatcher, all_jobs, dispatchctl, dispatchctl_timeout, eventually, wait_nodes};
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::{
     CancelJobRequest, Job, JobSpec, JobState, PendingReasonKind, SubmitJobRequest,
@@ -390,6 +390,12 @@ async fn gangs_start_together_wait_holding_nothing_and_restart_on_member_loss() 
         out.contains("gang_resources"),
         "get {id}.0:
 {out}"
+    );
+    // `dispatchctl watch GANG_ID` follows the members until all ended.
+    let (code, out, err) = dispatchctl_timeout(&d.url, &["watch", &id], LONG)?;
+    ensure!(
+        code == 0 && (0..3).all(|i| out.contains(&format!("{id}.{i}"))),
+        "watch {id}: {code}\n{out}\n{err}"
     );
     let done = wait_gang(
         &jobs,

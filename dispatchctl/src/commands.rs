@@ -980,22 +980,27 @@ impl WatchDedup {
     }
 }
 
-/// The job ids `id` stands for: itself, or for an array's id its
-/// elements; the dispatcher's NOT_FOUND when it is neither.
+/// The job ids `id` stands for: itself, or for an array's (a gang's) id
+/// its elements (members); the dispatcher's NOT_FOUND when it is neither.
 async fn jobs_of(client: &mut Client, id: &str) -> Result<Vec<String>> {
     match client.get_job(id).await {
         Ok(job) => Ok(vec![job.id]),
         Err(Error::Rpc(s)) if s.code() == tonic::Code::NotFound => {
-            let filter = pb::ListJobsRequest {
+            let arrays = pb::ListJobsRequest {
                 array_id: id.to_string(),
                 ..Default::default()
             };
-            let elements = client.list_all_jobs(&filter, None).await?;
-            if elements.is_empty() {
-                Err(Error::Rpc(s))
-            } else {
-                Ok(elements.into_iter().map(|j| j.id).collect())
+            let gangs = pb::ListJobsRequest {
+                gang_id: id.to_string(),
+                ..Default::default()
+            };
+            for filter in [arrays, gangs] {
+                let elements = client.list_all_jobs(&filter, None).await?;
+                if !elements.is_empty() {
+                    return Ok(elements.into_iter().map(|j| j.id).collect());
+                }
             }
+            Err(Error::Rpc(s))
         }
         Err(e) => Err(e),
     }

@@ -245,10 +245,13 @@ impl JobService for Jobs {
                     Ok(ev) => {
                         let id = ev.job.as_ref().map(|j| j.id.as_str()).unwrap_or("");
                         let array = ev.job.as_ref().map(|j| j.array_id.as_str()).unwrap_or("");
+                        let gang = ev.job.as_ref().map(|j| j.gang_id.as_str()).unwrap_or("");
                         if !ids.is_empty()
-                            && !ids
-                                .iter()
-                                .any(|x| x == id || (!array.is_empty() && x == array))
+                            && !ids.iter().any(|x| {
+                                x == id
+                                    || (!array.is_empty() && x == array)
+                                    || (!gang.is_empty() && x == gang)
+                            })
                         {
                             continue;
                         }

@@ -13,7 +13,7 @@
 //! restart. This module owns the grouping and every decision about it:
 //!
 //! - **all or nothing**: waiting members are `Unplaced { Gang }` and are
-//!   not in the engine; [`Cluster::schedule_gangs`] starts a gang only when
+//!   not in the engine; `Cluster::schedule_gangs` starts a gang only when
 //!   one domain of its level has a node with room for a member *now*
 //!   (the engine leaf's `room` for the member's CPUs and alignment, the
 //!   same test the single-job path's engine applies) for every waiting
@@ -25,9 +25,12 @@
 //!   single job (or a later gang) may use a reserved node only if its own
 //!   timeout ends before the reservation's start: placement removes the
 //!   reserved nodes from the affinity of every other job
-//!   ([`Cluster::outside_reservation`]), and when the reserved set
+//!   (`Cluster::outside_reservation`), and when the reserved set
 //!   changes, waiting jobs that could be pulled onto it are placed again.
-//!   A job without a timeout never starts on a reserved node;
+//!   The test is repeated when the engine would start a job on a reserved
+//!   node (`Cluster::breaks_reservation`), since a job that fit in time
+//!   when placed may only start later. A job without a timeout never
+//!   starts on a reserved node;
 //! - **end**: the gang ends when every member has; a member that ends
 //!   other than SUCCEEDED cancels the others (`End::GangEnded`);
 //! - **member lost** (node lost, or not back after a dispatcher restart):
@@ -851,6 +854,27 @@ impl Cluster {
             });
         }
         Ok(Some(Arc::new(LeafSet::from_leaves(nr, leaves))))
+    }
+
+    /// True when job `key` starting on `leaf` now would break the
+    /// reservation: the leaf is reserved for another gang and the job
+    /// (not a gang member: the gang pass checks those) would not end by
+    /// the reservation's start. A job placed there when it would have
+    /// ended in time may start only later (it waited in the node's queue,
+    /// or an idle reserved node pulls it): this is the check at the start.
+    pub(super) fn breaks_reservation(&self, key: JobKey, leaf: LeafId, now: i64) -> bool {
+        let Some(h) = self.gangs.reservation.as_ref() else {
+            return false;
+        };
+        if key.number() == h.gang || !h.leaves.contains(leaf) || self.gang_of(key).is_some() {
+            return false;
+        }
+        let ends = self
+            .jobs
+            .get(key)
+            .and_then(|e| e.job().spec.as_ref())
+            .and_then(|s| ends_by(s, now));
+        ends.is_none_or(|e| e > h.start_ms)
     }
 
     /// The reserved nodes changed (from `old`): place again every waiting

@@ -232,6 +232,38 @@ fn reservation_blocks_a_long_single_job_but_lets_a_short_one_backfill() {
     assert!(c.gangs().reservation().is_none());
 }
 
+/// A job that would have ended in time when it was placed, but waited in
+/// a reserved node's queue until after that, is refused when it would
+/// start: n1 runs a job until 101 s, so the gang reserves n1 and n2 from
+/// then; B (50 s) backfills n2 at once; C (60 s) fits in time when placed
+/// at 5 s but can only start at 60 s when B ends, and would then run past
+/// 101 s: it is not started, and waits for the gang.
+#[test]
+fn a_backfill_job_that_would_start_too_late_is_refused_at_its_start() {
+    let mut c = cluster();
+    node(&mut c, "n1", "r1", 0);
+    node(&mut c, "n2", "r1", 0);
+    let (a, _) = submit(&mut c, single(4, 100), 1_000);
+    report(&mut c, "n1", &a[0], 1, JobState::Running, 1_000);
+    let (g, _) = submit(&mut c, gang(2, Within::Rack, 4), 2_000);
+    let (b, fx) = submit(&mut c, single(4, 50), 4_000);
+    assert_eq!(assigns(&fx), vec![("n2".to_string(), b[0].clone())]);
+    report(&mut c, "n2", &b[0], 1, JobState::Running, 4_000);
+    let (late, fx) = submit(&mut c, single(4, 60), 5_000);
+    assert!(assigns(&fx).is_empty());
+    let fx = report(&mut c, "n2", &b[0], 1, JobState::Succeeded, 60_000);
+    assert!(assigns(&fx).is_empty(), "{:?}", assigns(&fx));
+    assert_eq!(state(&c, &late[0]), JobState::Pending);
+    assert_eq!(
+        kind(&c, &late[0], 60_000),
+        PendingReasonKind::GangReservation
+    );
+    let fx = report(&mut c, "n1", &a[0], 1, JobState::Succeeded, 101_000);
+    let mut sent: Vec<String> = assigns(&fx).into_iter().map(|(_, j)| j).collect();
+    sent.sort();
+    assert_eq!(sent, g);
+}
+
 /// A job kept off the reserved nodes while the gang waited may use them
 /// again once the reservation is gone: rack r1 (n1, n2) is reserved for
 /// the gang, so a job without a timeout queues on r2's n3 only; when the

@@ -432,6 +432,22 @@ impl Cluster {
         if !running_here {
             return;
         }
+        if self.breaks_reservation(key, leaf, now) {
+            // EASY backfill at gang level, checked when it would start: it
+            // would not leave the reserved node by the gang's start.
+            if let Some(engine) = self.engine.sched_mut() {
+                let _ = engine.block(task, engine_ns(now));
+            }
+            // The engine counted the start in the node's room: the model,
+            // which never claimed, says again what is free.
+            self.sync_summary(&name, now);
+            self.place(key, now, fx);
+            self.persist(key, fx);
+            return;
+        }
+        let Some(e) = self.jobs.get(key) else {
+            return;
+        };
         let after = e.requeues.last().cloned();
         // Model the CPUs the agent will give it.
         let cpus = match (self.nodes.get_mut(&name), e.job().spec.as_ref()) {
