@@ -112,13 +112,19 @@ pub enum CpulistError {
 /// whitespace and the trailing newline of a sysfs file are ignored; an empty
 /// list is the empty set. Returns the CPUs sorted and without duplicates.
 pub fn parse_cpulist(text: &str) -> Result<Vec<u32>, CpulistError> {
+    // A bitmap filled a word at a time: a corrupt "0-1048575" costs
+    // 16,384 words, not a million steps.
     let mut bits: Vec<u64> = Vec::new();
-    let mut set = |cpu: u32| {
-        let (word, bit) = ((cpu / 64) as usize, cpu % 64);
-        if bits.len() <= word {
-            bits.resize(word + 1, 0);
+    let mut set_range = |lo: u32, hi: u32| {
+        let (first, last) = ((lo / 64) as usize, (hi / 64) as usize);
+        if bits.len() <= last {
+            bits.resize(last + 1, 0);
         }
-        bits[word] |= 1 << bit;
+        for (w, word) in bits[first..=last].iter_mut().enumerate() {
+            let from = if w == 0 { lo % 64 } else { 0 };
+            let to = if first + w == last { hi % 64 } else { 63 };
+            *word |= (u64::MAX >> (63 - to)) & (u64::MAX << from);
+        }
     };
     let list = text.trim();
     if list.is_empty() {
@@ -163,18 +169,27 @@ pub fn parse_cpulist(text: &str) -> Result<Vec<u32>, CpulistError> {
                 (used, group)
             }
         };
-        for cpu in lo..=hi {
-            if (cpu - lo) % group < used {
-                set(cpu);
+        // The first `used` of every `group` CPUs from `lo`.
+        let mut start = lo;
+        loop {
+            set_range(start, hi.min(start.saturating_add(used - 1)));
+            match start.checked_add(group) {
+                Some(next) if next <= hi => start = next,
+                _ => break,
             }
         }
     }
-    let mut cpus = Vec::new();
+    let mut cpus = Vec::with_capacity(bits.iter().map(|w| w.count_ones() as usize).sum());
     for (w, &word) in bits.iter().enumerate() {
-        for b in 0..64 {
-            if word & (1 << b) != 0 {
-                cpus.push(w as u32 * 64 + b);
-            }
+        let base = w as u32 * 64;
+        if word == u64::MAX {
+            cpus.extend(base..base + 64);
+            continue;
+        }
+        let mut rest = word;
+        while rest != 0 {
+            cpus.push(base + rest.trailing_zeros());
+            rest &= rest - 1;
         }
     }
     Ok(cpus)
@@ -583,7 +598,7 @@ impl SysfsReader {
                     .map_or_else(|| "all".to_string(), format_cpulist),
             });
         }
-        let numa = self.read_numa()?;
+        let numa = self.read_numa(&usable)?;
         let mut raw = Vec::with_capacity(usable.len());
         for &cpu in &usable {
             raw.push(self.read_cpu(cpu)?);
@@ -670,9 +685,11 @@ impl SysfsReader {
         })
     }
 
-    /// CPU -> NUMA node, from `node/nodeN/cpulist`; empty without a `node`
-    /// directory.
-    fn read_numa(&self) -> Result<HashMap<u32, u32>> {
+    /// Usable CPU -> NUMA node, from `node/nodeN/cpulist`; empty without a
+    /// `node` directory. A usable CPU listed in two nodes is an error; the
+    /// other CPUs the lists name are not looked at (a corrupt list naming
+    /// a million CPUs costs no million-entry map).
+    fn read_numa(&self, usable: &[u32]) -> Result<HashMap<u32, u32>> {
         let dir = self.node_dir();
         let mut map = HashMap::new();
         let Some(names) = self.list_dir(&dir)? else {
@@ -685,7 +702,8 @@ impl SysfsReader {
         nodes.sort_unstable();
         for node in nodes {
             let path = dir.join(format!("node{node}/cpulist"));
-            for cpu in self.read_cpulist(&path)? {
+            let listed = self.read_cpulist(&path)?;
+            for &cpu in usable.iter().filter(|c| listed.binary_search(c).is_ok()) {
                 if let Some(other) = map.insert(cpu, node) {
                     return Err(DiscoveryError::Inconsistent {
                         path,
@@ -1364,6 +1382,67 @@ mod tests {
                 prop_assert!(cpus.windows(2).all(|w| w[0] < w[1]));
             }
         }
+
+        /// Ranges and strides (word-aligned or not, across words, up to
+        /// the largest id) give the CPUs a per-CPU brute force names.
+        #[test]
+        fn cpulist_matches_brute_force(
+            items in proptest::collection::vec(
+                (0u32..700, 0u32..300, proptest::option::of((1u32..6, 1u32..9))),
+                1..6,
+            ),
+            near_top in any::<bool>(),
+        ) {
+            let shift = if near_top { MAX_CPU_ID - 1000 } else { 0 };
+            let mut text = Vec::new();
+            let mut want = std::collections::BTreeSet::new();
+            for &(lo, len, stride) in &items {
+                let (lo, hi) = (lo + shift, lo + shift + len);
+                let mut item = format!("{lo}-{hi}");
+                let (used, group) = match stride {
+                    Some((u, g)) if u <= g => {
+                        item += &format!(":{u}/{g}");
+                        (u, g)
+                    }
+                    _ => (1, 1),
+                };
+                for cpu in lo..=hi {
+                    if (cpu - lo) % group < used {
+                        want.insert(cpu);
+                    }
+                }
+                text.push(item);
+            }
+            let want: Vec<u32> = want.into_iter().collect();
+            prop_assert_eq!(parse_cpulist(&text.join(",")), Ok(want));
+        }
+    }
+
+    /// NUMA lists are read for the usable CPUs: one in two nodes is an
+    /// error naming the file, a list naming CPUs that are not usable (a
+    /// corrupt one naming a million) is not.
+    #[test]
+    fn numa_lists_are_read_for_the_usable_cpus() {
+        let mut t = SysfsTree::new();
+        let sys = "sys/devices/system";
+        t.file(format!("{sys}/cpu/online"), "0-1\n");
+        for cpu in 0..2 {
+            let topo = format!("{sys}/cpu/cpu{cpu}/topology");
+            t.file(format!("{topo}/core_id"), format!("{cpu}\n"))
+                .file(format!("{topo}/physical_package_id"), "0\n")
+                .file(format!("{topo}/core_cpus_list"), format!("{cpu}\n"));
+        }
+        t.file(format!("{sys}/node/node0/cpulist"), "0,5-1048575\n")
+            .file(format!("{sys}/node/node1/cpulist"), "1,5-9\n");
+        let m = SysfsReader::in_memory("/t", t.clone()).read(None).unwrap();
+        let nodes: Vec<Option<u32>> = m.cpus.iter().map(|c| c.numa_node).collect();
+        assert_eq!(nodes, [Some(0), Some(1)]);
+        t.file(format!("{sys}/node/node1/cpulist"), "0-1\n");
+        let err = SysfsReader::in_memory("/t", t).read(None).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/t/sys/devices/system/node/node1/cpulist: CPU 0 is also in node 0"
+        );
     }
 
     #[test]
