@@ -1398,3 +1398,28 @@ async fn a_supervisor_killed_outright_loses_its_jobs_but_leaves_no_orphan() {
     .await;
     fs::remove_dir(&root).expect("remove the test's cgroup root");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_supervisor_launcher_makes_a_cgroup_root_per_state_dir() {
+    let fx = Fixture::new();
+    if supervisor_cgroup_root("probe").is_some_and(|r| fs::remove_dir(r).is_ok()) {
+        let exec = fx.executor_with(|c| {
+            c.launcher = Launcher::Supervisor;
+            c.shutdown = ShutdownMode::KillJobs;
+        });
+        let state = fx.path().canonicalize().unwrap();
+        let root = cgroup::state_dir_root(&state).unwrap();
+        let support = exec.cgroup_support().expect("a cgroup root of its own");
+        assert_eq!(support.root, root);
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(cgroup::state_dir_root(other.path()), Some(root.clone()));
+        let mut h = exec
+            .spawn(sh("auto", "exit 0", allowed_cpus()))
+            .await
+            .unwrap();
+        assert_eq!(h.cgroup(), Some(root.join("job-auto").as_path()));
+        assert_eq!(wait_exit(&mut h).await.outcome, JobOutcome::Exited(0));
+        exec.shutdown().await.unwrap();
+        assert!(!root.exists(), "removed on shutdown once empty");
+    }
+}

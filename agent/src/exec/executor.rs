@@ -339,6 +339,9 @@ pub struct Executor {
     shut_down: AtomicBool,
     /// The connection to the supervisor, once a supervised job started.
     link: tokio::sync::Mutex<Option<Link>>,
+    /// The cgroup root made for this state directory (none configured),
+    /// removed on shutdown once empty.
+    auto_root: Option<PathBuf>,
     _lock: File,
 }
 
@@ -381,7 +384,12 @@ impl Executor {
             ),
             _ => {}
         }
-        let cgroup = match &cfg.cgroup_root {
+        // The supervisor takes only jobs with a cgroup: without a
+        // configured root it makes one for this state directory.
+        let auto_root = (cfg.cgroup_root.is_none() && cfg.launcher == Launcher::Supervisor)
+            .then(|| cgroup::state_dir_root(&cfg.state_dir))
+            .flatten();
+        let cgroup = match cfg.cgroup_root.as_ref().or(auto_root.as_ref()) {
             None => {
                 tracing::info!("no cgroup root configured: jobs get no cgroup");
                 None
@@ -396,12 +404,17 @@ impl Executor {
                     );
                     Some(support)
                 }
+                Err(reason) if auto_root.is_some() => {
+                    tracing::info!(%reason, "no cgroup for jobs: each runs under a shim");
+                    None
+                }
                 Err(reason) => {
                     tracing::warn!(%reason, "jobs get no cgroup");
                     None
                 }
             },
         };
+        let auto_root = auto_root.filter(|_| cgroup.is_some());
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         Ok(Executor {
             cfg,
@@ -414,6 +427,7 @@ impl Executor {
             exits_rx: Mutex::new(Some(exits_rx)),
             shut_down: AtomicBool::new(false),
             link: tokio::sync::Mutex::new(None),
+            auto_root,
             _lock: lock,
         })
     }
@@ -1079,6 +1093,10 @@ impl Executor {
         // Closing the connection lets the supervisor exit once its jobs
         // (none with KillJobs) have ended.
         self.link.lock().await.take();
+        if let Some(root) = &self.auto_root {
+            // Busy while jobs were left running: the next agent reuses it.
+            let _ = fs::remove_dir(root);
+        }
         Ok(())
     }
 
