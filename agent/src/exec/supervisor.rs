@@ -39,8 +39,10 @@
 //! - from the executor: `start ID` (the directory `jobs/ID` holds the
 //!   spec, written by the executor).
 //!
-//! One connection at a time (the executor holds the state directory's
-//! lock); a newer one replaces an older one. The supervisor exits when it
+//! Normally one connection (the executor holding the state directory's
+//! lock; the socket is the agent user's alone, mode 0600); lines go to
+//! every connection. A job's `start` is refused once its `record` has a
+//! `shim` line: a job runs at most once. The supervisor exits when it
 //! has neither a job nor a connection; its diagnostics go to
 //! `<state_dir>/supervisor.log`.
 
@@ -125,8 +127,8 @@ struct Sup {
     waiting: Mutex<HashMap<i32, oneshot::Sender<MainExit>>>,
     /// Jobs started and not yet recorded as ended.
     running: AtomicUsize,
-    /// The connected executor's outgoing lines.
-    conn: Mutex<Option<mpsc::UnboundedSender<String>>>,
+    /// The connections' outgoing lines (normally one: the executor's).
+    conns: Mutex<Vec<mpsc::UnboundedSender<String>>>,
     /// Poked when a job ends or the connection closes.
     idle: Notify,
     /// Bumped on SIGUSR1: jobs look for their `cancel` file.
@@ -141,14 +143,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Sup {
+    /// To every connection: each reader ignores ids it did not ask for.
     fn send(&self, line: String) {
-        if let Some(tx) = lock(&self.conn).as_ref() {
-            let _ = tx.send(line);
+        for tx in lock(&self.conns).iter() {
+            let _ = tx.send(line.clone());
         }
     }
 
     fn is_idle(&self) -> bool {
-        self.running.load(Ordering::SeqCst) == 0 && lock(&self.conn).is_none()
+        self.running.load(Ordering::SeqCst) == 0 && lock(&self.conns).is_empty()
     }
 }
 
@@ -174,12 +177,18 @@ async fn serve(state_dir: &Path, me: i32) -> Result<()> {
         _ => {}
     }
     let listener = UnixListener::bind(&sock).map_err(|e| ExecError::io("bind", &sock, e))?;
+    // Only the agent's user may ask for starts.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| ExecError::io("chmod 0600", &sock, e))?;
+    }
     let sup = Arc::new(Sup {
         jobs_dir: state_dir.join("jobs"),
         me,
         waiting: Mutex::new(HashMap::new()),
         running: AtomicUsize::new(0),
-        conn: Mutex::new(None),
+        conns: Mutex::new(Vec::new()),
         idle: Notify::new(),
         cancels: watch::Sender::new(0),
         terms: watch::Sender::new(false),
@@ -194,9 +203,9 @@ async fn serve(state_dir: &Path, me: i32) -> Result<()> {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let (tx, rx) = mpsc::unbounded_channel();
-                    // Set here, not in the task: the idle check never sees
-                    // an accepted connection as none.
-                    *lock(&sup.conn) = Some(tx.clone());
+                    // Added here, not in the task: the idle check never
+                    // misses an accepted connection.
+                    lock(&sup.conns).push(tx.clone());
                     tokio::spawn(connection(Arc::clone(&sup), stream, tx, rx));
                 }
                 Err(e) => {
@@ -341,12 +350,7 @@ async fn connection(
             }
         }
     }
-    {
-        let mut conn = lock(&sup.conn);
-        if conn.as_ref().is_some_and(|c| c.same_channel(&tx)) {
-            *conn = None;
-        }
-    }
+    lock(&sup.conns).retain(|c| !c.same_channel(&tx));
     sup.idle.notify_one();
 }
 
@@ -391,7 +395,15 @@ async fn job(sup: Arc<Sup>, id: String) {
 fn launch(sup: &Sup, id: &str) -> Result<Launched> {
     validate_id(id)?;
     let jd = JobDir::new(sup.jobs_dir.join(id));
-    let spec = jd.read_record()?.spec.ok_or_else(|| {
+    let record = jd.read_record()?;
+    if record.shim_pid.is_some() {
+        // Started once already: a job runs at most once.
+        return Err(ExecError::StartFailed {
+            id: id.to_owned(),
+            reason: "it was started before".into(),
+        });
+    }
+    let spec = record.spec.ok_or_else(|| {
         ExecError::io(
             "read",
             jd.record(),
