@@ -78,6 +78,11 @@ fn config(state_dir: &Path) -> ExecConfig {
     cfg.log_cap_bytes = 1 << 20;
     cfg.shutdown = ShutdownMode::LeaveRunning;
     cfg.adopt_poll_interval = Duration::from_millis(50);
+    // The shim, which every job without a cgroup still gets: these tests
+    // look at its process layout (the shim pinned with its job, the job's
+    // escapees as the shim's children). The supervisor, the default where
+    // jobs get cgroups, has the `supervis*` tests below.
+    cfg.launcher = Launcher::Shim;
     cfg
 }
 
@@ -1213,6 +1218,20 @@ async fn supervised_jobs_are_one_process_each_under_one_supervisor() {
         matches!(&err, ExecError::StartFailed { reason, .. } if reason.contains("exec")),
         "{err}"
     );
+    {
+        // A job runs at most once: a second start of it is refused.
+        use std::io::{BufRead, BufReader, Write};
+        let mut conn =
+            std::os::unix::net::UnixStream::connect(fx.path().join("supervisor.sock")).unwrap();
+        conn.write_all(b"start three\n").unwrap();
+        let mut lines = BufReader::new(conn).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), format!("hello {sup}"));
+        let answer = lines.next().unwrap().unwrap();
+        assert!(answer.starts_with("err three "), "{answer}");
+    }
+    let mut after = exec.spawn(sh("after", "exit 0", vec![a])).await.unwrap();
+    assert_eq!(after.shim_pid() as i32, sup);
+    assert_eq!(wait_exit(&mut after).await.outcome, JobOutcome::Exited(0));
     drop(exec);
     // No job and no executor: the supervisor exits.
     eventually("the idle supervisor exits", || {

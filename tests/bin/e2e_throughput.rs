@@ -16,10 +16,12 @@
 //! the start time the agent reported, both in ms on this machine's clock):
 //! its median and p99, against the target p99 <= 10 ms.
 //!
-//! `--launcher supervisor` starts the agents with `--launcher supervisor`
-//! and a cgroup v2 root each (under this process's cgroup, removed at the
-//! end): every job is then one process, a child of its agent's supervisor,
-//! instead of a shim and the job (`--launcher shim`, the agent's default).
+//! `--launcher supervisor` (the agent's default, and this binary's) starts
+//! the agents with a cgroup v2 root each (under this process's cgroup,
+//! removed at the end; the run fails if none can be made rather than
+//! measure shims under that name): every job is then one process, a child
+//! of its agent's supervisor. `--launcher shim` measures a shim and the
+//! job per job, the agent's way before.
 //!
 //! `--check` runs the same path with 40 jobs and verifies the result (every
 //! job submitted once, succeeded, on one of the agents, with CPUs of its
@@ -42,7 +44,7 @@ async fn main() -> Result<()> {
     let launcher = args
         .windows(2)
         .find(|w| w[0] == "--launcher")
-        .map_or("shim", |w| w[1].as_str())
+        .map_or("supervisor", |w| w[1].as_str())
         .to_owned();
     anyhow::ensure!(
         ["shim", "supervisor"].contains(&launcher.as_str()),

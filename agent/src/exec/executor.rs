@@ -54,12 +54,12 @@ pub enum ShutdownMode {
 pub enum Launcher {
     /// Every job under a shim of its own (`agent shim --job-dir DIR`): two
     /// processes per job.
-    #[default]
     Shim,
     /// Jobs with a cgroup as direct children of the agent's one
     /// supervisor process ([`supervisor`]): one process per job. A job
     /// without a cgroup (none configured, or its creation failed) still
     /// gets a shim, which alone can tell its escaped processes apart.
+    #[default]
     Supervisor,
 }
 
