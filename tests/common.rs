@@ -329,8 +329,10 @@ fn kill_shims_under(state_dir: &Path) {
         }
         let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
         let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        // A job's shim (`--job-dir` under the state dir) or the agent's
+        // supervisor of them all (`--state-dir`, agent::exec::supervisor).
         let is_ours = args.windows(2).any(|w| {
-            w[0] == b"--job-dir"
+            (w[0] == b"--job-dir" || w[0] == b"--state-dir")
                 && Path::new(std::ffi::OsStr::from_bytes(w[1])).starts_with(state_dir)
         });
         if args.get(1) == Some(&&b"shim"[..]) && is_ours {

@@ -101,6 +101,10 @@ struct RunArgs {
     /// A cgroup v2 directory to create one cgroup per job under.
     #[arg(long)]
     cgroup_root: Option<PathBuf>,
+    /// How jobs start: each under a shim of its own, or (for jobs with a
+    /// cgroup, see --cgroup-root) as children of one supervisor process.
+    #[arg(long, value_parser = ["shim", "supervisor"], default_value = "supervisor")]
+    launcher: String,
     /// On shutdown: kill jobs, or leave them running to be re-adopted.
     #[arg(long, value_parser = ["kill", "leave"], default_value = "kill")]
     on_shutdown: String,
@@ -131,8 +135,12 @@ struct RunArgs {
 #[derive(Debug, Args)]
 struct ShimArgs {
     /// The job directory holding the `record` that starts with the spec.
-    #[arg(long, value_name = "DIR")]
-    job_dir: PathBuf,
+    #[arg(long, value_name = "DIR", required_unless_present = "state_dir")]
+    job_dir: Option<PathBuf>,
+    /// Run as the supervisor of this state directory's jobs instead
+    /// (`agent::exec::supervisor`).
+    #[arg(long, value_name = "DIR", conflicts_with = "job_dir")]
+    state_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -167,7 +175,13 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cmd_run(*args),
         Command::Topology(args) => cmd_topology(&args),
-        Command::Shim(args) => return agent::exec::shim::main(&args.job_dir),
+        Command::Shim(args) => {
+            return match (&args.state_dir, &args.job_dir) {
+                (Some(state), _) => agent::exec::supervisor::main(state),
+                (None, Some(dir)) => agent::exec::shim::main(dir),
+                (None, None) => ExitCode::FAILURE,
+            };
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -262,6 +276,11 @@ fn cmd_run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("--user-map {}", path.display()))?;
     }
     exec.cgroup_root = args.cgroup_root.clone();
+    exec.launcher = if args.launcher == "supervisor" {
+        agent::exec::Launcher::Supervisor
+    } else {
+        agent::exec::Launcher::Shim
+    };
     exec.shutdown = if args.on_shutdown == "leave" {
         agent::exec::ShutdownMode::LeaveRunning
     } else {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agent::exec::{
-    ExecConfig, ExecError, Executor, JobExec, JobExit, JobHandle, JobOutcome, JobState,
+    ExecConfig, ExecError, Executor, JobExec, JobExit, JobHandle, JobOutcome, JobState, Launcher,
     RlimitResource, ShutdownMode, cgroup,
 };
 use nix::sched::{CpuSet, sched_getaffinity};
@@ -78,6 +78,11 @@ fn config(state_dir: &Path) -> ExecConfig {
     cfg.log_cap_bytes = 1 << 20;
     cfg.shutdown = ShutdownMode::LeaveRunning;
     cfg.adopt_poll_interval = Duration::from_millis(50);
+    // The shim, which every job without a cgroup still gets: these tests
+    // look at its process layout (the shim pinned with its job, the job's
+    // escapees as the shim's children). The supervisor, the default where
+    // jobs get cgroups, has the `supervis*` tests below.
+    cfg.launcher = Launcher::Shim;
     cfg
 }
 
@@ -1104,4 +1109,336 @@ async fn runs_jobs_without_a_cgroup_when_the_root_is_unusable() {
         .expect("a job never fails for lack of cgroups");
     assert!(h.cgroup().is_none());
     assert_eq!(wait_exit(&mut h).await.outcome, JobOutcome::Exited(0));
+}
+
+/// A fresh cgroup2 root for one supervisor test (the supervisor takes only
+/// jobs with a cgroup), under this process's own cgroup; `None` (said,
+/// and a failure in CI) where none can be made.
+fn supervisor_cgroup_root(test: &str) -> Option<PathBuf> {
+    let (Some(mount), Some(own)) = (cgroup::cgroup2_mount(), cgroup::own_cgroup()) else {
+        missing_cgroup_part("no cgroup2 hierarchy, so no supervised jobs");
+        return None;
+    };
+    let root = mount
+        .join(own.strip_prefix("/").unwrap_or(&own))
+        .join(format!("agent-sup-test-{test}-{}", std::process::id()));
+    if cgroup::CgroupSupport::probe(&root).is_err() {
+        missing_cgroup_part(&format!("{} is not usable", root.display()));
+        return None;
+    }
+    Some(root)
+}
+
+fn supervised(fx: &Fixture, root: &Path) -> Executor {
+    let root = root.to_owned();
+    fx.executor_with(move |c| {
+        c.launcher = Launcher::Supervisor;
+        c.cgroup_root = Some(root);
+    })
+}
+
+/// The supervisor's pid (from a job's `shim` line) and its command line.
+fn cmdline(pid: i32) -> Vec<String> {
+    fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn supervised_jobs_are_one_process_each_under_one_supervisor() {
+    let fx = Fixture::new();
+    let Some(root) = supervisor_cgroup_root("one") else {
+        return;
+    };
+    let (a, _) = two_cpus();
+    let exec = supervised(&fx, &root);
+    let mut ok = exec
+        .spawn(sh("ok", "echo out; echo err >&2; exit 0", vec![a]))
+        .await
+        .unwrap();
+    let mut three = exec.spawn(sh("three", "exit 3", vec![a])).await.unwrap();
+    let mut killed = exec
+        .spawn(sh("killed", "kill -9 $$", allowed_cpus()))
+        .await
+        .unwrap();
+    let mut gated_job = exec
+        .spawn(sh("pinned", &gated("exit 0"), vec![a]))
+        .await
+        .unwrap();
+    let sup = ok.shim_pid() as i32;
+    for h in [&three, &killed, &gated_job] {
+        assert_eq!(h.shim_pid() as i32, sup, "one supervisor for every job");
+    }
+    let args = cmdline(sup);
+    assert_eq!(args.get(1).map(String::as_str), Some("shim"));
+    assert!(args.iter().any(|a| a == "--state-dir"), "{args:?}");
+    // The job itself is the supervisor's child: no shim in between.
+    let pid = gated_job.pid() as i32;
+    let st = stat(pid).unwrap();
+    assert_eq!(st.ppid, sup, "the job's parent is the supervisor");
+    assert_eq!(
+        (st.pgrp, st.session),
+        (pid, pid),
+        "its own session and group"
+    );
+    assert_eq!(
+        proc_status(&format!("/proc/{pid}/status"), "Cpus_allowed_list"),
+        Some(a.to_string()),
+        "pinned between fork and exec"
+    );
+    let cg = gated_job.cgroup().unwrap().to_owned();
+    assert!(
+        fs::read_to_string(cg.join("cgroup.procs"))
+            .unwrap()
+            .split_whitespace()
+            .any(|p| p == pid.to_string()),
+        "in its cgroup"
+    );
+    assert_eq!(wait_exit(&mut ok).await.outcome, JobOutcome::Exited(0));
+    assert_eq!(fs::read_to_string(ok.stdout_path()).unwrap(), "out\n");
+    assert_eq!(fs::read_to_string(ok.stderr_path()).unwrap(), "err\n");
+    assert_eq!(wait_exit(&mut three).await.outcome, JobOutcome::Exited(3));
+    assert_eq!(
+        wait_exit(&mut killed).await.outcome,
+        JobOutcome::Signaled(9)
+    );
+    open_gate(pid as u32);
+    assert_eq!(
+        wait_exit(&mut gated_job).await.outcome,
+        JobOutcome::Exited(0)
+    );
+    assert!(!cg.exists(), "the job's cgroup is removed after its exit");
+    let err = exec
+        .spawn(JobExec::new("nope", "/nonexistent/cmd", vec![a]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ExecError::StartFailed { reason, .. } if reason.contains("exec")),
+        "{err}"
+    );
+    {
+        // A job runs at most once: a second start of it is refused.
+        use std::io::{BufRead, BufReader, Write};
+        let mut conn =
+            std::os::unix::net::UnixStream::connect(fx.path().join("supervisor.sock")).unwrap();
+        conn.write_all(b"start three\n").unwrap();
+        let mut lines = BufReader::new(conn).lines();
+        assert_eq!(lines.next().unwrap().unwrap(), format!("hello {sup}"));
+        let answer = lines.next().unwrap().unwrap();
+        assert!(answer.starts_with("err three "), "{answer}");
+    }
+    let mut after = exec.spawn(sh("after", "exit 0", vec![a])).await.unwrap();
+    assert_eq!(after.shim_pid() as i32, sup);
+    assert_eq!(wait_exit(&mut after).await.outcome, JobOutcome::Exited(0));
+    drop(exec);
+    // No job and no executor: the supervisor exits.
+    eventually("the idle supervisor exits", || {
+        stat(sup).is_none_or(|s| s.state == 'Z')
+    })
+    .await;
+    fs::remove_dir(&root).expect("remove the test's cgroup root");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn supervised_cancel_and_timeout_reach_escapees_through_the_cgroup() {
+    let fx = Fixture::new();
+    let Some(root) = supervisor_cgroup_root("cancel") else {
+        return;
+    };
+    let exec = supervised(&fx, &root);
+    let script = r#"trap "" TERM; (sleep 300 &); (setsid sleep 301 &); sleep 60"#;
+    let mut h = exec
+        .spawn(sh("cancel", script, allowed_cpus()))
+        .await
+        .unwrap();
+    let cg = h.cgroup().unwrap().to_owned();
+    let members = || -> Vec<i32> {
+        fs::read_to_string(cg.join("cgroup.procs"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    };
+    eventually(
+        "sh and three sleeps in the cgroup, one out of the group",
+        || {
+            let m = members();
+            m.len() == 4
+                && m.iter()
+                    .any(|&p| stat(p).is_some_and(|s| s.pgrp != h.pid() as i32))
+        },
+    )
+    .await;
+    let victims: Vec<(i32, u64)> = members()
+        .into_iter()
+        .filter_map(|p| Some((p, stat(p)?.starttime)))
+        .collect();
+    let grace = Duration::from_millis(1000);
+    let asked = Instant::now();
+    exec.cancel("cancel", grace).unwrap();
+    let exit = wait_exit(&mut h).await;
+    assert!(asked.elapsed() >= grace, "killed before the grace period");
+    assert_eq!(
+        (exit.outcome, exit.signal),
+        (JobOutcome::Cancelled, Some(9))
+    );
+    for (pid, start) in victims {
+        eventually("every process of the job gone", || gone(pid, start, true)).await;
+    }
+    let mut t = exec
+        .spawn(
+            sh("slow", "sleep 60", allowed_cpus())
+                .timeout(Duration::from_millis(300), Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(wait_exit(&mut t).await.outcome, JobOutcome::TimedOut);
+    drop(exec);
+    eventually("the job cgroups removed", || {
+        fs::read_dir(&root).is_ok_and(|d| d.flatten().all(|e| !e.path().is_dir()))
+    })
+    .await;
+    fs::remove_dir(&root).expect("remove the test's cgroup root");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn supervised_jobs_outlive_the_executor_and_are_readopted() {
+    let fx = Fixture::new();
+    let Some(root) = supervisor_cgroup_root("readopt") else {
+        return;
+    };
+    let (a, b) = two_cpus();
+    let (pid, quick_pid, sup) = {
+        let exec = supervised(&fx, &root);
+        let h = exec
+            .spawn(sh("stays", &gated("exit 5"), vec![a]))
+            .await
+            .unwrap();
+        let q = exec
+            .spawn(sh("quick", &gated("exit 7"), vec![a]))
+            .await
+            .unwrap();
+        (h.pid(), q.pid(), h.shim_pid() as i32)
+        // dropped without shutdown: an agent crash
+    };
+    // With no executor connected, one job ends: the supervisor records it.
+    open_gate(quick_pid);
+    let quick_dir = fx.path().join("jobs/quick");
+    eventually("the exit recorded by the supervisor alone", || {
+        record_line(&quick_dir, "exit").is_some()
+    })
+    .await;
+    assert!(
+        stat(sup).is_some_and(|s| s.state != 'Z'),
+        "the supervisor outlives the executor"
+    );
+
+    let exec = supervised(&fx, &root);
+    let mut exits = exec.take_exits().unwrap();
+    let report = exec.readopt().await.unwrap();
+    assert_eq!(report.reattached, vec!["stays".to_owned()]);
+    assert_eq!(report.exited, vec!["quick".to_owned()]);
+    assert_eq!(next_exit(&mut exits).await.outcome, JobOutcome::Exited(7));
+    exec.ack("quick").unwrap();
+    exec.stop("stays").unwrap();
+    eventually("stopped", || group_stopped(pid as i32)).await;
+    exec.cont("stays").unwrap();
+    exec.repin("stays", &[b]).unwrap();
+    assert_eq!(
+        proc_status(&format!("/proc/{pid}/status"), "Cpus_allowed_list"),
+        Some(b.to_string())
+    );
+    // A new job goes to the same supervisor.
+    let mut more = exec.spawn(sh("more", "exit 0", vec![a])).await.unwrap();
+    assert_eq!(more.shim_pid() as i32, sup);
+    assert_eq!(wait_exit(&mut more).await.outcome, JobOutcome::Exited(0));
+    open_gate(pid);
+    let exit = loop {
+        let e = next_exit(&mut exits).await;
+        if e.id == "stays" {
+            break e;
+        }
+    };
+    assert_eq!(exit.outcome, JobOutcome::Exited(5));
+    drop(exec);
+    eventually("the job cgroups removed", || {
+        fs::read_dir(&root).is_ok_and(|d| d.flatten().all(|e| !e.path().is_dir()))
+    })
+    .await;
+    fs::remove_dir(&root).expect("remove the test's cgroup root");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_supervisor_killed_outright_loses_its_jobs_but_leaves_no_orphan() {
+    let fx = Fixture::new();
+    let Some(root) = supervisor_cgroup_root("killed") else {
+        return;
+    };
+    let exec = supervised(&fx, &root);
+    let mut h = exec
+        .spawn(sh(
+            "orphan",
+            "sleep 60 & setsid sleep 60 & sleep 60",
+            allowed_cpus(),
+        ))
+        .await
+        .unwrap();
+    let cg = h.cgroup().unwrap().to_owned();
+    let sup = h.shim_pid() as i32;
+    eventually("four processes in the cgroup", || {
+        fs::read_to_string(cg.join("cgroup.procs")).is_ok_and(|s| s.split_whitespace().count() == 4)
+    })
+    .await;
+    let victims: Vec<(i32, u64)> = fs::read_to_string(cg.join("cgroup.procs"))
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .filter_map(|p| Some((p, stat(p)?.starttime)))
+        .collect();
+    kill(Pid::from_raw(sup), Signal::SIGKILL).unwrap();
+    let exit = wait_exit(&mut h).await;
+    assert!(matches!(exit.outcome, JobOutcome::Lost(_)), "{exit:?}");
+    for (pid, start) in victims {
+        eventually("the job's processes killed", || gone(pid, start, true)).await;
+    }
+    // The next job starts a new supervisor.
+    let mut next = exec
+        .spawn(sh("next", "exit 0", allowed_cpus()))
+        .await
+        .unwrap();
+    assert_ne!(next.shim_pid() as i32, sup);
+    assert_eq!(wait_exit(&mut next).await.outcome, JobOutcome::Exited(0));
+    drop(exec);
+    eventually("the job cgroups removed", || {
+        fs::read_dir(&root).is_ok_and(|d| d.flatten().all(|e| !e.path().is_dir()))
+    })
+    .await;
+    fs::remove_dir(&root).expect("remove the test's cgroup root");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_supervisor_launcher_makes_a_cgroup_root_per_state_dir() {
+    let fx = Fixture::new();
+    if supervisor_cgroup_root("probe").is_some_and(|r| fs::remove_dir(r).is_ok()) {
+        let exec = fx.executor_with(|c| {
+            c.launcher = Launcher::Supervisor;
+            c.shutdown = ShutdownMode::KillJobs;
+        });
+        let state = fx.path().canonicalize().unwrap();
+        let root = cgroup::state_dir_root(&state).unwrap();
+        let support = exec.cgroup_support().expect("a cgroup root of its own");
+        assert_eq!(support.root, root);
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(cgroup::state_dir_root(other.path()), Some(root.clone()));
+        let mut h = exec
+            .spawn(sh("auto", "exit 0", allowed_cpus()))
+            .await
+            .unwrap();
+        assert_eq!(h.cgroup(), Some(root.join("job-auto").as_path()));
+        assert_eq!(wait_exit(&mut h).await.outcome, JobOutcome::Exited(0));
+        exec.shutdown().await.unwrap();
+        assert!(!root.exists(), "removed on shutdown once empty");
+    }
 }

@@ -175,6 +175,8 @@ async fn start(
     );
     let mut exec = ExecConfig::new(dir.join("state"));
     exec.shim_exe = slow_shim(dir, hold);
+    // Shims, one per job, each held: the supervisor would be held once.
+    exec.launcher = agent::exec::Launcher::Shim;
     exec.run_as = nix::unistd::geteuid().is_root().then_some((65534, 65534));
     exec.shim_start_timeout = PATIENCE;
     exec.shutdown = ShutdownMode::KillJobs;

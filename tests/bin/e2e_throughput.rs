@@ -16,6 +16,13 @@
 //! the start time the agent reported, both in ms on this machine's clock):
 //! its median and p99, against the target p99 <= 10 ms.
 //!
+//! `--launcher supervisor` (the agent's default, and this binary's) starts
+//! the agents with a cgroup v2 root each (under this process's cgroup,
+//! removed at the end; the run fails if none can be made rather than
+//! measure shims under that name): every job is then one process, a child
+//! of its agent's supervisor. `--launcher shim` measures a shim and the
+//! job per job, the agent's way before.
+//!
 //! `--check` runs the same path with 40 jobs and verifies the result (every
 //! job submitted once, succeeded, on one of the agents, with CPUs of its
 //! node); `tests/smoke.rs` runs it.
@@ -33,19 +40,37 @@ async fn main() -> Result<()> {
         .skip(1)
         .find_map(|s| s.parse().ok())
         .unwrap_or(if check { 40 } else { 2000 });
+    let args: Vec<String> = std::env::args().collect();
+    let launcher = args
+        .windows(2)
+        .find(|w| w[0] == "--launcher")
+        .map_or("supervisor", |w| w[1].as_str())
+        .to_owned();
+    anyhow::ensure!(
+        ["shim", "supervisor"].contains(&launcher.as_str()),
+        "--launcher shim|supervisor, not {launcher:?}"
+    );
     let raw = raw_spawn_wait_rate(n.min(2000))?;
     let dir = tempfile::tempdir()?;
     let d = Dispatcher::start(dir.path(), &[])?;
     let mut agents = Vec::new();
+    let mut cgroup_roots = Vec::new();
     for i in 0..4 {
         let rack = format!("dispatch.io/rack=r{}", i / 2);
+        let mut extra = vec!["--launcher".to_owned(), launcher.clone()];
+        if launcher == "supervisor" {
+            let root = cgroup_root(&format!("n{i}"))?;
+            extra.extend(["--cgroup-root".to_owned(), root.display().to_string()]);
+            cgroup_roots.push(root);
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         agents.push(Agent::start(
             dir.path(),
             &d.url,
             &format!("n{i}"),
             "1s:4c:2t",
             &[rack.as_str()],
-            &[],
+            &extra,
         )?);
     }
     wait_nodes(&d, 4, Duration::from_secs(30)).await?;
@@ -76,7 +101,7 @@ async fn main() -> Result<()> {
         .filter(|j| j.state == JobState::Succeeded as i32)
         .count();
     println!(
-        "jobs {n}, succeeded {ok}, 4 agents x 8 synthetic CPUs on {} real CPUs",
+        "jobs {n}, succeeded {ok}, 4 agents x 8 synthetic CPUs on {} real CPUs, launcher {launcher}",
         num_cpus()
     );
     println!(
@@ -102,6 +127,10 @@ async fn main() -> Result<()> {
         percentile(&latencies, 0.99),
     );
     drop(agents);
+    for root in &cgroup_roots {
+        // The agents removed their jobs' cgroups; the root goes once empty.
+        let _ = std::fs::remove_dir(root);
+    }
     if check {
         verify(&all, n)?;
         anyhow::ensure!(
@@ -218,6 +247,21 @@ fn raw_spawn_wait_rate(n: usize) -> Result<f64> {
         anyhow::ensure!(status.success(), "`true` failed: {status}");
     }
     Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// A cgroup v2 directory for one agent's jobs, under this process's own
+/// cgroup, usable (created, `cgroup.procs` writable) or an error saying why.
+fn cgroup_root(node: &str) -> Result<std::path::PathBuf> {
+    use agent::exec::cgroup;
+    let (Some(mount), Some(own)) = (cgroup::cgroup2_mount(), cgroup::own_cgroup()) else {
+        anyhow::bail!("--launcher supervisor needs a cgroup2 hierarchy (none mounted)");
+    };
+    let root = mount
+        .join(own.strip_prefix("/").unwrap_or(&own))
+        .join(format!("dispatch-e2e-{}-{node}", std::process::id()));
+    cgroup::CgroupSupport::probe(&root)
+        .map_err(|reason| anyhow::anyhow!("--launcher supervisor: {reason}"))?;
+    Ok(root)
 }
 
 fn num_cpus() -> usize {

@@ -186,7 +186,10 @@ async fn one_run(o: &Opts, w: &Workload, steal: bool) -> Result<Run> {
         &["--heartbeat-ms", "1000", "--missed-heartbeats", "10"],
     )?;
     let over = o.oversubscribe.to_string();
-    let mut extra = vec!["--oversubscribe", over.as_str()];
+    // Shims, not the supervisor: the jobs' CPU time is read from the
+    // agent's reaped children (each job's shim, which reaped the job),
+    // and a supervisor is reaped only when it exits.
+    let mut extra = vec!["--oversubscribe", over.as_str(), "--launcher", "shim"];
     if !steal {
         extra.push("--no-steal");
     }

@@ -270,6 +270,29 @@ pub fn cgroup2_mount() -> Option<PathBuf> {
     })
 }
 
+/// The cgroup root for jobs when none is configured and the supervisor
+/// launcher wants one (`super::Launcher::Supervisor`):
+/// `<cgroup2 mount>/<this process's cgroup>/dispatch-<hash>`, the hash
+/// (FNV-1a) of the state directory's path, so that it is the same across
+/// restarts of one agent and distinct for agents side by side. `None`
+/// without a cgroup2 hierarchy.
+pub fn state_dir_root(state_dir: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let (mount, own) = (cgroup2_mount()?, own_cgroup()?);
+    let hash = state_dir
+        .as_os_str()
+        .as_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    Some(
+        mount
+            .join(own.strip_prefix("/").unwrap_or(&own))
+            .join(format!("dispatch-{hash:016x}")),
+    )
+}
+
 /// This process's cgroup v2 path relative to the cgroup2 mount (the `0::`
 /// line of `/proc/self/cgroup`).
 pub fn own_cgroup() -> Option<PathBuf> {

@@ -21,8 +21,9 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::{Pid, geteuid};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::sync::{mpsc, watch};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::cgroup::{self, CgroupSupport};
@@ -34,6 +35,7 @@ use super::spec::{
     CancelRequest, JobExec, JobExit, JobOutcome, RunAs, SPEC_VERSION, ShimSpec, validate_cpus,
     validate_id,
 };
+use super::supervisor;
 
 /// What [`Executor::shutdown`] does with running jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -45,6 +47,20 @@ pub enum ShutdownMode {
     /// Leave jobs running under their shims; a later executor on the same
     /// state directory re-adopts them with [`Executor::readopt`].
     LeaveRunning,
+}
+
+/// How jobs are started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Launcher {
+    /// Every job under a shim of its own (`agent shim --job-dir DIR`): two
+    /// processes per job.
+    Shim,
+    /// Jobs with a cgroup as direct children of the agent's one
+    /// supervisor process ([`supervisor`]): one process per job. A job
+    /// without a cgroup (none configured, or its creation failed) still
+    /// gets a shim, which alone can tell its escaped processes apart.
+    #[default]
+    Supervisor,
 }
 
 /// Configuration of an [`Executor`].
@@ -78,6 +94,8 @@ pub struct ExecConfig {
     /// How often the shim of a re-adopted job (not a child of this
     /// process) is checked.
     pub adopt_poll_interval: Duration,
+    /// Shims, or the supervisor where jobs have cgroups.
+    pub launcher: Launcher,
 }
 
 impl ExecConfig {
@@ -98,6 +116,7 @@ impl ExecConfig {
             shim_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/proc/self/exe")),
             shim_start_timeout: Duration::from_secs(30),
             adopt_poll_interval: Duration::from_millis(100),
+            launcher: Launcher::default(),
         }
     }
 }
@@ -222,6 +241,10 @@ struct Job {
     stopped: bool,
     exit_tx: watch::Sender<Option<JobExit>>,
     monitor: Option<JoinHandle<()>>,
+    /// Run by the supervisor (`shim_pid` is the supervisor's, shared with
+    /// other jobs): its processes are those of its process group and its
+    /// cgroup, never the children of `shim_pid`.
+    supervised: bool,
 }
 
 impl Job {
@@ -244,7 +267,7 @@ impl Job {
         }
         Ok(JobProcs {
             pgid,
-            shim: Some(shim),
+            shim: (!self.supervised).then_some(shim),
             cgroup: self.cgroup.as_deref(),
         })
     }
@@ -282,8 +305,13 @@ impl Shared {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Deliver a job's exit, once (a supervised job's exit may be seen
+    /// both by the supervisor's message and by a re-adopted job's poll).
     fn finish(&self, id: &str, exit: JobExit) {
         if let Some(job) = self.jobs().get_mut(id) {
+            if job.exit().is_some() {
+                return;
+            }
             job.stopped = false;
             job.exit_tx.send_replace(Some(exit.clone()));
         }
@@ -309,6 +337,11 @@ pub struct Executor {
     shared: Arc<Shared>,
     exits_rx: Mutex<Option<mpsc::UnboundedReceiver<JobExit>>>,
     shut_down: AtomicBool,
+    /// The connection to the supervisor, once a supervised job started.
+    link: tokio::sync::Mutex<Option<Link>>,
+    /// The cgroup root made for this state directory (none configured),
+    /// removed on shutdown once empty.
+    auto_root: Option<PathBuf>,
     _lock: File,
 }
 
@@ -351,7 +384,12 @@ impl Executor {
             ),
             _ => {}
         }
-        let cgroup = match &cfg.cgroup_root {
+        // The supervisor takes only jobs with a cgroup: without a
+        // configured root it makes one for this state directory.
+        let auto_root = (cfg.cgroup_root.is_none() && cfg.launcher == Launcher::Supervisor)
+            .then(|| cgroup::state_dir_root(&cfg.state_dir))
+            .flatten();
+        let cgroup = match cfg.cgroup_root.as_ref().or(auto_root.as_ref()) {
             None => {
                 tracing::info!("no cgroup root configured: jobs get no cgroup");
                 None
@@ -366,12 +404,17 @@ impl Executor {
                     );
                     Some(support)
                 }
+                Err(reason) if auto_root.is_some() => {
+                    tracing::info!(%reason, "no cgroup for jobs: each runs under a shim");
+                    None
+                }
                 Err(reason) => {
                     tracing::warn!(%reason, "jobs get no cgroup");
                     None
                 }
             },
         };
+        let auto_root = auto_root.filter(|_| cgroup.is_some());
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         Ok(Executor {
             cfg,
@@ -383,6 +426,8 @@ impl Executor {
             }),
             exits_rx: Mutex::new(Some(exits_rx)),
             shut_down: AtomicBool::new(false),
+            link: tokio::sync::Mutex::new(None),
+            auto_root,
             _lock: lock,
         })
     }
@@ -469,7 +514,12 @@ impl Executor {
                 None
             }
         };
-        let result = self.start_shim(job, run_as, dir, cgroup.clone()).await;
+        let result = if self.cfg.launcher == Launcher::Supervisor && cgroup.is_some() {
+            self.start_supervised(job, run_as, dir, cgroup.clone())
+                .await
+        } else {
+            self.start_shim(job, run_as, dir, cgroup.clone()).await
+        };
         if result.is_err()
             && let Some(cg) = &cgroup
             && let Err(e) = cgroup::remove(cg).await
@@ -494,6 +544,7 @@ impl Executor {
             log_cap_bytes: self.cfg.log_cap_bytes,
             cgroup: cgroup.clone(),
             lease: Some(self.lease().path().to_path_buf()),
+            supervised: false,
         };
         dir.create_record(&spec)?;
         let log_path = dir.shim_log();
@@ -579,6 +630,7 @@ impl Executor {
                 stopped: false,
                 exit_tx,
                 monitor: None,
+                supervised: false,
             },
         );
         self.start_monitor(&id, ShimWatch::Child(child));
@@ -590,6 +642,152 @@ impl Executor {
             cgroup,
             exit: exit_rx,
         })
+    }
+
+    /// Start a job through the supervisor: the spec into its `record`,
+    /// `start ID` to the supervisor, and its answer. The job is tracked
+    /// from the moment the answer is read (by the link's reader, before
+    /// the job's `exit` can be read).
+    async fn start_supervised(
+        &self,
+        job: &JobExec,
+        run_as: Option<RunAs>,
+        dir: &JobDir,
+        cgroup: Option<PathBuf>,
+    ) -> Result<JobHandle> {
+        let id = job.id.clone();
+        let spec = ShimSpec {
+            version: SPEC_VERSION,
+            job: job.clone(),
+            run_as,
+            log_cap_bytes: self.cfg.log_cap_bytes,
+            cgroup: cgroup.clone(),
+            lease: Some(self.lease().path().to_path_buf()),
+            supervised: true,
+        };
+        dir.create_record(&spec)?;
+        let (sup_pid, tx, pending) = self.link().await?;
+        let (reply_tx, reply_rx) = oneshot::channel();
+        lock(&pending).insert(
+            id.clone(),
+            PendingStart {
+                dir: dir.clone(),
+                cpus: job.cpus.clone(),
+                cgroup: cgroup.clone(),
+                reply: reply_tx,
+            },
+        );
+        let gone = |id: String| ExecError::StartFailed {
+            id,
+            reason: "the supervisor went away before answering".into(),
+        };
+        if tx
+            .send(format!(
+                "start {id}
+"
+            ))
+            .is_err()
+        {
+            lock(&pending).remove(&id);
+            return Err(gone(id));
+        }
+        match tokio::time::timeout(self.cfg.shim_start_timeout, reply_rx).await {
+            Ok(Ok(Ok((pid, exit)))) => Ok(JobHandle {
+                id,
+                pid: u32::try_from(pid).unwrap_or(0),
+                shim_pid: u32::try_from(sup_pid).unwrap_or(0),
+                dir: dir.path().to_owned(),
+                cgroup,
+                exit,
+            }),
+            Ok(Ok(Err(reason))) => Err(ExecError::StartFailed { id, reason }),
+            Ok(Err(_)) => Err(gone(id)),
+            Err(_elapsed) => {
+                lock(&pending).remove(&id);
+                Err(ExecError::ShimTimeout {
+                    id,
+                    secs: self.cfg.shim_start_timeout.as_secs_f64(),
+                })
+            }
+        }
+    }
+
+    /// The live connection to the supervisor: the current one, else a
+    /// new one to a supervisor that still runs (started by an earlier
+    /// executor on this state directory), else to one started now.
+    async fn link(&self) -> Result<(i32, mpsc::UnboundedSender<String>, Pending)> {
+        let mut guard = self.link.lock().await;
+        if let Some(link) = guard.as_ref()
+            && link.alive.load(Ordering::SeqCst)
+        {
+            return Ok((link.pid, link.tx.clone(), Arc::clone(&link.pending)));
+        }
+        *guard = None;
+        let sock = self.cfg.state_dir.join(supervisor::SOCKET);
+        let (pid, stream) = match connect(&sock).await {
+            Ok(found) => found,
+            Err(_) => {
+                self.start_supervisor().await?;
+                connect(&sock).await?
+            }
+        };
+        let link = Link::new(Arc::clone(&self.shared), pid, stream);
+        let parts = (link.pid, link.tx.clone(), Arc::clone(&link.pending));
+        *guard = Some(link);
+        Ok(parts)
+    }
+
+    /// Start `agent shim --state-dir DIR` in its own session and wait until
+    /// its socket is bound.
+    async fn start_supervisor(&self) -> Result<()> {
+        let mut cmd = tokio::process::Command::new(&self.cfg.shim_exe);
+        cmd.arg("shim")
+            .arg("--state-dir")
+            .arg(&self.cfg.state_dir)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(false);
+        // Safety: as for the shim, only setsid(2) between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(io::Error::from));
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| ExecError::io("start the supervisor", &self.cfg.shim_exe, e))?;
+        let stdout = child.stdout.take();
+        let mut line = String::new();
+        let answer = match stdout {
+            Some(out) => {
+                tokio::time::timeout(
+                    self.cfg.shim_start_timeout,
+                    BufReader::new(out).read_line(&mut line),
+                )
+                .await
+            }
+            None => Ok(Ok(0)),
+        };
+        // Reap it whenever it exits (it outlives this executor otherwise).
+        let ready = matches!(answer, Ok(Ok(_))) && line.trim() == "ready";
+        if !ready {
+            let _ = child.start_kill();
+        }
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        if ready {
+            Ok(())
+        } else {
+            Err(ExecError::io(
+                "start the supervisor on",
+                &self.cfg.state_dir,
+                io::Error::other(format!(
+                    "no 'ready' from it (got {:?}; see supervisor.log)",
+                    line.trim()
+                )),
+            ))
+        }
     }
 
     fn start_monitor(&self, id: &str, shim: ShimWatch) {
@@ -829,6 +1027,7 @@ impl Executor {
                     stopped,
                     exit_tx,
                     monitor: None,
+                    supervised: spec.supervised,
                 },
             );
             self.start_monitor(
@@ -879,8 +1078,10 @@ impl Executor {
                     if procs.pgid > 0 {
                         procs.kill_all();
                     }
+                    let supervised = self.shared.jobs().get(h.id()).is_some_and(|j| j.supervised);
                     if let Ok(shim) = i32::try_from(h.shim_pid())
                         && shim > 0
+                        && !supervised
                         && procfs::is_shim_for(shim, h.dir())
                     {
                         let _ = kill(Pid::from_raw(shim), Signal::SIGKILL);
@@ -889,6 +1090,13 @@ impl Executor {
             }
         }
         self.abort_monitors();
+        // Closing the connection lets the supervisor exit once its jobs
+        // (none with KillJobs) have ended.
+        self.link.lock().await.take();
+        if let Some(root) = &self.auto_root {
+            // Busy while jobs were left running: the next agent reuses it.
+            let _ = fs::remove_dir(root);
+        }
         Ok(())
     }
 
@@ -936,6 +1144,18 @@ async fn monitor(
             tokio::time::sleep(every).await;
         }
     }
+    finish_job(shared, id, dir, pid, cgroup).await;
+}
+
+/// The job's processes are gone (or its supervisor is): collect its exit,
+/// remove its cgroup, deliver the exit.
+async fn finish_job(
+    shared: Arc<Shared>,
+    id: String,
+    dir: JobDir,
+    pid: Option<i32>,
+    cgroup: Option<PathBuf>,
+) {
     let exit = collect_exit(&id, &dir, pid, cgroup.as_deref());
     if let Some(cg) = &cgroup
         && let Err(e) = cgroup::remove(cg).await
@@ -943,6 +1163,193 @@ async fn monitor(
         tracing::warn!(job = %id, error = %e, "could not remove the job's cgroup");
     }
     shared.finish(&id, exit);
+}
+
+/// Finish a tracked, running job on its own task.
+fn spawn_finish(shared: &Arc<Shared>, id: &str) {
+    let info = shared
+        .jobs()
+        .get(id)
+        .filter(|j| j.exit().is_none())
+        .map(|j| (j.dir.clone(), j.pid, j.cgroup.clone()));
+    if let Some((dir, pid, cgroup)) = info {
+        tokio::spawn(finish_job(
+            Arc::clone(shared),
+            id.to_owned(),
+            dir,
+            pid,
+            cgroup,
+        ));
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A start waiting for the supervisor's answer: what the job's tracking
+/// needs, and where the answer goes (the job's pid and exit watch).
+#[derive(Debug)]
+struct PendingStart {
+    dir: JobDir,
+    cpus: Vec<u32>,
+    cgroup: Option<PathBuf>,
+    reply: oneshot::Sender<StartAnswer>,
+}
+
+/// The supervisor's answer to a start: the job's pid and its exit watch,
+/// or why it did not start.
+type StartAnswer = std::result::Result<(i32, watch::Receiver<Option<JobExit>>), String>;
+
+/// The two halves of a connection to the supervisor.
+type Halves = (
+    BufReader<tokio::net::unix::OwnedReadHalf>,
+    tokio::net::unix::OwnedWriteHalf,
+);
+
+type Pending = Arc<Mutex<HashMap<String, PendingStart>>>;
+
+/// The executor's connection to the supervisor.
+#[derive(Debug)]
+struct Link {
+    pid: i32,
+    /// Lines to the supervisor (a writer task sends them, several at once).
+    tx: mpsc::UnboundedSender<String>,
+    pending: Pending,
+    /// False once the supervisor's side closed.
+    alive: Arc<AtomicBool>,
+    reader: JoinHandle<()>,
+}
+
+impl Link {
+    fn new(shared: Arc<Shared>, pid: i32, stream: Halves) -> Link {
+        let (rd, mut wr) = stream;
+        let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+        tokio::spawn(async move {
+            while let Some(line) = rx.recv().await {
+                let mut buf = line.into_bytes();
+                while let Ok(more) = rx.try_recv() {
+                    buf.extend_from_slice(more.as_bytes());
+                }
+                if wr.write_all(&buf).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let pending: Pending = Arc::default();
+        let alive = Arc::new(AtomicBool::new(true));
+        let reader = tokio::spawn(read_link(
+            shared,
+            rd,
+            pid,
+            Arc::clone(&pending),
+            Arc::clone(&alive),
+        ));
+        Link {
+            pid,
+            tx,
+            pending,
+            alive,
+            reader,
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Connect to the supervisor's socket and read its `hello PID`.
+async fn connect(sock: &Path) -> Result<(i32, Halves)> {
+    let stream = UnixStream::connect(sock)
+        .await
+        .map_err(|e| ExecError::io("connect to the supervisor at", sock, e))?;
+    let (rd, wr) = stream.into_split();
+    let mut rd = BufReader::new(rd);
+    let mut line = String::new();
+    let hello = tokio::time::timeout(Duration::from_secs(10), rd.read_line(&mut line)).await;
+    let pid = match hello {
+        Ok(Ok(_)) => line
+            .strip_prefix("hello ")
+            .and_then(|p| p.trim().parse::<i32>().ok()),
+        _ => None,
+    };
+    match pid {
+        Some(pid) => Ok((pid, (rd, wr))),
+        None => Err(ExecError::io(
+            "greet the supervisor at",
+            sock,
+            io::Error::other(format!("no hello (got {:?})", line.trim())),
+        )),
+    }
+}
+
+/// Read the supervisor's lines: answers to starts (the job is tracked
+/// from here), exits; when it closes, every job it ran is finished from
+/// its `record` (exit there, or lost).
+async fn read_link(
+    shared: Arc<Shared>,
+    rd: BufReader<tokio::net::unix::OwnedReadHalf>,
+    sup_pid: i32,
+    pending: Pending,
+    alive: Arc<AtomicBool>,
+) {
+    let mut lines = rd.lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let mut parts = line.splitn(3, ' ');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some("ok"), Some(id), Some(pid)) => {
+                let Some(p) = lock(&pending).remove(id) else {
+                    tracing::warn!(job = id, "the supervisor started a job nobody waits for");
+                    continue;
+                };
+                let Ok(pid) = pid.trim().parse::<i32>() else {
+                    let _ = p
+                        .reply
+                        .send(Err(format!("bad pid {pid:?} from the supervisor")));
+                    continue;
+                };
+                let (exit_tx, exit_rx) = watch::channel(None);
+                shared.jobs().insert(
+                    id.to_owned(),
+                    Job {
+                        dir: p.dir,
+                        pid: Some(pid),
+                        shim_pid: Some(sup_pid),
+                        cpus: p.cpus,
+                        cgroup: p.cgroup,
+                        stopped: false,
+                        exit_tx,
+                        monitor: None,
+                        supervised: true,
+                    },
+                );
+                let _ = p.reply.send(Ok((pid, exit_rx)));
+            }
+            (Some("err"), Some(id), reason) => {
+                if let Some(p) = lock(&pending).remove(id) {
+                    let _ = p.reply.send(Err(reason.unwrap_or("").to_owned()));
+                }
+            }
+            (Some("exit"), Some(id), None) => spawn_finish(&shared, id),
+            _ => tracing::warn!(line = %line, "unexpected line from the supervisor"),
+        }
+    }
+    alive.store(false, Ordering::SeqCst);
+    for (_, p) in lock(&pending).drain() {
+        let _ = p.reply.send(Err("the supervisor exited".into()));
+    }
+    let orphans: Vec<String> = shared
+        .jobs()
+        .iter()
+        .filter(|(_, j)| j.supervised && j.shim_pid == Some(sup_pid) && j.exit().is_none())
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in orphans {
+        spawn_finish(&shared, &id);
+    }
 }
 
 /// The exit in the job's `record`; or, if the shim vanished without one,

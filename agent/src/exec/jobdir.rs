@@ -258,6 +258,7 @@ mod tests {
             log_cap_bytes: 10,
             cgroup: None,
             lease: None,
+            supervised: false,
         };
         jd.create_record(&spec).unwrap();
         assert!(jd.create_record(&spec).is_err(), "created once");

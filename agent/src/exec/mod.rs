@@ -1,8 +1,11 @@
 //! The process executor: runs the jobs the local scheduler places, for
 //! real, pinned on the CPUs it chose.
 //!
-//! Every job runs under its own **shim** (`agent shim --job-dir DIR`, see
-//! [`shim`]), containerd-style: the shim is the job's parent, a child
+//! A job runs under its own **shim** (`agent shim --job-dir DIR`, see
+//! [`shim`]), or, with [`Launcher::Supervisor`] and a cgroup for the job,
+//! as a direct child of the agent's one [`supervisor`] process (one
+//! process per job instead of two, same guarantees). The shim is
+//! containerd-style: the shim is the job's parent, a child
 //! subreaper in its own session; it owns the job's pipes, limits, timeout
 //! and exit status, and writes everything a restarted agent needs into the
 //! job directory. The agent side, [`Executor`], is a thin tokio-friendly
@@ -21,6 +24,9 @@
 //! - `executor.rs`: the [`Executor`] API, job tracking, exit delivery,
 //!   re-adoption, shutdown.
 //! - [`shim`]: the per-job supervisor process.
+//! - [`supervisor`]: the per-agent supervisor process, which runs every
+//!   job that has a cgroup as one process (no shim of its own), chosen by
+//!   [`Launcher`].
 //! - `spec.rs`: [`JobExec`], [`JobExit`], [`JobOutcome`], [`Rlimit`], the
 //!   on-disk `spec` / `cancel` forms, validation.
 //! - `jobdir.rs`: the job directory's layout (one
@@ -45,12 +51,13 @@ mod logcap;
 pub mod procfs;
 pub mod shim;
 mod spec;
+pub mod supervisor;
 pub mod usermap;
 
 pub use cgroup::CgroupSupport;
 pub use error::{ExecError, Result};
 pub use executor::{
-    ExecConfig, Executor, JobHandle, JobState, JobStatus, ReadoptReport, ShutdownMode,
+    ExecConfig, Executor, JobHandle, JobState, JobStatus, Launcher, ReadoptReport, ShutdownMode,
 };
 pub use spec::{
     DEFAULT_KILL_GRACE, DEFAULT_PATH, JobExec, JobExit, JobOutcome, RLIM_INFINITY, Rlimit,

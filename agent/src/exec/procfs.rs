@@ -169,16 +169,25 @@ pub fn threads(pid: i32) -> Vec<i32> {
 }
 
 /// Whether `pid` is a live shim for `job_dir`: its command line is
-/// `<exe> shim --job-dir <job_dir>`. Zombies have an empty command line,
-/// so an exited but unreaped shim is not alive.
+/// `<exe> shim --job-dir <job_dir>`, or the supervisor of the state
+/// directory holding it, `<exe> shim --state-dir <state_dir>` with
+/// `job_dir` = `<state_dir>/jobs/<id>`. Zombies have an empty command
+/// line, so an exited but unreaped shim is not alive.
 pub fn is_shim_for(pid: i32, job_dir: &Path) -> bool {
     let Ok(raw) = fs::read(format!("/proc/{pid}/cmdline")) else {
         return false;
     };
     let args: Vec<&[u8]> = raw.split(|&b| b == 0).collect();
     let dir = job_dir.as_os_str().as_bytes();
-    args.windows(3)
-        .any(|w| w[0] == b"shim" && w[1] == b"--job-dir" && w[2] == dir)
+    let jobs = job_dir.parent().filter(|p| p.ends_with("jobs"));
+    let state = jobs
+        .and_then(Path::parent)
+        .map(|s| s.as_os_str().as_bytes());
+    args.windows(3).any(|w| {
+        w[0] == b"shim"
+            && ((w[1] == b"--job-dir" && w[2] == dir)
+                || (w[1] == b"--state-dir" && Some(w[2]) == state))
+    })
 }
 
 #[cfg(test)]

@@ -61,7 +61,7 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
-use nix::sched::sched_setaffinity;
+use nix::sched::{CpuSet, sched_setaffinity};
 use nix::sys::prctl;
 use nix::sys::resource::{Resource, UsageWho, getrusage};
 use nix::sys::signal::Signal;
@@ -83,10 +83,15 @@ use super::spec::{CancelRequest, DEFAULT_PATH, JobExit, JobOutcome, ShimSpec, no
 /// How long the shim waits for the job's pipes to reach EOF after every
 /// process of the job has been reaped (only a process outside the job that
 /// was handed the pipe could hold them open).
-const PIPE_DRAIN_LIMIT: Duration = Duration::from_secs(5);
+pub(crate) const PIPE_DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 /// Where [`diag`] writes: the job directory's `shim.log`.
 static DIAG_LOG: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// Send [`diag`]'s lines to `path` (first call wins).
+pub(crate) fn set_diag_log(path: std::path::PathBuf) {
+    let _ = DIAG_LOG.set(path);
+}
 
 /// Append one diagnostic line to `shim.log` (created by the first one);
 /// to stderr when there is no job directory or it cannot be written.
@@ -190,19 +195,33 @@ fn run(dir: &Path, handshake: &mut Handshake) -> Result<()> {
 }
 
 /// A started job: its pid and the pipes of its output.
-struct Started {
-    pid: i32,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
+pub(crate) struct Started {
+    pub pid: i32,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
 }
 
 /// Fork and exec the job. Everything the child needs is prepared here, so
-/// that between fork and exec it only makes system calls.
-fn start_job(spec: &ShimSpec) -> Result<Started> {
+/// that between fork and exec it only makes system calls. `pin`: CPUs the
+/// child pins itself to (the shim pins itself instead, and the job
+/// inherits its mask). `need_cgroup`: a job whose cgroup cannot be
+/// entered does not start (the supervisor tells jobs apart by their
+/// cgroups); otherwise it runs outside it, with a diagnostic.
+pub(crate) fn start_job(
+    spec: &ShimSpec,
+    pin: Option<CpuSet>,
+    need_cgroup: bool,
+) -> Result<Started> {
     let job = &spec.job;
     let cgroup_procs = match &spec.cgroup {
         Some(cg) => match cgroup::open_procs(cg) {
             Ok(f) => Some(f),
+            Err(e) if need_cgroup => {
+                return Err(ExecError::StartFailed {
+                    id: job.id.clone(),
+                    reason: format!("cannot enter its cgroup: {e}"),
+                });
+            }
             Err(e) => {
                 diag(format_args!(
                     "running job {} outside its cgroup: {e}",
@@ -211,6 +230,12 @@ fn start_job(spec: &ShimSpec) -> Result<Started> {
                 None
             }
         },
+        None if need_cgroup => {
+            return Err(ExecError::StartFailed {
+                id: job.id.clone(),
+                reason: "a supervised job needs a cgroup".into(),
+            });
+        }
         None => None,
     };
     let limits: Vec<(Resource, u64, u64)> = job
@@ -236,10 +261,19 @@ fn start_job(spec: &ShimSpec) -> Result<Started> {
     if !job.env.contains_key("PATH") {
         cmd.env("PATH", DEFAULT_PATH);
     }
-    let setup = move || child_setup(&err_write, cgroup_procs.as_ref(), &limits, ids);
+    let setup = move || {
+        child_setup(
+            &err_write,
+            cgroup_procs.as_ref(),
+            pin.as_ref(),
+            &limits,
+            ids,
+        )
+    };
     // Safety: `setup` runs in the forked child before exec. It only calls
-    // async-signal-safe system calls (setsid, write, setrlimit, setgroups,
-    // setgid, setuid) through nix wrappers that do not allocate, on data
+    // async-signal-safe system calls (setsid, write, sched_setaffinity,
+    // setrlimit, setgroups, setgid, setuid) through nix wrappers that do
+    // not allocate, on data
     // (file descriptors, a Vec built before the fork) that it only reads; it
     // takes no locks and does not touch the parent's tokio state.
     unsafe {
@@ -282,6 +316,7 @@ fn start_job(spec: &ShimSpec) -> Result<Started> {
 fn child_setup(
     err_pipe: &OwnedFd,
     cgroup_procs: Option<&File>,
+    pin: Option<&CpuSet>,
     limits: &[(Resource, u64, u64)],
     ids: Option<(Uid, Gid)>,
 ) -> io::Result<()> {
@@ -292,6 +327,9 @@ fn child_setup(
     setsid().map_err(|e| fail("setsid", e))?;
     if let Some(procs) = cgroup_procs {
         cgroup::enter_self(procs).map_err(|e| fail("write cgroup.procs", e))?;
+    }
+    if let Some(set) = pin {
+        sched_setaffinity(Pid::from_raw(0), set).map_err(|e| fail("sched_setaffinity", e))?;
     }
     for &(resource, soft, hard) in limits {
         nix::sys::resource::setrlimit(resource, soft, hard).map_err(|e| fail("setrlimit", e))?;
@@ -306,14 +344,14 @@ fn child_setup(
 
 /// Why the shim is terminating the job.
 #[derive(Debug, Clone, Copy)]
-struct Termination {
-    outcome: TermReason,
-    kill_at: Instant,
-    killed: bool,
+pub(crate) struct Termination {
+    pub outcome: TermReason,
+    pub kill_at: Instant,
+    pub killed: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
-enum TermReason {
+pub(crate) enum TermReason {
     Cancelled,
     TimedOut,
 }
@@ -343,7 +381,7 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
     );
     let (out_stats, err_stats) = (out_log.stats(), err_log.stats());
 
-    let started = match start_job(spec) {
+    let started = match start_job(spec, None, false) {
         Ok(s) => s,
         Err(e) => {
             // If no agent is listening any more, readopt() reports this.
@@ -464,6 +502,7 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
         started_at_ms,
         &out_stats,
         &err_stats,
+        children_usage(),
     );
     jd.record_exit(&exit)
 }
@@ -471,7 +510,11 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
 /// Obey the lease: stop the job once its deadline has passed (once per
 /// deadline: a renewal moves it, and the agent continues the job). Returns
 /// how long until the deadline, `None` when there is none to wait for.
-fn fence(lease: &LeaseFile, procs: &JobProcs<'_>, fenced_on: &mut Option<u64>) -> Option<Duration> {
+pub(crate) fn fence(
+    lease: &LeaseFile,
+    procs: &JobProcs<'_>,
+    fenced_on: &mut Option<u64>,
+) -> Option<Duration> {
     let deadline = lease.read()?;
     let now = super::lease::now_ns();
     if now < deadline {
@@ -502,7 +545,7 @@ fn fence(lease: &LeaseFile, procs: &JobProcs<'_>, fenced_on: &mut Option<u64>) -
 
 /// Start terminating the job: SIGTERM and SIGCONT now, SIGKILL after
 /// `grace`. A second request can only bring the SIGKILL closer.
-fn terminate(
+pub(crate) fn terminate(
     procs: &JobProcs<'_>,
     term: &mut Option<Termination>,
     reason: TermReason,
@@ -548,13 +591,35 @@ fn reap(main_pid: i32, main: &mut Option<WaitStatus>) -> bool {
     }
 }
 
-fn exit_record(
+/// CPU time and peak memory of a job: `(user ms, system ms, max RSS KiB)`.
+pub(crate) type Usage = (u64, u64, u64);
+
+/// The usage of everything this process has reaped (the shim's children
+/// are its job's processes).
+fn children_usage() -> Usage {
+    match getrusage(UsageWho::RUSAGE_CHILDREN) {
+        Ok(u) => {
+            let ms = |t: nix::sys::time::TimeVal| {
+                u64::try_from(t.tv_sec() * 1000 + t.tv_usec() / 1000).unwrap_or(0)
+            };
+            (
+                ms(u.user_time()),
+                ms(u.system_time()),
+                u64::try_from(u.max_rss()).unwrap_or(0),
+            )
+        }
+        Err(_) => (0, 0, 0),
+    }
+}
+
+pub(crate) fn exit_record(
     id: String,
     main: Option<WaitStatus>,
     term: Option<TermReason>,
     started_at_ms: u64,
     out: &Arc<LogStats>,
     err: &Arc<LogStats>,
+    usage: Usage,
 ) -> JobExit {
     let (exit_code, signal) = match main {
         Some(WaitStatus::Exited(_, code)) => (Some(code), None),
@@ -568,19 +633,7 @@ fn exit_record(
         (None, None, Some(sig)) => JobOutcome::Signaled(sig),
         (None, None, None) => JobOutcome::Lost("the main process was never reaped".into()),
     };
-    let (user_cpu_ms, sys_cpu_ms, max_rss_kib) = match getrusage(UsageWho::RUSAGE_CHILDREN) {
-        Ok(u) => {
-            let ms = |t: nix::sys::time::TimeVal| {
-                u64::try_from(t.tv_sec() * 1000 + t.tv_usec() / 1000).unwrap_or(0)
-            };
-            (
-                ms(u.user_time()),
-                ms(u.system_time()),
-                u64::try_from(u.max_rss()).unwrap_or(0),
-            )
-        }
-        Err(_) => (0, 0, 0),
-    };
+    let (user_cpu_ms, sys_cpu_ms, max_rss_kib) = usage;
     JobExit {
         id,
         outcome,

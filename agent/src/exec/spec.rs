@@ -348,6 +348,11 @@ pub(crate) struct ShimSpec {
     /// once the lease it holds has run out.
     #[serde(default)]
     pub lease: Option<PathBuf>,
+    /// Started by the agent's supervisor ([`super::supervisor`]), one
+    /// process for many jobs, rather than by a shim of its own; such a job
+    /// always has a cgroup, which is what tells its processes apart.
+    #[serde(default)]
+    pub supervised: bool,
 }
 
 impl ShimSpec {
