@@ -310,15 +310,18 @@ struct AgentTls {
 }
 
 fn main() -> Result<()> {
-    // The --dev agent starts each job under a shim: this same binary run as
-    // `dispatcher shim --job-dir DIR` (see agent::exec::shim).
+    // The --dev agent starts its jobs with this same binary: its one
+    // supervisor as `dispatcher shim --state-dir DIR` (jobs with a cgroup,
+    // see agent::exec::supervisor), a shim per job as `dispatcher shim
+    // --job-dir DIR` (see agent::exec::shim).
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some("shim") {
-        let dir = match (argv.get(2).map(String::as_str), argv.get(3)) {
-            (Some("--job-dir"), Some(d)) => PathBuf::from(d),
-            _ => anyhow::bail!("usage: dispatcher shim --job-dir DIR"),
+        let code = match (argv.get(2).map(String::as_str), argv.get(3)) {
+            (Some("--job-dir"), Some(d)) => agent::exec::shim::main(&PathBuf::from(d)),
+            (Some("--state-dir"), Some(d)) => agent::exec::supervisor::main(&PathBuf::from(d)),
+            _ => anyhow::bail!("usage: dispatcher shim (--job-dir DIR | --state-dir DIR)"),
         };
-        std::process::exit(match agent::exec::shim::main(&dir) {
+        std::process::exit(match code {
             std::process::ExitCode::SUCCESS => 0,
             _ => 1,
         });
