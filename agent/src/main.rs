@@ -103,7 +103,7 @@ struct RunArgs {
     cgroup_root: Option<PathBuf>,
     /// How jobs start: each under a shim of its own, or (for jobs with a
     /// cgroup, see --cgroup-root) as children of one supervisor process.
-    #[arg(long, value_parser = ["shim", "supervisor"], default_value = "supervisor")]
+    #[arg(long, value_parser = ["shim", "supervisor"], default_value = "shim")]
     launcher: String,
     /// On shutdown: kill jobs, or leave them running to be re-adopted.
     #[arg(long, value_parser = ["kill", "leave"], default_value = "kill")]

@@ -303,9 +303,11 @@ async fn signals(
         tokio::select! {
             _ = usr1.recv() => sup.cancels.send_modify(|g| *g += 1),
             _ = term.recv() => {
+                diag("SIGTERM: cancelling every job");
                 sup.terms.send_replace(true);
             }
             _ = int.recv() => {
+                diag("SIGINT: cancelling every job");
                 sup.terms.send_replace(true);
             }
             _ = hup.recv() => {}
