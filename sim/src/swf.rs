@@ -16,6 +16,11 @@
 //! its limit, so a run time above it (a traced machine's grace period:
 //! 1.7% of the KTH SP2 log's jobs) is clamped to the limit, and counted
 //! ([`ReplayStats::clamped`]).
+//!
+//! A record larger than a node is split into independent parts of at most
+//! a node ([`ReplayStats::split`]), or, with [`ReplayOptions::gangs`],
+//! becomes one gang job whose members start together
+//! ([`ReplayStats::gangs`]), as the traced MPI job did.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
