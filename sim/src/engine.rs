@@ -13,14 +13,22 @@
 //! The simulator keeps its own view of each node's busy CPUs (from starts
 //! and ends), the same for every policy, for utilization and packing.
 //! Wall time spent inside the policy is measured around each call.
+//!
+//! A gang (a job with `nodes` > 1) is one job whose members the policy
+//! starts on distinct nodes in one call (a partial start, or two members
+//! on one node, ends the run with an error): it starts when they do, holds
+//! `cpus` on each member's node, and ends on all of them at once. Samples
+//! also count racks with no active node (the fragmentation metric).
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use sched::harness::{EventQueue, drive};
 
 use crate::US_PER_S;
 use crate::cpu::{CpuLevel, CpuStart, CpuStats};
-use crate::error::Result;
+
+use crate::error::{Result, SimError};
 use crate::layout::Layout;
 use crate::policy::{self, Counters, Move, Placer, PolicySpec, Started, SubmitReq};
 use crate::workload::Workload;
@@ -90,6 +98,8 @@ pub struct Sample {
     pub active_nodes: u32,
     /// CPUs busy.
     pub busy_cpus: u64,
+    /// Racks none of whose nodes runs a job.
+    pub free_racks: u32,
 }
 
 /// The raw outcome of a run.
@@ -105,6 +115,10 @@ pub struct RunOutput {
     pub cpu: Option<CpuStats>,
     /// Active nodes over time.
     pub samples: Vec<Sample>,
+    /// Racks of the cluster.
+    pub racks: u32,
+    /// Each finished gang's member nodes, in its finish order.
+    pub gang_members: Vec<(u32, Vec<u32>)>,
     /// Integral of active nodes over time, node-µs.
     pub active_node_us: f64,
     /// Events handled.
@@ -142,6 +156,17 @@ struct Sim<'a> {
     records: Vec<JobRecord>,
     node_busy: Vec<u32>,
     active: u32,
+    /// Rack of each node, active nodes of each rack, racks with none.
+    rack_of: Vec<u32>,
+    rack_active: Vec<u32>,
+    free_racks: u32,
+    /// Member nodes of each gang that has started.
+    gang_nodes: HashMap<u32, Vec<u32>>,
+    /// Gangs whose members started in the current `apply` round.
+    gangs_begun: Vec<u32>,
+    /// The first violation of the all-or-nothing contract.
+    gang_error: Option<String>,
+    gang_log: Vec<(u32, Vec<u32>)>,
     busy_cpus: u64,
     last_change: u64,
     active_area: f64,
@@ -171,10 +196,19 @@ impl Sim<'_> {
         if (before == 0) != (after == 0) {
             self.active_area += self.active as f64 * now.saturating_sub(self.last_change) as f64;
             self.last_change = now;
+            let rack = self.rack_of[n] as usize;
             if after == 0 {
                 self.active -= 1;
+                self.rack_active[rack] -= 1;
+                if self.rack_active[rack] == 0 {
+                    self.free_racks += 1;
+                }
             } else {
                 self.active += 1;
+                if self.rack_active[rack] == 0 {
+                    self.free_racks -= 1;
+                }
+                self.rack_active[rack] += 1;
             }
         }
         self.node_busy[n] = after;
@@ -183,12 +217,50 @@ impl Sim<'_> {
 
     fn begin(&mut self, now: u64, job: u32, node: u32, q: &mut EventQueue<Ev>) {
         let j = &self.w.jobs[job as usize];
+        let (cpus, nodes, duration) = (j.cpus, j.nodes, j.duration_us);
+        if nodes > 1 {
+            let members = self.gang_nodes.entry(job).or_default();
+            if members.contains(&node) || members.len() >= nodes as usize {
+                self.gang_error.get_or_insert(format!(
+                    "gang job {job}: member started on node {node} after {members:?} (of {nodes})"
+                ));
+                return;
+            }
+            members.push(node);
+            let first = members.len() == 1;
+            let complete = members.len() == nodes as usize;
+            self.gangs_begun.push(job);
+            self.set_busy(now, node, cpus as i64);
+            if first {
+                let r = &mut self.records[job as usize];
+                r.start = now;
+                r.node = node;
+                self.running += 1;
+            }
+            if complete {
+                q.push(now + duration, Ev::Finish(job));
+            }
+            return;
+        }
         let r = &mut self.records[job as usize];
         r.start = now;
         r.node = node;
         self.running += 1;
-        self.set_busy(now, node, j.cpus as i64);
-        q.push(now + j.duration_us, Ev::Finish(job));
+        self.set_busy(now, node, cpus as i64);
+        q.push(now + duration, Ev::Finish(job));
+    }
+
+    /// Every gang whose members started in the last round must have all of
+    /// them running.
+    fn check_gangs(&mut self) {
+        for job in self.gangs_begun.drain(..) {
+            let nodes = self.w.jobs[job as usize].nodes as usize;
+            let have = self.gang_nodes.get(&job).map_or(0, Vec::len);
+            if have != nodes {
+                self.gang_error
+                    .get_or_insert(format!("gang job {job}: {have} of {nodes} members started"));
+            }
+        }
     }
 
     /// Apply the policy's decisions (and, in CPU-level mode, the node
@@ -227,6 +299,7 @@ impl Sim<'_> {
             }
             self.started = started;
             self.started.clear();
+            self.check_gangs();
             let cpu_started = std::mem::take(&mut self.cpu_started);
             for (job, cpus) in &cpu_started {
                 let node = self.records[*job as usize].node;
@@ -256,6 +329,7 @@ impl Sim<'_> {
                 self.reqs.push(SubmitReq {
                     job,
                     cpus: j.cpus,
+                    nodes: j.nodes,
                     latency: j.latency,
                     waker,
                     limit_us: j.limit_us,
@@ -306,6 +380,31 @@ impl Sim<'_> {
                 }
                 let batch: Vec<u32> = roots[i..k].to_vec();
                 self.submit(now, &batch, None, q)?;
+            }
+            Ev::Finish(job) if self.w.jobs[job as usize].nodes > 1 => {
+                let cpus = self.w.jobs[job as usize].cpus;
+                let members = self.gang_nodes.remove(&job).unwrap_or_default();
+                self.records[job as usize].end = now;
+                for &node in &members {
+                    self.set_busy(now, node, -(cpus as i64));
+                }
+                self.running -= 1;
+                self.outstanding -= 1;
+                self.finished += 1;
+                self.idle_ticks = 0;
+                for &node in &members {
+                    let t = Instant::now();
+                    let r = self.placer.finished(now, job, node, &mut self.started);
+                    self.sched_wall += t.elapsed().as_secs_f64();
+                    r?;
+                }
+                self.gang_log.push((job, members));
+                self.apply(now, q);
+                let children = self.w.children(job);
+                if !children.is_empty() {
+                    let children = children.to_vec();
+                    self.submit(now, &children, Some(job), q)?;
+                }
             }
             Ev::Finish(job) => {
                 let j = &self.w.jobs[job as usize];
@@ -359,6 +458,7 @@ impl Sim<'_> {
                     t_us: now,
                     active_nodes: self.active,
                     busy_cpus: self.busy_cpus,
+                    free_racks: self.free_racks,
                 });
                 if self.work_left() {
                     q.push(now + self.sample_us, Ev::Sample);
@@ -378,6 +478,11 @@ pub fn simulate(
     cfg: &SimConfig,
     progress: &mut dyn FnMut(u64),
 ) -> Result<RunOutput> {
+    if cfg.cpu_level && workload.has_gangs() {
+        return Err(SimError::Workload(
+            "gangs are not simulated in CPU-level mode".into(),
+        ));
+    }
     let t_setup = Instant::now();
     let placer = policy::build(spec, layout, cfg.tick_us.max(1), cfg.seed)?;
     let cpu = cfg.cpu_level.then(|| CpuLevel::new(layout));
@@ -393,6 +498,7 @@ pub fn simulate(
         (last_submit / 500).max(US_PER_S)
     };
     let tick_us = placer.tick_period();
+    let nr_racks = (layout.nr_nodes() as u32).div_ceil(layout.nodes_per_rack.max(1) as u32);
     let mut sim = Sim {
         w: workload,
         placer,
@@ -403,6 +509,15 @@ pub fn simulate(
         records: vec![JobRecord::default(); workload.jobs.len()],
         node_busy: vec![0; layout.nr_nodes()],
         active: 0,
+        rack_of: (0..layout.nr_nodes() as u32)
+            .map(|n| layout.rack_of(n))
+            .collect(),
+        rack_active: vec![0; nr_racks as usize],
+        free_racks: nr_racks,
+        gang_nodes: HashMap::new(),
+        gangs_begun: Vec::new(),
+        gang_error: None,
+        gang_log: Vec::new(),
         busy_cpus: 0,
         last_change: 0,
         active_area: 0.0,
@@ -436,6 +551,11 @@ pub fn simulate(
         }
         if let Err(e) = sim.handle(now, ev, q) {
             failure = Some(e);
+        } else if let Some(e) = sim.gang_error.take() {
+            failure = Some(SimError::Workload(format!(
+                "policy {} broke all-or-nothing: {e}",
+                spec.name
+            )));
         }
         if sim.finished >= reported + 4096 {
             reported = sim.finished;
@@ -453,6 +573,8 @@ pub fn simulate(
         cpu: sim.cpu.as_ref().map(CpuLevel::stats),
         records: sim.records,
         samples: sim.samples,
+        racks: nr_racks,
+        gang_members: sim.gang_log,
         active_node_us: sim.active_area,
         events: sim.events,
         wall_s: t_run.elapsed().as_secs_f64(),
@@ -462,4 +584,151 @@ pub fn simulate(
         decisions: sim.decisions,
         unfinished: sim.outstanding,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::racks_free_pct;
+    use crate::workload::{Job, JobKind};
+
+    fn job(submit_s: f64, duration_s: u64, cpus: u32, nodes: u32) -> Job {
+        Job {
+            submit_us: (submit_s * US_PER_S as f64) as u64,
+            duration_us: duration_s * US_PER_S,
+            limit_us: None,
+            cpus,
+            nodes,
+            latency: false,
+            after: None,
+            group: 0,
+            kind: JobKind::Single,
+        }
+    }
+
+    fn workload(mut jobs: Vec<Job>) -> Workload {
+        for (i, j) in jobs.iter_mut().enumerate() {
+            j.group = i as u32;
+        }
+        Workload::new("t", jobs).unwrap()
+    }
+
+    fn run(layout: &Layout, w: &Workload, policy: &str) -> Result<RunOutput> {
+        let cfg = SimConfig {
+            sample_us: US_PER_S,
+            ..SimConfig::default()
+        };
+        simulate(
+            layout,
+            w,
+            &PolicySpec::parse(policy).unwrap(),
+            &cfg,
+            &mut |_| {},
+        )
+    }
+
+    /// Replay the records (a gang on each of its members' nodes): no node
+    /// ever holds more CPUs than it has.
+    fn never_overfull(layout: &Layout, w: &Workload, out: &RunOutput) {
+        let mut ev: Vec<(u64, i64, u32)> = Vec::new();
+        for (i, (j, r)) in w.jobs.iter().zip(&out.records).enumerate() {
+            let nodes = match out.gang_members.iter().find(|g| g.0 == i as u32) {
+                Some((_, m)) => m.clone(),
+                None => vec![r.node],
+            };
+            for n in nodes {
+                ev.push((r.start, j.cpus as i64, n));
+                ev.push((r.end, -(j.cpus as i64), n));
+            }
+        }
+        ev.sort_by_key(|&(t, d, _)| (t, d));
+        let mut busy = vec![0i64; layout.nr_nodes()];
+        for (_, d, n) in ev {
+            busy[n as usize] += d;
+            assert!(busy[n as usize] <= layout.cpus(n) as i64, "{}", out.policy);
+        }
+    }
+
+    /// Four 2-CPU nodes; two whole-node jobs run 0..10 s; a gang of 3
+    /// arrives at 1 s: only two nodes are free, so under every policy with
+    /// gang placement it starts at 10 s, all three members at once on
+    /// distinct nodes, and ends at 15 s; the sampling baselines refuse it.
+    #[test]
+    fn a_gang_starts_all_members_together_under_each_policy() {
+        let layout = Layout::new("1z:2r:2n", "1s:2c:1t").unwrap();
+        let w = workload(vec![
+            job(0.0, 10, 2, 1),
+            job(0.0, 10, 2, 1),
+            job(1.0, 5, 2, 3),
+        ]);
+        for policy in ["least-loaded", "ours"] {
+            let out = run(&layout, &w, policy).unwrap();
+            assert_eq!(out.unfinished, 0, "{policy}");
+            let g = &out.records[2];
+            assert_eq!(g.submit, US_PER_S, "{policy}");
+            assert_eq!(g.start, 10 * US_PER_S, "{policy}: waits for 3 nodes");
+            assert_eq!(g.end, 15 * US_PER_S, "{policy}");
+            assert_eq!(out.gang_members.len(), 1, "{policy}");
+            let mut m = out.gang_members[0].1.clone();
+            m.sort_unstable();
+            m.dedup();
+            assert_eq!(m.len(), 3, "{policy}: distinct member nodes");
+            never_overfull(&layout, &w, &out);
+            // While the gang waited nothing of it ran: 4 busy CPUs (the
+            // two singles), then 6 (the gang).
+            for s in &out.samples {
+                let want = match s.t_us / US_PER_S {
+                    0 => s.busy_cpus, // the sample may precede the arrivals
+                    1..=9 => 4,
+                    10..=14 => 6,
+                    _ => 0,
+                };
+                assert_eq!(s.busy_cpus, want, "{policy} at {}", s.t_us);
+            }
+        }
+        for policy in ["random", "pod:2", "sparrow:2"] {
+            let e = run(&layout, &w, policy).unwrap_err();
+            assert!(e.to_string().contains("gang"), "{policy}: {e}");
+        }
+    }
+
+    /// A gang as large as the cluster waits for the whole cluster while
+    /// single jobs keep arriving, and its members still start together.
+    #[test]
+    fn a_whole_cluster_gang_never_starts_partially() {
+        let layout = Layout::new("1z:2r:2n", "1s:2c:1t").unwrap();
+        let mut jobs = vec![job(0.0, 4, 1, 1), job(0.5, 3, 2, 4)];
+        for k in 0..6 {
+            jobs.push(job(1.0 + k as f64, 2, 1, 1));
+        }
+        let w = workload(jobs);
+        for policy in ["least-loaded", "ours"] {
+            let out = run(&layout, &w, policy).unwrap();
+            assert_eq!(out.unfinished, 0, "{policy}");
+            assert_eq!(out.gang_members[0].1.len(), 4, "{policy}");
+            never_overfull(&layout, &w, &out);
+            let g = &out.records[1];
+            assert!(g.start >= 4 * US_PER_S, "{policy}: {}", g.start);
+            assert_eq!(g.end, g.start + 3 * US_PER_S, "{policy}");
+        }
+    }
+
+    /// Two racks of two nodes; one 1-CPU job runs from 0.5 s to 10.5 s;
+    /// samples every second from 0 to 11 s: at 0 and 11 both racks are
+    /// free, at 1..=10 one is: (1 + 10 x 0.5 + 1) / 12 = 7/12.
+    #[test]
+    fn racks_free_on_a_hand_made_run() {
+        let layout = Layout::new("1z:2r:2n", "1s:2c:1t").unwrap();
+        let w = workload(vec![job(0.5, 10, 1, 1)]);
+        let out = run(&layout, &w, "least-loaded").unwrap();
+        assert_eq!(out.racks, 2);
+        let free: Vec<u32> = out.samples.iter().map(|s| s.free_racks).collect();
+        let mut want = vec![2];
+        want.extend([1; 10]);
+        want.push(2);
+        assert_eq!(free, want);
+        let pct = racks_free_pct(&out.samples, out.racks);
+        assert!((pct - 100.0 * 7.0 / 12.0).abs() < 1e-9, "{pct}");
+        assert_eq!(racks_free_pct(&[], 2), 0.0);
+    }
 }

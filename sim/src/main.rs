@@ -155,6 +155,10 @@ struct SwfArgs {
     /// Fraction of jobs put in the latency class (seeded draw).
     #[arg(long, default_value_t = 0.1)]
     latency_frac: f64,
+    /// Replay a record larger than a node as one gang (all members start
+    /// together on distinct nodes) instead of independent parts.
+    #[arg(long)]
+    gangs: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -454,11 +458,18 @@ fn cmd_swf(a: SwfArgs) -> Result<()> {
         limit: a.limit,
         latency_frac: a.latency_frac,
         seed: c.seed,
+        gangs: a.gangs,
     })?;
     if c.format == Format::Table {
         eprintln!(
-            "{}: {} records used, {} skipped (unknown fields), {} split over nodes, {} with a time limit, {} run times clamped to it",
-            trace.path, stats.used, stats.skipped, stats.split, stats.limited, stats.clamped
+            "{}: {} records used, {} skipped (unknown fields), {} split over nodes, {} gangs, {} with a time limit, {} run times clamped to it",
+            trace.path,
+            stats.used,
+            stats.skipped,
+            stats.split,
+            stats.gangs,
+            stats.limited,
+            stats.clamped
         );
     }
     let name = w

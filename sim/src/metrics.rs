@@ -98,6 +98,21 @@ pub struct PolicyReport {
     pub active_nodes_max: u32,
     /// Nodes of the cluster.
     pub nodes: u64,
+    /// Fragmentation: mean over the samples of the share of racks none
+    /// of whose nodes runs a job, percent.
+    pub racks_free_pct: f64,
+    /// Gangs (jobs on more than one node) measured.
+    pub gangs: u64,
+    /// Their mean wait (submit to the start of all members), seconds.
+    pub gang_wait_mean_s: f64,
+    /// Their 99th percentile wait, seconds.
+    pub gang_wait_p99_s: f64,
+    /// Large gangs (at least a rack's worth of nodes) measured.
+    pub large_gangs: u64,
+    /// Their mean wait, seconds.
+    pub large_gang_wait_mean_s: f64,
+    /// Their 99th percentile wait, seconds.
+    pub large_gang_wait_p99_s: f64,
     /// Placement decisions (jobs submitted to the policy).
     pub decisions: u64,
     /// Decisions per second of wall time inside the policy.
@@ -164,7 +179,7 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
         }
         first_submit = first_submit.min(r.submit);
         last_end = last_end.max(r.end);
-        finished_work += j.cpus as f64 * j.duration_us as f64;
+        finished_work += j.cpus as f64 * j.nodes as f64 * j.duration_us as f64;
         let g = j.group as usize;
         if group_of[g] == u32::MAX {
             group_of[g] = groups.len() as u32;
@@ -210,6 +225,7 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
             child_resp.push(s(r));
         }
     }
+    let (gang_wait, large_wait) = gang_waits(w, recs, layout, warmup_us);
     let (mut woken, mut same_node, mut same_rack) = (0u64, 0u64, 0u64);
     for (j, r) in w.jobs.iter().zip(recs) {
         if let Some(p) = j.after
@@ -285,6 +301,13 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
             .max()
             .unwrap_or(0),
         nodes: layout.nr_nodes() as u64,
+        racks_free_pct: racks_free_pct(&out.samples, out.racks),
+        gangs: gang_wait.len() as u64,
+        gang_wait_mean_s: mean(&gang_wait),
+        gang_wait_p99_s: percentile(&gang_wait, 99.0),
+        large_gangs: large_wait.len() as u64,
+        large_gang_wait_mean_s: mean(&large_wait),
+        large_gang_wait_p99_s: percentile(&large_wait, 99.0),
         decisions: out.decisions,
         decisions_per_s: if out.sched_wall_s > 0.0 {
             out.decisions as f64 / out.sched_wall_s
@@ -305,6 +328,42 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
         responses: resp,
         samples: out.samples,
     }
+}
+
+/// The fragmentation metric: the mean over `samples` of the share of the
+/// `racks` racks with no active node, percent (0 without samples).
+pub fn racks_free_pct(samples: &[Sample], racks: u32) -> f64 {
+    if samples.is_empty() || racks == 0 {
+        return 0.0;
+    }
+    let sum: f64 = samples
+        .iter()
+        .map(|x| x.free_racks as f64 / racks as f64)
+        .sum();
+    100.0 * sum / samples.len() as f64
+}
+
+/// Sorted waits (seconds) of the finished gangs submitted after
+/// `warmup_us`, and of the large ones among them (at least a rack's worth
+/// of nodes).
+pub fn gang_waits(
+    w: &Workload,
+    recs: &[JobRecord],
+    layout: &Layout,
+    warmup_us: u64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut all, mut large) = (Vec::new(), Vec::new());
+    for (j, r) in w.jobs.iter().zip(recs) {
+        if j.nodes <= 1 || r.end == u64::MAX || r.submit < warmup_us {
+            continue;
+        }
+        let wt = r.start.saturating_sub(r.submit) as f64 / US_PER_S as f64;
+        all.push(wt);
+        if j.nodes as usize >= layout.nodes_per_rack {
+            large.push(wt);
+        }
+    }
+    (sorted(all), sorted(large))
 }
 
 /// The locality score: (jobs scored, mean share of related jobs in the
@@ -400,6 +459,7 @@ mod tests {
                     duration_us: 1,
                     limit_us: None,
                     cpus: 1,
+                    nodes: 1,
                     latency: false,
                     after,
                     group: i as u32,
@@ -426,6 +486,7 @@ mod tests {
             duration_us: 1,
             limit_us: None,
             cpus: 1,
+            nodes: 1,
             latency: false,
             after,
             group: 0,

@@ -185,6 +185,40 @@ pub fn details(r: &RunReport) -> String {
     table_of(&header, &rows)
 }
 
+/// Fragmentation and gangs, one row per policy: the share of racks fully
+/// free (mean of the samples) and the gangs' waits.
+pub fn gang_table(r: &RunReport) -> String {
+    let rows: Vec<Vec<String>> = r
+        .policies
+        .iter()
+        .map(|p| {
+            vec![
+                p.policy.clone(),
+                format!("{:.1}", p.racks_free_pct),
+                p.gangs.to_string(),
+                g(p.gang_wait_mean_s),
+                g(p.gang_wait_p99_s),
+                p.large_gangs.to_string(),
+                g(p.large_gang_wait_mean_s),
+                g(p.large_gang_wait_p99_s),
+            ]
+        })
+        .collect();
+    table_of(
+        &[
+            "policy",
+            "racks free %",
+            "gangs",
+            "gang wait mean s",
+            "gang wait p99 s",
+            "gangs >= rack",
+            "their wait mean s",
+            "their wait p99 s",
+        ],
+        &rows,
+    )
+}
+
 /// CPU-level measurements (empty when the run had none).
 pub fn cpu_table(r: &RunReport) -> String {
     let rows: Vec<Vec<String>> = r
@@ -249,6 +283,8 @@ pub fn text(r: &RunReport) -> String {
     out.push_str(&table(r));
     out.push('\n');
     out.push_str(&details(r));
+    out.push('\n');
+    out.push_str(&gang_table(r));
     let cpu = cpu_table(r);
     if !cpu.is_empty() {
         out.push('\n');
@@ -262,13 +298,13 @@ pub fn csv(r: &RunReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "workload,policy,jobs,tasks,unfinished,utilization,makespan_s,makespan_lb_s,resp_mean_s,resp_p50_s,resp_p99_s,wait_mean_s,wait_p99_s,bsld_mean,latency_jobs,latency_resp_p99_s,latency_wait_p99_s,batch_wait_p99_s,fanout_child_resp_mean_s,steals,cross_rack_moves,cross_zone_moves,woken_jobs,near_waker_node_pct,near_waker_rack_pct,locality_jobs,locality_pct,active_nodes_mean,active_nodes_max,nodes,decisions,decisions_per_s,sched_share_pct,sched_wall_s,wall_s,setup_s,events,visits,wake_affine,wake_wide,busy_skip,pack_placed,latency_picks"
+        "workload,policy,jobs,tasks,unfinished,utilization,makespan_s,makespan_lb_s,resp_mean_s,resp_p50_s,resp_p99_s,wait_mean_s,wait_p99_s,bsld_mean,latency_jobs,latency_resp_p99_s,latency_wait_p99_s,batch_wait_p99_s,fanout_child_resp_mean_s,steals,cross_rack_moves,cross_zone_moves,woken_jobs,near_waker_node_pct,near_waker_rack_pct,locality_jobs,locality_pct,active_nodes_mean,active_nodes_max,nodes,decisions,decisions_per_s,sched_share_pct,sched_wall_s,wall_s,setup_s,events,visits,wake_affine,wake_wide,busy_skip,pack_placed,latency_picks,racks_free_pct,gangs,gang_wait_mean_s,gang_wait_p99_s,large_gangs,large_gang_wait_mean_s,large_gang_wait_p99_s"
     );
     for p in &r.policies {
         let c = &p.counters;
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{:.6},{:.3},{:.3},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{},{},{:.1},{:.3},{:.6},{:.6},{:.6},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{:.6},{:.3},{:.3},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{},{},{:.1},{:.3},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{:.3},{},{:.6},{:.6},{},{:.6},{:.6}",
             r.workload.replace(',', ";"),
             p.policy,
             p.jobs,
@@ -312,6 +348,13 @@ pub fn csv(r: &RunReport) -> String {
             c.busy_skip,
             c.pack_placed,
             c.latency_picks,
+            p.racks_free_pct,
+            p.gangs,
+            p.gang_wait_mean_s,
+            p.gang_wait_p99_s,
+            p.large_gangs,
+            p.large_gang_wait_mean_s,
+            p.large_gang_wait_p99_s,
         );
     }
     out

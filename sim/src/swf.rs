@@ -16,6 +16,11 @@
 //! its limit, so a run time above it (a traced machine's grace period:
 //! 1.7% of the KTH SP2 log's jobs) is clamped to the limit, and counted
 //! ([`ReplayStats::clamped`]).
+//!
+//! A record larger than a node is split into independent parts of at most
+//! a node ([`ReplayStats::split`]), or, with [`ReplayOptions::gangs`],
+//! becomes one gang job whose members start together
+//! ([`ReplayStats::gangs`]), as the traced MPI job did.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
@@ -215,6 +220,11 @@ pub struct ReplayOptions {
     pub latency_frac: f64,
     /// Seed of that draw.
     pub seed: u64,
+    /// A record larger than a node becomes one gang job of
+    /// `ceil(procs / node_cpus)` members (within any) of
+    /// `ceil(procs / members)` CPUs each, started all at once, instead of
+    /// independent parts.
+    pub gangs: bool,
 }
 
 impl Default for ReplayOptions {
@@ -226,6 +236,7 @@ impl Default for ReplayOptions {
             limit: None,
             latency_frac: 0.1,
             seed: 1,
+            gangs: false,
         }
     }
 }
@@ -237,8 +248,10 @@ pub struct ReplayStats {
     pub used: usize,
     /// Records skipped (unknown submit time, run time or size).
     pub skipped: usize,
-    /// Records split over several nodes.
+    /// Records split over several nodes (independent parts).
     pub split: usize,
+    /// Records replayed as gangs ([`ReplayOptions::gangs`]).
+    pub gangs: usize,
     /// Records with a requested time (their time limit).
     pub limited: usize,
     /// Records whose run time exceeded their requested time, clamped to
@@ -287,10 +300,29 @@ impl SwfTrace {
             }
             let procs = j.procs().unwrap_or(1);
             let latency = rng.unit() < opts.latency_frac;
-            if procs > opts.node_cpus {
+            let gang = opts.gangs && procs > opts.node_cpus;
+            if gang {
+                stats.gangs += 1;
+            } else if procs > opts.node_cpus {
                 stats.split += 1;
             }
             for _ in 0..opts.replicas {
+                if gang {
+                    let nodes = procs.div_ceil(opts.node_cpus);
+                    let group = jobs.len() as u32;
+                    jobs.push(Job {
+                        submit_us,
+                        duration_us,
+                        limit_us,
+                        cpus: procs.div_ceil(nodes),
+                        nodes,
+                        latency,
+                        after: None,
+                        group,
+                        kind: JobKind::Single,
+                    });
+                    continue;
+                }
                 let group = jobs.len() as u32;
                 let mut left = procs;
                 while left > 0 {
@@ -301,6 +333,7 @@ impl SwfTrace {
                         duration_us,
                         limit_us,
                         cpus,
+                        nodes: 1,
                         latency,
                         after: None,
                         group,
@@ -384,6 +417,39 @@ mod tests {
                 .iter()
                 .all(|j| j.limit_us.is_some_and(|l| j.duration_us <= l))
         );
+    }
+
+    /// A record of 3 nodes' worth (10 processors on 4-CPU nodes) becomes
+    /// one gang of 3 members of 4 CPUs with `gangs`, three parts without.
+    #[test]
+    fn a_record_of_three_nodes_becomes_one_gang_of_three() {
+        let t = parse(
+            "1 0 0 50 10 -1 -1 10 60 -1 1 1 1 -1 -1 -1 -1 -1\n2 1 0 5 3 -1 -1 3 60 -1 1 1 1 -1 -1 -1 -1 -1\n"
+                .as_bytes(),
+            "t",
+        )
+        .unwrap();
+        let opts = ReplayOptions {
+            node_cpus: 4,
+            gangs: true,
+            ..ReplayOptions::default()
+        };
+        let (w, s) = t.to_workload(&opts).unwrap();
+        assert_eq!((s.gangs, s.split), (1, 0));
+        assert_eq!(w.jobs.len(), 2);
+        assert_eq!((w.jobs[0].nodes, w.jobs[0].cpus), (3, 4));
+        assert_eq!((w.jobs[1].nodes, w.jobs[1].cpus), (1, 3));
+        assert!(w.has_gangs());
+        assert_eq!(w.work_cpu_us(), (12 * 50 + 3 * 5) as f64 * US_PER_S as f64);
+        let (w, s) = t
+            .to_workload(&ReplayOptions {
+                gangs: false,
+                ..opts
+            })
+            .unwrap();
+        assert_eq!((s.gangs, s.split), (0, 1));
+        assert_eq!(w.jobs.len(), 4);
+        assert!(w.jobs.iter().all(|j| j.nodes == 1));
     }
 
     #[test]

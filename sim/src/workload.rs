@@ -10,7 +10,9 @@
 //!
 //! A job needs `cpus` CPUs of one node for `duration_us` once started. Trace
 //! jobs larger than a node are split into parts of at most a node
-//! (`group` names the logical job; metrics use the last part's end).
+//! (`group` names the logical job; metrics use the last part's end), or,
+//! with [`crate::swf::ReplayOptions::gangs`], become one gang job of
+//! `nodes` members.
 
 use sched::harness::Rng;
 use serde::Serialize;
@@ -44,8 +46,12 @@ pub struct Job {
     /// The time limit the job is submitted with (µs; the dispatcher's
     /// `timeout_ms`, which EASY backfill reads), `None` without one.
     pub limit_us: Option<u64>,
-    /// CPUs of one node.
+    /// CPUs of one node (per member for a gang).
     pub cpus: u32,
+    /// Nodes it runs on at once: 1 for a plain job, N > 1 for a gang of
+    /// N members of `cpus` CPUs each on distinct nodes, started together
+    /// (all or nothing) and ending together.
+    pub nodes: u32,
     /// Latency class (latency_nice < 0 for the dispatcher).
     pub latency: bool,
     /// Released (and woken) by this job's end.
@@ -81,6 +87,9 @@ impl Workload {
         for (i, j) in jobs.iter().enumerate() {
             if j.cpus == 0 {
                 return Err(SimError::Workload(format!("job {i} wants 0 CPUs")));
+            }
+            if j.nodes == 0 {
+                return Err(SimError::Workload(format!("job {i} wants 0 nodes")));
             }
             if j.group as usize > i {
                 return Err(SimError::Workload(format!(
@@ -141,11 +150,16 @@ impl Workload {
     pub fn work_cpu_us(&self) -> f64 {
         self.jobs
             .iter()
-            .map(|j| j.cpus as f64 * j.duration_us as f64)
+            .map(|j| j.cpus as f64 * j.nodes as f64 * j.duration_us as f64)
             .sum()
     }
 
-    /// The largest CPU count of a job.
+    /// True when some job is a gang (more than one node).
+    pub fn has_gangs(&self) -> bool {
+        self.jobs.iter().any(|j| j.nodes > 1)
+    }
+
+    /// The largest CPU count of a job (per member for a gang).
     pub fn max_cpus(&self) -> u32 {
         self.jobs.iter().map(|j| j.cpus).max().unwrap_or(1)
     }
@@ -252,6 +266,7 @@ pub fn synthetic(params: &SyntheticParams, capacity: u64, max_node_cpus: u32) ->
             .max(1.0) as u64,
         limit_us: None,
         cpus: params.cpus.sample(rng).min(max_node_cpus),
+        nodes: 1,
         latency: rng.unit() < params.latency_frac,
         after,
         group: idx,
@@ -359,6 +374,7 @@ mod tests {
             duration_us: 1,
             limit_us: None,
             cpus: 1,
+            nodes: 1,
             latency: false,
             after: Some(0),
             group: 0,

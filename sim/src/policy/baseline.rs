@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use sched::harness::Rng;
 
 use super::{Counters, Move, Placer, Started, SubmitReq};
-use crate::error::Result;
+use crate::error::{Result, SimError};
 use crate::layout::Layout;
 
 /// Per-node capacity, busy CPUs and FIFO queues.
@@ -148,6 +148,12 @@ impl Sampling {
 
 impl Placer for Sampling {
     fn submit(&mut self, _now: u64, jobs: &[SubmitReq], out: &mut Vec<Started>) -> Result<()> {
+        if let Some(g) = jobs.iter().find(|j| j.nodes > 1) {
+            return Err(SimError::Workload(format!(
+                "job {} is a gang of {} nodes: the sampling baselines have no gang placement (use least-loaded or ours)",
+                g.job, g.nodes
+            )));
+        }
         if self.batch && jobs.len() > 1 {
             // Sparrow: probe d x m nodes for the batch; each job takes the
             // least loaded probe not yet used by the batch.

@@ -7,8 +7,16 @@
 //!
 //! A max segment tree over free CPUs gives the choice in O(log n) and the
 //! pending queue is bucketed by CPU count, so a retry costs O(sizes).
+//!
+//! Gangs (a coscheduling plugin's all-or-nothing PodGroup, without its
+//! reservation): a gang of N members starts when N distinct nodes each
+//! have room for a member, on the N with the most free CPUs (ties to the
+//! lowest-numbered), all at once. Gangs wait in one FIFO: the oldest gang
+//! that does not fit holds back the later gangs but not single jobs. When
+//! CPUs free up, the waiting gangs are tried before the pending single
+//! jobs. A gang attempt scans every node: O(n log n).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::{Counters, Move, Placer, Started, SubmitReq};
 use crate::error::Result;
@@ -72,6 +80,12 @@ pub(super) struct LeastLoaded {
     seq: u64,
     cpus_of: Vec<u32>,
     visits: u64,
+    /// Nodes of the cluster.
+    nodes: usize,
+    /// Waiting gangs, oldest first: (job, CPUs per member, members).
+    gangs: VecDeque<(u32, u32, u32)>,
+    /// Scratch: (free CPUs, node) of the nodes with room for a member.
+    room: Vec<(u32, u32)>,
 }
 
 impl LeastLoaded {
@@ -85,6 +99,9 @@ impl LeastLoaded {
             seq: 0,
             cpus_of: Vec::new(),
             visits: 0,
+            nodes: caps.len(),
+            gangs: VecDeque::new(),
+            room: Vec::new(),
         }
     }
 
@@ -100,9 +117,52 @@ impl LeastLoaded {
         });
     }
 
+    /// Start gang `job` on the `nodes` least-loaded nodes with room for
+    /// `cpus`, all members at once; false (nothing taken) when fewer
+    /// nodes have room.
+    fn try_gang(&mut self, job: u32, cpus: u32, nodes: u32, out: &mut Vec<Started>) -> bool {
+        if self.free.max() < cpus {
+            return false;
+        }
+        self.visits += self.nodes as u64;
+        self.room.clear();
+        for node in 0..self.nodes {
+            let f = self.free.get(node);
+            if f >= cpus {
+                self.room.push((f, node as u32));
+            }
+        }
+        if self.room.len() < nodes as usize {
+            return false;
+        }
+        self.room
+            .sort_unstable_by_key(|&(f, node)| (std::cmp::Reverse(f), node));
+        for k in 0..nodes as usize {
+            let (f, node) = self.room[k];
+            self.free.set(node as usize, f - cpus);
+            out.push(Started {
+                job,
+                node,
+                moved: Move::None,
+            });
+        }
+        true
+    }
+
+    /// Start waiting gangs in FIFO order while the oldest fits.
+    fn drain_gangs(&mut self, out: &mut Vec<Started>) {
+        while let Some(&(job, cpus, nodes)) = self.gangs.front() {
+            if !self.try_gang(job, cpus, nodes, out) {
+                return;
+            }
+            self.gangs.pop_front();
+        }
+    }
+
     /// Start pending jobs while one fits: each time the first (by class,
     /// then arrival) among the bucket heads that fit the largest free node.
     fn drain(&mut self, out: &mut Vec<Started>) {
+        self.drain_gangs(out);
         loop {
             let room = self.free.max();
             let mut best: Option<(u32, (bool, u64))> = None;
@@ -138,7 +198,10 @@ impl Placer for LeastLoaded {
                 self.cpus_of.resize(i + 1, 0);
             }
             self.cpus_of[i] = j.cpus;
-            if self.free.max() >= j.cpus {
+            if j.nodes > 1 {
+                self.gangs.push_back((j.job, j.cpus, j.nodes));
+                self.drain_gangs(out);
+            } else if self.free.max() >= j.cpus {
                 self.start(j.job, j.cpus, out);
             } else {
                 self.seq += 1;
@@ -179,6 +242,7 @@ mod tests {
         let req = |job, cpus, latency| SubmitReq {
             job,
             cpus,
+            nodes: 1,
             latency,
             waker: None,
             limit_us: None,

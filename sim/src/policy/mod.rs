@@ -17,6 +17,12 @@
 //! | `ours+pack`, `ours+nodelimit[:N]` | packing (jobs ask PLACEMENT_POLICY_PACK); seed 000's node-limit gating (global scope, limit N = 2: no stealing when zones > N) |
 //!
 //! Modifiers combine: `ours-steal-wakewide+pack`.
+//!
+//! Gangs ([`SubmitReq::nodes`] > 1): `ours` submits them as gangs to the
+//! dispatcher (`JobSpec.nodes`, within any); `least-loaded` starts a gang
+//! on the least-loaded nodes with room, all members at once, oldest gang
+//! first (FIFO among gangs, no reservation); the sampling baselines have
+//! no gang placement and refuse them ([`SimError::Workload`]).
 
 mod baseline;
 mod leastloaded;
@@ -27,6 +33,8 @@ pub use ours::OursPlacer;
 
 use serde::Serialize;
 
+#[cfg(doc)]
+use crate::error::SimError;
 use crate::error::{Result, bad_spec};
 use crate::layout::Layout;
 
@@ -246,8 +254,12 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
 pub struct SubmitReq {
     /// Index in the workload.
     pub job: u32,
-    /// CPUs.
+    /// CPUs (per member for a gang).
     pub cpus: u32,
+    /// Members: 1 for a plain job, N > 1 for a gang that starts on N
+    /// distinct nodes at once (one [`Started`] per member in the same
+    /// call's output) and ends on all of them together.
+    pub nodes: u32,
     /// Latency class.
     pub latency: bool,
     /// The job whose end released it.
@@ -270,7 +282,8 @@ pub enum Move {
     CrossZone,
 }
 
-/// A policy's decision: run this job on this node now.
+/// A policy's decision: run this job (a gang: this member) on this node
+/// now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Started {
     /// Job index.
@@ -310,7 +323,8 @@ pub struct Counters {
 pub trait Placer {
     /// Jobs arrive (one batch). Jobs that start now are appended to `out`.
     fn submit(&mut self, now: u64, jobs: &[SubmitReq], out: &mut Vec<Started>) -> Result<()>;
-    /// A job ended on `node`: its CPUs are free.
+    /// A job ended on `node`: its CPUs are free. A gang's end is one call
+    /// per member, each with its node.
     fn finished(&mut self, now: u64, job: u32, node: u32, out: &mut Vec<Started>) -> Result<()>;
     /// CPU-level mode: the node's agent started the job on these CPUs.
     fn running(

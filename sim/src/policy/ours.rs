@@ -8,9 +8,16 @@
 //! `ClusterConfig::engine`. Which jobs start where, and whether a steal
 //! brought them there and how far, are read from the placement
 //! [`Move`](dispatcher::cluster::Move)s in [`Effects::moves`].
+//!
+//! A gang is submitted as one spec with `nodes: N` (within any): the
+//! dispatcher's gang pass (`Cluster::schedule_gangs`, `sched::gang`)
+//! decides when and where its members `j-N.i` start; each member's end is
+//! reported on its own node under its own id.
+
+use std::collections::HashMap;
 
 use dispatcher::cluster::{Cluster, ClusterConfig, Effects, JobKey, MoveKind, StealLevel, Via};
-use proto::v1::{JobSpec, JobState, JobStatus, PlacementPolicy};
+use proto::v1::{JobSpec, JobState, JobStatus, PlacementPolicy, Within};
 use sched::NodeLimitScope;
 
 use super::{Counters, Move, OursFlags, Placer, Started, SubmitReq};
@@ -40,6 +47,8 @@ pub struct OursPlacer {
     cross_zone: u64,
     same_rack: u64,
     specs: Vec<JobSpec>,
+    /// The member of each running gang on a node: (workload job, node).
+    member_on: HashMap<(u32, u32), JobKey>,
 }
 
 fn ms(us: u64) -> i64 {
@@ -90,6 +99,7 @@ impl OursPlacer {
             cross_zone: 0,
             same_rack: 0,
             specs: Vec::new(),
+            member_on: HashMap::new(),
         })
     }
 
@@ -129,6 +139,9 @@ impl OursPlacer {
                 Move::CrossZone => self.cross_zone += 1,
                 Move::None => {}
             }
+            if !m.job.is_single() {
+                self.member_on.insert((job, node), m.job);
+            }
             out.push(Started { job, node, moved });
         }
     }
@@ -143,6 +156,12 @@ impl Placer for OursPlacer {
                 specs.push(JobSpec {
                     command: vec!["sim".to_string()],
                     cpus: j.cpus,
+                    nodes: if j.nodes > 1 { j.nodes } else { 0 },
+                    within: if j.nodes > 1 {
+                        Within::Any as i32
+                    } else {
+                        Within::Unspecified as i32
+                    },
                     latency_nice: if j.latency { -10 } else { 0 },
                     waker: j.waker.map(|w| self.job_id(w)).unwrap_or_default(),
                     // Rounded up to whole ms; the API takes at most a year.
@@ -164,13 +183,21 @@ impl Placer for OursPlacer {
                     what: "submit",
                     message: s.message().to_string(),
                 })?;
-            for (j, job) in chunk.iter().zip(&created) {
-                let n = JobKey::parse(&job.id).map(JobKey::number).ok_or_else(|| {
-                    SimError::Dispatcher {
-                        what: "submit",
-                        message: format!("unexpected job id {:?}", job.id),
-                    }
-                })?;
+            // A gang's members come back one by one (`j-N.0`, ...).
+            let mut created = created.iter();
+            for j in chunk {
+                let job = created.next();
+                for _ in 1..j.nodes {
+                    created.next();
+                }
+                let id = job.map_or("", |job| job.id.as_str());
+                let n =
+                    JobKey::parse(id)
+                        .map(JobKey::number)
+                        .ok_or_else(|| SimError::Dispatcher {
+                            what: "submit",
+                            message: format!("unexpected job id {id:?}"),
+                        })?;
                 let i = j.job as usize;
                 if self.dnum.len() <= i {
                     self.dnum.resize(i + 1, 0);
@@ -188,8 +215,12 @@ impl Placer for OursPlacer {
     }
 
     fn finished(&mut self, now: u64, job: u32, node: u32, out: &mut Vec<Started>) -> Result<()> {
+        let job_id = match self.member_on.remove(&(job, node)) {
+            Some(member) => member.to_string(),
+            None => self.job_id(job),
+        };
         let status = JobStatus {
-            job_id: self.job_id(job),
+            job_id,
             attempt: 1,
             state: JobState::Succeeded as i32,
             ..Default::default()
