@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::{Pid, geteuid};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -530,6 +530,26 @@ impl Executor {
         result
     }
 
+    /// The record's first line for `job`: what its shim, or the
+    /// supervisor (`supervised`), needs to run it.
+    fn shim_spec(
+        &self,
+        job: &JobExec,
+        run_as: Option<RunAs>,
+        cgroup: Option<PathBuf>,
+        supervised: bool,
+    ) -> ShimSpec {
+        ShimSpec {
+            version: SPEC_VERSION,
+            job: job.clone(),
+            run_as,
+            log_cap_bytes: self.cfg.log_cap_bytes,
+            cgroup,
+            lease: Some(self.lease().path().to_path_buf()),
+            supervised,
+        }
+    }
+
     async fn start_shim(
         &self,
         job: &JobExec,
@@ -538,15 +558,7 @@ impl Executor {
         cgroup: Option<PathBuf>,
     ) -> Result<JobHandle> {
         let id = job.id.clone();
-        let spec = ShimSpec {
-            version: SPEC_VERSION,
-            job: job.clone(),
-            run_as,
-            log_cap_bytes: self.cfg.log_cap_bytes,
-            cgroup: cgroup.clone(),
-            lease: Some(self.lease().path().to_path_buf()),
-            supervised: false,
-        };
+        let spec = self.shim_spec(job, run_as, cgroup.clone(), false);
         dir.create_record(&spec)?;
         let log_path = dir.shim_log();
         let mut cmd = tokio::process::Command::new(&self.cfg.shim_exe);
@@ -657,15 +669,7 @@ impl Executor {
         cgroup: Option<PathBuf>,
     ) -> Result<JobHandle> {
         let id = job.id.clone();
-        let spec = ShimSpec {
-            version: SPEC_VERSION,
-            job: job.clone(),
-            run_as,
-            log_cap_bytes: self.cfg.log_cap_bytes,
-            cgroup: cgroup.clone(),
-            lease: Some(self.lease().path().to_path_buf()),
-            supervised: true,
-        };
+        let spec = self.shim_spec(job, run_as, cgroup.clone(), true);
         dir.create_record(&spec)?;
         let (sup_pid, tx, pending) = self.link().await?;
         let (reply_tx, reply_rx) = oneshot::channel();
@@ -1224,19 +1228,9 @@ struct Link {
 
 impl Link {
     fn new(shared: Arc<Shared>, pid: i32, stream: Halves) -> Link {
-        let (rd, mut wr) = stream;
-        let (tx, mut rx) = mpsc::unbounded_channel::<String>();
-        tokio::spawn(async move {
-            while let Some(line) = rx.recv().await {
-                let mut buf = line.into_bytes();
-                while let Ok(more) = rx.try_recv() {
-                    buf.extend_from_slice(more.as_bytes());
-                }
-                if wr.write_all(&buf).await.is_err() {
-                    break;
-                }
-            }
-        });
+        let (rd, wr) = stream;
+        let (tx, rx) = mpsc::unbounded_channel::<String>();
+        tokio::spawn(super::supervisor::write_lines(wr, rx));
         let pending: Pending = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
         let reader = tokio::spawn(read_link(

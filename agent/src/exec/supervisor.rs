@@ -320,21 +320,11 @@ async fn connection(
     sup: Arc<Sup>,
     stream: UnixStream,
     tx: mpsc::UnboundedSender<String>,
-    mut rx: mpsc::UnboundedReceiver<String>,
+    rx: mpsc::UnboundedReceiver<String>,
 ) {
-    let (rd, mut wr) = stream.into_split();
+    let (rd, wr) = stream.into_split();
     let _ = tx.send(format!("hello {}\n", sup.me));
-    tokio::spawn(async move {
-        while let Some(line) = rx.recv().await {
-            let mut buf = line.into_bytes();
-            while let Ok(more) = rx.try_recv() {
-                buf.extend_from_slice(more.as_bytes());
-            }
-            if wr.write_all(&buf).await.is_err() {
-                break;
-            }
-        }
-    });
+    tokio::spawn(write_lines(wr, rx));
     let mut lines = BufReader::new(rd).lines();
     loop {
         match lines.next_line().await {
@@ -583,4 +573,23 @@ async fn supervise(sup: &Sup, mut l: Launched) -> Result<()> {
         usage,
     );
     l.jd.record_exit(&exit)
+}
+
+/// Write the lines queued on `rx` to one side of the supervisor's socket,
+/// those queued meanwhile in one write, until the channel or the socket
+/// closes. Both ends use it: the supervisor to each connection, the
+/// executor to its supervisor.
+pub(super) async fn write_lines(
+    mut wr: tokio::net::unix::OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<String>,
+) {
+    while let Some(line) = rx.recv().await {
+        let mut buf = line.into_bytes();
+        while let Ok(more) = rx.try_recv() {
+            buf.extend_from_slice(more.as_bytes());
+        }
+        if wr.write_all(&buf).await.is_err() {
+            break;
+        }
+    }
 }
