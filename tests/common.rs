@@ -583,6 +583,22 @@ impl Dispatcher {
     }
 }
 
+/// `dispatchctl ARGS` from async code, within `timeout`: its stdout, or an
+/// error with its stderr when it exits non-zero.
+pub async fn dispatchctl_ok(url: &str, args: &[&str], timeout: Duration) -> Result<String> {
+    let url = url.to_string();
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        dispatchctl_timeout(&url, &a, timeout)
+    })
+    .await??;
+    if code != 0 {
+        bail!("dispatchctl exited {code}: {err}");
+    }
+    Ok(out)
+}
+
 /// Like [`dispatchctl`], but kills it and fails if it has not exited
 /// within `timeout` (for commands that must end on their own: `watch ID`,
 /// `logs -f`, `submit --wait`).

@@ -12,8 +12,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use e2e::{Agent, Dispatcher, dispatchctl_timeout, eventually, http_get, rendered_dom, wait_nodes};
+use anyhow::{Context, Result};
+use e2e::{Agent, Dispatcher, dispatchctl_ok, eventually, http_get, rendered_dom, wait_nodes};
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::{GetJobRequest, Job, JobState, PendingReasonKind};
 use tonic::transport::Channel;
@@ -38,17 +38,7 @@ fn gpu_node(gpu: u32) -> u32 {
 }
 
 async fn ctl(url: &str, args: &[&str]) -> Result<String> {
-    let url = url.to_string();
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let (code, out, err) = tokio::task::spawn_blocking(move || {
-        let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        dispatchctl_timeout(&url, &a, T)
-    })
-    .await??;
-    if code != 0 {
-        bail!("dispatchctl exited {code}: {err}");
-    }
-    Ok(out)
+    dispatchctl_ok(url, args, T).await
 }
 
 async fn submit(url: &str, args: &[&str]) -> Result<String> {

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use e2e::{Agent, Dispatcher, dispatchctl_timeout, eventually, wait_nodes};
+use anyhow::{Context, Result};
+use e2e::{Agent, Dispatcher, dispatchctl_ok, eventually, wait_nodes};
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::{
     CancelJobRequest, GetJobRequest, Job, JobSpec, JobState, ListJobsRequest, PendingReasonKind,
@@ -35,17 +35,7 @@ async fn get(c: &mut JobServiceClient<Channel>, id: &str) -> Result<Job> {
 }
 
 async fn ctl(url: &str, args: &[&str]) -> Result<String> {
-    let url = url.to_string();
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let (code, out, err) = tokio::task::spawn_blocking(move || {
-        let a: Vec<&str> = args.iter().map(String::as_str).collect();
-        dispatchctl_timeout(&url, &a, T)
-    })
-    .await??;
-    if code != 0 {
-        bail!("dispatchctl exited {code}: {err}");
-    }
-    Ok(out)
+    dispatchctl_ok(url, args, T).await
 }
 
 /// The value of `Field:` in `get`'s detail view.
