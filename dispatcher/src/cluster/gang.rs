@@ -286,6 +286,15 @@ impl Cluster {
         }
         let before = self.gangs.reservation.take();
         let numbers: Vec<u64> = self.gangs.waiting.iter().copied().collect();
+        // An upper bound of the nodes a member could start on, by free
+        // CPUs alone, ascending; it stays an upper bound while gangs start
+        // during the pass (they only take CPUs). A gang with more members
+        // than nodes with its CPUs free cannot start: once the reservation
+        // is given, a gang already waiting for nodes goes on waiting
+        // without the O(nodes) search (a gang waiting for another reason
+        // still gets the full pass, which says why).
+        let mut free_cpus: Vec<u32> = self.schedulable_free_cpus();
+        free_cpus.sort_unstable();
         for n in numbers {
             let (waiting, holding) = self.members_by_phase(n);
             if waiting.is_empty() || self.gangs.map.get(&n).is_none_or(|g| g.ending) {
@@ -298,6 +307,21 @@ impl Cluster {
                 if !self.replace_members(n, &waiting, now, fx) {
                     self.restart_gang(n, None, now, fx);
                 }
+                continue;
+            }
+            if self.gangs.reservation.is_some()
+                && let Some(cpus) = self.gang_cpus(n)
+                && free_cpus.len() - free_cpus.partition_point(|&f| f < cpus) < waiting.len()
+                && waiting.iter().all(|&k| {
+                    matches!(
+                        self.jobs.get(k).map(|e| e.phase()),
+                        Some(Phase::Unplaced {
+                            why: Unplaced::Gang
+                        })
+                    )
+                })
+            {
+                // Already waiting for nodes, and still no room for it.
                 continue;
             }
             if self.try_start_gang(n, &waiting, now, fx) {
@@ -322,6 +346,49 @@ impl Cluster {
             }
         }
         (waiting, holding)
+    }
+
+    /// Free CPUs of each schedulable node in the engine (any order).
+    fn schedulable_free_cpus(&self) -> Vec<u32> {
+        let Some(engine) = self.engine.sched() else {
+            return Vec::new();
+        };
+        (0..engine.topology().nr_leaves())
+            .filter(|&leaf| {
+                self.engine
+                    .node_at(leaf)
+                    .and_then(|name| self.nodes.get(name))
+                    .is_some_and(super::NodeInfo::schedulable)
+            })
+            .map(|leaf| engine.rq(leaf).free())
+            .collect()
+    }
+
+    /// CPUs per member of gang `n` (its spec's, at least 1).
+    fn gang_cpus(&self, n: u64) -> Option<u32> {
+        let first = self.jobs.elements(JobKey::single(n)).next()?;
+        Some(self.jobs.get(first)?.job().spec.as_ref()?.cpus.max(1))
+    }
+
+    /// Members that wait for their gang's nodes say so (`Unplaced::Gang`),
+    /// persisted when it changed.
+    fn mark_gang_waiting(&mut self, waiting: &[JobKey], fx: &mut Effects) {
+        for &k in waiting {
+            if !matches!(
+                self.jobs.get(k).map(|e| e.phase()),
+                Some(Phase::Unplaced {
+                    why: Unplaced::Gang
+                })
+            ) {
+                self.jobs.set_phase(
+                    k,
+                    Phase::Unplaced {
+                        why: Unplaced::Gang,
+                    },
+                );
+                self.persist(k, fx);
+            }
+        }
     }
 
     /// The spec members share (the first member's).
@@ -381,22 +448,7 @@ impl Cluster {
                 return true;
             }
         }
-        for &k in waiting {
-            if !matches!(
-                self.jobs.get(k).map(|e| e.phase()),
-                Some(Phase::Unplaced {
-                    why: Unplaced::Gang
-                })
-            ) {
-                self.jobs.set_phase(
-                    k,
-                    Phase::Unplaced {
-                        why: Unplaced::Gang,
-                    },
-                );
-                self.persist(k, fx);
-            }
-        }
+        self.mark_gang_waiting(waiting, fx);
         if self.gangs.reservation.is_none() {
             let res = gang_reservation_in(&topo, waiting.len(), level, |leaf| {
                 self.ready_at(leaf, &spec, allowed.as_deref(), now)
