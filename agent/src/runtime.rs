@@ -1007,7 +1007,7 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
             }
             agent.outbox.clear(); // no stream: see `Agent::flush`
         }
-        backoff = (backoff * 2).min(Duration::from_secs(2));
+        backoff = (backoff * 2).min(max_backoff(agent.lease.len_ns));
     }
     // Shims still starting: wait for their answers, so that the executor
     // tracks every job it is asked to shut down.
@@ -1194,9 +1194,43 @@ fn schedstats_report(stats: &sched::Schedstats) -> HashMap<String, u64> {
         .collect()
 }
 
+/// The longest wait between two attempts to reach a dispatcher: 2 s, or a
+/// quarter of the lease when that is shorter (at least 50 ms). Growing the
+/// backoff past the lease would turn a short network cut into an outage
+/// longer than the dispatcher's heartbeat deadline, after which it
+/// retries the node's jobs elsewhere although they ran (faults_netcut saw
+/// a 750 ms cut become 5 s and jobs run twice).
+fn max_backoff(lease_ns: u64) -> Duration {
+    let cap = Duration::from_secs(2);
+    if lease_ns == 0 {
+        return cap;
+    }
+    Duration::from_nanos(lease_ns / 4)
+        .max(Duration::from_millis(50))
+        .min(cap)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reconnect_backoff_stays_under_the_lease() {
+        // No lease known yet: the 2 s cap.
+        assert_eq!(max_backoff(0), Duration::from_secs(2));
+        // faults_netcut's 2 s lease: at most 500 ms between attempts.
+        assert_eq!(max_backoff(2_000_000_000), Duration::from_millis(500));
+        // A long lease keeps the 2 s cap; a tiny one the 50 ms floor.
+        assert_eq!(max_backoff(60_000_000_000), Duration::from_secs(2));
+        assert_eq!(max_backoff(1_000_000), Duration::from_millis(50));
+        // Doubling from 100 ms never passes a quarter of the lease.
+        let lease_ns = 2_000_000_000;
+        let mut b = Duration::from_millis(100);
+        for _ in 0..20 {
+            b = (b * 2).min(max_backoff(lease_ns));
+            assert!(b.as_nanos() <= u128::from(lease_ns) / 4, "{b:?}");
+        }
+    }
 
     /// Every field of `Schedstats`, read from its Debug output (not from
     /// the list under test), with its value.
