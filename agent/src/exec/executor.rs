@@ -530,6 +530,28 @@ impl Executor {
         result
     }
 
+    /// `<shim_exe> shim FLAG DIR` (a job's shim or the supervisor) in its
+    /// own session, with an empty environment, stdout piped for its
+    /// answer.
+    fn shim_command(&self, flag: &str, dir: &Path) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.cfg.shim_exe);
+        cmd.arg("shim")
+            .arg(flag)
+            .arg(dir)
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(false);
+        // Safety: runs in the forked child before exec and only calls
+        // setsid(2), which is async-signal-safe; it allocates nothing (the
+        // error path builds an io::Error from an errno, no allocation).
+        unsafe {
+            cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(io::Error::from));
+        }
+        cmd
+    }
+
     /// The record's first line for `job`: what its shim, or the
     /// supervisor (`supervised`), needs to run it.
     fn shim_spec(
@@ -561,21 +583,7 @@ impl Executor {
         let spec = self.shim_spec(job, run_as, cgroup.clone(), false);
         dir.create_record(&spec)?;
         let log_path = dir.shim_log();
-        let mut cmd = tokio::process::Command::new(&self.cfg.shim_exe);
-        cmd.arg("shim")
-            .arg("--job-dir")
-            .arg(dir.path())
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(false);
-        // Safety: runs in the forked child before exec and only calls
-        // setsid(2), which is async-signal-safe; it allocates nothing (the
-        // error path builds an io::Error from an errno, no allocation).
-        unsafe {
-            cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(io::Error::from));
-        }
+        let mut cmd = self.shim_command("--job-dir", dir.path());
         let mut child = cmd
             .spawn()
             .map_err(|e| ExecError::io("start the shim", &self.cfg.shim_exe, e))?;
@@ -745,19 +753,7 @@ impl Executor {
     /// Start `agent shim --state-dir DIR` in its own session and wait until
     /// its socket is bound.
     async fn start_supervisor(&self) -> Result<()> {
-        let mut cmd = tokio::process::Command::new(&self.cfg.shim_exe);
-        cmd.arg("shim")
-            .arg("--state-dir")
-            .arg(&self.cfg.state_dir)
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(false);
-        // Safety: as for the shim, only setsid(2) between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| nix::unistd::setsid().map(drop).map_err(io::Error::from));
-        }
+        let mut cmd = self.shim_command("--state-dir", &self.cfg.state_dir);
         let mut child = cmd
             .spawn()
             .map_err(|e| ExecError::io("start the supervisor", &self.cfg.shim_exe, e))?;
