@@ -285,3 +285,94 @@ async fn a_restarted_agent_keeps_readopted_jobs_gpus() -> Result<()> {
     }
     Ok(())
 }
+
+/// The fixture's `/dev/nvidiaN` minors in PCI order (GPU index -> minor):
+/// `proc/driver/nvidia/gpus/*/information` of x6-2-8gpu.
+const NVIDIA_MINORS: [u32; 8] = [2, 3, 0, 1, 6, 7, 4, 5];
+
+/// A job's cgroup denies it the GPUs it does not hold. The fixture's GPUs
+/// do not exist here, so the test makes their device nodes itself
+/// (`mknod c 195 N`, no driver behind them): opening one the job holds
+/// fails with ENXIO (no such device), one it does not hold with EPERM
+/// from the job cgroup's BPF device program, before any driver is asked.
+/// The agent runs its jobs under the supervisor launcher, whose cgroup
+/// root it creates itself; CI has cgroup2 and BPF, elsewhere the test
+/// says what is missing and stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_job_cannot_open_the_gpus_it_does_not_hold() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir()?;
+    let nodes = dir.path().join("dev");
+    std::fs::create_dir(&nodes)?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+    for minor in 0..8u32 {
+        let path = nodes.join(format!("nvidia{minor}"));
+        let made = nix::sys::stat::mknod(
+            &path,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, u64::from(minor)),
+        );
+        if let Err(e) = made {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI runs as root but mknod failed: {e}"
+            );
+            eprintln!("not exercised: mknod {}: {e}", path.display());
+            return Ok(());
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))?;
+    }
+    let d = Dispatcher::start(dir.path(), &[])?;
+    let agent = Agent::start_sysfs(
+        dir.path(),
+        &d.url,
+        "gpu-node",
+        &fixture(),
+        &[],
+        &["--launcher", "supervisor"],
+    )?;
+    wait_nodes(&d, 1, T).await?;
+    let c = d.jobs().await?;
+    let script = format!(
+        "for n in 0 1 2 3 4 5 6 7; do err=$( (exec 3<{}/nvidia$n) 2>&1 ); \
+         case \"$err\" in *'not permitted'*) echo \"nvidia$n denied\";; \
+         *) echo \"nvidia$n open-attempted: $err\";; esac; done",
+        nodes.display()
+    );
+    let id = submit(&d.url, &["--gpus", "1", "--", "sh", "-c", &script]).await?;
+    let job = in_state(&c, &id, JobState::Succeeded).await?;
+    let log = std::fs::read_to_string(&agent.proc.log).unwrap_or_default();
+    if log.contains("GPUs not held by the job are not denied") || log.contains("no cgroup for jobs")
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI provides cgroup2 and BPF, but the agent could not confine GPUs: see {}",
+            agent.proc.log.display()
+        );
+        eprintln!("not exercised: the agent could not confine GPUs here");
+        return Ok(());
+    }
+    assert_eq!(job.gpus.len(), 1, "{job:?}");
+    let held = NVIDIA_MINORS[job.gpus[0] as usize];
+    let out = ctl(&d.url, &["logs", &id]).await?;
+    for minor in 0..8u32 {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("nvidia{minor} ")))
+            .with_context(|| format!("no line for nvidia{minor}: {out:?}"))?;
+        if minor == held {
+            assert!(
+                line.contains("open-attempted") && !line.contains("not permitted"),
+                "the job holds /dev/nvidia{minor}: {line}"
+            );
+        } else {
+            assert_eq!(
+                line,
+                format!("nvidia{minor} denied"),
+                "the job holds only /dev/nvidia{held}"
+            );
+        }
+    }
+    Ok(())
+}

@@ -26,16 +26,20 @@
 //!   is PCI bus order, which no AMD machine here could confirm.
 //! * `DISPATCH_GPUS`: the node's GPU indices, whatever the vendor.
 //!
-//! Not done: device cgroup rules. A job can open every `/dev/nvidia*` it
-//! has permission for; the variables above steer CUDA/ROCm, they do not
-//! confine. (cgroup v2 needs a `BPF_PROG_TYPE_CGROUP_DEVICE` program
-//! attached to the job's cgroup; cgroup v1 needs `devices.deny` /
-//! `devices.allow` in a devices-controller cgroup the job enters before
-//! exec. Neither exists in the executor yet.)
+//!
+//! The variables steer CUDA/ROCm; they do not confine. Where the job has a
+//! cgroup v2 and the agent may load BPF programs, its cgroup also denies it
+//! the device nodes (`/dev/nvidiaN`, the DRM `card`/`renderD` nodes) of
+//! every GPU it does not hold ([`GpuPool::deny_for`],
+//! [`crate::exec::devices`]); elsewhere the agent logs that GPUs are not
+//! confined. Shared control nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
+//! `/dev/kfd`) stay open to all, as the NVIDIA and ROCm container
+//! runtimes leave them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
+use crate::exec::devices::{DenyList, DeviceNode};
 use crate::topology::devices::{VENDOR_AMD, VENDOR_INTEL, VENDOR_NVIDIA, gpu_tree};
 use crate::topology::{DeviceKind, MachineTopology, PciDevice};
 
@@ -153,6 +157,21 @@ impl GpuPool {
     /// The NUMA node of GPU `index`.
     pub fn numa_node(&self, index: u32) -> Option<u32> {
         self.gpus.get(index as usize).and_then(|g| g.numa_node)
+    }
+
+    /// The device nodes of every GPU not in `gpus`: what a job holding
+    /// `gpus` may not open (its cgroup's device rules, see
+    /// [`crate::exec::devices`]). A job holding no GPU is denied them all.
+    pub fn deny_for(&self, gpus: &[u32]) -> DenyList {
+        DenyList::new(
+            self.gpus
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !gpus.contains(&(*i as u32)))
+                .flat_map(|(_, g)| g.char_devices())
+                .map(|(major, minor)| DeviceNode::char(major, minor))
+                .collect(),
+        )
     }
 
     /// The environment telling a job's programs its GPUs (see the module
@@ -323,6 +342,30 @@ mod tests {
         assert_eq!(pool.choose(3, &[0]), Some(vec![4, 5, 6]));
         assert!(pool.take_changed());
         assert!(!pool.take_changed());
+    }
+
+    #[test]
+    fn a_job_is_denied_the_nodes_of_every_gpu_it_does_not_hold() {
+        let pool = GpuPool::new(&fixture());
+        // The fixture's /dev/nvidiaN minors in PCI order, and its DRM
+        // cards (sys/devices/.../drm/cardN/dev, "226:N", N = 1..8 in PCI
+        // order), read from the fixture's files, not from the pool.
+        let minors = [2u32, 3, 0, 1, 6, 7, 4, 5];
+        let nodes_of = |g: usize| {
+            vec![
+                DeviceNode::char(195, minors[g]),
+                DeviceNode::char(226, g as u32 + 1),
+            ]
+        };
+        let all: Vec<DeviceNode> = (0..8).flat_map(nodes_of).collect();
+        assert_eq!(pool.deny_for(&[]), DenyList::new(all.clone()));
+        assert!(pool.deny_for(&(0..8).collect::<Vec<_>>()).is_empty());
+        let deny = pool.deny_for(&[4, 5]);
+        let want: Vec<DeviceNode> = (0..8)
+            .filter(|g| ![4, 5].contains(g))
+            .flat_map(nodes_of)
+            .collect();
+        assert_eq!(deny, DenyList::new(want));
     }
 
     #[test]

@@ -405,6 +405,7 @@ impl Agent {
         // The job's GPUs (chosen with its CPUs): CUDA_VISIBLE_DEVICES etc.
         let gpus = self.local.gpus_of(id);
         job.env.extend(self.local.gpu_pool().env(&gpus));
+        job.deny_devices = self.local.gpu_pool().deny_for(&gpus);
         if let Some((job_id, attempt)) = parse_local_id(id) {
             let node = self.opts.node.clone();
             self.traces

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use agent::exec::{
     ExecConfig, ExecError, Executor, JobExec, JobExit, JobHandle, JobOutcome, JobState, Launcher,
     RlimitResource, ShutdownMode, cgroup,
+    devices::{DenyList, DeviceNode},
 };
 use nix::sched::{CpuSet, sched_getaffinity};
 use nix::sys::signal::{Signal, kill, killpg};
@@ -1441,4 +1442,46 @@ async fn the_supervisor_launcher_makes_a_cgroup_root_per_state_dir() {
         exec.shutdown().await.unwrap();
         assert!(!root.exists(), "removed on shutdown once empty");
     }
+}
+
+/// A job's cgroup denies it the device nodes in its `deny_devices` (the
+/// GPUs it does not hold) through a BPF device program: opening
+/// `/dev/null` (c 1:3) fails with EPERM inside the job while `/dev/zero`
+/// (c 1:5) opens, and a job without rules opens both. Required in CI
+/// (root, cgroup2, BPF); said and skipped elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_cgroup_denies_it_the_devices_it_does_not_hold() {
+    let fx = Fixture::new();
+    let Some(root) = supervisor_cgroup_root("devices") else {
+        return;
+    };
+    let exec = fx.executor_with({
+        let root = root.clone();
+        move |c| c.cgroup_root = Some(root)
+    });
+    let support = exec.cgroup_support().cloned().expect("probed above");
+    if !support.devices {
+        missing_cgroup_part("BPF device programs cannot be loaded (see the warning above)");
+        return;
+    }
+    let (a, _) = two_cpus();
+    let script = "for d in /dev/null /dev/zero; do \
+                  if (exec 3<$d); then echo \"$d open\"; \
+                  else echo \"$d denied\"; fi; done";
+    let mut confined = sh("dev-confined", script, vec![a]);
+    confined.deny_devices = DenyList::new(vec![DeviceNode::char(1, 3)]);
+    let mut free = sh("dev-free", script, vec![a]);
+    free.deny_devices = DenyList::default();
+    for (job, want) in [
+        (confined, "/dev/null denied\n/dev/zero open\n"),
+        (free, "/dev/null open\n/dev/zero open\n"),
+    ] {
+        let id = job.id.clone();
+        let mut h = exec.spawn(job).await.unwrap();
+        assert!(h.cgroup().is_some(), "{id} has a cgroup");
+        assert_eq!(wait_exit(&mut h).await.outcome, JobOutcome::Exited(0));
+        assert_eq!(fs::read_to_string(h.stdout_path()).unwrap(), want, "{id}");
+    }
+    drop(exec);
+    fs::remove_dir(&root).expect("remove the test's cgroup root");
 }

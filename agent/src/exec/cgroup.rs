@@ -30,6 +30,7 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use super::devices::{self, DenyList};
 use super::error::{ExecError, Result};
 use crate::topology::format_cpulist;
 
@@ -42,6 +43,9 @@ pub struct CgroupSupport {
     pub cpuset: bool,
     /// `memory` is enabled for the root's children: `memory.max` is set.
     pub memory: bool,
+    /// BPF device programs can be loaded: a job's cgroup gets its device
+    /// rules (see `devices.rs`).
+    pub devices: bool,
 }
 
 impl CgroupSupport {
@@ -120,6 +124,13 @@ impl CgroupSupport {
             root: root.to_owned(),
             cpuset: after.iter().any(|c| c == "cpuset"),
             memory: after.iter().any(|c| c == "memory"),
+            devices: match super::devices::probe() {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "GPUs are not confined to the jobs holding them: no BPF device programs");
+                    false
+                }
+            },
         })
     }
 
@@ -134,6 +145,7 @@ impl CgroupSupport {
         id: &str,
         cpus: &[u32],
         memory_max: Option<u64>,
+        deny_devices: &DenyList,
     ) -> Result<PathBuf> {
         let path = self.job_path(id);
         match fs::create_dir(&path) {
@@ -156,6 +168,17 @@ impl CgroupSupport {
                     "memory_max not enforced: the memory controller is not enabled for job cgroups"
                 ),
                 None => {}
+            }
+            if !deny_devices.is_empty() {
+                if !self.devices {
+                    tracing::warn!(
+                        job = id,
+                        "GPUs not held by the job are not denied to it: no BPF device programs"
+                    );
+                } else if let Err(e) = devices::attach(&path, deny_devices) {
+                    // As for the controllers: said, and the job runs.
+                    tracing::warn!(job = id, error = %e, "GPUs not held by the job are not denied to it");
+                }
             }
             Ok(())
         })();

@@ -501,16 +501,24 @@ impl Executor {
     async fn start(&self, job: &JobExec, run_as: Option<RunAs>, dir: &JobDir) -> Result<JobHandle> {
         let id = job.id.as_str();
         let cgroup = match &self.cgroup {
-            Some(support) => match support.create_job(id, &job.cpus, job.memory_max) {
-                Ok(path) => Some(path),
-                Err(e) => {
-                    tracing::warn!(job = id, error = %e, "running the job without a cgroup");
-                    None
+            Some(support) => {
+                match support.create_job(id, &job.cpus, job.memory_max, &job.deny_devices) {
+                    Ok(path) => Some(path),
+                    Err(e) => {
+                        tracing::warn!(job = id, error = %e, "running the job without a cgroup");
+                        None
+                    }
                 }
-            },
+            }
             None => {
                 if job.memory_max.is_some() {
                     tracing::warn!(job = id, "memory_max not enforced: no cgroup");
+                }
+                if !job.deny_devices.is_empty() {
+                    tracing::warn!(
+                        job = id,
+                        "GPUs not held by the job are not denied to it: no cgroup"
+                    );
                 }
                 None
             }

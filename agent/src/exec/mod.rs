@@ -42,6 +42,7 @@
 //! - `error.rs`: [`ExecError`].
 
 pub mod cgroup;
+pub mod devices;
 mod error;
 mod executor;
 mod group;

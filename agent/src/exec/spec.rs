@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use nix::sys::resource::Resource;
 use serde::{Deserialize, Serialize};
 
+use super::devices::DenyList;
 use super::error::{ExecError, Result};
 
 /// Grace period between SIGTERM and SIGKILL when a job times out (and when
@@ -56,6 +57,11 @@ pub struct JobExec {
     /// unknown): picks the uid it runs as through the user map.
     #[serde(default)]
     pub owner: String,
+    /// Device nodes the job may not open (the GPUs it does not hold):
+    /// enforced through its cgroup where it has one and BPF device
+    /// programs can be loaded (see `devices.rs`), else a warning.
+    #[serde(default)]
+    pub deny_devices: DenyList,
 }
 
 impl JobExec {
@@ -74,6 +80,7 @@ impl JobExec {
             timeout: None,
             kill_grace: DEFAULT_KILL_GRACE,
             owner: String::new(),
+            deny_devices: DenyList::default(),
         }
     }
 

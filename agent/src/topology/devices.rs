@@ -102,6 +102,10 @@ pub struct PciDevice {
     pub nvidia_minor: Option<u32>,
     /// The DRM cards of the device ("card1"), sorted.
     pub drm_cards: Vec<String>,
+    /// The `major:minor` numbers of the device's DRM nodes (`card*` and
+    /// `renderD*`, from their `dev` files), sorted.
+    #[serde(default)]
+    pub drm_devs: Vec<(u32, u32)>,
 }
 
 /// How directly two devices reach each other over PCIe, best first, in
@@ -121,7 +125,31 @@ pub enum PcieLink {
     Sys,
 }
 
+/// The major number of `/dev/nvidiaN` (the NVIDIA driver's fixed one).
+pub const NVIDIA_MAJOR: u32 = 195;
+
+/// A sysfs `dev` file's "major:minor".
+pub fn parse_dev_numbers(text: &str) -> Option<(u32, u32)> {
+    let (major, minor) = text.trim().split_once(':')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
 impl PciDevice {
+    /// The character device nodes that open this device: `/dev/nvidiaN`
+    /// of an NVIDIA GPU and the device's DRM nodes. A job holding the
+    /// device may open them; the agent denies them to every other job.
+    pub fn char_devices(&self) -> Vec<(u32, u32)> {
+        let mut nodes: Vec<(u32, u32)> = self
+            .nvidia_minor
+            .map(|m| (NVIDIA_MAJOR, m))
+            .into_iter()
+            .chain(self.drm_devs.iter().copied())
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes
+    }
+
     /// How this device reaches `other`. Under one host bridge, the bridge
     /// paths are compared: devices that share a bridge and sit at most one
     /// bridge below the last shared one (the ports of one switch, the
@@ -320,20 +348,38 @@ impl SysfsReader {
             } else {
                 None
             };
-            let mut drm_cards: Vec<String> =
-                match self.source.list_dir(&self.root, &path.join("drm")) {
-                    Ok(cards) => cards
-                        .into_iter()
-                        .filter_map(|name| name.into_string().ok())
-                        .filter(|n| {
-                            n.strip_prefix("card").is_some_and(|d| {
-                                !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit())
-                            })
-                        })
-                        .collect(),
-                    Err(_) => Vec::new(),
-                };
+            let drm_dir = path.join("drm");
+            let drm_names: Vec<String> = match self.source.list_dir(&self.root, &drm_dir) {
+                Ok(names) => names
+                    .into_iter()
+                    .filter_map(|name| name.into_string().ok())
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            let numbered = |n: &str, prefix: &str| {
+                n.strip_prefix(prefix)
+                    .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            };
+            let mut drm_cards: Vec<String> = drm_names
+                .iter()
+                .filter(|n| numbered(n, "card"))
+                .cloned()
+                .collect();
             drm_cards.sort();
+            // The device numbers of the DRM nodes (card*, renderD*), for the
+            // job's device rules; a missing or malformed `dev` is skipped.
+            let mut drm_devs = Vec::new();
+            for name in drm_names
+                .iter()
+                .filter(|n| numbered(n, "card") || numbered(n, "renderD"))
+            {
+                if let Some(text) = self.read_optional(&drm_dir.join(name).join("dev"))?
+                    && let Some(numbers) = parse_dev_numbers(&text)
+                {
+                    drm_devs.push(numbers);
+                }
+            }
+            drm_devs.sort_unstable();
             devices.push(PciDevice {
                 address,
                 kind,
@@ -346,6 +392,7 @@ impl SysfsReader {
                 bridges,
                 nvidia_minor,
                 drm_cards,
+                drm_devs,
             });
         }
         Ok(devices)
@@ -369,6 +416,7 @@ mod tests {
             bridges: bridges.iter().map(|b| b.to_string()).collect(),
             nvidia_minor: None,
             drm_cards: Vec::new(),
+            drm_devs: Vec::new(),
         }
     }
 
