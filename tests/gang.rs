@@ -147,8 +147,16 @@ async fn gangs_start_together_wait_holding_nothing_and_restart_on_member_loss() 
     // A silent node is DOWN after 5 missed 200 ms heartbeats.
     let d = Dispatcher::start(
         dir.path(),
-        &["--heartbeat-ms", "200", "--missed-heartbeats", "5"],
+        &[
+            "--heartbeat-ms",
+            "200",
+            "--missed-heartbeats",
+            "5",
+            "--http-listen",
+            "127.0.0.1:0",
+        ],
     )?;
+    let web = d.web_port(LONG)?;
     let mut agents = start_agents(
         dir.path(),
         &d,
@@ -257,6 +265,60 @@ async fn gangs_start_together_wait_holding_nothing_and_restart_on_member_loss() 
         code == 0 && out.contains("j-1.0") && out.contains("j-1.1"),
         "ls --gang j-1:\n{out}"
     );
+    // The gang per node and per rack: `nodes` names it on its members'
+    // nodes only; `top --once` counts it once, in rack r1; so does the
+    // web page's JSON.
+    let (code, out, _) = dispatchctl(&d.url, &["nodes"])?;
+    ensure!(code == 0, "nodes: {out}");
+    for line in out.lines().skip(1) {
+        let node = line.split_whitespace().next().unwrap_or_default();
+        ensure!(
+            line.contains(" j-1 ") == nodes.contains(node),
+            "nodes shows gang j-1 wrongly on {node}:\n{out}"
+        );
+    }
+    let (code, out, _) = dispatchctl(&d.url, &["top", "--once"])?;
+    ensure!(
+        code == 0 && out.contains("gangs: 1 on 2 nodes"),
+        "top --once:\n{out}"
+    );
+    let rack_line = |rack: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().take(2).eq(["z1", rack]))
+            .map(|l| l.split_whitespace().last().unwrap_or_default().to_string())
+    };
+    ensure!(
+        rack_line("r1").as_deref() == Some("1") && rack_line("r2").as_deref() == Some("0"),
+        "top --once's racks:\n{out}"
+    );
+    eventually(LONG, "the web page's rack r1 holding gang j-1", || async {
+        let (_, body) = e2e::http_get(web, "/api/v1/racks/z1/r1").ok()?;
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let on: HashSet<String> = v["nodes"]
+            .as_array()?
+            .iter()
+            .filter(|n| {
+                n["gangs"]
+                    .as_array()
+                    .is_some_and(|g| g.iter().any(|x| x == "j-1"))
+            })
+            .filter_map(|n| n["name"].as_str().map(String::from))
+            .collect();
+        let (_, body) = e2e::http_get(web, "/api/v1/cluster").ok()?;
+        let c: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let r1 = c["zones"][0]["racks"]
+            .as_array()?
+            .iter()
+            .find(|r| r["name"] == "r1")?
+            .clone();
+        (on.len() == 2
+            && nodes.iter().all(|n| on.contains(*n))
+            && r1["gangs"] == 1
+            && r1["totals"]["gang_members"] == 2)
+            .then_some(())
+    })
+    .await
+    .with_context(ctx)?;
 
     // 2. A gang of 3 within one rack does not fit (r1 has one free node,
     // r2 one node): it waits and holds nothing.

@@ -1063,7 +1063,8 @@ pub async fn nodes(client: &mut Client, a: &NodesArgs, io: &mut Io<'_>) -> Resul
 }
 
 /// `nodes`'s table: NAME, STATE, ZONE, RACK, SOCKETS, NUMA, LLC, CORES,
-/// T/C, CPUS, GPUS (free/total, `-` without GPUs), BUSY, the free CPUs
+/// T/C, CPUS, GPUS (free/total, `-` without GPUs), GANGS (the gangs
+/// with a member on the node, `-` for none), BUSY, the free CPUs
 /// per level (CORE, LLC, NUMA, PKG, ANY under a `FREE:` prefix), RUN and
 /// WAIT. Load columns are `-` for a node that has not reported load.
 pub fn nodes_table(nodes: &[pb::Node], wide: bool) -> String {
@@ -1079,6 +1080,7 @@ pub fn nodes_table(nodes: &[pb::Node], wide: bool) -> String {
         Column::right("T/C"),
         Column::right("CPUS"),
         Column::right("GPUS"),
+        Column::left("GANGS").max(24),
         Column::right("BUSY"),
         Column::right("FREE:CORE"),
         Column::right("LLC"),
@@ -1103,6 +1105,11 @@ pub fn nodes_table(nodes: &[pb::Node], wide: bool) -> String {
             v.threads_per_core.to_string(),
             node_cpus(n).to_string(),
             gpus_text(n),
+            if n.gangs.is_empty() {
+                "-".to_string()
+            } else {
+                n.gangs.join(",")
+            },
         ];
         match &v.load {
             Some(l) => row.extend([
@@ -1197,6 +1204,9 @@ pub fn node_detail(n: &pb::Node, now: i64) -> String {
     }
     if n.gpus > 0 {
         rows.push(("GPUs", format!("{} of {} free", n.gpus_free, n.gpus)));
+    }
+    if !n.gangs.is_empty() {
+        rows.push(("Gangs", n.gangs.join(", ")));
     }
     for d in &n.devices {
         let d = DeviceView::from(d);

@@ -46,6 +46,8 @@ pub struct NodeRow {
     /// GPUs, and those no job holds.
     pub gpus: u32,
     pub gpus_free: u32,
+    /// The gangs with a member holding the node (`j-N`).
+    pub gangs: Vec<String>,
 }
 
 /// Active jobs by state and latency class.
@@ -105,6 +107,7 @@ impl Snapshot {
                     waiting: load.map_or(0, |l| l.waiting_jobs),
                     gpus: n.gpus,
                     gpus_free: n.gpus_free,
+                    gangs: n.gangs.clone(),
                 }
             })
             .collect();
@@ -151,8 +154,23 @@ impl Snapshot {
             .sum();
         let pct = (busy * 100).checked_div(cpus).unwrap_or(0);
         let q = &self.queues;
+        let gangs: std::collections::BTreeSet<&str> = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.gangs.iter().map(String::as_str))
+            .collect();
+        let gang_nodes = self.nodes.iter().filter(|n| !n.gangs.is_empty()).count();
+        let gangs = if gangs.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "   gangs: {} on {gang_nodes} node{}",
+                gangs.len(),
+                if gang_nodes == 1 { "" } else { "s" }
+            )
+        };
         format!(
-            "nodes: {}{}   cpus: {busy}/{cpus} busy ({pct}%)   jobs: {} pending, {} assigned, {} running",
+            "nodes: {}{}   cpus: {busy}/{cpus} busy ({pct}%)   jobs: {} pending, {} assigned, {} running{gangs}",
             self.nodes.len(),
             if states.is_empty() {
                 String::new()
@@ -164,6 +182,52 @@ impl Snapshot {
             q.total(2),
         )
     }
+
+    /// One line per rack (zone/rack, in name order): nodes, busy CPUs,
+    /// GPUs free/total, and the gangs with a member in it (each once).
+    pub fn racks(&self) -> Vec<RackRow> {
+        let mut racks: std::collections::BTreeMap<(&str, &str), RackRow> = Default::default();
+        let mut gangs: std::collections::BTreeMap<(&str, &str), std::collections::BTreeSet<&str>> =
+            Default::default();
+        for n in &self.nodes {
+            let key = (n.zone.as_str(), n.rack.as_str());
+            let r = racks.entry(key).or_insert_with(|| RackRow {
+                zone: n.zone.clone(),
+                rack: n.rack.clone(),
+                ..RackRow::default()
+            });
+            r.nodes += 1;
+            r.cpus += n.cpus;
+            r.busy += n.busy.unwrap_or(0);
+            r.gpus += n.gpus;
+            r.gpus_free += n.gpus_free;
+            gangs
+                .entry(key)
+                .or_default()
+                .extend(n.gangs.iter().map(String::as_str));
+        }
+        racks
+            .into_iter()
+            .map(|(key, mut r)| {
+                r.gangs = gangs.get(&key).map_or(0, |g| g.len() as u32);
+                r
+            })
+            .collect()
+    }
+}
+
+/// One rack's line in `top --once`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RackRow {
+    pub zone: String,
+    pub rack: String,
+    pub nodes: u32,
+    pub cpus: u32,
+    pub busy: u32,
+    pub gpus: u32,
+    pub gpus_free: u32,
+    /// Gangs with a member in the rack, each once.
+    pub gangs: u32,
 }
 
 /// `[||||||      ]`: `busy` of `total` over `width` characters, rounded
@@ -205,6 +269,7 @@ fn node_cells(n: &NodeRow) -> Vec<String> {
         } else {
             format!("{}/{}", n.gpus_free, n.gpus)
         },
+        n.gangs.len().to_string(),
     ];
     match n.free {
         Some(f) => row.extend([f.core, f.llc, f.numa, f.package, f.any].map(|v| v.to_string())),
@@ -215,13 +280,14 @@ fn node_cells(n: &NodeRow) -> Vec<String> {
     row
 }
 
-const NODE_HEADERS: [&str; 13] = [
+const NODE_HEADERS: [&str; 14] = [
     "NODE",
     "STATE",
     "ZONE",
     "RACK",
     "BUSY",
     "GPUS",
+    "GANGS",
     "FREE:CORE",
     "LLC",
     "NUMA",
@@ -274,6 +340,37 @@ pub fn render_text(s: &Snapshot) -> String {
             t.row(node_cells(n));
         }
         out.push_str(&t.render());
+        out.push('\n');
+        let mut r = Table::new(vec![
+            Column::left("ZONE"),
+            Column::left("RACK"),
+            Column::right("NODES"),
+            Column::right("BUSY"),
+            Column::right("GPUS"),
+            Column::right("GANGS"),
+        ]);
+        for rack in s.racks() {
+            let dash = |s: &str| {
+                if s.is_empty() {
+                    "-".to_string()
+                } else {
+                    s.to_string()
+                }
+            };
+            r.row(vec![
+                dash(&rack.zone),
+                dash(&rack.rack),
+                rack.nodes.to_string(),
+                format!("{}/{}", rack.busy, rack.cpus),
+                if rack.gpus == 0 {
+                    "-".to_string()
+                } else {
+                    format!("{}/{}", rack.gpus_free, rack.gpus)
+                },
+                rack.gangs.to_string(),
+            ]);
+        }
+        out.push_str(&r.render());
     }
     out.push('\n');
     let mut q = Table::new(
@@ -364,6 +461,7 @@ pub fn draw(frame: &mut Frame, view: &View) {
         Constraint::Length(8),
         Constraint::Length(8),
         Constraint::Length(BAR_WIDTH as u16 + 12),
+        Constraint::Length(5),
         Constraint::Length(5),
         Constraint::Length(9),
         Constraint::Length(4),

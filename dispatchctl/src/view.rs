@@ -424,6 +424,8 @@ pub struct NodeView {
     /// GPUs, and those no job holds.
     pub gpus: u32,
     pub gpus_free: u32,
+    /// The gangs with a member holding the node (`j-N`).
+    pub gangs: Vec<String>,
     pub devices: Vec<DeviceView>,
 }
 
@@ -480,6 +482,7 @@ impl From<&pb::Node> for NodeView {
             topology: n.topology.as_ref().map(TopologyView::from),
             gpus: n.gpus,
             gpus_free: n.gpus_free,
+            gangs: n.gangs.clone(),
             devices: n.devices.iter().map(DeviceView::from).collect(),
         }
     }

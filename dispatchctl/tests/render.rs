@@ -168,6 +168,7 @@ fn nodes() -> Vec<pb::Node> {
             rack: "r1".into(),
             gpus: 2,
             gpus_free: 1,
+            gangs: vec!["j-7".into()],
             devices: vec![
                 pb::Device {
                     kind: pb::DeviceKind::Gpu as i32,
@@ -263,10 +264,10 @@ j-9      etl                        succeeded   node-1      2    2d      850ms  
 fn nodes_table_shows_topology_and_free_cpus_per_level() {
     let out = nodes_table(&nodes(), false);
     let expected = "\
-NAME     STATE      ZONE   RACK   SOCKETS   NUMA   LLC   CORES   T/C   CPUS   GPUS   BUSY   FREE:CORE   LLC   NUMA   PKG   ANY   RUN   WAIT
-node-1   ready      z1     r1           1      1     2       4     2      8    1/2      3           2     4      5     5     5     2      1
-node-2   draining   z1     r2           2      2     4      32     2     64      -      8           2     8     24    24    56     1      0
-node-3   down       z2     -            1      1     1       4     1      4      -      -           -     -      -     -     -     -      -
+NAME     STATE      ZONE   RACK   SOCKETS   NUMA   LLC   CORES   T/C   CPUS   GPUS   GANGS   BUSY   FREE:CORE   LLC   NUMA   PKG   ANY   RUN   WAIT
+node-1   ready      z1     r1           1      1     2       4     2      8    1/2   j-7        3           2     4      5     5     5     2      1
+node-2   draining   z1     r2           2      2     4      32     2     64      -   -          8           2     8     24    24    56     1      0
+node-3   down       z2     -            1      1     1       4     1      4      -   -          -           -     -      -     -     -     -      -
 ";
     assert_eq!(out, expected, "\n{out}");
 }
@@ -481,12 +482,17 @@ fn top_text_snapshot() {
     let out = render_text(&snap);
     let expected = "\
 dispatchctl top   http://127.0.0.1:50051   2026-01-01 00:10:00Z
-nodes: 3 (1 ready, 1 draining, 1 down)   cpus: 11/76 busy (14%)   jobs: 1 pending, 0 assigned, 1 running
+nodes: 3 (1 ready, 1 draining, 1 down)   cpus: 11/76 busy (14%)   jobs: 1 pending, 0 assigned, 1 running   gangs: 1 on 1 node
 
-NODE     STATE      ZONE   RACK   BUSY                          GPUS   FREE:CORE   LLC   NUMA   PKG   ANY   RUN   WAIT
-node-1   ready      z1     r1     [||||||||            ] 3/8     1/2           2     4      5     5     5     2      1
-node-2   draining   z1     r2     [|||                 ] 8/64      -           2     8     24    24    56     1      0
-node-3   down       z2     -      [                    ] -/4       -           -     -      -     -     -     0      0
+NODE     STATE      ZONE   RACK   BUSY                          GPUS   GANGS   FREE:CORE   LLC   NUMA   PKG   ANY   RUN   WAIT
+node-1   ready      z1     r1     [||||||||            ] 3/8     1/2       1           2     4      5     5     5     2      1
+node-2   draining   z1     r2     [|||                 ] 8/64      -       0           2     8     24    24    56     1      0
+node-3   down       z2     -      [                    ] -/4       -       0           -     -      -     -     -     0      0
+
+ZONE   RACK   NODES   BUSY   GPUS   GANGS
+z1     r1         1    3/8    1/2       1
+z1     r2         1   8/64      -       0
+z2     -          1    0/4      -       0
 
 QUEUE      LATENCY(<0)   NORMAL(>=0)   TOTAL
 pending              0             1       1

@@ -31,7 +31,7 @@
 //!   overloaded CPUs (more runnable jobs than CPUs when oversubscribed);
 //! - down: marked down after missed heartbeats, or its agent disconnected.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -81,6 +81,8 @@ pub struct Totals {
     pub gpus: u64,
     /// GPUs no job holds, of nodes that take new jobs.
     pub free_gpus: u64,
+    /// Gang members holding these nodes (one per node and gang).
+    pub gang_members: u64,
 }
 
 impl Totals {
@@ -96,6 +98,7 @@ impl Totals {
         self.running_jobs += o.running_jobs;
         self.gpus += o.gpus;
         self.free_gpus += o.free_gpus;
+        self.gang_members += o.gang_members;
     }
 }
 
@@ -109,6 +112,8 @@ pub struct RackView {
     /// The most idle CPUs in one LLC of one node taking new jobs: the
     /// largest LLC-aligned job the rack can start now.
     pub max_free_llc: u32,
+    /// Gangs with a member in the rack (each counted once).
+    pub gangs: u32,
 }
 
 /// One zone in the aggregate.
@@ -242,6 +247,8 @@ pub struct NodeView {
     pub gpus: u32,
     /// GPUs no job holds (queued, assigned or running there).
     pub gpus_free: u32,
+    /// The gangs with a member holding it (`j-N`), ascending.
+    pub gangs: Vec<String>,
 }
 
 /// `/api/v1/racks/{zone}/{rack}`: one rack's nodes.
@@ -320,8 +327,9 @@ pub struct Snapshot {
     pub racks: BTreeMap<(String, String), RackDetail>,
 }
 
-/// One node's view and its contribution to its rack's totals.
-fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals, u32) {
+/// One node's view and its contribution to its rack's totals, with the
+/// gangs (job numbers) holding it.
+fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals, u32, Vec<u64>) {
     let (mut llc_cpus, mut llc_free) = (Vec::new(), Vec::new());
     for llc in n.cpu_topo.llcs() {
         llc_cpus.push(llc.members.len() as u32);
@@ -346,6 +354,7 @@ fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals,
     let state = node_state(n);
     let takes_jobs = state == "ready";
     let gpus_free = cluster.gpus_free(&n.name);
+    let gangs = cluster.gangs_on(&n.name);
     let max_free_llc = if takes_jobs {
         llc_free.iter().copied().max().unwrap_or(0)
     } else {
@@ -368,6 +377,7 @@ fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals,
         llc_free,
         gpus: n.gpus,
         gpus_free,
+        gangs: gangs.iter().map(|g| format!("j-{g}")).collect(),
     };
     let totals = Totals {
         nodes: 1,
@@ -385,8 +395,9 @@ fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals,
         running_jobs: u64::from(n.load.running_jobs),
         gpus: u64::from(n.gpus),
         free_gpus: if takes_jobs { u64::from(gpus_free) } else { 0 },
+        gang_members: gangs.len() as u64,
     };
-    (view, totals, max_free_llc)
+    (view, totals, max_free_llc, gangs)
 }
 
 /// Build the snapshot: O(nodes x CPUs per node), on the core.
@@ -398,10 +409,10 @@ pub fn build(
 ) -> Snapshot {
     // Keyed by borrowed names while nodes are visited: no allocation per
     // node for the key.
-    let mut racks: BTreeMap<(&str, &str), (RackDetail, u32)> = BTreeMap::new();
+    let mut racks: BTreeMap<(&str, &str), (RackDetail, u32, BTreeSet<u64>)> = BTreeMap::new();
     for n in cluster.nodes() {
-        let (view, totals, max_free_llc) = node_view(cluster, n, now_ms);
-        let (detail, best) = racks
+        let (view, totals, max_free_llc, gangs) = node_view(cluster, n, now_ms);
+        let (detail, best, rack_gangs) = racks
             .entry((n.zone.as_str(), n.rack.as_str()))
             .or_insert_with(|| {
                 (
@@ -413,8 +424,10 @@ pub fn build(
                         nodes: Vec::new(),
                     },
                     0,
+                    BTreeSet::new(),
                 )
             });
+        rack_gangs.extend(gangs);
         detail.totals.add(&totals);
         detail.nodes.push(view);
         *best = (*best).max(max_free_llc);
@@ -423,7 +436,7 @@ pub fn build(
         generated_ms: now_ms,
         ..ClusterView::default()
     };
-    for (&(zone, rack), (detail, max_free_llc)) in &racks {
+    for (&(zone, rack), (detail, max_free_llc, gangs)) in &racks {
         if view.zones.last().is_none_or(|z| z.name != zone) {
             view.zones.push(ZoneView {
                 name: zone.to_string(),
@@ -437,6 +450,7 @@ pub fn build(
                 name: rack.to_string(),
                 totals: detail.totals.clone(),
                 max_free_llc: *max_free_llc,
+                gangs: gangs.len() as u32,
             });
         }
         view.totals.add(&detail.totals);
@@ -476,7 +490,7 @@ pub fn build(
         cluster: view,
         racks: racks
             .into_iter()
-            .map(|((zone, rack), (d, _))| ((zone.to_string(), rack.to_string()), d))
+            .map(|((zone, rack), (d, _, _))| ((zone.to_string(), rack.to_string()), d))
             .collect(),
     }
 }

@@ -248,6 +248,20 @@ impl Cluster {
         Some(msg)
     }
 
+    /// The gangs (job numbers) with a member holding `node` (ASSIGNED or
+    /// RUNNING there), ascending: O(jobs on the node).
+    pub fn gangs_on(&self, node: &str) -> Vec<u64> {
+        let mut gangs: Vec<u64> = self
+            .jobs
+            .on(node)
+            .into_iter()
+            .filter_map(|k| self.gang_of(k))
+            .collect();
+        gangs.sort_unstable();
+        gangs.dedup();
+        gangs
+    }
+
     /// The gangs.
     pub fn gangs(&self) -> &Gangs {
         &self.gangs

@@ -40,10 +40,15 @@ impl Cluster {
         self.gpus_free_for(node, None)
     }
 
-    /// The node's API view, with its free GPUs.
+    /// The node's API view, with its free GPUs and its gangs.
     pub fn node_proto(&self, n: &NodeInfo) -> Node {
         Node {
             gpus_free: self.gpus_free(&n.name),
+            gangs: self
+                .gangs_on(&n.name)
+                .into_iter()
+                .map(|g| JobKey::single(g).to_string())
+                .collect(),
             ..n.to_proto()
         }
     }

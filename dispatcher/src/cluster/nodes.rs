@@ -181,8 +181,10 @@ impl NodeInfo {
             rack: self.rack.clone(),
             devices: self.devices.clone(),
             gpus: self.gpus,
-            // The cluster knows which are taken: `Cluster::node_proto`.
+            // The cluster knows which are taken and which gangs hold the
+            // node: `Cluster::node_proto`.
             gpus_free: self.gpus,
+            gangs: Vec::new(),
         }
     }
 }
