@@ -10,6 +10,7 @@
 //! | `random` | a uniformly random node; FIFO queue on that node |
 //! | `least-loaded` | Kubernetes LeastAllocated-like: the node with the most free CPUs that fits now, else a central pending queue (latency class first, then arrival), retried when CPUs free up |
 //! | `pod[:D]` | power of D choices (default 2): probe D random nodes, join the least loaded ((running + queued CPUs) / capacity); FIFO node queues |
+//! | `first-fit` (`slurm`) | Slurm-like: priority FIFO, first-fit nodes with topology/tree's fewest-racks best fit, EASY backfill from time limits ([`firstfit`]) |
 //! | `sparrow[:D]` | Sparrow batch sampling: a batch of m jobs probes D x m nodes and places its jobs on the least loaded probes |
 //! | `ours` | the dispatcher (steal, cross-rack steal, wake_wide, latency classes, busy-skip on; spread) |
 //! | `ours-steal`, `ours-crossrack`, `ours-wakewide`, `ours-latency`, `ours-busyskip` | one mechanism off |
@@ -21,10 +22,13 @@
 //! Gangs ([`SubmitReq::nodes`] > 1): `ours` submits them as gangs to the
 //! dispatcher (`JobSpec.nodes`, within any); `least-loaded` starts a gang
 //! on the least-loaded nodes with room, all members at once, oldest gang
-//! first (FIFO among gangs, no reservation); the sampling baselines have
+//! first (FIFO among gangs, no reservation); `first-fit` queues gangs
+//! with the single jobs in one priority order and reserves nodes for the
+//! queue's head (EASY backfill); the sampling baselines have
 //! no gang placement and refuse them ([`SimError::Workload`]).
 
 mod baseline;
+pub mod firstfit;
 mod leastloaded;
 mod ours;
 
@@ -96,6 +100,8 @@ pub enum PolicyKind {
     Random,
     /// Most free CPUs, central queue.
     LeastLoaded,
+    /// Slurm-like first fit with EASY backfill.
+    FirstFit,
     /// Power of d choices.
     Pod {
         /// Probes per job.
@@ -146,6 +152,7 @@ impl PolicySpec {
         let kind = match head {
             "random" => PolicyKind::Random,
             "least-loaded" | "leastloaded" | "k8s" => PolicyKind::LeastLoaded,
+            "first-fit" | "firstfit" | "slurm" => PolicyKind::FirstFit,
             "pod" | "p2c" => PolicyKind::Pod { d: d_of(rest)? },
             "sparrow" => PolicyKind::Sparrow { d: d_of(rest)? },
             _ if head.starts_with("ours") => PolicyKind::Ours(parse_ours(name)?),
@@ -153,13 +160,14 @@ impl PolicySpec {
                 return Err(bad_spec(
                     W,
                     name,
-                    "want random, least-loaded, pod[:D], sparrow[:D] or ours[-MECH|+pack|+nodelimit[:N]]...",
+                    "want random, least-loaded, first-fit, pod[:D], sparrow[:D] or ours[-MECH|+pack|+nodelimit[:N]]...",
                 ));
             }
         };
         let name = match &kind {
             PolicyKind::Random => "random".to_string(),
             PolicyKind::LeastLoaded => "least-loaded".to_string(),
+            PolicyKind::FirstFit => "first-fit".to_string(),
             PolicyKind::Pod { d } => format!("pod:{d}"),
             PolicyKind::Sparrow { d } => format!("sparrow:{d}"),
             PolicyKind::Ours(_) => name.to_string(),
@@ -361,6 +369,7 @@ pub fn build(
         PolicyKind::Pod { d } => Box::new(baseline::Sampling::new(layout, d, false, seed)),
         PolicyKind::Sparrow { d } => Box::new(baseline::Sampling::new(layout, d, true, seed)),
         PolicyKind::LeastLoaded => Box::new(leastloaded::LeastLoaded::new(layout)),
+        PolicyKind::FirstFit => Box::new(firstfit::FirstFit::new(layout)),
         PolicyKind::Ours(flags) => Box::new(OursPlacer::new(layout, flags, tick_us)?),
     })
 }
