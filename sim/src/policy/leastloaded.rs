@@ -14,7 +14,10 @@
 //! lowest-numbered), all at once. Gangs wait in one FIFO: the oldest gang
 //! that does not fit holds back the later gangs but not single jobs. When
 //! CPUs free up, the waiting gangs are tried before the pending single
-//! jobs. A gang attempt scans every node: O(n log n).
+//! jobs. A gang attempt scans every node: O(n log n). A gang's end frees
+//! all its members before anything is placed again (the simulator reports
+//! it member by member; placing on the first freed node would see a
+//! cluster state that never existed).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -79,6 +82,8 @@ pub(super) struct LeastLoaded {
     pending: BTreeMap<u32, BTreeSet<PendingKey>>,
     seq: u64,
     cpus_of: Vec<u32>,
+    /// Members of each running gang not yet reported finished.
+    members_left: Vec<u32>,
     visits: u64,
     /// Nodes of the cluster.
     nodes: usize,
@@ -98,6 +103,7 @@ impl LeastLoaded {
             pending: BTreeMap::new(),
             seq: 0,
             cpus_of: Vec::new(),
+            members_left: Vec::new(),
             visits: 0,
             nodes: caps.len(),
             gangs: VecDeque::new(),
@@ -198,6 +204,10 @@ impl Placer for LeastLoaded {
                 self.cpus_of.resize(i + 1, 0);
             }
             self.cpus_of[i] = j.cpus;
+            if self.members_left.len() <= i {
+                self.members_left.resize(i + 1, 0);
+            }
+            self.members_left[i] = j.nodes;
             if j.nodes > 1 {
                 self.gangs.push_back((j.job, j.cpus, j.nodes));
                 self.drain_gangs(out);
@@ -218,6 +228,12 @@ impl Placer for LeastLoaded {
         let cpus = self.cpus_of.get(job as usize).copied().unwrap_or(0);
         let f = self.free.get(node as usize);
         self.free.set(node as usize, f + cpus);
+        if let Some(left) = self.members_left.get_mut(job as usize) {
+            *left = left.saturating_sub(1);
+            if *left > 0 {
+                return Ok(());
+            }
+        }
         self.drain(out);
         Ok(())
     }
