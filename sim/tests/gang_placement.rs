@@ -11,7 +11,8 @@
 //!   waiting gang does not fit and no pending single job fits;
 //! * first-fit's choice: a job started by the main loop (the queue's head
 //!   at that moment) spans the fewest racks any choice of nodes with room
-//!   could (checked over every subset of racks), and in each of its racks
+//!   could (checked over every subset of racks), in one rack the one with
+//!   the fewest nodes with room that holds it (best fit), and in each rack
 //!   it takes the lowest-numbered nodes with room; after every call the
 //!   queue's head (latency class, then arrival) does not fit.
 //!
@@ -133,6 +134,21 @@ impl Model {
                     "job {}: fewest racks",
                     job
                 );
+                let room_in = |r: usize| {
+                    (0..self.free.len() as u32)
+                        .filter(|&n| self.rack(n) == r && self.free[n as usize] >= cpus)
+                        .count()
+                };
+                if racks.len() == 1 {
+                    // Best fit: no rack that holds it has fewer nodes with
+                    // room.
+                    let nr = self.free.len() / self.layout.nodes_per_rack;
+                    let fewest = (0..nr)
+                        .map(room_in)
+                        .filter(|&c| c >= nodes as usize)
+                        .min();
+                    prop_assert_eq!(Some(room_in(racks[0])), fewest, "job {}: best fit", job);
+                }
                 for &r in &racks {
                     let with_room: Vec<u32> = (0..self.free.len() as u32)
                         .filter(|&n| self.rack(n) == r && self.free[n as usize] >= cpus)
