@@ -143,10 +143,7 @@ impl Model {
                     // Best fit: no rack that holds it has fewer nodes with
                     // room.
                     let nr = self.free.len() / self.layout.nodes_per_rack;
-                    let fewest = (0..nr)
-                        .map(room_in)
-                        .filter(|&c| c >= nodes as usize)
-                        .min();
+                    let fewest = (0..nr).map(room_in).filter(|&c| c >= nodes as usize).min();
                     prop_assert_eq!(Some(room_in(racks[0])), fewest, "job {}: best fit", job);
                 }
                 for &r in &racks {
@@ -241,6 +238,7 @@ fn run(which: Which, racks: u32, per_rack: u32, ops: Vec<Op>) -> Result<(), Test
                     latency,
                     waker: None,
                     limit_us: limit_s.map(|s| s * US_PER_S),
+                    gpus: 0,
                 };
                 p.submit(now, &[req], &mut out).unwrap();
                 m.apply(which, &out)?;

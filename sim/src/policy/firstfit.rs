@@ -256,9 +256,7 @@ impl FirstFit {
         for key in candidates {
             let job = key.2;
             let r = self.jobs[job as usize];
-            let ends_by = r
-                .limit_us
-                .is_some_and(|l| now.saturating_add(l) <= shadow);
+            let ends_by = r.limit_us.is_some_and(|l| now.saturating_add(l) <= shadow);
             let ok = if ends_by {
                 let free = std::mem::take(&mut self.free);
                 let ok = self.pick_on(job, &free);
@@ -353,11 +351,15 @@ mod tests {
             latency: false,
             waker: None,
             limit_us: limit_s.map(|s| s * US_PER_S),
+            gpus: 0,
         }
     }
 
     fn nodes_of(out: &[Started], job: u32) -> Vec<u32> {
-        out.iter().filter(|s| s.job == job).map(|s| s.node).collect()
+        out.iter()
+            .filter(|s| s.job == job)
+            .map(|s| s.node)
+            .collect()
     }
 
     /// Racks of 4 nodes; rack 0 has 3 free nodes, rack 1 has 4: a gang of

@@ -274,6 +274,9 @@ pub struct SubmitReq {
     pub waker: Option<u32>,
     /// Its time limit (µs; the dispatcher's `timeout_ms`), if it has one.
     pub limit_us: Option<u64>,
+    /// Whole GPUs on its node (`JobSpec.gpus`); only `least-loaded` and
+    /// `ours` place GPU jobs (the simulation refuses the others).
+    pub gpus: u32,
 }
 
 /// How far a job moved after it was first queued (a steal).

@@ -156,6 +156,7 @@ impl Placer for OursPlacer {
                 specs.push(JobSpec {
                     command: vec!["sim".to_string()],
                     cpus: j.cpus,
+                    gpus: j.gpus,
                     nodes: if j.nodes > 1 { j.nodes } else { 0 },
                     within: if j.nodes > 1 {
                         Within::Any as i32
