@@ -95,6 +95,32 @@ fn gangs_take_the_fewest_racks_where_least_loaded_scatters_them() {
     assert_eq!(pct[1], (vec![1, 2], 0.0, 1));
 }
 
+/// Two racks of two 2-CPU nodes; two 1-CPU jobs, which ours spreads over
+/// both racks; then a gang of two 1-CPU members. Within any, ours puts it
+/// across both racks; asked for a rack (`ours+rack`, required, or
+/// `ours+rackpref`, preferred), in one.
+#[test]
+fn ours_plus_rack_keeps_a_gang_that_fits_a_rack_in_one() {
+    let layout = Layout::new("1z:2r:2n", "1s:2c:1t").unwrap();
+    let w = workload(vec![
+        job(0, 100, Some(100), 1, 1),
+        job(0, 100, Some(100), 1, 1),
+        job(1, 10, Some(10), 1, 2),
+    ]);
+    for (policy, racks) in [("ours", 2), ("ours+rack", 1), ("ours+rackpref", 1)] {
+        let out = run(&layout, &w, policy);
+        let m = out.gang_members[0].1.clone();
+        let mut r: Vec<u32> = m.iter().map(|&n| layout.rack_of(n)).collect();
+        r.dedup();
+        assert_eq!(r.len(), racks, "{policy}: {m:?}");
+        let rep = metrics::report(out, &w, &layout, 0);
+        assert_eq!(
+            rep.large_gang_compact_pct,
+            if racks == 1 { 100.0 } else { 0.0 }
+        );
+    }
+}
+
 /// The KTH excerpt as gangs: every job finishes under first-fit, each
 /// gang on as many distinct nodes as it asked for.
 #[test]

@@ -15,6 +15,7 @@
 //! | `ours` | the dispatcher (steal, cross-rack steal, wake_wide, latency classes, busy-skip on; spread) |
 //! | `ours-steal`, `ours-crossrack`, `ours-wakewide`, `ours-latency`, `ours-busyskip` | one mechanism off |
 //! | `ours+latpull` / `ours-latpull` | latency-class jobs waiting in a node's steal domain start first where room opens (`SchedConfig::latency_pull`) |
+//! | `ours+rack` / `ours+rackpref` | gangs that fit in a rack ask for one, required / preferred (relaxed after 300 s) |
 //! | `ours+pack`, `ours+nodelimit[:N]` | packing (jobs ask PLACEMENT_POLICY_PACK); seed 000's node-limit gating (global scope, limit N = 2: no stealing when zones > N) |
 //!
 //! Modifiers combine: `ours-steal-wakewide+pack`.
@@ -70,6 +71,10 @@ pub struct OursFlags {
     /// Latency-sensitive jobs waiting in a node's steal domain start
     /// first where room opens (`SchedConfig::latency_pull`).
     pub latency_pull: bool,
+    /// Gangs that fit in a rack ask for one (`JobSpec.within = RACK`):
+    /// `Some(false)` required (`+rack`), `Some(true)` preferred with the
+    /// default relax time, 300 s (`+rackpref`); `None`: within any.
+    pub gang_rack: Option<bool>,
 }
 
 impl Default for OursFlags {
@@ -89,6 +94,7 @@ impl Default for OursFlags {
             idle_balance: e.idle_balance,
             pull_oldest: e.pull_longest_wait,
             latency_pull: e.latency_pull,
+            gang_rack: None,
         }
     }
 }
@@ -235,6 +241,8 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
             ("idlebal", _) => flags.idle_balance = on,
             ("oldest", _) => flags.pull_oldest = on,
             ("latpull", _) => flags.latency_pull = on,
+            ("rack", _) => flags.gang_rack = on.then_some(false),
+            ("rackpref", _) => flags.gang_rack = on.then_some(true),
             ("nodelimit", true) => flags.node_limit = Some(2),
             ("nodelimit", false) => flags.node_limit = None,
             (w, true) if w.starts_with("nodelimit:") => {
@@ -248,7 +256,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
                     W,
                     name,
                     format!(
-                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull)"
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, rack, rackpref)"
                     ),
                 ));
             }
