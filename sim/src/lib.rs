@@ -21,6 +21,7 @@
 //! - [`swf`]: the Standard Workload Format reader (plain or gzip).
 //! - [`alibaba`]: Alibaba's GPU cluster trace (node and pod lists).
 //! - [`gpufrag`]: GPU allocation and fragmentation over a run.
+//! - [`gangmix`]: gangs in a synthetic workload.
 //! - [`layout`]: the simulated cluster (zones, racks, per-node topologies).
 //! - [`policy`]: the `Placer` interface, the baselines and "ours".
 //! - [`cpu`]: CPU-level mode (each node's agent local scheduler).
@@ -36,6 +37,7 @@ pub mod cpu;
 pub mod dist;
 pub mod engine;
 pub mod error;
+pub mod gangmix;
 pub mod gpufrag;
 pub mod hackbench;
 pub mod layout;

@@ -131,6 +131,11 @@ struct SyntheticArgs {
     /// factor uniform in [1, 1 + F]; a negative F submits no limits.
     #[arg(long, default_value_t = sim::workload::LIMIT_OVERESTIMATE, allow_hyphen_values = true)]
     limit_overestimate: f64,
+    /// Gangs: `PROB:MAX` (a single root job becomes a gang of 2..=MAX
+    /// members with this probability; arrivals are stretched so the
+    /// offered load stays `--load`).
+    #[arg(long)]
+    gangs: Option<String>,
     /// Fan-outs: `PROB:CHILDREN` (a root job is a parent with this
     /// probability and releases that many children when it ends).
     #[arg(long, default_value = "0.05:16")]
@@ -461,6 +466,12 @@ fn cmd_synthetic(a: SyntheticArgs) -> Result<()> {
     };
     let mut w = synthetic(&params, layout.capacity(), layout.min_node_cpus())?;
     w.name = c.name.clone().unwrap_or_else(|| "synthetic".to_string());
+    if let Some(g) = &a.gangs {
+        let made = sim::gangmix::make_gangs(&mut w, g, layout.nr_nodes() as u32, c.seed)?;
+        if c.format == Format::Table {
+            eprintln!("{made} jobs made gangs ({g})");
+        }
+    }
     let name = w.name.clone();
     let r = run_policies(&layout, &w, c, &name, &mut |_| {})?;
     emit(c, &format_report(c, &r)?)
