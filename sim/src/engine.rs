@@ -333,6 +333,7 @@ impl Sim<'_> {
                     latency: j.latency,
                     waker,
                     limit_us: j.limit_us,
+                    gpus: self.w.gpus_of(job),
                 });
             }
             self.outstanding += chunk.len() as u64;
@@ -482,6 +483,17 @@ pub fn simulate(
         return Err(SimError::Workload(
             "gangs are not simulated in CPU-level mode".into(),
         ));
+    }
+    if workload.gpus.iter().any(|&g| g > 0)
+        && !matches!(
+            spec.kind,
+            policy::PolicyKind::LeastLoaded | policy::PolicyKind::Ours(_)
+        )
+    {
+        return Err(SimError::Workload(format!(
+            "policy {} does not place GPU jobs (least-loaded and ours do)",
+            spec.name
+        )));
     }
     let t_setup = Instant::now();
     let placer = policy::build(spec, layout, cfg.tick_us.max(1), cfg.seed)?;

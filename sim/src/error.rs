@@ -26,6 +26,18 @@ pub enum SimError {
         /// What is wrong.
         message: String,
     },
+    /// A field of a CSV trace (Alibaba's GPU trace) is malformed.
+    #[error("{path}:{line}: column {column}: {message}")]
+    Csv {
+        /// The file.
+        path: String,
+        /// 1-based line number (1 = the header).
+        line: usize,
+        /// The column's name.
+        column: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A specification string (policy, distribution, cluster) is malformed.
     #[error("bad {what} {spec:?}: {reason}")]
     BadSpec {

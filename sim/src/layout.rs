@@ -73,6 +73,8 @@ pub struct Layout {
     /// Shape of each node.
     node_shape: Vec<u16>,
     capacity: u64,
+    /// GPUs of each node (empty: no node has any).
+    gpus: Vec<u32>,
 }
 
 impl Layout {
@@ -136,7 +138,63 @@ impl Layout {
             shapes,
             node_shape,
             capacity,
+            gpus: Vec::new(),
         })
+    }
+
+    /// A cluster of one zone of racks of `per_rack` nodes (the node count
+    /// must be a multiple of it) whose node `i` has the machine spec
+    /// `nodes[i].0` and `nodes[i].1` GPUs (a trace's own node list).
+    pub fn with_nodes(nodes: &[(String, u32)], per_rack: usize) -> Result<Self> {
+        let per_rack = per_rack.max(1);
+        if nodes.is_empty() || !nodes.len().is_multiple_of(per_rack) {
+            return Err(bad_spec(
+                "node list",
+                &format!("{} nodes", nodes.len()),
+                format!("want a positive multiple of {per_rack} nodes"),
+            ));
+        }
+        let mut shapes: Vec<NodeShape> = Vec::new();
+        let mut node_shape = Vec::with_capacity(nodes.len());
+        for (spec, _) in nodes {
+            let idx = match shapes.iter().position(|s| &s.spec == spec) {
+                Some(i) => i,
+                None => {
+                    if shapes.len() >= u16::MAX as usize {
+                        return Err(bad_spec("node list", spec, "too many shapes"));
+                    }
+                    shapes.push(NodeShape::new(spec)?);
+                    shapes.len() - 1
+                }
+            };
+            node_shape.push(idx as u16);
+        }
+        let capacity = node_shape
+            .iter()
+            .map(|&s| shapes[s as usize].cpus as u64)
+            .sum();
+        let racks = nodes.len() / per_rack;
+        Ok(Self {
+            spec: format!("1z:{racks}r:{per_rack}n"),
+            zones: 1,
+            racks_per_zone: racks,
+            nodes_per_rack: per_rack,
+            hostgroup: None,
+            shapes,
+            node_shape,
+            capacity,
+            gpus: nodes.iter().map(|n| n.1).collect(),
+        })
+    }
+
+    /// GPUs of a node.
+    pub fn gpus(&self, node: u32) -> u32 {
+        self.gpus.get(node as usize).copied().unwrap_or(0)
+    }
+
+    /// GPUs of the cluster.
+    pub fn total_gpus(&self) -> u64 {
+        self.gpus.iter().map(|&g| g as u64).sum()
     }
 
     /// Number of nodes.
@@ -202,10 +260,21 @@ impl Layout {
                 format!("h{:07}", node as usize / h.max(1)),
             );
         }
+        // Its GPUs, on the machine's first NUMA node (the node shapes of
+        // GPU traces are one socket).
+        let devices = (0..self.gpus(node))
+            .map(|i| proto::v1::Device {
+                kind: proto::v1::DeviceKind::Gpu as i32,
+                index: i,
+                numa_node: Some(0),
+                ..Default::default()
+            })
+            .collect();
         Register {
             node: Self::node_name(node),
             labels,
             topology: Some(self.shape(node).proto.clone()),
+            devices,
             ..Default::default()
         }
     }

@@ -19,6 +19,9 @@
 //! - [`dist`]: arrival processes, duration and size distributions.
 //! - [`workload`]: the job model and the synthetic generator.
 //! - [`swf`]: the Standard Workload Format reader (plain or gzip).
+//! - [`alibaba`]: Alibaba's GPU cluster trace (node and pod lists).
+//! - [`gpufrag`]: GPU allocation and fragmentation over a run.
+//! - [`gangmix`]: gangs in a synthetic workload.
 //! - [`layout`]: the simulated cluster (zones, racks, per-node topologies).
 //! - [`policy`]: the `Placer` interface, the baselines and "ours".
 //! - [`cpu`]: CPU-level mode (each node's agent local scheduler).
@@ -29,10 +32,13 @@
 //! - [`queueing`]: the validation mode against queueing closed forms.
 //! - [`hackbench`]: seed 000's message groups at CPU level.
 
+pub mod alibaba;
 pub mod cpu;
 pub mod dist;
 pub mod engine;
 pub mod error;
+pub mod gangmix;
+pub mod gpufrag;
 pub mod hackbench;
 pub mod layout;
 pub mod metrics;

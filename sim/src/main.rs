@@ -5,6 +5,9 @@
 //!   by side;
 //! * `swf`: a Standard Workload Format trace (plain or .gz) replayed the
 //!   same way;
+//! * `alibaba`: Alibaba's GPU cluster trace (`cluster-trace-gpu-v2023`:
+//!   a node list and a pod list, CSV) with GPUs, least-loaded against the
+//!   dispatcher, plus GPU allocation and fragmentation;
 //! * `hackbench`: seed 000's message groups at CPU level on one node;
 //! * `validate`: M/M/1 and the supermarket model against their closed
 //!   forms.
@@ -26,7 +29,7 @@ use sim::policy::PolicySpec;
 use sim::report::{self, RunReport};
 use sim::svg::{self, Series};
 use sim::workload::{SyntheticParams, Workload, synthetic};
-use sim::{US_PER_S, hackbench, queueing, swf};
+use sim::{US_PER_S, alibaba, gpufrag, hackbench, queueing, swf};
 
 #[derive(Parser)]
 #[command(
@@ -45,6 +48,8 @@ enum Cmd {
     Synthetic(SyntheticArgs),
     /// Replay an SWF trace (plain or .gz) under each policy.
     Swf(SwfArgs),
+    /// Replay Alibaba's GPU trace (node list + pod list CSVs) with GPUs.
+    Alibaba(AlibabaArgs),
     /// Seed 000's hackbench message groups at CPU level on one node.
     Hackbench(HackbenchArgs),
     /// Check the simulator against M/M/1 and the supermarket model.
@@ -126,6 +131,11 @@ struct SyntheticArgs {
     /// factor uniform in [1, 1 + F]; a negative F submits no limits.
     #[arg(long, default_value_t = sim::workload::LIMIT_OVERESTIMATE, allow_hyphen_values = true)]
     limit_overestimate: f64,
+    /// Gangs: `PROB:MAX` (a single root job becomes a gang of 2..=MAX
+    /// members with this probability; arrivals are stretched so the
+    /// offered load stays `--load`).
+    #[arg(long)]
+    gangs: Option<String>,
     /// Fan-outs: `PROB:CHILDREN` (a root job is a parent with this
     /// probability and releases that many children when it ends).
     #[arg(long, default_value = "0.05:16")]
@@ -159,6 +169,27 @@ struct SwfArgs {
     /// together on distinct nodes) instead of independent parts.
     #[arg(long)]
     gangs: bool,
+    #[command(flatten)]
+    common: Common,
+}
+
+#[derive(Args)]
+struct AlibabaArgs {
+    /// The node list (`openb_node_list_*.csv`: sn, cpu_milli, memory_mib,
+    /// gpu, model).
+    #[arg(long)]
+    nodes: PathBuf,
+    /// The pod list (`openb_pod_list_*.csv`: name, cpu_milli, memory_mib,
+    /// num_gpu, gpu_milli, gpu_spec, qos, pod_phase, creation_time,
+    /// deletion_time, scheduled_time).
+    #[arg(long)]
+    pods: PathBuf,
+    /// Divide inter-arrival times by this (raises the load).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// GPU samples over the run.
+    #[arg(long, default_value_t = 500)]
+    gpu_samples: usize,
     #[command(flatten)]
     common: Common,
 }
@@ -261,6 +292,7 @@ fn run_policies(
     w: &Workload,
     common: &Common,
     svg_name: &str,
+    on_run: &mut dyn FnMut(&sim::engine::RunOutput),
 ) -> Result<RunReport> {
     let policies = PolicySpec::parse_list(&common.policies)?;
     let cfg = SimConfig {
@@ -277,6 +309,7 @@ fn run_policies(
         let base = n * i as u64;
         let out = simulate(layout, w, p, &cfg, &mut |done| pb.set_position(base + done))
             .with_context(|| format!("policy {}", p.name))?;
+        on_run(&out);
         reports.push(metrics::report(
             out,
             w,
@@ -433,9 +466,69 @@ fn cmd_synthetic(a: SyntheticArgs) -> Result<()> {
     };
     let mut w = synthetic(&params, layout.capacity(), layout.min_node_cpus())?;
     w.name = c.name.clone().unwrap_or_else(|| "synthetic".to_string());
+    if let Some(g) = &a.gangs {
+        let made = sim::gangmix::make_gangs(&mut w, g, layout.nr_nodes() as u32, c.seed)?;
+        if c.format == Format::Table {
+            eprintln!("{made} jobs made gangs ({g})");
+        }
+    }
     let name = w.name.clone();
-    let r = run_policies(&layout, &w, c, &name)?;
+    let r = run_policies(&layout, &w, c, &name, &mut |_| {})?;
     emit(c, &format_report(c, &r)?)
+}
+
+fn cmd_alibaba(mut a: AlibabaArgs) -> Result<()> {
+    // The sampling baselines place no GPU jobs: the default here is the
+    // two policies that do.
+    if a.common.policies == "default" {
+        a.common.policies = "least-loaded,ours".to_string();
+    }
+    let c = &a.common;
+    if a.time_scale <= 0.0 || !a.time_scale.is_finite() {
+        bail!("--time-scale must be positive");
+    }
+    let nodes = alibaba::read_nodes(&a.nodes)?;
+    let pods = alibaba::read_pods(&a.pods)?;
+    let layout = alibaba::to_layout(&nodes)?;
+    let name = c.name.clone().unwrap_or_else(|| {
+        a.pods
+            .file_stem()
+            .map_or("alibaba".into(), |s| s.to_string_lossy().into_owned())
+    });
+    let (mut w, st) = alibaba::to_workload(&pods, &layout, &name)?;
+    if a.time_scale != 1.0 {
+        for j in &mut w.jobs {
+            j.submit_us = (j.submit_us as f64 / a.time_scale) as u64;
+        }
+    }
+    if c.format == Format::Table {
+        eprintln!(
+            "{}: {} nodes, {} GPUs; {} pods: {} replayed, {} without deletion_time, {} larger than any node; {} GPU jobs asking {} GPUs, {} GPU-sharing pods rounded up to a whole GPU, {} gpu_spec constraints not honoured, {} CPU requests rounded up, {} latency class",
+            a.pods.display(),
+            layout.nr_nodes(),
+            layout.total_gpus(),
+            st.pods,
+            st.used,
+            st.no_end,
+            st.too_large,
+            st.gpu_jobs,
+            st.gpus_asked,
+            st.shared_rounded,
+            st.gpu_spec_ignored,
+            st.cpu_rounded,
+            st.latency
+        );
+    }
+    let mut gpu = Vec::new();
+    let r = run_policies(&layout, &w, c, &name, &mut |out| {
+        gpu.push(gpufrag::measure(&layout, &w, out, a.gpu_samples));
+    })?;
+    let mut text = format_report(c, &r)?;
+    if c.format == Format::Table {
+        text.push_str("\nGPUs (allocation = GPUs held / all; fragmentation = FGD's expected idle GPUs no GPU job of the workload's mix can use, % of all):\n\n");
+        text.push_str(&gpufrag::table(&gpu));
+    }
+    emit(c, &text)
 }
 
 fn cmd_swf(a: SwfArgs) -> Result<()> {
@@ -477,7 +570,7 @@ fn cmd_swf(a: SwfArgs) -> Result<()> {
         .trim_end_matches(".gz")
         .trim_end_matches(".swf")
         .to_string();
-    let r = run_policies(&layout, &w, c, &name)?;
+    let r = run_policies(&layout, &w, c, &name, &mut |_| {})?;
     emit(c, &format_report(c, &r)?)
 }
 
@@ -577,6 +670,7 @@ fn main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Synthetic(a) => cmd_synthetic(a),
         Cmd::Swf(a) => cmd_swf(a),
+        Cmd::Alibaba(a) => cmd_alibaba(a),
         Cmd::Hackbench(a) => cmd_hackbench(a),
         Cmd::Validate(a) => cmd_validate(a),
     }

@@ -113,6 +113,11 @@ pub struct PolicyReport {
     pub large_gang_wait_mean_s: f64,
     /// Their 99th percentile wait, seconds.
     pub large_gang_wait_p99_s: f64,
+    /// The large gangs' topology success rate: the share of them whose
+    /// members span the fewest racks a gang of their size can
+    /// (`ceil(nodes / nodes per rack)`, what a Slurm `--switches` of that
+    /// count asks), percent (0 without large gangs).
+    pub large_gang_compact_pct: f64,
     /// Placement decisions (jobs submitted to the policy).
     pub decisions: u64,
     /// Decisions per second of wall time inside the policy.
@@ -308,6 +313,7 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
         large_gangs: large_wait.len() as u64,
         large_gang_wait_mean_s: mean(&large_wait),
         large_gang_wait_p99_s: percentile(&large_wait, 99.0),
+        large_gang_compact_pct: large_gang_compact_pct(w, &out.gang_members, layout, warmup_us),
         decisions: out.decisions,
         decisions_per_s: if out.sched_wall_s > 0.0 {
             out.decisions as f64 / out.sched_wall_s
@@ -364,6 +370,37 @@ pub fn gang_waits(
         }
     }
     (sorted(all), sorted(large))
+}
+
+/// The share of the finished large gangs (at least a rack's worth of
+/// nodes, submitted after `warmup_us`) whose members span the fewest
+/// racks they can, percent.
+pub fn large_gang_compact_pct(
+    w: &Workload,
+    members: &[(u32, Vec<u32>)],
+    layout: &Layout,
+    warmup_us: u64,
+) -> f64 {
+    let per_rack = layout.nodes_per_rack.max(1);
+    let (mut large, mut compact) = (0u64, 0u64);
+    for (job, nodes) in members {
+        let j = &w.jobs[*job as usize];
+        if (j.nodes as usize) < per_rack || (j.after.is_none() && j.submit_us < warmup_us) {
+            continue;
+        }
+        let mut racks: Vec<u32> = nodes.iter().map(|&n| layout.rack_of(n)).collect();
+        racks.sort_unstable();
+        racks.dedup();
+        large += 1;
+        if racks.len() == (j.nodes as usize).div_ceil(per_rack) {
+            compact += 1;
+        }
+    }
+    if large == 0 {
+        0.0
+    } else {
+        100.0 * compact as f64 / large as f64
+    }
 }
 
 /// The locality score: (jobs scored, mean share of related jobs in the

@@ -201,6 +201,7 @@ pub fn gang_table(r: &RunReport) -> String {
                 p.large_gangs.to_string(),
                 g(p.large_gang_wait_mean_s),
                 g(p.large_gang_wait_p99_s),
+                format!("{:.1}", p.large_gang_compact_pct),
             ]
         })
         .collect();
@@ -214,6 +215,7 @@ pub fn gang_table(r: &RunReport) -> String {
             "gangs >= rack",
             "their wait mean s",
             "their wait p99 s",
+            "their fewest racks %",
         ],
         &rows,
     )
@@ -298,13 +300,13 @@ pub fn csv(r: &RunReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "workload,policy,jobs,tasks,unfinished,utilization,makespan_s,makespan_lb_s,resp_mean_s,resp_p50_s,resp_p99_s,wait_mean_s,wait_p99_s,bsld_mean,latency_jobs,latency_resp_p99_s,latency_wait_p99_s,batch_wait_p99_s,fanout_child_resp_mean_s,steals,cross_rack_moves,cross_zone_moves,woken_jobs,near_waker_node_pct,near_waker_rack_pct,locality_jobs,locality_pct,active_nodes_mean,active_nodes_max,nodes,decisions,decisions_per_s,sched_share_pct,sched_wall_s,wall_s,setup_s,events,visits,wake_affine,wake_wide,busy_skip,pack_placed,latency_picks,racks_free_pct,gangs,gang_wait_mean_s,gang_wait_p99_s,large_gangs,large_gang_wait_mean_s,large_gang_wait_p99_s"
+        "workload,policy,jobs,tasks,unfinished,utilization,makespan_s,makespan_lb_s,resp_mean_s,resp_p50_s,resp_p99_s,wait_mean_s,wait_p99_s,bsld_mean,latency_jobs,latency_resp_p99_s,latency_wait_p99_s,batch_wait_p99_s,fanout_child_resp_mean_s,steals,cross_rack_moves,cross_zone_moves,woken_jobs,near_waker_node_pct,near_waker_rack_pct,locality_jobs,locality_pct,active_nodes_mean,active_nodes_max,nodes,decisions,decisions_per_s,sched_share_pct,sched_wall_s,wall_s,setup_s,events,visits,wake_affine,wake_wide,busy_skip,pack_placed,latency_picks,racks_free_pct,gangs,gang_wait_mean_s,gang_wait_p99_s,large_gangs,large_gang_wait_mean_s,large_gang_wait_p99_s,large_gang_compact_pct"
     );
     for p in &r.policies {
         let c = &p.counters;
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{:.6},{:.3},{:.3},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{},{},{:.1},{:.3},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{:.3},{},{:.6},{:.6},{},{:.6},{:.6}",
+            "{},{},{},{},{},{:.6},{:.3},{:.3},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{},{},{:.1},{:.3},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{:.3},{},{:.6},{:.6},{},{:.6},{:.6},{:.3}",
             r.workload.replace(',', ";"),
             p.policy,
             p.jobs,
@@ -355,6 +357,7 @@ pub fn csv(r: &RunReport) -> String {
             p.large_gangs,
             p.large_gang_wait_mean_s,
             p.large_gang_wait_p99_s,
+            p.large_gang_compact_pct,
         );
     }
     out

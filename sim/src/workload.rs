@@ -74,6 +74,9 @@ pub struct Workload {
     child_list: Vec<u32>,
     /// Jobs with `after: None`, by (submit time, index).
     roots: Vec<u32>,
+    /// GPUs of each job (whole GPUs on its node; empty: none asks for
+    /// any). Set by GPU trace loaders ([`crate::alibaba`]).
+    pub gpus: Vec<u32>,
 }
 
 impl Workload {
@@ -129,6 +132,7 @@ impl Workload {
             child_start,
             child_list,
             roots,
+            gpus: Vec::new(),
         })
     }
 
@@ -152,6 +156,11 @@ impl Workload {
             .iter()
             .map(|j| j.cpus as f64 * j.nodes as f64 * j.duration_us as f64)
             .sum()
+    }
+
+    /// GPUs job `i` asks for.
+    pub fn gpus_of(&self, i: u32) -> u32 {
+        self.gpus.get(i as usize).copied().unwrap_or(0)
     }
 
     /// True when some job is a gang (more than one node).

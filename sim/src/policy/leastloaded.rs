@@ -14,7 +14,18 @@
 //! lowest-numbered), all at once. Gangs wait in one FIFO: the oldest gang
 //! that does not fit holds back the later gangs but not single jobs. When
 //! CPUs free up, the waiting gangs are tried before the pending single
-//! jobs. A gang attempt scans every node: O(n log n).
+//! jobs. A gang attempt scans every node: O(n log n). A gang's end frees
+//! all its members before anything is placed again (the simulator reports
+//! it member by member; placing on the first freed node would see a
+//! cluster state that never existed).
+//!
+//! GPUs (Kubernetes' extended resource `nvidia.com/gpu`): a job asking for
+//! GPUs may go only to a node with that many GPUs free (NodeResourcesFit's
+//! filter); among those, the most free CPUs as for any job (GPUs are not
+//! scored). A GPU job that fits nowhere waits in its own pending set, in
+//! the same (class, arrival) order; since only the node where a job ended
+//! changed, a retry tries the waiting GPU jobs on that node alone. Gangs
+//! do not ask for GPUs.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -79,6 +90,8 @@ pub(super) struct LeastLoaded {
     pending: BTreeMap<u32, BTreeSet<PendingKey>>,
     seq: u64,
     cpus_of: Vec<u32>,
+    /// Members of each running gang not yet reported finished.
+    members_left: Vec<u32>,
     visits: u64,
     /// Nodes of the cluster.
     nodes: usize,
@@ -86,6 +99,14 @@ pub(super) struct LeastLoaded {
     gangs: VecDeque<(u32, u32, u32)>,
     /// Scratch: (free CPUs, node) of the nodes with room for a member.
     room: Vec<(u32, u32)>,
+    /// Free GPUs per node.
+    gpus_free: Vec<u32>,
+    /// GPUs of each job.
+    gpus_of: Vec<u32>,
+    /// Waiting GPU jobs: ((not latency, arrival), job).
+    gpu_pending: BTreeSet<PendingKey>,
+    /// Nodes where jobs ended since the last drain.
+    freed: Vec<usize>,
 }
 
 impl LeastLoaded {
@@ -98,11 +119,43 @@ impl LeastLoaded {
             pending: BTreeMap::new(),
             seq: 0,
             cpus_of: Vec::new(),
+            members_left: Vec::new(),
             visits: 0,
             nodes: caps.len(),
             gangs: VecDeque::new(),
             room: Vec::new(),
+            gpus_free: (0..layout.nr_nodes() as u32)
+                .map(|i| layout.gpus(i))
+                .collect(),
+            gpus_of: Vec::new(),
+            gpu_pending: BTreeSet::new(),
+            freed: Vec::new(),
         }
+    }
+
+    /// Start GPU job `job` on the node with the most free CPUs among those
+    /// with `cpus` CPUs and `gpus` GPUs free; false when none has.
+    fn try_gpu(&mut self, job: u32, cpus: u32, gpus: u32, out: &mut Vec<Started>) -> bool {
+        self.visits += self.nodes as u64;
+        let best = (0..self.nodes)
+            .filter(|&n| self.gpus_free[n] >= gpus && self.free.get(n) >= cpus)
+            .max_by_key(|&n| (self.free.get(n), std::cmp::Reverse(n)));
+        let Some(n) = best else {
+            return false;
+        };
+        self.take_gpu(job, n, cpus, gpus, out);
+        true
+    }
+
+    fn take_gpu(&mut self, job: u32, n: usize, cpus: u32, gpus: u32, out: &mut Vec<Started>) {
+        self.gpus_free[n] -= gpus;
+        let f = self.free.get(n);
+        self.free.set(n, f - cpus);
+        out.push(Started {
+            job,
+            node: n as u32,
+            moved: Move::None,
+        });
     }
 
     fn start(&mut self, job: u32, cpus: u32, out: &mut Vec<Started>) {
@@ -161,10 +214,26 @@ impl LeastLoaded {
 
     /// Start pending jobs while one fits: each time the first (by class,
     /// then arrival) among the bucket heads that fit the largest free node.
+    /// Waiting GPU jobs are tried on `self.freed` alone, the nodes where
+    /// jobs ended since the last drain (the only ones where one may fit).
     fn drain(&mut self, out: &mut Vec<Started>) {
         self.drain_gangs(out);
+        let freed = std::mem::take(&mut self.freed);
         loop {
             let room = self.free.max();
+            // The first waiting GPU job that fits on a freed node, and the
+            // freed node with the most free CPUs where it fits.
+            let gpu = self.gpu_pending.iter().copied().find_map(|k| {
+                let j = k.1 as usize;
+                freed
+                    .iter()
+                    .copied()
+                    .filter(|&n| {
+                        self.gpus_free[n] >= self.gpus_of[j] && self.free.get(n) >= self.cpus_of[j]
+                    })
+                    .max_by_key(|&n| (self.free.get(n), std::cmp::Reverse(n)))
+                    .map(|n| (k, n))
+            });
             let mut best: Option<(u32, (bool, u64))> = None;
             for (&cpus, q) in self.pending.range(..=room) {
                 if let Some(&(key, _)) = q.first()
@@ -172,6 +241,15 @@ impl LeastLoaded {
                 {
                     best = Some((cpus, key));
                 }
+            }
+            if let Some((g, n)) = gpu
+                && best.is_none_or(|b| g.0 < b.1)
+            {
+                self.gpu_pending.remove(&g);
+                let j = g.1 as usize;
+                let (cpus, gpus) = (self.cpus_of[j], self.gpus_of[j]);
+                self.take_gpu(g.1, n, cpus, gpus, out);
+                continue;
             }
             let Some((cpus, _)) = best else {
                 return;
@@ -198,7 +276,20 @@ impl Placer for LeastLoaded {
                 self.cpus_of.resize(i + 1, 0);
             }
             self.cpus_of[i] = j.cpus;
-            if j.nodes > 1 {
+            if self.members_left.len() <= i {
+                self.members_left.resize(i + 1, 0);
+            }
+            self.members_left[i] = j.nodes;
+            if self.gpus_of.len() <= i {
+                self.gpus_of.resize(i + 1, 0);
+            }
+            self.gpus_of[i] = if j.nodes > 1 { 0 } else { j.gpus };
+            if j.gpus > 0 && j.nodes <= 1 {
+                if !self.try_gpu(j.job, j.cpus, j.gpus, out) {
+                    self.seq += 1;
+                    self.gpu_pending.insert(((!j.latency, self.seq), j.job));
+                }
+            } else if j.nodes > 1 {
                 self.gangs.push_back((j.job, j.cpus, j.nodes));
                 self.drain_gangs(out);
             } else if self.free.max() >= j.cpus {
@@ -218,6 +309,19 @@ impl Placer for LeastLoaded {
         let cpus = self.cpus_of.get(job as usize).copied().unwrap_or(0);
         let f = self.free.get(node as usize);
         self.free.set(node as usize, f + cpus);
+        let gpus = self.gpus_of.get(job as usize).copied().unwrap_or(0);
+        if let Some(g) = self.gpus_free.get_mut(node as usize) {
+            *g += gpus;
+        }
+        if (node as usize) < self.nodes {
+            self.freed.push(node as usize);
+        }
+        if let Some(left) = self.members_left.get_mut(job as usize) {
+            *left = left.saturating_sub(1);
+            if *left > 0 {
+                return Ok(());
+            }
+        }
         self.drain(out);
         Ok(())
     }
@@ -246,6 +350,7 @@ mod tests {
             latency,
             waker: None,
             limit_us: None,
+            gpus: 0,
         };
         p.submit(0, &[req(0, 3, false), req(1, 2, false)], &mut out)
             .unwrap();

@@ -10,10 +10,12 @@
 //! | `random` | a uniformly random node; FIFO queue on that node |
 //! | `least-loaded` | Kubernetes LeastAllocated-like: the node with the most free CPUs that fits now, else a central pending queue (latency class first, then arrival), retried when CPUs free up |
 //! | `pod[:D]` | power of D choices (default 2): probe D random nodes, join the least loaded ((running + queued CPUs) / capacity); FIFO node queues |
+//! | `first-fit` (`slurm`) | Slurm-like: priority FIFO, first-fit nodes with topology/tree's fewest-racks best fit, EASY backfill from time limits ([`firstfit`]) |
 //! | `sparrow[:D]` | Sparrow batch sampling: a batch of m jobs probes D x m nodes and places its jobs on the least loaded probes |
 //! | `ours` | the dispatcher (steal, cross-rack steal, wake_wide, latency classes, busy-skip on; spread) |
 //! | `ours-steal`, `ours-crossrack`, `ours-wakewide`, `ours-latency`, `ours-busyskip` | one mechanism off |
 //! | `ours+latpull` / `ours-latpull` | latency-class jobs waiting in a node's steal domain start first where room opens (`SchedConfig::latency_pull`) |
+//! | `ours+rack` / `ours+rackpref` | gangs that fit in a rack ask for one, required / preferred (relaxed after 300 s) |
 //! | `ours+pack`, `ours+nodelimit[:N]` | packing (jobs ask PLACEMENT_POLICY_PACK); seed 000's node-limit gating (global scope, limit N = 2: no stealing when zones > N) |
 //!
 //! Modifiers combine: `ours-steal-wakewide+pack`.
@@ -21,10 +23,13 @@
 //! Gangs ([`SubmitReq::nodes`] > 1): `ours` submits them as gangs to the
 //! dispatcher (`JobSpec.nodes`, within any); `least-loaded` starts a gang
 //! on the least-loaded nodes with room, all members at once, oldest gang
-//! first (FIFO among gangs, no reservation); the sampling baselines have
+//! first (FIFO among gangs, no reservation); `first-fit` queues gangs
+//! with the single jobs in one priority order and reserves nodes for the
+//! queue's head (EASY backfill); the sampling baselines have
 //! no gang placement and refuse them ([`SimError::Workload`]).
 
 mod baseline;
+pub mod firstfit;
 mod leastloaded;
 mod ours;
 
@@ -66,6 +71,10 @@ pub struct OursFlags {
     /// Latency-sensitive jobs waiting in a node's steal domain start
     /// first where room opens (`SchedConfig::latency_pull`).
     pub latency_pull: bool,
+    /// Gangs that fit in a rack ask for one (`JobSpec.within = RACK`):
+    /// `Some(false)` required (`+rack`), `Some(true)` preferred with the
+    /// default relax time, 300 s (`+rackpref`); `None`: within any.
+    pub gang_rack: Option<bool>,
 }
 
 impl Default for OursFlags {
@@ -85,6 +94,7 @@ impl Default for OursFlags {
             idle_balance: e.idle_balance,
             pull_oldest: e.pull_longest_wait,
             latency_pull: e.latency_pull,
+            gang_rack: None,
         }
     }
 }
@@ -96,6 +106,8 @@ pub enum PolicyKind {
     Random,
     /// Most free CPUs, central queue.
     LeastLoaded,
+    /// Slurm-like first fit with EASY backfill.
+    FirstFit,
     /// Power of d choices.
     Pod {
         /// Probes per job.
@@ -146,6 +158,7 @@ impl PolicySpec {
         let kind = match head {
             "random" => PolicyKind::Random,
             "least-loaded" | "leastloaded" | "k8s" => PolicyKind::LeastLoaded,
+            "first-fit" | "firstfit" | "slurm" => PolicyKind::FirstFit,
             "pod" | "p2c" => PolicyKind::Pod { d: d_of(rest)? },
             "sparrow" => PolicyKind::Sparrow { d: d_of(rest)? },
             _ if head.starts_with("ours") => PolicyKind::Ours(parse_ours(name)?),
@@ -153,13 +166,14 @@ impl PolicySpec {
                 return Err(bad_spec(
                     W,
                     name,
-                    "want random, least-loaded, pod[:D], sparrow[:D] or ours[-MECH|+pack|+nodelimit[:N]]...",
+                    "want random, least-loaded, first-fit, pod[:D], sparrow[:D] or ours[-MECH|+pack|+nodelimit[:N]]...",
                 ));
             }
         };
         let name = match &kind {
             PolicyKind::Random => "random".to_string(),
             PolicyKind::LeastLoaded => "least-loaded".to_string(),
+            PolicyKind::FirstFit => "first-fit".to_string(),
             PolicyKind::Pod { d } => format!("pod:{d}"),
             PolicyKind::Sparrow { d } => format!("sparrow:{d}"),
             PolicyKind::Ours(_) => name.to_string(),
@@ -227,6 +241,8 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
             ("idlebal", _) => flags.idle_balance = on,
             ("oldest", _) => flags.pull_oldest = on,
             ("latpull", _) => flags.latency_pull = on,
+            ("rack", _) => flags.gang_rack = on.then_some(false),
+            ("rackpref", _) => flags.gang_rack = on.then_some(true),
             ("nodelimit", true) => flags.node_limit = Some(2),
             ("nodelimit", false) => flags.node_limit = None,
             (w, true) if w.starts_with("nodelimit:") => {
@@ -240,7 +256,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
                     W,
                     name,
                     format!(
-                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull)"
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, rack, rackpref)"
                     ),
                 ));
             }
@@ -266,6 +282,9 @@ pub struct SubmitReq {
     pub waker: Option<u32>,
     /// Its time limit (µs; the dispatcher's `timeout_ms`), if it has one.
     pub limit_us: Option<u64>,
+    /// Whole GPUs on its node (`JobSpec.gpus`); only `least-loaded` and
+    /// `ours` place GPU jobs (the simulation refuses the others).
+    pub gpus: u32,
 }
 
 /// How far a job moved after it was first queued (a steal).
@@ -361,6 +380,7 @@ pub fn build(
         PolicyKind::Pod { d } => Box::new(baseline::Sampling::new(layout, d, false, seed)),
         PolicyKind::Sparrow { d } => Box::new(baseline::Sampling::new(layout, d, true, seed)),
         PolicyKind::LeastLoaded => Box::new(leastloaded::LeastLoaded::new(layout)),
+        PolicyKind::FirstFit => Box::new(firstfit::FirstFit::new(layout)),
         PolicyKind::Ours(flags) => Box::new(OursPlacer::new(layout, flags, tick_us)?),
     })
 }

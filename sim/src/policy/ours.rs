@@ -9,7 +9,9 @@
 //! brought them there and how far, are read from the placement
 //! [`Move`](dispatcher::cluster::Move)s in [`Effects::moves`].
 //!
-//! A gang is submitted as one spec with `nodes: N` (within any): the
+//! A gang is submitted as one spec with `nodes: N` (within any; with
+//! `+rack` / `+rackpref`, within rack, required / preferred, when it fits
+//! in one): the
 //! dispatcher's gang pass (`Cluster::schedule_gangs`, `sched::gang`)
 //! decides when and where its members `j-N.i` start; each member's end is
 //! reported on its own node under its own id.
@@ -49,6 +51,8 @@ pub struct OursPlacer {
     specs: Vec<JobSpec>,
     /// The member of each running gang on a node: (workload job, node).
     member_on: HashMap<(u32, u32), JobKey>,
+    /// Nodes per rack (`+rack` asks a rack only of gangs that fit one).
+    per_rack: usize,
 }
 
 fn ms(us: u64) -> i64 {
@@ -100,6 +104,7 @@ impl OursPlacer {
             same_rack: 0,
             specs: Vec::new(),
             member_on: HashMap::new(),
+            per_rack: layout.nodes_per_rack,
         })
     }
 
@@ -156,12 +161,16 @@ impl Placer for OursPlacer {
                 specs.push(JobSpec {
                     command: vec!["sim".to_string()],
                     cpus: j.cpus,
+                    gpus: j.gpus,
                     nodes: if j.nodes > 1 { j.nodes } else { 0 },
-                    within: if j.nodes > 1 {
-                        Within::Any as i32
-                    } else {
-                        Within::Unspecified as i32
+                    within: match (j.nodes > 1, self.flags.gang_rack) {
+                        (false, _) => Within::Unspecified as i32,
+                        (true, Some(_)) if j.nodes as usize <= self.per_rack => Within::Rack as i32,
+                        (true, _) => Within::Any as i32,
                     },
+                    within_preferred: j.nodes > 1
+                        && j.nodes as usize <= self.per_rack
+                        && self.flags.gang_rack == Some(true),
                     latency_nice: if j.latency { -10 } else { 0 },
                     waker: j.waker.map(|w| self.job_id(w)).unwrap_or_default(),
                     // Rounded up to whole ms; the API takes at most a year.
