@@ -53,10 +53,14 @@ type Reply<T> = oneshot::Sender<Result<T, Status>>;
 /// Ceiling of the measured steal cost (the kernel's migration cost).
 const MAX_STEAL_COST_NS: u64 = 500_000;
 
-/// ListNodes builds this many nodes' views per batch of commands, so that
-/// listing 10,000 nodes (tens of ms) never holds the core for long:
-/// submissions and agents' messages are served between the slices.
-const NODES_PER_SLICE: usize = 256;
+/// ListNodes builds nodes' views this many at a time, for at most
+/// [`LIST_BUDGET`] per batch of commands, so that listing 10,000 nodes
+/// (tens of ms) never holds the core for long: submissions and agents'
+/// messages are served between the slices.
+const NODES_PER_SLICE: usize = 128;
+
+/// The core's time for ListNodes per batch (at least one slice).
+const LIST_BUDGET: Duration = Duration::from_millis(3);
 
 /// A ListNodes in progress: the nodes listed so far, in name order.
 struct Listing {
@@ -699,25 +703,33 @@ impl Core {
         }
     }
 
-    /// The next [`NODES_PER_SLICE`] nodes of every ListNodes in progress;
-    /// a listing that reached the last node is answered after this batch's
-    /// commit.
+    /// The next slices of the ListNodes in progress, for at most
+    /// [`LIST_BUDGET`] (at least one slice); a listing that reached the last
+    /// node is answered after this batch's commit.
     fn list_nodes_slice(&mut self, replies: &mut Vec<Deferred>) {
+        let started = Instant::now();
+        let mut sliced = false;
         for mut l in std::mem::take(&mut self.listings) {
-            let before = l.nodes.len();
-            let after = l.after.take();
-            l.nodes.extend(
-                self.cluster
-                    .nodes()
-                    .skip_while(|n| after.as_deref().is_some_and(|a| n.name.as_str() <= a))
-                    .take(NODES_PER_SLICE)
-                    .map(|n| self.cluster.node_proto(n)),
-            );
-            if l.nodes.len() - before < NODES_PER_SLICE {
-                replies.push(defer(l.reply, Ok(l.nodes)));
-            } else {
+            loop {
+                if sliced && started.elapsed() >= LIST_BUDGET {
+                    self.listings.push(l);
+                    break;
+                }
+                sliced = true;
+                let before = l.nodes.len();
+                let after = l.after.take();
+                l.nodes.extend(
+                    self.cluster
+                        .nodes()
+                        .skip_while(|n| after.as_deref().is_some_and(|a| n.name.as_str() <= a))
+                        .take(NODES_PER_SLICE)
+                        .map(|n| self.cluster.node_proto(n)),
+                );
+                if l.nodes.len() - before < NODES_PER_SLICE {
+                    replies.push(defer(l.reply, Ok(l.nodes)));
+                    break;
+                }
                 l.after = l.nodes.last().map(|n| n.name.clone());
-                self.listings.push(l);
             }
         }
     }

@@ -426,7 +426,12 @@ pub fn capture(
             reported_busy_cpus: n.load.cpus.iter().filter(|c| c.busy).count() as u32,
             last_heartbeat_ms: n.last_heartbeat_ms,
             gpus: n.gpus,
-            gpus_free: cluster.gpus_free(&n.name),
+            // (No GPUs: none free, without the two lookups.)
+            gpus_free: if n.gpus == 0 {
+                0
+            } else {
+                cluster.gpus_free(&n.name)
+            },
         };
         c.nodes.push(node);
     }
