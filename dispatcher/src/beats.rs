@@ -75,6 +75,11 @@ impl Beat {
         self.down.store(down, Ordering::Release);
     }
 
+    /// What the core last told the stream ([`Self::set_down`]).
+    pub fn is_down(&self) -> bool {
+        self.down.load(Ordering::Acquire)
+    }
+
     /// Take the pending change (the core).
     pub fn take(&self) -> Pending {
         std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()))

@@ -19,7 +19,7 @@
 //! replica steps down ([`crate::ha`]) and whichever replica leads next
 //! recovers from etcd. Either way agents re-report their jobs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -284,6 +284,8 @@ struct Core {
     beats: Arc<Beats>,
     /// ListNodes calls in progress, a slice per batch.
     listings: Vec<Listing>,
+    /// Attached nodes whose beat was told they are DOWN.
+    told_down: HashSet<String>,
 }
 
 /// A reply to send once the batch is committed.
@@ -338,6 +340,7 @@ impl Core {
             observers,
             beats,
             listings: Vec::new(),
+            told_down: HashSet::new(),
         }
     }
 
@@ -747,39 +750,61 @@ impl Core {
     }
 
     /// Before the tick's heartbeat deadline check: every attached node's
-    /// heartbeat time from its stream's last message, and a DOWN node
-    /// that sent a LoadReport since it was last accounted for comes back
-    /// (the beat was not queued if the report changed nothing and came
-    /// before the core said the node was DOWN).
+    /// heartbeat time from its stream's last message (one pass over the
+    /// nodes, a hash lookup each), and a DOWN node that sent a LoadReport
+    /// since it was last accounted for comes back (the beat was not queued
+    /// if the report changed nothing and came before the core said the node
+    /// was DOWN).
     fn refresh_liveness(&mut self, now: i64, fx: &mut Effects) {
-        for (node, link) in &mut self.agents {
+        for node in &self.told_down {
+            let Some(link) = self.agents.get_mut(node) else {
+                continue;
+            };
+            let report_ms = link.beat.last_report_ms();
             let Ok(n) = self.cluster.node(node) else {
                 continue;
             };
-            let (down, heard_ms) = (n.down, n.last_heartbeat_ms);
-            let report_ms = link.beat.last_report_ms();
-            if down && report_ms > link.applied_report_ms {
+            if n.down && report_ms > link.applied_report_ms {
                 let load = n.load.clone();
                 self.cluster.load_report(node, load, now, fx);
             }
-            // Every report so far is accounted for: only a later one
-            // revives the node if this tick marks it DOWN.
-            link.applied_report_ms = link.applied_report_ms.max(report_ms);
-            let last_ms = link.beat.last_ms();
-            if last_ms > heard_ms {
-                self.cluster.load_report_time(node, last_ms);
-            }
         }
+        let agents = &mut self.agents;
+        self.cluster.heard_from(|node| {
+            let link = agents.get_mut(node)?;
+            // Every report so far is accounted for: only a later one
+            // revives the node if this tick marks it DOWN. (Not for a node
+            // DOWN already: a report read since the pass above revives it
+            // when its queued beat is applied.)
+            if !link.beat.is_down() {
+                link.applied_report_ms = link.applied_report_ms.max(link.beat.last_report_ms());
+            }
+            Some(link.beat.last_ms())
+        });
     }
 
     /// After the tick: each stream learns whether its node is DOWN, so
     /// that its next LoadReport is queued (and revives it) even if it
-    /// changes nothing.
-    fn tell_down(&self) {
-        for (node, link) in &self.agents {
-            let down = self.cluster.node(node).is_ok_and(|n| n.down);
-            link.beat.set_down(down);
+    /// changes nothing. One pass over the nodes; only DOWN ones, and those
+    /// told so before, are looked up.
+    fn tell_down(&mut self) {
+        let down: HashSet<String> = self
+            .cluster
+            .nodes()
+            .filter(|n| n.down && self.agents.contains_key(&n.name))
+            .map(|n| n.name.clone())
+            .collect();
+        for node in self.told_down.difference(&down) {
+            if let Some(link) = self.agents.get(node) {
+                link.beat.set_down(false);
+            }
         }
+        for node in &down {
+            if let Some(link) = self.agents.get(node) {
+                link.beat.set_down(true);
+            }
+        }
+        self.told_down = down;
     }
 
     /// A spec the store could not hold in one record, as the caller's
