@@ -78,7 +78,12 @@ struct JobCounts {
 struct Seen {
     racks: HashSet<String>,
     domains: HashSet<(String, String)>,
-    nodes: HashSet<String>,
+    /// Each connected node's heartbeat-lag series (its handle, so a tick
+    /// neither looks the series up nor copies the name again) and the
+    /// sample that last set it.
+    nodes: HashMap<String, (prometheus::Gauge, u64)>,
+    /// Samples taken.
+    samples: u64,
 }
 
 /// The short name of a job state (`JOB_STATE_RUNNING` -> `running`).
@@ -310,7 +315,9 @@ impl Metrics {
         // zone and cluster sums and the label strings are made per rack,
         // not per node.
         let mut per_rack: BTreeMap<(&str, &str), (usize, usize)> = BTreeMap::new();
-        let mut lag_nodes = HashSet::new();
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.samples += 1;
+        let sample = seen.samples;
         for n in cluster.nodes() {
             *states.entry(node_state(n)).or_default() += 1;
             let busy = n.cpu_busy.iter().filter(|&&b| b).count();
@@ -321,10 +328,17 @@ impl Metrics {
             e.1 += n.cpu_busy.len();
             if n.connected {
                 let lag = (now_ms - n.last_heartbeat_ms).max(0) as f64 / 1000.0;
-                self.heartbeat_lag
-                    .with_label_values(&[n.name.as_str()])
-                    .set(lag);
-                lag_nodes.insert(n.name.clone());
+                match seen.nodes.get_mut(n.name.as_str()) {
+                    Some((gauge, at)) => {
+                        gauge.set(lag);
+                        *at = sample;
+                    }
+                    None => {
+                        let gauge = self.heartbeat_lag.with_label_values(&[n.name.as_str()]);
+                        gauge.set(lag);
+                        seen.nodes.insert(n.name.clone(), (gauge, sample));
+                    }
+                }
             }
         }
         let mut util: BTreeMap<(String, String), (usize, usize)> = BTreeMap::new();
@@ -373,7 +387,6 @@ impl Metrics {
             self.engine.sample(engine.stats());
         }
         // Forget series of racks, domains and nodes that went away.
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         for r in &seen.racks {
             if !racks.contains(r) {
                 let _ = self.overload.remove_label_values(&[r.as_str()]);
@@ -386,16 +399,17 @@ impl Metrics {
                     .remove_label_values(&[l.as_str(), d.as_str()]);
             }
         }
-        for n in &seen.nodes {
-            if !lag_nodes.contains(n) {
+        seen.nodes.retain(|n, (_, at)| {
+            let kept = *at == sample;
+            if !kept {
                 let _ = self.heartbeat_lag.remove_label_values(&[n.as_str()]);
             }
-        }
+            kept
+        });
         // (Sets: at 10,000 nodes a list's `contains` per node was
         // quadratic, about 10^8 comparisons per tick on the core.)
         seen.racks = racks;
         seen.domains = util.into_keys().collect();
-        seen.nodes = lag_nodes;
     }
 }
 
@@ -463,5 +477,46 @@ mod tests {
         // Elected again: the job series are back at zero until sampled.
         m.set_leader(true);
         assert!(scrape(&m).contains("dispatch_jobs{class=\"normal\",state=\"running\"} 0"));
+    }
+
+    /// Each connected node has its heartbeat-lag series, kept across
+    /// samples and updated in place; a node that disconnects loses it,
+    /// and so do the utilization series of a rack that has no node left.
+    #[test]
+    fn heartbeat_lag_series_follow_the_connected_nodes() {
+        use crate::cluster::tests::register_node;
+        use crate::cluster::{ClusterConfig, Effects};
+        let m = Metrics::new().unwrap();
+        m.set_leader(true);
+        let mut c = Cluster::new(ClusterConfig::default());
+        let mut fx = Effects::default();
+        register_node(&mut c, "a", "1s:2c:1t", ("z1", "r1"), 1_000, &mut fx);
+        register_node(&mut c, "b", "1s:2c:1t", ("z1", "r2"), 1_000, &mut fx);
+        c.settle(1_000, &mut fx);
+        m.sample(&c, 3_000);
+        let text = scrape(&m);
+        assert!(
+            text.contains("dispatch_agent_heartbeat_lag_seconds{node=\"a\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("dispatch_agent_heartbeat_lag_seconds{node=\"b\"} 2"),
+            "{text}"
+        );
+        m.sample(&c, 4_000);
+        let text = scrape(&m);
+        assert!(
+            text.contains("dispatch_agent_heartbeat_lag_seconds{node=\"a\"} 3"),
+            "{text}"
+        );
+        c.disconnected("b");
+        m.sample(&c, 5_000);
+        let text = scrape(&m);
+        assert!(
+            text.contains("dispatch_agent_heartbeat_lag_seconds{node=\"a\"} 4"),
+            "{text}"
+        );
+        assert!(!text.contains("node=\"b\""), "{text}");
+        assert!(text.contains("domain=\"z1/r2\""), "{text}");
     }
 }
