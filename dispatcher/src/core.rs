@@ -19,7 +19,8 @@
 //! replica steps down ([`crate::ha`]) and whichever replica leads next
 //! recovers from etcd. Either way agents re-report their jobs.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -30,6 +31,7 @@ use proto::v1::{
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Status;
 
+use crate::beats::{Beat, Beats, FLUSH_MS, Reporter};
 use crate::cluster::{Cluster, Effects};
 use crate::observe::Observers;
 use crate::store::{NodeAdmin, Store, StoreError};
@@ -50,6 +52,23 @@ type Reply<T> = oneshot::Sender<Result<T, Status>>;
 
 /// Ceiling of the measured steal cost (the kernel's migration cost).
 const MAX_STEAL_COST_NS: u64 = 500_000;
+
+/// ListNodes builds nodes' views this many at a time, for at most
+/// [`LIST_BUDGET`] per batch of commands, so that listing 10,000 nodes
+/// (tens of ms) never holds the core for long: submissions and agents'
+/// messages are served between the slices.
+const NODES_PER_SLICE: usize = 128;
+
+/// The core's time for ListNodes per batch (at least one slice).
+const LIST_BUDGET: Duration = Duration::from_millis(3);
+
+/// A ListNodes in progress: the nodes listed so far, in name order.
+struct Listing {
+    reply: Reply<Vec<Node>>,
+    nodes: Vec<Node>,
+    /// The last node listed.
+    after: Option<String>,
+}
 
 /// A request to the core.
 pub enum Command {
@@ -134,10 +153,15 @@ pub enum Command {
         register: Register,
         /// Where to send it messages.
         tx: AgentTx,
-        /// Reply: the session number.
-        reply: Reply<u64>,
+        /// Reply: the session number and the stream's [`Beat`], where its
+        /// reader leaves liveness and LoadReports for the core.
+        reply: Reply<(u64, Arc<Beat>)>,
     },
-    /// A message from an agent's stream.
+    /// Agents' beats were queued ([`Beats`]): wakes the core, which
+    /// applies them at most every [`crate::beats::FLUSH_MS`].
+    Beats,
+    /// A message from an agent's stream (not a LoadReport: those go
+    /// through its [`Beat`]).
     FromAgent {
         /// Node name.
         node: String,
@@ -161,6 +185,7 @@ pub enum Command {
 #[derive(Clone)]
 pub struct CoreHandle {
     tx: std_mpsc::Sender<Command>,
+    beats: Arc<Beats>,
 }
 
 impl CoreHandle {
@@ -174,6 +199,19 @@ impl CoreHandle {
     /// Send a command that has no reply.
     pub fn send(&self, cmd: Command) {
         let _ = self.tx.send(cmd);
+    }
+
+    /// The reader of an attached stream's beat: its LoadReports and
+    /// liveness reach the core through it, not as commands.
+    pub fn reporter(&self, beat: Arc<Beat>) -> Reporter {
+        Reporter::new(self.beats.clone(), beat)
+    }
+
+    /// A LoadReport read from an attached stream at `now_ms`.
+    pub fn report(&self, reporter: &mut Reporter, report: proto::v1::LoadReport, now_ms: i64) {
+        if reporter.report(report.load.unwrap_or_default(), report.seq, now_ms) {
+            self.send(Command::Beats);
+        }
     }
 }
 
@@ -209,10 +247,14 @@ pub fn spawn(
     observers: Observers,
 ) -> (CoreHandle, std::thread::JoinHandle<CoreExit>) {
     let (tx, rx) = std_mpsc::channel();
-    let handle = CoreHandle { tx };
+    let beats = Arc::new(Beats::default());
+    let handle = CoreHandle {
+        tx,
+        beats: beats.clone(),
+    };
     let thread = std::thread::Builder::new()
         .name("dispatch-core".into())
-        .spawn(move || Core::new(cluster, store, on_failure, observers).run(rx))
+        .spawn(move || Core::new(cluster, store, on_failure, observers, beats).run(rx))
         .unwrap_or_else(|e| panic!("cannot start the core thread: {e}"));
     (handle, thread)
 }
@@ -220,6 +262,10 @@ pub fn spawn(
 struct AgentLink {
     session: u64,
     tx: AgentTx,
+    beat: Arc<Beat>,
+    /// The latest LoadReport time the core has accounted for (a later
+    /// one revives the node if it is DOWN).
+    applied_report_ms: i64,
 }
 
 struct Core {
@@ -234,6 +280,12 @@ struct Core {
     steal_cost: u64,
     on_failure: OnStoreFailure,
     observers: Observers,
+    /// Agents' queued beats.
+    beats: Arc<Beats>,
+    /// ListNodes calls in progress, a slice per batch.
+    listings: Vec<Listing>,
+    /// Attached nodes whose beat was told they are DOWN.
+    told_down: HashSet<String>,
 }
 
 /// A reply to send once the batch is committed.
@@ -271,6 +323,7 @@ impl Core {
         store: Box<dyn Store>,
         on_failure: OnStoreFailure,
         observers: Observers,
+        beats: Arc<Beats>,
     ) -> Self {
         cluster.limit_stored_spec_bytes(store.max_spec_bytes());
         let (events, _) = broadcast::channel(65_536);
@@ -285,6 +338,9 @@ impl Core {
             steal_cost: 0,
             on_failure,
             observers,
+            beats,
+            listings: Vec::new(),
+            told_down: HashSet::new(),
         }
     }
 
@@ -303,8 +359,17 @@ impl Core {
             (self.cluster.config().heartbeat_interval_ms / 2).clamp(10, 1000),
         );
         let mut next_tick = Instant::now() + tick;
+        let flush = Duration::from_millis(FLUSH_MS);
+        let mut next_flush = Instant::now();
         loop {
-            let wait = next_tick.saturating_duration_since(Instant::now());
+            let until = if !self.listings.is_empty() {
+                Instant::now()
+            } else if self.beats.pending() {
+                next_tick.min(next_flush)
+            } else {
+                next_tick
+            };
+            let wait = until.saturating_duration_since(Instant::now());
             let first = match rx.recv_timeout(wait) {
                 Ok(cmd) => Some(cmd),
                 Err(std_mpsc::RecvTimeoutError::Timeout) => None,
@@ -350,12 +415,19 @@ impl Core {
                     };
                 }
             }
+            self.list_nodes_slice(&mut replies);
+            if self.beats.pending() && Instant::now() >= next_flush {
+                self.apply_beats(now, &mut fx);
+                next_flush = Instant::now() + flush;
+            }
             self.cluster.settle(now, &mut fx);
             if Instant::now() >= next_tick {
                 if self.steal_cost > 0 {
                     self.cluster.set_steal_cost(self.steal_cost);
                 }
+                self.refresh_liveness(now, &mut fx);
                 self.cluster.tick(now, &mut fx);
+                self.tell_down();
                 self.observers.tick(&self.cluster, now);
                 next_tick = Instant::now() + tick;
             }
@@ -465,14 +537,13 @@ impl Core {
             Command::Logs { req, tx, reply } => {
                 let _ = reply.send(self.start_logs(req, tx));
             }
-            Command::Nodes { reply } => {
-                let nodes = self
-                    .cluster
-                    .nodes()
-                    .map(|n| self.cluster.node_proto(n))
-                    .collect();
-                replies.push(defer(reply, Ok(nodes)));
-            }
+            // Listed a slice per batch (list_nodes_slice): each node as
+            // committed at its slice's batch, all of it after the last.
+            Command::Nodes { reply } => self.listings.push(Listing {
+                reply,
+                nodes: Vec::new(),
+                after: None,
+            }),
             Command::Node { name, reply } => {
                 replies.push(defer(
                     reply,
@@ -504,15 +575,20 @@ impl Core {
                             })),
                         };
                         let _ = tx.send(Ok(hello));
-                        if let Some(old) =
-                            self.agents.insert(node.clone(), AgentLink { session, tx })
-                        {
+                        let beat = self.beats.beat(node.clone(), session, now);
+                        let link = AgentLink {
+                            session,
+                            tx,
+                            beat: beat.clone(),
+                            applied_report_ms: i64::MIN,
+                        };
+                        if let Some(old) = self.agents.insert(node.clone(), link) {
                             let _ = old.tx.send(Err(Status::aborted(
                                 "another agent registered with this node name",
                             )));
                         }
                         tracing::info!(%node, session, "agent attached");
-                        replies.push(defer(reply, Ok(session)));
+                        replies.push(defer(reply, Ok((session, beat))));
                     }
                     Err(status) => {
                         let _ = reply.send(Err(status));
@@ -560,9 +636,17 @@ impl Core {
                     }
                 }
             }
+            Command::Beats => {}
             Command::Detach { node, session } => {
                 if self.agents.get(&node).map(|l| l.session) == Some(session) {
-                    self.agents.remove(&node);
+                    // What the stream said before it ended counts, as
+                    // when every report was a command ahead of this one.
+                    if let Some(link) = self.agents.remove(&node) {
+                        if let Some(load) = link.beat.take().load {
+                            self.cluster.load_report(&node, load, now, fx);
+                        }
+                        self.account_liveness(&node, link.beat.last_ms());
+                    }
                     self.cluster.disconnected(&node);
                     tracing::info!(%node, session, "agent detached");
                     // Log streams served by this agent end.
@@ -580,6 +664,147 @@ impl Core {
             }
             Command::Shutdown => {}
         }
+    }
+
+    /// Apply the queued beats: changed loads, DOWN nodes reporting again
+    /// (revived as by a LoadReport command), leases (sent after this
+    /// batch's commit). Beats of a replaced or ended stream are dropped,
+    /// as its commands were.
+    fn apply_beats(&mut self, now: i64, fx: &mut Effects) {
+        for beat in self.beats.drain() {
+            let pending = beat.take();
+            let Some(link) = self.agents.get_mut(&beat.node) else {
+                continue;
+            };
+            if link.session != beat.session {
+                continue;
+            }
+            let report_ms = beat.last_report_ms();
+            let Ok(n) = self.cluster.node(&beat.node) else {
+                continue;
+            };
+            let revive = n.down && report_ms > link.applied_report_ms;
+            if pending.load.is_some() || revive {
+                let load = pending.load.unwrap_or_else(|| n.load.clone());
+                self.cluster.load_report(&beat.node, load, now, fx);
+                link.applied_report_ms = report_ms;
+            }
+            // Renew the agent's lease; it goes out after this batch's
+            // commit, so only a leader that can still write grants one.
+            if pending.lease_seq != 0 {
+                let lease = proto::v1::Lease {
+                    seq: pending.lease_seq,
+                    lease_ms: self.cluster.config().agent_lease_ms(),
+                };
+                fx.to_agents.push((
+                    beat.node.clone(),
+                    DispatcherMessage {
+                        msg: Some(dispatcher_message::Msg::Lease(lease)),
+                    },
+                ));
+            }
+        }
+    }
+
+    /// The next slices of the ListNodes in progress, for at most
+    /// [`LIST_BUDGET`] (at least one slice); a listing that reached the last
+    /// node is answered after this batch's commit.
+    fn list_nodes_slice(&mut self, replies: &mut Vec<Deferred>) {
+        let started = Instant::now();
+        let mut sliced = false;
+        for mut l in std::mem::take(&mut self.listings) {
+            loop {
+                if sliced && started.elapsed() >= LIST_BUDGET {
+                    self.listings.push(l);
+                    break;
+                }
+                sliced = true;
+                let before = l.nodes.len();
+                let after = l.after.take();
+                l.nodes.extend(
+                    self.cluster
+                        .nodes()
+                        .skip_while(|n| after.as_deref().is_some_and(|a| n.name.as_str() <= a))
+                        .take(NODES_PER_SLICE)
+                        .map(|n| self.cluster.node_proto(n)),
+                );
+                if l.nodes.len() - before < NODES_PER_SLICE {
+                    replies.push(defer(l.reply, Ok(l.nodes)));
+                    break;
+                }
+                l.after = l.nodes.last().map(|n| n.name.clone());
+            }
+        }
+    }
+
+    /// `node`'s last message arrived at `last_ms`: its heartbeat time
+    /// moves there (never back).
+    fn account_liveness(&mut self, node: &str, last_ms: i64) {
+        if self
+            .cluster
+            .node(node)
+            .is_ok_and(|n| last_ms > n.last_heartbeat_ms)
+        {
+            self.cluster.load_report_time(node, last_ms);
+        }
+    }
+
+    /// Before the tick's heartbeat deadline check: every attached node's
+    /// heartbeat time from its stream's last message (one pass over the
+    /// nodes, a hash lookup each), and a DOWN node that sent a LoadReport
+    /// since it was last accounted for comes back (the beat was not queued
+    /// if the report changed nothing and came before the core said the node
+    /// was DOWN).
+    fn refresh_liveness(&mut self, now: i64, fx: &mut Effects) {
+        for node in &self.told_down {
+            let Some(link) = self.agents.get_mut(node) else {
+                continue;
+            };
+            let report_ms = link.beat.last_report_ms();
+            let Ok(n) = self.cluster.node(node) else {
+                continue;
+            };
+            if n.down && report_ms > link.applied_report_ms {
+                let load = n.load.clone();
+                self.cluster.load_report(node, load, now, fx);
+            }
+        }
+        let agents = &mut self.agents;
+        self.cluster.heard_from(|node| {
+            let link = agents.get_mut(node)?;
+            // Every report so far is accounted for: only a later one
+            // revives the node if this tick marks it DOWN. (Not for a node
+            // DOWN already: a report read since the pass above revives it
+            // when its queued beat is applied.)
+            if !link.beat.is_down() {
+                link.applied_report_ms = link.applied_report_ms.max(link.beat.last_report_ms());
+            }
+            Some(link.beat.last_ms())
+        });
+    }
+
+    /// After the tick: each stream learns whether its node is DOWN, so
+    /// that its next LoadReport is queued (and revives it) even if it
+    /// changes nothing. One pass over the nodes; only DOWN ones, and those
+    /// told so before, are looked up.
+    fn tell_down(&mut self) {
+        let down: HashSet<String> = self
+            .cluster
+            .nodes()
+            .filter(|n| n.down && self.agents.contains_key(&n.name))
+            .map(|n| n.name.clone())
+            .collect();
+        for node in self.told_down.difference(&down) {
+            if let Some(link) = self.agents.get(node) {
+                link.beat.set_down(false);
+            }
+        }
+        for node in &down {
+            if let Some(link) = self.agents.get(node) {
+                link.beat.set_down(true);
+            }
+        }
+        self.told_down = down;
     }
 
     /// A spec the store could not hold in one record, as the caller's
@@ -865,6 +1090,7 @@ mod tests {
             store,
             OnStoreFailure::Stop,
             Observers::none(),
+            Arc::new(Beats::default()),
         );
         let exit = core.run(rx);
         let reads = Reads {
@@ -966,7 +1192,7 @@ mod tests {
             Observers::none(),
         );
         let (tx, mut agent) = mpsc::unbounded_channel();
-        let session = core
+        let (session, _beat) = core
             .call(|reply| Command::Attach {
                 register: register("n1"),
                 tx,
@@ -1043,6 +1269,178 @@ mod tests {
             ]],
             "one commit with the whole batch, in order"
         );
+        core.send(Command::Shutdown);
+        assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
+    }
+
+    async fn node_of(core: &CoreHandle, name: &str) -> Node {
+        core.call(|reply| Command::Node {
+            name: name.to_string(),
+            reply,
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Waits up to 5 s for `name` to be in `state`.
+    async fn wait_state(core: &CoreHandle, name: &str, state: proto::v1::NodeState) -> Node {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let node = node_of(core, name).await;
+            if node.state == state as i32 || Instant::now() > deadline {
+                return node;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn busy_load(busy: bool) -> proto::v1::NodeLoad {
+        proto::v1::NodeLoad {
+            cpus: vec![proto::v1::CpuLoad {
+                cpu: 0,
+                busy,
+                runnable: u32::from(busy),
+            }],
+            running_jobs: u32::from(busy),
+            ..Default::default()
+        }
+    }
+
+    /// Heartbeats through the stream's beat, never a command each: an
+    /// unchanged LoadReport keeps the node up past the heartbeat deadline,
+    /// silence marks it DOWN after it, an unchanged LoadReport from the
+    /// still-open stream brings it back, a changed load reaches the node's
+    /// view, and a report with a `seq` gets its lease.
+    #[tokio::test]
+    async fn heartbeats_reach_the_core_through_the_beat() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        // 100 ms heartbeats, 3 missed: DOWN after 300 ms of silence.
+        let cfg = ClusterConfig {
+            heartbeat_interval_ms: 100,
+            ..ClusterConfig::default()
+        };
+        let (core, thread) = spawn(
+            Cluster::new(cfg),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            Observers::none(),
+        );
+        let (tx, mut agent) = mpsc::unbounded_channel();
+        let (_, beat) = core
+            .call(|reply| Command::Attach {
+                register: register("n1"),
+                tx,
+                reply,
+            })
+            .await
+            .unwrap();
+        let mut reporter = core.reporter(beat);
+        let report = |busy: bool, seq: u64| proto::v1::LoadReport {
+            load: Some(busy_load(busy)),
+            seq,
+        };
+        // A job on the node, no retries: LOST if the node is ever marked
+        // DOWN (even if a later report revives it).
+        let jobs = core
+            .call(|reply| Command::Submit {
+                specs: vec![spec()],
+                batch: false,
+                trace_context: HashMap::new(),
+                owner: String::new(),
+                reply,
+            })
+            .await
+            .unwrap();
+        // 1 s of unchanged reports, every 50 ms: three deadlines.
+        for _ in 0..20 {
+            core.report(&mut reporter, report(false, 0), now_ms());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let node = node_of(&core, "n1").await;
+        assert_eq!(node.state, proto::v1::NodeState::Ready as i32, "{node:?}");
+        assert!(now_ms() - node.last_heartbeat_ms < 300, "{node:?}");
+        let job = core
+            .call(|reply| Command::Get {
+                id: jobs[0].id.clone(),
+                reply,
+            })
+            .await
+            .unwrap();
+        assert_eq!(job.state, JobState::Assigned as i32, "{job:?}");
+        // Silence: DOWN.
+        let node = wait_state(&core, "n1", proto::v1::NodeState::Down).await;
+        assert_eq!(node.state, proto::v1::NodeState::Down as i32, "{node:?}");
+        // The same load again from the open stream: up again.
+        core.report(&mut reporter, report(false, 0), now_ms());
+        let node = wait_state(&core, "n1", proto::v1::NodeState::Ready).await;
+        assert_eq!(node.state, proto::v1::NodeState::Ready as i32, "{node:?}");
+        // A changed load is applied; a seq is answered with a lease.
+        core.report(&mut reporter, report(true, 9), now_ms());
+        let lease = loop {
+            let msg = tokio::time::timeout(Duration::from_secs(5), agent.recv())
+                .await
+                .expect("a lease within 5 s")
+                .unwrap()
+                .unwrap();
+            if let Some(dispatcher_message::Msg::Lease(l)) = msg.msg {
+                break l;
+            }
+        };
+        assert_eq!(lease.seq, 9);
+        assert_eq!(lease.lease_ms, cfg_lease_ms());
+        let node = node_of(&core, "n1").await;
+        assert_eq!(node.load, Some(busy_load(true)));
+        core.send(Command::Shutdown);
+        assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
+    }
+
+    fn cfg_lease_ms() -> u64 {
+        ClusterConfig {
+            heartbeat_interval_ms: 100,
+            ..ClusterConfig::default()
+        }
+        .agent_lease_ms()
+    }
+
+    /// ListNodes over more nodes than one slice: every node once, in name
+    /// order, with submissions served between the slices.
+    #[tokio::test]
+    async fn list_nodes_answers_every_node_across_slices() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let (core, thread) = spawn(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            Observers::none(),
+        );
+        let total = 2 * NODES_PER_SLICE + 7;
+        let mut agents = Vec::new();
+        for i in 0..total {
+            let (tx, rx) = mpsc::unbounded_channel();
+            agents.push(rx);
+            core.call(|reply| Command::Attach {
+                register: register(&format!("n{i:04}")),
+                tx,
+                reply,
+            })
+            .await
+            .unwrap();
+        }
+        let listing = core.call(|reply| Command::Nodes { reply });
+        let submit = core.call(|reply| Command::Submit {
+            specs: vec![spec()],
+            batch: false,
+            trace_context: HashMap::new(),
+            owner: String::new(),
+            reply,
+        });
+        let (nodes, jobs) = tokio::join!(listing, submit);
+        let names: Vec<String> = nodes.unwrap().into_iter().map(|n| n.name).collect();
+        let want: Vec<String> = (0..total).map(|i| format!("n{i:04}")).collect();
+        assert_eq!(names, want);
+        assert_eq!(jobs.unwrap().len(), 1);
         core.send(Command::Shutdown);
         assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
     }

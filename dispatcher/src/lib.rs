@@ -8,11 +8,14 @@
 //!   it drives, which makes followers redirect.
 //! - [`auth`]: bearer tokens and roles; [`tls`]: server TLS, agent
 //!   certificates and the local CA.
+//! - [`beats`]: agents' liveness and LoadReports, aggregated per stream
+//!   off the core and applied by it in batches.
 //! - [`core`]: the thread that owns the cluster and the store; it reports
 //!   to the [`observe::Observers`] it is built with ([`metrics`], [`web`],
 //!   [`telemetry`]).
 
 pub mod auth;
+pub mod beats;
 pub mod cluster;
 pub mod core;
 pub mod gate;

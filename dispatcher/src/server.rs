@@ -461,7 +461,7 @@ impl Agents {
         let (tx, rx) = mpsc::unbounded_channel();
         // Kept to end the stream with the reason when reading it fails.
         let failed = tx.clone();
-        let session = core
+        let (session, beat) = core
             .call(|reply| Command::Attach {
                 register,
                 tx,
@@ -469,8 +469,19 @@ impl Agents {
             })
             .await?;
         tokio::spawn(async move {
+            // Liveness and LoadReports are aggregated here, per stream,
+            // and reach the core in batches (crate::beats); the rest goes
+            // to the core as commands, in the stream's order.
+            let mut reporter = core.reporter(beat);
             loop {
-                match inbound.next().await {
+                let msg = inbound.next().await;
+                if let Some(Ok(_)) = &msg {
+                    reporter.alive(crate::core::now_ms());
+                }
+                match msg {
+                    Some(Ok(AgentMessage {
+                        msg: Some(agent_message::Msg::Load(report)),
+                    })) => core.report(&mut reporter, report, crate::core::now_ms()),
                     Some(Ok(AgentMessage { msg: Some(msg) })) => core.send(Command::FromAgent {
                         node: node.clone(),
                         session,

@@ -16,10 +16,14 @@
 //! to the leader's page. A replica that steps down clears its snapshot
 //! ([`Web::clear`]) so nothing stale is served if it is asked again.
 //!
-//! The core builds a [`Snapshot`] on its tick (at most every
-//! [`PUBLISH_EVERY_MS`]) and swaps it in behind a short lock; handlers
+//! On its tick (at most every [`PUBLISH_EVERY_MS`]) the core only copies
+//! what the page needs out of the cluster into a flat [`Capture`] (plain
+//! numbers, names end to end in one buffer, each node's immutable CPU tree
+//! shared by `Arc`: no allocation per node) and hands it to the web's
+//! builder thread, which assembles the [`Snapshot`] (grouping, views,
+//! strings) off the core and swaps it in behind a short lock; handlers
 //! clone the `Arc` and serialise outside it, so a request never waits on
-//! the core and the core never waits on a request. The top-level view is
+//! the core and the core never waits on a request or on the assembly. The top-level view is
 //! per rack, never per node, so its size grows with racks, not nodes: at
 //! 10,000 nodes the page fetches the aggregate and one rack at a time.
 //!
@@ -33,8 +37,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -44,7 +48,7 @@ use prometheus::Registry;
 use proto::v1::JobState;
 use serde::Serialize;
 
-use crate::cluster::{Cluster, Move, NodeInfo};
+use crate::cluster::{Cluster, Move};
 use crate::gate::{Gate, Role};
 use crate::metrics::{Metrics, node_state};
 use crate::observe::Observer;
@@ -327,56 +331,189 @@ pub struct Snapshot {
     pub racks: BTreeMap<(String, String), RackDetail>,
 }
 
+/// One node as the core copies it for the snapshot: numbers, ranges into
+/// the capture's shared buffers, and the node's CPU tree shared by `Arc`
+/// (immutable once built). No allocation per node.
+#[derive(Debug)]
+struct NodeCopy {
+    name: (u32, u32),
+    zone: (u32, u32),
+    rack: (u32, u32),
+    hostgroup: (u32, u32),
+    /// Its `cpu_busy` in [`Capture::busy`].
+    busy: (u32, u32),
+    cpu_topo: Arc<sched::Topology>,
+    state: &'static str,
+    queued: u64,
+    engine_overloaded: bool,
+    overloaded_cpus: u32,
+    running_jobs: u32,
+    waiting_jobs: u32,
+    reported_busy_cpus: u32,
+    last_heartbeat_ms: i64,
+    gpus: u32,
+    gpus_free: u32,
+    /// The gangs holding it, in [`Capture::gangs`].
+    gangs: (u32, u32),
+}
+
+/// What the core copies out of the cluster on its tick: the flat,
+/// per-node part ([`NodeCopy`]) and the bounded lists. The snapshot is
+/// assembled from it off the core ([`assemble`]).
+#[derive(Debug, Default)]
+pub struct Capture {
+    now_ms: i64,
+    /// Every node's name, zone, rack and host group, end to end.
+    text: String,
+    /// Every node's CPU model, end to end.
+    busy: Vec<bool>,
+    /// Every node's gangs (job numbers), end to end.
+    gangs: Vec<u64>,
+    nodes: Vec<NodeCopy>,
+    job_counts: Vec<(JobState, &'static str, i64)>,
+    engine_steals: u64,
+    recent_placements: Vec<MoveView>,
+    recent_steals: Vec<MoveView>,
+    waiting: Vec<WaitingView>,
+}
+
+impl Capture {
+    fn push_text(&mut self, s: &str) -> (u32, u32) {
+        let start = self.text.len() as u32;
+        self.text.push_str(s);
+        (start, self.text.len() as u32)
+    }
+
+    fn text(&self, r: (u32, u32)) -> &str {
+        &self.text[r.0 as usize..r.1 as usize]
+    }
+
+    /// Nodes copied.
+    pub fn nodes(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
+/// Copy what the snapshot needs out of the cluster: O(nodes x CPUs per
+/// node) copies of plain numbers, on the core. `job_counts` are jobs by
+/// (state, class) (see [`Metrics::job_counts`]).
+pub fn capture(
+    cluster: &Cluster,
+    job_counts: Vec<(JobState, &'static str, i64)>,
+    now_ms: i64,
+) -> Capture {
+    let nr = cluster.nodes().size_hint().0;
+    let mut c = Capture {
+        now_ms,
+        nodes: Vec::with_capacity(nr),
+        text: String::with_capacity(nr * 32),
+        busy: Vec::with_capacity(nr * 16),
+        job_counts,
+        ..Capture::default()
+    };
+    // (No gangs: no lookup per node.)
+    let any_gangs = !cluster.gangs().is_empty();
+    for n in cluster.nodes() {
+        let (queued, engine_overloaded) = match (cluster.engine(), cluster.engine_leaf(&n.name)) {
+            (Some(engine), Some(leaf)) if leaf < engine.topology().nr_leaves() => {
+                let rq = engine.rq(leaf);
+                (rq.nr_waiting() as u64, rq.is_overloaded())
+            }
+            _ => (0, false),
+        };
+        let start = c.busy.len() as u32;
+        c.busy.extend_from_slice(&n.cpu_busy);
+        let gangs_start = c.gangs.len() as u32;
+        if any_gangs {
+            c.gangs.extend(cluster.gangs_on(&n.name));
+        }
+        let node = NodeCopy {
+            name: c.push_text(&n.name),
+            zone: c.push_text(&n.zone),
+            rack: c.push_text(&n.rack),
+            hostgroup: c.push_text(&n.hostgroup),
+            busy: (start, c.busy.len() as u32),
+            cpu_topo: n.cpu_topo.clone(),
+            state: node_state(n),
+            queued,
+            engine_overloaded,
+            overloaded_cpus: n.load.overloaded.len() as u32,
+            running_jobs: n.load.running_jobs,
+            waiting_jobs: n.load.waiting_jobs,
+            reported_busy_cpus: n.load.cpus.iter().filter(|c| c.busy).count() as u32,
+            last_heartbeat_ms: n.last_heartbeat_ms,
+            gpus: n.gpus,
+            // (No GPUs: none free, without the two lookups.)
+            gpus_free: if n.gpus == 0 {
+                0
+            } else {
+                cluster.gpus_free(&n.name)
+            },
+            gangs: (gangs_start, c.gangs.len() as u32),
+        };
+        c.nodes.push(node);
+    }
+    c.engine_steals = cluster.steals();
+    c.recent_placements = cluster.recent_placements().rev().map(Into::into).collect();
+    c.recent_steals = cluster.recent_steals().rev().map(Into::into).collect();
+    c.waiting = cluster
+        .longest_waiting(WAITING_SHOWN, now_ms)
+        .into_iter()
+        .map(|(job, r)| WaitingView {
+            job: job.id.clone(),
+            waiting_ms: (now_ms - job.submit_time_ms).max(0),
+            kind: proto::pending::kind_name(r.kind),
+            node: r.node,
+            jobs_ahead: r.jobs_ahead,
+            until_ms: r.until_ms,
+            message: r.message,
+        })
+        .collect();
+    c
+}
+
 /// One node's view and its contribution to its rack's totals, with the
 /// gangs (job numbers) holding it.
-fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals, u32, Vec<u64>) {
+fn node_view<'c>(c: &'c Capture, n: &NodeCopy) -> (NodeView, Totals, u32, &'c [u64]) {
+    let cpu_busy = &c.busy[n.busy.0 as usize..n.busy.1 as usize];
+    let gangs = &c.gangs[n.gangs.0 as usize..n.gangs.1 as usize];
     let (mut llc_cpus, mut llc_free) = (Vec::new(), Vec::new());
     for llc in n.cpu_topo.llcs() {
         llc_cpus.push(llc.members.len() as u32);
         let free = llc
             .members
             .iter()
-            .filter(|&&l| !n.cpu_busy.get(l).copied().unwrap_or(false))
+            .filter(|&&l| !cpu_busy.get(l).copied().unwrap_or(false))
             .count();
         llc_free.push(free as u32);
     }
-    let busy = n.cpu_busy.iter().filter(|&&b| b).count() as u32;
-    let cpus = n.cpu_busy.len() as u32;
-    let (queued, engine_overloaded) = match (cluster.engine(), cluster.engine_leaf(&n.name)) {
-        (Some(engine), Some(leaf)) if leaf < engine.topology().nr_leaves() => {
-            let rq = engine.rq(leaf);
-            (rq.nr_waiting() as u64, rq.is_overloaded())
-        }
-        _ => (0, false),
-    };
-    let overloaded_cpus = n.load.overloaded.len() as u32;
-    let overloaded = engine_overloaded || overloaded_cpus > 0;
-    let state = node_state(n);
+    let busy = cpu_busy.iter().filter(|&&b| b).count() as u32;
+    let cpus = cpu_busy.len() as u32;
+    let overloaded = n.engine_overloaded || n.overloaded_cpus > 0;
+    let state = n.state;
     let takes_jobs = state == "ready";
-    let gpus_free = cluster.gpus_free(&n.name);
-    let gangs = cluster.gangs_on(&n.name);
     let max_free_llc = if takes_jobs {
         llc_free.iter().copied().max().unwrap_or(0)
     } else {
         0
     };
     let view = NodeView {
-        name: n.name.clone(),
+        name: c.text(n.name).to_string(),
         state,
-        hostgroup: n.hostgroup.clone(),
+        hostgroup: c.text(n.hostgroup).to_string(),
         cpus,
         busy_cpus: busy,
         llc_cpus,
         overloaded,
-        overloaded_cpus,
-        queued_jobs: queued,
-        running_jobs: n.load.running_jobs,
-        waiting_jobs: n.load.waiting_jobs,
-        reported_busy_cpus: n.load.cpus.iter().filter(|c| c.busy).count() as u32,
-        heartbeat_age_ms: (now_ms - n.last_heartbeat_ms).max(0),
+        overloaded_cpus: n.overloaded_cpus,
+        queued_jobs: n.queued,
+        running_jobs: n.running_jobs,
+        waiting_jobs: n.waiting_jobs,
+        reported_busy_cpus: n.reported_busy_cpus,
+        heartbeat_age_ms: (c.now_ms - n.last_heartbeat_ms).max(0),
         llc_free,
         gpus: n.gpus,
-        gpus_free,
+        gpus_free: n.gpus_free,
         gangs: gangs.iter().map(|g| format!("j-{g}")).collect(),
     };
     let totals = Totals {
@@ -391,43 +528,43 @@ fn node_view(cluster: &Cluster, n: &NodeInfo, now_ms: i64) -> (NodeView, Totals,
             0
         },
         overloaded_nodes: u32::from(overloaded),
-        queued_jobs: queued,
-        running_jobs: u64::from(n.load.running_jobs),
+        queued_jobs: n.queued,
+        running_jobs: u64::from(n.running_jobs),
         gpus: u64::from(n.gpus),
-        free_gpus: if takes_jobs { u64::from(gpus_free) } else { 0 },
+        free_gpus: if takes_jobs {
+            u64::from(n.gpus_free)
+        } else {
+            0
+        },
         gang_members: gangs.len() as u64,
     };
     (view, totals, max_free_llc, gangs)
 }
 
-/// Build the snapshot: O(nodes x CPUs per node), on the core.
-/// `job_counts` are jobs by (state, class) (see [`Metrics::job_counts`]).
-pub fn build(
-    cluster: &Cluster,
-    job_counts: &[(JobState, &'static str, i64)],
-    now_ms: i64,
-) -> Snapshot {
+/// Build the snapshot from a capture: the grouping, the views and their
+/// strings. Runs off the core (the web's builder thread).
+pub fn assemble(c: Capture) -> Snapshot {
+    let now_ms = c.now_ms;
     // Keyed by borrowed names while nodes are visited: no allocation per
     // node for the key.
     let mut racks: BTreeMap<(&str, &str), (RackDetail, u32, BTreeSet<u64>)> = BTreeMap::new();
-    for n in cluster.nodes() {
-        let (view, totals, max_free_llc, gangs) = node_view(cluster, n, now_ms);
-        let (detail, best, rack_gangs) = racks
-            .entry((n.zone.as_str(), n.rack.as_str()))
-            .or_insert_with(|| {
-                (
-                    RackDetail {
-                        generated_ms: now_ms,
-                        zone: n.zone.clone(),
-                        rack: n.rack.clone(),
-                        totals: Totals::default(),
-                        nodes: Vec::new(),
-                    },
-                    0,
-                    BTreeSet::new(),
-                )
-            });
-        rack_gangs.extend(gangs);
+    for n in &c.nodes {
+        let (view, totals, max_free_llc, gangs) = node_view(&c, n);
+        let (zone, rack) = (c.text(n.zone), c.text(n.rack));
+        let (detail, best, rack_gangs) = racks.entry((zone, rack)).or_insert_with(|| {
+            (
+                RackDetail {
+                    generated_ms: now_ms,
+                    zone: zone.to_string(),
+                    rack: rack.to_string(),
+                    totals: Totals::default(),
+                    nodes: Vec::new(),
+                },
+                0,
+                BTreeSet::new(),
+            )
+        });
+        rack_gangs.extend(gangs.iter().copied());
         detail.totals.add(&totals);
         detail.nodes.push(view);
         *best = (*best).max(max_free_llc);
@@ -457,9 +594,9 @@ pub fn build(
     }
     for class in ["latency", "normal"] {
         let count = |state: JobState| {
-            job_counts
+            c.job_counts
                 .iter()
-                .filter(|(s, c, _)| *s == state && *c == class)
+                .filter(|(s, cl, _)| *s == state && *cl == class)
                 .map(|(_, _, n)| *n)
                 .sum()
         };
@@ -470,38 +607,90 @@ pub fn build(
             running: count(JobState::Running),
         });
     }
-    view.engine_steals = cluster.steals();
-    view.recent_placements = cluster.recent_placements().rev().map(Into::into).collect();
-    view.recent_steals = cluster.recent_steals().rev().map(Into::into).collect();
-    view.waiting = cluster
-        .longest_waiting(WAITING_SHOWN, now_ms)
+    view.engine_steals = c.engine_steals;
+    let racks = racks
         .into_iter()
-        .map(|(job, r)| WaitingView {
-            job: job.id.clone(),
-            waiting_ms: (now_ms - job.submit_time_ms).max(0),
-            kind: proto::pending::kind_name(r.kind),
-            node: r.node,
-            jobs_ahead: r.jobs_ahead,
-            until_ms: r.until_ms,
-            message: r.message,
-        })
+        .map(|((zone, rack), (d, _, _))| ((zone.to_string(), rack.to_string()), d))
         .collect();
+    view.recent_placements = c.recent_placements;
+    view.recent_steals = c.recent_steals;
+    view.waiting = c.waiting;
     Snapshot {
         cluster: view,
-        racks: racks
-            .into_iter()
-            .map(|((zone, rack), (d, _, _))| ((zone.to_string(), rack.to_string()), d))
-            .collect(),
+        racks,
+    }
+}
+
+/// Build the snapshot in one go (tests and benchmarks): [`capture`] then
+/// [`assemble`].
+pub fn build(
+    cluster: &Cluster,
+    job_counts: &[(JobState, &'static str, i64)],
+    now_ms: i64,
+) -> Snapshot {
+    assemble(capture(cluster, job_counts.to_vec(), now_ms))
+}
+
+/// What the core and the web's builder thread share.
+#[derive(Default)]
+struct Shared {
+    current: Mutex<Arc<Snapshot>>,
+    /// Bumped by [`Web::clear`]: a capture of an earlier term is dropped.
+    term: AtomicU64,
+    slot: Mutex<Slot>,
+    changed: Condvar,
+}
+
+/// The latest capture waiting for the builder (a newer one replaces it).
+#[derive(Default)]
+struct Slot {
+    next: Option<(u64, Capture)>,
+    /// Captures handed over, and of those assembled (or dropped).
+    captured: u64,
+    built: u64,
+    stop: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    /// The builder thread: assemble each capture off the core and publish
+    /// it unless the replica stepped down since.
+    fn build_loop(&self) {
+        loop {
+            let (term, capture, number) = {
+                let mut slot = lock(&self.slot);
+                loop {
+                    if slot.stop {
+                        return;
+                    }
+                    if let Some((term, capture)) = slot.next.take() {
+                        break (term, capture, slot.captured);
+                    }
+                    slot = self.changed.wait(slot).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            let snap = Arc::new(assemble(capture));
+            if self.term.load(Ordering::Acquire) == term {
+                *lock(&self.current) = snap;
+            }
+            lock(&self.slot).built = number;
+            self.changed.notify_all();
+        }
     }
 }
 
 /// The published snapshot and what the handlers need.
 pub struct Web {
-    current: Mutex<Arc<Snapshot>>,
+    shared: Arc<Shared>,
     last_built_ms: AtomicI64,
     metrics: Arc<Metrics>,
     /// This replica's role (unset: a single dispatcher, always leading).
     gate: OnceLock<Gate>,
+    /// The builder thread, started with the first publish.
+    builder: OnceLock<()>,
 }
 
 impl Web {
@@ -509,10 +698,11 @@ impl Web {
     /// `metrics` (which the core samples on the same tick).
     pub fn new(metrics: Arc<Metrics>) -> Self {
         Self {
-            current: Mutex::new(Arc::new(Snapshot::default())),
+            shared: Arc::new(Shared::default()),
             last_built_ms: AtomicI64::new(i64::MIN),
             metrics,
             gate: OnceLock::new(),
+            builder: OnceLock::new(),
         }
     }
 
@@ -530,30 +720,70 @@ impl Web {
     }
 
     /// Forget the published snapshot (the replica stepped down; its core
-    /// has stopped): the next term starts from an empty one.
+    /// has stopped): the next term starts from an empty one, and a capture
+    /// of this term still being assembled is dropped.
     pub fn clear(&self) {
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(Snapshot::default());
+        let mut current = lock(&self.shared.current);
+        self.shared.term.fetch_add(1, Ordering::AcqRel);
+        *current = Arc::new(Snapshot::default());
+        drop(current);
         self.last_built_ms.store(i64::MIN, Ordering::Relaxed);
     }
 
-    /// The core's tick: rebuild and publish if [`PUBLISH_EVERY_MS`] has
-    /// passed since the last build (or the clock went back).
+    /// The core's tick: if [`PUBLISH_EVERY_MS`] has passed since the last
+    /// build (or the clock went back), copy the cluster ([`capture`]) and
+    /// hand the copy to the builder thread, which assembles and publishes
+    /// it ([`assemble`]) off the core.
     pub fn publish(&self, cluster: &Cluster, now_ms: i64) {
         let last = self.last_built_ms.load(Ordering::Relaxed);
         if last != i64::MIN && now_ms >= last && now_ms - last < PUBLISH_EVERY_MS {
             return;
         }
         self.last_built_ms.store(now_ms, Ordering::Relaxed);
-        let snap = Arc::new(build(cluster, &self.metrics.job_counts(), now_ms));
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = snap;
+        let term = self.shared.term.load(Ordering::Acquire);
+        let copy = capture(cluster, self.metrics.job_counts(), now_ms);
+        let replaced = {
+            let mut slot = lock(&self.shared.slot);
+            slot.captured += 1;
+            slot.next.replace((term, copy))
+        };
+        self.shared.changed.notify_all();
+        self.builder.get_or_init(|| {
+            let shared = self.shared.clone();
+            let started = std::thread::Builder::new()
+                .name("dispatch-web".into())
+                .spawn(move || shared.build_loop());
+            if let Err(err) = started {
+                tracing::error!(%err, "cannot start the web snapshot builder: the page stays empty");
+            }
+        });
+        // A capture the builder had not taken yet is dropped here, after
+        // the lock.
+        drop(replaced);
+    }
+
+    /// Wait until every capture handed over so far is assembled (tests).
+    pub fn wait_built(&self) {
+        let mut slot = lock(&self.shared.slot);
+        while slot.built < slot.captured && !slot.stop {
+            slot = self
+                .shared
+                .changed
+                .wait(slot)
+                .unwrap_or_else(|e| e.into_inner());
+        }
     }
 
     /// The last published snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
-        self.current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.shared.current).clone()
+    }
+}
+
+impl Drop for Web {
+    fn drop(&mut self) {
+        lock(&self.shared.slot).stop = true;
+        self.shared.changed.notify_all();
     }
 }
 

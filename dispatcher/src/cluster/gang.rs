@@ -144,6 +144,11 @@ impl Gangs {
         self.waiting.insert(number);
     }
 
+    /// No gang at all.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
     /// One gang.
     pub fn get(&self, number: u64) -> Option<&Gang> {
         self.map.get(&number)

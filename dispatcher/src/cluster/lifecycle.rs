@@ -537,6 +537,19 @@ impl Cluster {
         }
     }
 
+    /// [`Self::load_report_time`] for every node at once (the core, before
+    /// its tick): `last` gives the time of a node's last message, and a
+    /// later one than its heartbeat time moves it there.
+    pub fn heard_from(&mut self, mut last: impl FnMut(&str) -> Option<i64>) {
+        for n in self.nodes.iter_mut() {
+            if let Some(t) = last(&n.name)
+                && t > n.last_heartbeat_ms
+            {
+                n.last_heartbeat_ms = t;
+            }
+        }
+    }
+
     /// A job status from an agent. A report about anything but the
     /// current attempt on the node the dispatcher names is stale: a stale
     /// copy reported running is cancelled.

@@ -221,6 +221,11 @@ impl Nodes {
         self.map.values()
     }
 
+    /// Every node, by name, to update in place (the core's liveness scan).
+    pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut NodeInfo> {
+        self.map.values_mut()
+    }
+
     /// True without nodes.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
