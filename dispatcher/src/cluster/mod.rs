@@ -449,6 +449,8 @@ pub(crate) mod tests;
 #[cfg(test)]
 mod balance_tests;
 #[cfg(test)]
+mod domain_tests;
+#[cfg(test)]
 mod gang_tests;
 #[cfg(test)]
 mod gpu_tests;

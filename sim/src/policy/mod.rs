@@ -13,6 +13,8 @@
 //! | `sparrow[:D]` | Sparrow batch sampling: a batch of m jobs probes D x m nodes and places its jobs on the least loaded probes |
 //! | `ours` | the dispatcher (steal, cross-rack steal, wake_wide, latency classes, busy-skip on; spread) |
 //! | `ours-steal`, `ours-crossrack`, `ours-wakewide`, `ours-latency`, `ours-busyskip` | one mechanism off |
+//! | `ours+domres` / `ours-domres` | with backfill, one reservation per steal domain, held by its oldest waiting head (`SchedConfig::domain_reservation`) |
+//! | `ours+domfifo` / `ours-domfifo` | with backfill, one queue per steal domain: a node with room starts the domain's longest-waiting job that fits (`SchedConfig::domain_fifo`) |
 //! | `ours+latpull` / `ours-latpull` | latency-class jobs waiting in a node's steal domain start first where room opens (`SchedConfig::latency_pull`) |
 //! | `ours+pack`, `ours+nodelimit[:N]` | packing (jobs ask PLACEMENT_POLICY_PACK); seed 000's node-limit gating (global scope, limit N = 2: no stealing when zones > N) |
 //!
@@ -66,6 +68,12 @@ pub struct OursFlags {
     /// Latency-sensitive jobs waiting in a node's steal domain start
     /// first where room opens (`SchedConfig::latency_pull`).
     pub latency_pull: bool,
+    /// With backfill, one reservation per steal domain
+    /// (`SchedConfig::domain_reservation`).
+    pub domain_reservation: bool,
+    /// With backfill, one queue per steal domain served oldest first
+    /// (`SchedConfig::domain_fifo`).
+    pub domain_fifo: bool,
 }
 
 impl Default for OursFlags {
@@ -85,6 +93,8 @@ impl Default for OursFlags {
             idle_balance: e.idle_balance,
             pull_oldest: e.pull_longest_wait,
             latency_pull: e.latency_pull,
+            domain_reservation: e.domain_reservation,
+            domain_fifo: e.domain_fifo,
         }
     }
 }
@@ -227,6 +237,8 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
             ("idlebal", _) => flags.idle_balance = on,
             ("oldest", _) => flags.pull_oldest = on,
             ("latpull", _) => flags.latency_pull = on,
+            ("domres", _) => flags.domain_reservation = on,
+            ("domfifo", _) => flags.domain_fifo = on,
             ("nodelimit", true) => flags.node_limit = Some(2),
             ("nodelimit", false) => flags.node_limit = None,
             (w, true) if w.starts_with("nodelimit:") => {
@@ -240,7 +252,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
                     W,
                     name,
                     format!(
-                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull)"
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo)"
                     ),
                 ));
             }
