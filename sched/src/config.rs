@@ -109,6 +109,26 @@ pub struct SchedConfig {
     /// node-limit gating like a steal. Off by default (the kernel's
     /// per-CPU behaviour).
     pub latency_pull: bool,
+    /// With backfill: one reservation per steal domain, as global EASY
+    /// keeps one per machine. Of the heads that wait in a leaf's steal
+    /// domain (the LLC, or its parent domain when cross-LLC stealing is on
+    /// and node-limit gating allows it; the leaf alone without stealing),
+    /// only the one that has waited longest (its `queued_at`, then enqueue
+    /// order) is protected by a [`crate::Reservation`]; every other leaf
+    /// starts any waiting task that fits now, past its own blocked head.
+    /// No starvation: a head that is passed over waits until it is the
+    /// oldest of its domain, then no task may delay it. Off: every leaf
+    /// protects its own head (per-leaf EASY). Off by default.
+    pub domain_reservation: bool,
+    /// With backfill: one queue per steal domain (the domains of
+    /// `domain_reservation`). A leaf with spare capacity starts, before
+    /// its own next task, the task that has waited longest in its domain
+    /// among those that can start on it now (one waiting on another leaf
+    /// moves there as a steal does), as EASY serves one queue in arrival
+    /// order. Per-leaf queues otherwise serve their own heads first, so a
+    /// job split over several nodes' queues waits for the slowest of
+    /// them. Off by default.
+    pub domain_fifo: bool,
 }
 
 impl Default for SchedConfig {
@@ -134,6 +154,8 @@ impl Default for SchedConfig {
             idle_balance: false,
             pull_longest_wait: false,
             latency_pull: false,
+            domain_reservation: false,
+            domain_fifo: false,
         }
     }
 }

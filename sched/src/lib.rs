@@ -32,6 +32,7 @@ pub mod harness;
 pub mod idhash;
 pub mod overload;
 pub mod pack;
+pub mod reserve;
 pub mod rq;
 pub mod sched;
 pub mod select;

@@ -26,6 +26,7 @@ use crate::config::{NodeLimitScope, SchedConfig};
 use crate::idhash::IdMap;
 use crate::overload::OverloadMasks;
 use crate::pack::PackIndex;
+use crate::reserve::DomainHeads;
 use crate::rq::RunQueue;
 use crate::select::Placement;
 use crate::stats::Schedstats;
@@ -163,6 +164,8 @@ pub struct Sched {
     /// The latest `now` a call passed in (to recompute reservations when
     /// the configuration changes between calls).
     last_now: u64,
+    /// One reservation per steal domain (`SchedConfig::domain_reservation`).
+    pub(crate) domains: DomainHeads,
 }
 
 impl Sched {
@@ -181,6 +184,7 @@ impl Sched {
             .map(|l| RunQueue::new(capacities.get(l).copied().unwrap_or(0), avg_idle))
             .collect();
         let (steal_llc_allowed, steal_cross_allowed) = steal_gating(&topo, &config);
+        let domains = DomainHeads::new(&topo, &config, steal_llc_allowed, &steal_cross_allowed);
         let mut s = Self {
             overload: OverloadMasks::new(&topo),
             busy: BusyFlags::new(&topo),
@@ -196,6 +200,7 @@ impl Sched {
             steal_llc_allowed,
             steal_cross_allowed,
             last_now: 0,
+            domains,
         };
         for leaf in 0..n {
             s.refresh_aggregates(leaf);
@@ -226,10 +231,18 @@ impl Sched {
     pub fn set_config(&mut self, config: SchedConfig) {
         let (llc, cross) = steal_gating(&self.topo, &config);
         let backfill_changed = config.backfill != self.config.backfill;
+        let domains_changed = config.domain_reservation != self.config.domain_reservation
+            || config.domain_fifo != self.config.domain_fifo
+            || config.latency != self.config.latency
+            || config.steal != self.config.steal
+            || config.steal_cross_llc != self.config.steal_cross_llc
+            || llc != self.steal_llc_allowed
+            || cross != self.steal_cross_allowed;
         self.config = config;
         self.steal_llc_allowed = llc;
         self.steal_cross_allowed = cross;
-        if backfill_changed {
+        if backfill_changed || domains_changed {
+            self.rebuild_domains();
             let now = self.last_now;
             for leaf in 0..self.rqs.len() {
                 self.rq_changed(leaf, now);
@@ -533,6 +546,7 @@ impl Sched {
             rq.avg_idle = rq.avg_idle.min(2 * self.config.migration_cost);
         }
         rq.tasks_timeline.insert((t.vruntime, seq, id));
+        self.domains.wait_insert(leaf, t);
         if latency_enabled && t.latency_offset < 0 && wakeup {
             rq.latency_timeline
                 .insert((t.vruntime + t.latency_offset, seq, id));
@@ -575,6 +589,7 @@ impl Sched {
             }
             TaskState::Queued(_) => {
                 rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id));
+                self.domains.wait_remove(leaf, t);
                 if t.in_latency_tree {
                     rq.latency_timeline
                         .remove(&(t.vruntime + t.latency_offset, t.enqueue_seq, id));
@@ -736,6 +751,7 @@ impl Sched {
         };
         let rq = &mut self.rqs[leaf];
         rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id));
+        self.domains.wait_remove(leaf, t);
         if t.in_latency_tree {
             rq.latency_timeline
                 .remove(&(t.vruntime + t.latency_offset, t.enqueue_seq, id));
@@ -787,6 +803,7 @@ impl Sched {
         t.enqueue_seq = seq;
         t.queued_at = now;
         rq.tasks_timeline.insert((t.vruntime, seq, id));
+        self.domains.wait_insert(leaf, t);
         let delta_exec = t.sum_exec_runtime - t.prev_sum_exec_runtime;
         if latency_enabled && t.latency_offset < 0 && delta_exec < min_gran {
             rq.latency_timeline
@@ -884,11 +901,23 @@ impl Sched {
     /// later tasks that cannot delay its reservation start, and spare
     /// capacity left after that steals.
     pub fn schedule(&mut self, leaf: LeafId, now: u64) {
+        self.schedule_one(leaf, now);
+        // Leaves that lost their domain's reservation meanwhile may start
+        // what their head no longer holds back.
+        while let Some(x) = self.domains.deferred.pop() {
+            self.schedule_one(x, now);
+        }
+    }
+
+    fn schedule_one(&mut self, leaf: LeafId, now: u64) {
         let mut stolen = None;
         loop {
             // Latency-sensitive tasks waiting in the domain first
             // (`SchedConfig::latency_pull`, off unless configured).
             self.latency_pull(leaf, now);
+            // The domain's oldest waiting tasks first
+            // (`SchedConfig::domain_fifo`, off unless configured).
+            self.fifo_pull(leaf, now);
             while let Some(next) = self.next_startable(leaf) {
                 let Some((demand, align)) = self.tasks.get(&next).map(|t| (t.demand, t.align))
                 else {
@@ -983,7 +1012,7 @@ impl Sched {
     /// without a time limit never ends by a known time; a reservation
     /// without a known time (it waits on a task without a limit) is
     /// delayed by no task that has a limit.
-    fn backfill_ok(&self, leaf: LeafId, res: &Reservation, t: &Task, now: u64) -> bool {
+    pub(crate) fn backfill_ok(&self, leaf: LeafId, res: &Reservation, t: &Task, now: u64) -> bool {
         if !self.rqs[leaf].can_start(t.demand, t.align) {
             return false;
         }
@@ -1000,14 +1029,34 @@ impl Sched {
     /// EASY backfill of one leaf: while the head cannot start, start the
     /// first waiting task, in next-to-run order, that cannot delay the
     /// head's reservation (recomputed after each start).
+    ///
+    /// A leaf whose head is not its domain's protected one
+    /// (`SchedConfig::domain_reservation`) starts any waiting task that
+    /// fits now.
     fn backfill(&mut self, leaf: LeafId, now: u64) {
-        while let Some(res) = self.reservation(leaf, now) {
+        loop {
+            let res = if self.protected(leaf) {
+                self.reservation(leaf, now)
+            } else {
+                self.next_to_run(leaf).map(|task| Reservation {
+                    task,
+                    start: None,
+                    extra: 0,
+                })
+            };
+            let Some(res) = res else {
+                return;
+            };
+            let protected = self.protected(leaf);
             let found = self.next_to_run_order(leaf).into_iter().find(|&c| {
                 c != res.task
-                    && self
-                        .tasks
-                        .get(&c)
-                        .is_some_and(|t| self.backfill_ok(leaf, &res, t, now))
+                    && self.tasks.get(&c).is_some_and(|t| {
+                        if protected {
+                            self.backfill_ok(leaf, &res, t, now)
+                        } else {
+                            self.rqs[leaf].can_start(t.demand, t.align)
+                        }
+                    })
             });
             match found {
                 Some(c) => self.set_next(c, leaf, now),
@@ -1026,6 +1075,9 @@ impl Sched {
         let rq = &self.rqs[leaf];
         if !self.config.backfill || rq.tasks_timeline.is_empty() {
             return t.demand <= rq.room(t.align);
+        }
+        if !self.protected(leaf) {
+            return rq.can_start(t.demand, t.align);
         }
         match self.reservation(leaf, now) {
             Some(res) if res.task != id => self.backfill_ok(leaf, &res, t, now),
@@ -1056,10 +1108,36 @@ impl Sched {
     /// stamp, the aggregates and the packing index in step.
     pub(crate) fn rq_changed(&mut self, leaf: LeafId, now: u64) {
         self.last_now = self.last_now.max(now);
+        let moved = self.update_head_key(leaf);
+        self.refresh_leaf(leaf, now);
+        // The domain's reservation moved (`SchedConfig::domain_reservation`):
+        // the leaf that gained it has less room for newcomers at once; the
+        // one that lost it has more, and may start what its head held back.
+        if let Some((before, after)) = moved {
+            for x in [before, after].into_iter().flatten() {
+                if x != leaf {
+                    self.refresh_leaf(x, now);
+                }
+            }
+            if let Some(b) = before
+                && b != leaf
+            {
+                self.domains.deferred.push(b);
+            }
+        }
+    }
+
+    /// The part of [`Sched::rq_changed`] that reads the leaf's head but
+    /// does not change it: room, overload bit, idle state, aggregates.
+    fn refresh_leaf(&mut self, leaf: LeafId, now: u64) {
         let backfill_room = if self.config.backfill && !self.rqs[leaf].tasks_timeline.is_empty() {
-            Some(match self.reservation(leaf, now) {
-                Some(res) => res.extra,
-                None => self.rqs[leaf].free(),
+            Some(if self.protected(leaf) {
+                match self.reservation(leaf, now) {
+                    Some(res) => res.extra,
+                    None => self.rqs[leaf].free(),
+                }
+            } else {
+                self.rqs[leaf].free()
             })
         } else {
             None

@@ -57,6 +57,9 @@ pub struct Schedstats {
     /// Latency-sensitive tasks a leaf with room took from another leaf's
     /// queue to run first (`latency_pull`; a subset of `steal`).
     pub latency_pull: u64,
+    /// Tasks moved to a leaf because they had waited longest in its
+    /// domain (`domain_fifo`; a subset of `steal`).
+    pub fifo_pull: u64,
     /// Times a task started running on a leaf.
     pub nr_switches: u64,
 }

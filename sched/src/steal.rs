@@ -217,7 +217,14 @@ impl Sched {
     /// own queue first too (a latency pull comes before `dst`'s own
     /// tasks, which must not be pulled away from it while they can start
     /// there).
-    fn pull_task(&mut self, p: TaskId, src: LeafId, dst: LeafId, now: u64, settle_dst: bool) {
+    pub(crate) fn pull_task(
+        &mut self,
+        p: TaskId,
+        src: LeafId,
+        dst: LeafId,
+        now: u64,
+        settle_dst: bool,
+    ) {
         self.migrate_queued(p, src, dst, now);
         self.stats.steal += 1;
         // A latency pull was predicted to be `dst`'s next task.

@@ -219,6 +219,12 @@ impl Task {
             .map(|limit| now.saturating_add(limit.saturating_sub(self.executed(now))))
     }
 
+    /// True when the task is in the latency class (negative latency
+    /// offset) and latency-nice is `enabled`.
+    pub fn latency_class(&self, enabled: bool) -> bool {
+        enabled && self.latency_offset < 0
+    }
+
     /// True when the task may run on `leaf`.
     pub fn allowed(&self, leaf: LeafId) -> bool {
         self.affinity.as_ref().is_none_or(|a| a.contains(leaf))

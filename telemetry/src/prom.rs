@@ -29,7 +29,7 @@ pub fn add_families(out: &mut Vec<Family>, collector: &dyn Collector, ty: Metric
 }
 
 /// Every schedstats field by name, in declaration order.
-pub fn schedstat_fields(s: &Schedstats) -> [(&'static str, u64); 22] {
+pub fn schedstat_fields(s: &Schedstats) -> [(&'static str, u64); 23] {
     [
         ("sis_easy", s.sis_easy),
         ("sis_core", s.sis_core),
@@ -52,6 +52,7 @@ pub fn schedstat_fields(s: &Schedstats) -> [(&'static str, u64); 22] {
         ("nr_preemptions", s.nr_preemptions),
         ("latency_picks", s.latency_picks),
         ("latency_pull", s.latency_pull),
+        ("fifo_pull", s.fifo_pull),
         ("nr_switches", s.nr_switches),
     ]
 }

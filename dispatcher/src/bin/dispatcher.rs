@@ -86,6 +86,16 @@ struct Args {
     /// (`--latency-pull false` to turn off).
     #[arg(long, default_value_t = ClusterConfig::default().engine.latency_pull, action = clap::ArgAction::Set)]
     latency_pull: bool,
+    /// With backfill, one reservation per steal domain: only the head
+    /// that has waited longest in a node's steal domain holds back work
+    /// that could delay it; other nodes start any waiting job that fits.
+    #[arg(long, default_value_t = ClusterConfig::default().engine.domain_reservation, action = clap::ArgAction::Set)]
+    domain_reservation: bool,
+    /// With backfill, one queue per steal domain: a node with room starts
+    /// the job that has waited longest in its steal domain (latency class
+    /// first) among those that can start on it now.
+    #[arg(long, default_value_t = ClusterConfig::default().engine.domain_fifo, action = clap::ArgAction::Set)]
+    domain_fifo: bool,
     /// Serve the web page (`/`), its JSON API (`/api/v1/...`) and
     /// Prometheus metrics (`/metrics`) on ADDR, e.g. 0.0.0.0:9100. Off by
     /// default, except with --dev (127.0.0.1, the gRPC port + 1).
@@ -414,6 +424,8 @@ async fn run(args: Args) -> Result<()> {
     cfg.engine.idle_balance = args.idle_balance;
     cfg.engine.pull_longest_wait = args.pull_longest_wait;
     cfg.engine.latency_pull = args.latency_pull;
+    cfg.engine.domain_reservation = args.domain_reservation;
+    cfg.engine.domain_fifo = args.domain_fifo;
     let grace = (args.heartbeat_ms * args.missed_heartbeats * 2) as i64;
     let otlp = dispatch_telemetry::wanted(args.otlp_endpoint.as_deref());
     let mut telemetry = None;

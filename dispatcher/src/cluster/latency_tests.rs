@@ -21,6 +21,9 @@ use super::*;
 fn cluster(latency_pull: bool) -> Cluster {
     let mut cfg = ClusterConfig::default();
     cfg.engine.latency_pull = latency_pull;
+    // One queue per domain also serves the latency class first; off, so
+    // that these tests see the latency pull alone.
+    cfg.engine.domain_fifo = false;
     Cluster::new(cfg)
 }
 

@@ -116,6 +116,12 @@ impl Default for ClusterConfig {
         // where room opens; p99 wait of the latency class 4-250x better
         // than batch on every queueing workload, batch makespan unchanged.
         engine.latency_pull = true;
+        // Also by measurement ("Placement quality (issue 13, third
+        // pass)"): one reservation and one queue per steal domain, as
+        // EASY keeps one queue and protects its oldest job; per-node
+        // reservations and queues lost to a central queue on KTH-SP2.
+        engine.domain_reservation = true;
+        engine.domain_fifo = true;
         Self {
             zone_label: "topology.kubernetes.io/zone".into(),
             rack_label: "dispatch.io/rack".into(),
@@ -448,6 +454,8 @@ pub(crate) mod tests;
 
 #[cfg(test)]
 mod balance_tests;
+#[cfg(test)]
+mod domain_tests;
 #[cfg(test)]
 mod gang_tests;
 #[cfg(test)]

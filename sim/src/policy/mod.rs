@@ -14,6 +14,8 @@
 //! | `sparrow[:D]` | Sparrow batch sampling: a batch of m jobs probes D x m nodes and places its jobs on the least loaded probes |
 //! | `ours` | the dispatcher (steal, cross-rack steal, wake_wide, latency classes, busy-skip on; spread) |
 //! | `ours-steal`, `ours-crossrack`, `ours-wakewide`, `ours-latency`, `ours-busyskip` | one mechanism off |
+//! | `ours+domres` / `ours-domres` | with backfill, one reservation per steal domain, held by its oldest waiting head (`SchedConfig::domain_reservation`) |
+//! | `ours+domfifo` / `ours-domfifo` | with backfill, one queue per steal domain: a node with room starts the domain's longest-waiting job that fits (`SchedConfig::domain_fifo`) |
 //! | `ours+latpull` / `ours-latpull` | latency-class jobs waiting in a node's steal domain start first where room opens (`SchedConfig::latency_pull`) |
 //! | `ours+rack` / `ours+rackpref` | gangs that fit in a rack ask for one, required / preferred (relaxed after 300 s) |
 //! | `ours+pack`, `ours+nodelimit[:N]` | packing (jobs ask PLACEMENT_POLICY_PACK); seed 000's node-limit gating (global scope, limit N = 2: no stealing when zones > N) |
@@ -75,6 +77,12 @@ pub struct OursFlags {
     /// `Some(false)` required (`+rack`), `Some(true)` preferred with the
     /// default relax time, 300 s (`+rackpref`); `None`: within any.
     pub gang_rack: Option<bool>,
+    /// With backfill, one reservation per steal domain
+    /// (`SchedConfig::domain_reservation`).
+    pub domain_reservation: bool,
+    /// With backfill, one queue per steal domain served oldest first
+    /// (`SchedConfig::domain_fifo`).
+    pub domain_fifo: bool,
 }
 
 impl Default for OursFlags {
@@ -95,6 +103,8 @@ impl Default for OursFlags {
             pull_oldest: e.pull_longest_wait,
             latency_pull: e.latency_pull,
             gang_rack: None,
+            domain_reservation: e.domain_reservation,
+            domain_fifo: e.domain_fifo,
         }
     }
 }
@@ -243,6 +253,8 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
             ("latpull", _) => flags.latency_pull = on,
             ("rack", _) => flags.gang_rack = on.then_some(false),
             ("rackpref", _) => flags.gang_rack = on.then_some(true),
+            ("domres", _) => flags.domain_reservation = on,
+            ("domfifo", _) => flags.domain_fifo = on,
             ("nodelimit", true) => flags.node_limit = Some(2),
             ("nodelimit", false) => flags.node_limit = None,
             (w, true) if w.starts_with("nodelimit:") => {
@@ -256,7 +268,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
                     W,
                     name,
                     format!(
-                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, rack, rackpref)"
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo, rack, rackpref)"
                     ),
                 ));
             }

@@ -76,6 +76,8 @@ impl OursPlacer {
         cfg.engine.idle_balance = flags.idle_balance;
         cfg.engine.pull_longest_wait = flags.pull_oldest;
         cfg.engine.latency_pull = flags.latency_pull;
+        cfg.engine.domain_reservation = flags.domain_reservation;
+        cfg.engine.domain_fifo = flags.domain_fifo;
         if let Some(limit) = flags.node_limit {
             cfg.engine.node_limit_scope = NodeLimitScope::Global;
             cfg.engine.steal_node_limit = limit;

@@ -1,0 +1,101 @@
+//! One reservation and one queue per steal domain
+//! (`SchedConfig::domain_reservation`, `SchedConfig::domain_fifo`) as the
+//! dispatcher drives them (register, submit, finish), checked on the
+//! jobs' phases and the `Assign`s sent.
+
+use proto::v1::JobSpec;
+
+use super::tests::{assigns, finish_on as finish, node_in_rack as node};
+use super::*;
+
+fn cluster(domain_reservation: bool, domain_fifo: bool) -> Cluster {
+    let mut cfg = ClusterConfig::default();
+    cfg.engine.backfill = true;
+    cfg.engine.domain_reservation = domain_reservation;
+    cfg.engine.domain_fifo = domain_fifo;
+    Cluster::new(cfg)
+}
+
+fn job(cpus: u32, timeout_s: u64) -> JobSpec {
+    JobSpec {
+        command: vec!["true".into()],
+        cpus,
+        timeout_ms: timeout_s * 1000,
+        ..Default::default()
+    }
+}
+
+fn node_of(c: &Cluster, id: &str) -> String {
+    c.phase(id)
+        .and_then(|p| p.node())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn running_on(c: &Cluster, id: &str) -> Option<String> {
+    match c.phase(id) {
+        Some(Phase::Assigned { node, .. }) | Some(Phase::Running { node, .. }) => {
+            Some(node.to_string())
+        }
+        _ => None,
+    }
+}
+
+/// Nodes a and b (4 CPUs, one rack) each run a 3-CPU job to 100 s; two
+/// whole-node jobs wait, the older on one node, the younger on the other.
+/// Returns (node of the older head, node of the younger).
+fn two_blocked_heads(c: &mut Cluster) -> (String, String) {
+    node(c, "a", "1s:4c:1t", "r1");
+    node(c, "b", "1s:4c:1t", "r1");
+    let mut fx = Effects::default();
+    c.submit(vec![job(3, 100), job(3, 100)], true, 1, &mut fx)
+        .unwrap();
+    c.submit(vec![job(4, 10)], false, 2, &mut fx).unwrap();
+    c.submit(vec![job(4, 10)], false, 3, &mut fx).unwrap();
+    let (old, young) = (node_of(c, "j-3"), node_of(c, "j-4"));
+    assert_ne!(old, young, "the heads wait on different nodes");
+    assert!(running_on(c, "j-3").is_none() && running_on(c, "j-4").is_none());
+    (old, young)
+}
+
+/// Per-node EASY protects both heads, so a 1-CPU job that runs past
+/// their reservations waits; with one reservation per domain only the
+/// older head (j-3) is protected, and the job starts on the younger
+/// head's node at once, past j-4.
+#[test]
+fn a_long_small_job_passes_the_younger_head_of_the_domain() {
+    for domain_reservation in [false, true] {
+        let mut c = cluster(domain_reservation, false);
+        let (_, young) = two_blocked_heads(&mut c);
+        let mut fx = Effects::default();
+        c.submit(vec![job(1, 500)], false, 4, &mut fx).unwrap();
+        if domain_reservation {
+            assert_eq!(running_on(&c, "j-5"), Some(young.clone()));
+            assert_eq!(assigns(&fx), vec![(young, "j-5".to_string())]);
+        } else {
+            assert_eq!(running_on(&c, "j-5"), None);
+            assert!(assigns(&fx).is_empty());
+        }
+        c.check().unwrap();
+    }
+}
+
+/// One queue per domain: when the younger head's node frees first, it
+/// starts the older job waiting on the other node (a steal in the same
+/// rack); without it, its own younger head.
+#[test]
+fn a_freed_node_starts_the_oldest_job_of_its_rack() {
+    for domain_fifo in [false, true] {
+        let mut c = cluster(false, domain_fifo);
+        let (old, young) = two_blocked_heads(&mut c);
+        let running = if young == "a" { "j-1" } else { "j-2" };
+        let fx = finish(&mut c, &young, running, 100_000);
+        let started = if domain_fifo { "j-3" } else { "j-4" };
+        assert_eq!(assigns(&fx), vec![(young.clone(), started.to_string())]);
+        if domain_fifo {
+            assert!(fx.moves.iter().any(|m| m.is_steal() && m.from == old));
+            assert_eq!(node_of(&c, "j-4"), young);
+        }
+        c.check().unwrap();
+    }
+}

@@ -1,0 +1,304 @@
+//! One reservation per steal domain ([`crate::SchedConfig::domain_reservation`]):
+//! the cluster form of EASY backfill's single reservation.
+//!
+//! Per-leaf EASY ([`crate::SchedConfig::backfill`]) gives every leaf's
+//! blocked head a [`crate::sched::Reservation`]: with N leaves, N heads
+//! are protected where global EASY (Lifka's, Slurm's `bf_` loop) protects
+//! one, the oldest job of the queue, and lets every other job start
+//! wherever it fits without delaying that one. Here the queue is spread
+//! over the leaves of a steal domain, so the oldest job is the head that
+//! has waited longest (`queued_at`, then enqueue order) among the leaves
+//! that can steal from one another: the LLC, or its parent domain when
+//! cross-LLC stealing is on and node-limit gating allows it (the leaf
+//! alone when stealing is off, which is per-leaf EASY again). Only that
+//! leaf keeps its reservation; the others start any waiting task that
+//! fits now, past their own blocked heads, and take newcomers into all
+//! of their free capacity. No starvation: a head passed over waits until
+//! it is the oldest of its domain, and from then on no task starts that
+//! could delay it.
+//!
+//! State: per leaf the key of its head (`head_key`), per domain the keys
+//! of its leaves' heads in a `BTreeSet` whose first entry is the
+//! protected leaf. A change of a leaf's head costs O(log leaves of the
+//! domain); when the protected leaf changes, the leaf that lost its
+//! reservation has its room recomputed and is scheduled after the current
+//! operation (`deferred`), so that the work it may now start is not
+//! stranded, and the leaf that gained one has its room recomputed at once.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::config::SchedConfig;
+use crate::sched::Sched;
+use crate::task::{Task, TaskId};
+use crate::topology::{LeafId, Topology};
+
+/// A waiting task's place in its domain's queue: (not latency class,
+/// queued_at, enqueue sequence, task): the latency class first, as in
+/// the latency timeline (seed 004), then the longest wait.
+pub(crate) type WaitKey = (bool, u64, u64, TaskId);
+
+/// A head's place in its domain: (queued_at, enqueue sequence, leaf).
+pub(crate) type HeadKey = (u64, u64, LeafId);
+
+/// The domain state of [`crate::SchedConfig::domain_reservation`].
+#[derive(Debug, Default)]
+pub(crate) struct DomainHeads {
+    /// One reservation per domain: backfill and domain_reservation set.
+    pub(crate) on: bool,
+    /// One queue per domain: backfill and domain_fifo set.
+    pub(crate) fifo: bool,
+    /// Latency-nice on: the latency class goes first in the queue.
+    latency: bool,
+    /// Per domain, its waiting tasks by demand, oldest first (kept only
+    /// with `fifo`).
+    waiting: Vec<BTreeMap<u32, BTreeSet<WaitKey>>>,
+    /// Domain (dense index) of each leaf.
+    dom_of: Vec<usize>,
+    /// Per domain, the heads of its leaves that have one.
+    heads: Vec<BTreeSet<HeadKey>>,
+    /// Per leaf, its head's key in its domain's set.
+    head_key: Vec<Option<HeadKey>>,
+    /// Leaves that lost their domain's reservation during an operation
+    /// and must run `schedule` before it returns.
+    pub(crate) deferred: Vec<LeafId>,
+}
+
+impl DomainHeads {
+    /// The domains of `topo` under `config` (empty state; keys are filled
+    /// by the engine's `rq_changed`).
+    pub(crate) fn new(
+        topo: &Topology,
+        config: &SchedConfig,
+        steal_llc_allowed: bool,
+        steal_cross_allowed: &[bool],
+    ) -> Self {
+        let on = config.backfill && config.domain_reservation;
+        let fifo = config.backfill && config.domain_fifo;
+        let n = topo.nr_leaves();
+        if !on && !fifo {
+            return Self::default();
+        }
+        let mut dense = vec![usize::MAX; topo.nodes().len()];
+        let mut next = 0;
+        let mut dom_of = Vec::with_capacity(n);
+        for leaf in 0..n {
+            let llc = topo.llc_of(leaf);
+            let node = if !(config.steal && steal_llc_allowed) {
+                leaf
+            } else {
+                let llc_node = topo.llcs()[llc].node;
+                match topo.node(llc_node).parent {
+                    Some(p) if config.steal_cross_llc && steal_cross_allowed[llc] => p,
+                    _ => llc_node,
+                }
+            };
+            if dense[node] == usize::MAX {
+                dense[node] = next;
+                next += 1;
+            }
+            dom_of.push(dense[node]);
+        }
+        Self {
+            on,
+            fifo,
+            latency: config.latency,
+            waiting: if fifo {
+                vec![BTreeMap::new(); next]
+            } else {
+                Vec::new()
+            },
+            dom_of,
+            heads: vec![BTreeSet::new(); next],
+            head_key: vec![None; n],
+            deferred: Vec::new(),
+        }
+    }
+
+    /// The protected leaf of `leaf`'s domain, if any head waits there.
+    pub(crate) fn protected_of(&self, leaf: LeafId) -> Option<LeafId> {
+        self.heads[self.dom_of[leaf]].first().map(|k| k.2)
+    }
+
+    fn wait_key(&self, t: &Task) -> WaitKey {
+        (
+            !t.latency_class(self.latency),
+            t.queued_at,
+            t.enqueue_seq,
+            t.id,
+        )
+    }
+
+    /// Task `t` starts waiting on `leaf` (its `queued_at` and
+    /// `enqueue_seq` set).
+    pub(crate) fn wait_insert(&mut self, leaf: LeafId, t: &Task) {
+        if self.fifo {
+            let key = self.wait_key(t);
+            self.waiting[self.dom_of[leaf]]
+                .entry(t.demand)
+                .or_default()
+                .insert(key);
+        }
+    }
+
+    /// Task `t` stops waiting on `leaf`.
+    pub(crate) fn wait_remove(&mut self, leaf: LeafId, t: &Task) {
+        if self.fifo {
+            let key = self.wait_key(t);
+            let d = &mut self.waiting[self.dom_of[leaf]];
+            if let Some(set) = d.get_mut(&t.demand) {
+                set.remove(&key);
+                if set.is_empty() {
+                    d.remove(&t.demand);
+                }
+            }
+        }
+    }
+}
+
+impl Sched {
+    /// True when `leaf`'s head is protected by its reservation: always
+    /// under per-leaf EASY; with one reservation per domain, only for the
+    /// domain's oldest head.
+    pub(crate) fn protected(&self, leaf: LeafId) -> bool {
+        !self.domains.on || self.domains.protected_of(leaf) == Some(leaf)
+    }
+
+    /// The leaf whose head holds the reservation of `leaf`'s steal domain
+    /// ([`crate::SchedConfig::domain_reservation`]); `None` when nothing
+    /// waits there, or with the switch (or backfill) off.
+    pub fn domain_protected(&self, leaf: LeafId) -> Option<LeafId> {
+        if !self.domains.on || leaf >= self.topo.nr_leaves() {
+            return None;
+        }
+        self.domains.protected_of(leaf)
+    }
+
+    /// Bring `leaf`'s head key up to date. Returns the domain's protected
+    /// leaf before and after when it changed.
+    pub(crate) fn update_head_key(
+        &mut self,
+        leaf: LeafId,
+    ) -> Option<(Option<LeafId>, Option<LeafId>)> {
+        if !self.domains.on {
+            return None;
+        }
+        let key = if self.rqs[leaf].tasks_timeline.is_empty() {
+            None
+        } else {
+            self.next_to_run(leaf)
+                .and_then(|h| self.tasks.get(&h))
+                .map(|t| (t.queued_at, t.enqueue_seq, leaf))
+        };
+        let d = &mut self.domains;
+        if key == d.head_key[leaf] {
+            return None;
+        }
+        let set = &mut d.heads[d.dom_of[leaf]];
+        let before = set.first().map(|k| k.2);
+        if let Some(old) = d.head_key[leaf] {
+            set.remove(&old);
+        }
+        if let Some(new) = key {
+            set.insert(new);
+        }
+        d.head_key[leaf] = key;
+        let after = set.first().map(|k| k.2);
+        (before != after).then_some((before, after))
+    }
+
+    /// `fifo_pull` ([`crate::SchedConfig::domain_fifo`]): while `dst` has
+    /// spare capacity, start the task that has waited longest in its
+    /// domain among those that can start on `dst` now (its own, or one
+    /// waiting on another leaf of the domain, which moves as a steal does;
+    /// with backfill, without delaying `dst`'s protected head). Returns
+    /// the number of tasks started.
+    ///
+    /// Cost: per task started, one look per distinct waiting demand that
+    /// fits `dst`'s free capacity, plus the tasks passed over because
+    /// they cannot start on `dst` (affinity, alignment, or `dst`'s
+    /// reservation).
+    pub(crate) fn fifo_pull(&mut self, dst: LeafId, now: u64) -> usize {
+        if !self.domains.fifo {
+            return 0;
+        }
+        let mut started = 0;
+        while self.rqs[dst].has_spare() {
+            let Some((p, src)) = self.oldest_fitting(dst, now) else {
+                break;
+            };
+            started += 1;
+            if src == dst {
+                self.set_next(p, dst, now);
+            } else {
+                self.stats.fifo_pull += 1;
+                self.pull_task(p, src, dst, now, false);
+            }
+        }
+        started
+    }
+
+    /// The oldest task waiting in `dst`'s domain that can start on `dst`
+    /// now, and the leaf it waits on.
+    fn oldest_fitting(&self, dst: LeafId, now: u64) -> Option<(TaskId, LeafId)> {
+        let rq = &self.rqs[dst];
+        let free = rq.free();
+        // `dst`'s own head holds room only while it is blocked: a head that
+        // can start now takes its turn in the domain's age order.
+        let res = if rq.tasks_timeline.is_empty() || !self.protected(dst) {
+            None
+        } else {
+            self.reservation(dst, now).filter(|r| {
+                self.tasks
+                    .get(&r.task)
+                    .is_some_and(|h| !rq.can_start(h.demand, h.align))
+            })
+        };
+        let mut best: Option<(WaitKey, LeafId)> = None;
+        for set in self.domains.waiting[self.domains.dom_of[dst]]
+            .range(..=free)
+            .map(|(_, s)| s)
+        {
+            for &key in set {
+                if best.is_some_and(|(b, _)| key >= b) {
+                    break;
+                }
+                let Some(t) = self.tasks.get(&key.3) else {
+                    continue;
+                };
+                let crate::task::TaskState::Queued(src) = t.state else {
+                    continue;
+                };
+                let ok = t.allowed(dst)
+                    && match &res {
+                        Some(r) if r.task != t.id => self.backfill_ok(dst, r, t, now),
+                        _ => rq.can_start(t.demand, t.align),
+                    };
+                if ok {
+                    best = Some((key, src));
+                    break;
+                }
+            }
+        }
+        best.map(|((_, _, _, p), src)| (p, src))
+    }
+
+    /// Rebuild the domains after a configuration change (every leaf's
+    /// room is recomputed by the caller).
+    pub(crate) fn rebuild_domains(&mut self) {
+        self.domains = DomainHeads::new(
+            &self.topo,
+            &self.config,
+            self.steal_llc_allowed,
+            &self.steal_cross_allowed,
+        );
+        for leaf in 0..self.rqs.len() {
+            self.update_head_key(leaf);
+            let waiting: Vec<TaskId> = self.rqs[leaf].waiting().collect();
+            for id in waiting {
+                if let Some(t) = self.tasks.get(&id) {
+                    self.domains.wait_insert(leaf, t);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! One reservation per steal domain (`SchedConfig::domain_reservation`),
+//! checked against a brute-force oracle on four leaves of random capacity
+//! (two racks of two; cross-rack stealing on, one domain of four, or off,
+//! two domains of two) with tasks (random demand, time limit or none)
+//! arriving on random leaves, finishing at or before their limits, time
+//! passing, and the idle-balance pass after every call, with and without
+//! one queue per domain (`SchedConfig::domain_fifo`):
+//!
+//! - the protected leaf of each domain is the one whose head has waited
+//!   longest, by the oracle's scan of every leaf's head;
+//! - no starvation: a protected head starts no later than the reservation
+//!   it had when it became protected (the oracle's earliest start over
+//!   its leaf's running tasks' ends), and that reservation never moves
+//!   later while it stays protected;
+//! - work conservation within the domain: no leaf has room for a task
+//!   waiting anywhere in its domain that it could start without delaying
+//!   its own protected head (the oracle's rule: a leaf whose head is not
+//!   protected may start anything that fits).
+
+mod oracle;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use oracle::oracle_start;
+use proptest::prelude::*;
+use sched::topology::Topology;
+use sched::{Sched, SchedConfig, SchedEvent, TaskId, TaskSpec, TaskState};
+
+const UNIT: u64 = 1_000;
+const LEAVES: usize = 4;
+
+fn config(cross: bool, fifo: bool) -> SchedConfig {
+    SchedConfig {
+        backfill: true,
+        domain_reservation: true,
+        domain_fifo: fifo,
+        idle_balance: true,
+        steal_cross_llc: cross,
+        steal_cost: 0,
+        ..SchedConfig::cluster()
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// A task arrives on a leaf chosen by the caller.
+    Arrive {
+        leaf: usize,
+        demand: u32,
+        limit: Option<u64>,
+    },
+    /// A running task finishes now (before its limit).
+    FinishEarly { pick: usize },
+    /// Time passes; tasks with a limit finish exactly at it.
+    Advance { dt: u64 },
+}
+
+fn op(cap: u32) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0..LEAVES, 1..=cap, prop::option::weighted(0.8, 1u64..60)).prop_map(
+            |(leaf, demand, limit)| Op::Arrive {
+                leaf,
+                demand,
+                limit: limit.map(|l| l * UNIT),
+            }
+        ),
+        1 => any::<usize>().prop_map(|pick| Op::FinishEarly { pick }),
+        3 => (1u64..40).prop_map(|dt| Op::Advance { dt: dt * UNIT }),
+    ]
+}
+
+struct Model {
+    s: Sched,
+    cap: u32,
+    cross: bool,
+    now: u64,
+    next: u64,
+    demand: HashMap<TaskId, u32>,
+    limit: HashMap<TaskId, Option<u64>>,
+    started_at: HashMap<TaskId, u64>,
+    arrived_at: HashMap<TaskId, u64>,
+    /// Per domain (by its first leaf), the protected head and the
+    /// reservation it had when it became protected.
+    protected: HashMap<usize, (TaskId, Option<u64>)>,
+}
+
+impl Model {
+    fn new(cap: u32, cross: bool, fifo: bool) -> Self {
+        let topo = Arc::new(Topology::from_spec("1z:2r:2n").unwrap());
+        Self {
+            s: Sched::new(topo, cap, config(cross, fifo)),
+            cap,
+            cross,
+            now: 0,
+            next: 0,
+            demand: HashMap::new(),
+            limit: HashMap::new(),
+            started_at: HashMap::new(),
+            arrived_at: HashMap::new(),
+            protected: HashMap::new(),
+        }
+    }
+
+    /// The leaves of `leaf`'s domain, from the topology string: both racks
+    /// with cross-rack stealing, else its rack (leaves 0-1, 2-3).
+    fn domain(&self, leaf: usize) -> Vec<usize> {
+        if self.cross {
+            (0..LEAVES).collect()
+        } else {
+            let r = leaf / 2 * 2;
+            vec![r, r + 1]
+        }
+    }
+
+    /// (demand, end) of the tasks running on `leaf`.
+    fn plan(&self, leaf: usize) -> Vec<(u32, Option<u64>)> {
+        self.s
+            .rq(leaf)
+            .running
+            .iter()
+            .map(|id| {
+                (
+                    self.demand[id],
+                    self.limit[id].map(|l| self.started_at[id] + l),
+                )
+            })
+            .collect()
+    }
+
+    fn used(&self, leaf: usize) -> u32 {
+        self.plan(leaf).iter().map(|r| r.0).sum()
+    }
+
+    fn waiting_on(&self, leaf: usize) -> Vec<TaskId> {
+        self.s.rq(leaf).waiting().collect()
+    }
+
+    /// The oracle's protected leaf of a domain: the head (the leaf's next
+    /// task) that arrived first.
+    fn oracle_protected(&self, dom: &[usize]) -> Option<usize> {
+        dom.iter()
+            .filter_map(|&l| self.s.next_to_run(l).map(|h| (self.arrived_at[&h], l)))
+            .min()
+            .map(|(_, l)| l)
+    }
+
+    /// Would starting `w` on `leaf` now delay `leaf`'s head `h`?
+    fn delays(&self, leaf: usize, h: TaskId, w: TaskId) -> bool {
+        let plan = self.plan(leaf);
+        let before = oracle_start(self.cap, &plan, self.demand[&h], self.now);
+        let Some(before) = before else {
+            return self.limit[&w].is_none();
+        };
+        let mut with = plan;
+        with.push((self.demand[&w], self.limit[&w].map(|l| self.now + l)));
+        oracle_start(self.cap, &with, self.demand[&h], self.now).is_none_or(|t| t > before)
+    }
+
+    /// One engine call and the idle-balance pass, then every property.
+    fn step(&mut self, call: impl FnOnce(&mut Sched, u64)) -> Result<(), TestCaseError> {
+        call(&mut self.s, self.now);
+        self.s.idle_balance(self.now);
+        for ev in self.s.drain_events() {
+            if let SchedEvent::Started { task, .. } = ev {
+                self.started_at.insert(task, self.now);
+            }
+        }
+        let firsts: Vec<usize> = (0..LEAVES).filter(|&l| self.domain(l)[0] == l).collect();
+        for first in firsts {
+            let dom = self.domain(first);
+            let want = self.oracle_protected(&dom);
+            for &l in &dom {
+                prop_assert_eq!(self.s.domain_protected(l), want, "leaf {}", l);
+            }
+            // No starvation of the protected head.
+            if let Some((h, rec)) = self.protected.get(&first).copied() {
+                let state = self.s.task(h).unwrap().state;
+                if let Some(rec) = rec
+                    && !matches!(state, TaskState::Running(_))
+                    && want.and_then(|p| self.s.next_to_run(p)) == Some(h)
+                {
+                    prop_assert!(
+                        self.now <= rec,
+                        "protected head {h:?} waits at {} > {rec}",
+                        self.now
+                    );
+                }
+                if let TaskState::Running(_) = state
+                    && let Some(rec) = rec
+                {
+                    prop_assert!(self.started_at[&h] <= rec, "head {h:?} started late");
+                }
+            }
+            match want {
+                None => {
+                    self.protected.remove(&first);
+                }
+                Some(p) => {
+                    let h = self.s.next_to_run(p).unwrap();
+                    let start = oracle_start(self.cap, &self.plan(p), self.demand[&h], self.now);
+                    match self.protected.get(&first).copied() {
+                        Some((old, rec)) if old == h => {
+                            if let Some(rec) = rec {
+                                prop_assert!(
+                                    start.is_some_and(|s| s <= rec),
+                                    "protected head {h:?} reservation moved from {rec} to {start:?}"
+                                );
+                            }
+                            self.protected.insert(first, (h, rec.or(start)));
+                        }
+                        _ => {
+                            self.protected.insert(first, (h, start));
+                        }
+                    }
+                }
+            }
+            // Work conservation within the domain.
+            for &l in &dom {
+                let protected_head = (want == Some(l)).then(|| self.s.next_to_run(l)).flatten();
+                for &src in &dom {
+                    for w in self.waiting_on(src) {
+                        let fits = self.used(l) + self.demand[&w] <= self.cap;
+                        let delays = match protected_head {
+                            Some(h) if h != w => self.delays(l, h, w),
+                            _ => false,
+                        };
+                        prop_assert!(
+                            !fits || delays,
+                            "leaf {l} could start {w:?} (waiting on {src}) at {} but idles",
+                            self.now
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        match *op {
+            Op::Arrive {
+                leaf,
+                demand,
+                limit,
+            } => {
+                // Distinct arrival instants: "waited longest" is unambiguous.
+                self.now += 1;
+                let id = TaskId(self.next);
+                self.next += 1;
+                let mut spec = TaskSpec::new(id);
+                spec.demand = demand;
+                spec.time_limit = limit;
+                self.s.add_task(spec).unwrap();
+                self.demand.insert(id, demand);
+                self.limit.insert(id, limit);
+                self.arrived_at.insert(id, self.now);
+                self.step(|s, now| s.wake_up_on(id, leaf, now).unwrap())?;
+            }
+            Op::FinishEarly { pick } => {
+                let running: Vec<TaskId> = (0..LEAVES)
+                    .flat_map(|l| self.s.rq(l).running.clone())
+                    .collect();
+                if !running.is_empty() {
+                    let id = running[pick % running.len()];
+                    self.step(|s, now| s.block(id, now).unwrap())?;
+                }
+            }
+            Op::Advance { dt } => {
+                let target = self.now + dt;
+                loop {
+                    let due = (0..LEAVES)
+                        .flat_map(|l| self.s.rq(l).running.clone())
+                        .filter_map(|id| {
+                            self.limit[&id].map(|lim| (self.started_at[&id] + lim, id))
+                        })
+                        .filter(|&(end, _)| end <= target)
+                        .min();
+                    let Some((end, id)) = due else { break };
+                    self.now = self.now.max(end);
+                    self.step(|s, now| s.block(id, now).unwrap())?;
+                }
+                self.now = target;
+                self.step(|_, _| {})?;
+            }
+        }
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn one_reservation_per_domain_against_oracle(
+        cross in any::<bool>(),
+        fifo in any::<bool>(),
+        (cap, ops) in (2u32..=8).prop_flat_map(|cap| (Just(cap), prop::collection::vec(op(cap), 1..80)))
+    ) {
+        let mut m = Model::new(cap, cross, fifo);
+        for op in &ops {
+            m.apply(op)?;
+        }
+    }
+}
+
+fn add(s: &mut Sched, id: u64, demand: u32, limit: Option<u64>) -> TaskId {
+    let mut spec = TaskSpec::new(TaskId(id));
+    spec.demand = demand;
+    spec.time_limit = limit;
+    s.add_task(spec).unwrap();
+    TaskId(id)
+}
+
+/// Two nodes of one rack, each with a blocked head behind a long job.
+/// Per-leaf EASY protects both heads, so a long small job waits; with one
+/// reservation per domain only the older head is protected and the long
+/// job starts on the other node, past its younger head.
+#[test]
+fn only_the_oldest_head_of_the_domain_holds_back_work() {
+    for domain_reservation in [false, true] {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("1z:1r:2n").unwrap()),
+            4,
+            SchedConfig {
+                backfill: true,
+                domain_reservation,
+                steal_cost: 0,
+                ..SchedConfig::cluster()
+            },
+        );
+        for (id, leaf) in [(1, 0), (2, 1)] {
+            let t = add(&mut s, id, 3, Some(100));
+            s.wake_up_on(t, leaf, 0).unwrap();
+        }
+        let old = add(&mut s, 3, 4, Some(10));
+        s.wake_up_on(old, 0, 1).unwrap();
+        let young = add(&mut s, 4, 4, Some(10));
+        s.wake_up_on(young, 1, 2).unwrap();
+        let long = add(&mut s, 5, 1, Some(500));
+        s.wake_up_on(long, 1, 3).unwrap();
+        let state = |s: &Sched, id| s.task(id).unwrap().state;
+        if domain_reservation {
+            assert_eq!(s.domain_protected(1), Some(0));
+            assert_eq!(state(&s, long), TaskState::Running(1));
+        } else {
+            assert_eq!(s.domain_protected(1), None);
+            assert_eq!(state(&s, long), TaskState::Queued(1));
+        }
+        // The older head starts at its reservation either way.
+        s.block(TaskId(1), 100).unwrap();
+        assert_eq!(state(&s, old), TaskState::Running(0));
+    }
+}
+
+/// One queue per domain (`SchedConfig::domain_fifo`): when a node of the
+/// rack frees room, it starts the rack's oldest waiting job that fits,
+/// not its own younger head; without it, its own queue goes first.
+#[test]
+fn a_node_with_room_starts_the_oldest_job_of_its_domain() {
+    for fifo in [false, true] {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("1z:1r:2n").unwrap()),
+            4,
+            SchedConfig {
+                backfill: true,
+                domain_fifo: fifo,
+                steal_cost: 0,
+                ..SchedConfig::cluster()
+            },
+        );
+        let a = add(&mut s, 1, 4, Some(100));
+        s.wake_up_on(a, 0, 0).unwrap();
+        let b = add(&mut s, 2, 4, Some(50));
+        s.wake_up_on(b, 1, 0).unwrap();
+        let old = add(&mut s, 3, 4, Some(10));
+        s.wake_up_on(old, 0, 1).unwrap();
+        let young = add(&mut s, 4, 4, Some(10));
+        s.wake_up_on(young, 1, 2).unwrap();
+        // Node 1 frees first.
+        s.block(b, 50).unwrap();
+        let state = |s: &Sched, id| s.task(id).unwrap().state;
+        if fifo {
+            assert_eq!(state(&s, old), TaskState::Running(1));
+            assert_eq!(state(&s, young), TaskState::Queued(1));
+            assert_eq!(s.stats().fifo_pull, 1);
+        } else {
+            assert_eq!(state(&s, young), TaskState::Running(1));
+            assert_eq!(state(&s, old), TaskState::Queued(0));
+        }
+    }
+}
