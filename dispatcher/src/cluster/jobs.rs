@@ -20,6 +20,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 use proto::v1::{Job, JobState};
 use sched::idhash::IdMap;
@@ -544,7 +545,10 @@ fn reason_of(phase: &Phase, last: Option<&Requeue>) -> Option<String> {
 /// A job and its dispatcher-side bookkeeping.
 #[derive(Clone, Debug)]
 pub struct JobEntry {
-    job: Job,
+    /// The proto record, shared with the effects that carry it (store
+    /// writes, job events): a change after it was shared copies it once
+    /// (`Arc::make_mut`), so an effect keeps the record as it was.
+    job: Arc<Job>,
     phase: Phase,
     /// The engine task that stands for it.
     pub task: TaskId,
@@ -791,7 +795,7 @@ impl Jobs {
         self.table.insert(
             key,
             JobEntry {
-                job,
+                job: Arc::new(job),
                 phase: Phase::Unplaced {
                     why: Unplaced::Restored,
                 },
@@ -824,9 +828,17 @@ impl Jobs {
         previous.state()
     }
 
+    /// The proto record of a job, shared (for an effect that carries it:
+    /// a store write, a job event).
+    pub fn record(&self, key: JobKey) -> Option<Arc<Job>> {
+        self.table.get(&key).map(|e| e.job.clone())
+    }
+
     /// The proto fields that do not follow from the phase.
     pub fn facts(&mut self, key: JobKey) -> Option<Facts<'_>> {
-        self.table.get_mut(&key).map(|e| Facts(&mut e.job))
+        self.table
+            .get_mut(&key)
+            .map(|e| Facts(Arc::make_mut(&mut e.job)))
     }
 
     /// Its modelled CPUs, to change.
@@ -861,29 +873,34 @@ impl Jobs {
         let Some(e) = self.table.get_mut(&key) else {
             return;
         };
-        e.job.state = phase.state() as i32;
-        match &phase {
+        let state = phase.state() as i32;
+        let node = match &phase {
             Phase::Unplaced {
                 why: Unplaced::Restored,
             }
-            | Phase::Done { .. } => {}
-            Phase::Unplaced { .. } => e.job.node.clear(),
-            p => {
-                if let Some(n) = p.node()
-                    && e.job.node != n
-                {
-                    // In place: the record keeps its buffer.
-                    e.job.node.clear();
-                    e.job.node.push_str(n);
-                }
-            }
+            | Phase::Done { .. } => None,
+            Phase::Unplaced { .. } => Some(""),
+            p => p.node(),
         }
+        .filter(|n| e.job.node != *n);
         let text = match gang_text(&phase, &e.job, e.requeues.last()) {
             Some(t) => Some(t),
             None => reason_of(&phase, e.requeues.last()),
-        };
-        if let Some(text) = text {
-            e.job.reason = text;
+        }
+        .filter(|t| e.job.reason != *t);
+        // The record is copied (when an effect shares it) only if it
+        // changes.
+        if e.job.state != state || node.is_some() || text.is_some() {
+            let job = Arc::make_mut(&mut e.job);
+            job.state = state;
+            if let Some(n) = node {
+                // In place: the record keeps its buffer.
+                job.node.clear();
+                job.node.push_str(n);
+            }
+            if let Some(text) = text {
+                job.reason = text;
+            }
         }
         e.phase = phase;
     }
