@@ -229,16 +229,25 @@ pub fn find_aligned_in(
             }
         }
     }
-    let (_, group) = best?;
+    let (idle, group) = best?;
     // Leaves of the group, core by core in rank order: `leaves` sorted by
-    // core, `by_core` the range of each core in it (one allocation each,
-    // not one per core).
-    let mut leaves: Vec<LeafId> = group.iter().copied().filter(|&l| ok(l)).collect();
-    leaves.sort_by_key(|&l| (topo.core_of(l), l));
-    let mut by_core: Vec<std::ops::Range<usize>> = Vec::new();
-    let mut last_core = usize::MAX;
-    for (i, &l) in leaves.iter().enumerate() {
-        let core = topo.core_of(l);
+    // (core, leaf), packed in one u64 each so that the sort compares
+    // integers (the keys are distinct: unstable is stable here), and
+    // `by_core` the range of each core in it (one allocation each, not
+    // one per core).
+    let mut keyed: Vec<u64> = Vec::with_capacity(idle);
+    keyed.extend(
+        group
+            .iter()
+            .filter(|&&l| ok(l))
+            .map(|&l| ((topo.core_of(l) as u64) << 32) | l as u64),
+    );
+    keyed.sort_unstable();
+    let leaves: Vec<LeafId> = keyed.iter().map(|&k| k as u32 as LeafId).collect();
+    let mut by_core: Vec<std::ops::Range<usize>> = Vec::with_capacity(leaves.len());
+    let mut last_core = u64::MAX;
+    for (i, &key) in keyed.iter().enumerate() {
+        let core = key >> 32;
         if core != last_core {
             by_core.push(i..i);
             last_core = core;
