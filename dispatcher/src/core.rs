@@ -32,7 +32,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Status;
 
 use crate::beats::{Beat, Beats, FLUSH_MS, Reporter};
-use crate::cluster::{Cluster, Effects};
+use crate::cluster::{Cluster, Effects, JobChange};
 use crate::observe::Observers;
 use crate::store::{NodeAdmin, Store, StoreError};
 
@@ -447,9 +447,12 @@ impl Core {
             for r in replies {
                 r(None);
             }
+            // The batch's job changes carry shared records: materialised
+            // here, once, as the events observers and watchers get.
+            let events: Vec<JobEvent> = fx.events.iter().map(JobChange::to_event).collect();
             // Observers first: an Assign carries its job's `run` span
             // context, which the batch's events open.
-            self.observers.committed(&fx.events);
+            self.observers.committed(&events);
             self.observers.moved(&fx.moves);
             for (node, mut msg) in fx.to_agents {
                 if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_mut()
@@ -463,7 +466,7 @@ impl Core {
             }
             if self.events.receiver_count() > 0 {
                 let mut why = self.cluster.explainer(now);
-                for mut ev in fx.events {
+                for mut ev in events {
                     // The reason describes the job now: only an event of
                     // the state the job is still in carries it.
                     if let Some(job) = ev.job.as_mut()

@@ -74,12 +74,37 @@ impl Align {
 /// The groups of leaves at an alignment level, each ascending, ranked by
 /// lowest leaf.
 pub fn align_groups(topo: &Topology, align: Align) -> Vec<&[LeafId]> {
+    groups(topo, align).collect()
+}
+
+/// [`align_groups`] without collecting them (the placement path calls it
+/// per job start and finish).
+fn groups(topo: &Topology, align: Align) -> Groups<'_> {
     match align {
-        Align::Core => topo.cores().iter().map(Vec::as_slice).collect(),
-        Align::Llc => topo.llcs().iter().map(|l| l.members.as_slice()).collect(),
-        Align::Numa => topo.numa_groups().iter().map(Vec::as_slice).collect(),
-        Align::Package => topo.package_groups().iter().map(Vec::as_slice).collect(),
-        Align::Any => vec![topo.span(topo.root())],
+        Align::Core => Groups::Lists(topo.cores().iter()),
+        Align::Llc => Groups::Llcs(topo.llcs().iter()),
+        Align::Numa => Groups::Lists(topo.numa_groups().iter()),
+        Align::Package => Groups::Lists(topo.package_groups().iter()),
+        Align::Any => Groups::One(Some(topo.span(topo.root()))),
+    }
+}
+
+/// The iterator of [`groups`].
+enum Groups<'a> {
+    Lists(std::slice::Iter<'a, Vec<LeafId>>),
+    Llcs(std::slice::Iter<'a, crate::topology::Llc>),
+    One(Option<&'a [LeafId]>),
+}
+
+impl<'a> Iterator for Groups<'a> {
+    type Item = &'a [LeafId];
+
+    fn next(&mut self) -> Option<&'a [LeafId]> {
+        match self {
+            Groups::Lists(it) => it.next().map(Vec::as_slice),
+            Groups::Llcs(it) => it.next().map(|l| l.members.as_slice()),
+            Groups::One(g) => g.take(),
+        }
     }
 }
 
@@ -141,8 +166,7 @@ impl FreeSummary {
 pub fn free_summary_of(topo: &Topology, is_idle: impl Fn(LeafId) -> bool) -> FreeSummary {
     let mut s = FreeSummary::default();
     for align in Align::ALL {
-        let best = align_groups(topo, align)
-            .iter()
+        let best = groups(topo, align)
             .map(|g| g.iter().filter(|&&l| is_idle(l)).count() as u32)
             .max()
             .unwrap_or(0);
@@ -188,7 +212,7 @@ pub fn find_aligned_in(
     }
     let ok = |l: LeafId| is_idle(l) && allowed.is_none_or(|a| a.contains(l));
     let mut best: Option<(usize, &[LeafId])> = None;
-    for group in align_groups(topo, align) {
+    for group in groups(topo, align) {
         let idle = group.iter().filter(|&&l| ok(l)).count();
         if idle < k {
             continue;
@@ -205,38 +229,50 @@ pub fn find_aligned_in(
             }
         }
     }
-    let (_, group) = best?;
-    // Leaves of the group, core by core in rank order.
-    let mut by_core: Vec<Vec<LeafId>> = Vec::new();
-    let mut last_core = usize::MAX;
-    let mut leaves: Vec<LeafId> = group.iter().copied().filter(|&l| ok(l)).collect();
-    leaves.sort_by_key(|&l| (topo.core_of(l), l));
-    for l in leaves {
-        let core = topo.core_of(l);
+    let (idle, group) = best?;
+    // Leaves of the group, core by core in rank order: `leaves` sorted by
+    // (core, leaf), packed in one u64 each so that the sort compares
+    // integers (the keys are distinct: unstable is stable here), and
+    // `by_core` the range of each core in it (one allocation each, not
+    // one per core).
+    let mut keyed: Vec<u64> = Vec::with_capacity(idle);
+    keyed.extend(
+        group
+            .iter()
+            .filter(|&&l| ok(l))
+            .map(|&l| ((topo.core_of(l) as u64) << 32) | l as u64),
+    );
+    keyed.sort_unstable();
+    let leaves: Vec<LeafId> = keyed.iter().map(|&k| k as u32 as LeafId).collect();
+    let mut by_core: Vec<std::ops::Range<usize>> = Vec::with_capacity(leaves.len());
+    let mut last_core = u64::MAX;
+    for (i, &key) in keyed.iter().enumerate() {
+        let core = key >> 32;
         if core != last_core {
-            by_core.push(Vec::new());
+            by_core.push(i..i);
             last_core = core;
         }
-        if let Some(v) = by_core.last_mut() {
-            v.push(l);
+        if let Some(r) = by_core.last_mut() {
+            r.end = i + 1;
         }
     }
     let mut out = Vec::with_capacity(k);
     match policy {
         Policy::Pack => {
-            out.extend(by_core.iter().flatten().copied().take(k));
+            out.extend(leaves.iter().copied().take(k));
         }
         Policy::Spread => {
             // Whole idle cores first, one thread each, then the rest.
-            by_core.sort_by_key(|c| {
-                let core_size = topo.smt_siblings(c[0]).len();
-                (c.len() != core_size, topo.core_of(c[0]))
+            by_core.sort_by_key(|r| {
+                let first = leaves[r.start];
+                let core_size = topo.smt_siblings(first).len();
+                (r.len() != core_size, topo.core_of(first))
             });
             let mut round = 0;
             while out.len() < k {
                 let before = out.len();
-                for c in &by_core {
-                    if let Some(&l) = c.get(round) {
+                for r in &by_core {
+                    if let Some(&l) = leaves[r.clone()].get(round) {
                         out.push(l);
                         if out.len() == k {
                             break;
@@ -364,5 +400,109 @@ mod tests {
         );
         assert_eq!(Align::from_name("numa"), Some(Align::Numa));
         assert_eq!(Align::from_name("rack"), None);
+    }
+
+    /// The allocation as it was written before it was made cheaper (a
+    /// `Vec` per core; `align_groups` collected): the oracle of the
+    /// proptest below.
+    fn find_aligned_oracle(
+        topo: &Topology,
+        k: usize,
+        align: Align,
+        policy: Policy,
+        is_idle: impl Fn(LeafId) -> bool,
+    ) -> Option<Vec<LeafId>> {
+        if k == 0 {
+            return Some(Vec::new());
+        }
+        let mut best: Option<(usize, &[LeafId])> = None;
+        for group in align_groups(topo, align) {
+            let idle = group.iter().filter(|&&l| is_idle(l)).count();
+            if idle < k {
+                continue;
+            }
+            match policy {
+                Policy::Pack => {
+                    best = Some((idle, group));
+                    break;
+                }
+                Policy::Spread => {
+                    if best.is_none_or(|(b, _)| idle < b) {
+                        best = Some((idle, group));
+                    }
+                }
+            }
+        }
+        let (_, group) = best?;
+        let mut by_core: Vec<Vec<LeafId>> = Vec::new();
+        let mut last_core = usize::MAX;
+        let mut leaves: Vec<LeafId> = group.iter().copied().filter(|&l| is_idle(l)).collect();
+        leaves.sort_by_key(|&l| (topo.core_of(l), l));
+        for l in leaves {
+            let core = topo.core_of(l);
+            if core != last_core {
+                by_core.push(Vec::new());
+                last_core = core;
+            }
+            if let Some(v) = by_core.last_mut() {
+                v.push(l);
+            }
+        }
+        let mut out = Vec::with_capacity(k);
+        match policy {
+            Policy::Pack => out.extend(by_core.iter().flatten().copied().take(k)),
+            Policy::Spread => {
+                by_core.sort_by_key(|c| {
+                    let core_size = topo.smt_siblings(c[0]).len();
+                    (c.len() != core_size, topo.core_of(c[0]))
+                });
+                let mut round = 0;
+                while out.len() < k {
+                    let before = out.len();
+                    for c in &by_core {
+                        if let Some(&l) = c.get(round) {
+                            out.push(l);
+                            if out.len() == k {
+                                break;
+                            }
+                        }
+                    }
+                    if out.len() == before {
+                        break;
+                    }
+                    round += 1;
+                }
+            }
+        }
+        (out.len() == k).then_some(out)
+    }
+
+    proptest::proptest! {
+        /// The allocation and the free summary give the oracle's answers
+        /// (the previous implementation; the summary recomputed group by
+        /// group from `align_groups`) on random machines and busy sets.
+        #[test]
+        fn allocation_matches_the_previous_implementation(
+            sockets in 1usize..3, cores in 1usize..6, threads in 1usize..3,
+            busy in proptest::collection::vec(proptest::bool::ANY, 36),
+            k in 0usize..10, align in 0usize..5, pack in proptest::bool::ANY,
+        ) {
+            let topo = Topology::from_spec(&format!("{sockets}s:{cores}c:{threads}t")).unwrap();
+            let idle = |l: LeafId| !busy[l % busy.len()];
+            let (align, policy) = (Align::ALL[align], if pack { Policy::Pack } else { Policy::Spread });
+            proptest::prop_assert_eq!(
+                find_aligned_in(&topo, k, align, policy, None, idle),
+                find_aligned_oracle(&topo, k, align, policy, idle)
+            );
+            let summary = free_summary_of(&topo, idle);
+            for a in Align::ALL {
+                let most = align_groups(&topo, a)
+                    .iter()
+                    .map(|g| g.iter().filter(|&&l| idle(l)).count() as u32)
+                    .max()
+                    .unwrap_or(0);
+                proptest::prop_assert_eq!(summary.get(a), most);
+            }
+        }
     }
 }

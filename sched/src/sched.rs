@@ -153,6 +153,11 @@ pub struct Sched {
     pub(crate) overload: OverloadMasks,
     pub(crate) busy: BusyFlags,
     pub(crate) agg: Vec<NodeAgg>,
+    /// Per domain: how many children hold each maximum of its aggregate
+    /// (`max_room` by level, then `max_free`), so that a child that held a
+    /// maximum and shrank forces a recount over the children only when it
+    /// was the only one.
+    agg_holders: Vec<[u32; 6]>,
     pub(crate) pack: PackIndex,
     pub(crate) stats: Schedstats,
     pub(crate) events: Vec<SchedEvent>,
@@ -189,6 +194,10 @@ impl Sched {
             overload: OverloadMasks::new(&topo),
             busy: BusyFlags::new(&topo),
             agg: vec![NodeAgg::default(); topo.nodes().len()],
+            // All aggregates start at 0: every child holds every maximum.
+            agg_holders: (0..topo.nodes().len())
+                .map(|d| [topo.node(d).children.len() as u32; 6])
+                .collect(),
             pack: PackIndex::new(&topo),
             topo,
             config,
@@ -1189,7 +1198,7 @@ impl Sched {
             // difference; a maximum is recomputed over the children only
             // when the child that may have held it shrank.
             let prev = self.agg[d];
-            let a = match agg_step(prev, old, new) {
+            let a = match agg_step(prev, &mut self.agg_holders[d], old, new) {
                 Some(a) => a,
                 None => {
                     let mut a = NodeAgg::default();
@@ -1203,6 +1212,14 @@ impl Sched {
                             *m = (*m).max(c);
                         }
                     }
+                    let mut holders = [0; 6];
+                    for &c in &self.topo.node(d).children {
+                        let ca = self.agg[c];
+                        for (i, h) in holders.iter_mut().enumerate() {
+                            *h += u32::from(agg_max(&ca, i) == agg_max(&a, i));
+                        }
+                    }
+                    self.agg_holders[d] = holders;
                     a
                 }
             };
@@ -1236,27 +1253,54 @@ fn account_task(t: &mut Task, now: u64) -> Option<LeafId> {
 /// The aggregate of a parent after one child changed from `old` to `new`,
 /// without visiting the other children; None when a maximum the child
 /// held shrank (the caller recomputes over all children).
-fn agg_step(parent: NodeAgg, old: NodeAgg, new: NodeAgg) -> Option<NodeAgg> {
-    let max = |p: u32, o: u32, n: u32| {
-        if n >= p {
-            Some(n)
+fn agg_step(
+    parent: NodeAgg,
+    holders: &mut [u32; 6],
+    old: NodeAgg,
+    new: NodeAgg,
+) -> Option<NodeAgg> {
+    // One maximum: the parent's `p` held by `h` children, one child going
+    // from `o` to `n`. None: it held the maximum alone and shrank (the
+    // caller recounts over the children).
+    let max = |p: u32, o: u32, n: u32, h: u32| -> Option<(u32, u32)> {
+        if n > p {
+            Some((n, 1))
+        } else if n == p {
+            Some((p, if o == p { h } else { h + 1 }))
         } else if o < p {
-            Some(p)
+            Some((p, h))
+        } else if h > 1 {
+            Some((p, h - 1))
         } else {
             None
         }
     };
     let mut max_room = [0; 5];
+    let mut next = [0; 6];
     for (i, m) in max_room.iter_mut().enumerate() {
-        *m = max(parent.max_room[i], old.max_room[i], new.max_room[i])?;
+        (*m, next[i]) = max(
+            parent.max_room[i],
+            old.max_room[i],
+            new.max_room[i],
+            holders[i],
+        )?;
     }
+    let max_free;
+    (max_free, next[5]) = max(parent.max_free, old.max_free, new.max_free, holders[5])?;
+    *holders = next;
     Some(NodeAgg {
         capacity: parent.capacity - old.capacity + new.capacity,
         nr_running: parent.nr_running - old.nr_running + new.nr_running,
         sum_free: parent.sum_free - old.sum_free + new.sum_free,
-        max_free: max(parent.max_free, old.max_free, new.max_free)?,
+        max_free,
         max_room,
     })
+}
+
+/// Maximum `i` of an aggregate: `max_room[i]` for the five levels, then
+/// `max_free`.
+fn agg_max(a: &NodeAgg, i: usize) -> u32 {
+    a.max_room.get(i).copied().unwrap_or(a.max_free)
 }
 
 /// Node-limit gating (seed 000 patch 9): whether stealing inside an LLC is

@@ -400,9 +400,8 @@ impl Sched {
                 if a.max_room[align.index()] < demand || (skip_busy && self.busy.is_busy(c)) {
                     continue;
                 }
-                // Compare sum_free / capacity without division.
-                let share = (a.sum_free as u128) << 32;
-                let share = share / a.capacity.max(1) as u128;
+                // Compare sum_free / capacity as a 32.32 fixed-point share.
+                let share = fixed_share(a.sum_free, a.capacity.max(1));
                 if best.is_none_or(|b| (share, a.sum_free) > (b.1, b.2)) {
                     best = Some((c, share, a.sum_free));
                 }
@@ -430,7 +429,7 @@ impl Sched {
                     if a.capacity == 0 {
                         u128::MAX
                     } else {
-                        ((a.nr_running as u128) << 32) / a.capacity as u128
+                        fixed_share(a.nr_running, a.capacity)
                     }
                 })
                 .unwrap_or(&children[0]);
@@ -468,6 +467,18 @@ impl Sched {
             }
             from = pos + 1;
         }
+    }
+}
+
+/// `(num << 32) / den` in u128 (a 32.32 fixed-point ratio), computed in
+/// u64 when `num` fits 32 bits (always, on real clusters): the 128-bit
+/// division is a library call, made per child at every level of
+/// `find_idlest`. `den` must not be 0.
+fn fixed_share(num: u64, den: u64) -> u128 {
+    if num <= u32::MAX as u64 {
+        ((num << 32) / den) as u128
+    } else {
+        ((num as u128) << 32) / den as u128
     }
 }
 
@@ -615,6 +626,18 @@ mod tests {
             PlacePath::Idlest,
         ] {
             assert!(seen.contains(&p), "{p:?} never taken: {seen:?}");
+        }
+    }
+
+    proptest! {
+        /// The u64 fast path of the fixed-point share equals the 128-bit
+        /// division it replaces, around the 32-bit boundary too.
+        #[test]
+        fn fixed_share_is_the_128_bit_division(
+            num in prop_oneof![0u64..=u32::MAX as u64, any::<u64>(), (u32::MAX as u64 - 4)..(u32::MAX as u64 + 4)],
+            den in 1u64..,
+        ) {
+            prop_assert_eq!(fixed_share(num, den), ((num as u128) << 32) / den as u128);
         }
     }
 }

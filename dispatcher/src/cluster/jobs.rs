@@ -20,6 +20,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 use proto::v1::{Job, JobState};
 use sched::idhash::IdMap;
@@ -344,31 +345,44 @@ impl Phase {
 
 /// Text of a placement decision.
 pub fn placement_text(how: Placement) -> String {
-    let mut parts = Vec::new();
+    let mut s = String::new();
+    push_placement(&mut s, how);
+    s
+}
+
+/// [`placement_text`], appended to `out` (the reasons are built in one
+/// buffer: they are written at every phase change).
+fn push_placement(out: &mut String, how: Placement) {
+    let start = out.len();
+    let part = |out: &mut String, text: &str| {
+        if out.len() > start {
+            out.push_str("; ");
+        }
+        out.push_str(text);
+    };
     if how.path == PlacePath::Pack {
-        parts.push("pack: lowest-numbered node with room");
+        part(out, "pack: lowest-numbered node with room");
     }
     match how.wake {
-        WakeChoice::Wide => parts.push("wake_wide: the waker fans out, spread"),
-        WakeChoice::Affine => parts.push("wake_affine: near the waker"),
+        WakeChoice::Wide => part(out, "wake_wide: the waker fans out, spread"),
+        WakeChoice::Affine => part(out, "wake_affine: near the waker"),
         WakeChoice::None | WakeChoice::Prev => {}
     }
     match how.path {
-        PlacePath::BusySkip => parts.push("busy-skip: cluster full, no scan"),
+        PlacePath::BusySkip => part(out, "busy-skip: cluster full, no scan"),
         PlacePath::IdlestBusySkip => {
-            parts.push("busy-skip: cluster full, no scan");
-            parts.push("find_idlest: emptiest zone, rack and node");
+            part(out, "busy-skip: cluster full, no scan");
+            part(out, "find_idlest: emptiest zone, rack and node");
         }
-        PlacePath::Target => parts.push("select_idle_sibling: target had room"),
-        PlacePath::IdleCore => parts.push("select_idle_sibling: idle host group in the rack"),
-        PlacePath::IdleLeaf => parts.push("select_idle_sibling: idle node in the rack"),
-        PlacePath::Idlest => parts.push("find_idlest: emptiest zone, rack and node"),
+        PlacePath::Target => part(out, "select_idle_sibling: target had room"),
+        PlacePath::IdleCore => part(out, "select_idle_sibling: idle host group in the rack"),
+        PlacePath::IdleLeaf => part(out, "select_idle_sibling: idle node in the rack"),
+        PlacePath::Idlest => part(out, "find_idlest: emptiest zone, rack and node"),
         PlacePath::Pack | PlacePath::NoneIdle => {}
     }
-    if parts.is_empty() {
-        parts.push("placed");
+    if out.len() == start {
+        out.push_str("placed");
     }
-    parts.join("; ")
 }
 
 impl fmt::Display for Unplaced {
@@ -453,16 +467,30 @@ impl fmt::Display for End {
 
 /// How a job came to `node`, as text (None: keep the stored text).
 pub(super) fn via_text(via: &Via, node: &str, last: Option<&Requeue>) -> Option<String> {
-    let with_history = |s: String| match last {
-        Some(r) => format!("{r} | {s}"),
-        None => s,
+    use fmt::Write as _;
+    let history = |s: &mut String| {
+        if let Some(r) = last {
+            let _ = write!(s, "{r} | ");
+        }
     };
     match via {
-        Via::Placed(how) => Some(with_history(format!("{} -> {node}", placement_text(*how)))),
-        Via::Waited(how) => Some(format!(
-            "started on {node} when it had room; was {}",
-            with_history(queued_text(*how, node))
-        )),
+        Via::Placed(how) => {
+            let mut s = String::with_capacity(80);
+            history(&mut s);
+            push_placement(&mut s, *how);
+            s.push_str(" -> ");
+            s.push_str(node);
+            Some(s)
+        }
+        Via::Waited(how) => {
+            let mut s = String::with_capacity(160);
+            s.push_str("started on ");
+            s.push_str(node);
+            s.push_str(" when it had room; was ");
+            history(&mut s);
+            push_queued(&mut s, *how, node);
+            Some(s)
+        }
         Via::Stolen { from, level } => Some(format!(
             "steal: {node} took it from overloaded {from} ({})",
             level.name()
@@ -471,11 +499,13 @@ pub(super) fn via_text(via: &Via, node: &str, last: Option<&Requeue>) -> Option<
     }
 }
 
-fn queued_text(how: Placement, node: &str) -> String {
-    format!(
-        "queued on {node} ({}): no node has room",
-        placement_text(how)
-    )
+/// "queued on {node} ({placement}): no node has room", appended to `out`.
+fn push_queued(out: &mut String, how: Placement, node: &str) {
+    out.push_str("queued on ");
+    out.push_str(node);
+    out.push_str(" (");
+    push_placement(out, how);
+    out.push_str("): no node has room");
 }
 
 /// The display text of a gang member placed with its gang (None: not a
@@ -525,10 +555,14 @@ fn reason_of(phase: &Phase, last: Option<&Requeue>) -> Option<String> {
             node,
             via: Via::Placed(how),
             waiting: true,
-        } => Some(match last {
-            Some(r) => format!("{r} | {}", queued_text(*how, node)),
-            None => queued_text(*how, node),
-        }),
+        } => {
+            let mut s = match last {
+                Some(r) => format!("{r} | "),
+                None => String::with_capacity(96),
+            };
+            push_queued(&mut s, *how, node);
+            Some(s)
+        }
         Phase::Queued { node, via, .. }
         | Phase::Assigned { node, via, .. }
         | Phase::Running { node, via } => via_text(via, node, last),
@@ -544,7 +578,10 @@ fn reason_of(phase: &Phase, last: Option<&Requeue>) -> Option<String> {
 /// A job and its dispatcher-side bookkeeping.
 #[derive(Clone, Debug)]
 pub struct JobEntry {
-    job: Job,
+    /// The proto record, shared with the effects that carry it (store
+    /// writes, job events): a change after it was shared copies it once
+    /// (`Arc::make_mut`), so an effect keeps the record as it was.
+    job: Arc<Job>,
     phase: Phase,
     /// The engine task that stands for it.
     pub task: TaskId,
@@ -791,7 +828,7 @@ impl Jobs {
         self.table.insert(
             key,
             JobEntry {
-                job,
+                job: Arc::new(job),
                 phase: Phase::Unplaced {
                     why: Unplaced::Restored,
                 },
@@ -824,9 +861,17 @@ impl Jobs {
         previous.state()
     }
 
+    /// The proto record of a job, shared (for an effect that carries it:
+    /// a store write, a job event).
+    pub fn record(&self, key: JobKey) -> Option<Arc<Job>> {
+        self.table.get(&key).map(|e| e.job.clone())
+    }
+
     /// The proto fields that do not follow from the phase.
     pub fn facts(&mut self, key: JobKey) -> Option<Facts<'_>> {
-        self.table.get_mut(&key).map(|e| Facts(&mut e.job))
+        self.table
+            .get_mut(&key)
+            .map(|e| Facts(Arc::make_mut(&mut e.job)))
     }
 
     /// Its modelled CPUs, to change.
@@ -861,29 +906,34 @@ impl Jobs {
         let Some(e) = self.table.get_mut(&key) else {
             return;
         };
-        e.job.state = phase.state() as i32;
-        match &phase {
+        let state = phase.state() as i32;
+        let node = match &phase {
             Phase::Unplaced {
                 why: Unplaced::Restored,
             }
-            | Phase::Done { .. } => {}
-            Phase::Unplaced { .. } => e.job.node.clear(),
-            p => {
-                if let Some(n) = p.node()
-                    && e.job.node != n
-                {
-                    // In place: the record keeps its buffer.
-                    e.job.node.clear();
-                    e.job.node.push_str(n);
-                }
-            }
+            | Phase::Done { .. } => None,
+            Phase::Unplaced { .. } => Some(""),
+            p => p.node(),
         }
+        .filter(|n| e.job.node != *n);
         let text = match gang_text(&phase, &e.job, e.requeues.last()) {
             Some(t) => Some(t),
             None => reason_of(&phase, e.requeues.last()),
-        };
-        if let Some(text) = text {
-            e.job.reason = text;
+        }
+        .filter(|t| e.job.reason != *t);
+        // The record is copied (when an effect shares it) only if it
+        // changes.
+        if e.job.state != state || node.is_some() || text.is_some() {
+            let job = Arc::make_mut(&mut e.job);
+            job.state = state;
+            if let Some(n) = node {
+                // In place: the record keeps its buffer.
+                job.node.clear();
+                job.node.push_str(n);
+            }
+            if let Some(text) = text {
+                job.reason = text;
+            }
         }
         e.phase = phase;
     }
@@ -1112,6 +1162,123 @@ mod tests {
         );
         assert_eq!(jobs.unasked_since(100), vec![keys[1], keys[2]]);
         jobs.check().unwrap();
+    }
+
+    /// The texts as they were built before they were written into one
+    /// buffer (a `Vec` of parts joined, then formatted): the oracle.
+    fn placement_oracle(how: Placement) -> String {
+        let mut parts = Vec::new();
+        if how.path == PlacePath::Pack {
+            parts.push("pack: lowest-numbered node with room");
+        }
+        match how.wake {
+            WakeChoice::Wide => parts.push("wake_wide: the waker fans out, spread"),
+            WakeChoice::Affine => parts.push("wake_affine: near the waker"),
+            WakeChoice::None | WakeChoice::Prev => {}
+        }
+        match how.path {
+            PlacePath::BusySkip => parts.push("busy-skip: cluster full, no scan"),
+            PlacePath::IdlestBusySkip => {
+                parts.push("busy-skip: cluster full, no scan");
+                parts.push("find_idlest: emptiest zone, rack and node");
+            }
+            PlacePath::Target => parts.push("select_idle_sibling: target had room"),
+            PlacePath::IdleCore => parts.push("select_idle_sibling: idle host group in the rack"),
+            PlacePath::IdleLeaf => parts.push("select_idle_sibling: idle node in the rack"),
+            PlacePath::Idlest => parts.push("find_idlest: emptiest zone, rack and node"),
+            PlacePath::Pack | PlacePath::NoneIdle => {}
+        }
+        if parts.is_empty() {
+            parts.push("placed");
+        }
+        parts.join("; ")
+    }
+
+    fn via_oracle(via: &Via, node: &str, last: Option<&Requeue>) -> Option<String> {
+        let with_history = |s: String| match last {
+            Some(r) => format!("{r} | {s}"),
+            None => s,
+        };
+        let queued = |how, node: &str| {
+            format!(
+                "queued on {node} ({}): no node has room",
+                placement_oracle(how)
+            )
+        };
+        match via {
+            Via::Placed(how) => Some(with_history(format!(
+                "{} -> {node}",
+                placement_oracle(*how)
+            ))),
+            Via::Waited(how) => Some(format!(
+                "started on {node} when it had room; was {}",
+                with_history(queued(*how, node))
+            )),
+            Via::Stolen { from, level } => Some(format!(
+                "steal: {node} took it from overloaded {from} ({})",
+                level.name()
+            )),
+            Via::Restored => None,
+        }
+    }
+
+    /// Every placement, every way a job comes to its node, with and
+    /// without a requeue history: the reason texts equal the oracle's.
+    #[test]
+    fn reason_texts_match_the_previous_formatting() {
+        use PlacePath as P;
+        use WakeChoice as W;
+        let paths = [
+            P::Pack,
+            P::Target,
+            P::IdleCore,
+            P::IdleLeaf,
+            P::NoneIdle,
+            P::BusySkip,
+            P::Idlest,
+            P::IdlestBusySkip,
+        ];
+        let wakes = [W::None, W::Wide, W::Affine, W::Prev];
+        let retry = Requeue::Retry {
+            n: 1,
+            of: 2,
+            node: "b".into(),
+            why: "missed heartbeats",
+        };
+        let mut seen = 0;
+        for path in paths {
+            for wake in wakes {
+                let how = Placement { wake, path };
+                assert_eq!(placement_text(how), placement_oracle(how));
+                let stolen = Via::Stolen {
+                    from: "c".into(),
+                    level: StealLevel::SameZone,
+                };
+                for via in [Via::Placed(how), Via::Waited(how), stolen, Via::Restored] {
+                    for last in [None, Some(&retry)] {
+                        assert_eq!(via_text(&via, "n7", last), via_oracle(&via, "n7", last));
+                        let queued = Phase::Queued {
+                            node: "n7".into(),
+                            via: Via::Placed(how),
+                            waiting: true,
+                        };
+                        let want = match last {
+                            Some(r) => format!(
+                                "{r} | queued on n7 ({}): no node has room",
+                                placement_oracle(how)
+                            ),
+                            None => format!(
+                                "queued on n7 ({}): no node has room",
+                                placement_oracle(how)
+                            ),
+                        };
+                        assert_eq!(reason_of(&queued, last), Some(want));
+                        seen += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(seen, 8 * 4 * 4 * 2);
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub mod steal;
 pub mod wakers;
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 
 use proto::v1::{
     Cancel, DispatcherMessage, Job, JobEvent, JobState, ListJobsRequest, dispatcher_message,
@@ -136,17 +137,44 @@ impl Default for ClusterConfig {
     }
 }
 
-/// What an operation requires of the outside world.
+/// What an operation requires of the outside world. Job records are
+/// carried shared (`Arc<Job>`, the job table's own record as it was at
+/// the change), never copied here: the core materialises them once, at
+/// commit (the store encodes the shared record; [`JobChange::to_event`]
+/// builds the watchers' event).
 #[derive(Debug, Default)]
 pub struct Effects {
     /// Store writes, committed before anything else is released.
     pub writes: Vec<Write>,
     /// Messages to agents, by node name.
     pub to_agents: Vec<(String, DispatcherMessage)>,
-    /// Job events for watchers.
-    pub events: Vec<JobEvent>,
+    /// Job state changes for watchers and observers.
+    pub events: Vec<JobChange>,
     /// Placements and steals, in the order they happened.
     pub moves: Vec<Move>,
+}
+
+/// A job's state change: the record after it (shared with the job
+/// table until the job changes again), the state before, and when.
+#[derive(Clone, Debug)]
+pub struct JobChange {
+    /// The job as the change left it.
+    pub job: Arc<Job>,
+    /// Its state before (`JobState` as i32).
+    pub previous_state: i32,
+    /// When (Unix ms).
+    pub time_ms: i64,
+}
+
+impl JobChange {
+    /// The watchers' event (a copy of the record).
+    pub fn to_event(&self) -> JobEvent {
+        JobEvent {
+            job: Some(Job::clone(&self.job)),
+            previous_state: self.previous_state,
+            time_ms: self.time_ms,
+        }
+    }
 }
 
 /// The cluster.
@@ -422,15 +450,15 @@ impl Cluster {
     // Effects
 
     fn persist(&self, key: JobKey, fx: &mut Effects) {
-        if let Some(e) = self.jobs.get(key) {
-            fx.writes.push(Write::PutJob(Box::new(e.job().clone())));
+        if let Some(job) = self.jobs.record(key) {
+            fx.writes.push(Write::PutJob(job));
         }
     }
 
     fn emit(&self, key: JobKey, previous: JobState, now: i64, fx: &mut Effects) {
-        if let Some(e) = self.jobs.get(key) {
-            fx.events.push(JobEvent {
-                job: Some(e.job().clone()),
+        if let Some(job) = self.jobs.record(key) {
+            fx.events.push(JobChange {
+                job,
                 previous_state: previous as i32,
                 time_ms: now,
             });

@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use proto::v1::{JobSpec, NodeLoad, NodeState};
-use sched::alloc::{find_aligned_in, free_summary_of};
-use sched::{FreeSummary, LeafId, Topology};
+use sched::alloc::{align_groups, find_aligned_in, free_summary_of};
+use sched::{Align, FreeSummary, LeafId, Topology};
 use tonic::Status;
 
 use crate::spec::{align_of, policy_of};
@@ -41,7 +41,12 @@ pub struct NodeInfo {
     /// The same, as an engine tree over CPU numbers (for alignment).
     pub cpu_topo: Arc<Topology>,
     /// The dispatcher's model of which CPUs its jobs hold (by dense CPU).
+    /// Changed only by [`NodeInfo::claim`] and [`NodeInfo::release`],
+    /// which keep `idle` in step.
     pub cpu_busy: Vec<bool>,
+    /// The model's idle CPUs counted per alignment group (its free summary
+    /// kept by difference).
+    pub(crate) idle: IdleCounts,
     /// Memory offered to jobs.
     pub memory_bytes: u64,
     /// The PCI devices its agent reported (GPUs, accelerators, NICs).
@@ -126,8 +131,11 @@ impl NodeInfo {
             reported
         };
         for &c in &cpus {
-            if let Some(b) = self.cpu_busy.get_mut(c) {
+            if let Some(b) = self.cpu_busy.get_mut(c)
+                && !*b
+            {
                 *b = true;
+                self.idle.add(c, -1);
             }
         }
         cpus
@@ -136,15 +144,19 @@ impl NodeInfo {
     /// Mark CPUs of the model free again (a job ended or moved).
     pub fn release(&mut self, cpus: &[LeafId]) {
         for &c in cpus {
-            if let Some(b) = self.cpu_busy.get_mut(c) {
+            if let Some(b) = self.cpu_busy.get_mut(c)
+                && *b
+            {
                 *b = false;
+                self.idle.add(c, 1);
             }
         }
     }
 
-    /// The modelled free room per alignment level.
+    /// The modelled free room per alignment level (equal to
+    /// `free_summary_of` over `cpu_busy`, kept by difference).
     pub fn model_summary(&self) -> FreeSummary {
-        free_summary_of(&self.cpu_topo, |l| !self.cpu_busy[l])
+        self.idle.summary()
     }
 
     /// The largest aligned room of the whole (empty) node, its memory
@@ -185,6 +197,57 @@ impl NodeInfo {
             // node: `Cluster::node_proto`.
             gpus_free: self.gpus,
             gangs: Vec::new(),
+        }
+    }
+}
+
+/// Per alignment level (in [`Align::ALL`] order): the group of each CPU,
+/// numbered in `align_groups` order, and the idle CPUs of each group. The
+/// free summary is the largest count per level, so a start or finish
+/// changes a few counters instead of visiting every CPU five times.
+#[derive(Clone, Debug, Default)]
+pub struct IdleCounts {
+    group_of: [Vec<u32>; 5],
+    idle: [Vec<u32>; 5],
+}
+
+impl IdleCounts {
+    /// The counts of `topo` with the CPUs `is_idle` says are idle.
+    pub fn new(topo: &Topology, is_idle: impl Fn(LeafId) -> bool) -> Self {
+        let mut c = Self::default();
+        for align in Align::ALL {
+            let i = align.index();
+            c.group_of[i] = vec![0; topo.nr_leaves()];
+            for (g, group) in align_groups(topo, align).into_iter().enumerate() {
+                let mut idle = 0;
+                for &l in group {
+                    c.group_of[i][l] = g as u32;
+                    idle += u32::from(is_idle(l));
+                }
+                c.idle[i].push(idle);
+            }
+        }
+        c
+    }
+
+    /// CPU `cpu` became idle (`delta` 1) or busy (-1).
+    fn add(&mut self, cpu: LeafId, delta: i32) {
+        for (group_of, idle) in self.group_of.iter().zip(self.idle.iter_mut()) {
+            if let Some(n) = group_of.get(cpu).and_then(|&g| idle.get_mut(g as usize)) {
+                *n = n.saturating_add_signed(delta);
+            }
+        }
+    }
+
+    /// The largest idle count per level.
+    pub fn summary(&self) -> FreeSummary {
+        let most = |a: Align| self.idle[a.index()].iter().copied().max().unwrap_or(0);
+        FreeSummary {
+            core: most(Align::Core),
+            llc: most(Align::Llc),
+            numa: most(Align::Numa),
+            package: most(Align::Package),
+            any: most(Align::Any),
         }
     }
 }
@@ -316,7 +379,72 @@ pub fn node_state(n: &NodeInfo) -> &'static str {
 mod tests {
     use super::super::tests::register_node;
     use super::super::{Cluster, ClusterConfig, Effects};
+    use super::*;
+    use proptest::prelude::*;
     use std::sync::Arc;
+
+    proptest! {
+        /// The idle counts kept by difference give the summary the
+        /// brute-force `free_summary_of` computes over the CPU model, after
+        /// any sequence of claims (aligned choices or reported CPUs, which
+        /// may overlap busy ones) and releases.
+        #[test]
+        fn idle_counts_match_the_recomputed_summary(
+            spec in prop_oneof![Just("2s:8c:2t"), Just("1s:4c:1t"), Just("2s:3c:2t:llc=2")],
+            ops in proptest::collection::vec((0u32..3, 0u32..10, 0usize..5, any::<bool>()), 1..40),
+        ) {
+            let topo = Arc::new(Topology::from_spec(spec).unwrap());
+            let n = topo.nr_leaves();
+            let mut node = NodeInfo {
+                name: "n".into(),
+                labels: HashMap::new(),
+                zone: String::new(),
+                rack: String::new(),
+                hostgroup: String::new(),
+                region: String::new(),
+                topology: proto::v1::Topology::default(),
+                cpu_busy: vec![false; n],
+                idle: IdleCounts::new(&topo, |_| true),
+                cpu_topo: topo.clone(),
+                memory_bytes: 0,
+                devices: Vec::new(),
+                gpus: 0,
+                oversubscribe: 1,
+                load: NodeLoad::default(),
+                admin: NodeAdmin::Ready,
+                connected: true,
+                down: false,
+                last_heartbeat_ms: 0,
+            };
+            let mut held: Vec<Vec<LeafId>> = Vec::new();
+            for (op, cpus, align, pack) in ops {
+                match op {
+                    0 => {
+                        let spec = JobSpec {
+                            cpus: cpus.max(1),
+                            alignment: align as i32,
+                            policy: i32::from(pack),
+                            ..Default::default()
+                        };
+                        held.push(node.claim(&spec, Vec::new()));
+                    }
+                    1 => {
+                        let reported: Vec<LeafId> =
+                            (0..cpus as usize).map(|i| (i * 7 + align) % n).collect();
+                        held.push(node.claim(&JobSpec::default(), reported));
+                    }
+                    _ => {
+                        if !held.is_empty() {
+                            let cpus = held.swap_remove(cpus as usize % held.len());
+                            node.release(&cpus);
+                        }
+                    }
+                }
+                let brute = free_summary_of(&topo, |l| !node.cpu_busy[l]);
+                prop_assert_eq!(node.model_summary(), brute);
+            }
+        }
+    }
 
     /// A node that re-registers with a new topology every time (a hostile
     /// agent with a valid certificate: its name is fixed by it) leaves the

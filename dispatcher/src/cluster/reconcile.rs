@@ -73,6 +73,7 @@ impl Cluster {
             }
         };
         let nr = cpu_topo.nr_leaves();
+        let idle = super::nodes::IdleCounts::new(&cpu_topo, |_| true);
         let node = NodeInfo {
             name: reg.node.clone(),
             labels: reg.labels.clone(),
@@ -83,6 +84,7 @@ impl Cluster {
             topology,
             cpu_topo,
             cpu_busy: vec![false; nr],
+            idle,
             memory_bytes: reg.memory_bytes,
             gpus: super::nodes::count_gpus(&reg.devices),
             devices: reg.devices.clone(),

@@ -122,14 +122,14 @@ mod tests {
             let mut s = EmbeddedStore::open(dir.path()).unwrap();
             assert_eq!(s.load().unwrap().next_job, 1);
             s.commit(&[
-                Write::PutJob(Box::new(job("j-1", JobState::Pending))),
-                Write::PutJob(Box::new(job("j-2", JobState::Running))),
+                Write::PutJob(std::sync::Arc::new(job("j-1", JobState::Pending))),
+                Write::PutJob(std::sync::Arc::new(job("j-2", JobState::Running))),
                 Write::PutNextJob(3),
                 Write::PutNodeAdmin("n1".into(), NodeAdmin::Cordoned),
             ])
             .unwrap();
             s.commit(&[
-                Write::PutJob(Box::new(job("j-1", JobState::Succeeded))),
+                Write::PutJob(std::sync::Arc::new(job("j-1", JobState::Succeeded))),
                 Write::DeleteJob("j-2".into()),
             ])
             .unwrap();

@@ -102,7 +102,7 @@ fn job(id: &str, state: JobState) -> Job {
 }
 
 fn put(id: &str, state: JobState) -> Write {
-    Write::PutJob(Box::new(job(id, state)))
+    Write::PutJob(std::sync::Arc::new(job(id, state)))
 }
 
 #[test]

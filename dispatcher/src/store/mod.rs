@@ -10,6 +10,7 @@ pub mod embedded;
 pub mod etcd;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use proto::v1::Job;
 use thiserror::Error;
@@ -46,8 +47,9 @@ impl NodeAdmin {
 /// One change in a commit.
 #[derive(Clone, Debug)]
 pub enum Write {
-    /// Insert or replace a job by id.
-    PutJob(Box<Job>),
+    /// Insert or replace a job by id (the job table's record, shared:
+    /// encoded at commit, never copied).
+    PutJob(Arc<Job>),
     /// Remove a job (garbage collection of old terminal jobs).
     DeleteJob(String),
     /// A node's administrative state.
