@@ -99,3 +99,38 @@ fn a_freed_node_starts_the_oldest_job_of_its_rack() {
         c.check().unwrap();
     }
 }
+
+/// The pending reason follows the protection: with one reservation per
+/// domain the older head (j-3) is told when running jobs' timeouts free
+/// its CPUs, the younger (j-4) that it holds no reservation, and by whom
+/// it is held; per-node EASY gives both a start time.
+#[test]
+fn the_unprotected_head_is_told_it_holds_no_reservation() {
+    use proto::v1::PendingReasonKind as Kind;
+    for domain_reservation in [false, true] {
+        let mut c = cluster(domain_reservation, false);
+        let (old, young) = two_blocked_heads(&mut c);
+        let r3 = c.pending_reason("j-3", 10).expect("j-3 waits");
+        assert_eq!(
+            (r3.kind, r3.node.as_str()),
+            (Kind::Resources as i32, old.as_str())
+        );
+        assert!(r3.until_ms > 0, "{r3:?}");
+        let r4 = c.pending_reason("j-4", 10).expect("j-4 waits");
+        assert_eq!(
+            (r4.kind, r4.node.as_str()),
+            (Kind::Resources as i32, young.as_str())
+        );
+        if domain_reservation {
+            assert_eq!(r4.until_ms, 0, "{r4:?}");
+            assert!(
+                r4.message.contains(&format!("held by j-3 on {old}")),
+                "{}",
+                r4.message
+            );
+        } else {
+            assert!(r4.until_ms > 0, "{r4:?}");
+            assert!(!r4.message.contains("not reserved"), "{}", r4.message);
+        }
+    }
+}

@@ -291,7 +291,35 @@ impl Explainer<'_> {
         };
         let until = |start: Option<u64>| start.map_or(0, engine_ms);
         let cpus = task.demand;
+        // With one reservation per steal domain only the domain's oldest
+        // head is protected; another node's head has no start time (smaller
+        // jobs may pass it) and holds nothing back.
+        let protector = engine
+            .domain_protected(leaf)
+            .filter(|&p| p != leaf)
+            .and_then(|p| {
+                let holder = engine.reservation(p, now_ns)?;
+                Some((
+                    cluster.engine.node_at(p).unwrap_or_default(),
+                    head_name(holder.task),
+                ))
+            });
         match res {
+            Some(res) if res.task == e.task && protector.is_some() => {
+                let (other, holder) = protector.unwrap_or_default();
+                reason(
+                    Kind::Resources,
+                    node,
+                    format!(
+                        "first in {node}'s queue: needs {cpus} CPUs, {} of {} free; \
+                         not reserved: the reservation of its steal domain is held by \
+                         {holder} on {other} (which waited longer), so smaller jobs may \
+                         start on {node} before it",
+                        rq.free(),
+                        rq.capacity
+                    ),
+                )
+            }
             Some(res) if res.task == e.task => {
                 let until_ms = until(res.start);
                 let message = match res.start {
@@ -321,7 +349,11 @@ impl Explainer<'_> {
                     ..reason(Kind::Resources, node, message)
                 }
             }
-            Some(res) if engine.config().backfill && rq.can_start(cpus, task.align) => {
+            Some(res)
+                if engine.config().backfill
+                    && protector.is_none()
+                    && rq.can_start(cpus, task.align) =>
+            {
                 let until_ms = until(res.start);
                 let when = match res.start {
                     Some(_) => format!("until {} at the latest", in_time(until_ms, self.now)),
