@@ -10,8 +10,11 @@
 //! same policies. *Spread* takes the best-fitting domain (the fewest leaves
 //! with room that still hold the gang, as Slurm's topology/tree picks the
 //! lowest switch with enough nodes and the fullest one of those), so whole
-//! racks stay free for the next large gang, and inside it the leaves with
-//! the least room left once a member is placed (best fit again). *Pack*
+//! racks stay free for the next large gang; inside it the members span
+//! the fewest racks that can hold them (a gang allowed a zone or the whole
+//! cluster is still as compact as the free racks allow: largest racks
+//! first, the rest in the best-fitting rack), and in a rack the leaves
+//! with the least room left once a member is placed (best fit again). *Pack*
 //! takes the lowest-numbered domain with room and its lowest leaves (seed
 //! 002's priority order).
 //!
@@ -62,13 +65,54 @@ pub fn find_gang_in(
         }
     }
     let (_, mut fitting) = best?;
-    match policy {
-        Policy::Pack => fitting.sort_unstable_by_key(|&(_, l)| l),
-        Policy::Spread => fitting.sort_unstable(),
-    }
-    let mut out: Vec<LeafId> = fitting.into_iter().take(members).map(|(_, l)| l).collect();
+    let mut out: Vec<LeafId> = match policy {
+        Policy::Pack => {
+            fitting.sort_unstable_by_key(|&(_, l)| l);
+            fitting.into_iter().take(members).map(|(_, l)| l).collect()
+        }
+        Policy::Spread => fewest_racks(topo, fitting, members),
+    };
     out.sort_unstable();
     Some(out)
+}
+
+/// Spread inside the chosen domain, as topology/tree does below the
+/// switch it picked: the members span the fewest racks (LLC domains) that
+/// can hold them. While no single rack holds the rest, the rack with the
+/// most leaves with room is taken whole (lowest on ties); the rest goes to
+/// the best-fitting rack (the fewest leaves with room that still hold it),
+/// on its leaves with the least room left (best fit). `fitting` holds at
+/// least `members` (room, leaf) pairs.
+fn fewest_racks(topo: &Topology, fitting: Vec<(u32, LeafId)>, members: usize) -> Vec<LeafId> {
+    let mut racks: Vec<(usize, Vec<(u32, LeafId)>)> = Vec::new();
+    for (room, leaf) in fitting {
+        let rack = topo.llc_of(leaf);
+        match racks.iter_mut().find(|(r, _)| *r == rack) {
+            Some((_, v)) => v.push((room, leaf)),
+            None => racks.push((rack, vec![(room, leaf)])),
+        }
+    }
+    // Most leaves first, then the lowest rack.
+    racks.sort_unstable_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+    let mut out = Vec::with_capacity(members);
+    let mut rest = &racks[..];
+    while out.len() < members {
+        let need = members - out.len();
+        // The best-fitting rack that holds the rest (racks are sorted by
+        // size, descending: the last that is large enough).
+        if let Some(fit) = rest.iter().rposition(|(_, v)| v.len() >= need) {
+            let mut leaves = rest[fit].1.clone();
+            leaves.sort_unstable();
+            out.extend(leaves.into_iter().take(need).map(|(_, l)| l));
+            break;
+        }
+        let Some(((_, largest), others)) = rest.split_first() else {
+            break;
+        };
+        out.extend(largest.iter().map(|&(_, l)| l));
+        rest = others;
+    }
+    out
 }
 
 /// Where and when a waiting gang will start: the earliest time at which
@@ -156,10 +200,16 @@ mod tests {
         let got = find_gang_in(&t, 2, Align::Llc, Policy::Spread, room).unwrap();
         assert_eq!(got, vec![8, 9]);
         assert_eq!(find_gang_in(&t, 5, Align::Llc, Policy::Spread, room), None);
-        // Zone 0 has 7 nodes with room; the members go to the fullest:
-        // nodes 4 and 5 (room 6 and 7 left), then 0, 1, 2 (8 each, lowest).
+        // Zone 0 has 7 nodes with room, 4 in rack 0 and 3 in rack 1: no
+        // rack holds 5, so the members span two racks: all of rack 0,
+        // then the fullest node of rack 1 (node 4, room 6 left).
         let got = find_gang_in(&t, 5, Align::Numa, Policy::Spread, room).unwrap();
-        assert_eq!(got, vec![0, 1, 2, 4, 5]);
+        assert_eq!(got, vec![0, 1, 2, 3, 4]);
+        // Within the whole cluster, 2 members fit in one rack: the
+        // best-fitting one (rack 2, 2 nodes with room), not the fullest
+        // nodes of the cluster (8 and 9 are also those; 3 members: rack 1).
+        let got = find_gang_in(&t, 3, Align::Any, Policy::Spread, room).unwrap();
+        assert_eq!(got, vec![4, 5, 6], "one rack, the best fit");
     }
 
     #[test]

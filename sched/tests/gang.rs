@@ -82,6 +82,8 @@ fn case() -> impl Strategy<Value = (usize, usize, usize, Vec<Option<u32>>, usize
 fn gang_is_placed_whole_in_one_domain_iff_one_has_room() {
     let placed = Cell::new(0);
     let waited = Cell::new(0);
+    let spread_one_rack = Cell::new(0);
+    let spread_racks = Cell::new(0);
     let mut runner = TestRunner::new(Config::with_cases(2000));
     runner
         .run(&case(), |(s, level, members, room, pol)| {
@@ -133,13 +135,55 @@ fn gang_is_placed_whole_in_one_domain_iff_one_has_room() {
                         Policy::Spread => {
                             let fewest = feasible.iter().map(|&f| with_room[f].len()).min();
                             prop_assert_eq!(Some(with_room[d].len()), fewest, "best-fit domain");
-                            let mut rooms: Vec<u32> =
-                                with_room[d].iter().filter_map(|&l| room[l]).collect();
-                            rooms.sort_unstable();
-                            let mut chosen: Vec<u32> =
-                                leaves.iter().filter_map(|&l| room[l]).collect();
-                            chosen.sort_unstable();
-                            prop_assert_eq!(chosen, rooms[..members].to_vec(), "best-fit nodes");
+                            // Racks of the domain by nodes with room; the
+                            // fewest racks that can hold the gang: the
+                            // largest counts first.
+                            let mut per_rack: Vec<(usize, Vec<usize>)> = Vec::new();
+                            for &l in &with_room[d] {
+                                let r = shape.domain(Align::Llc, l);
+                                match per_rack.iter_mut().find(|(x, _)| *x == r) {
+                                    Some((_, v)) => v.push(l),
+                                    None => per_rack.push((r, vec![l])),
+                                }
+                            }
+                            let mut counts: Vec<usize> =
+                                per_rack.iter().map(|(_, v)| v.len()).collect();
+                            counts.sort_unstable_by(|a, b| b.cmp(a));
+                            let min_racks = (1..=counts.len())
+                                .find(|&k| counts[..k].iter().sum::<usize>() >= members)
+                                .unwrap_or(counts.len());
+                            let mut used: Vec<usize> = leaves
+                                .iter()
+                                .map(|&l| shape.domain(Align::Llc, l))
+                                .collect();
+                            used.sort_unstable();
+                            used.dedup();
+                            prop_assert_eq!(used.len(), min_racks, "fewest racks");
+                            if min_racks == 1 {
+                                spread_one_rack.set(spread_one_rack.get() + 1);
+                                // The best-fitting rack, and its fullest nodes.
+                                let best = per_rack
+                                    .iter()
+                                    .filter(|(_, v)| v.len() >= members)
+                                    .map(|(_, v)| v.len())
+                                    .min();
+                                let (_, nodes) =
+                                    per_rack.iter().find(|(r, _)| *r == used[0]).unwrap();
+                                prop_assert_eq!(Some(nodes.len()), best, "best-fit rack");
+                                let mut rooms: Vec<u32> =
+                                    nodes.iter().filter_map(|&l| room[l]).collect();
+                                rooms.sort_unstable();
+                                let mut chosen: Vec<u32> =
+                                    leaves.iter().filter_map(|&l| room[l]).collect();
+                                chosen.sort_unstable();
+                                prop_assert_eq!(
+                                    chosen,
+                                    rooms[..members].to_vec(),
+                                    "best-fit nodes"
+                                );
+                            } else {
+                                spread_racks.set(spread_racks.get() + 1);
+                            }
                         }
                     }
                 }
@@ -152,6 +196,12 @@ fn gang_is_placed_whole_in_one_domain_iff_one_has_room() {
         "placed {} waited {}",
         placed.get(),
         waited.get()
+    );
+    assert!(
+        spread_one_rack.get() > 100 && spread_racks.get() > 30,
+        "spread in one rack {} over several {}",
+        spread_one_rack.get(),
+        spread_racks.get()
     );
 }
 
