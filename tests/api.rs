@@ -1125,6 +1125,7 @@ async fn nodes_row(url: &str, name: &str) -> Result<Vec<String>> {
             "T/C",
             "CPUS",
             "GPUS",
+            "GANGS",
             "BUSY",
             "FREE:CORE",
             "LLC",
@@ -1169,12 +1170,12 @@ async fn dispatchctl_cancel_nodes_node_admin_top() -> Result<()> {
     // nodes: the topology counts and the free CPUs per level, once the
     // agents have reported their load.
     let idle_big = [
-        "big", "ready", "z1", "r1", "2", "4", "8", "16", "2", "32", "-", "0", "2", "4", "8", "16",
-        "32", "0", "0",
+        "big", "ready", "z1", "r1", "2", "4", "8", "16", "2", "32", "-", "-", "0", "2", "4", "8",
+        "16", "32", "0", "0",
     ];
     let idle_small = [
-        "small", "ready", "z2", "r9", "1", "1", "1", "2", "1", "2", "-", "0", "1", "2", "2", "2",
-        "2", "0", "0",
+        "small", "ready", "z2", "r9", "1", "1", "1", "2", "1", "2", "-", "-", "0", "1", "2", "2",
+        "2", "2", "0", "0",
     ];
     for want in [&idle_big[..], &idle_small[..]] {
         eventually(T, &format!("nodes row {want:?}"), || async move {
@@ -1222,7 +1223,7 @@ async fn dispatchctl_cancel_nodes_node_admin_top() -> Result<()> {
     // While it runs, `nodes` shows its 4 CPUs taken from one LLC.
     eventually(T, "busy CPUs in nodes", || async {
         let row = nodes_row(url, "big").await.ok()?;
-        (row[11..17] == ["4", "2", "4", "8", "16", "28"] && row[17] == "1").then_some(())
+        (row[12..18] == ["4", "2", "4", "8", "16", "28"] && row[18] == "1").then_some(())
     })
     .await?;
     let (code, out, err) = ctl(url, &["cancel", &id]).await?;
