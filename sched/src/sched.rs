@@ -247,10 +247,20 @@ impl Sched {
             || config.steal_cross_llc != self.config.steal_cross_llc
             || llc != self.steal_llc_allowed
             || cross != self.steal_cross_allowed;
+        // Domains matter to scheduling only while one of their switches is
+        // (or was) on: otherwise a change of steal gating alone must not
+        // run scheduling passes (they would steal) as it never did.
+        let domains_active = config.domain_reservation
+            || config.domain_fifo
+            || self.config.domain_reservation
+            || self.config.domain_fifo;
         self.config = config;
         self.steal_llc_allowed = llc;
         self.steal_cross_allowed = cross;
-        if backfill_changed || domains_changed {
+        if domains_changed && !domains_active {
+            self.rebuild_domains();
+        }
+        if backfill_changed || (domains_changed && domains_active) {
             self.rebuild_domains();
             let now = self.last_now;
             for leaf in 0..self.rqs.len() {
