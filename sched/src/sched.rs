@@ -257,11 +257,10 @@ impl Sched {
         self.config = config;
         self.steal_llc_allowed = llc;
         self.steal_cross_allowed = cross;
-        if domains_changed && !domains_active {
+        if backfill_changed || domains_changed {
             self.rebuild_domains();
         }
         if backfill_changed || (domains_changed && domains_active) {
-            self.rebuild_domains();
             let now = self.last_now;
             for leaf in 0..self.rqs.len() {
                 self.rq_changed(leaf, now);
