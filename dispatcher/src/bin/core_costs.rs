@@ -120,23 +120,10 @@ fn idle_load(cpus: &[u32]) -> NodeLoad {
             })
             .collect(),
         avg_idle_ns: 500_000,
-        schedstats: [
-            "sis_easy",
-            "sis_core",
-            "sis_cpu",
-            "sis_none",
-            "steal",
-            "steal_fail",
-            "steal_smt",
-            "steal_cross_llc",
-            "busy_skip",
-            "nr_preemptions",
-            "nr_migrations",
-            "latency_picks",
-        ]
-        .into_iter()
-        .map(|k| (k.to_string(), 0))
-        .collect(),
+        schedstats: dispatch_telemetry::schedstat_fields(&sched::Schedstats::default())
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
         ..Default::default()
     }
 }

@@ -457,23 +457,10 @@ impl FakeAgent {
             running_jobs: self.running.len() as u32,
             waiting_jobs: waiting,
             // The real agent's schedstat names, so reports have its size.
-            schedstats: [
-                "sis_easy",
-                "sis_core",
-                "sis_cpu",
-                "sis_none",
-                "steal",
-                "steal_fail",
-                "steal_smt",
-                "steal_cross_llc",
-                "busy_skip",
-                "nr_preemptions",
-                "nr_migrations",
-                "latency_picks",
-            ]
-            .into_iter()
-            .map(|k| (k.to_string(), 0))
-            .collect(),
+            schedstats: dispatch_telemetry::schedstat_fields(&sched::Schedstats::default())
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
         }
     }
 
