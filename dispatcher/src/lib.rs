@@ -12,7 +12,8 @@
 //!   off the core and applied by it in batches.
 //! - [`core`]: the thread that owns the cluster and the store; it reports
 //!   to the [`observe::Observers`] it is built with ([`metrics`], [`web`],
-//!   [`telemetry`]).
+//!   [`telemetry`]). [`offcore`]: the one-slot hand-off by which the web
+//!   snapshot and the metrics sample are finished off the core.
 
 pub mod auth;
 pub mod beats;
@@ -23,6 +24,7 @@ pub mod ha;
 pub mod limits;
 pub mod metrics;
 pub mod observe;
+pub mod offcore;
 pub mod server;
 pub mod spec;
 pub mod store;

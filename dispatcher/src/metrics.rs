@@ -3,10 +3,13 @@
 //! Off by default: `dispatcher --http-listen ADDR` (or its older name
 //! `--metrics-listen`) builds the core with [`Metrics`] as an
 //! [`Observer`] and serves `GET /metrics` beside the web page
-//! ([`crate::web::router`]). The core thread samples the cluster into the
-//! registry on every tick and records placements as they happen; every
-//! metric is an atomic, so a scrape never blocks the core and the core
-//! never waits on a scrape.
+//! ([`crate::web::router`]). On every tick the core copies what the
+//! cluster-sampled series need ([`Metrics::copy`]: plain numbers, names in
+//! one buffer) and hands the copy to the `dispatch-metrics` thread
+//! ([`crate::offcore::Handoff`]), which sets the series (thousands of
+//! label lookups at 10,000 nodes) off the core; placements are recorded
+//! as they happen. Every metric is an atomic, so a scrape never blocks
+//! the core and the core never waits on a scrape.
 //!
 //! | name | type | labels |
 //! |---|---|---|
@@ -32,7 +35,8 @@
 //! process did.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use dispatch_telemetry::{EngineCounters, Family, add_families};
 use prometheus::proto::MetricType;
@@ -43,25 +47,88 @@ use proto::v1::{JobEvent, JobState};
 
 use crate::cluster::{Cluster, Move, MoveKind};
 use crate::observe::Observer;
+use crate::offcore::Handoff;
 
 /// The dispatcher's metrics.
 pub struct Metrics {
     /// The registry served on /metrics.
     pub registry: Registry,
-    jobs: IntGaugeVec,
-    nodes: IntGaugeVec,
     placement_seconds: Histogram,
     placements: IntCounter,
+    leader: IntGauge,
+    /// The cluster-sampled series, shared with the sampler thread.
+    sampled: Arc<Sampled>,
+    /// Copies of the cluster on their way to the `dispatch-metrics`
+    /// thread.
+    sampler: Handoff<SampleCopy>,
+    families: Vec<Family>,
+}
+
+/// The series sampled from the cluster and their bookkeeping: set by the
+/// `dispatch-metrics` thread from the core's [`SampleCopy`]s (or at once
+/// by [`Metrics::sample`]).
+struct Sampled {
+    jobs: IntGaugeVec,
+    nodes: IntGaugeVec,
     overload: IntGaugeVec,
     utilization: GaugeVec,
     heartbeat_lag: GaugeVec,
-    leader: IntGauge,
     engine: EngineCounters,
+    /// Bumped (under `seen`'s lock) when the replica steps down: a copy
+    /// of the previous term is not applied.
+    term: AtomicU64,
     /// Series set at the last sample, to drop those that went away.
     seen: Mutex<Seen>,
     /// Jobs by (state, class), kept from events between full recounts.
     counts: Mutex<JobCounts>,
-    families: Vec<Family>,
+}
+
+/// One node as the core copies it for a metrics sample: numbers and
+/// ranges into [`SampleCopy::text`].
+struct NodeSample {
+    name: (u32, u32),
+    zone: (u32, u32),
+    rack: (u32, u32),
+    state: &'static str,
+    busy: u32,
+    cpus: u32,
+    connected: bool,
+    last_heartbeat_ms: i64,
+}
+
+/// What the core copies out of the cluster for one metrics sample (plain
+/// numbers, names end to end in one buffer): the series themselves are
+/// set off the core.
+pub struct SampleCopy {
+    term: u64,
+    now_ms: i64,
+    text: String,
+    nodes: Vec<NodeSample>,
+    /// Each rack of the node-level engine (`zone/rack` in `text`) and the
+    /// weight of its overload mask.
+    overload: Vec<((u32, u32), i64)>,
+    stats: Option<sched::Schedstats>,
+}
+
+impl SampleCopy {
+    fn push_text(&mut self, s: &str) -> (u32, u32) {
+        let start = self.text.len() as u32;
+        self.text.push_str(s);
+        (start, self.text.len() as u32)
+    }
+
+    fn text(&self, r: (u32, u32)) -> &str {
+        &self.text[r.0 as usize..r.1 as usize]
+    }
+
+    /// Nodes copied.
+    pub fn nodes(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Jobs are counted from the batch's events; a full recount (O(jobs), on
@@ -166,19 +233,25 @@ impl Metrics {
         add_families(&mut families, &leader, MetricType::GAUGE);
         families.extend(engine.families());
         Self::zero_series(&jobs, &nodes);
-        Ok(Self {
-            registry,
+        let sampled = Arc::new(Sampled {
             jobs,
             nodes,
-            placement_seconds,
-            placements,
             overload,
             utilization,
             heartbeat_lag,
-            leader,
             engine,
+            term: AtomicU64::new(0),
             seen: Mutex::new(Seen::default()),
             counts: Mutex::new(JobCounts::default()),
+        });
+        let on_sampler = sampled.clone();
+        Ok(Self {
+            registry,
+            placement_seconds,
+            placements,
+            leader,
+            sampled,
+            sampler: Handoff::new("dispatch-metrics", move |copy| on_sampler.apply(copy)),
             families,
         })
     }
@@ -209,19 +282,23 @@ impl Metrics {
     /// and every cluster-sampled gauge is dropped, so a follower exports
     /// nothing stale; the job counts are recounted in the next term).
     pub fn set_leader(&self, leading: bool) {
+        let s = &self.sampled;
         if leading {
-            Self::zero_series(&self.jobs, &self.nodes);
+            Self::zero_series(&s.jobs, &s.nodes);
             self.leader.set(1);
             return;
         }
         self.leader.set(0);
-        self.jobs.reset();
-        self.nodes.reset();
-        self.overload.reset();
-        self.utilization.reset();
-        self.heartbeat_lag.reset();
-        *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = Seen::default();
-        *self.counts.lock().unwrap_or_else(|e| e.into_inner()) = JobCounts::default();
+        let mut seen = lock(&s.seen);
+        s.term.fetch_add(1, Ordering::AcqRel);
+        s.jobs.reset();
+        s.nodes.reset();
+        s.overload.reset();
+        s.utilization.reset();
+        s.heartbeat_lag.reset();
+        *seen = Seen::default();
+        drop(seen);
+        *lock(&s.counts) = JobCounts::default();
     }
 
     /// Name, help and type of every counter and gauge family (registered
@@ -240,7 +317,7 @@ impl Metrics {
 
     /// Job events of a committed batch.
     pub fn observe_events(&self, events: &[JobEvent]) {
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts = lock(&self.sampled.counts);
         for ev in events {
             if let Some(job) = &ev.job {
                 let class = class_of(job);
@@ -264,7 +341,7 @@ impl Metrics {
     /// Jobs by (state, class), as counted at the last sample and from the
     /// events since; class is `latency` (latency_nice < 0) or `normal`.
     pub fn job_counts(&self) -> Vec<(JobState, &'static str, i64)> {
-        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let counts = lock(&self.sampled.counts);
         let mut out: Vec<(JobState, &'static str, i64)> = counts
             .by
             .iter()
@@ -274,10 +351,23 @@ impl Metrics {
         out
     }
 
-    /// Sample the cluster (the core calls this on its tick).
+    /// Sample the cluster now, on the calling thread (the core's tick
+    /// hands [`Metrics::copy`] to the sampler thread instead).
     pub fn sample(&self, cluster: &Cluster, now_ms: i64) {
-        // Jobs by state and class.
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        self.sampled.apply(self.copy(cluster, now_ms));
+    }
+
+    /// Wait until every copy handed to the sampler thread is applied
+    /// (tests).
+    pub fn wait_sampled(&self) {
+        self.sampler.wait_done();
+    }
+
+    /// The core's part of a sample: recount the jobs when due (O(jobs), at
+    /// most every [`RECOUNT_MS`]) and copy what the series need out of
+    /// the cluster, O(nodes x CPUs per node) plain copies.
+    pub fn copy(&self, cluster: &Cluster, now_ms: i64) -> SampleCopy {
+        let mut counts = lock(&self.sampled.counts);
         if counts
             .last_full_ms
             .is_none_or(|t| now_ms - t >= RECOUNT_MS || now_ms < t)
@@ -288,7 +378,70 @@ impl Metrics {
             }
             counts.last_full_ms = Some(now_ms);
         }
-        let jobs = &counts.by;
+        drop(counts);
+        let nr = cluster.nodes().size_hint().0;
+        let mut c = SampleCopy {
+            term: self.sampled.term.load(Ordering::Acquire),
+            now_ms,
+            text: String::with_capacity(nr * 24),
+            nodes: Vec::with_capacity(nr),
+            overload: Vec::new(),
+            stats: None,
+        };
+        for n in cluster.nodes() {
+            let node = NodeSample {
+                name: c.push_text(&n.name),
+                zone: c.push_text(&n.zone),
+                rack: c.push_text(&n.rack),
+                state: node_state(n),
+                busy: n.cpu_busy.iter().filter(|&&b| b).count() as u32,
+                cpus: n.cpu_busy.len() as u32,
+                connected: n.connected,
+                last_heartbeat_ms: n.last_heartbeat_ms,
+            };
+            c.nodes.push(node);
+        }
+        // Overload-mask weight per rack: a rack is an LLC of the
+        // node-level engine; the cluster maps each node to its leaf.
+        if let Some(engine) = cluster.engine() {
+            let topo = engine.topology();
+            let mut named = vec![false; topo.llcs().len()];
+            for n in cluster.nodes() {
+                let Some(leaf) = cluster
+                    .engine_leaf(&n.name)
+                    .filter(|&l| l < topo.nr_leaves())
+                else {
+                    continue;
+                };
+                let i = topo.llc_of(leaf);
+                if std::mem::replace(&mut named[i], true) {
+                    continue;
+                }
+                let start = c.text.len() as u32;
+                c.text.push_str(&n.zone);
+                c.text.push('/');
+                c.text.push_str(&n.rack);
+                let label = (start, c.text.len() as u32);
+                c.overload
+                    .push((label, engine.overload_masks().weight(i) as i64));
+            }
+            c.stats = Some(*engine.stats());
+        }
+        c
+    }
+}
+
+impl Sampled {
+    /// Set the series from a copy (the sampler thread, or
+    /// [`Metrics::sample`]), unless the replica stepped down since it was
+    /// taken.
+    fn apply(&self, c: SampleCopy) {
+        let mut seen = lock(&self.seen);
+        if self.term.load(Ordering::Acquire) != c.term {
+            return;
+        }
+        // Jobs by state and class.
+        let jobs = lock(&self.counts).by.clone();
         for class in ["latency", "normal"] {
             for s in 1..=16 {
                 let Ok(state) = JobState::try_from(s) else {
@@ -300,7 +453,6 @@ impl Metrics {
                     .set(n.max(0));
             }
         }
-        drop(counts);
         // Nodes, utilization and heartbeat lag.
         let mut states: BTreeMap<&'static str, i64> = [
             ("ready", 0),
@@ -315,28 +467,27 @@ impl Metrics {
         // zone and cluster sums and the label strings are made per rack,
         // not per node.
         let mut per_rack: BTreeMap<(&str, &str), (usize, usize)> = BTreeMap::new();
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.samples += 1;
         let sample = seen.samples;
-        for n in cluster.nodes() {
-            *states.entry(node_state(n)).or_default() += 1;
-            let busy = n.cpu_busy.iter().filter(|&&b| b).count();
+        for n in &c.nodes {
+            *states.entry(n.state).or_default() += 1;
             let e = per_rack
-                .entry((n.zone.as_str(), n.rack.as_str()))
+                .entry((c.text(n.zone), c.text(n.rack)))
                 .or_default();
-            e.0 += busy;
-            e.1 += n.cpu_busy.len();
+            e.0 += n.busy as usize;
+            e.1 += n.cpus as usize;
             if n.connected {
-                let lag = (now_ms - n.last_heartbeat_ms).max(0) as f64 / 1000.0;
-                match seen.nodes.get_mut(n.name.as_str()) {
+                let lag = (c.now_ms - n.last_heartbeat_ms).max(0) as f64 / 1000.0;
+                let name = c.text(n.name);
+                match seen.nodes.get_mut(name) {
                     Some((gauge, at)) => {
                         gauge.set(lag);
                         *at = sample;
                     }
                     None => {
-                        let gauge = self.heartbeat_lag.with_label_values(&[n.name.as_str()]);
+                        let gauge = self.heartbeat_lag.with_label_values(&[name]);
                         gauge.set(lag);
-                        seen.nodes.insert(n.name.clone(), (gauge, sample));
+                        seen.nodes.insert(name.to_string(), (gauge, sample));
                     }
                 }
             }
@@ -361,30 +512,14 @@ impl Metrics {
                 .with_label_values(&[level.as_str(), domain.as_str()])
                 .set(*busy as f64 / (*cpus).max(1) as f64);
         }
-        // Overload-mask weight per rack: a rack is an LLC of the
-        // node-level engine; the cluster maps each node to its leaf.
         let mut racks = HashSet::new();
-        if let Some(engine) = cluster.engine() {
-            let topo = engine.topology();
-            let mut named = vec![false; topo.llcs().len()];
-            for n in cluster.nodes() {
-                let Some(leaf) = cluster
-                    .engine_leaf(&n.name)
-                    .filter(|&l| l < topo.nr_leaves())
-                else {
-                    continue;
-                };
-                let i = topo.llc_of(leaf);
-                if std::mem::replace(&mut named[i], true) {
-                    continue;
-                }
-                let rack = format!("{}/{}", n.zone, n.rack);
-                self.overload
-                    .with_label_values(&[rack.as_str()])
-                    .set(engine.overload_masks().weight(i) as i64);
-                racks.insert(rack);
-            }
-            self.engine.sample(engine.stats());
+        for &(label, weight) in &c.overload {
+            let rack = c.text(label);
+            self.overload.with_label_values(&[rack]).set(weight);
+            racks.insert(rack.to_string());
+        }
+        if let Some(stats) = &c.stats {
+            self.engine.sample(stats);
         }
         // Forget series of racks, domains and nodes that went away.
         for r in &seen.racks {
@@ -407,7 +542,7 @@ impl Metrics {
             kept
         });
         // (Sets: at 10,000 nodes a list's `contains` per node was
-        // quadratic, about 10^8 comparisons per tick on the core.)
+        // quadratic, about 10^8 comparisons per tick.)
         seen.racks = racks;
         seen.domains = util.into_keys().collect();
     }
@@ -425,7 +560,7 @@ impl Observer for Metrics {
     }
 
     fn tick(&self, cluster: &Cluster, now_ms: i64) {
-        self.sample(cluster, now_ms);
+        self.sampler.hand(self.copy(cluster, now_ms));
     }
 
     fn committed(&self, events: &[JobEvent]) {
@@ -449,10 +584,11 @@ mod tests {
     fn a_follower_exports_no_cluster_gauges() {
         let m = Metrics::new().unwrap();
         m.set_leader(true);
-        m.utilization
+        m.sampled
+            .utilization
             .with_label_values(&["cluster", "all"])
             .set(0.5);
-        m.heartbeat_lag.with_label_values(&["n1"]).set(1.0);
+        m.sampled.heartbeat_lag.with_label_values(&["n1"]).set(1.0);
         m.placements.inc();
         let text = scrape(&m);
         assert!(text.contains("dispatch_leader 1"), "{text}");
@@ -518,5 +654,51 @@ mod tests {
         );
         assert!(!text.contains("node=\"b\""), "{text}");
         assert!(text.contains("domain=\"z1/r2\""), "{text}");
+    }
+
+    /// The core's tick only copies; the series are set on the
+    /// `dispatch-metrics` thread, and a copy taken before the replica
+    /// stepped down is never applied (no stale series on a follower).
+    #[test]
+    fn the_tick_samples_off_the_core_and_a_stale_copy_is_dropped() {
+        use crate::cluster::tests::register_node;
+        use crate::cluster::{ClusterConfig, Effects};
+        let m = Metrics::new().unwrap();
+        m.set_leader(true);
+        let mut c = Cluster::new(ClusterConfig::default());
+        let mut fx = Effects::default();
+        register_node(&mut c, "a", "1s:2c:1t", ("z1", "r1"), 1_000, &mut fx);
+        c.settle(1_000, &mut fx);
+        Observer::tick(&m, &c, 3_000);
+        m.wait_sampled();
+        let text = scrape(&m);
+        assert!(
+            text.contains("dispatch_agent_heartbeat_lag_seconds{node=\"a\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("dispatch_nodes{state=\"ready\"} 1"), "{text}");
+        assert!(
+            text.contains("dispatch_utilization{domain=\"z1/r1\",level=\"rack\"} 0"),
+            "{text}"
+        );
+        // A copy of the old term, applied after stepping down, sets nothing.
+        let stale = m.copy(&c, 4_000);
+        m.set_leader(false);
+        m.sampled.apply(stale);
+        let text = scrape(&m);
+        assert!(
+            !text.contains("dispatch_agent_heartbeat_lag_seconds{"),
+            "{text}"
+        );
+        assert!(!text.contains("dispatch_nodes{"), "{text}");
+        // The next term's copies apply again.
+        m.set_leader(true);
+        Observer::tick(&m, &c, 5_000);
+        m.wait_sampled();
+        assert!(
+            scrape(&m).contains("dispatch_agent_heartbeat_lag_seconds{node=\"a\"} 4"),
+            "{}",
+            scrape(&m)
+        );
     }
 }

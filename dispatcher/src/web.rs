@@ -38,7 +38,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -52,6 +52,7 @@ use crate::cluster::{Cluster, Move};
 use crate::gate::{Gate, Role};
 use crate::metrics::{Metrics, node_state};
 use crate::observe::Observer;
+use crate::offcore::Handoff;
 
 /// The page, embedded in the binary.
 pub const PAGE: &str = include_str!("web/page.html");
@@ -631,78 +632,58 @@ pub fn build(
     assemble(capture(cluster, job_counts.to_vec(), now_ms))
 }
 
-/// What the core and the web's builder thread share.
+/// The published snapshot and its term, shared with the builder thread.
 #[derive(Default)]
-struct Shared {
+struct Published {
     current: Mutex<Arc<Snapshot>>,
-    /// Bumped by [`Web::clear`]: a capture of an earlier term is dropped.
+    /// Bumped by [`Web::clear`] under `current`'s lock: a capture of an
+    /// earlier term is dropped.
     term: AtomicU64,
-    slot: Mutex<Slot>,
-    changed: Condvar,
-}
-
-/// The latest capture waiting for the builder (a newer one replaces it).
-#[derive(Default)]
-struct Slot {
-    next: Option<(u64, Capture)>,
-    /// Captures handed over, and of those assembled (or dropped).
-    captured: u64,
-    built: u64,
-    stop: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl Shared {
-    /// The builder thread: assemble each capture off the core and publish
-    /// it unless the replica stepped down since.
-    fn build_loop(&self) {
-        loop {
-            let (term, capture, number) = {
-                let mut slot = lock(&self.slot);
-                loop {
-                    if slot.stop {
-                        return;
-                    }
-                    if let Some((term, capture)) = slot.next.take() {
-                        break (term, capture, slot.captured);
-                    }
-                    slot = self.changed.wait(slot).unwrap_or_else(|e| e.into_inner());
-                }
-            };
-            let snap = Arc::new(assemble(capture));
-            if self.term.load(Ordering::Acquire) == term {
-                *lock(&self.current) = snap;
-            }
-            lock(&self.slot).built = number;
-            self.changed.notify_all();
+impl Published {
+    /// The builder thread's work: assemble a capture off the core and
+    /// publish it unless the replica stepped down since it was taken.
+    fn assemble_and_publish(&self, term: u64, capture: Capture) {
+        let snap = Arc::new(assemble(capture));
+        // The term is read under the lock `clear` bumps it under: a
+        // snapshot of the previous term never replaces the cleared one.
+        let mut current = lock(&self.current);
+        if self.term.load(Ordering::Acquire) == term {
+            *current = snap;
         }
     }
 }
 
 /// The published snapshot and what the handlers need.
 pub struct Web {
-    shared: Arc<Shared>,
+    published: Arc<Published>,
+    /// Captures on their way to the `dispatch-web` builder thread.
+    builder: Handoff<(u64, Capture)>,
     last_built_ms: AtomicI64,
     metrics: Arc<Metrics>,
     /// This replica's role (unset: a single dispatcher, always leading).
     gate: OnceLock<Gate>,
-    /// The builder thread, started with the first publish.
-    builder: OnceLock<()>,
 }
 
 impl Web {
     /// An empty snapshot until the core's first tick; job counts come from
     /// `metrics` (which the core samples on the same tick).
     pub fn new(metrics: Arc<Metrics>) -> Self {
+        let published = Arc::new(Published::default());
+        let shared = published.clone();
         Self {
-            shared: Arc::new(Shared::default()),
+            published,
+            builder: Handoff::new("dispatch-web", move |(term, capture)| {
+                shared.assemble_and_publish(term, capture)
+            }),
             last_built_ms: AtomicI64::new(i64::MIN),
             metrics,
             gate: OnceLock::new(),
-            builder: OnceLock::new(),
         }
     }
 
@@ -723,8 +704,8 @@ impl Web {
     /// has stopped): the next term starts from an empty one, and a capture
     /// of this term still being assembled is dropped.
     pub fn clear(&self) {
-        let mut current = lock(&self.shared.current);
-        self.shared.term.fetch_add(1, Ordering::AcqRel);
+        let mut current = lock(&self.published.current);
+        self.published.term.fetch_add(1, Ordering::AcqRel);
         *current = Arc::new(Snapshot::default());
         drop(current);
         self.last_built_ms.store(i64::MIN, Ordering::Relaxed);
@@ -740,50 +721,19 @@ impl Web {
             return;
         }
         self.last_built_ms.store(now_ms, Ordering::Relaxed);
-        let term = self.shared.term.load(Ordering::Acquire);
+        let term = self.published.term.load(Ordering::Acquire);
         let copy = capture(cluster, self.metrics.job_counts(), now_ms);
-        let replaced = {
-            let mut slot = lock(&self.shared.slot);
-            slot.captured += 1;
-            slot.next.replace((term, copy))
-        };
-        self.shared.changed.notify_all();
-        self.builder.get_or_init(|| {
-            let shared = self.shared.clone();
-            let started = std::thread::Builder::new()
-                .name("dispatch-web".into())
-                .spawn(move || shared.build_loop());
-            if let Err(err) = started {
-                tracing::error!(%err, "cannot start the web snapshot builder: the page stays empty");
-            }
-        });
-        // A capture the builder had not taken yet is dropped here, after
-        // the lock.
-        drop(replaced);
+        self.builder.hand((term, copy));
     }
 
     /// Wait until every capture handed over so far is assembled (tests).
     pub fn wait_built(&self) {
-        let mut slot = lock(&self.shared.slot);
-        while slot.built < slot.captured && !slot.stop {
-            slot = self
-                .shared
-                .changed
-                .wait(slot)
-                .unwrap_or_else(|e| e.into_inner());
-        }
+        self.builder.wait_done();
     }
 
     /// The last published snapshot.
     pub fn snapshot(&self) -> Arc<Snapshot> {
-        lock(&self.shared.current).clone()
-    }
-}
-
-impl Drop for Web {
-    fn drop(&mut self) {
-        lock(&self.shared.slot).stop = true;
-        self.shared.changed.notify_all();
+        lock(&self.published.current).clone()
     }
 }
 

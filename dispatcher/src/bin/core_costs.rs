@@ -262,6 +262,9 @@ fn main() -> Result<()> {
         std::hint::black_box(web::assemble(c));
     });
     let sample = best(args.runs, || metrics.sample(&cluster, now));
+    let sample_copy = best(args.runs, || {
+        std::hint::black_box(metrics.copy(&cluster, now));
+    });
 
     // A LoadReport: the old path applied each to the cluster on the core;
     // the new one compares it on its stream's reader and queues nothing
@@ -350,12 +353,14 @@ fn main() -> Result<()> {
     out.push_str(&format!(
         "\n| core work | before (ms) | after (ms) | ratio |\n|---|---:|---:|---:|\n\
          | web snapshot on the core per publish: built whole / copied ({} off the core) | {} | {} | {:.3} |\n\
-         | metrics sample per tick | | {} | |\n",
+         | metrics sample per tick: taken whole / copied (the rest off the core) | {} | {} | {:.3} |\n",
         ms(assembly),
         ms(whole),
         ms(copy),
         copy.as_secs_f64() / whole.as_secs_f64().max(1e-12),
         ms(sample),
+        ms(sample_copy),
+        sample_copy.as_secs_f64() / sample.as_secs_f64().max(1e-12),
     ));
     out.push_str(&format!(
         "\n| a LoadReport that changes nothing | before: core (us) | after: stream reader, off the core (us) |\n|---|---:|---:|\n\
