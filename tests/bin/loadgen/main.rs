@@ -344,9 +344,19 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
     let dispatcher = match &args.server {
         Some(_) => None,
         None => Some(
+            // No per-client submission limit: the load generator is one
+            // client measuring the dispatcher's own rate (the default
+            // limit, 2,000 specs/s after a burst of 20,000, would cap it).
             Dispatcher::start(
                 dir.path(),
-                &["--heartbeat-ms", &interval, "--missed-heartbeats", missed],
+                &[
+                    "--heartbeat-ms",
+                    &interval,
+                    "--missed-heartbeats",
+                    missed,
+                    "--submit-rate",
+                    "0",
+                ],
             )
             .context("starting the dispatcher")?,
         ),
