@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
 use dispatcher::beats::{Beats, Reporter};
+use dispatcher::cluster::load::PackedLoad;
 use dispatcher::cluster::{Cluster, ClusterConfig, Effects};
 use dispatcher::metrics::Metrics;
 use dispatcher::web;
@@ -439,8 +440,12 @@ fn main() -> Result<()> {
     let node = cluster
         .node("lg-00000")
         .map_err(|s| anyhow::anyhow!("{s}"))?;
-    let (_t, topo_bytes) = held(|| node.topology.clone());
-    let (_l, load_bytes) = held(|| node.load.clone());
+    // What a node would hold alone, and what it holds: its topology is
+    // shared per shape, its last load packed.
+    let (_t, topo_bytes) = held(|| proto::v1::Topology::clone(&node.topology));
+    let (_s, topo_shared) = held(|| node.topology.clone());
+    let (_l, load_bytes) = held(|| node.load.to_proto());
+    let (_p, load_packed) = held(|| PackedLoad::new(&node.load.to_proto()));
     let (_b, labels_bytes) = held(|| node.labels.clone());
     let node_struct = std::mem::size_of::<dispatcher::cluster::NodeInfo>();
 
@@ -567,8 +572,8 @@ fn main() -> Result<()> {
     );
     out.push_str("\n| one part, on a copy | heap bytes | inline bytes |\n|---|---:|---:|\n");
     out.push_str(&format!(
-        "| a node's topology as reported (proto) | {topo_bytes} | |\n\
-         | a node's last LoadReport | {load_bytes} | |\n\
+        "| a node's topology as reported (proto): a copy / the node's share | {topo_bytes} / {topo_shared} | |\n\
+         | a node's last LoadReport: decoded / packed | {load_bytes} / {load_packed} | |\n\
          | a node's labels | {labels_bytes} | |\n\
          | NodeInfo | | {node_struct} |\n\
          | a pending job's Job record (proto, spec included) | {job_bytes} | {job_proto} |\n"
