@@ -153,6 +153,8 @@ pub struct Reporter {
     beat: Arc<Beat>,
     /// The last load handed to the core (None before the first).
     last_load: Option<PackedLoad>,
+    /// Where each report is packed to be compared with the last.
+    scratch: Vec<u8>,
 }
 
 impl Reporter {
@@ -162,6 +164,7 @@ impl Reporter {
             beats,
             beat,
             last_load: None,
+            scratch: Vec::new(),
         }
     }
 
@@ -175,15 +178,17 @@ impl Reporter {
     pub fn report(&mut self, load: NodeLoad, seq: u64, now_ms: i64) -> bool {
         self.alive(now_ms);
         self.beat.last_report_ms.fetch_max(now_ms, Ordering::AcqRel);
-        let load = PackedLoad::new(&load);
-        let changed = self.last_load.as_ref() != Some(&load);
+        let changed = match &self.last_load {
+            Some(last) => last.changed(&load, &mut self.scratch),
+            None => Some(PackedLoad::new(&load)),
+        };
         let down = self.beat.down.load(Ordering::Acquire);
-        if !changed && seq == 0 && !down {
+        if changed.is_none() && seq == 0 && !down {
             return false;
         }
         {
             let mut p = self.beat.pending.lock().unwrap_or_else(|e| e.into_inner());
-            if changed {
+            if let Some(load) = changed {
                 p.load = Some(load.clone());
                 self.last_load = Some(load);
             }

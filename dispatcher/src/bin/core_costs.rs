@@ -477,6 +477,8 @@ fn main() -> Result<()> {
         .map_err(|s| anyhow::anyhow!("{s}"))?;
     let (_j, job_bytes) = held(|| job.clone());
     let job_proto = std::mem::size_of::<proto::v1::Job>();
+    let spec_inline = std::mem::size_of::<JobSpec>();
+    let entry_inline = std::mem::size_of::<dispatcher::cluster::jobs::JobEntry>();
 
     // The core's time on its tick: the web snapshot, before and after.
     let metrics = Arc::new(Metrics::new().context("metrics")?);
@@ -576,7 +578,9 @@ fn main() -> Result<()> {
          | a node's last LoadReport: decoded / packed | {load_bytes} / {load_packed} | |\n\
          | a node's labels | {labels_bytes} | |\n\
          | NodeInfo | | {node_struct} |\n\
-         | a pending job's Job record (proto, spec included) | {job_bytes} | {job_proto} |\n"
+         | a pending job's Job record (proto, spec included) | {job_bytes} | {job_proto} |\n\
+         | of which its JobSpec (each array element has its own) | | {spec_inline} |\n\
+         | its entry in the job table (phase, task, CPUs, requeues) | | {entry_inline} |\n"
     ));
     out.push_str(&format!(
         "\n| core work | before (ms) | after (ms) | ratio |\n|---|---:|---:|---:|\n\
@@ -658,9 +662,33 @@ fn main() -> Result<()> {
                     "an attached agent counted {per_agent:.0} bytes, less than its node's {per_node:.0}"
                 );
             }
+            let (_q, queue) = held(dispatcher::outbound::channel);
+            let slot = std::mem::size_of::<dispatcher::outbound::Item>();
+            if queue as usize >= 32 * slot {
+                bail!(
+                    "an agent's outbound queue holds {queue} bytes, a block of 32 messages is {}",
+                    32 * slot
+                );
+            }
         }
         if per_node <= 0.0 || per_job <= 0.0 {
             bail!("no bytes counted: per node {per_node}, per job {per_job}");
+        }
+        // Regression bounds from this run's own figures: a node holds its
+        // topology shared and its load packed, so all of it costs less
+        // than a copy of its topology and its decoded load would (before
+        // the sharing it cost more); the stream's queue is a block of
+        // pointers, not of messages.
+        if per_node >= (topo_bytes + load_bytes) as f64 || topo_shared != 0 {
+            bail!(
+                "a node costs {per_node:.0} bytes (its topology's share {topo_shared}): not less \
+                 than a copy of its topology ({topo_bytes}) and its decoded load ({load_bytes})"
+            );
+        }
+        if load_packed * 2 > load_bytes {
+            bail!(
+                "the packed load ({load_packed}) is not under half the decoded one ({load_bytes})"
+            );
         }
         if queued != args.nodes || requeued != 0 {
             bail!(

@@ -29,15 +29,24 @@ pub struct PackedLoad(Option<Arc<Packed>>);
 
 #[derive(Debug, PartialEq, Eq)]
 struct Packed {
+    scalars: Scalars,
+    /// The CPUs, the overloaded CPUs and the schedstats, as varints.
+    lists: Box<[u8]>,
+}
+
+/// The report's numbers, and the counts the dispatcher reads.
+#[derive(Debug, PartialEq, Eq)]
+struct Scalars {
     avg_idle_ns: u64,
     free: Option<[u32; 5]>,
     running_jobs: u32,
     waiting_jobs: u32,
     busy_cpus: u32,
     overloaded_cpus: u32,
-    /// The CPUs, the overloaded CPUs and the schedstats, as varints.
-    lists: Box<[u8]>,
 }
+
+/// Known schedstat names beyond this many pack as other names.
+const MAX_KNOWN: usize = 32;
 
 /// The engine's schedstat names (what agents report), by index.
 fn known_names() -> &'static (Vec<&'static str>, HashMap<&'static str, u64>) {
@@ -104,6 +113,62 @@ impl Reader<'_> {
     }
 }
 
+/// Packs `load`'s lists into `lists` (cleared first); returns its numbers.
+fn pack(load: &NodeLoad, lists: &mut Vec<u8>) -> Scalars {
+    lists.clear();
+    put(lists, load.cpus.len() as u64);
+    let mut prev = -1i64;
+    let mut busy_cpus = 0u32;
+    for c in &load.cpus {
+        put_gap(lists, prev, c.cpu);
+        prev = i64::from(c.cpu);
+        put(lists, u64::from(c.runnable) << 1 | u64::from(c.busy));
+        busy_cpus += u32::from(c.busy);
+    }
+    put(lists, load.overloaded.len() as u64);
+    let mut prev = -1i64;
+    for &cpu in &load.overloaded {
+        put_gap(lists, prev, cpu);
+        prev = i64::from(cpu);
+    }
+    // Schedstats in one order whatever the map's: the known names by
+    // index, then the others by name.
+    let (_, index) = known_names();
+    let mut known = [None::<u64>; MAX_KNOWN];
+    let mut other: Vec<(&str, u64)> = Vec::new();
+    for (name, &v) in &load.schedstats {
+        match index.get(name.as_str()) {
+            Some(&i) if (i as usize) < MAX_KNOWN => known[i as usize] = Some(v),
+            _ => other.push((name, v)),
+        }
+    }
+    put(lists, known.iter().flatten().count() as u64);
+    for (i, v) in known.iter().enumerate() {
+        if let Some(v) = v {
+            put(lists, i as u64);
+            put(lists, *v);
+        }
+    }
+    other.sort_unstable();
+    put(lists, other.len() as u64);
+    for (name, v) in other {
+        put(lists, name.len() as u64);
+        lists.extend_from_slice(name.as_bytes());
+        put(lists, v);
+    }
+    Scalars {
+        avg_idle_ns: load.avg_idle_ns,
+        free: load
+            .free
+            .as_ref()
+            .map(|f| [f.core, f.llc, f.numa, f.package, f.any]),
+        running_jobs: load.running_jobs,
+        waiting_jobs: load.waiting_jobs,
+        busy_cpus,
+        overloaded_cpus: load.overloaded.len() as u32,
+    }
+}
+
 impl PackedLoad {
     /// `load`, packed.
     pub fn new(load: &NodeLoad) -> Self {
@@ -111,57 +176,28 @@ impl PackedLoad {
             return Self(None);
         }
         let mut lists = Vec::with_capacity(8 + load.cpus.len() * 2 + load.schedstats.len() * 3);
-        put(&mut lists, load.cpus.len() as u64);
-        let mut prev = -1i64;
-        let mut busy_cpus = 0u32;
-        for c in &load.cpus {
-            put_gap(&mut lists, prev, c.cpu);
-            prev = i64::from(c.cpu);
-            put(&mut lists, u64::from(c.runnable) << 1 | u64::from(c.busy));
-            busy_cpus += u32::from(c.busy);
-        }
-        put(&mut lists, load.overloaded.len() as u64);
-        let mut prev = -1i64;
-        for &cpu in &load.overloaded {
-            put_gap(&mut lists, prev, cpu);
-            prev = i64::from(cpu);
-        }
-        // Schedstats in one order whatever the map's: the known names by
-        // index, then the others by name.
-        let (_, index) = known_names();
-        let mut known: Vec<(u64, u64)> = Vec::with_capacity(load.schedstats.len());
-        let mut other: Vec<(&str, u64)> = Vec::new();
-        for (name, &v) in &load.schedstats {
-            match index.get(name.as_str()) {
-                Some(&i) => known.push((i, v)),
-                None => other.push((name, v)),
-            }
-        }
-        known.sort_unstable();
-        other.sort_unstable();
-        put(&mut lists, known.len() as u64);
-        for (i, v) in known {
-            put(&mut lists, i);
-            put(&mut lists, v);
-        }
-        put(&mut lists, other.len() as u64);
-        for (name, v) in other {
-            put(&mut lists, name.len() as u64);
-            lists.extend_from_slice(name.as_bytes());
-            put(&mut lists, v);
-        }
+        let scalars = pack(load, &mut lists);
         Self(Some(Arc::new(Packed {
-            avg_idle_ns: load.avg_idle_ns,
-            free: load
-                .free
-                .as_ref()
-                .map(|f| [f.core, f.llc, f.numa, f.package, f.any]),
-            running_jobs: load.running_jobs,
-            waiting_jobs: load.waiting_jobs,
-            busy_cpus,
-            overloaded_cpus: load.overloaded.len() as u32,
+            scalars,
             lists: lists.into_boxed_slice(),
         })))
+    }
+
+    /// `load` packed if it differs from this one, else None. `scratch` is
+    /// the caller's buffer, kept between calls: an unchanged report (the
+    /// common heartbeat) allocates nothing.
+    pub fn changed(&self, load: &NodeLoad, scratch: &mut Vec<u8>) -> Option<Self> {
+        let Some(p) = &self.0 else {
+            return (*load != NodeLoad::default()).then(|| Self::new(load));
+        };
+        let scalars = pack(load, scratch);
+        if scalars == p.scalars && *p.lists == scratch[..] {
+            return None;
+        }
+        Some(Self(Some(Arc::new(Packed {
+            scalars,
+            lists: scratch.as_slice().into(),
+        }))))
     }
 
     /// The load as reported.
@@ -169,7 +205,7 @@ impl PackedLoad {
         let Some(p) = &self.0 else {
             return NodeLoad::default();
         };
-        let mut r = Reader(&p.lists);
+        let (s, mut r) = (&p.scalars, Reader(&p.lists));
         let n = r.get() as usize;
         let mut cpus = Vec::with_capacity(n.min(p.lists.len()));
         let mut prev = -1i64;
@@ -208,38 +244,38 @@ impl PackedLoad {
         NodeLoad {
             cpus,
             overloaded,
-            avg_idle_ns: p.avg_idle_ns,
-            free: p.free.map(|[core, llc, numa, package, any]| FreeSummary {
+            avg_idle_ns: s.avg_idle_ns,
+            free: s.free.map(|[core, llc, numa, package, any]| FreeSummary {
                 core,
                 llc,
                 numa,
                 package,
                 any,
             }),
-            running_jobs: p.running_jobs,
-            waiting_jobs: p.waiting_jobs,
+            running_jobs: s.running_jobs,
+            waiting_jobs: s.waiting_jobs,
             schedstats,
         }
     }
 
     /// Jobs running on the node.
     pub fn running_jobs(&self) -> u32 {
-        self.0.as_ref().map_or(0, |p| p.running_jobs)
+        self.0.as_ref().map_or(0, |p| p.scalars.running_jobs)
     }
 
     /// Jobs started on the node but waiting for CPUs.
     pub fn waiting_jobs(&self) -> u32 {
-        self.0.as_ref().map_or(0, |p| p.waiting_jobs)
+        self.0.as_ref().map_or(0, |p| p.scalars.waiting_jobs)
     }
 
     /// CPUs reported busy.
     pub fn busy_cpus(&self) -> u32 {
-        self.0.as_ref().map_or(0, |p| p.busy_cpus)
+        self.0.as_ref().map_or(0, |p| p.scalars.busy_cpus)
     }
 
     /// CPUs reported overloaded.
     pub fn overloaded_cpus(&self) -> u32 {
-        self.0.as_ref().map_or(0, |p| p.overloaded_cpus)
+        self.0.as_ref().map_or(0, |p| p.scalars.overloaded_cpus)
     }
 }
 
@@ -321,9 +357,43 @@ mod tests {
         /// Two loads pack equal exactly when they are equal (a changed
         /// report is never taken for the last one).
         #[test]
-        fn packed_loads_are_equal_exactly_when_the_loads_are(a in load(), b in load(), same in any::<bool>()) {
-            let b = if same { a.clone() } else { b };
+        fn packed_loads_are_equal_exactly_when_the_loads_are(
+            a in load(),
+            b in load(),
+            how in 0u8..4,
+            stat in any::<u64>(),
+        ) {
+            // Another load, the same, or the same numbers with one list
+            // changed (a schedstat, a CPU's number).
+            let b = match how {
+                0 => b,
+                1 => a.clone(),
+                2 => {
+                    let mut b = a.clone();
+                    b.schedstats.insert("sis_easy".into(), stat);
+                    b
+                }
+                _ => {
+                    let mut b = a.clone();
+                    if let Some(c) = b.cpus.first_mut() {
+                        c.cpu = c.cpu.wrapping_add(1);
+                    }
+                    b
+                }
+            };
             prop_assert_eq!(PackedLoad::new(&a) == PackedLoad::new(&b), a == b);
+            // The reader's path: a scratch buffer reused across reports.
+            let mut scratch = vec![7; 3];
+            let last = PackedLoad::new(&a);
+            match last.changed(&b, &mut scratch) {
+                None => prop_assert_eq!(&a, &b),
+                Some(p) => {
+                    prop_assert!(a != b);
+                    prop_assert_eq!(p.to_proto(), b.clone());
+                    prop_assert_eq!(p, PackedLoad::new(&b));
+                }
+            }
+            prop_assert!(PackedLoad::default().changed(&b, &mut scratch).is_some() == (b != NodeLoad::default()));
         }
     }
 
