@@ -19,6 +19,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("dispatch_v1_descriptor.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    // prost's codec with small first buffers (src/codec.rs): an agent's
+    // stream keeps its codec buffers for the agent's life.
+    tonic_prost_build::configure()
+        .codec_path("crate::codec::SmallBuffers")
+        .compile_fds(fds)?;
     Ok(())
 }

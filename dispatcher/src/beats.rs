@@ -30,6 +30,8 @@ use std::sync::{Arc, Mutex};
 
 use proto::v1::NodeLoad;
 
+use crate::cluster::load::PackedLoad;
+
 /// The core applies queued beats at most this often (ms): a lease grant
 /// or a changed load waits at most this long plus one batch.
 pub const FLUSH_MS: u64 = 20;
@@ -37,8 +39,9 @@ pub const FLUSH_MS: u64 = 20;
 /// What a stream's reports changed since the core last looked.
 #[derive(Debug, Default)]
 pub struct Pending {
-    /// A load that differs from the last one the core was given.
-    pub load: Option<NodeLoad>,
+    /// A load that differs from the last one the core was given (shared
+    /// with the reader, which keeps it to compare the next report with).
+    pub load: Option<PackedLoad>,
     /// The `seq` of the latest report that asked for a lease (0: none).
     pub lease_seq: u64,
 }
@@ -140,14 +143,18 @@ impl Beats {
     }
 }
 
-/// The reader side of one stream: compares each report with the last
-/// one it queued, so an unchanged heartbeat touches only an atomic.
+/// The reader side of one stream: compares each report, packed, with the
+/// last one it queued, so an unchanged heartbeat touches only an atomic.
+/// The last load is kept packed and shared with the core (which keeps it
+/// as the node's last load): one copy per node.
 #[derive(Debug)]
 pub struct Reporter {
     beats: Arc<Beats>,
     beat: Arc<Beat>,
     /// The last load handed to the core (None before the first).
-    last_load: Option<NodeLoad>,
+    last_load: Option<PackedLoad>,
+    /// Where each report is packed to be compared with the last.
+    scratch: Vec<u8>,
 }
 
 impl Reporter {
@@ -157,6 +164,7 @@ impl Reporter {
             beats,
             beat,
             last_load: None,
+            scratch: Vec::new(),
         }
     }
 
@@ -170,14 +178,17 @@ impl Reporter {
     pub fn report(&mut self, load: NodeLoad, seq: u64, now_ms: i64) -> bool {
         self.alive(now_ms);
         self.beat.last_report_ms.fetch_max(now_ms, Ordering::AcqRel);
-        let changed = self.last_load.as_ref() != Some(&load);
+        let changed = match &self.last_load {
+            Some(last) => last.changed(&load, &mut self.scratch),
+            None => Some(PackedLoad::new(&load)),
+        };
         let down = self.beat.down.load(Ordering::Acquire);
-        if !changed && seq == 0 && !down {
+        if changed.is_none() && seq == 0 && !down {
             return false;
         }
         {
             let mut p = self.beat.pending.lock().unwrap_or_else(|e| e.into_inner());
-            if changed {
+            if let Some(load) = changed {
                 p.load = Some(load.clone());
                 self.last_load = Some(load);
             }
@@ -214,7 +225,10 @@ mod tests {
         assert!(!r.report(load(false), 0, 300), "queued already");
         let drained = beats.drain();
         assert_eq!(drained.len(), 1);
-        assert_eq!(drained[0].take().load, Some(load(false)));
+        assert_eq!(
+            drained[0].take().load.map(|l| l.to_proto()),
+            Some(load(false))
+        );
         assert!(!beats.pending());
         // The same load again: nothing queued, the stamps move.
         assert!(!r.report(load(false), 0, 1_300));
@@ -241,7 +255,10 @@ mod tests {
         let drained = beats.drain();
         assert_eq!(drained.len(), 1);
         let p = drained[0].take();
-        assert_eq!((p.load, p.lease_seq), (Some(load(true)), 8));
+        assert_eq!(
+            (p.load.map(|l| l.to_proto()), p.lease_seq),
+            (Some(load(true)), 8)
+        );
         // The core marked the node down: an unchanged report is queued.
         beat.set_down(true);
         assert!(r.report(load(true), 0, 5));

@@ -44,7 +44,7 @@ pub fn now_ms() -> i64 {
 }
 
 /// Outbound half of an agent's stream.
-pub type AgentTx = mpsc::UnboundedSender<Result<DispatcherMessage, Status>>;
+pub use crate::outbound::AgentTx;
 /// Outbound half of a log stream.
 pub type LogTx = mpsc::UnboundedSender<Result<LogChunk, Status>>;
 
@@ -967,7 +967,7 @@ mod tests {
             OnStoreFailure::Stop,
             observers,
         );
-        let (tx, mut agent) = mpsc::unbounded_channel();
+        let (tx, mut agent) = crate::outbound::channel();
         core.call(|reply| Command::Attach {
             register: register("n1"),
             tx,
@@ -1194,7 +1194,7 @@ mod tests {
             OnStoreFailure::Stop,
             Observers::none(),
         );
-        let (tx, mut agent) = mpsc::unbounded_channel();
+        let (tx, mut agent) = crate::outbound::channel();
         let (session, _beat) = core
             .call(|reply| Command::Attach {
                 register: register("n1"),
@@ -1329,7 +1329,7 @@ mod tests {
             OnStoreFailure::Stop,
             Observers::none(),
         );
-        let (tx, mut agent) = mpsc::unbounded_channel();
+        let (tx, mut agent) = crate::outbound::channel();
         let (_, beat) = core
             .call(|reply| Command::Attach {
                 register: register("n1"),
@@ -1421,7 +1421,7 @@ mod tests {
         let total = 2 * NODES_PER_SLICE + 7;
         let mut agents = Vec::new();
         for i in 0..total {
-            let (tx, rx) = mpsc::unbounded_channel();
+            let (tx, rx) = crate::outbound::channel();
             agents.push(rx);
             core.call(|reply| Command::Attach {
                 register: register(&format!("n{i:04}")),

@@ -9,7 +9,8 @@
 //! - [`auth`]: bearer tokens and roles; [`tls`]: server TLS, agent
 //!   certificates and the local CA.
 //! - [`beats`]: agents' liveness and LoadReports, aggregated per stream
-//!   off the core and applied by it in batches.
+//!   off the core and applied by it in batches; [`outbound`]: each
+//!   agent stream's queue of messages from the core.
 //! - [`core`]: the thread that owns the cluster and the store; it reports
 //!   to the [`observe::Observers`] it is built with ([`metrics`], [`web`],
 //!   [`telemetry`]). [`offcore`]: the one-slot hand-off by which the web
@@ -25,6 +26,7 @@ pub mod limits;
 pub mod metrics;
 pub mod observe;
 pub mod offcore;
+pub mod outbound;
 pub mod server;
 pub mod spec;
 pub mod store;

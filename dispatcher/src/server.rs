@@ -458,7 +458,7 @@ impl Agents {
             crate::tls::authorize_agent(peer_certs.as_deref().map(Vec::as_slice), &node)
                 .inspect_err(|status| tracing::warn!(%node, %status, "agent refused"))?;
         }
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = crate::outbound::channel();
         // Kept to end the stream with the reason when reading it fails.
         let failed = tx.clone();
         let (session, beat) = core
@@ -498,7 +498,7 @@ impl Agents {
             }
             core.send(Command::Detach { node, session });
         });
-        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(rx.into_stream())))
     }
 }
 

@@ -107,7 +107,8 @@ fn brute_force(c: &Cluster) -> BTreeMap<(String, String), (Totals, u32)> {
         let rq = c
             .engine_leaf(&n.name)
             .map(|leaf| c.engine().unwrap().rq(leaf));
-        let overloaded = rq.is_some_and(|rq| rq.is_overloaded()) || !n.load.overloaded.is_empty();
+        let overloaded =
+            rq.is_some_and(|rq| rq.is_overloaded()) || !n.load.to_proto().overloaded.is_empty();
         e.0.nodes += 1;
         e.0.down += u32::from(n.down || !n.connected);
         e.0.cordoned += u32::from(!n.down && n.connected && n.admin != NodeAdmin::Ready);
@@ -116,7 +117,7 @@ fn brute_force(c: &Cluster) -> BTreeMap<(String, String), (Totals, u32)> {
         e.0.free_cpus += if ready { cpus - busy } else { 0 };
         e.0.overloaded_nodes += u32::from(overloaded);
         e.0.queued_jobs += rq.map_or(0, |rq| rq.nr_waiting() as u64);
-        e.0.running_jobs += u64::from(n.load.running_jobs);
+        e.0.running_jobs += u64::from(n.load.to_proto().running_jobs);
         e.0.gpus += u64::from(n.gpus);
         e.0.free_gpus += if ready {
             u64::from(c.gpus_free(&n.name))

@@ -3,11 +3,13 @@
 //! Rust code tonic/prost generate from it, plus [`client_security`]: the
 //! clients' TLS and bearer-token setup; [`endpoints`]: finding the leading
 //! dispatcher among replicas; [`pending`]: the names of the pending
-//! reasons' kinds. It does not depend on the engine (`sched`):
+//! reasons' kinds; [`codec`]: the generated services' codec (prost's,
+//! with small first buffers). It does not depend on the engine (`sched`):
 //! conversions to and from the engine's types are `dispatch-engine-proto`'s,
 //! so clients such as `dispatchctl` never compile the engine.
 
 pub mod client_security;
+pub mod codec;
 pub mod endpoints;
 pub mod pending;
 

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use clap::Parser;
 use dispatcher::beats::{Beats, Reporter};
+use dispatcher::cluster::load::PackedLoad;
 use dispatcher::cluster::{Cluster, ClusterConfig, Effects};
 use dispatcher::metrics::Metrics;
 use dispatcher::web;
@@ -41,35 +42,72 @@ struct Counting;
 
 static IN_USE: AtomicIsize = AtomicIsize::new(0);
 
+/// Live allocations by size class: class `k` holds sizes in
+/// `(2^(k-1), 2^k]` (class 0: size 0 or 1). What a connection holds is
+/// told apart by its sizes (an 8 KiB codec buffer, a 16 KiB write buffer).
+const CLASSES: usize = 40;
+static LIVE: [AtomicIsize; CLASSES] = [const { AtomicIsize::new(0) }; CLASSES];
+static LIVE_BYTES: [AtomicIsize; CLASSES] = [const { AtomicIsize::new(0) }; CLASSES];
+
+fn class_of(size: usize) -> usize {
+    (usize::BITS - size.saturating_sub(1).leading_zeros()).min(CLASSES as u32 - 1) as usize
+}
+
+fn count(size: usize, sign: isize) {
+    IN_USE.fetch_add(sign * size as isize, Ordering::Relaxed);
+    let k = class_of(size);
+    LIVE[k].fetch_add(sign, Ordering::Relaxed);
+    LIVE_BYTES[k].fetch_add(sign * size as isize, Ordering::Relaxed);
+}
+
 // SAFETY: every call is forwarded to the system allocator unchanged; the
-// counter only observes sizes.
+// counters only observe sizes.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        IN_USE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        count(layout.size(), 1);
         // SAFETY: as the caller's contract for `System`.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        IN_USE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        count(layout.size(), -1);
         // SAFETY: as the caller's contract for `System`.
         unsafe { System.dealloc(ptr, layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        IN_USE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        count(layout.size(), 1);
         // SAFETY: as the caller's contract for `System`.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        IN_USE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
+        count(layout.size(), -1);
+        count(new_size, 1);
         // SAFETY: as the caller's contract for `System`.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
+}
+
+/// The live allocations per size class (count, bytes).
+fn live_classes() -> Vec<(isize, isize)> {
+    LIVE.iter()
+        .zip(&LIVE_BYTES)
+        .map(|(n, b)| (n.load(Ordering::Relaxed), b.load(Ordering::Relaxed)))
+        .collect()
+}
+
+/// This process's resident set (VmRSS), bytes.
+fn rss_bytes() -> Result<u64> {
+    let status =
+        std::fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|kb| kb * 1024)
+        .context("no VmRSS in /proc/self/status")
 }
 
 #[global_allocator]
@@ -101,9 +139,18 @@ struct Args {
     /// Timed runs per figure (the best is shown).
     #[arg(long, default_value_t = 5)]
     runs: usize,
+    /// Agents attached to a dispatcher server in this process over real
+    /// HTTP/2 connections (one each, from a child process), for the heap
+    /// and RSS of an attached agent's connection; 0 = skip.
+    #[arg(long, default_value_t = 1_000)]
+    connections: usize,
     /// Small sizes, and exit 1 unless the figures are consistent.
     #[arg(long)]
     check: bool,
+    /// The child of `--connections`: attach that many agents to this
+    /// dispatcher URL, print "attached", hold the streams until stdin ends.
+    #[arg(long, hide = true)]
+    attach: Option<String>,
 }
 
 const SHAPES: [&str; 4] = ["2s:16c:2t", "1s:8c:2t", "2s:8c:2t", "1s:4c:2t"];
@@ -168,22 +215,202 @@ fn us(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e6)
 }
 
-fn main() -> Result<()> {
-    let mut args = Args::parse();
-    if args.check {
-        args.nodes = args.nodes.min(400);
-        args.pending = args.pending.min(2_000);
-        args.runs = args.runs.min(2);
-    }
-    ensure!(args.nodes > 0, "--nodes: at least 1");
-    let topos: Vec<proto::v1::Topology> = SHAPES
+/// loadgen's shapes as reported topologies.
+fn shapes() -> Result<Vec<proto::v1::Topology>> {
+    SHAPES
         .iter()
         .map(|s| {
             Topology::from_spec(s)
                 .map(|t| engine_proto::topology(&t))
                 .map_err(|e| anyhow::anyhow!("{s}: {e}"))
         })
-        .collect::<Result<_>>()?;
+        .collect()
+}
+
+/// The child process of `--connections`: `n` agents, each on its own
+/// HTTP/2 connection as real agents are, register (loadgen's shapes and
+/// labels) and send one idle LoadReport; "attached" is printed once every
+/// one was answered Registered, and the streams stay open until stdin
+/// ends.
+fn attach_agents(url: &str, n: usize) -> Result<()> {
+    use proto::v1::agent_service_client::AgentServiceClient;
+    use proto::v1::{AgentMessage, LoadReport, agent_message, dispatcher_message};
+    use tokio_stream::wrappers::UnboundedReceiverStream;
+
+    let topos = shapes()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the agents' runtime")?;
+    let held = rt.block_on(async {
+        let gate = Arc::new(tokio::sync::Semaphore::new(64));
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..n {
+            let gate = gate.clone();
+            let url = url.to_string();
+            let register = register_msg(i, &topos[i % topos.len()]);
+            let load = idle_load(&topos[i % topos.len()].cpus);
+            tasks.spawn(async move {
+                let _permit = gate.acquire().await?;
+                let channel = tonic::transport::Endpoint::from_shared(url)?
+                    .tcp_nodelay(true)
+                    .connect()
+                    .await
+                    .context("connecting")?;
+                let mut client = AgentServiceClient::new(channel.clone());
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let _ = tx.send(AgentMessage {
+                    msg: Some(agent_message::Msg::Register(register)),
+                });
+                let _ = tx.send(AgentMessage {
+                    msg: Some(agent_message::Msg::Load(LoadReport {
+                        load: Some(load),
+                        seq: 0,
+                    })),
+                });
+                let mut inbound = client
+                    .attach(UnboundedReceiverStream::new(rx))
+                    .await
+                    .context("attaching")?
+                    .into_inner();
+                match inbound.message().await?.and_then(|m| m.msg) {
+                    Some(dispatcher_message::Msg::Registered(_)) => {}
+                    other => bail!("agent {i}: not Registered but {other:?}"),
+                }
+                anyhow::Ok((channel, tx, inbound))
+            });
+        }
+        let mut held = Vec::with_capacity(n);
+        while let Some(r) = tasks.join_next().await {
+            held.push(r.context("an agent's task")??);
+        }
+        anyhow::Ok(held)
+    })?;
+    println!("attached {}", held.len());
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).unwrap_or(0) > 0 {
+        line.clear();
+    }
+    drop(held);
+    Ok(())
+}
+
+/// What `n` attached agents cost the dispatcher's process.
+struct ConnCosts {
+    n: usize,
+    heap: isize,
+    rss: i64,
+    /// Live allocations per size class gained (count, bytes).
+    classes: Vec<(isize, isize)>,
+}
+
+/// A dispatcher in this process (its core, the gRPC server on a loopback
+/// port, the embedded store in a temporary directory) and `n` agents
+/// attached from a child process: the heap and RSS this process gained.
+fn connection_costs(n: usize) -> Result<ConnCosts> {
+    use dispatcher::core::{Command, OnStoreFailure};
+    use dispatcher::gate::Gate;
+    use dispatcher::observe::Observers;
+    use dispatcher::store::embedded::EmbeddedStore;
+    use std::io::BufRead;
+
+    let dir = std::env::temp_dir().join(format!("core_costs-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let result = (|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("starting the server's runtime")?;
+        let store = EmbeddedStore::open(&dir).context("opening the store")?;
+        // Heartbeats are not what is measured: no node goes DOWN meanwhile.
+        let cfg = ClusterConfig {
+            heartbeat_interval_ms: 600_000,
+            ..ClusterConfig::default()
+        };
+        let (core, thread) = dispatcher::core::spawn(
+            Cluster::new(cfg),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            Observers::none(),
+        );
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .context("binding a loopback port")?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = rt.spawn(dispatcher::server::serve(
+            Gate::always(core.clone()),
+            listener,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        std::thread::sleep(Duration::from_millis(200));
+        let (heap0, rss0, classes0) = (in_use(), rss_bytes()?, live_classes());
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .args(["--attach", &url, "--connections", &n.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("starting the agents' process")?;
+        let mut line = String::new();
+        let stdout = child.stdout.take().context("the child's stdout")?;
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        ensure!(
+            line.trim() == format!("attached {n}"),
+            "the agents' process said {line:?}"
+        );
+        // Registered answers follow the commit; the first LoadReports
+        // reach the core as beats within a flush.
+        std::thread::sleep(Duration::from_millis(500));
+        let nodes = rt.block_on(core.call(|reply| Command::Nodes { reply }));
+        let loaded = nodes
+            .map_err(|s| anyhow::anyhow!("{s}"))?
+            .iter()
+            .filter(|n| n.load.as_ref().is_some_and(|l| !l.cpus.is_empty()))
+            .count();
+        ensure!(loaded == n, "{loaded} of {n} nodes have their LoadReport");
+        std::thread::sleep(Duration::from_millis(100));
+        let (heap1, rss1, classes1) = (in_use(), rss_bytes()?, live_classes());
+        drop(child.stdin.take());
+        let _ = child.wait();
+        let _ = stop.send(());
+        core.send(Command::Shutdown);
+        drop(core);
+        let _ = rt.block_on(server);
+        let _ = thread.join();
+        Ok(ConnCosts {
+            n,
+            heap: heap1 - heap0,
+            rss: rss1 as i64 - rss0 as i64,
+            classes: classes1
+                .iter()
+                .zip(&classes0)
+                .map(|(a, b)| (a.0 - b.0, a.1 - b.1))
+                .collect(),
+        })
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn main() -> Result<()> {
+    let mut args = Args::parse();
+    if let Some(url) = &args.attach {
+        return attach_agents(url, args.connections);
+    }
+    if args.check {
+        args.nodes = args.nodes.min(400);
+        args.pending = args.pending.min(2_000);
+        args.runs = args.runs.min(2);
+        args.connections = args.connections.min(200);
+    }
+    ensure!(args.nodes > 0, "--nodes: at least 1");
+    let topos = shapes()?;
     let mut fx = Effects::default();
     let (mut cluster, empty) = held(|| Cluster::new(ClusterConfig::default()));
     let base = in_use();
@@ -213,8 +440,12 @@ fn main() -> Result<()> {
     let node = cluster
         .node("lg-00000")
         .map_err(|s| anyhow::anyhow!("{s}"))?;
-    let (_t, topo_bytes) = held(|| node.topology.clone());
-    let (_l, load_bytes) = held(|| node.load.clone());
+    // What a node would hold alone, and what it holds: its topology is
+    // shared per shape, its last load packed.
+    let (_t, topo_bytes) = held(|| proto::v1::Topology::clone(&node.topology));
+    let (_s, topo_shared) = held(|| node.topology.clone());
+    let (_l, load_bytes) = held(|| node.load.to_proto());
+    let (_p, load_packed) = held(|| PackedLoad::new(&node.load.to_proto()));
     let (_b, labels_bytes) = held(|| node.labels.clone());
     let node_struct = std::mem::size_of::<dispatcher::cluster::NodeInfo>();
 
@@ -246,6 +477,8 @@ fn main() -> Result<()> {
         .map_err(|s| anyhow::anyhow!("{s}"))?;
     let (_j, job_bytes) = held(|| job.clone());
     let job_proto = std::mem::size_of::<proto::v1::Job>();
+    let spec_inline = std::mem::size_of::<JobSpec>();
+    let entry_inline = std::mem::size_of::<dispatcher::cluster::jobs::JobEntry>();
 
     // The core's time on its tick: the web snapshot, before and after.
     let metrics = Arc::new(Metrics::new().context("metrics")?);
@@ -344,11 +577,13 @@ fn main() -> Result<()> {
     );
     out.push_str("\n| one part, on a copy | heap bytes | inline bytes |\n|---|---:|---:|\n");
     out.push_str(&format!(
-        "| a node's topology as reported (proto) | {topo_bytes} | |\n\
-         | a node's last LoadReport | {load_bytes} | |\n\
+        "| a node's topology as reported (proto): a copy / the node's share | {topo_bytes} / {topo_shared} | |\n\
+         | a node's last LoadReport: decoded / packed | {load_bytes} / {load_packed} | |\n\
          | a node's labels | {labels_bytes} | |\n\
          | NodeInfo | | {node_struct} |\n\
-         | a pending job's Job record (proto, spec included) | {job_bytes} | {job_proto} |\n"
+         | a pending job's Job record (proto, spec included) | {job_bytes} | {job_proto} |\n\
+         | of which its JobSpec (each array element has its own) | | {spec_inline} |\n\
+         | its entry in the job table (phase, task, CPUs, requeues) | | {entry_inline} |\n"
     ));
     out.push_str(&format!(
         "\n| core work | before (ms) | after (ms) | ratio |\n|---|---:|---:|---:|\n\
@@ -369,10 +604,96 @@ fn main() -> Result<()> {
         us(old_path),
         us(new_path),
     ));
+    let conn = if args.connections > 0 {
+        Some(connection_costs(args.connections)?)
+    } else {
+        None
+    };
+    if let Some(c) = &conn {
+        let k = c.n as f64;
+        let per_agent = c.heap as f64 / k;
+        // Our parts of a stream, on copies: its outbound queue (the
+        // channel's first block is allocated with it) and its beat with
+        // the reader's last load, after the core took the first report.
+        let (_q, queue_bytes) = held(dispatcher::outbound::channel);
+        let (_b, beat_bytes) = held(|| {
+            let beats = Arc::new(Beats::default());
+            let mut r = Reporter::new(beats.clone(), beats.beat("lg-00000".into(), 1, now));
+            r.report(loads[0].clone(), 0, now);
+            for b in beats.drain() {
+                drop(b.take());
+            }
+            r
+        });
+        out.push_str(&format!(
+            "\n| {} agents attached over their own HTTP/2 connections (a server in this process) | heap bytes per agent |\n|---|---:|\n\
+             | all of an attached agent (this process's heap) | {per_agent:.0} |\n\
+             | of which its node in the cluster (\"all of a node\" above) | {per_node:.0} |\n\
+             | the rest: its connection, stream, tasks and queues | {:.0} |\n\
+             | of which ours: the stream's outbound queue, on a copy | {queue_bytes} |\n\
+             | of which ours: the stream's beat and its reader's last load, on a copy | {beat_bytes} |\n\
+             | RSS per agent (VmRSS growth / agents) | {:.0} |\n",
+            c.n,
+            per_agent - per_node,
+            c.rss as f64 / k,
+        ));
+        out.push_str(
+            "\n| live allocations gained, by size (bytes) | allocations per agent | bytes per agent |\n|---|---:|---:|\n",
+        );
+        for (class, &(count, bytes)) in c.classes.iter().enumerate() {
+            if (count as f64 / k).abs() < 0.05 && (bytes as f64 / k).abs() < 32.0 {
+                continue;
+            }
+            let lo = if class == 0 {
+                0
+            } else {
+                (1usize << (class - 1)) + 1
+            };
+            out.push_str(&format!(
+                "| {lo}-{} | {:.2} | {:.0} |\n",
+                1usize << class,
+                count as f64 / k,
+                bytes as f64 / k
+            ));
+        }
+    }
     print!("{out}");
     if args.check {
+        if let Some(c) = &conn {
+            let per_agent = c.heap as f64 / c.n as f64;
+            // The server holds the node's cluster record and more.
+            if per_agent < per_node {
+                bail!(
+                    "an attached agent counted {per_agent:.0} bytes, less than its node's {per_node:.0}"
+                );
+            }
+            let (_q, queue) = held(dispatcher::outbound::channel);
+            let slot = std::mem::size_of::<dispatcher::outbound::Item>();
+            if queue as usize >= 32 * slot {
+                bail!(
+                    "an agent's outbound queue holds {queue} bytes, a block of 32 messages is {}",
+                    32 * slot
+                );
+            }
+        }
         if per_node <= 0.0 || per_job <= 0.0 {
             bail!("no bytes counted: per node {per_node}, per job {per_job}");
+        }
+        // Regression bounds from this run's own figures: a node holds its
+        // topology shared and its load packed, so all of it costs less
+        // than a copy of its topology and its decoded load would (before
+        // the sharing it cost more); the stream's queue is a block of
+        // pointers, not of messages.
+        if per_node >= (topo_bytes + load_bytes) as f64 || topo_shared != 0 {
+            bail!(
+                "a node costs {per_node:.0} bytes (its topology's share {topo_shared}): not less \
+                 than a copy of its topology ({topo_bytes}) and its decoded load ({load_bytes})"
+            );
+        }
+        if load_packed * 2 > load_bytes {
+            bail!(
+                "the packed load ({load_packed}) is not under half the decoded one ({load_bytes})"
+            );
         }
         if queued != args.nodes || requeued != 0 {
             bail!(

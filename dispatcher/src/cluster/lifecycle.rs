@@ -11,15 +11,14 @@
 
 use std::sync::Arc;
 
-use proto::v1::{
-    Assign, DispatcherMessage, Job, JobSpec, JobState, JobStatus, NodeLoad, dispatcher_message,
-};
+use proto::v1::{Assign, DispatcherMessage, Job, JobSpec, JobState, JobStatus, dispatcher_message};
 use sched::wake::OuterWaker;
 use sched::{LeafId, LeafSet, TaskId, TaskSpec, TaskState};
 use tonic::Status;
 
 use super::engine::engine_ns;
 use super::jobs::{End, JobEntry, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
+use super::load::PackedLoad;
 use super::nodes::NodeInfo;
 use super::steal::{Move, MoveKind};
 use super::wakers::WakerKey;
@@ -509,10 +508,16 @@ impl Cluster {
     /// stayed open (it stalled, then recovered) is back: its jobs were
     /// already retried or lost, and anything it still runs from before is
     /// cancelled when it reports it.
-    pub fn load_report(&mut self, node: &str, load: NodeLoad, now: i64, fx: &mut Effects) {
+    pub fn load_report(
+        &mut self,
+        node: &str,
+        load: impl Into<PackedLoad>,
+        now: i64,
+        fx: &mut Effects,
+    ) {
         let mut revived = false;
         if let Some(n) = self.nodes.get_mut(node) {
-            n.load = load;
+            n.load = load.into();
             n.last_heartbeat_ms = now;
             if n.down && n.connected {
                 n.down = false;

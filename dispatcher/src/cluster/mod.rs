@@ -33,9 +33,11 @@ pub mod gang;
 mod gpus;
 pub mod jobs;
 mod lifecycle;
+pub mod load;
 pub mod nodes;
 pub mod pending;
 mod reconcile;
+pub mod shapes;
 pub mod steal;
 pub mod wakers;
 

@@ -13,11 +13,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use proto::v1::{JobSpec, NodeLoad, NodeState};
+use proto::v1::{JobSpec, NodeState};
 use sched::alloc::{align_groups, find_aligned_in, free_summary_of};
 use sched::{Align, FreeSummary, LeafId, Topology};
 use tonic::Status;
 
+use super::load::PackedLoad;
+use super::shapes::Shapes;
 use crate::spec::{align_of, policy_of};
 use crate::store::NodeAdmin;
 
@@ -36,8 +38,9 @@ pub struct NodeInfo {
     pub hostgroup: String,
     /// Region.
     pub region: String,
-    /// The topology as reported.
-    pub topology: proto::v1::Topology,
+    /// The topology as reported (shared by nodes that report the same
+    /// one: [`Shapes`]).
+    pub topology: Arc<proto::v1::Topology>,
     /// The same, as an engine tree over CPU numbers (for alignment).
     pub cpu_topo: Arc<Topology>,
     /// The dispatcher's model of which CPUs its jobs hold (by dense CPU).
@@ -55,8 +58,8 @@ pub struct NodeInfo {
     pub gpus: u32,
     /// Runnable jobs per CPU the agent accepts (1 = no oversubscription).
     pub oversubscribe: u32,
-    /// The last load report.
-    pub load: NodeLoad,
+    /// The last load report, packed ([`PackedLoad`]).
+    pub load: PackedLoad,
     /// Administrative state.
     pub admin: NodeAdmin,
     /// The agent's stream is open.
@@ -180,8 +183,8 @@ impl NodeInfo {
         proto::v1::Node {
             name: self.name.clone(),
             labels: self.labels.clone(),
-            topology: Some(topo.clone()),
-            load: Some(self.load.clone()),
+            topology: Some(proto::v1::Topology::clone(topo)),
+            load: Some(self.load.to_proto()),
             state: self.state() as i32,
             last_heartbeat_ms: self.last_heartbeat_ms,
             sockets: topo.package.len() as u32,
@@ -271,6 +274,8 @@ pub struct Nodes {
     /// a tree no node holds any more is dropped when another is added
     /// ([`Nodes::cpu_tree`]).
     topo_cache: HashMap<Vec<u8>, Arc<Topology>>,
+    /// The reported topologies, one copy per distinct shape.
+    pub(super) shapes: Shapes,
 }
 
 impl Nodes {
@@ -402,7 +407,7 @@ mod tests {
                 rack: String::new(),
                 hostgroup: String::new(),
                 region: String::new(),
-                topology: proto::v1::Topology::default(),
+                topology: Default::default(),
                 cpu_busy: vec![false; n],
                 idle: IdleCounts::new(&topo, |_| true),
                 cpu_topo: topo.clone(),
@@ -410,7 +415,7 @@ mod tests {
                 devices: Vec::new(),
                 gpus: 0,
                 oversubscribe: 1,
-                load: NodeLoad::default(),
+                load: Default::default(),
                 admin: NodeAdmin::Ready,
                 connected: true,
                 down: false,

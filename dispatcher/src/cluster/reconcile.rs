@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use proto::v1::{JobState, NodeLoad, Register};
+use proto::v1::{JobState, Register};
 use sched::{LeafId, TaskState};
 use tonic::Status;
 
@@ -50,6 +50,7 @@ impl Cluster {
             .nodes
             .cpu_tree(&topology)
             .map_err(|e| Status::invalid_argument(format!("register.{e}")))?;
+        let topology = self.nodes.shapes.intern(topology);
         let label = |labels: &HashMap<String, String>, k: &str, default: &str| {
             labels
                 .get(k)
@@ -64,7 +65,7 @@ impl Cluster {
             None => true,
             Some(old) => {
                 old.oversubscribe != reg.oversubscribe.max(1)
-                    || old.topology != topology
+                    || *old.topology != *topology
                     || old.zone != zone
                     || old.rack != rack
                     || old.hostgroup != hostgroup
@@ -89,7 +90,7 @@ impl Cluster {
             gpus: super::nodes::count_gpus(&reg.devices),
             devices: reg.devices.clone(),
             oversubscribe: reg.oversubscribe.max(1),
-            load: NodeLoad::default(),
+            load: Default::default(),
             admin: self.nodes.admin_of(&reg.node),
             connected: true,
             down: false,
