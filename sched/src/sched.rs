@@ -1123,7 +1123,10 @@ impl Sched {
         if !self.config.backfill || rq.tasks_timeline.is_empty() {
             return t.demand <= rq.room(t.align);
         }
-        if !self.protected(leaf) {
+        // Every answer below needs room now: a task that cannot start
+        // here now is refused before the reservation is computed (a
+        // steal search asks this of every waiting task it visits).
+        if !rq.can_start(t.demand, t.align) || !self.protected(leaf) {
             return rq.can_start(t.demand, t.align);
         }
         match self.reservation(leaf, now) {
