@@ -13,6 +13,10 @@
 //! the same of its leaves), and every transition of a leaf to idle clears
 //! the flags above it synchronously. Hence a search may skip a busy domain
 //! without ever missing an idle leaf; a busy root means "queue, don't scan".
+//!
+//! [`NohzMask`]: which leaves tick at all. An empty idle leaf's tick does
+//! nothing, so it is stopped (NO_HZ idle) and a cluster tick visits only
+//! leaves with work.
 
 use crate::topology::{LeafId, NodeId, Topology};
 
@@ -110,6 +114,73 @@ impl BusyFlags {
     }
 }
 
+/// The leaves whose tick runs (NO_HZ idle): every leaf except those that
+/// are empty (nothing running or waiting) and idle (room for a newcomer).
+/// For such a leaf [`crate::Sched::tick`] does nothing: no running task
+/// to account, no slice to end, and a leaf that is not busy sets no busy
+/// flag. The kernel stops the tick of an idle CPU the same way
+/// (`tick_nohz_idle_stop_tick`); here the mask follows every queue change
+/// (`Sched::rq_changed`), so no tick polls an idle leaf to learn that it
+/// is idle, and a cluster tick costs O(leaves with work), not O(leaves).
+///
+/// A leaf of capacity 0 with nothing on it is not idle (no room): it keeps
+/// ticking, because its tick counts it busy for its domains' flags.
+#[derive(Clone, Debug)]
+pub struct NohzMask {
+    words: Vec<u64>,
+    nr_ticking: usize,
+}
+
+impl NohzMask {
+    /// No leaf ticks.
+    pub fn new(nr_leaves: usize) -> Self {
+        Self {
+            words: vec![0; nr_leaves.div_ceil(64)],
+            nr_ticking: 0,
+        }
+    }
+
+    /// Record whether `leaf`'s tick runs.
+    pub fn set(&mut self, leaf: LeafId, ticking: bool) {
+        let (w, b) = (leaf / 64, 1u64 << (leaf % 64));
+        let was = self.words[w] & b != 0;
+        if was != ticking {
+            self.words[w] ^= b;
+            if ticking {
+                self.nr_ticking += 1;
+            } else {
+                self.nr_ticking -= 1;
+            }
+        }
+    }
+
+    /// True when `leaf`'s tick runs.
+    pub fn is_ticking(&self, leaf: LeafId) -> bool {
+        self.words
+            .get(leaf / 64)
+            .is_some_and(|w| w & (1u64 << (leaf % 64)) != 0)
+    }
+
+    /// How many leaves tick.
+    pub fn nr_ticking(&self) -> usize {
+        self.nr_ticking
+    }
+
+    /// The first ticking leaf `>= from`, read from the mask as it is now
+    /// (a caller that changes the mask between calls sees the change).
+    pub fn next_ticking(&self, from: LeafId) -> Option<LeafId> {
+        let mut w = from / 64;
+        let mut word = self.words.get(w)? & (!0u64 << (from % 64));
+        loop {
+            if word != 0 {
+                return Some(w * 64 + word.trailing_zeros() as usize);
+            }
+            w += 1;
+            word = *self.words.get(w)?;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -156,6 +227,34 @@ mod tests {
     }
 
     proptest! {
+        /// `next_ticking` walks exactly the set leaves, in order, and the
+        /// count follows; checked against a plain `Vec<bool>`.
+        #[test]
+        fn nohz_mask_walks_the_set_leaves(
+            n in 1usize..300,
+            ops in prop::collection::vec((0usize..300, any::<bool>()), 0..200),
+        ) {
+            let mut mask = NohzMask::new(n);
+            let mut oracle = vec![false; n];
+            for (leaf, on) in ops {
+                let leaf = leaf % n;
+                mask.set(leaf, on);
+                oracle[leaf] = on;
+            }
+            let mut walked = Vec::new();
+            let mut next = mask.next_ticking(0);
+            while let Some(l) = next {
+                walked.push(l);
+                next = mask.next_ticking(l + 1);
+            }
+            let want: Vec<usize> = (0..n).filter(|&l| oracle[l]).collect();
+            prop_assert_eq!(&walked, &want);
+            prop_assert_eq!(mask.nr_ticking(), want.len());
+            for (l, &on) in oracle.iter().enumerate() {
+                prop_assert_eq!(mask.is_ticking(l), on);
+            }
+        }
+
         /// Counting busy children gives the same flags as visiting them,
         /// after any sequence of leaf changes and ticks.
         #[test]

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::alloc::{Align, FreeSummary};
-use crate::busy::BusyFlags;
+use crate::busy::{BusyFlags, NohzMask};
 use crate::config::{NodeLimitScope, SchedConfig};
 use crate::idhash::IdMap;
 use crate::overload::OverloadMasks;
@@ -152,6 +152,9 @@ pub struct Sched {
     pub(crate) tasks: IdMap<TaskId, Task>,
     pub(crate) overload: OverloadMasks,
     pub(crate) busy: BusyFlags,
+    /// The leaves whose tick runs (not empty-and-idle), kept by
+    /// `refresh_leaf`: [`Sched::tick_all`] visits only these.
+    nohz: NohzMask,
     pub(crate) agg: Vec<NodeAgg>,
     /// Per domain: how many children hold each maximum of its aggregate
     /// (`max_room` by level, then `max_free`), so that a child that held a
@@ -193,6 +196,7 @@ impl Sched {
         let mut s = Self {
             overload: OverloadMasks::new(&topo),
             busy: BusyFlags::new(&topo),
+            nohz: NohzMask::new(n),
             agg: vec![NodeAgg::default(); topo.nodes().len()],
             // All aggregates start at 0: every child holds every maximum.
             agg_holders: (0..topo.nodes().len())
@@ -218,6 +222,8 @@ impl Sched {
                 s.rqs[leaf].idle_stamp = Some(0);
             }
             s.busy.set_leaf(&s.topo, leaf, !idle);
+            let ticking = !idle || !s.rqs[leaf].is_empty();
+            s.nohz.set(leaf, ticking);
         }
         s
     }
@@ -299,6 +305,12 @@ impl Sched {
     /// The busy flags.
     pub fn busy_flags(&self) -> &BusyFlags {
         &self.busy
+    }
+
+    /// The leaves whose tick runs (NO_HZ idle: all but the empty idle
+    /// ones).
+    pub fn nohz_mask(&self) -> &NohzMask {
+        &self.nohz
     }
 
     /// Aggregates of a tree node.
@@ -519,6 +531,23 @@ impl Sched {
         }
         let rqs = &self.rqs;
         self.busy.tick(&self.topo, leaf, |l| !rqs[l].is_idle());
+    }
+
+    /// The periodic tick of the whole topology: [`Sched::tick`] of every
+    /// leaf in leaf order, except the leaves whose tick is stopped
+    /// ([`NohzMask`]: empty and idle, where the tick does nothing). The
+    /// same state as ticking every leaf, at O(leaves with work) instead of
+    /// O(leaves): a 100,000-node cluster with 3% of its nodes busy ticks
+    /// 3,000 leaves. The mask is read as it changes, so a leaf that gains
+    /// work during the pass (a preemption on an earlier leaf stole into
+    /// it) is still ticked when the pass reaches it, as the full loop
+    /// would.
+    pub fn tick_all(&mut self, now: u64) {
+        let mut next = self.nohz.next_ticking(0);
+        while let Some(leaf) = next {
+            self.tick(leaf, now);
+            next = self.nohz.next_ticking(leaf + 1);
+        }
     }
 
     // ----- the fair class -----
@@ -1094,7 +1123,10 @@ impl Sched {
         if !self.config.backfill || rq.tasks_timeline.is_empty() {
             return t.demand <= rq.room(t.align);
         }
-        if !self.protected(leaf) {
+        // Every answer below needs room now: a task that cannot start
+        // here now is refused before the reservation is computed (a
+        // steal search asks this of every waiting task it visits).
+        if !rq.can_start(t.demand, t.align) || !self.protected(leaf) {
             return rq.can_start(t.demand, t.align);
         }
         match self.reservation(leaf, now) {
@@ -1180,8 +1212,11 @@ impl Sched {
         } else {
             rq.idle_stamp = None;
         }
+        let ticking = !idle || !rq.is_empty();
         // Idle: the flags above are cleared at once (`mark_idle`).
         self.busy.set_leaf(&self.topo, leaf, !idle);
+        // Empty and idle: its tick stops (NO_HZ idle); work restarts it.
+        self.nohz.set(leaf, ticking);
         self.refresh_aggregates(leaf);
     }
 

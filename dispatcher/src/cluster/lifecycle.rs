@@ -802,9 +802,8 @@ impl Cluster {
             }
         }
         if let Some(engine) = self.engine.sched_mut() {
-            for leaf in 0..engine.topology().nr_leaves() {
-                engine.tick(leaf, engine_ns(now));
-            }
+            // NO_HZ idle: nodes with nothing on them do not tick.
+            engine.tick_all(engine_ns(now));
         }
         self.process_events(now, fx);
         // The periodic balance: work a missed newidle moment left waiting.
