@@ -129,6 +129,22 @@ pub struct SchedConfig {
     /// job split over several nodes' queues waits for the slowest of
     /// them. Off by default.
     pub domain_fifo: bool,
+    /// With `domain_fifo`: the domain's queue is served shortest remaining
+    /// time limit first (latency class first; ties, and tasks without a
+    /// limit, by wait): shortest-job-first backfilling (SJBF: Srinivasan
+    /// et al., "Characterization of backfilling strategies for parallel
+    /// job scheduling", 2002; the backfill order of Tsafrir, Etsion and
+    /// Feitelson's EASY++, 2007). The reservation is unchanged: the head
+    /// that has waited longest keeps it (`domain_reservation`) and its
+    /// node holds room for it, so no task starves: a long task passed
+    /// over by shorter ones starts no later than its reservation once it
+    /// is the oldest head of its domain. Unlike EASY++, the protected
+    /// head does not jump the order on other nodes where it fits: that
+    /// variant lost most of the gain and was worse on the mixed workload
+    /// (docs/BENCHMARKS.md, "Placement quality (issue 13, fourth pass)").
+    /// Off: longest wait first, as EASY's queue in arrival order. Off by
+    /// default.
+    pub shortest_limit_first: bool,
 }
 
 impl Default for SchedConfig {
@@ -156,6 +172,7 @@ impl Default for SchedConfig {
             latency_pull: false,
             domain_reservation: false,
             domain_fifo: false,
+            shortest_limit_first: false,
         }
     }
 }

@@ -83,13 +83,17 @@ pub fn find_gang_in(
 /// the best-fitting rack (the fewest leaves with room that still hold it),
 /// on its leaves with the least room left (best fit). `fitting` holds at
 /// least `members` (room, leaf) pairs.
-fn fewest_racks(topo: &Topology, fitting: Vec<(u32, LeafId)>, members: usize) -> Vec<LeafId> {
+///
+/// Cost: O(n log n) in the `n` pairs (grouped by sorting, not by a scan
+/// of the racks seen so far per leaf).
+fn fewest_racks(topo: &Topology, mut fitting: Vec<(u32, LeafId)>, members: usize) -> Vec<LeafId> {
+    fitting.sort_unstable_by_key(|&(room, leaf)| (topo.llc_of(leaf), room, leaf));
     let mut racks: Vec<(usize, Vec<(u32, LeafId)>)> = Vec::new();
     for (room, leaf) in fitting {
         let rack = topo.llc_of(leaf);
-        match racks.iter_mut().find(|(r, _)| *r == rack) {
-            Some((_, v)) => v.push((room, leaf)),
-            None => racks.push((rack, vec![(room, leaf)])),
+        match racks.last_mut() {
+            Some((r, v)) if *r == rack => v.push((room, leaf)),
+            _ => racks.push((rack, vec![(room, leaf)])),
         }
     }
     // Most leaves first, then the lowest rack.
@@ -128,8 +132,12 @@ pub struct GangReservation {
 
 /// The reservation of a gang of `members` at level `within`: for each
 /// domain, the time its `members`-th ready leaf is ready; the earliest
-/// such domain (lowest-ranked on ties) and its `members` earliest leaves
-/// (lowest on ties). `ready_at(leaf)` is when a member could start on the
+/// such domain and, among its leaves ready by then, `members` on the
+/// fewest racks ([`fewest_racks`]: the start is the same whichever of
+/// them are taken, so the gang is made as compact as Slurm's
+/// topology/tree would make it at that time; within the rack that
+/// completes it, the earliest-ready leaves). On equal starts, the domain
+/// whose choice spans fewer racks, then the lowest-ranked. `ready_at(leaf)` is when a member could start on the
 /// leaf (now, or when enough of its running work ends by its time limits);
 /// `None` when it never can (too small, or work without a limit).
 ///
@@ -144,7 +152,7 @@ pub fn gang_reservation_in(
     if members == 0 {
         return None;
     }
-    let mut best: Option<GangReservation> = None;
+    let mut best: Option<(GangReservation, usize)> = None;
     for group in align_groups(topo, within) {
         let mut ready: Vec<(u64, LeafId)> = group
             .iter()
@@ -155,13 +163,36 @@ pub fn gang_reservation_in(
         }
         ready.sort_unstable();
         let start = ready[members - 1].0;
-        if best.as_ref().is_none_or(|b| start < b.start) {
-            let mut leaves: Vec<LeafId> = ready[..members].iter().map(|&(_, l)| l).collect();
-            leaves.sort_unstable();
-            best = Some(GangReservation { start, leaves });
+        if best.as_ref().is_some_and(|(b, _)| start > b.start) {
+            continue;
+        }
+        // Every leaf ready by `start` may take a member without moving
+        // it; "room" is the rank by ready time (earliest first in a rack).
+        let by_start: Vec<(u32, LeafId)> = ready
+            .iter()
+            .take_while(|&&(t, _)| t <= start)
+            .enumerate()
+            .map(|(i, &(_, l))| (u32::try_from(i).unwrap_or(u32::MAX), l))
+            .collect();
+        let mut leaves = fewest_racks(topo, by_start, members);
+        leaves.sort_unstable();
+        let racks = nr_racks(topo, &leaves);
+        if best
+            .as_ref()
+            .is_none_or(|(b, r)| (start, racks) < (b.start, *r))
+        {
+            best = Some((GangReservation { start, leaves }, racks));
         }
     }
-    best
+    best.map(|(r, _)| r)
+}
+
+/// How many distinct racks (LLC domains) `leaves` span.
+fn nr_racks(topo: &Topology, leaves: &[LeafId]) -> usize {
+    let mut racks: Vec<usize> = leaves.iter().map(|&l| topo.llc_of(l)).collect();
+    racks.sort_unstable();
+    racks.dedup();
+    racks.len()
 }
 
 /// The level a gang is placed at after waiting `waited_us`: a `required`

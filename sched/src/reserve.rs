@@ -33,9 +33,12 @@ use crate::task::{Task, TaskId};
 use crate::topology::{LeafId, Topology};
 
 /// A waiting task's place in its domain's queue: (not latency class,
-/// queued_at, enqueue sequence, task): the latency class first, as in
-/// the latency timeline (seed 004), then the longest wait.
-pub(crate) type WaitKey = (bool, u64, u64, TaskId);
+/// remaining time limit, queued_at, enqueue sequence, task): the latency
+/// class first, as in the latency timeline (seed 004), then, with
+/// [`crate::SchedConfig::shortest_limit_first`], the shortest remaining
+/// limit (0 for every task without it; `u64::MAX` for a task without a
+/// limit), then the longest wait.
+pub(crate) type WaitKey = (bool, u64, u64, u64, TaskId);
 
 /// A head's place in its domain: (queued_at, enqueue sequence, leaf).
 pub(crate) type HeadKey = (u64, u64, LeafId);
@@ -49,6 +52,9 @@ pub(crate) struct DomainHeads {
     pub(crate) fifo: bool,
     /// Latency-nice on: the latency class goes first in the queue.
     latency: bool,
+    /// Shortest remaining time limit first after the protected head
+    /// (`fifo` and [`crate::SchedConfig::shortest_limit_first`] set).
+    shortest: bool,
     /// Per domain, its waiting tasks by demand, oldest first (kept only
     /// with `fifo`).
     waiting: Vec<BTreeMap<u32, BTreeSet<WaitKey>>>,
@@ -102,6 +108,7 @@ impl DomainHeads {
             on,
             fifo,
             latency: config.latency,
+            shortest: fifo && config.shortest_limit_first,
             waiting: if fifo {
                 vec![BTreeMap::new(); next]
             } else {
@@ -119,9 +126,18 @@ impl DomainHeads {
         self.heads[self.dom_of[leaf]].first().map(|k| k.2)
     }
 
+    /// `t`'s key in its domain's queue. Stable while it waits: its
+    /// executed time changes only while it runs.
     fn wait_key(&self, t: &Task) -> WaitKey {
+        let remaining = if self.shortest {
+            t.time_limit
+                .map_or(u64::MAX, |l| l.saturating_sub(t.sum_exec_runtime))
+        } else {
+            0
+        };
         (
             !t.latency_class(self.latency),
+            remaining,
             t.queued_at,
             t.enqueue_seq,
             t.id,
@@ -207,8 +223,9 @@ impl Sched {
     }
 
     /// `fifo_pull` ([`crate::SchedConfig::domain_fifo`]): while `dst` has
-    /// spare capacity, start the task that has waited longest in its
-    /// domain among those that can start on `dst` now (its own, or one
+    /// spare capacity, start the first task of its domain's queue (the
+    /// longest wait, or with `shortest_limit_first` the shortest remaining
+    /// limit) among those that can start on `dst` now (its own, or one
     /// waiting on another leaf of the domain, which moves as a steal does;
     /// with backfill, without delaying `dst`'s protected head). Returns
     /// the number of tasks started.
@@ -237,20 +254,27 @@ impl Sched {
         started
     }
 
-    /// The oldest task waiting in `dst`'s domain that can start on `dst`
-    /// now, and the leaf it waits on.
+    /// The first task in the queue order of `dst`'s domain that can start
+    /// on `dst` now, and the leaf it waits on. The domain's protected head
+    /// takes its turn in that order like any task; its reservation is
+    /// what bounds its wait (its own leaf holds room for it).
     fn oldest_fitting(&self, dst: LeafId, now: u64) -> Option<(TaskId, LeafId)> {
         let rq = &self.rqs[dst];
         let free = rq.free();
-        // `dst`'s own head holds room only while it is blocked: a head that
-        // can start now takes its turn in the domain's age order.
+        // In age order, `dst`'s own head holds room only while it is
+        // blocked: a head that can start now takes its turn in the domain's
+        // age order. Shortest first, a protected head that can start now
+        // still holds its room: a shorter task taking it would move its
+        // reservation later (EASY starts the head before it backfills).
         let res = if rq.tasks_timeline.is_empty() || !self.protected(dst) {
             None
         } else {
             self.reservation(dst, now).filter(|r| {
-                self.tasks
-                    .get(&r.task)
-                    .is_some_and(|h| !rq.can_start(h.demand, h.align))
+                self.domains.shortest
+                    || self
+                        .tasks
+                        .get(&r.task)
+                        .is_some_and(|h| !rq.can_start(h.demand, h.align))
             })
         };
         let mut best: Option<(WaitKey, LeafId)> = None;
@@ -262,7 +286,7 @@ impl Sched {
                 if best.is_some_and(|(b, _)| key >= b) {
                     break;
                 }
-                let Some(t) = self.tasks.get(&key.3) else {
+                let Some(t) = self.tasks.get(&key.4) else {
                     continue;
                 };
                 let crate::task::TaskState::Queued(src) = t.state else {
@@ -279,7 +303,7 @@ impl Sched {
                 }
             }
         }
-        best.map(|((_, _, _, p), src)| (p, src))
+        best.map(|((_, _, _, _, p), src)| (p, src))
     }
 
     /// Rebuild the domains after a configuration change (every leaf's

@@ -248,6 +248,7 @@ impl Sched {
         let backfill_changed = config.backfill != self.config.backfill;
         let domains_changed = config.domain_reservation != self.config.domain_reservation
             || config.domain_fifo != self.config.domain_fifo
+            || config.shortest_limit_first != self.config.shortest_limit_first
             || config.latency != self.config.latency
             || config.steal != self.config.steal
             || config.steal_cross_llc != self.config.steal_cross_llc

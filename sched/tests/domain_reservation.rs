@@ -4,7 +4,9 @@
 //! two domains of two) with tasks (random demand, time limit or none)
 //! arriving on random leaves, finishing at or before their limits, time
 //! passing, and the idle-balance pass after every call, with and without
-//! one queue per domain (`SchedConfig::domain_fifo`):
+//! one queue per domain (`SchedConfig::domain_fifo`), served in arrival
+//! order or shortest remaining limit first
+//! (`SchedConfig::shortest_limit_first`):
 //!
 //! - the protected leaf of each domain is the one whose head has waited
 //!   longest, by the oracle's scan of every leaf's head;
@@ -30,11 +32,12 @@ use sched::{Sched, SchedConfig, SchedEvent, TaskId, TaskSpec, TaskState};
 const UNIT: u64 = 1_000;
 const LEAVES: usize = 4;
 
-fn config(cross: bool, fifo: bool) -> SchedConfig {
+fn config(cross: bool, fifo: bool, shortest: bool) -> SchedConfig {
     SchedConfig {
         backfill: true,
         domain_reservation: true,
         domain_fifo: fifo,
+        shortest_limit_first: shortest,
         idle_balance: true,
         steal_cross_llc: cross,
         steal_cost: 0,
@@ -86,10 +89,10 @@ struct Model {
 }
 
 impl Model {
-    fn new(cap: u32, cross: bool, fifo: bool) -> Self {
+    fn new(cap: u32, cross: bool, fifo: bool, shortest: bool) -> Self {
         let topo = Arc::new(Topology::from_spec("1z:2r:2n").unwrap());
         Self {
-            s: Sched::new(topo, cap, config(cross, fifo)),
+            s: Sched::new(topo, cap, config(cross, fifo, shortest)),
             cap,
             cross,
             now: 0,
@@ -295,9 +298,10 @@ proptest! {
     fn one_reservation_per_domain_against_oracle(
         cross in any::<bool>(),
         fifo in any::<bool>(),
+        shortest in any::<bool>(),
         (cap, ops) in (2u32..=8).prop_flat_map(|cap| (Just(cap), prop::collection::vec(op(cap), 1..80)))
     ) {
-        let mut m = Model::new(cap, cross, fifo);
+        let mut m = Model::new(cap, cross, fifo, shortest);
         for op in &ops {
             m.apply(op)?;
         }
@@ -387,6 +391,135 @@ fn a_node_with_room_starts_the_oldest_job_of_its_domain() {
         } else {
             assert_eq!(state(&s, young), TaskState::Running(1));
             assert_eq!(state(&s, old), TaskState::Queued(0));
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// The domain's queue order (`SchedConfig::domain_fifo`, with
+    /// `shortest_limit_first` on or off): three full nodes of one rack,
+    /// tasks waiting on nodes 1 and 2 (random demand, limit or none,
+    /// latency class or not, distinct arrivals); node 0, with no queue of
+    /// its own (so no reservation), frees. It must start exactly the
+    /// tasks the oracle picks: repeatedly the first, by (latency class,
+    /// shortest remaining limit when on, earliest arrival), of those that
+    /// fit its remaining room.
+    #[test]
+    fn a_freed_node_starts_the_domain_queue_in_order(
+        shortest in any::<bool>(),
+        (cap, waiting) in (2u32..=8).prop_flat_map(|cap| (
+            Just(cap),
+            prop::collection::vec(
+                (1usize..3, 1..=cap, prop::option::weighted(0.8, 1u64..60), any::<bool>()),
+                1..12,
+            ),
+        )),
+    ) {
+        let topo = Arc::new(Topology::from_spec("1z:1r:3n").unwrap());
+        let mut s = Sched::new(
+            topo,
+            cap,
+            SchedConfig {
+                backfill: true,
+                domain_reservation: true,
+                domain_fifo: true,
+                shortest_limit_first: shortest,
+                steal_cost: 0,
+                ..SchedConfig::cluster()
+            },
+        );
+        // Every node full, with a task that never ends by itself.
+        for leaf in 0..3 {
+            let t = add(&mut s, 100 + leaf as u64, cap, None);
+            s.wake_up_on(t, leaf, 0).unwrap();
+            prop_assert_eq!(s.task(t).unwrap().state, TaskState::Running(leaf));
+        }
+        let mut keys = Vec::new();
+        for (i, &(leaf, demand, limit, latency)) in waiting.iter().enumerate() {
+            let id = i as u64;
+            let mut spec = TaskSpec::new(TaskId(id));
+            spec.demand = demand;
+            spec.time_limit = limit.map(|l| l * UNIT);
+            spec.latency_nice = if latency { -10 } else { 0 };
+            s.add_task(spec).unwrap();
+            let at = 1 + i as u64;
+            s.wake_up_on(TaskId(id), leaf, at).unwrap();
+            let remaining = if shortest {
+                limit.map_or(u64::MAX, |l| l * UNIT)
+            } else {
+                0
+            };
+            keys.push((!latency, remaining, at, TaskId(id), demand));
+        }
+        s.drain_events();
+        let now = 1_000;
+        s.block(TaskId(100), now).unwrap();
+        let started: Vec<TaskId> = s
+            .drain_events()
+            .into_iter()
+            .filter_map(|e| match e {
+                SchedEvent::Started { task, leaf: 0 } => Some(task),
+                _ => None,
+            })
+            .collect();
+        // The oracle: first fitting task by key, until none fits.
+        keys.sort();
+        let mut room = cap;
+        let mut want = Vec::new();
+        let mut left: Vec<_> = keys.clone();
+        while let Some(i) = left.iter().position(|k| k.4 <= room) {
+            let k = left.remove(i);
+            room -= k.4;
+            want.push(k.3);
+        }
+        prop_assert_eq!(started, want, "keys {:?}", keys);
+    }
+}
+
+/// One queue per domain served shortest remaining limit first
+/// (`SchedConfig::shortest_limit_first`): when a node frees room, it
+/// starts the domain's waiting job with the shortest time limit, not the
+/// older longer one; in arrival order, the older.
+#[test]
+fn a_node_with_room_starts_the_shortest_job_of_its_domain() {
+    for shortest in [false, true] {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("1z:1r:2n").unwrap()),
+            4,
+            SchedConfig {
+                backfill: true,
+                domain_reservation: true,
+                domain_fifo: true,
+                shortest_limit_first: shortest,
+                steal_cost: 0,
+                ..SchedConfig::cluster()
+            },
+        );
+        let a = add(&mut s, 1, 4, Some(100));
+        s.wake_up_on(a, 0, 0).unwrap();
+        let b = add(&mut s, 2, 4, Some(50));
+        s.wake_up_on(b, 1, 0).unwrap();
+        // The older, long job is node 0's head and holds the domain's
+        // reservation; the younger, short one waits on node 0 too.
+        let long = add(&mut s, 3, 4, Some(1_000));
+        s.wake_up_on(long, 0, 1).unwrap();
+        let short = add(&mut s, 4, 4, Some(10));
+        s.wake_up_on(short, 0, 2).unwrap();
+        assert_eq!(s.domain_protected(1), Some(0));
+        // Node 1 frees first.
+        s.block(b, 50).unwrap();
+        let state = |s: &Sched, id| s.task(id).unwrap().state;
+        if shortest {
+            assert_eq!(state(&s, short), TaskState::Running(1));
+            assert_eq!(state(&s, long), TaskState::Queued(0));
+            // No starvation: the long job still starts at its reservation.
+            s.block(a, 100).unwrap();
+            assert_eq!(state(&s, long), TaskState::Running(0));
+        } else {
+            assert_eq!(state(&s, long), TaskState::Running(1));
+            assert_eq!(state(&s, short), TaskState::Queued(0));
         }
     }
 }

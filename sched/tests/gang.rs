@@ -13,7 +13,8 @@
 //!   its lowest nodes;
 //! - a reservation's start is the least, over every set of `members` nodes
 //!   of one domain, of the latest ready time in the set, and its nodes are
-//!   all ready by then.
+//!   all ready by then; they span the fewest racks of any such set with
+//!   that start.
 //!
 //! - device choice ([`sched::devices::choose_devices`]) takes a set of
 //!   `k` free devices as close as any (the innermost level at which all
@@ -249,6 +250,8 @@ fn reservation_is_the_earliest_time_a_domain_holds_the_gang() {
             let level = LEVELS[level];
             let got = gang_reservation_in(&shape.topology(), members, level, |l| ready[l]);
             let mut best: Option<u64> = None;
+            // Per start time, the fewest racks of a set with that start.
+            let mut racks_at: std::collections::HashMap<u64, usize> = Default::default();
             for d in 0..shape.domains(level) {
                 let ready_leaves: Vec<usize> = (0..shape.leaves())
                     .filter(|&l| shape.domain(level, l) == d && ready[l].is_some())
@@ -258,6 +261,12 @@ fn reservation_is_the_earliest_time_a_domain_holds_the_gang() {
                 for set in all {
                     let t = set.iter().filter_map(|&l| ready[l]).max().unwrap_or(0);
                     best = Some(best.map_or(t, |b: u64| b.min(t)));
+                    let mut racks: Vec<usize> =
+                        set.iter().map(|&l| shape.domain(Align::Llc, l)).collect();
+                    racks.sort_unstable();
+                    racks.dedup();
+                    let e = racks_at.entry(t).or_insert(usize::MAX);
+                    *e = (*e).min(racks.len());
                 }
             }
             match got {
@@ -274,6 +283,20 @@ fn reservation_is_the_earliest_time_a_domain_holds_the_gang() {
                         prop_assert_eq!(shape.domain(level, l), d);
                         prop_assert!(ready[l].is_some_and(|t| t <= r.start));
                     }
+                    let mut racks: Vec<usize> = r
+                        .leaves
+                        .iter()
+                        .map(|&l| shape.domain(Align::Llc, l))
+                        .collect();
+                    racks.sort_unstable();
+                    racks.dedup();
+                    prop_assert_eq!(
+                        racks.len(),
+                        racks_at[&r.start],
+                        "{:?} span more racks than needed at {}",
+                        &r.leaves,
+                        r.start
+                    );
                 }
             }
             Ok(())

@@ -96,6 +96,11 @@ struct Args {
     /// first) among those that can start on it now.
     #[arg(long, default_value_t = ClusterConfig::default().engine.domain_fifo, action = clap::ArgAction::Set)]
     domain_fifo: bool,
+    /// With the domain's queue, start the shortest remaining time limit
+    /// first (shortest-job-first backfilling); the job that has waited
+    /// longest keeps the reservation, so none starves.
+    #[arg(long, default_value_t = ClusterConfig::default().engine.shortest_limit_first, action = clap::ArgAction::Set)]
+    shortest_limit_first: bool,
     /// Serve the web page (`/`), its JSON API (`/api/v1/...`) and
     /// Prometheus metrics (`/metrics`) on ADDR, e.g. 0.0.0.0:9100. Off by
     /// default, except with --dev (127.0.0.1, the gRPC port + 1).
@@ -426,6 +431,7 @@ async fn run(args: Args) -> Result<()> {
     cfg.engine.latency_pull = args.latency_pull;
     cfg.engine.domain_reservation = args.domain_reservation;
     cfg.engine.domain_fifo = args.domain_fifo;
+    cfg.engine.shortest_limit_first = args.shortest_limit_first;
     let grace = (args.heartbeat_ms * args.missed_heartbeats * 2) as i64;
     let otlp = dispatch_telemetry::wanted(args.otlp_endpoint.as_deref());
     let mut telemetry = None;

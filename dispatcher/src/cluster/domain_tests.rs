@@ -9,10 +9,18 @@ use super::tests::{assigns, finish_on as finish, node_in_rack as node};
 use super::*;
 
 fn cluster(domain_reservation: bool, domain_fifo: bool) -> Cluster {
+    let shortest = ClusterConfig::default().engine.shortest_limit_first;
+    cluster_ordered(domain_reservation, domain_fifo, shortest)
+}
+
+/// With the domain's queue in arrival order or shortest limit first
+/// (`SchedConfig::shortest_limit_first`).
+fn cluster_ordered(domain_reservation: bool, domain_fifo: bool, shortest: bool) -> Cluster {
     let mut cfg = ClusterConfig::default();
     cfg.engine.backfill = true;
     cfg.engine.domain_reservation = domain_reservation;
     cfg.engine.domain_fifo = domain_fifo;
+    cfg.engine.shortest_limit_first = shortest;
     Cluster::new(cfg)
 }
 
@@ -80,13 +88,15 @@ fn a_long_small_job_passes_the_younger_head_of_the_domain() {
     }
 }
 
-/// One queue per domain: when the younger head's node frees first, it
-/// starts the older job waiting on the other node (a steal in the same
-/// rack); without it, its own younger head.
+/// One queue per domain in arrival order: when the younger head's node
+/// frees first, it starts the older job waiting on the other node (a
+/// steal in the same rack); without it, its own younger head. (With
+/// per-node EASY and shortest limit first, each node's own head keeps
+/// its room: the two heads have equal limits.)
 #[test]
 fn a_freed_node_starts_the_oldest_job_of_its_rack() {
     for domain_fifo in [false, true] {
-        let mut c = cluster(false, domain_fifo);
+        let mut c = cluster_ordered(false, domain_fifo, false);
         let (old, young) = two_blocked_heads(&mut c);
         let running = if young == "a" { "j-1" } else { "j-2" };
         let fx = finish(&mut c, &young, running, 100_000);
@@ -95,6 +105,33 @@ fn a_freed_node_starts_the_oldest_job_of_its_rack() {
         if domain_fifo {
             assert!(fx.moves.iter().any(|m| m.is_steal() && m.from == old));
             assert_eq!(node_of(&c, "j-4"), young);
+        }
+        c.check().unwrap();
+    }
+}
+
+/// Shortest-job-first backfilling (`SchedConfig::shortest_limit_first`,
+/// the default): behind the two blocked heads (10 s each) a long job
+/// (1,000 s) and then a short one (5 s) wait. When the younger head's
+/// node frees, it starts the short one, ahead of both heads and the long
+/// job; in arrival order it starts the older head (j-3).
+#[test]
+fn a_freed_node_starts_the_shortest_job_of_its_rack() {
+    for shortest in [false, true] {
+        let mut c = cluster_ordered(true, true, shortest);
+        let (old, young) = two_blocked_heads(&mut c);
+        let mut fx = Effects::default();
+        c.submit(vec![job(4, 1_000)], false, 4, &mut fx).unwrap();
+        c.submit(vec![job(4, 5)], false, 5, &mut fx).unwrap();
+        let running = if young == "a" { "j-1" } else { "j-2" };
+        let fx = finish(&mut c, &young, running, 100_000);
+        let started: Vec<String> = assigns(&fx).into_iter().map(|(_, j)| j).collect();
+        if shortest {
+            assert_eq!(started, vec!["j-6".to_string()], "{old} {young}");
+            assert_eq!(running_on(&c, "j-6"), Some(young.clone()));
+            assert!(running_on(&c, "j-5").is_none());
+        } else {
+            assert_eq!(started, vec!["j-3".to_string()], "{old} {young}");
         }
         c.check().unwrap();
     }

@@ -125,6 +125,11 @@ impl Default for ClusterConfig {
         // reservations and queues lost to a central queue on KTH-SP2.
         engine.domain_reservation = true;
         engine.domain_fifo = true;
+        // Also by measurement ("Placement quality (issue 13, fourth
+        // pass)"): the domain's queue shortest time limit first (EASY's
+        // SJBF), the oldest head keeping the reservation; better in
+        // bounded slowdown and mean response on every workload with limits.
+        engine.shortest_limit_first = true;
         Self {
             zone_label: "topology.kubernetes.io/zone".into(),
             rack_label: "dispatch.io/rack".into(),

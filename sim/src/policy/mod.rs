@@ -16,6 +16,7 @@
 //! | `ours-steal`, `ours-crossrack`, `ours-wakewide`, `ours-latency`, `ours-busyskip` | one mechanism off |
 //! | `ours+domres` / `ours-domres` | with backfill, one reservation per steal domain, held by its oldest waiting head (`SchedConfig::domain_reservation`) |
 //! | `ours+domfifo` / `ours-domfifo` | with backfill, one queue per steal domain: a node with room starts the domain's longest-waiting job that fits (`SchedConfig::domain_fifo`) |
+//! | `ours+sjbf` / `ours-sjbf` | with the domain's queue, shortest remaining time limit first after the domain's protected head (`SchedConfig::shortest_limit_first`) |
 //! | `ours+latpull` / `ours-latpull` | latency-class jobs waiting in a node's steal domain start first where room opens (`SchedConfig::latency_pull`) |
 //! | `ours+rack` / `ours+rackpref` | gangs that fit in a rack ask for one, required / preferred (relaxed after 300 s) |
 //! | `ours+pack`, `ours+nodelimit[:N]` | packing (jobs ask PLACEMENT_POLICY_PACK); seed 000's node-limit gating (global scope, limit N = 2: no stealing when zones > N) |
@@ -83,6 +84,9 @@ pub struct OursFlags {
     /// With backfill, one queue per steal domain served oldest first
     /// (`SchedConfig::domain_fifo`).
     pub domain_fifo: bool,
+    /// The domain's queue serves the shortest remaining time limit first
+    /// after its protected head (`SchedConfig::shortest_limit_first`).
+    pub shortest_limit_first: bool,
 }
 
 impl Default for OursFlags {
@@ -105,6 +109,7 @@ impl Default for OursFlags {
             gang_rack: None,
             domain_reservation: e.domain_reservation,
             domain_fifo: e.domain_fifo,
+            shortest_limit_first: e.shortest_limit_first,
         }
     }
 }
@@ -255,6 +260,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
             ("rackpref", _) => flags.gang_rack = on.then_some(true),
             ("domres", _) => flags.domain_reservation = on,
             ("domfifo", _) => flags.domain_fifo = on,
+            ("sjbf", _) => flags.shortest_limit_first = on,
             ("nodelimit", true) => flags.node_limit = Some(2),
             ("nodelimit", false) => flags.node_limit = None,
             (w, true) if w.starts_with("nodelimit:") => {
@@ -268,7 +274,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
                     W,
                     name,
                     format!(
-                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo, rack, rackpref)"
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo, sjbf, rack, rackpref)"
                     ),
                 ));
             }

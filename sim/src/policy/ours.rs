@@ -78,6 +78,7 @@ impl OursPlacer {
         cfg.engine.latency_pull = flags.latency_pull;
         cfg.engine.domain_reservation = flags.domain_reservation;
         cfg.engine.domain_fifo = flags.domain_fifo;
+        cfg.engine.shortest_limit_first = flags.shortest_limit_first;
         if let Some(limit) = flags.node_limit {
             cfg.engine.node_limit_scope = NodeLimitScope::Global;
             cfg.engine.steal_node_limit = limit;
