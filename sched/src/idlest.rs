@@ -28,6 +28,8 @@ const NONE: u32 = u32::MAX;
 /// One segment of a domain's children.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Slot {
+    /// The [`share_key`] of the best child (0 for an empty segment).
+    key: u128,
     /// Position (in the domain's children) of the child with the best key,
     /// the first one on ties; [`NONE`] for an empty segment.
     best: u32,
@@ -37,6 +39,7 @@ struct Slot {
 }
 
 const EMPTY: Slot = Slot {
+    key: 0,
     best: NONE,
     room: [0; 6],
 };
@@ -52,10 +55,6 @@ fn maxima_of(a: &NodeAgg) -> [u32; 6] {
 pub struct IdlestIndex {
     /// Per tree node: its position among its parent's children.
     pos: Vec<u32>,
-    /// Per domain: where its children's keys start in `key`.
-    kbase: Vec<usize>,
-    /// Per child, domain by domain: its [`share_key`].
-    key: Vec<u128>,
     /// Per tree node: where its tree starts in `slots` and its width (a
     /// power of two, 0 for a leaf).
     base: Vec<usize>,
@@ -72,8 +71,6 @@ impl IdlestIndex {
         let mut pos = vec![0; n];
         let mut base = vec![0; n];
         let mut width = vec![0; n];
-        let mut kbase = vec![0; n];
-        let mut nr_keys = 0;
         let mut slots = Vec::new();
         for (d, dom) in topo.nodes().iter().enumerate() {
             if dom.children.is_empty() {
@@ -82,8 +79,6 @@ impl IdlestIndex {
             let w = dom.children.len().next_power_of_two();
             base[d] = slots.len();
             width[d] = w;
-            kbase[d] = nr_keys;
-            nr_keys += dom.children.len();
             slots.resize(slots.len() + 2 * w, EMPTY);
             for (i, &c) in dom.children.iter().enumerate() {
                 pos[c] = i as u32;
@@ -92,8 +87,6 @@ impl IdlestIndex {
         }
         let mut ix = Self {
             pos,
-            kbase,
-            key: vec![0; nr_keys],
             base,
             width,
             slots,
@@ -107,8 +100,8 @@ impl IdlestIndex {
     }
 
     /// Child `c`'s aggregate changed to `a`: re-key it in its parent's tree.
-    /// Stops climbing at the first segment that stays the same and whose
-    /// best child is not `c` with a new key (nothing above can change).
+    /// Stops climbing at the first segment that stays the same (each slot
+    /// carries its best child's key, so nothing above can change).
     pub fn update(&mut self, topo: &Topology, c: NodeId, a: &NodeAgg) {
         let Some(d) = topo.node(c).parent else {
             return;
@@ -117,18 +110,17 @@ impl IdlestIndex {
         let key = share_key(a);
         let (b, w) = (self.base[d], self.width[d]);
         let room = maxima_of(a);
-        let key_changed = self.key[self.kbase[d] + p] != key;
-        if !key_changed && self.slots[b + w + p].room == room {
+        let leaf = &mut self.slots[b + w + p];
+        if leaf.key == key && leaf.room == room {
             return;
         }
-        self.key[self.kbase[d] + p] = key;
-        self.slots[b + w + p].room = room;
+        (leaf.key, leaf.room) = (key, room);
         let mut i = w + p;
         while i > 1 {
             i /= 2;
             let old = self.slots[b + i];
             let new = self.combine(d, i);
-            if new == old && !(key_changed && new.best as usize == p) {
+            if new == old {
                 break;
             }
         }
@@ -153,24 +145,14 @@ impl IdlestIndex {
             *m = (*m).max(x);
         }
         // The left half holds the earlier children: it wins ties.
-        let best = if r.best != NONE && (l.best == NONE || self.beats(d, r.best, l.best)) {
-            r.best
+        let (key, best) = if r.best != NONE && (l.best == NONE || r.key > l.key) {
+            (r.key, r.best)
         } else {
-            l.best
+            (l.key, l.best)
         };
-        let s = Slot { best, room };
+        let s = Slot { key, best, room };
         self.slots[b + i] = s;
         s
-    }
-
-    /// Child at position `a` has a strictly better key than the one at `b`.
-    fn beats(&self, d: NodeId, a: u32, b: u32) -> bool {
-        self.key_at(d, a) > self.key_at(d, b)
-    }
-
-    fn key_at(&self, d: NodeId, p: u32) -> u128 {
-        // Slots only name real children, so the position is in range.
-        self.key[self.kbase[d] + p as usize]
     }
 
     /// `find_idlest`'s choice among domain `d`'s children: the best key
@@ -191,7 +173,9 @@ impl IdlestIndex {
             return None;
         }
         let children = &topo.node(d).children;
-        let mut found: Option<u32> = None;
+        let b = self.base[d];
+        // The chosen child so far: (key, position).
+        let mut found: Option<(u128, u32)> = None;
         // Best-first, depth-first over the segments (depth <= 32).
         let mut stack = [0usize; 64];
         let mut top = 1;
@@ -199,40 +183,34 @@ impl IdlestIndex {
         while top > 0 {
             top -= 1;
             let i = stack[top];
-            let s = self.slots[self.base[d] + i];
+            let s = &self.slots[b + i];
             if s.best == NONE || s.room[align.index()] < demand {
                 continue;
             }
-            if let Some(f) = found
-                && !self.better(d, s.best, f)
+            // Nothing in the segment beats the chosen child: a better key,
+            // or the same key earlier in child order.
+            if let Some((fk, fp)) = found
+                && !(s.key > fk || (s.key == fk && s.best < fp))
             {
                 continue;
             }
             if i >= w {
                 *visited += 1;
                 if eligible(children[s.best as usize]) {
-                    found = Some(s.best);
+                    found = Some((s.key, s.best));
                 }
                 continue;
             }
             // Push the worse half first so the better one is searched first.
             let (l, r) = (2 * i, 2 * i + 1);
-            let rb = self.slots[self.base[d] + r].best;
-            let lb = self.slots[self.base[d] + l].best;
-            let right_first = rb != NONE && (lb == NONE || self.beats(d, rb, lb));
+            let (ls, rs) = (&self.slots[b + l], &self.slots[b + r]);
+            let right_first = rs.best != NONE && (ls.best == NONE || rs.key > ls.key);
             let (first, second) = if right_first { (r, l) } else { (l, r) };
             stack[top] = second;
             stack[top + 1] = first;
             top += 2;
         }
-        found.map(|p| children[p as usize])
-    }
-
-    /// Child at `a` would be chosen over the one at `b`: a better key, or
-    /// the same key earlier in child order.
-    fn better(&self, d: NodeId, a: u32, b: u32) -> bool {
-        let (ka, kb) = (self.key_at(d, a), self.key_at(d, b));
-        ka > kb || (ka == kb && a < b)
+        found.map(|(_, p)| children[p as usize])
     }
 }
 
