@@ -11,7 +11,8 @@
 //! - [`sparsemask`]: seed 000's reduced-contention bitmap, plain and atomic.
 //! - [`weight`], [`task`], [`rq`]: weights, tasks, per-leaf run queues.
 //! - [`sched`]: [`Sched`], the fair class and the state transitions.
-//! - [`select`]: `select_task_rq`, `select_idle_sibling`, `find_idlest`.
+//! - [`select`]: `select_task_rq`, `select_idle_sibling`, `find_idlest`;
+//!   [`idlest`]: the per-domain index `find_idlest` descends on.
 //! - [`wake`]: `record_wakee`, `wake_wide` (seed 001).
 //! - [`steal`]: `try_steal` (seed 000).
 //! - [`overload`], [`busy`], [`pack`]: overload masks, busy flags
@@ -30,6 +31,7 @@ pub mod devices;
 pub mod gang;
 pub mod harness;
 pub mod idhash;
+pub mod idlest;
 pub mod overload;
 pub mod pack;
 pub mod reserve;

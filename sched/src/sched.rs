@@ -24,6 +24,7 @@ use crate::alloc::{Align, FreeSummary};
 use crate::busy::{BusyFlags, NohzMask};
 use crate::config::{NodeLimitScope, SchedConfig};
 use crate::idhash::IdMap;
+use crate::idlest::IdlestIndex;
 use crate::overload::OverloadMasks;
 use crate::pack::PackIndex;
 use crate::reserve::DomainHeads;
@@ -156,12 +157,11 @@ pub struct Sched {
     /// `refresh_leaf`: [`Sched::tick_all`] visits only these.
     nohz: NohzMask,
     pub(crate) agg: Vec<NodeAgg>,
-    /// Per domain: how many children hold each maximum of its aggregate
-    /// (`max_room` by level, then `max_free`), so that a child that held a
-    /// maximum and shrank forces a recount over the children only when it
-    /// was the only one.
-    agg_holders: Vec<[u32; 6]>,
     pub(crate) pack: PackIndex,
+    /// Per domain, an index over its children's aggregates: their maxima
+    /// (the domain's `max_room`, `max_free`) and the child `find_idlest`
+    /// picks.
+    pub(crate) idlest: IdlestIndex,
     pub(crate) stats: Schedstats,
     pub(crate) events: Vec<SchedEvent>,
     seq: u64,
@@ -198,11 +198,8 @@ impl Sched {
             busy: BusyFlags::new(&topo),
             nohz: NohzMask::new(n),
             agg: vec![NodeAgg::default(); topo.nodes().len()],
-            // All aggregates start at 0: every child holds every maximum.
-            agg_holders: (0..topo.nodes().len())
-                .map(|d| [topo.node(d).children.len() as u32; 6])
-                .collect(),
             pack: PackIndex::new(&topo),
+            idlest: IdlestIndex::new(&topo),
             topo,
             config,
             rqs,
@@ -1237,43 +1234,26 @@ impl Sched {
         };
         let mut old = std::mem::replace(&mut self.agg[leaf], new);
         self.pack.update(leaf, fit);
-        let mut node = self.topo.node(leaf).parent;
-        while let Some(d) = node {
-            // One child changed from `old` to `new`: the sums move by the
-            // difference; a maximum is recomputed over the children only
-            // when the child that may have held it shrank.
-            let prev = self.agg[d];
-            let a = match agg_step(prev, &mut self.agg_holders[d], old, new) {
-                Some(a) => a,
-                None => {
-                    let mut a = NodeAgg::default();
-                    for &c in &self.topo.node(d).children {
-                        let ca = self.agg[c];
-                        a.capacity += ca.capacity;
-                        a.nr_running += ca.nr_running;
-                        a.sum_free += ca.sum_free;
-                        a.max_free = a.max_free.max(ca.max_free);
-                        for (m, c) in a.max_room.iter_mut().zip(ca.max_room) {
-                            *m = (*m).max(c);
-                        }
-                    }
-                    let mut holders = [0; 6];
-                    for &c in &self.topo.node(d).children {
-                        let ca = self.agg[c];
-                        for (i, h) in holders.iter_mut().enumerate() {
-                            *h += u32::from(agg_max(&ca, i) == agg_max(&a, i));
-                        }
-                    }
-                    self.agg_holders[d] = holders;
-                    a
-                }
-            };
-            if prev == a {
+        // One child changed from `old` to `new`: the parent's sums move by
+        // the difference, its maxima are read from the index over its
+        // children (`IdlestIndex`, O(log fanout)), not recounted.
+        let mut child = leaf;
+        while old != new {
+            let Some(d) = self.topo.node(child).parent else {
                 break;
-            }
+            };
+            self.idlest.update(&self.topo, child, &new);
+            let prev = self.agg[d];
+            let (max_room, max_free) = self.idlest.maxima(d);
+            let a = NodeAgg {
+                capacity: prev.capacity - old.capacity + new.capacity,
+                nr_running: prev.nr_running - old.nr_running + new.nr_running,
+                sum_free: prev.sum_free - old.sum_free + new.sum_free,
+                max_free,
+                max_room,
+            };
             self.agg[d] = a;
-            (old, new) = (prev, a);
-            node = self.topo.node(d).parent;
+            (old, new, child) = (prev, a, d);
         }
     }
 }
@@ -1293,59 +1273,6 @@ fn account_task(t: &mut Task, now: u64) -> Option<LeafId> {
     t.sum_exec_runtime += delta;
     t.vruntime += calc_delta_fair(delta, t.weight) as i64;
     Some(leaf)
-}
-
-/// The aggregate of a parent after one child changed from `old` to `new`,
-/// without visiting the other children; None when a maximum the child
-/// held shrank (the caller recomputes over all children).
-fn agg_step(
-    parent: NodeAgg,
-    holders: &mut [u32; 6],
-    old: NodeAgg,
-    new: NodeAgg,
-) -> Option<NodeAgg> {
-    // One maximum: the parent's `p` held by `h` children, one child going
-    // from `o` to `n`. None: it held the maximum alone and shrank (the
-    // caller recounts over the children).
-    let max = |p: u32, o: u32, n: u32, h: u32| -> Option<(u32, u32)> {
-        if n > p {
-            Some((n, 1))
-        } else if n == p {
-            Some((p, if o == p { h } else { h + 1 }))
-        } else if o < p {
-            Some((p, h))
-        } else if h > 1 {
-            Some((p, h - 1))
-        } else {
-            None
-        }
-    };
-    let mut max_room = [0; 5];
-    let mut next = [0; 6];
-    for (i, m) in max_room.iter_mut().enumerate() {
-        (*m, next[i]) = max(
-            parent.max_room[i],
-            old.max_room[i],
-            new.max_room[i],
-            holders[i],
-        )?;
-    }
-    let max_free;
-    (max_free, next[5]) = max(parent.max_free, old.max_free, new.max_free, holders[5])?;
-    *holders = next;
-    Some(NodeAgg {
-        capacity: parent.capacity - old.capacity + new.capacity,
-        nr_running: parent.nr_running - old.nr_running + new.nr_running,
-        sum_free: parent.sum_free - old.sum_free + new.sum_free,
-        max_free,
-        max_room,
-    })
-}
-
-/// Maximum `i` of an aggregate: `max_room[i]` for the five levels, then
-/// `max_free`.
-fn agg_max(a: &NodeAgg, i: usize) -> u32 {
-    a.max_room.get(i).copied().unwrap_or(a.max_free)
 }
 
 /// Node-limit gating (seed 000 patch 9): whether stealing inside an LLC is

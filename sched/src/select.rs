@@ -17,6 +17,7 @@
 //! decision from that value, never by diffing the schedstats.
 
 use crate::config::{PackThreshold, Policy};
+use crate::idlest::fixed_share;
 use crate::sched::Sched;
 use crate::task::{TaskId, TaskState};
 use crate::topology::LeafId;
@@ -389,28 +390,51 @@ impl Sched {
         }
         let mut node = root;
         loop {
-            let children = &self.topo.node(node).children;
-            if children.is_empty() {
+            if self.topo.node(node).children.is_empty() {
                 return idlest(node);
             }
-            let mut best: Option<(usize, u128, u64)> = None;
-            for &c in children {
-                let a = self.agg[c];
-                self.stats.sis_scanned += 1;
-                if a.max_room[align.index()] < demand || (skip_busy && self.busy.is_busy(c)) {
-                    continue;
-                }
-                // Compare sum_free / capacity as a 32.32 fixed-point share.
-                let share = fixed_share(a.sum_free, a.capacity.max(1));
-                if best.is_none_or(|b| (share, a.sum_free) > (b.1, b.2)) {
-                    best = Some((c, share, a.sum_free));
-                }
-            }
+            // The child with the largest free share (32.32 fixed point),
+            // then the most free, then the first, among those with room:
+            // from the index, not a scan of the children.
+            let (busy, mut visited) = (&self.busy, 0);
+            let best = self.idlest.idlest_child(
+                &self.topo,
+                node,
+                align,
+                demand,
+                |c| !(skip_busy && busy.is_busy(c)),
+                &mut visited,
+            );
+            self.stats.sis_scanned += visited;
             match best {
-                Some((c, _, _)) => node = c,
+                Some(c) => node = c,
                 None => return idlest(self.least_loaded()),
             }
         }
+    }
+
+    /// The previous implementation of one level of the descent: a scan of
+    /// the children (the oracle of the index's tests).
+    #[cfg(test)]
+    pub(crate) fn idlest_child_scan(
+        &self,
+        node: crate::topology::NodeId,
+        align: crate::alloc::Align,
+        demand: u32,
+    ) -> Option<crate::topology::NodeId> {
+        let skip_busy = self.config.busy_skip;
+        let mut best: Option<(usize, u128, u64)> = None;
+        for &c in &self.topo.node(node).children {
+            let a = self.agg[c];
+            if a.max_room[align.index()] < demand || (skip_busy && self.busy.is_busy(c)) {
+                continue;
+            }
+            let share = fixed_share(a.sum_free, a.capacity.max(1));
+            if best.is_none_or(|b| (share, a.sum_free) > (b.1, b.2)) {
+                best = Some((c, share, a.sum_free));
+            }
+        }
+        best.map(|b| b.0)
     }
 
     /// The leaf with the least runnable demand per capacity, by descent on
@@ -467,18 +491,6 @@ impl Sched {
             }
             from = pos + 1;
         }
-    }
-}
-
-/// `(num << 32) / den` in u128 (a 32.32 fixed-point ratio), computed in
-/// u64 when `num` fits 32 bits (always, on real clusters): the 128-bit
-/// division is a library call, made per child at every level of
-/// `find_idlest`. `den` must not be 0.
-fn fixed_share(num: u64, den: u64) -> u128 {
-    if num <= u32::MAX as u64 {
-        ((num << 32) / den) as u128
-    } else {
-        ((num as u128) << 32) / den as u128
     }
 }
 
