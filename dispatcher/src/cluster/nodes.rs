@@ -538,7 +538,7 @@ mod tests {
                     model[i].1 = now;
                 }
                 2 if model[i].0 => {
-                    c.load_report(name, NodeLoad::default(), now, &mut fx);
+                    c.load_report(name, proto::v1::NodeLoad::default(), now, &mut fx);
                     model[i].1 = now;
                     if model[i].2 && model[i].3 {
                         model[i].2 = false;
