@@ -137,9 +137,10 @@ pub struct GangReservation {
 /// them are taken, so the gang is made as compact as Slurm's
 /// topology/tree would make it at that time; within the rack that
 /// completes it, the earliest-ready leaves). On equal starts, the domain
-/// whose choice spans fewer racks, then the lowest-ranked. `ready_at(leaf)` is when a member could start on the
-/// leaf (now, or when enough of its running work ends by its time limits);
-/// `None` when it never can (too small, or work without a limit).
+/// whose choice spans fewer racks, then the lowest-ranked. `ready_at(leaf)`
+/// is when a member could start on the leaf (now, or when enough of its
+/// running work ends by its time limits); `None` when it never can (too
+/// small, or work without a limit).
 ///
 /// Like EASY backfill's single reservation, later work may start on the
 /// reserved leaves only if it ends by `start`.

@@ -36,8 +36,8 @@ use crate::topology::{LeafId, Topology};
 /// remaining time limit, queued_at, enqueue sequence, task): the latency
 /// class first, as in the latency timeline (seed 004), then, with
 /// [`crate::SchedConfig::shortest_limit_first`], the shortest remaining
-/// limit (0 for every task without it; `u64::MAX` for a task without a
-/// limit), then the longest wait.
+/// limit (`u64::MAX` for a task without a limit; 0 for every task with
+/// the switch off), then the longest wait.
 pub(crate) type WaitKey = (bool, u64, u64, u64, TaskId);
 
 /// A head's place in its domain: (queued_at, enqueue sequence, leaf).
@@ -52,11 +52,11 @@ pub(crate) struct DomainHeads {
     pub(crate) fifo: bool,
     /// Latency-nice on: the latency class goes first in the queue.
     latency: bool,
-    /// Shortest remaining time limit first after the protected head
-    /// (`fifo` and [`crate::SchedConfig::shortest_limit_first`] set).
+    /// Shortest remaining time limit first (`fifo` and
+    /// [`crate::SchedConfig::shortest_limit_first`] set).
     shortest: bool,
-    /// Per domain, its waiting tasks by demand, oldest first (kept only
-    /// with `fifo`).
+    /// Per domain, its waiting tasks by demand, each bucket in queue order
+    /// ([`WaitKey`]; kept only with `fifo`).
     waiting: Vec<BTreeMap<u32, BTreeSet<WaitKey>>>,
     /// Domain (dense index) of each leaf.
     dom_of: Vec<usize>,
