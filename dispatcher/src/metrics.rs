@@ -47,7 +47,7 @@ use proto::v1::{JobEvent, JobState};
 
 use crate::cluster::{Cluster, Move, MoveKind};
 use crate::observe::Observer;
-use crate::offcore::Handoff;
+use crate::offcore::{Handoff, Names, Span};
 
 /// The dispatcher's metrics.
 pub struct Metrics {
@@ -86,9 +86,9 @@ struct Sampled {
 /// One node as the core copies it for a metrics sample: numbers and
 /// ranges into [`SampleCopy::text`].
 struct NodeSample {
-    name: (u32, u32),
-    zone: (u32, u32),
-    rack: (u32, u32),
+    name: Span,
+    zone: Span,
+    rack: Span,
     state: &'static str,
     busy: u32,
     cpus: u32,
@@ -102,25 +102,15 @@ struct NodeSample {
 pub struct SampleCopy {
     term: u64,
     now_ms: i64,
-    text: String,
+    text: Names,
     nodes: Vec<NodeSample>,
     /// Each rack of the node-level engine (`zone/rack` in `text`) and the
     /// weight of its overload mask.
-    overload: Vec<((u32, u32), i64)>,
+    overload: Vec<(Span, i64)>,
     stats: Option<sched::Schedstats>,
 }
 
 impl SampleCopy {
-    fn push_text(&mut self, s: &str) -> (u32, u32) {
-        let start = self.text.len() as u32;
-        self.text.push_str(s);
-        (start, self.text.len() as u32)
-    }
-
-    fn text(&self, r: (u32, u32)) -> &str {
-        &self.text[r.0 as usize..r.1 as usize]
-    }
-
     /// Nodes copied.
     pub fn nodes(&self) -> usize {
         self.nodes.len()
@@ -383,16 +373,16 @@ impl Metrics {
         let mut c = SampleCopy {
             term: self.sampled.term.load(Ordering::Acquire),
             now_ms,
-            text: String::with_capacity(nr * 24),
+            text: Names::with_capacity(nr * 24),
             nodes: Vec::with_capacity(nr),
             overload: Vec::new(),
             stats: None,
         };
         for n in cluster.nodes() {
             let node = NodeSample {
-                name: c.push_text(&n.name),
-                zone: c.push_text(&n.zone),
-                rack: c.push_text(&n.rack),
+                name: c.text.push(&[&n.name]),
+                zone: c.text.push(&[&n.zone]),
+                rack: c.text.push(&[&n.rack]),
                 state: node_state(n),
                 busy: n.cpu_busy.iter().filter(|&&b| b).count() as u32,
                 cpus: n.cpu_busy.len() as u32,
@@ -417,11 +407,7 @@ impl Metrics {
                 if std::mem::replace(&mut named[i], true) {
                     continue;
                 }
-                let start = c.text.len() as u32;
-                c.text.push_str(&n.zone);
-                c.text.push('/');
-                c.text.push_str(&n.rack);
-                let label = (start, c.text.len() as u32);
+                let label = c.text.push(&[&n.zone, "/", &n.rack]);
                 c.overload
                     .push((label, engine.overload_masks().weight(i) as i64));
             }
@@ -472,13 +458,13 @@ impl Sampled {
         for n in &c.nodes {
             *states.entry(n.state).or_default() += 1;
             let e = per_rack
-                .entry((c.text(n.zone), c.text(n.rack)))
+                .entry((c.text.get(n.zone), c.text.get(n.rack)))
                 .or_default();
             e.0 += n.busy as usize;
             e.1 += n.cpus as usize;
             if n.connected {
                 let lag = (c.now_ms - n.last_heartbeat_ms).max(0) as f64 / 1000.0;
-                let name = c.text(n.name);
+                let name = c.text.get(n.name);
                 match seen.nodes.get_mut(name) {
                     Some((gauge, at)) => {
                         gauge.set(lag);
@@ -514,7 +500,7 @@ impl Sampled {
         }
         let mut racks = HashSet::new();
         for &(label, weight) in &c.overload {
-            let rack = c.text(label);
+            let rack = c.text.get(label);
             self.overload.with_label_values(&[rack]).set(weight);
             racks.insert(rack.to_string());
         }

@@ -132,6 +132,39 @@ impl<T> Drop for Handoff<T> {
     }
 }
 
+/// Where a string sits in a [`Names`] buffer.
+pub type Span = (u32, u32);
+
+/// Strings copied end to end into one buffer (one allocation for all the
+/// names of a copy, not one per name), each found again by its [`Span`].
+#[derive(Debug, Default)]
+pub struct Names {
+    text: String,
+}
+
+impl Names {
+    /// An empty buffer with room for `bytes`.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            text: String::with_capacity(bytes),
+        }
+    }
+
+    /// Append `parts` as one string; its span.
+    pub fn push(&mut self, parts: &[&str]) -> Span {
+        let start = self.text.len() as u32;
+        for p in parts {
+            self.text.push_str(p);
+        }
+        (start, self.text.len() as u32)
+    }
+
+    /// The string at `span`.
+    pub fn get(&self, span: Span) -> &str {
+        &self.text[span.0 as usize..span.1 as usize]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +188,15 @@ mod tests {
         // last one is always processed, in order.
         assert_eq!(seen.last(), Some(&50), "{seen:?}");
         assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    }
+
+    #[test]
+    fn names_come_back_by_their_spans() {
+        let mut n = Names::with_capacity(4);
+        let a = n.push(&["node-1"]);
+        let b = n.push(&[]);
+        let c = n.push(&["z1", "/", "r2"]);
+        assert_eq!((n.get(a), n.get(b), n.get(c)), ("node-1", "", "z1/r2"));
     }
 
     #[test]

@@ -52,7 +52,7 @@ use crate::cluster::{Cluster, Move};
 use crate::gate::{Gate, Role};
 use crate::metrics::{Metrics, node_state};
 use crate::observe::Observer;
-use crate::offcore::Handoff;
+use crate::offcore::{Handoff, Names, Span};
 
 /// The page, embedded in the binary.
 pub const PAGE: &str = include_str!("web/page.html");
@@ -337,10 +337,10 @@ pub struct Snapshot {
 /// (immutable once built). No allocation per node.
 #[derive(Debug)]
 struct NodeCopy {
-    name: (u32, u32),
-    zone: (u32, u32),
-    rack: (u32, u32),
-    hostgroup: (u32, u32),
+    name: Span,
+    zone: Span,
+    rack: Span,
+    hostgroup: Span,
     /// Its `cpu_busy` in [`Capture::busy`].
     busy: (u32, u32),
     cpu_topo: Arc<sched::Topology>,
@@ -365,7 +365,7 @@ struct NodeCopy {
 pub struct Capture {
     now_ms: i64,
     /// Every node's name, zone, rack and host group, end to end.
-    text: String,
+    text: Names,
     /// Every node's CPU model, end to end.
     busy: Vec<bool>,
     /// Every node's gangs (job numbers), end to end.
@@ -379,16 +379,6 @@ pub struct Capture {
 }
 
 impl Capture {
-    fn push_text(&mut self, s: &str) -> (u32, u32) {
-        let start = self.text.len() as u32;
-        self.text.push_str(s);
-        (start, self.text.len() as u32)
-    }
-
-    fn text(&self, r: (u32, u32)) -> &str {
-        &self.text[r.0 as usize..r.1 as usize]
-    }
-
     /// Nodes copied.
     pub fn nodes(&self) -> usize {
         self.nodes.len()
@@ -407,7 +397,7 @@ pub fn capture(
     let mut c = Capture {
         now_ms,
         nodes: Vec::with_capacity(nr),
-        text: String::with_capacity(nr * 32),
+        text: Names::with_capacity(nr * 32),
         busy: Vec::with_capacity(nr * 16),
         job_counts,
         ..Capture::default()
@@ -429,10 +419,10 @@ pub fn capture(
             c.gangs.extend(cluster.gangs_on(&n.name));
         }
         let node = NodeCopy {
-            name: c.push_text(&n.name),
-            zone: c.push_text(&n.zone),
-            rack: c.push_text(&n.rack),
-            hostgroup: c.push_text(&n.hostgroup),
+            name: c.text.push(&[&n.name]),
+            zone: c.text.push(&[&n.zone]),
+            rack: c.text.push(&[&n.rack]),
+            hostgroup: c.text.push(&[&n.hostgroup]),
             busy: (start, c.busy.len() as u32),
             cpu_topo: n.cpu_topo.clone(),
             state: node_state(n),
@@ -499,9 +489,9 @@ fn node_view<'c>(c: &'c Capture, n: &NodeCopy) -> (NodeView, Totals, u32, &'c [u
         0
     };
     let view = NodeView {
-        name: c.text(n.name).to_string(),
+        name: c.text.get(n.name).to_string(),
         state,
-        hostgroup: c.text(n.hostgroup).to_string(),
+        hostgroup: c.text.get(n.hostgroup).to_string(),
         cpus,
         busy_cpus: busy,
         llc_cpus,
@@ -551,7 +541,7 @@ pub fn assemble(c: Capture) -> Snapshot {
     let mut racks: BTreeMap<(&str, &str), (RackDetail, u32, BTreeSet<u64>)> = BTreeMap::new();
     for n in &c.nodes {
         let (view, totals, max_free_llc, gangs) = node_view(&c, n);
-        let (zone, rack) = (c.text(n.zone), c.text(n.rack));
+        let (zone, rack) = (c.text.get(n.zone), c.text.get(n.rack));
         let (detail, best, rack_gangs) = racks.entry((zone, rack)).or_insert_with(|| {
             (
                 RackDetail {
