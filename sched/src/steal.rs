@@ -244,9 +244,19 @@ impl Sched {
 
     /// `detach_next_task`: the first waiting task of `src`, in next-to-run
     /// order, that may move to `dst`.
+    ///
+    /// Walked lazily: the search visits every overloaded leaf of a domain,
+    /// so materialising each one's whole queue order
+    /// ([`Sched::next_to_run_order`]) was most of a large cluster's steal
+    /// cost; the order visited is the same.
     fn detach_next_task(&self, src: LeafId, dst: LeafId, now: u64) -> Option<TaskId> {
-        self.next_to_run_order(src)
-            .into_iter()
+        let first = self.pick_next_entity(src)?;
+        if self.can_migrate_task_llc(first, src, dst, now) {
+            return Some(first);
+        }
+        self.rqs[src]
+            .waiting()
+            .filter(|&p| p != first)
             .find(|&p| self.can_migrate_task_llc(p, src, dst, now))
     }
 
