@@ -403,7 +403,7 @@ impl Core {
                 let steals = self.cluster.steals();
                 let started = Instant::now();
                 self.apply(cmd, now, &mut fx, &mut replies);
-                let stolen = self.cluster.steals() - steals;
+                let stolen = self.cluster.steals().saturating_sub(steals);
                 if measured
                     && let Some(sample) = (started.elapsed().as_nanos() as u64).checked_div(stolen)
                 {

@@ -40,6 +40,9 @@ pub struct NodeEngine {
     leaf_shape: Vec<(FreeSummary, u64, u32)>,
     /// The smallest of each over all leaves.
     leaf_shape_min: (FreeSummary, u64),
+    /// Steals made by engines that rebuilds replaced, so that `steals`
+    /// never goes backwards (the core takes differences of it).
+    steals_before: u64,
 }
 
 impl NodeEngine {
@@ -53,6 +56,7 @@ impl NodeEngine {
             node_leaf: IdMap::default(),
             leaf_shape: Vec::new(),
             leaf_shape_min: (FreeSummary::default(), 0),
+            steals_before: 0,
         }
     }
 
@@ -99,9 +103,10 @@ impl NodeEngine {
             .zip(&self.leaf_shape)
     }
 
-    /// Steals made so far.
+    /// Steals made so far, over every engine this one has rebuilt
+    /// (monotonic).
     pub fn steals(&self) -> u64 {
-        self.sched.as_ref().map_or(0, |e| e.stats().steal)
+        self.steals_before + self.sched.as_ref().map_or(0, |e| e.stats().steal)
     }
 
     /// The node set changed: rebuild before the next use.
@@ -134,6 +139,7 @@ impl NodeEngine {
     /// true when an engine was built.
     pub(super) fn rebuild(&mut self, nodes: &Nodes) -> bool {
         if nodes.is_empty() {
+            self.steals_before = self.steals();
             self.sched = None;
             self.leaf_node.clear();
             self.node_leaf.clear();
@@ -210,6 +216,7 @@ impl NodeEngine {
         }
         self.leaf_shape_min = min;
         let caps: Vec<u32> = order.iter().map(|n| n.slots()).collect();
+        self.steals_before = self.steals();
         self.sched = Some(Sched::with_capacities(topo, &caps, self.config.clone()));
         true
     }

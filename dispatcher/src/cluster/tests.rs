@@ -256,6 +256,28 @@ fn steal_within_node_limit(limit: usize) {
     }
 }
 
+/// The core times steals by the difference of `Cluster::steals` around
+/// each message; a node joining rebuilds the engine, whose own count starts
+/// again at 0, and the cluster's count must not go back (it did, and the
+/// core's subtraction overflowed on a new leader's first registrations).
+#[test]
+fn the_steal_count_survives_an_engine_rebuild() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    register(&mut c, "b", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    c.set_node_admin("b", NodeAdmin::Cordoned, 0, &mut fx)
+        .unwrap();
+    c.submit(vec![job(2), job(2), job(2)], true, 1, &mut fx)
+        .unwrap();
+    c.set_node_admin("b", NodeAdmin::Ready, 2, &mut fx).unwrap();
+    let before = c.steals();
+    assert_eq!(before, 1);
+    register(&mut c, "late", "1s:2c:1t", "z1", "r2", 3);
+    c.settle(3, &mut fx);
+    assert!(c.steals() >= before, "{} < {before}", c.steals());
+}
+
 #[test]
 fn node_loss_retries_within_budget_else_lost() {
     let mut c = Cluster::new(ClusterConfig::default());
