@@ -101,9 +101,11 @@ struct RunArgs {
     /// A cgroup v2 directory to create one cgroup per job under.
     #[arg(long)]
     cgroup_root: Option<PathBuf>,
-    /// How jobs start: each under a shim of its own, or (for jobs with a
-    /// cgroup, see --cgroup-root) as children of one supervisor process.
-    #[arg(long, value_parser = ["shim", "supervisor"], default_value = "shim")]
+    /// How jobs start: as children of one supervisor process, one process
+    /// per job (for jobs with a cgroup: --cgroup-root, else one made under
+    /// the agent's own cgroup v2 when it can be), or each under a shim of
+    /// its own (two processes per job; what jobs without a cgroup get).
+    #[arg(long, value_parser = ["shim", "supervisor"], default_value = "supervisor")]
     launcher: String,
     /// On shutdown: kill jobs, or leave them running to be re-adopted.
     #[arg(long, value_parser = ["kill", "leave"], default_value = "kill")]

@@ -79,7 +79,7 @@ fn config(state_dir: &Path) -> ExecConfig {
     cfg.log_cap_bytes = 1 << 20;
     cfg.shutdown = ShutdownMode::LeaveRunning;
     cfg.adopt_poll_interval = Duration::from_millis(50);
-    // The shim (the default, and what every job without a cgroup gets):
+    // The shim (what every job without a cgroup gets, and `--launcher shim`):
     // these tests look at its process layout (the shim pinned with its
     // job, the job's escapees as the shim's children). The supervisor has
     // the `supervis*` tests below.

@@ -16,12 +16,12 @@
 //! the start time the agent reported, both in ms on this machine's clock):
 //! its median and p99, against the target p99 <= 10 ms.
 //!
-//! `--launcher supervisor` (this binary's default; not yet the agent's) starts
+//! `--launcher supervisor` (this binary's default, and the agent's) starts
 //! the agents with a cgroup v2 root each (under this process's cgroup,
 //! removed at the end; the run fails if none can be made rather than
 //! measure shims under that name): every job is then one process, a child
 //! of its agent's supervisor. `--launcher shim` measures a shim and the
-//! job per job, the agent's default.
+//! job per job.
 //!
 //! `--check` runs the same path with 40 jobs and verifies the result (every
 //! job submitted once, succeeded, on one of the agents, with CPUs of its

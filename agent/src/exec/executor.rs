@@ -53,14 +53,14 @@ pub enum ShutdownMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Launcher {
     /// Every job under a shim of its own (`agent shim --job-dir DIR`): two
-    /// processes per job. The default: `dispatcher --dev` runs the agent
-    /// inside the dispatcher binary, whose `shim` knows no `--state-dir`.
-    #[default]
+    /// processes per job (the agent binary re-executed, then the job).
     Shim,
-    /// Jobs with a cgroup as direct children of the agent's one
-    /// supervisor process ([`supervisor`]): one process per job. A job
-    /// without a cgroup (none configured, or its creation failed) still
-    /// gets a shim, which alone can tell its escaped processes apart.
+    /// The default. Jobs with a cgroup as direct children of the agent's
+    /// one supervisor process ([`supervisor`]): one process per job. A job
+    /// without a cgroup (no cgroup v2 root could be made or was
+    /// configured, or its creation failed) still gets a shim, which alone
+    /// can tell its escaped processes apart.
+    #[default]
     Supervisor,
 }
 
