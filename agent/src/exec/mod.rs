@@ -42,6 +42,7 @@
 //! - `error.rs`: [`ExecError`].
 
 pub mod cgroup;
+mod clone3;
 pub mod devices;
 mod error;
 mod executor;

@@ -72,6 +72,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 
 use super::cgroup;
+use super::clone3::{self, ExecImage, SpawnError};
 use super::error::{ExecError, Result};
 use super::group::{JobProcs, cpu_set};
 use super::jobdir::{JobDir, read_json};
@@ -246,6 +247,48 @@ pub(crate) fn start_job(
     let ids = spec
         .run_as
         .map(|r| (Uid::from_raw(r.uid), Gid::from_raw(r.gid)));
+    // Born in its cgroup where the kernel can (no migration: see clone3.rs),
+    // else the cgroup.procs write below.
+    if let (Some(cg), Some(_)) = (&spec.cgroup, &cgroup_procs) {
+        let failed = |reason: String| ExecError::StartFailed {
+            id: job.id.clone(),
+            reason,
+        };
+        let cwd = job.cwd.as_deref().unwrap_or(Path::new("/"));
+        let image = ExecImage::new(&job.command, &job.args, &job.env, DEFAULT_PATH, cwd)
+            .map_err(|e| failed(format!("exec {}: {e}", job.command)))?;
+        let setup = |report: &OwnedFd| child_setup(report, None, pin.as_ref(), &limits, ids);
+        // Safety: `child_setup` only makes async-signal-safe system calls
+        // on data built before the clone (see the `pre_exec` below).
+        match unsafe { clone3::spawn_into_cgroup(cg, &image, &setup) } {
+            Ok(s) => {
+                return Ok(Started {
+                    pid: s.pid,
+                    stdout: s.stdout,
+                    stderr: s.stderr,
+                });
+            }
+            Err(SpawnError::Failed { step, errno }) => {
+                let step = if step.is_empty() {
+                    format!("exec {}", job.command)
+                } else {
+                    step
+                };
+                let e = io::Error::from_raw_os_error(errno as i32);
+                return Err(failed(format!("{step}: {e}")));
+            }
+            Err(SpawnError::Setup(e)) => return Err(failed(format!("pipes for the job: {e}"))),
+            Err(SpawnError::Unsupported(e)) => {
+                static SAID: std::sync::atomic::AtomicBool =
+                    std::sync::atomic::AtomicBool::new(false);
+                if !SAID.swap(true, Ordering::Relaxed) {
+                    diag(format_args!(
+                        "clone3 into a cgroup unavailable ({e}): jobs enter their cgroups by cgroup.procs"
+                    ));
+                }
+            }
+        }
+    }
     // The child reports which step failed through this pipe; exec closes it.
     let (err_read, err_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
         .map_err(|e| ExecError::sys("pipe2", format!("job {}", job.id), e))?;
