@@ -24,9 +24,10 @@
 //!   ends when its cgroup is empty. Jobs without a cgroup keep a shim each
 //!   (the executor chooses, [`super::Launcher`]).
 //! - **The same child setup**: the job is forked and exec'd by
-//!   [`super::shim::start_job`] (own session, cgroup entered, CPUs pinned,
-//!   rlimits, uid/gid), between fork and exec in this small single-threaded
-//!   process; the same size-capped logs, timeout, cancel (SIGUSR1 after the
+//!   [`super::shim::start_job`] (own session, born in its cgroup by
+//!   `clone3(CLONE_INTO_CGROUP)` where the kernel allows, else entering it;
+//!   CPUs pinned, rlimits, uid/gid), between clone and exec in this small
+//!   single-threaded process; the same size-capped logs, timeout, cancel (SIGUSR1 after the
 //!   agent wrote the job's `cancel` file: each job checks its own), lease
 //!   fencing ([`super::lease`]), and SIGTERM / SIGINT to the supervisor
 //!   cancel every job with its grace.
