@@ -45,6 +45,7 @@ pub mod metrics;
 pub mod policy;
 pub mod queueing;
 pub mod report;
+pub mod saturation;
 pub mod svg;
 pub mod swf;
 pub mod workload;

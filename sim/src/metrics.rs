@@ -49,6 +49,9 @@ pub struct PolicyReport {
     pub unfinished: u64,
     /// Total work / (capacity x makespan).
     pub utilization: f64,
+    /// Percent of the CPUs busy while at least one job waited to start
+    /// ([`crate::saturation`]); `None` when no job waited.
+    pub busy_while_waiting_pct: Option<f64>,
     /// Last end - first submit, seconds.
     pub makespan_s: f64,
     /// Total work / capacity, seconds.
@@ -273,6 +276,19 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
         } else {
             0.0
         },
+        busy_while_waiting_pct: crate::saturation::busy_while_waiting(
+            &w.jobs
+                .iter()
+                .zip(recs)
+                .map(|(j, r)| crate::saturation::Span {
+                    submit: r.submit,
+                    start: r.start,
+                    end: r.end,
+                    cpus: u64::from(j.cpus) * u64::from(j.nodes),
+                })
+                .collect::<Vec<_>>(),
+            capacity as u64,
+        ),
         makespan_s: s(makespan),
         makespan_lb_s: s(work / capacity),
         resp_mean_s: mean(&resp),
