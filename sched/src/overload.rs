@@ -14,9 +14,15 @@
 //! Beside the masks, the number of overloaded leaves in all of them, so
 //! that a search finds "nothing to steal anywhere" in O(1) instead of
 //! reading every rack's mask (at cluster scale every finish goes newidle).
+//!
+//! And per LLC, the demands of every task waiting on its leaves
+//! ([`LlcDemands`]): a steal search skips a whole LLC none of whose waiting
+//! tasks is small enough to start on the stealer, counting its overloaded
+//! leaves as visited, instead of visiting each one.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::rq::DemandSet;
 use crate::sparsemask::AtomicSparseMask;
 use crate::topology::{LeafId, Topology};
 
@@ -87,6 +93,58 @@ impl OverloadMasks {
         self.masks[llc]
             .iter_wrap(start)
             .map(move |pos| members[pos])
+    }
+}
+
+/// Per LLC, the demands of the tasks waiting on its leaves (their fair
+/// timelines) and of those in their latency timelines: the union of the
+/// leaves' [`crate::rq::RunQueue::wait_demands`] and
+/// [`crate::rq::RunQueue::latency_demands`], kept by the engine wherever it
+/// changes a timeline.
+#[derive(Clone, Debug, Default)]
+pub struct LlcDemands {
+    wait: Vec<DemandSet>,
+    latency: Vec<DemandSet>,
+}
+
+impl LlcDemands {
+    /// Empty sets for every LLC of `topo`.
+    pub fn new(topo: &Topology) -> Self {
+        let n = topo.llcs().len();
+        Self {
+            wait: vec![DemandSet::default(); n],
+            latency: vec![DemandSet::default(); n],
+        }
+    }
+
+    /// A task of `demand` starts waiting in an LLC.
+    pub(crate) fn wait_insert(&mut self, llc: usize, demand: u32) {
+        self.wait[llc].insert(demand);
+    }
+
+    /// A task of `demand` stops waiting in an LLC.
+    pub(crate) fn wait_remove(&mut self, llc: usize, demand: u32) {
+        self.wait[llc].remove(demand);
+    }
+
+    /// A task of `demand` enters a latency timeline of an LLC.
+    pub(crate) fn latency_insert(&mut self, llc: usize, demand: u32) {
+        self.latency[llc].insert(demand);
+    }
+
+    /// A task of `demand` leaves a latency timeline of an LLC.
+    pub(crate) fn latency_remove(&mut self, llc: usize, demand: u32) {
+        self.latency[llc].remove(demand);
+    }
+
+    /// Demands of the tasks waiting in an LLC.
+    pub fn wait(&self, llc: usize) -> &DemandSet {
+        &self.wait[llc]
+    }
+
+    /// Demands of the tasks in an LLC's latency timelines.
+    pub fn latency(&self, llc: usize) -> &DemandSet {
+        &self.latency[llc]
     }
 }
 
