@@ -34,7 +34,9 @@
 //! counting its overloaded leaves as visited (`steal_scanned`) as the walk
 //! would, and a source leaf whose waiting tasks
 //! ([`RunQueue::wait_demands`]) are all larger, without walking its queue;
-//! the latency pull does the same with the latency timelines. At 100,000
+//! the latency pull does the same with the latency timelines. The
+//! cross-LLC level is skipped whole when the parent domain's sibling group
+//! has nothing small enough. At 100,000
 //! nodes the full walk visited every overloaded node of a zone and every
 //! waiting task of each on every search, to find nothing most of the time.
 //!
@@ -189,6 +191,12 @@ impl Sched {
         now: u64,
         found_overloaded: &mut bool,
     ) -> Option<(TaskId, LeafId)> {
+        if !self.llc_demands.group_wait(llc).any_within(bound) {
+            // Nothing small enough in the whole parent domain.
+            let n = self.overload.group_weight(llc) - self.overload.weight(llc);
+            self.skip_visited(n, found_overloaded);
+            return None;
+        }
         let sibs = self.sibling_llcs(llc);
         if !self.config.pull_longest_wait {
             // The first hit in order: LLC by LLC is the same walk.
@@ -416,6 +424,11 @@ impl Sched {
             self.stats.steal_scanned += n as u64;
         }
         if self.config.steal_cross_llc && self.steal_cross_allowed[llc] {
+            if !self.llc_demands.group_latency(llc).any_within(bound) {
+                let n = self.overload.group_weight(llc) - self.overload.weight(llc);
+                self.stats.steal_scanned += n as u64;
+                return None;
+            }
             let mut candidates = Vec::new();
             for l in self.sibling_llcs(llc) {
                 if self.llc_demands.latency(l).any_within(bound) {

@@ -12,7 +12,8 @@
 //! leaf counts as visited) and whole engine state (Debug form).
 //!
 //! Also the demand sets the skip reads, against brute force: per leaf the
-//! demands of its fair and latency timelines, per LLC their union.
+//! demands of its fair and latency timelines, per LLC their union, per
+//! sibling group (the LLCs of a parent domain) the union of its LLCs'.
 //!
 //! Each run counts the searches in which the skip had something to skip
 //! (an overloaded leaf of the stealer's domain whose every waiting task is
@@ -197,6 +198,31 @@ fn check_demands(s: &Sched) -> Result<(), TestCaseError> {
         }
         prop_assert_eq!(&as_map(s.llc_demands().wait(l)), &wait, "llc {}", l);
         prop_assert_eq!(&as_map(s.llc_demands().latency(l)), &lat, "llc {}", l);
+    }
+    // Per sibling group: the union of its LLCs' sets.
+    for l in 0..topo.llcs().len() {
+        let mut wait = BTreeMap::new();
+        let mut lat = BTreeMap::new();
+        for &x in topo.llc_siblings(l) {
+            for (d, c) in s.llc_demands().wait(x).counts() {
+                *wait.entry(d).or_insert(0) += c;
+            }
+            for (d, c) in s.llc_demands().latency(x).counts() {
+                *lat.entry(d).or_insert(0) += c;
+            }
+        }
+        prop_assert_eq!(
+            &as_map(s.llc_demands().group_wait(l)),
+            &wait,
+            "group of {}",
+            l
+        );
+        prop_assert_eq!(
+            &as_map(s.llc_demands().group_latency(l)),
+            &lat,
+            "group of {}",
+            l
+        );
     }
     Ok(())
 }
