@@ -1,7 +1,9 @@
 //! The steal searches' skip of sources that cannot supply a fitting task
 //! (`sched/src/steal.rs`: an LLC, or a source leaf, none of whose waiting
-//! tasks is small enough to start on the stealer), checked against the
-//! full walk: two engines, one with the skip and one without
+//! tasks is small enough to start on the stealer) and the domain queue's
+//! skip of the tasks a reservation refuses for their limit
+//! (`Sched::oldest_fitting`, `sched/src/reserve.rs`), checked against the
+//! full walk: two engines, one with the skips and one without
 //! (`Sched::set_steal_skip(false)`), driven through the same random
 //! operations on random cluster and CPU topologies, with capacities,
 //! alignments with per-level room, affinities, time limits, latency-nice,
@@ -98,7 +100,7 @@ struct Scenario {
     capacities: Vec<u32>,
     jobs: Vec<Job>,
     ops: Vec<Op>,
-    switches: [bool; 8],
+    switches: [bool; 10],
 }
 
 fn scenario() -> impl Strategy<Value = Scenario> {
@@ -107,7 +109,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         proptest::collection::vec(0..9u32, 24),
         proptest::collection::vec(job(), NR_TASKS),
         proptest::collection::vec(op(), 1..160),
-        any::<[bool; 8]>(),
+        any::<[bool; 10]>(),
     )
         .prop_map(|(topo, capacities, jobs, ops, switches)| Scenario {
             topo,
@@ -130,6 +132,8 @@ fn build(sc: &Scenario, skip: bool) -> Sched {
         domains,
         balance,
         latency,
+        fifo,
+        shortest,
     ] = sc.switches;
     let mut config = if cluster {
         SchedConfig::cluster()
@@ -141,8 +145,8 @@ fn build(sc: &Scenario, skip: bool) -> Sched {
     config.pull_longest_wait = longest;
     config.latency_pull = latency_pull;
     config.domain_reservation = domains;
-    config.domain_fifo = domains && latency;
-    config.shortest_limit_first = domains && !latency;
+    config.domain_fifo = fifo;
+    config.shortest_limit_first = shortest;
     config.idle_balance = balance;
     config.latency = latency || latency_pull;
     config.steal_cost = 0;
