@@ -233,7 +233,9 @@ impl Sched {
     /// Cost: per task started, one look per distinct waiting demand that
     /// fits `dst`'s free capacity, plus the tasks passed over because
     /// they cannot start on `dst` (affinity, alignment, or `dst`'s
-    /// reservation).
+    /// reservation). Shortest limit first, the tasks a reservation refuses
+    /// for their limit are passed over as a block (see
+    /// [`Sched::oldest_fitting`]).
     pub(crate) fn fifo_pull(&mut self, dst: LeafId, now: u64) -> usize {
         if !self.domains.fifo {
             return 0;
@@ -258,9 +260,28 @@ impl Sched {
     /// on `dst` now, and the leaf it waits on. The domain's protected head
     /// takes its turn in that order like any task; its reservation is
     /// what bounds its wait (its own leaf holds room for it).
+    ///
+    /// Skipped without a look (same answer, fewer visits), when `dst`'s
+    /// reservation judges the tasks, the queue is shortest limit first and
+    /// the reservation has a start: in a demand bucket above the
+    /// reservation's extra capacity, once a task's key says it would end
+    /// after that start (`now` + remaining limit, the key's second field),
+    /// every later task of its class in the bucket would too (a longer or
+    /// equal remaining limit, or none), so `backfill_ok` refuses them all:
+    /// the walk jumps to the next class (latency class, then batch) or
+    /// bucket. The reservation's own task, judged by `can_start` instead,
+    /// is looked at on its own if it lies in the skipped block. At a
+    /// queueing load the domain's queue is long and a protected leaf
+    /// walked all of it on every call. Off with
+    /// [`Sched::set_steal_skip`]`(false)` (the full walk, for tests).
     fn oldest_fitting(&self, dst: LeafId, now: u64) -> Option<(TaskId, LeafId)> {
         let rq = &self.rqs[dst];
-        let free = rq.free();
+        // Every test below needs `can_start` on `dst`.
+        let free = if self.steal_skip {
+            rq.start_bound()
+        } else {
+            rq.free()
+        };
         // In age order, `dst`'s own head holds room only while it is
         // blocked: a head that can start now takes its turn in the domain's
         // age order. Shortest first, a protected head that can start now
@@ -277,14 +298,50 @@ impl Sched {
                         .is_some_and(|h| !rq.can_start(h.demand, h.align))
             })
         };
+        // The block skip's data: the reservation's start, and its task
+        // with that task's key.
+        let skip = match &res {
+            Some(r) if self.steal_skip && self.domains.shortest => r.start.map(|shadow| {
+                let head = self
+                    .tasks
+                    .get(&r.task)
+                    .map(|h| (self.domains.wait_key(h), h));
+                (r, shadow, head)
+            }),
+            _ => None,
+        };
         let mut best: Option<(WaitKey, LeafId)> = None;
-        for set in self.domains.waiting[self.domains.dom_of[dst]]
-            .range(..=free)
-            .map(|(_, s)| s)
-        {
-            for &key in set {
+        for (&demand, set) in self.domains.waiting[self.domains.dom_of[dst]].range(..=free) {
+            let mut keys = set.range(..);
+            while let Some(&key) = keys.next() {
                 if best.is_some_and(|(b, _)| key >= b) {
                     break;
+                }
+                if let Some((r, shadow, head)) = &skip
+                    && demand > r.extra
+                    && key.4 != r.task
+                    && now.saturating_add(key.1) > *shadow
+                {
+                    // This task and the rest of its class in the bucket
+                    // end after the reservation's start: refused. Only
+                    // the reservation's own task may start among them.
+                    if let Some((hk, h)) = head
+                        && h.demand == demand
+                        && hk.0 == key.0
+                        && *hk > key
+                        && best.is_none_or(|(b, _)| *hk < b)
+                        && let crate::task::TaskState::Queued(src) = h.state
+                        && h.allowed(dst)
+                        && rq.can_start(h.demand, h.align)
+                    {
+                        best = Some((*hk, src));
+                        break;
+                    }
+                    if key.0 {
+                        break;
+                    }
+                    keys = set.range((true, 0, 0, 0, TaskId(0))..);
+                    continue;
                 }
                 let Some(t) = self.tasks.get(&key.4) else {
                     continue;

@@ -9,14 +9,69 @@
 //! use the room that cannot delay the head's reservation
 //! ([`crate::Sched::reservation`]). Keys carry an enqueue
 //! sequence number so that equal vruntimes keep FIFO order.
+//!
+//! Beside each timeline, the multiset of its tasks' demands
+//! ([`DemandSet`]), kept exactly on every insert and remove: a steal
+//! search skips a source whose smallest waiting demand exceeds what the
+//! stealer could start at all ([`RunQueue::start_bound`]), without walking
+//! its queue.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::alloc::{Align, FreeSummary};
 use crate::task::TaskId;
 
 /// Key in a timeline: (virtual time, enqueue sequence, task).
 pub type TimelineKey = (i64, u64, TaskId);
+
+/// A multiset of demands (count per demand): the waiting tasks of a
+/// timeline, or of every leaf of an LLC. Its minimum is what a steal
+/// search compares with the stealer's [`RunQueue::start_bound`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DemandSet(BTreeMap<u32, u32>);
+
+impl DemandSet {
+    /// Add one task of `demand`.
+    pub fn insert(&mut self, demand: u32) {
+        *self.0.entry(demand).or_insert(0) += 1;
+    }
+
+    /// Remove one task of `demand` (present: the engine removes only what
+    /// it inserted).
+    pub fn remove(&mut self, demand: u32) {
+        if let Some(n) = self.0.get_mut(&demand) {
+            *n -= 1;
+            if *n == 0 {
+                self.0.remove(&demand);
+            }
+        }
+    }
+
+    /// The smallest demand; `None` when empty.
+    pub fn min(&self) -> Option<u32> {
+        self.0.first_key_value().map(|(&d, _)| d)
+    }
+
+    /// True when some member's demand is at most `bound`.
+    pub fn any_within(&self, bound: u32) -> bool {
+        self.min().is_some_and(|d| d <= bound)
+    }
+
+    /// Number of members.
+    pub fn len(&self) -> usize {
+        self.0.values().map(|&n| n as usize).sum()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The members' (demand, count) pairs, smallest demand first.
+    pub fn counts(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.0.iter().map(|(&d, &n)| (d, n))
+    }
+}
 
 /// One leaf's queue state. Mutated only by the engine.
 #[derive(Clone, Debug)]
@@ -34,6 +89,10 @@ pub struct RunQueue {
     /// Waiting latency-sensitive tasks by vruntime + latency_offset
     /// (`latency_timeline`, seed 004).
     pub(crate) latency_timeline: BTreeSet<TimelineKey>,
+    /// Demands of the tasks of `tasks_timeline`.
+    pub(crate) wait_demands: DemandSet,
+    /// Demands of the tasks of `latency_timeline`.
+    pub(crate) latency_demands: DemandSet,
     /// Sum of the weights of runnable tasks (`cfs_rq->load.weight`).
     pub load_weight: u64,
     /// Monotonic floor of the vruntimes (`min_vruntime`).
@@ -65,6 +124,8 @@ impl RunQueue {
             running: Vec::new(),
             tasks_timeline: BTreeSet::new(),
             latency_timeline: BTreeSet::new(),
+            wait_demands: DemandSet::default(),
+            latency_demands: DemandSet::default(),
             load_weight: 0,
             min_vruntime: 0,
             avg_idle,
@@ -128,6 +189,29 @@ impl RunQueue {
         self.free() >= demand && self.align_free.is_none_or(|s| s.get(align) >= demand)
     }
 
+    /// The largest demand [`RunQueue::can_start`] could accept now, of
+    /// any alignment: no task of a larger demand can start here, so a
+    /// steal search skips sources whose every waiting task is larger (every
+    /// "fits" test, [`crate::Sched::fits_now`] included, needs
+    /// `can_start`).
+    pub fn start_bound(&self) -> u32 {
+        let free = self.free();
+        match &self.align_free {
+            None => free,
+            Some(s) => free.min(Align::ALL.iter().map(|&a| s.get(a)).max().unwrap_or(0)),
+        }
+    }
+
+    /// Demands of the waiting tasks (the fair timeline).
+    pub fn wait_demands(&self) -> &DemandSet {
+        &self.wait_demands
+    }
+
+    /// Demands of the tasks of the latency timeline.
+    pub fn latency_demands(&self) -> &DemandSet {
+        &self.latency_demands
+    }
+
     /// Idle: room for a newcomer (nothing waiting and some capacity free;
     /// with backfill, room that cannot delay the head). For `C = 1` this is
     /// the kernel's `available_idle_cpu`.
@@ -143,6 +227,11 @@ impl RunQueue {
     /// Waiting tasks in fair (vruntime) order.
     pub fn waiting(&self) -> impl Iterator<Item = TaskId> + '_ {
         self.tasks_timeline.iter().map(|k| k.2)
+    }
+
+    /// Waiting tasks of the latency timeline, in its order.
+    pub fn latency_waiting(&self) -> impl Iterator<Item = TaskId> + '_ {
+        self.latency_timeline.iter().map(|k| k.2)
     }
 
     /// Leftmost waiting task of the fair timeline.

@@ -25,7 +25,7 @@ use crate::busy::{BusyFlags, NohzMask};
 use crate::config::{NodeLimitScope, SchedConfig};
 use crate::idhash::IdMap;
 use crate::idlest::IdlestIndex;
-use crate::overload::OverloadMasks;
+use crate::overload::{LlcDemands, OverloadMasks};
 use crate::pack::PackIndex;
 use crate::reserve::DomainHeads;
 use crate::rq::RunQueue;
@@ -174,6 +174,12 @@ pub struct Sched {
     last_now: u64,
     /// One reservation per steal domain (`SchedConfig::domain_reservation`).
     pub(crate) domains: DomainHeads,
+    /// Per LLC, the demands of its waiting tasks (the steal search's
+    /// skip test).
+    pub(crate) llc_demands: LlcDemands,
+    /// Steal searches skip sources that cannot supply a fitting task (on
+    /// unless a test turns it off to compare with the full walk).
+    pub(crate) steal_skip: bool,
 }
 
 impl Sched {
@@ -195,6 +201,8 @@ impl Sched {
         let domains = DomainHeads::new(&topo, &config, steal_llc_allowed, &steal_cross_allowed);
         let mut s = Self {
             overload: OverloadMasks::new(&topo),
+            llc_demands: LlcDemands::new(&topo),
+            steal_skip: true,
             busy: BusyFlags::new(&topo),
             nohz: NohzMask::new(n),
             agg: vec![NodeAgg::default(); topo.nodes().len()],
@@ -226,6 +234,19 @@ impl Sched {
     }
 
     // ----- queries -----
+
+    /// Per LLC, the demands of the tasks waiting on its leaves.
+    pub fn llc_demands(&self) -> &LlcDemands {
+        &self.llc_demands
+    }
+
+    /// Turn the steal searches' skip of sources that cannot supply a
+    /// fitting task off (the full walk) or on (the default). The decisions
+    /// are the same either way; for tests that compare the two.
+    #[doc(hidden)]
+    pub fn set_steal_skip(&mut self, on: bool) {
+        self.steal_skip = on;
+    }
 
     /// The topology.
     pub fn topology(&self) -> &Arc<Topology> {
@@ -570,6 +591,7 @@ impl Sched {
         self.seq += 1;
         let seq = self.seq;
         let latency_enabled = self.config.latency;
+        let llc = self.topo.llc_of(leaf);
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
@@ -591,10 +613,14 @@ impl Sched {
             rq.avg_idle = rq.avg_idle.min(2 * self.config.migration_cost);
         }
         rq.tasks_timeline.insert((t.vruntime, seq, id));
+        rq.wait_demands.insert(t.demand);
+        self.llc_demands.wait_insert(llc, t.demand);
         self.domains.wait_insert(leaf, t);
         if latency_enabled && t.latency_offset < 0 && wakeup {
             rq.latency_timeline
                 .insert((t.vruntime + t.latency_offset, seq, id));
+            rq.latency_demands.insert(t.demand);
+            self.llc_demands.latency_insert(llc, t.demand);
             t.in_latency_tree = true;
         }
         rq.nr_running += t.demand;
@@ -615,14 +641,18 @@ impl Sched {
         if t.latency_offset >= 0 || t.in_latency_tree || t.state != TaskState::Queued(leaf) {
             return;
         }
-        self.rqs[leaf]
-            .latency_timeline
+        let rq = &mut self.rqs[leaf];
+        rq.latency_timeline
             .insert((t.vruntime + t.latency_offset, t.enqueue_seq, id));
+        rq.latency_demands.insert(t.demand);
+        self.llc_demands
+            .latency_insert(self.topo.llc_of(leaf), t.demand);
         t.in_latency_tree = true;
     }
 
     /// Take a task off its leaf (running or waiting) and make it sleep.
     fn dequeue_task(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        let llc = self.topo.llc_of(leaf);
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
@@ -634,10 +664,14 @@ impl Sched {
             }
             TaskState::Queued(_) => {
                 rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id));
+                rq.wait_demands.remove(t.demand);
+                self.llc_demands.wait_remove(llc, t.demand);
                 self.domains.wait_remove(leaf, t);
                 if t.in_latency_tree {
                     rq.latency_timeline
                         .remove(&(t.vruntime + t.latency_offset, t.enqueue_seq, id));
+                    rq.latency_demands.remove(t.demand);
+                    self.llc_demands.latency_remove(llc, t.demand);
                     t.in_latency_tree = false;
                 }
             }
@@ -791,15 +825,20 @@ impl Sched {
         // (a backfilled task is neither).
         let latency_first = self.rqs[leaf].first_fair().map(|k| k.2) != Some(id)
             && self.rqs[leaf].first_latency().map(|k| k.2) == Some(id);
+        let llc = self.topo.llc_of(leaf);
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
         let rq = &mut self.rqs[leaf];
         rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id));
+        rq.wait_demands.remove(t.demand);
+        self.llc_demands.wait_remove(llc, t.demand);
         self.domains.wait_remove(leaf, t);
         if t.in_latency_tree {
             rq.latency_timeline
                 .remove(&(t.vruntime + t.latency_offset, t.enqueue_seq, id));
+            rq.latency_demands.remove(t.demand);
+            self.llc_demands.latency_remove(llc, t.demand);
             t.in_latency_tree = false;
         }
         rq.running.push(id);
@@ -838,6 +877,7 @@ impl Sched {
         let seq = self.seq;
         let latency_enabled = self.config.latency;
         let min_gran = self.config.min_granularity;
+        let llc = self.topo.llc_of(leaf);
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
@@ -848,11 +888,15 @@ impl Sched {
         t.enqueue_seq = seq;
         t.queued_at = now;
         rq.tasks_timeline.insert((t.vruntime, seq, id));
+        rq.wait_demands.insert(t.demand);
+        self.llc_demands.wait_insert(llc, t.demand);
         self.domains.wait_insert(leaf, t);
         let delta_exec = t.sum_exec_runtime - t.prev_sum_exec_runtime;
         if latency_enabled && t.latency_offset < 0 && delta_exec < min_gran {
             rq.latency_timeline
                 .insert((t.vruntime + t.latency_offset, seq, id));
+            rq.latency_demands.insert(t.demand);
+            self.llc_demands.latency_insert(llc, t.demand);
             t.in_latency_tree = true;
         }
         self.stats.nr_preemptions += 1;
