@@ -230,11 +230,11 @@ pub fn find_aligned_in(
         }
     }
     let (idle, group) = best?;
-    // Leaves of the group, core by core in rank order: `leaves` sorted by
+    // Leaves of the group, core by core in rank order: `keyed` sorted by
     // (core, leaf), packed in one u64 each so that the sort compares
-    // integers (the keys are distinct: unstable is stable here), and
-    // `by_core` the range of each core in it (one allocation each, not
-    // one per core).
+    // integers (the keys are distinct: unstable is stable here; the leaf
+    // is the low half), and `by_core` the range of each core in it (one
+    // allocation each, not one per core).
     let mut keyed: Vec<u64> = Vec::with_capacity(idle);
     keyed.extend(
         group
@@ -243,8 +243,8 @@ pub fn find_aligned_in(
             .map(|&l| ((topo.core_of(l) as u64) << 32) | l as u64),
     );
     keyed.sort_unstable();
-    let leaves: Vec<LeafId> = keyed.iter().map(|&k| k as u32 as LeafId).collect();
-    let mut by_core: Vec<std::ops::Range<usize>> = Vec::with_capacity(leaves.len());
+    let leaf = |i: usize| keyed[i] as u32 as LeafId;
+    let mut by_core: Vec<std::ops::Range<usize>> = Vec::with_capacity(keyed.len());
     let mut last_core = u64::MAX;
     for (i, &key) in keyed.iter().enumerate() {
         let core = key >> 32;
@@ -259,12 +259,12 @@ pub fn find_aligned_in(
     let mut out = Vec::with_capacity(k);
     match policy {
         Policy::Pack => {
-            out.extend(leaves.iter().copied().take(k));
+            out.extend((0..k.min(keyed.len())).map(leaf));
         }
         Policy::Spread => {
             // Whole idle cores first, one thread each, then the rest.
             by_core.sort_by_key(|r| {
-                let first = leaves[r.start];
+                let first = leaf(r.start);
                 let core_size = topo.smt_siblings(first).len();
                 (r.len() != core_size, topo.core_of(first))
             });
@@ -272,8 +272,8 @@ pub fn find_aligned_in(
             while out.len() < k {
                 let before = out.len();
                 for r in &by_core {
-                    if let Some(&l) = leaves[r.clone()].get(round) {
-                        out.push(l);
+                    if round < r.len() {
+                        out.push(leaf(r.start + round));
                         if out.len() == k {
                             break;
                         }
