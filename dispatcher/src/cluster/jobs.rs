@@ -841,6 +841,7 @@ impl Jobs {
         let task = TaskId(self.next_task);
         self.next_task += 1;
         self.task_job.insert(task, key);
+        let gpus = job.spec.as_ref().map_or(0, |s| s.gpus);
         self.table.insert(
             key,
             JobEntry {
@@ -854,7 +855,7 @@ impl Jobs {
                 text_requeues: 0,
             },
         );
-        self.index(key, &phase);
+        self.index(key, &phase, gpus);
         self.write_phase(key, phase);
     }
 
@@ -869,11 +870,12 @@ impl Jobs {
             why: Unplaced::Restored,
         };
         let previous = std::mem::replace(&mut e.phase, placeholder);
-        if e.gpus() > 0 && previous.node().is_some() && previous.node() != phase.node() {
+        let gpus = e.gpus();
+        if gpus > 0 && previous.node().is_some() && previous.node() != phase.node() {
             self.gpus_freed = true;
         }
-        self.unindex(key, &previous);
-        self.index(key, &phase);
+        self.unindex(key, &previous, gpus);
+        self.index(key, &phase, gpus);
         let same_text =
             text_inputs(&previous).is_some() && text_inputs(&previous) == text_inputs(&phase);
         self.write_phase_as(key, phase, same_text);
@@ -977,7 +979,10 @@ impl Jobs {
         e.phase = phase;
     }
 
-    fn sets(&mut self, key: JobKey, phase: &Phase, add: bool) {
+    /// Add `key` to (or take it out of) the indexes of `phase`; `gpus`:
+    /// the GPUs the job asks (passed in: looking it up here searched the
+    /// whole table twice per phase change).
+    fn sets(&mut self, key: JobKey, phase: &Phase, add: bool, gpus: u32) {
         let set = match phase {
             Phase::Unplaced { .. } => Some(&mut self.unplaced),
             Phase::Queued { .. } => Some(&mut self.queued),
@@ -1003,7 +1008,6 @@ impl Jobs {
                 self.unasked.remove(&(*since, key));
             }
         }
-        let gpus = self.table.get(&key).map_or(0, JobEntry::gpus);
         if gpus > 0
             && let Some(node) = phase.node()
         {
@@ -1041,12 +1045,12 @@ impl Jobs {
         }
     }
 
-    fn index(&mut self, key: JobKey, phase: &Phase) {
-        self.sets(key, phase, true);
+    fn index(&mut self, key: JobKey, phase: &Phase, gpus: u32) {
+        self.sets(key, phase, true, gpus);
     }
 
-    fn unindex(&mut self, key: JobKey, phase: &Phase) {
-        self.sets(key, phase, false);
+    fn unindex(&mut self, key: JobKey, phase: &Phase, gpus: u32) {
+        self.sets(key, phase, false, gpus);
     }
 
     /// Check the invariants against a brute-force recomputation over the
