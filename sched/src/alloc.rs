@@ -230,21 +230,35 @@ pub fn find_aligned_in(
         }
     }
     let (idle, group) = best?;
-    // Leaves of the group, core by core in rank order: `leaves` sorted by
+    // Leaves of the group, core by core in rank order: `keyed` sorted by
     // (core, leaf), packed in one u64 each so that the sort compares
-    // integers (the keys are distinct: unstable is stable here), and
-    // `by_core` the range of each core in it (one allocation each, not
-    // one per core).
+    // integers (the keys are distinct: unstable is stable here; the leaf
+    // is the low half), and `by_core` the range of each core in it (one
+    // allocation each, not one per core).
     let mut keyed: Vec<u64> = Vec::with_capacity(idle);
-    keyed.extend(
-        group
-            .iter()
-            .filter(|&&l| ok(l))
-            .map(|&l| ((topo.core_of(l) as u64) << 32) | l as u64),
-    );
-    keyed.sort_unstable();
-    let leaves: Vec<LeafId> = keyed.iter().map(|&k| k as u32 as LeafId).collect();
-    let mut by_core: Vec<std::ops::Range<usize>> = Vec::with_capacity(leaves.len());
+    if group.len() == topo.nr_leaves() {
+        // The group is every leaf (`Any`, or a single package): the cores
+        // in number order, each ascending, are that order already.
+        for (c, members) in topo.cores().iter().enumerate() {
+            keyed.extend(
+                members
+                    .iter()
+                    .filter(|&&l| ok(l))
+                    .map(|&l| ((c as u64) << 32) | l as u64),
+            );
+        }
+        debug_assert!(keyed.is_sorted() && keyed.len() == idle);
+    } else {
+        keyed.extend(
+            group
+                .iter()
+                .filter(|&&l| ok(l))
+                .map(|&l| ((topo.core_of(l) as u64) << 32) | l as u64),
+        );
+        keyed.sort_unstable();
+    }
+    let leaf = |i: usize| keyed[i] as u32 as LeafId;
+    let mut by_core: Vec<std::ops::Range<usize>> = Vec::with_capacity(keyed.len());
     let mut last_core = u64::MAX;
     for (i, &key) in keyed.iter().enumerate() {
         let core = key >> 32;
@@ -259,21 +273,23 @@ pub fn find_aligned_in(
     let mut out = Vec::with_capacity(k);
     match policy {
         Policy::Pack => {
-            out.extend(leaves.iter().copied().take(k));
+            out.extend((0..k.min(keyed.len())).map(leaf));
         }
         Policy::Spread => {
-            // Whole idle cores first, one thread each, then the rest.
-            by_core.sort_by_key(|r| {
-                let first = leaves[r.start];
-                let core_size = topo.smt_siblings(first).len();
-                (r.len() != core_size, topo.core_of(first))
-            });
+            // Whole idle cores first, one thread each, then the rest; each
+            // in core order (`by_core` is: a stable partition, no sort).
+            let whole =
+                |r: &std::ops::Range<usize>| r.len() == topo.smt_siblings(leaf(r.start)).len();
+            let ordered = || {
+                let partial = by_core.iter().filter(move |r| !whole(r));
+                by_core.iter().filter(move |r| whole(r)).chain(partial)
+            };
             let mut round = 0;
             while out.len() < k {
                 let before = out.len();
-                for r in &by_core {
-                    if let Some(&l) = leaves[r.clone()].get(round) {
-                        out.push(l);
+                for r in ordered() {
+                    if round < r.len() {
+                        out.push(leaf(r.start + round));
                         if out.len() == k {
                             break;
                         }

@@ -9,10 +9,11 @@
 //!   phase: it is written only by [`Jobs::set_phase`];
 //! - the indexes hold exactly the keys of the jobs in the phases they
 //!   name: `by_node[n]` the jobs that hold node `n` (Assigned, Running,
-//!   AwaitingNode), `assigned`, `awaiting`, `unplaced`, `queued`, and
-//!   `unasked` the Assigned ones not asked back yet, by (`since`, key), so
-//!   that the tick finds the jobs due for an agent-level steal without
-//!   visiting every ASSIGNED job; `gpus_by_node[n]` the GPUs asked by the
+//!   AwaitingNode), `awaiting`, `unplaced`, `queued`, and `unasked` the
+//!   Assigned ones not asked back yet, by (`since`, key), so that the tick
+//!   finds the jobs due for an agent-level steal without visiting every
+//!   ASSIGNED job (no index of all ASSIGNED jobs: nothing reads one, and
+//!   keeping it cost two B-tree updates per job); `gpus_by_node[n]` the GPUs asked by the
 //!   jobs whose phase names node `n` (Queued there, Assigned, Running,
 //!   AwaitingNode): the GPUs the dispatcher counts as taken on it;
 //! - `reason` is display text, generated from the phase, the requeue
@@ -541,6 +542,25 @@ fn gang_text(phase: &Phase, job: &Job, last: Option<&Requeue>) -> Option<String>
     })
 }
 
+/// What the reason text of a phase is made of when it is the "how it came
+/// to its node" text ([`via_text`], or [`gang_text`] for a gang member):
+/// the node and the way, plus the last requeue and the job's gang fields,
+/// which do not change between two phase changes without a requeue. None
+/// for the other phases (their texts have other inputs).
+fn text_inputs(phase: &Phase) -> Option<(&str, &Via)> {
+    match phase {
+        Phase::Queued {
+            via: Via::Placed(_),
+            waiting: true,
+            ..
+        } => None,
+        Phase::Queued { node, via, .. }
+        | Phase::Assigned { node, via, .. }
+        | Phase::Running { node, via } => Some((node, via)),
+        _ => None,
+    }
+}
+
 /// The display text of a phase (None: the text does not change).
 fn reason_of(phase: &Phase, last: Option<&Requeue>) -> Option<String> {
     match phase {
@@ -589,6 +609,10 @@ pub struct JobEntry {
     pub model_cpus: Vec<LeafId>,
     /// Why it went back to PENDING, oldest first.
     pub requeues: Vec<Requeue>,
+    /// `requeues.len()` when the reason text was last generated: a phase
+    /// change whose text has the same inputs (see [`text_inputs`]) and no
+    /// requeue since keeps the text without generating it again.
+    text_requeues: usize,
 }
 
 impl JobEntry {
@@ -670,7 +694,6 @@ pub struct Jobs {
     next_job: u64,
     next_task: u64,
     by_node: IdMap<String, BTreeSet<JobKey>>,
-    assigned: BTreeSet<JobKey>,
     awaiting: BTreeSet<JobKey>,
     unplaced: BTreeSet<JobKey>,
     queued: BTreeSet<JobKey>,
@@ -776,13 +799,6 @@ impl Jobs {
         std::mem::take(&mut self.gpus_freed)
     }
 
-    /// ASSIGNED jobs (candidates for agent-level steals).
-    pub fn assigned(&self) -> impl Iterator<Item = (JobKey, &JobEntry)> {
-        self.assigned
-            .iter()
-            .filter_map(|k| self.table.get(k).map(|e| (*k, e)))
-    }
-
     /// ASSIGNED jobs not asked back, sent at or before `since_at_most`,
     /// in key order (the agent-level steal's candidates): O(log n + k).
     pub fn unasked_since(&self, since_at_most: i64) -> Vec<JobKey> {
@@ -825,6 +841,7 @@ impl Jobs {
         let task = TaskId(self.next_task);
         self.next_task += 1;
         self.task_job.insert(task, key);
+        let gpus = job.spec.as_ref().map_or(0, |s| s.gpus);
         self.table.insert(
             key,
             JobEntry {
@@ -835,9 +852,10 @@ impl Jobs {
                 task,
                 model_cpus: Vec::new(),
                 requeues: Vec::new(),
+                text_requeues: 0,
             },
         );
-        self.index(key, &phase);
+        self.index(key, &phase, gpus);
         self.write_phase(key, phase);
     }
 
@@ -852,12 +870,15 @@ impl Jobs {
             why: Unplaced::Restored,
         };
         let previous = std::mem::replace(&mut e.phase, placeholder);
-        if e.gpus() > 0 && previous.node().is_some() && previous.node() != phase.node() {
+        let gpus = e.gpus();
+        if gpus > 0 && previous.node().is_some() && previous.node() != phase.node() {
             self.gpus_freed = true;
         }
-        self.unindex(key, &previous);
-        self.index(key, &phase);
-        self.write_phase(key, phase);
+        self.unindex(key, &previous, gpus);
+        self.index(key, &phase, gpus);
+        let same_text =
+            text_inputs(&previous).is_some() && text_inputs(&previous) == text_inputs(&phase);
+        self.write_phase_as(key, phase, same_text);
         previous.state()
     }
 
@@ -903,9 +924,18 @@ impl Jobs {
     }
 
     fn write_phase(&mut self, key: JobKey, phase: Phase) {
+        self.write_phase_as(key, phase, false);
+    }
+
+    /// [`Self::write_phase`]; `same_text`: the previous phase's reason
+    /// had the same inputs ([`text_inputs`]), so unless a requeue was
+    /// recorded since, the text is kept without being generated (a
+    /// placement's QUEUED -> ASSIGNED -> RUNNING say the same).
+    fn write_phase_as(&mut self, key: JobKey, phase: Phase, same_text: bool) {
         let Some(e) = self.table.get_mut(&key) else {
             return;
         };
+        let keep_text = same_text && e.text_requeues == e.requeues.len();
         let state = phase.state() as i32;
         let node = match &phase {
             Phase::Unplaced {
@@ -916,11 +946,22 @@ impl Jobs {
             p => p.node(),
         }
         .filter(|n| e.job.node != *n);
-        let text = match gang_text(&phase, &e.job, e.requeues.last()) {
-            Some(t) => Some(t),
-            None => reason_of(&phase, e.requeues.last()),
-        }
-        .filter(|t| e.job.reason != *t);
+        let text = if keep_text {
+            #[cfg(debug_assertions)]
+            if let Some(t) = gang_text(&phase, &e.job, e.requeues.last())
+                .or_else(|| reason_of(&phase, e.requeues.last()))
+            {
+                debug_assert_eq!(e.job.reason, t, "{key}: a kept reason text changed");
+            }
+            None
+        } else {
+            e.text_requeues = e.requeues.len();
+            match gang_text(&phase, &e.job, e.requeues.last()) {
+                Some(t) => Some(t),
+                None => reason_of(&phase, e.requeues.last()),
+            }
+            .filter(|t| e.job.reason != *t)
+        };
         // The record is copied (when an effect shares it) only if it
         // changes.
         if e.job.state != state || node.is_some() || text.is_some() {
@@ -938,13 +979,15 @@ impl Jobs {
         e.phase = phase;
     }
 
-    fn sets(&mut self, key: JobKey, phase: &Phase, add: bool) {
+    /// Add `key` to (or take it out of) the indexes of `phase`; `gpus`:
+    /// the GPUs the job asks (passed in: looking it up here searched the
+    /// whole table twice per phase change).
+    fn sets(&mut self, key: JobKey, phase: &Phase, add: bool, gpus: u32) {
         let set = match phase {
             Phase::Unplaced { .. } => Some(&mut self.unplaced),
             Phase::Queued { .. } => Some(&mut self.queued),
-            Phase::Assigned { .. } => Some(&mut self.assigned),
             Phase::AwaitingNode { .. } => Some(&mut self.awaiting),
-            Phase::Running { .. } | Phase::Done { .. } => None,
+            Phase::Assigned { .. } | Phase::Running { .. } | Phase::Done { .. } => None,
         };
         if let Some(set) = set {
             if add {
@@ -965,7 +1008,6 @@ impl Jobs {
                 self.unasked.remove(&(*since, key));
             }
         }
-        let gpus = self.table.get(&key).map_or(0, JobEntry::gpus);
         if gpus > 0
             && let Some(node) = phase.node()
         {
@@ -1003,12 +1045,12 @@ impl Jobs {
         }
     }
 
-    fn index(&mut self, key: JobKey, phase: &Phase) {
-        self.sets(key, phase, true);
+    fn index(&mut self, key: JobKey, phase: &Phase, gpus: u32) {
+        self.sets(key, phase, true, gpus);
     }
 
-    fn unindex(&mut self, key: JobKey, phase: &Phase) {
-        self.sets(key, phase, false);
+    fn unindex(&mut self, key: JobKey, phase: &Phase, gpus: u32) {
+        self.sets(key, phase, false, gpus);
     }
 
     /// Check the invariants against a brute-force recomputation over the
@@ -1016,12 +1058,8 @@ impl Jobs {
     /// each proto record agrees with its phase.
     pub fn check(&self) -> Result<(), String> {
         let mut by_node: HashMap<String, BTreeSet<JobKey>> = HashMap::new();
-        let (mut assigned, mut awaiting, mut unplaced, mut queued) = (
-            BTreeSet::new(),
-            BTreeSet::new(),
-            BTreeSet::new(),
-            BTreeSet::new(),
-        );
+        let (mut awaiting, mut unplaced, mut queued) =
+            (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
         let mut unasked = BTreeSet::new();
         let mut gpus_by_node: HashMap<String, u32> = HashMap::new();
         for (&key, e) in &self.table {
@@ -1042,7 +1080,6 @@ impl Jobs {
             match p {
                 Phase::Unplaced { .. } => unplaced.insert(key),
                 Phase::Queued { .. } => queued.insert(key),
-                Phase::Assigned { .. } => assigned.insert(key),
                 Phase::AwaitingNode { .. } => awaiting.insert(key),
                 _ => false,
             };
@@ -1065,7 +1102,6 @@ impl Jobs {
             }
         }
         let want = [
-            ("assigned", &assigned, &self.assigned),
             ("awaiting", &awaiting, &self.awaiting),
             ("unplaced", &unplaced, &self.unplaced),
             ("queued", &queued, &self.queued),
@@ -1122,6 +1158,62 @@ mod tests {
             let rank = |n: u64, i: Option<u32>| (n, i.map_or(0, |i| i as u64 + 1));
             prop_assert_eq!(x.cmp(&y), rank(a, i).cmp(&rank(b, j)));
             prop_assert_eq!(x.array().elements().contains(&x), i.is_some());
+        }
+    }
+
+    proptest! {
+        /// A reason text kept across a phase change with the same inputs
+        /// (`text_inputs`, no requeue since) is the text generating it
+        /// again would give: after every step of a random walk over
+        /// phases (two nodes, two ways to a node, waiting or not, steals,
+        /// requeues in between) and for a plain job and a gang member,
+        /// the record's reason equals the previous code's, which
+        /// generated it at every change.
+        #[test]
+        fn kept_reason_texts_equal_the_generated_ones(
+            gang in any::<bool>(),
+            steps in prop::collection::vec((0u8..7, 0u8..2, 0u8..2, any::<bool>()), 1..40),
+        ) {
+            let mut jobs = Jobs::new();
+            let key = JobKey::single(jobs.take_number());
+            let job = Job {
+                id: key.to_string(),
+                gang_id: if gang { "j-9".into() } else { String::new() },
+                gang_size: if gang { 2 } else { 0 },
+                ..Default::default()
+            };
+            jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
+            let mut want = jobs.get(key).map(|e| e.job().reason.clone()).unwrap_or_default();
+            for (kind, node, way, flag) in steps {
+                let node = ["n1", "n2"][node as usize].to_string();
+                let how = Placement {
+                    wake: WakeChoice::None,
+                    path: [PlacePath::Idlest, PlacePath::Target][way as usize],
+                };
+                let via = match (kind % 2, flag) {
+                    (0, _) => Via::Placed(how),
+                    (_, true) => Via::Stolen { from: "n3".into(), level: StealLevel::SameRack },
+                    (_, false) => Via::Waited(how),
+                };
+                let phase = match kind {
+                    0 | 1 => Phase::Queued { node, via, waiting: flag },
+                    2 | 3 => Phase::Assigned { node, since: 1, steal_asked: None, via },
+                    4 => Phase::Running { node, via },
+                    5 => Phase::Unplaced { why: Unplaced::Requeued },
+                    _ => {
+                        jobs.push_requeue(key, Requeue::GivenBack(node));
+                        continue;
+                    }
+                };
+                let e = jobs.get(key).unwrap();
+                let last = e.requeues.last();
+                if let Some(t) = gang_text(&phase, e.job(), last).or_else(|| reason_of(&phase, last)) {
+                    want = t;
+                }
+                jobs.set_phase(key, phase);
+                prop_assert_eq!(&jobs.get(key).unwrap().job().reason, &want);
+            }
+            jobs.check().map_err(TestCaseError::fail)?;
         }
     }
 

@@ -126,10 +126,14 @@ impl Cluster {
             } else {
                 vec![(JobKey::single(n), None)]
             };
-            for (key, index) in keys {
+            let gang_size = spec.nodes;
+            // The last job takes the spec itself, the others a copy.
+            let last = keys.len().saturating_sub(1);
+            let mut spec = Some(spec);
+            for (i, (key, index)) in keys.into_iter().enumerate() {
                 let job = Job {
                     id: key.to_string(),
-                    spec: Some(spec.clone()),
+                    spec: if i == last { spec.take() } else { spec.clone() },
                     attempt: 1,
                     submit_time_ms: now,
                     array_id: match index {
@@ -143,7 +147,7 @@ impl Cluster {
                         String::new()
                     },
                     gang_index: if gang { index.unwrap_or(0) } else { 0 },
-                    gang_size: if gang { spec.nodes } else { 0 },
+                    gang_size: if gang { gang_size } else { 0 },
                     owner: owner.to_string(),
                     ..Default::default()
                 };
@@ -486,16 +490,16 @@ impl Cluster {
     /// Free what a job holds on its node: its modelled CPUs, and its
     /// engine task.
     pub(super) fn release_from_node(&mut self, key: JobKey, after: TaskAfter, now: i64) {
+        let Some(cpus) = self.jobs.model_cpus_mut(key).map(std::mem::take) else {
+            return;
+        };
         let Some(e) = self.jobs.get(key) else {
             return;
         };
-        let (node, task) = (e.job().node.clone(), e.task);
-        let cpus = self
-            .jobs
-            .model_cpus_mut(key)
-            .map(std::mem::take)
-            .unwrap_or_default();
-        if let Some(n) = self.nodes.get_mut(&node) {
+        let task = e.task;
+        // The job table and the node model are separate fields: the name
+        // is borrowed, not copied.
+        if let Some(n) = self.nodes.get_mut(&e.job().node) {
             n.release(&cpus);
         }
         match after {

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use proto::v1::{JobSpec, NodeState};
 use sched::alloc::{align_groups, find_aligned_in, free_summary_of};
+use sched::idhash::IdMap;
 use sched::{Align, FreeSummary, LeafId, Topology};
 use tonic::Status;
 
@@ -266,7 +267,16 @@ pub fn count_gpus(devices: &[proto::v1::Device]) -> u32 {
 /// All nodes, by name.
 #[derive(Default)]
 pub struct Nodes {
-    map: BTreeMap<String, NodeInfo>,
+    /// The nodes, in registration order (never removed: a node that
+    /// registers again is replaced in place).
+    slab: Vec<NodeInfo>,
+    /// Each node's position in `slab`, in name order (what [`Nodes::iter`]
+    /// follows).
+    order: BTreeMap<String, usize>,
+    /// The same positions, hashed: the lookups by name that every
+    /// placement, start and finish makes (a B-tree of names compares
+    /// ~log2(nodes) strings per lookup).
+    index: IdMap<String, usize>,
     /// Administrative states restored from the store for nodes that have
     /// not registered yet.
     restored_admin: HashMap<String, NodeAdmin>,
@@ -293,33 +303,34 @@ impl Nodes {
 
     /// All nodes by name.
     pub fn iter(&self) -> impl Iterator<Item = &NodeInfo> {
-        self.map.values()
+        self.order.values().map(|&i| &self.slab[i])
     }
 
-    /// Every node, by name, to update in place (the core's liveness scan).
+    /// Every node, to update in place, in registration order (the core's
+    /// liveness scan, which updates each node from its own link: the order
+    /// does not matter).
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut NodeInfo> {
-        self.map.values_mut()
+        self.slab.iter_mut()
     }
 
     /// True without nodes.
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.slab.is_empty()
     }
 
     /// One node.
     pub fn get(&self, name: &str) -> Option<&NodeInfo> {
-        self.map.get(name)
+        self.index.get(name).map(|&i| &self.slab[i])
     }
 
     /// One node, to change.
     pub fn get_mut(&mut self, name: &str) -> Option<&mut NodeInfo> {
-        self.map.get_mut(name)
+        self.index.get(name).map(|&i| &mut self.slab[i])
     }
 
     /// One node, or NOT_FOUND.
     pub fn find(&self, name: &str) -> Result<&NodeInfo, Status> {
-        self.map
-            .get(name)
+        self.get(name)
             .ok_or_else(|| Status::not_found(format!("name: no node {name:?}")))
     }
 
@@ -349,8 +360,7 @@ impl Nodes {
 
     /// The administrative state a (re-)registering node keeps.
     pub fn admin_of(&self, name: &str) -> NodeAdmin {
-        self.map
-            .get(name)
+        self.get(name)
             .map(|n| n.admin)
             .or_else(|| self.restored_admin.get(name).copied())
             .unwrap_or(NodeAdmin::Ready)
@@ -363,7 +373,16 @@ impl Nodes {
         {
             *floor = (*floor).min(node.last_heartbeat_ms);
         }
-        self.map.insert(node.name.clone(), node)
+        match self.index.get(&node.name) {
+            Some(&i) => Some(std::mem::replace(&mut self.slab[i], node)),
+            None => {
+                let i = self.slab.len();
+                self.index.insert(node.name.clone(), i);
+                self.order.insert(node.name.clone(), i);
+                self.slab.push(node);
+                None
+            }
+        }
     }
 
     /// Nodes whose last report is older than `deadline_ms` and not DOWN yet.
@@ -383,7 +402,12 @@ impl Nodes {
         // later gets a heartbeat at or after it.
         let mut floor = now;
         let mut out = Vec::new();
-        for n in self.map.values().filter(|n| !n.down) {
+        for n in self
+            .order
+            .values()
+            .map(|&i| &self.slab[i])
+            .filter(|n| !n.down)
+        {
             if now - n.last_heartbeat_ms > deadline_ms {
                 out.push(n.name.clone());
             }
@@ -421,6 +445,67 @@ mod tests {
     use std::sync::Arc;
 
     proptest! {
+        /// The registry's slab and hashed index answer as the B-tree of
+        /// names it replaced: after any sequence of registrations (new
+        /// names and re-registrations replacing a node), every lookup by
+        /// name, `insert`'s returned node, iteration in name order and the
+        /// overdue scan equal the `BTreeMap<String, NodeInfo>` oracle's.
+        #[test]
+        fn registry_answers_like_a_map_by_name(
+            regs in proptest::collection::vec((0usize..12, 0i64..100, any::<bool>()), 1..40),
+            now in 0i64..200,
+        ) {
+            let topo = Arc::new(Topology::from_spec("1s:2c:1t").unwrap());
+            let node = |name: String, beat: i64, down: bool| NodeInfo {
+                name,
+                labels: HashMap::new(),
+                zone: String::new(),
+                rack: String::new(),
+                hostgroup: String::new(),
+                region: String::new(),
+                topology: Default::default(),
+                cpu_busy: vec![false; topo.nr_leaves()],
+                idle: IdleCounts::new(&topo, |_| true),
+                cpu_topo: topo.clone(),
+                memory_bytes: 0,
+                devices: Vec::new(),
+                gpus: 0,
+                oversubscribe: 1,
+                load: Default::default(),
+                admin: NodeAdmin::Ready,
+                connected: true,
+                down,
+                last_heartbeat_ms: beat,
+            };
+            let mut nodes = Nodes::default();
+            let mut oracle: BTreeMap<String, NodeInfo> = BTreeMap::new();
+            for (n, beat, down) in regs {
+                let name = format!("n{}", (n * 7) % 12);
+                let got = nodes.insert(node(name.clone(), beat, down));
+                let want = oracle.insert(name.clone(), node(name, beat, down));
+                prop_assert_eq!(
+                    got.map(|g| g.last_heartbeat_ms),
+                    want.map(|w| w.last_heartbeat_ms)
+                );
+                let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+                let want: Vec<&str> = oracle.keys().map(String::as_str).collect();
+                prop_assert_eq!(names, want);
+                for i in 0..13 {
+                    let name = format!("n{i}");
+                    prop_assert_eq!(
+                        nodes.get(&name).map(|n| (n.last_heartbeat_ms, n.down)),
+                        oracle.get(&name).map(|n| (n.last_heartbeat_ms, n.down))
+                    );
+                }
+            }
+            let want: Vec<String> = oracle
+                .values()
+                .filter(|n| !n.down && now - n.last_heartbeat_ms > 50)
+                .map(|n| n.name.clone())
+                .collect();
+            prop_assert_eq!(nodes.overdue(now, 50), want);
+        }
+
         /// The idle counts kept by difference give the summary the
         /// brute-force `free_summary_of` computes over the CPU model, after
         /// any sequence of claims (aligned choices or reported CPUs, which

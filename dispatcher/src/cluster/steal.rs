@@ -85,16 +85,27 @@ pub struct RecentMoves {
 }
 
 impl RecentMoves {
-    fn push(&mut self, m: Move) {
+    /// Keep a copy of `m`. A full ring's oldest entry is overwritten in
+    /// place, its node names' buffers reused (a placement's copy then
+    /// allocates nothing).
+    fn push(&mut self, m: &Move) {
         let ring = if m.is_steal() {
             &mut self.steals
         } else {
             &mut self.placements
         };
-        if ring.len() == RECENT_MOVES {
-            ring.pop_front();
+        if ring.len() == RECENT_MOVES
+            && let Some(mut old) = ring.pop_front()
+        {
+            old.at_ms = m.at_ms;
+            old.job = m.job;
+            old.from.clone_from(&m.from);
+            old.to.clone_from(&m.to);
+            old.kind.clone_from(&m.kind);
+            ring.push_back(old);
+        } else {
+            ring.push_back(m.clone());
         }
-        ring.push_back(m);
     }
 
     /// Placements, oldest first.
@@ -134,7 +145,7 @@ impl Cluster {
 
     /// Record a move for observers and in the operation's effects.
     pub(super) fn record_move(&mut self, m: Move, fx: &mut Effects) {
-        self.moves.push(m.clone());
+        self.moves.push(&m);
         fx.moves.push(m);
     }
 
