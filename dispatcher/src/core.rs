@@ -448,8 +448,15 @@ impl Core {
                 r(None);
             }
             // The batch's job changes carry shared records: materialised
-            // here, once, as the events observers and watchers get.
-            let events: Vec<JobEvent> = fx.events.iter().map(JobChange::to_event).collect();
+            // here, once, as the events observers and watchers get, and
+            // only when someone gets them (a copy of every record each
+            // transition was a sixth of the core's work per job).
+            let watched = self.events.receiver_count() > 0;
+            let events: Vec<JobEvent> = if watched || !self.observers.is_empty() {
+                fx.events.iter().map(JobChange::to_event).collect()
+            } else {
+                Vec::new()
+            };
             // Observers first: an Assign carries its job's `run` span
             // context, which the batch's events open.
             self.observers.committed(&events);
@@ -464,7 +471,7 @@ impl Core {
                     let _ = link.tx.send(Ok(msg));
                 }
             }
-            if self.events.receiver_count() > 0 {
+            if watched {
                 let mut why = self.cluster.explainer(now);
                 for mut ev in events {
                     // The reason describes the job now: only an event of
