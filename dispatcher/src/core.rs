@@ -10,6 +10,11 @@
 //! 2. only then replies to the callers, sends messages to agents and
 //!    publishes job events.
 //!
+//! A batch takes every agent command waiting, then the clients' commands
+//! in order up to [`JOBS_PER_BATCH`] new jobs; the rest wait for the next
+//! batches (statuses free the room new jobs need, and a flood of
+//! submissions waits as commands rather than deep engine queues).
+//!
 //! The commit runs on the store's thread while the core applies the next
 //! batch, if commands are waiting (else the core waits for it): a batch is
 //! released once it is stored, before the next one's commit starts, so
@@ -28,7 +33,7 @@
 //! replica steps down ([`crate::ha`]) and whichever replica leads next
 //! recovers from etcd. Either way agents re-report their jobs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -71,6 +76,12 @@ const NODES_PER_SLICE: usize = 128;
 
 /// The core's time for ListNodes per batch (at least one slice).
 const LIST_BUDGET: Duration = Duration::from_millis(3);
+
+/// New jobs a batch takes from the clients' submissions (at least one
+/// call's): about 40 ms of the core's work at 20 us a job, so agents'
+/// statuses are applied, and the room they free reused, every few tens of
+/// milliseconds however many submissions wait.
+const JOBS_PER_BATCH: usize = 2048;
 
 /// A ListNodes in progress: the nodes listed so far, in name order.
 struct Listing {
@@ -191,6 +202,32 @@ pub enum Command {
     Shutdown,
 }
 
+impl Command {
+    /// Sent by an agent's stream (its commands keep their order among
+    /// themselves; the clients' may be held back behind them).
+    fn is_agents(&self) -> bool {
+        matches!(
+            self,
+            Command::Attach { .. }
+                | Command::FromAgent { .. }
+                | Command::Detach { .. }
+                | Command::Beats
+        )
+    }
+
+    /// The jobs a submission creates (array elements and gang members
+    /// each a job; what a bad spec would create counts too).
+    fn new_jobs(&self) -> usize {
+        match self {
+            Command::Submit { specs, .. } => specs
+                .iter()
+                .map(|s| s.array_count.max(s.nodes).max(1) as usize)
+                .sum(),
+            _ => 0,
+        }
+    }
+}
+
 /// How callers reach the core.
 #[derive(Clone)]
 pub struct CoreHandle {
@@ -295,6 +332,9 @@ struct Core {
     beats: Arc<Beats>,
     /// ListNodes calls in progress, a slice per batch.
     listings: Vec<Listing>,
+    /// Clients' commands taken from the queue and held for a later batch
+    /// ([`Core::next_batch`]), in order.
+    held: VecDeque<Command>,
     /// Attached nodes whose beat was told they are DOWN.
     told_down: HashSet<String>,
 }
@@ -367,6 +407,7 @@ impl Core {
             observers,
             beats,
             listings: Vec::new(),
+            held: VecDeque::new(),
             told_down: HashSet::new(),
         }
     }
@@ -396,7 +437,7 @@ impl Core {
                 // Commands wait: apply them while the commit runs. None:
                 // release the batch in flight as soon as it is stored.
                 let next = rx.try_recv();
-                if next.is_err() {
+                if next.is_err() && self.held.is_empty() {
                     if let Err(exit) = self.settle_commit(&mut in_flight, &mut Vec::new()) {
                         return exit;
                     }
@@ -408,7 +449,7 @@ impl Core {
                 }
                 next.ok()
             } else {
-                let until = if !self.listings.is_empty() {
+                let until = if !self.listings.is_empty() || !self.held.is_empty() {
                     Instant::now()
                 } else if self.beats.pending() {
                     next_tick.min(next_flush)
@@ -425,13 +466,7 @@ impl Core {
                     }
                 }
             };
-            let mut batch: Vec<Command> = first.into_iter().collect();
-            while batch.len() < 4096 {
-                match rx.try_recv() {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(_) => break,
-                }
-            }
+            let batch = self.next_batch(first, &rx);
             // A watcher subscribing in this batch gets the events of the
             // batches after the state it is shown: the batch in flight
             // publishes its events first.
@@ -511,6 +546,53 @@ impl Core {
                 return CoreExit::Shutdown;
             }
         }
+    }
+
+    /// The next batch: every agent command waiting (up to 4096 commands
+    /// taken from the queue), then the clients' commands in their order,
+    /// held back from the first Submit that would bring the batch past
+    /// [`JOBS_PER_BATCH`] new jobs (one client command at least). Agents'
+    /// statuses free the room new jobs need, and they are never held up by
+    /// a flood of submissions; the submissions wait as commands, in order,
+    /// not as jobs queued in the engine, whose placements cost more the
+    /// deeper its queues are.
+    fn next_batch(
+        &mut self,
+        first: Option<Command>,
+        rx: &std_mpsc::Receiver<Command>,
+    ) -> Vec<Command> {
+        let mut batch = Vec::new();
+        let mut taken = 0;
+        let mut next = first;
+        loop {
+            if let Some(cmd) = next.take() {
+                taken += 1;
+                if cmd.is_agents() {
+                    batch.push(cmd);
+                } else {
+                    self.held.push_back(cmd);
+                }
+            }
+            if taken >= 4096 {
+                break;
+            }
+            match rx.try_recv() {
+                Ok(cmd) => next = Some(cmd),
+                Err(_) => break,
+            }
+        }
+        let mut jobs = 0;
+        let mut clients = 0;
+        while let Some(cmd) = self.held.front() {
+            let n = cmd.new_jobs();
+            if clients > 0 && jobs + n > JOBS_PER_BATCH {
+                break;
+            }
+            jobs += n;
+            clients += 1;
+            batch.extend(self.held.pop_front());
+        }
+        batch
     }
 
     /// What a batch releases once it is stored: the events observers and
@@ -1340,6 +1422,73 @@ mod tests {
         assert!(get.as_ref().is_err_and(unavailable), "Get saw {get:?}");
         let stored = EmbeddedStore::open(dir.path()).unwrap().load().unwrap();
         assert!(stored.jobs.is_empty());
+    }
+
+    /// A batch takes every agent command waiting first, then the clients'
+    /// commands in order up to `JOBS_PER_BATCH` new jobs (a larger first
+    /// call whole); the rest wait, in order, for the next batches.
+    #[test]
+    fn batches_take_agents_first_and_a_bounded_number_of_new_jobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut core = Core::new(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(EmbeddedStore::open(dir.path()).unwrap()),
+            OnStoreFailure::Stop,
+            Observers::none(),
+            Arc::new(Beats::default()),
+        );
+        let (tx, rx) = std_mpsc::channel();
+        let array = |n: u32| Command::Submit {
+            specs: vec![JobSpec {
+                array_count: n,
+                ..spec()
+            }],
+            batch: false,
+            trace_context: HashMap::new(),
+            owner: String::new(),
+            reply: oneshot::channel().0,
+        };
+        let status = || Command::FromAgent {
+            node: "n1".into(),
+            session: 1,
+            msg: agent_message::Msg::Status(proto::v1::JobStatus::default()),
+        };
+        for c in [
+            array(3000),
+            array(1000),
+            status(),
+            array(1000),
+            array(48),
+            array(1),
+            Command::Get {
+                id: "j-1".into(),
+                reply: oneshot::channel().0,
+            },
+            status(),
+        ] {
+            tx.send(c).unwrap();
+        }
+        let shape = |b: Vec<Command>| -> Vec<String> {
+            b.iter()
+                .map(|c| match c {
+                    Command::Submit { specs, .. } => format!("submit {}", specs[0].array_count),
+                    Command::FromAgent { .. } => "status".into(),
+                    Command::Get { .. } => "get".into(),
+                    _ => "other".into(),
+                })
+                .collect()
+        };
+        let first = rx.try_recv().ok();
+        assert_eq!(
+            shape(core.next_batch(first, &rx)),
+            ["status", "status", "submit 3000"]
+        );
+        assert_eq!(
+            shape(core.next_batch(None, &rx)),
+            ["submit 1000", "submit 1000", "submit 48"]
+        );
+        assert_eq!(shape(core.next_batch(None, &rx)), ["submit 1", "get"]);
+        assert!(core.next_batch(None, &rx).is_empty());
     }
 
     /// A watcher that subscribes while the previous batch's commit runs gets
