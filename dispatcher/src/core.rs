@@ -1,5 +1,6 @@
-//! The core: one thread that owns the [`Cluster`] and the store, and the
-//! protocol by which everything else talks to it.
+//! The core: one thread that owns the [`Cluster`] and the store (which
+//! commits on a thread of its own, [`Committer`]), and the protocol by
+//! which everything else talks to it.
 //!
 //! gRPC handlers send [`Command`]s and await a reply. The core takes a
 //! batch of commands at a time, applies each to the cluster (which only
@@ -8,6 +9,19 @@
 //! 1. commits all store writes of the batch in one durable transaction;
 //! 2. only then replies to the callers, sends messages to agents and
 //!    publishes job events.
+//!
+//! A batch takes every agent command waiting, then the clients' commands
+//! in order up to [`JOBS_PER_BATCH`] new jobs; the rest wait for the next
+//! batches (statuses free the room new jobs need, and a flood of
+//! submissions waits as commands rather than deep engine queues).
+//!
+//! The commit runs on the store's thread while the core applies the next
+//! batch, if commands are waiting (else the core waits for it): a batch is
+//! released once it is stored, before the next one's commit starts, so
+//! batches are stored and released in order. A batch with a Watch, and the
+//! tick, wait for the batch in flight to be released first (a new watcher
+//! gets no event of a batch its snapshot shows; observers sample after the
+//! events they were told of).
 //!
 //! Reads (Get, List, Watch, the node queries) wait for the commit as
 //! writes do, since they may show what earlier commands of the same batch
@@ -19,7 +33,7 @@
 //! replica steps down ([`crate::ha`]) and whichever replica leads next
 //! recovers from etcd. Either way agents re-report their jobs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -32,8 +46,9 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Status;
 
 use crate::beats::{Beat, Beats, FLUSH_MS, Reporter};
-use crate::cluster::{Cluster, Effects, JobChange};
+use crate::cluster::{Cluster, Effects, JobChange, JobKey};
 use crate::observe::Observers;
+use crate::store::committer::Committer;
 use crate::store::{NodeAdmin, Store, StoreError};
 
 /// Unix time in milliseconds.
@@ -61,6 +76,12 @@ const NODES_PER_SLICE: usize = 128;
 
 /// The core's time for ListNodes per batch (at least one slice).
 const LIST_BUDGET: Duration = Duration::from_millis(3);
+
+/// New jobs a batch takes from the clients' submissions (at least one
+/// call's): about 40 ms of the core's work at 20 us a job, so agents'
+/// statuses are applied, and the room they free reused, every few tens of
+/// milliseconds however many submissions wait.
+const JOBS_PER_BATCH: usize = 2048;
 
 /// A ListNodes in progress: the nodes listed so far, in name order.
 struct Listing {
@@ -181,6 +202,32 @@ pub enum Command {
     Shutdown,
 }
 
+impl Command {
+    /// Sent by an agent's stream (its commands keep their order among
+    /// themselves; the clients' may be held back behind them).
+    fn is_agents(&self) -> bool {
+        matches!(
+            self,
+            Command::Attach { .. }
+                | Command::FromAgent { .. }
+                | Command::Detach { .. }
+                | Command::Beats
+        )
+    }
+
+    /// The jobs a submission creates (array elements and gang members
+    /// each a job; what a bad spec would create counts too).
+    fn new_jobs(&self) -> usize {
+        match self {
+            Command::Submit { specs, .. } => specs
+                .iter()
+                .map(|s| s.array_count.max(s.nodes).max(1) as usize)
+                .sum(),
+            _ => 0,
+        }
+    }
+}
+
 /// How callers reach the core.
 #[derive(Clone)]
 pub struct CoreHandle {
@@ -270,7 +317,8 @@ struct AgentLink {
 
 struct Core {
     cluster: Cluster,
-    store: Box<dyn Store>,
+    /// The store, on its own thread.
+    store: Committer,
     events: broadcast::Sender<JobEvent>,
     agents: HashMap<String, AgentLink>,
     next_session: u64,
@@ -284,8 +332,26 @@ struct Core {
     beats: Arc<Beats>,
     /// ListNodes calls in progress, a slice per batch.
     listings: Vec<Listing>,
+    /// Clients' commands taken from the queue and held for a later batch
+    /// ([`Core::next_batch`]), in order.
+    held: VecDeque<Command>,
     /// Attached nodes whose beat was told they are DOWN.
     told_down: HashSet<String>,
+}
+
+/// What a batch releases once it is stored ([`Core::release`]).
+struct Release {
+    /// Replies to its calls.
+    replies: Vec<Deferred>,
+    /// Its job events (empty when nothing observes or watches them).
+    events: Vec<JobEvent>,
+    /// The pending reason of each event for the watchers (empty when none
+    /// was watching at the batch's end: the events go to observers only).
+    reasons: Vec<Option<proto::v1::PendingReason>>,
+    /// Its placements and steals.
+    moves: Vec<crate::cluster::Move>,
+    /// Its agent messages, each with its node's stream at the batch's end.
+    to_agents: Vec<(AgentTx, DispatcherMessage)>,
 }
 
 /// A reply to send once the batch is committed.
@@ -327,6 +393,7 @@ impl Core {
     ) -> Self {
         cluster.limit_stored_spec_bytes(store.max_spec_bytes());
         let (events, _) = broadcast::channel(65_536);
+        let store = Committer::spawn(store).unwrap_or_else(|e| panic!("{e}"));
         Self {
             cluster,
             store,
@@ -340,6 +407,7 @@ impl Core {
             observers,
             beats,
             listings: Vec::new(),
+            held: VecDeque::new(),
             told_down: HashSet::new(),
         }
     }
@@ -361,29 +429,52 @@ impl Core {
         let mut next_tick = Instant::now() + tick;
         let flush = Duration::from_millis(FLUSH_MS);
         let mut next_flush = Instant::now();
+        // The batch whose commit runs on the store's thread while the next
+        // one is applied; released once it is stored.
+        let mut in_flight: Option<Release> = None;
         loop {
-            let until = if !self.listings.is_empty() {
-                Instant::now()
-            } else if self.beats.pending() {
-                next_tick.min(next_flush)
+            let first = if in_flight.is_some() {
+                // Commands wait: apply them while the commit runs. None:
+                // release the batch in flight as soon as it is stored.
+                let next = rx.try_recv();
+                if next.is_err() && self.held.is_empty() {
+                    if let Err(exit) = self.settle_commit(&mut in_flight, &mut Vec::new()) {
+                        return exit;
+                    }
+                    if matches!(next, Err(std_mpsc::TryRecvError::Disconnected)) {
+                        self.close_streams(&stopped());
+                        return CoreExit::Shutdown;
+                    }
+                    continue;
+                }
+                next.ok()
             } else {
-                next_tick
-            };
-            let wait = until.saturating_duration_since(Instant::now());
-            let first = match rx.recv_timeout(wait) {
-                Ok(cmd) => Some(cmd),
-                Err(std_mpsc::RecvTimeoutError::Timeout) => None,
-                Err(std_mpsc::RecvTimeoutError::Disconnected) => {
-                    self.close_streams(&stopped());
-                    return CoreExit::Shutdown;
+                let until = if !self.listings.is_empty() || !self.held.is_empty() {
+                    Instant::now()
+                } else if self.beats.pending() {
+                    next_tick.min(next_flush)
+                } else {
+                    next_tick
+                };
+                let wait = until.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(wait) {
+                    Ok(cmd) => Some(cmd),
+                    Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                    Err(std_mpsc::RecvTimeoutError::Disconnected) => {
+                        self.close_streams(&stopped());
+                        return CoreExit::Shutdown;
+                    }
                 }
             };
-            let mut batch: Vec<Command> = first.into_iter().collect();
-            while batch.len() < 4096 {
-                match rx.try_recv() {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(_) => break,
-                }
+            let batch = self.next_batch(first, &rx);
+            // A watcher subscribing in this batch gets the events of the
+            // batches after the state it is shown: the batch in flight
+            // publishes its events first.
+            if in_flight.is_some()
+                && batch.iter().any(|c| matches!(c, Command::Watch { .. }))
+                && let Err(exit) = self.settle_commit(&mut in_flight, &mut Vec::new())
+            {
+                return exit;
             }
             let mut fx = Effects::default();
             let mut replies: Vec<Deferred> = Vec::new();
@@ -422,6 +513,11 @@ impl Core {
             }
             self.cluster.settle(now, &mut fx);
             if Instant::now() >= next_tick {
+                // Observers sample the cluster after the events they were
+                // told of: the batch in flight is released first.
+                if let Err(exit) = self.settle_commit(&mut in_flight, &mut replies) {
+                    return exit;
+                }
                 if self.steal_cost > 0 {
                     self.cluster.set_steal_cost(self.steal_cost);
                 }
@@ -431,55 +527,182 @@ impl Core {
                 self.observers.tick(&self.cluster, now);
                 next_tick = Instant::now() + tick;
             }
-            if let Err(err) = self.store.commit(&fx.writes) {
-                let status = commit_failure(&err);
-                for r in replies {
-                    r(Some(&status));
-                }
-                self.close_streams(&status);
-                if self.on_failure == OnStoreFailure::ExitProcess {
-                    tracing::error!(%err, "store commit failed: exiting so a restart recovers from the store");
-                    std::process::exit(70);
-                }
-                tracing::error!(%err, "store commit failed: the core stops");
-                return CoreExit::StoreFailed(err);
+            // The previous batch is stored by now, or soon: released before
+            // this one's commit starts, so batches are released in order.
+            if let Err(exit) = self.settle_commit(&mut in_flight, &mut replies) {
+                return exit;
             }
-            for r in replies {
-                r(None);
+            let writes = std::mem::take(&mut fx.writes);
+            let release = self.seal(fx, replies, now);
+            if let Err(err) = self.store.start(writes) {
+                return self.store_failed(err, release.replies);
             }
-            // The batch's job changes carry shared records: materialised
-            // here, once, as the events observers and watchers get.
-            let events: Vec<JobEvent> = fx.events.iter().map(JobChange::to_event).collect();
-            // Observers first: an Assign carries its job's `run` span
-            // context, which the batch's events open.
-            self.observers.committed(&events);
-            self.observers.moved(&fx.moves);
-            for (node, mut msg) in fx.to_agents {
-                if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_mut()
-                    && let Some(carrier) = self.observers.trace_context(&a.job_id)
-                {
-                    a.trace_context = carrier;
-                }
-                if let Some(link) = self.agents.get(&node) {
-                    let _ = link.tx.send(Ok(msg));
-                }
-            }
-            if self.events.receiver_count() > 0 {
-                let mut why = self.cluster.explainer(now);
-                for mut ev in events {
-                    // The reason describes the job now: only an event of
-                    // the state the job is still in carries it.
-                    if let Some(job) = ev.job.as_mut()
-                        && self.cluster.phase(&job.id).map(|p| p.state() as i32) == Some(job.state)
-                    {
-                        why.fill(job);
-                    }
-                    let _ = self.events.send(ev);
-                }
-            }
+            in_flight = Some(release);
             if stop {
+                if let Err(exit) = self.settle_commit(&mut in_flight, &mut Vec::new()) {
+                    return exit;
+                }
                 self.close_streams(&stopped());
                 return CoreExit::Shutdown;
+            }
+        }
+    }
+
+    /// The next batch: every agent command waiting (up to 4096 commands
+    /// taken from the queue), then the clients' commands in their order,
+    /// held back from the first Submit that would bring the batch past
+    /// [`JOBS_PER_BATCH`] new jobs (one client command at least). Agents'
+    /// statuses free the room new jobs need, and they are never held up by
+    /// a flood of submissions; the submissions wait as commands, in order,
+    /// not as jobs queued in the engine, whose placements cost more the
+    /// deeper its queues are.
+    fn next_batch(
+        &mut self,
+        first: Option<Command>,
+        rx: &std_mpsc::Receiver<Command>,
+    ) -> Vec<Command> {
+        let mut batch = Vec::new();
+        let mut taken = 0;
+        let mut next = first;
+        loop {
+            if let Some(cmd) = next.take() {
+                taken += 1;
+                if cmd.is_agents() {
+                    batch.push(cmd);
+                } else {
+                    self.held.push_back(cmd);
+                }
+            }
+            if taken >= 4096 {
+                break;
+            }
+            match rx.try_recv() {
+                Ok(cmd) => next = Some(cmd),
+                Err(_) => break,
+            }
+        }
+        let mut jobs = 0;
+        let mut clients = 0;
+        while let Some(cmd) = self.held.front() {
+            let n = cmd.new_jobs();
+            if clients > 0 && jobs + n > JOBS_PER_BATCH {
+                break;
+            }
+            jobs += n;
+            clients += 1;
+            batch.extend(self.held.pop_front());
+        }
+        batch
+    }
+
+    /// What a batch releases once it is stored: the events observers and
+    /// watchers get (built now, with the pending reasons as the batch left
+    /// the jobs), and each agent message with the stream its node had at
+    /// the batch's end.
+    fn seal(&mut self, fx: Effects, replies: Vec<Deferred>, now: i64) -> Release {
+        // The batch's job changes carry shared records: materialised here,
+        // once, as the events observers and watchers get, and only when
+        // someone gets them (a copy of every record each transition was a
+        // sixth of the core's work per job).
+        let watched = self.events.receiver_count() > 0;
+        let events: Vec<JobEvent> = if watched || !self.observers.is_empty() {
+            fx.events.iter().map(JobChange::to_event).collect()
+        } else {
+            Vec::new()
+        };
+        let reasons = if watched {
+            let mut why = self.cluster.explainer(now);
+            events
+                .iter()
+                .map(|ev| {
+                    // The reason describes the job now: only an event of
+                    // the state the job is still in carries it.
+                    let job = ev.job.as_ref()?;
+                    if self.cluster.phase(&job.id).map(|p| p.state() as i32) != Some(job.state) {
+                        return None;
+                    }
+                    why.reason_of(JobKey::parse(&job.id)?)
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let to_agents = fx
+            .to_agents
+            .into_iter()
+            .filter_map(|(node, msg)| Some((self.agents.get(&node)?.tx.clone(), msg)))
+            .collect();
+        Release {
+            replies,
+            events,
+            reasons,
+            moves: fx.moves,
+            to_agents,
+        }
+    }
+
+    /// Wait for the batch in flight to be stored, then release it. When the
+    /// commit failed, its callers and those of `current` (a batch applied
+    /// since, never to be committed) are answered with the failure and the
+    /// core stops.
+    fn settle_commit(
+        &mut self,
+        in_flight: &mut Option<Release>,
+        current: &mut Vec<Deferred>,
+    ) -> Result<(), CoreExit> {
+        let Some(release) = in_flight.take() else {
+            return Ok(());
+        };
+        if let Err(err) = self.store.wait() {
+            let mut replies = release.replies;
+            replies.append(current);
+            return Err(self.store_failed(err, replies));
+        }
+        self.release(release);
+        Ok(())
+    }
+
+    /// A commit failed: nothing of its batch (nor of any later one) was
+    /// acknowledged; the callers get the failure, the streams end, and the
+    /// core exits or stops.
+    fn store_failed(&mut self, err: StoreError, replies: Vec<Deferred>) -> CoreExit {
+        let status = commit_failure(&err);
+        for r in replies {
+            r(Some(&status));
+        }
+        self.close_streams(&status);
+        if self.on_failure == OnStoreFailure::ExitProcess {
+            tracing::error!(%err, "store commit failed: exiting so a restart recovers from the store");
+            std::process::exit(70);
+        }
+        tracing::error!(%err, "store commit failed: the core stops");
+        CoreExit::StoreFailed(err)
+    }
+
+    /// A stored batch: its replies, then its events to the observers, its
+    /// agent messages, and its events to the watchers.
+    fn release(&mut self, r: Release) {
+        for reply in r.replies {
+            reply(None);
+        }
+        // Observers first: an Assign carries its job's `run` span context,
+        // which the batch's events open.
+        self.observers.committed(&r.events);
+        self.observers.moved(&r.moves);
+        for (tx, mut msg) in r.to_agents {
+            if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_mut()
+                && let Some(carrier) = self.observers.trace_context(&a.job_id)
+            {
+                a.trace_context = carrier;
+            }
+            let _ = tx.send(Ok(msg));
+        }
+        if !r.reasons.is_empty() {
+            for (mut ev, reason) in r.events.into_iter().zip(r.reasons) {
+                if let Some(job) = ev.job.as_mut() {
+                    job.pending_reason = reason;
+                }
+                let _ = self.events.send(ev);
             }
         }
     }
@@ -1142,6 +1365,176 @@ mod tests {
         // Nothing of the batch was stored.
         let stored = EmbeddedStore::open(dir.path()).unwrap().load().unwrap();
         assert!(stored.jobs.is_empty());
+    }
+
+    /// `n` Gets whose answers nobody waits for: they fill a batch, so the
+    /// commands queued after them make the next one.
+    fn filler(n: usize) -> impl Iterator<Item = Command> {
+        (0..n).map(|_| Command::Get {
+            id: "j-1".into(),
+            reply: oneshot::channel().0,
+        })
+    }
+
+    fn submit_cmd(reply: Reply<Vec<Job>>) -> Command {
+        Command::Submit {
+            specs: vec![spec()],
+            batch: false,
+            trace_context: HashMap::new(),
+            owner: String::new(),
+            reply,
+        }
+    }
+
+    /// The next batch is applied while the previous one's commit runs; when
+    /// that commit fails, the calls of both are answered with the failure
+    /// (the later batch is never committed) and nothing is stored.
+    #[test]
+    fn a_failed_commit_also_fails_the_batch_applied_meanwhile() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FailingStore {
+            inner: EmbeddedStore::open(dir.path()).unwrap(),
+            ok: 0,
+        };
+        let (tx, rx) = std_mpsc::channel();
+        let (submit, mut s) = oneshot::channel();
+        let (get, mut g) = oneshot::channel();
+        tx.send(submit_cmd(submit)).unwrap();
+        filler(4095).for_each(|c| tx.send(c).unwrap());
+        // The next batch: the job exists in memory, its commit is failing.
+        tx.send(Command::Get {
+            id: "j-1".into(),
+            reply: get,
+        })
+        .unwrap();
+        let core = Core::new(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            Observers::none(),
+            Arc::new(Beats::default()),
+        );
+        assert!(matches!(core.run(rx), CoreExit::StoreFailed(_)));
+        let unavailable = |s: &Status| s.code() == tonic::Code::Unavailable;
+        let submit = s.try_recv().unwrap();
+        assert!(submit.as_ref().is_err_and(unavailable), "{submit:?}");
+        let get = g.try_recv().unwrap();
+        assert!(get.as_ref().is_err_and(unavailable), "Get saw {get:?}");
+        let stored = EmbeddedStore::open(dir.path()).unwrap().load().unwrap();
+        assert!(stored.jobs.is_empty());
+    }
+
+    /// A batch takes every agent command waiting first, then the clients'
+    /// commands in order up to `JOBS_PER_BATCH` new jobs (a larger first
+    /// call whole); the rest wait, in order, for the next batches.
+    #[test]
+    fn batches_take_agents_first_and_a_bounded_number_of_new_jobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut core = Core::new(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(EmbeddedStore::open(dir.path()).unwrap()),
+            OnStoreFailure::Stop,
+            Observers::none(),
+            Arc::new(Beats::default()),
+        );
+        let (tx, rx) = std_mpsc::channel();
+        let array = |n: u32| Command::Submit {
+            specs: vec![JobSpec {
+                array_count: n,
+                ..spec()
+            }],
+            batch: false,
+            trace_context: HashMap::new(),
+            owner: String::new(),
+            reply: oneshot::channel().0,
+        };
+        let status = || Command::FromAgent {
+            node: "n1".into(),
+            session: 1,
+            msg: agent_message::Msg::Status(proto::v1::JobStatus::default()),
+        };
+        for c in [
+            array(3000),
+            array(1000),
+            status(),
+            array(1000),
+            array(48),
+            array(1),
+            Command::Get {
+                id: "j-1".into(),
+                reply: oneshot::channel().0,
+            },
+            status(),
+        ] {
+            tx.send(c).unwrap();
+        }
+        let shape = |b: Vec<Command>| -> Vec<String> {
+            b.iter()
+                .map(|c| match c {
+                    Command::Submit { specs, .. } => format!("submit {}", specs[0].array_count),
+                    Command::FromAgent { .. } => "status".into(),
+                    Command::Get { .. } => "get".into(),
+                    _ => "other".into(),
+                })
+                .collect()
+        };
+        let first = rx.try_recv().ok();
+        assert_eq!(
+            shape(core.next_batch(first, &rx)),
+            ["status", "status", "submit 3000"]
+        );
+        assert_eq!(
+            shape(core.next_batch(None, &rx)),
+            ["submit 1000", "submit 1000", "submit 48"]
+        );
+        assert_eq!(shape(core.next_batch(None, &rx)), ["submit 1", "get"]);
+        assert!(core.next_batch(None, &rx).is_empty());
+    }
+
+    /// A watcher that subscribes while the previous batch's commit runs gets
+    /// none of that batch's events (its state is in what the watcher is
+    /// shown); a watcher from before gets them all, in order.
+    #[test]
+    fn a_new_watcher_gets_no_event_of_the_batch_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let (tx, rx) = std_mpsc::channel();
+        let watch = |reply| Command::Watch {
+            ids: Vec::new(),
+            include_current: true,
+            reply,
+        };
+        let (w1, mut first) = oneshot::channel();
+        let (w2, mut second) = oneshot::channel();
+        tx.send(watch(w1)).unwrap();
+        tx.send(submit_cmd(oneshot::channel().0)).unwrap();
+        filler(4094).for_each(|c| tx.send(c).unwrap());
+        // The next batch.
+        tx.send(watch(w2)).unwrap();
+        tx.send(submit_cmd(oneshot::channel().0)).unwrap();
+        tx.send(Command::Shutdown).unwrap();
+        let core = Core::new(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            Observers::none(),
+            Arc::new(Beats::default()),
+        );
+        assert!(matches!(core.run(rx), CoreExit::Shutdown));
+        let ids = |rx: &mut broadcast::Receiver<JobEvent>| {
+            std::iter::from_fn(|| rx.try_recv().ok())
+                .filter_map(|ev| ev.job.map(|j| j.id))
+                .collect::<Vec<_>>()
+        };
+        let (current, mut events) = first.try_recv().unwrap().unwrap();
+        assert!(current.is_empty());
+        assert_eq!(ids(&mut events), ["j-1", "j-2"]);
+        let (current, mut events) = second.try_recv().unwrap().unwrap();
+        assert_eq!(
+            current.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
+            ["j-1"]
+        );
+        assert_eq!(ids(&mut events), ["j-2"]);
     }
 
     /// Per commit that writes: the (job, state) of each job it writes.

@@ -78,6 +78,11 @@ impl Observers {
         self
     }
 
+    /// No observer: nothing reads the batches' job events or moves.
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
     /// See [`Observer::leading`].
     pub fn leading(&self, leading: bool) {
         self.list.iter().for_each(|o| o.leading(leading));

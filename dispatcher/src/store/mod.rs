@@ -4,8 +4,11 @@
 //!
 //! The core commits every batch of state changes before it acknowledges
 //! any of them (to a client, an agent, or a watcher), so after a crash the
-//! store holds every accepted job in its last acknowledged state.
+//! store holds every accepted job in its last acknowledged state. The
+//! commit runs on the store's own thread ([`committer`]) while the core
+//! applies the next batch.
 
+pub mod committer;
 pub mod embedded;
 pub mod etcd;
 
