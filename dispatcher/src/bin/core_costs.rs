@@ -21,6 +21,10 @@
 //! cargo run -p dispatcher --bin core_costs -- --check     # small, verifies itself
 //! ```
 
+#[path = "shared/loadgen_nodes.rs"]
+mod loadgen_nodes;
+use loadgen_nodes::register_msg;
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -34,7 +38,7 @@ use dispatcher::cluster::load::PackedLoad;
 use dispatcher::cluster::{Cluster, ClusterConfig, Effects};
 use dispatcher::metrics::Metrics;
 use dispatcher::web;
-use proto::v1::{CpuLoad, JobSpec, NodeLoad, Register};
+use proto::v1::{CpuLoad, JobSpec, NodeLoad};
 use sched::Topology;
 
 /// Counts the heap bytes in use.
@@ -175,26 +179,6 @@ fn idle_load(cpus: &[u32]) -> NodeLoad {
     }
 }
 
-fn register_msg(i: usize, topo: &proto::v1::Topology) -> Register {
-    let rack = i / 40;
-    let zone = rack % 4;
-    Register {
-        node: format!("lg-{i:05}"),
-        labels: HashMap::from([
-            (
-                "topology.kubernetes.io/zone".to_string(),
-                format!("z{zone}"),
-            ),
-            ("dispatch.io/rack".to_string(), format!("z{zone}-r{rack}")),
-        ]),
-        topology: Some(topo.clone()),
-        memory_bytes: topo.cpus.len() as u64 * (4 << 30),
-        version: "core_costs".into(),
-        oversubscribe: 1,
-        ..Default::default()
-    }
-}
-
 /// The best of `runs` timings of `f`.
 fn best(runs: usize, mut f: impl FnMut()) -> Duration {
     (0..runs.max(1))
@@ -249,7 +233,7 @@ fn attach_agents(url: &str, n: usize) -> Result<()> {
         for i in 0..n {
             let gate = gate.clone();
             let url = url.to_string();
-            let register = register_msg(i, &topos[i % topos.len()]);
+            let register = register_msg(i, &topos[i % topos.len()], "core_costs");
             let load = idle_load(&topos[i % topos.len()].cpus);
             tasks.spawn(async move {
                 let _permit = gate.acquire().await?;
@@ -420,7 +404,11 @@ fn main() -> Result<()> {
     let mut now = 1_000;
     for i in 0..args.nodes {
         cluster
-            .register(register_msg(i, &topos[i % topos.len()]), now, &mut fx)
+            .register(
+                register_msg(i, &topos[i % topos.len()], "core_costs"),
+                now,
+                &mut fx,
+            )
             .map_err(|s| anyhow::anyhow!("register: {s}"))?;
     }
     let registered = in_use();

@@ -25,6 +25,10 @@
 //! valgrind --tool=callgrind --separate-threads=yes ./target/release/core_costs_jobs --jobs 2000
 //! ```
 
+#[path = "shared/loadgen_nodes.rs"]
+mod loadgen_nodes;
+use loadgen_nodes::register_msg;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,9 +42,7 @@ use dispatcher::observe::Observers;
 use dispatcher::outbound::{self, AgentRx};
 use dispatcher::store::embedded::EmbeddedStore;
 use dispatcher::store::{Snapshot, Store, StoreError, Write};
-use proto::v1::{
-    JobSpec, JobState, JobStatus, Register, StatusBatch, agent_message, dispatcher_message,
-};
+use proto::v1::{JobSpec, JobState, JobStatus, StatusBatch, agent_message, dispatcher_message};
 use sched::Topology;
 use tokio::sync::{Notify, Semaphore};
 
@@ -91,26 +93,6 @@ impl Store for NullStore {
         }
         std::hint::black_box(bytes);
         Ok(())
-    }
-}
-
-fn register_msg(i: usize, topo: &proto::v1::Topology) -> Register {
-    let rack = i / 40;
-    let zone = rack % 4;
-    Register {
-        node: format!("lg-{i:05}"),
-        labels: HashMap::from([
-            (
-                "topology.kubernetes.io/zone".to_string(),
-                format!("z{zone}"),
-            ),
-            ("dispatch.io/rack".to_string(), format!("z{zone}-r{rack}")),
-        ]),
-        topology: Some(topo.clone()),
-        memory_bytes: topo.cpus.len() as u64 * (4 << 30),
-        version: "core_costs_jobs".into(),
-        oversubscribe: 1,
-        ..Default::default()
     }
 }
 
@@ -256,7 +238,7 @@ fn main() -> Result<()> {
         };
         for i in 0..args.nodes {
             let topo = &topos[i % topos.len()];
-            let register = register_msg(i, topo);
+            let register = register_msg(i, topo, "core_costs_jobs");
             let node = register.node.clone();
             let (tx, rx) = outbound::channel();
             let (session, _beat) = handle

@@ -1,0 +1,30 @@
+//! The fake nodes the core benches register, shaped as `loadgen`'s agents
+//! register theirs (names `lg-NNNNN`, racks of 40 nodes over 4 zones,
+//! 4 GiB per CPU), so the benches and the load generator measure the same
+//! cluster. Shared by `core_costs` and `core_costs_jobs`.
+
+use std::collections::HashMap;
+
+use proto::v1::Register;
+
+/// The registration of fake node `i` with topology `topo`; `version`
+/// names the bench that registers it.
+pub fn register_msg(i: usize, topo: &proto::v1::Topology, version: &str) -> Register {
+    let rack = i / 40;
+    let zone = rack % 4;
+    Register {
+        node: format!("lg-{i:05}"),
+        labels: HashMap::from([
+            (
+                "topology.kubernetes.io/zone".to_string(),
+                format!("z{zone}"),
+            ),
+            ("dispatch.io/rack".to_string(), format!("z{zone}-r{rack}")),
+        ]),
+        topology: Some(topo.clone()),
+        memory_bytes: topo.cpus.len() as u64 * (4 << 30),
+        version: version.into(),
+        oversubscribe: 1,
+        ..Default::default()
+    }
+}
