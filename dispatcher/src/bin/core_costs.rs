@@ -23,7 +23,7 @@
 
 #[path = "shared/loadgen_nodes.rs"]
 mod loadgen_nodes;
-use loadgen_nodes::register_msg;
+use loadgen_nodes::{SHAPES, register_msg, shapes};
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
@@ -39,7 +39,6 @@ use dispatcher::cluster::{Cluster, ClusterConfig, Effects};
 use dispatcher::metrics::Metrics;
 use dispatcher::web;
 use proto::v1::{CpuLoad, JobSpec, NodeLoad};
-use sched::Topology;
 
 /// Counts the heap bytes in use.
 struct Counting;
@@ -157,8 +156,6 @@ struct Args {
     attach: Option<String>,
 }
 
-const SHAPES: [&str; 4] = ["2s:16c:2t", "1s:8c:2t", "2s:8c:2t", "1s:4c:2t"];
-
 /// loadgen's LoadReport of an idle node: every CPU, its schedstat names.
 fn idle_load(cpus: &[u32]) -> NodeLoad {
     NodeLoad {
@@ -200,17 +197,6 @@ fn us(d: Duration) -> String {
 }
 
 /// loadgen's shapes as reported topologies.
-fn shapes() -> Result<Vec<proto::v1::Topology>> {
-    SHAPES
-        .iter()
-        .map(|s| {
-            Topology::from_spec(s)
-                .map(|t| engine_proto::topology(&t))
-                .map_err(|e| anyhow::anyhow!("{s}: {e}"))
-        })
-        .collect()
-}
-
 /// The child process of `--connections`: `n` agents, each on its own
 /// HTTP/2 connection as real agents are, register (loadgen's shapes and
 /// labels) and send one idle LoadReport; "attached" is printed once every

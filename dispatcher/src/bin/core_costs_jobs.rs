@@ -27,7 +27,7 @@
 
 #[path = "shared/loadgen_nodes.rs"]
 mod loadgen_nodes;
-use loadgen_nodes::register_msg;
+use loadgen_nodes::{register_msg, shapes};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,7 +43,6 @@ use dispatcher::outbound::{self, AgentRx};
 use dispatcher::store::embedded::EmbeddedStore;
 use dispatcher::store::{Snapshot, Store, StoreError, Write};
 use proto::v1::{JobSpec, JobState, JobStatus, StatusBatch, agent_message, dispatcher_message};
-use sched::Topology;
 use tokio::sync::{Notify, Semaphore};
 
 #[derive(Parser, Debug)]
@@ -73,7 +72,6 @@ struct Args {
     null_store: bool,
 }
 
-const SHAPES: [&str; 4] = ["2s:16c:2t", "1s:8c:2t", "2s:8c:2t", "1s:4c:2t"];
 const JOB_CPUS: [u32; 4] = [1, 1, 2, 4];
 
 /// A store that durably stores nothing: it only encodes what it is given.
@@ -214,14 +212,7 @@ fn main() -> Result<()> {
         OnStoreFailure::Stop,
         Observers::none(),
     );
-    let topos: Vec<proto::v1::Topology> = SHAPES
-        .iter()
-        .map(|s| {
-            Topology::from_spec(s)
-                .map(|t| engine_proto::topology(&t))
-                .map_err(|e| anyhow::anyhow!("{s}: {e}"))
-        })
-        .collect::<Result<_>>()?;
+    let topos = shapes()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -1,11 +1,27 @@
 //! The fake nodes the core benches register, shaped as `loadgen`'s agents
-//! register theirs (names `lg-NNNNN`, racks of 40 nodes over 4 zones,
+//! register theirs (the same shapes, names `lg-NNNNN`, racks of 40 nodes over 4 zones,
 //! 4 GiB per CPU), so the benches and the load generator measure the same
 //! cluster. Shared by `core_costs` and `core_costs_jobs`.
 
 use std::collections::HashMap;
 
 use proto::v1::Register;
+use sched::Topology;
+
+/// loadgen's node shapes, cycled over the nodes.
+pub const SHAPES: [&str; 4] = ["2s:16c:2t", "1s:8c:2t", "2s:8c:2t", "1s:4c:2t"];
+
+/// [`SHAPES`] as the topologies agents register.
+pub fn shapes() -> anyhow::Result<Vec<proto::v1::Topology>> {
+    SHAPES
+        .iter()
+        .map(|s| {
+            Topology::from_spec(s)
+                .map(|t| engine_proto::topology(&t))
+                .map_err(|e| anyhow::anyhow!("{s}: {e}"))
+        })
+        .collect()
+}
 
 /// The registration of fake node `i` with topology `topo`; `version`
 /// names the bench that registers it.
