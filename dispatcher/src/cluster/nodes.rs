@@ -444,6 +444,32 @@ mod tests {
     use proptest::prelude::*;
     use std::sync::Arc;
 
+    /// A ready, connected node with the CPU model of `topo` and nothing
+    /// else known about it.
+    fn bare_node(name: String, topo: &Arc<Topology>) -> NodeInfo {
+        NodeInfo {
+            name,
+            labels: HashMap::new(),
+            zone: String::new(),
+            rack: String::new(),
+            hostgroup: String::new(),
+            region: String::new(),
+            topology: Default::default(),
+            cpu_busy: vec![false; topo.nr_leaves()],
+            idle: IdleCounts::new(topo, |_| true),
+            cpu_topo: topo.clone(),
+            memory_bytes: 0,
+            devices: Vec::new(),
+            gpus: 0,
+            oversubscribe: 1,
+            load: Default::default(),
+            admin: NodeAdmin::Ready,
+            connected: true,
+            down: false,
+            last_heartbeat_ms: 0,
+        }
+    }
+
     proptest! {
         /// The registry's slab and hashed index answer as the B-tree of
         /// names it replaced: after any sequence of registrations (new
@@ -457,25 +483,9 @@ mod tests {
         ) {
             let topo = Arc::new(Topology::from_spec("1s:2c:1t").unwrap());
             let node = |name: String, beat: i64, down: bool| NodeInfo {
-                name,
-                labels: HashMap::new(),
-                zone: String::new(),
-                rack: String::new(),
-                hostgroup: String::new(),
-                region: String::new(),
-                topology: Default::default(),
-                cpu_busy: vec![false; topo.nr_leaves()],
-                idle: IdleCounts::new(&topo, |_| true),
-                cpu_topo: topo.clone(),
-                memory_bytes: 0,
-                devices: Vec::new(),
-                gpus: 0,
-                oversubscribe: 1,
-                load: Default::default(),
-                admin: NodeAdmin::Ready,
-                connected: true,
                 down,
                 last_heartbeat_ms: beat,
+                ..bare_node(name, &topo)
             };
             let mut nodes = Nodes::default();
             let mut oracle: BTreeMap<String, NodeInfo> = BTreeMap::new();
@@ -517,27 +527,7 @@ mod tests {
         ) {
             let topo = Arc::new(Topology::from_spec(spec).unwrap());
             let n = topo.nr_leaves();
-            let mut node = NodeInfo {
-                name: "n".into(),
-                labels: HashMap::new(),
-                zone: String::new(),
-                rack: String::new(),
-                hostgroup: String::new(),
-                region: String::new(),
-                topology: Default::default(),
-                cpu_busy: vec![false; n],
-                idle: IdleCounts::new(&topo, |_| true),
-                cpu_topo: topo.clone(),
-                memory_bytes: 0,
-                devices: Vec::new(),
-                gpus: 0,
-                oversubscribe: 1,
-                load: Default::default(),
-                admin: NodeAdmin::Ready,
-                connected: true,
-                down: false,
-                last_heartbeat_ms: 0,
-            };
+            let mut node = bare_node("n".into(), &topo);
             let mut held: Vec<Vec<LeafId>> = Vec::new();
             for (op, cpus, align, pack) in ops {
                 match op {
