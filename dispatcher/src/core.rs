@@ -47,6 +47,7 @@ use tonic::Status;
 
 use crate::beats::{Beat, Beats, FLUSH_MS, Reporter};
 use crate::cluster::{Cluster, Effects, JobChange, JobKey};
+use crate::list_worker::ListWorker;
 use crate::observe::Observers;
 use crate::store::committer::Committer;
 use crate::store::{NodeAdmin, Store, StoreError};
@@ -68,28 +69,11 @@ type Reply<T> = oneshot::Sender<Result<T, Status>>;
 /// Ceiling of the measured steal cost (the kernel's migration cost).
 const MAX_STEAL_COST_NS: u64 = 500_000;
 
-/// ListNodes builds nodes' views this many at a time, for at most
-/// [`LIST_BUDGET`] per batch of commands, so that listing 10,000 nodes
-/// (tens of ms) never holds the core for long: submissions and agents'
-/// messages are served between the slices.
-const NODES_PER_SLICE: usize = 128;
-
-/// The core's time for ListNodes per batch (at least one slice).
-const LIST_BUDGET: Duration = Duration::from_millis(3);
-
 /// New jobs a batch takes from the clients' submissions (at least one
 /// call's): about 40 ms of the core's work at 20 us a job, so agents'
 /// statuses are applied, and the room they free reused, every few tens of
 /// milliseconds however many submissions wait.
 const JOBS_PER_BATCH: usize = 2048;
-
-/// A ListNodes in progress: the nodes listed so far, in name order.
-struct Listing {
-    reply: Reply<Vec<Node>>,
-    nodes: Vec<Node>,
-    /// The last node listed.
-    after: Option<String>,
-}
 
 /// A request to the core.
 pub enum Command {
@@ -330,8 +314,11 @@ struct Core {
     observers: Observers,
     /// Agents' queued beats.
     beats: Arc<Beats>,
-    /// ListNodes calls in progress, a slice per batch.
-    listings: Vec<Listing>,
+    /// This batch's ListNodes calls: answered from one copy of the nodes
+    /// taken after the batch's commands ([`Core::list_nodes`]).
+    listings: Vec<Reply<Vec<Node>>>,
+    /// Builds the listings' views off the core.
+    list_worker: ListWorker,
     /// Clients' commands taken from the queue and held for a later batch
     /// ([`Core::next_batch`]), in order.
     held: VecDeque<Command>,
@@ -407,6 +394,7 @@ impl Core {
             observers,
             beats,
             listings: Vec::new(),
+            list_worker: ListWorker::default(),
             held: VecDeque::new(),
             told_down: HashSet::new(),
         }
@@ -449,7 +437,7 @@ impl Core {
                 }
                 next.ok()
             } else {
-                let until = if !self.listings.is_empty() || !self.held.is_empty() {
+                let until = if !self.held.is_empty() {
                     Instant::now()
                 } else if self.beats.pending() {
                     next_tick.min(next_flush)
@@ -506,7 +494,7 @@ impl Core {
                     };
                 }
             }
-            self.list_nodes_slice(&mut replies);
+            self.list_nodes(&mut replies);
             if self.beats.pending() && Instant::now() >= next_flush {
                 self.apply_beats(now, &mut fx);
                 next_flush = Instant::now() + flush;
@@ -763,13 +751,9 @@ impl Core {
             Command::Logs { req, tx, reply } => {
                 let _ = reply.send(self.start_logs(req, tx));
             }
-            // Listed a slice per batch (list_nodes_slice): each node as
-            // committed at its slice's batch, all of it after the last.
-            Command::Nodes { reply } => self.listings.push(Listing {
-                reply,
-                nodes: Vec::new(),
-                after: None,
-            }),
+            // Listed after the batch's commands (list_nodes): the nodes as
+            // committed with this batch.
+            Command::Nodes { reply } => self.listings.push(reply),
             Command::Node { name, reply } => {
                 replies.push(defer(
                     reply,
@@ -932,34 +916,24 @@ impl Core {
         }
     }
 
-    /// The next slices of the ListNodes in progress, for at most
-    /// [`LIST_BUDGET`] (at least one slice); a listing that reached the last
-    /// node is answered after this batch's commit.
-    fn list_nodes_slice(&mut self, replies: &mut Vec<Deferred>) {
-        let started = Instant::now();
-        let mut sliced = false;
-        for mut l in std::mem::take(&mut self.listings) {
-            loop {
-                if sliced && started.elapsed() >= LIST_BUDGET {
-                    self.listings.push(l);
-                    break;
+    /// This batch's ListNodes calls: one copy of every node, taken here
+    /// after the batch's commands, and the views built from it off the
+    /// core once the batch is committed (a failed commit answers its
+    /// error instead, as for every reply of the batch).
+    fn list_nodes(&mut self, replies: &mut Vec<Deferred>) {
+        if self.listings.is_empty() {
+            return;
+        }
+        let copies = Arc::new(self.cluster.node_copies());
+        for reply in self.listings.drain(..) {
+            let worker = self.list_worker.sender();
+            let copies = Arc::clone(&copies);
+            replies.push(Box::new(move |failed: Option<&Status>| match failed {
+                None => worker.send(copies, reply),
+                Some(status) => {
+                    let _ = reply.send(Err(status.clone()));
                 }
-                sliced = true;
-                let before = l.nodes.len();
-                let after = l.after.take();
-                l.nodes.extend(
-                    self.cluster
-                        .nodes()
-                        .skip_while(|n| after.as_deref().is_some_and(|a| n.name.as_str() <= a))
-                        .take(NODES_PER_SLICE)
-                        .map(|n| self.cluster.node_proto(n)),
-                );
-                if l.nodes.len() - before < NODES_PER_SLICE {
-                    replies.push(defer(l.reply, Ok(l.nodes)));
-                    break;
-                }
-                l.after = l.nodes.last().map(|n| n.name.clone());
-            }
+            }));
         }
     }
 
@@ -1799,10 +1773,10 @@ mod tests {
         .agent_lease_ms()
     }
 
-    /// ListNodes over more nodes than one slice: every node once, in name
-    /// order, with submissions served between the slices.
+    /// ListNodes over many nodes, with a submission in the same batches:
+    /// every node once, in name order, built off the core.
     #[tokio::test]
-    async fn list_nodes_answers_every_node_across_slices() {
+    async fn list_nodes_answers_every_node_in_name_order() {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path()).unwrap();
         let (core, thread) = spawn(
@@ -1811,7 +1785,7 @@ mod tests {
             OnStoreFailure::Stop,
             Observers::none(),
         );
-        let total = 2 * NODES_PER_SLICE + 7;
+        let total = 263;
         let mut agents = Vec::new();
         for i in 0..total {
             let (tx, rx) = crate::outbound::channel();

@@ -23,6 +23,7 @@ pub mod core;
 pub mod gate;
 pub mod ha;
 pub mod limits;
+pub mod list_worker;
 pub mod metrics;
 pub mod observe;
 pub mod offcore;

@@ -1,7 +1,7 @@
 //! GPUs at cluster level: how many of a node's GPUs are free for a job
 //! (the node's count from its agent's registration, minus the GPUs of the
 //! other jobs queued, assigned or running there: the job table's
-//! `gpus_on` index), the node's API view with them, and placing again the
+//! `gpus_on` index; the node's API view shows them, `listing.rs`), and placing again the
 //! jobs that wait for free GPUs when some are freed.
 //!
 //! The node-level engine counts CPUs only; free GPUs act as a placement
@@ -15,10 +15,8 @@
 //! to a node whose GPUs were taken since it was placed (its affinity was
 //! computed then): its agent then holds it until GPUs free up.
 
-use proto::v1::Node;
-
 use super::jobs::{JobKey, Phase, Unplaced};
-use super::{Cluster, Effects, NodeInfo};
+use super::{Cluster, Effects};
 
 impl Cluster {
     /// GPUs of `node` not taken by jobs other than `except`.
@@ -38,19 +36,6 @@ impl Cluster {
     /// GPUs of `node` no job holds (queued, assigned or running there).
     pub fn gpus_free(&self, node: &str) -> u32 {
         self.gpus_free_for(node, None)
-    }
-
-    /// The node's API view, with its free GPUs and its gangs.
-    pub fn node_proto(&self, n: &NodeInfo) -> Node {
-        Node {
-            gpus_free: self.gpus_free(&n.name),
-            gangs: self
-                .gangs_on(&n.name)
-                .into_iter()
-                .map(|g| JobKey::single(g).to_string())
-                .collect(),
-            ..n.to_proto()
-        }
     }
 
     /// Once some job's GPUs left a node: place again, oldest first, the

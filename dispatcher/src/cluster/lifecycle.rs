@@ -910,6 +910,6 @@ impl Cluster {
         // An uncordoned node has room again.
         self.idle_balance(now, fx);
         self.schedule_gangs(now, fx);
-        self.node(name).map(NodeInfo::to_proto)
+        self.node(name).map(|n| self.node_proto(n))
     }
 }

@@ -33,6 +33,7 @@ pub mod gang;
 mod gpus;
 pub mod jobs;
 mod lifecycle;
+pub mod listing;
 pub mod load;
 pub mod nodes;
 pub mod pending;

@@ -176,33 +176,6 @@ impl NodeInfo {
             self.gpus,
         )
     }
-
-    /// The proto view.
-    pub fn to_proto(&self) -> proto::v1::Node {
-        let topo = &self.topology;
-        let cores = topo.smt.len() as u32;
-        proto::v1::Node {
-            name: self.name.clone(),
-            labels: self.labels.clone(),
-            topology: Some(proto::v1::Topology::clone(topo)),
-            load: Some(self.load.to_proto()),
-            state: self.state() as i32,
-            last_heartbeat_ms: self.last_heartbeat_ms,
-            sockets: topo.package.len() as u32,
-            numa_nodes: topo.numa.len() as u32,
-            llcs: topo.llc.len() as u32,
-            cores,
-            threads_per_core: (topo.cpus.len() as u32).checked_div(cores).unwrap_or(0),
-            zone: self.zone.clone(),
-            rack: self.rack.clone(),
-            devices: self.devices.clone(),
-            gpus: self.gpus,
-            // The cluster knows which are taken and which gangs hold the
-            // node: `Cluster::node_proto`.
-            gpus_free: self.gpus,
-            gangs: Vec::new(),
-        }
-    }
 }
 
 /// Per alignment level (in [`Align::ALL`] order): the group of each CPU,
