@@ -468,6 +468,21 @@ fn main() -> Result<()> {
         let c = web::capture(&cluster, counts.clone(), now);
         std::hint::black_box(web::assemble(c));
     });
+    // ListNodes: every node's view built on the core (as it was, in
+    // slices), against the copy the core takes now (the views are built
+    // on the list worker) and that build, off the core.
+    let views_on_core = best(args.runs, || {
+        let views: Vec<_> = cluster.nodes().map(|n| cluster.node_proto(n)).collect();
+        std::hint::black_box(views);
+    });
+    let views_copy = best(args.runs, || {
+        std::hint::black_box(cluster.node_copies());
+    });
+    let views_off_core = best(args.runs, || {
+        let copies = Arc::new(cluster.node_copies());
+        std::hint::black_box(dispatcher::cluster::listing::views(copies));
+    })
+    .saturating_sub(views_copy);
     let sample = best(args.runs, || metrics.sample(&cluster, now));
     let sample_copy = best(args.runs, || {
         std::hint::black_box(metrics.copy(&cluster, now));
@@ -562,7 +577,8 @@ fn main() -> Result<()> {
     out.push_str(&format!(
         "\n| core work | before (ms) | after (ms) | ratio |\n|---|---:|---:|---:|\n\
          | web snapshot on the core per publish: built whole / copied ({} off the core) | {} | {} | {:.3} |\n\
-         | metrics sample per tick: taken whole / copied (the rest off the core) | {} | {} | {:.3} |\n",
+         | metrics sample per tick: taken whole / copied (the rest off the core) | {} | {} | {:.3} |\n\
+         | ListNodes: every view built / copied ({} off the core) | {} | {} | {:.3} |\n",
         ms(assembly),
         ms(whole),
         ms(copy),
@@ -570,6 +586,10 @@ fn main() -> Result<()> {
         ms(sample),
         ms(sample_copy),
         sample_copy.as_secs_f64() / sample.as_secs_f64().max(1e-12),
+        ms(views_off_core),
+        ms(views_on_core),
+        ms(views_copy),
+        views_copy.as_secs_f64() / views_on_core.as_secs_f64().max(1e-12),
     ));
     out.push_str(&format!(
         "\n| a LoadReport that changes nothing | before: core (us) | after: stream reader, off the core (us) |\n|---|---:|---:|\n\

@@ -1,7 +1,7 @@
 //! Nodes' API views (`proto::v1::Node`) in two steps, so that ListNodes
 //! costs the core thread a copy, not the views: [`Cluster::node_copies`]
-//! copies on the core what a view needs (names and labels, the shared
-//! topology and packed load, the free GPUs and gangs only the cluster
+//! copies on the core what a view needs (the names; the labels, topology
+//! and packed load shared; the free GPUs and gangs only the cluster
 //! knows), and [`NodeCopy::into_view`] does the slow part anywhere else
 //! (a copy of the topology and the unpacked load report per node; at
 //! 10,000 nodes tens of milliseconds, which the core used to spend in
@@ -23,7 +23,7 @@ use super::{Cluster, NodeInfo};
 #[derive(Clone, Debug)]
 pub struct NodeCopy {
     name: String,
-    labels: HashMap<String, String>,
+    labels: Arc<HashMap<String, String>>,
     zone: String,
     rack: String,
     topology: Arc<Topology>,
@@ -50,7 +50,7 @@ impl NodeCopy {
             topology: Some(Topology::clone(topo)),
             load: Some(self.load.to_proto()),
             name: self.name,
-            labels: self.labels,
+            labels: Arc::unwrap_or_clone(self.labels),
             state: self.state as i32,
             last_heartbeat_ms: self.last_heartbeat_ms,
             zone: self.zone,
@@ -78,7 +78,7 @@ impl Cluster {
     pub fn node_copy(&self, n: &NodeInfo) -> NodeCopy {
         NodeCopy {
             name: n.name.clone(),
-            labels: n.labels.clone(),
+            labels: Arc::clone(&n.labels),
             zone: n.zone.clone(),
             rack: n.rack.clone(),
             topology: Arc::clone(&n.topology),
@@ -147,7 +147,7 @@ mod tests {
         for view in owned {
             let n = c.node(&view.name).unwrap();
             let topo = &n.topology;
-            assert_eq!(view.labels, n.labels);
+            assert_eq!(view.labels, *n.labels);
             assert_eq!(view.topology.as_ref(), Some(topo.as_ref()));
             assert_eq!(view.load, Some(n.load.to_proto()));
             assert_eq!(view.state, n.state() as i32);

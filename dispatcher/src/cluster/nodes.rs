@@ -29,8 +29,8 @@ use crate::store::NodeAdmin;
 pub struct NodeInfo {
     /// Unique name.
     pub name: String,
-    /// Labels.
-    pub labels: HashMap<String, String>,
+    /// Labels (shared with the API views' copies: `listing.rs`).
+    pub labels: Arc<HashMap<String, String>>,
     /// Zone, rack, host group and region derived from labels.
     pub zone: String,
     /// Rack.
@@ -422,7 +422,7 @@ mod tests {
     fn bare_node(name: String, topo: &Arc<Topology>) -> NodeInfo {
         NodeInfo {
             name,
-            labels: HashMap::new(),
+            labels: Arc::default(),
             zone: String::new(),
             rack: String::new(),
             hostgroup: String::new(),

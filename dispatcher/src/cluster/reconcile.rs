@@ -10,6 +10,7 @@
 //! job whose cancel was requested gets its `Cancel` again.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use proto::v1::{JobState, Register};
 use sched::{LeafId, TaskState};
@@ -77,7 +78,7 @@ impl Cluster {
         let idle = super::nodes::IdleCounts::new(&cpu_topo, |_| true);
         let node = NodeInfo {
             name: reg.node.clone(),
-            labels: reg.labels.clone(),
+            labels: Arc::new(reg.labels.clone()),
             zone,
             rack,
             hostgroup,
