@@ -796,6 +796,12 @@ impl Agent {
                     .max()
             });
         let status = found.as_ref().and_then(|id| self.exec.status(id).ok());
+        // A job that ended here and whose directory is gone was recycled
+        // (`exec/spares.rs`): it wrote no output.
+        let no_output = status.is_none()
+            && found
+                .as_ref()
+                .is_some_and(|id| self.recent.contains_key(id) && !self.jobs.contains_key(id));
         let exec = self.exec.clone();
         tokio::spawn(async move {
             let reply = |data: Vec<u8>, offset: u64, eof: bool, error: String| AgentMessage {
@@ -808,6 +814,10 @@ impl Agent {
                     error,
                 })),
             };
+            if no_output {
+                let _ = out.send(reply(Vec::new(), req.offset, true, String::new()));
+                return;
+            }
             let (Some(id), Some(status)) = (found, status) else {
                 let _ = out.send(reply(
                     Vec::new(),

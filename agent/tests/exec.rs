@@ -795,20 +795,71 @@ async fn reports_an_exit_that_happened_while_no_executor_ran() {
         "acked exits are not reported again"
     );
     assert!(exits.try_recv().is_err());
-    // The logs and the status stay readable until remove().
+    // It wrote nothing: its directory, the record alone, became a spare
+    // (`acked_directories_are_recycled_unless_they_hold_output`).
+    assert!(!dir.exists());
+    assert!(exec.status("offline").is_err());
+}
+
+/// A finished job's directory that holds only its record becomes the next
+/// job's (the same directory, its record started again, so no inode is
+/// allocated); one with output stays, readable, until `remove`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_directories_are_recycled_unless_they_hold_output() {
+    use std::os::unix::fs::MetadataExt;
+    let fx = Fixture::new();
+    let exec = fx.executor();
+    let mut quiet = exec
+        .spawn(sh("quiet", "exit 3", allowed_cpus()))
+        .await
+        .unwrap();
+    assert_eq!(wait_exit(&mut quiet).await.outcome, JobOutcome::Exited(3));
+    let quiet_dir = fx.path().join("jobs/quiet");
+    let inode = fs::metadata(&quiet_dir).unwrap().ino();
+    exec.ack("quiet").unwrap();
+    assert!(!quiet_dir.exists());
+    assert!(exec.status("quiet").is_err());
+
+    let mut next = exec
+        .spawn(sh("next", "exit 5", allowed_cpus()))
+        .await
+        .unwrap();
+    assert_eq!(wait_exit(&mut next).await.outcome, JobOutcome::Exited(5));
+    let next_dir = fx.path().join("jobs/next");
+    assert_eq!(fs::metadata(&next_dir).unwrap().ino(), inode);
+    let record = fs::read_to_string(next_dir.join("record")).unwrap();
+    assert!(
+        !record.contains("quiet") && record.contains("\"next\""),
+        "{record}"
+    );
     assert!(matches!(
-        exec.status("offline").unwrap().state,
+        exec.status("next").unwrap().state,
         JobState::Finished(JobExit {
-            outcome: JobOutcome::Exited(4),
+            outcome: JobOutcome::Exited(5),
             ..
         })
     ));
-    exec.remove("offline").unwrap();
-    assert!(!dir.exists());
+
+    let mut loud = exec
+        .spawn(sh("loud", "echo hi", allowed_cpus()))
+        .await
+        .unwrap();
+    assert_eq!(wait_exit(&mut loud).await.outcome, JobOutcome::Exited(0));
+    exec.ack("loud").unwrap();
+    let loud_dir = fx.path().join("jobs/loud");
+    assert_eq!(fs::read_to_string(loud_dir.join("stdout")).unwrap(), "hi\n");
+    let record = fs::read_to_string(loud_dir.join("record")).unwrap();
+    assert!(record.lines().any(|l| l == "acked"), "{record}");
     assert!(matches!(
-        exec.status("offline"),
-        Err(ExecError::UnknownJob(_))
+        exec.status("loud").unwrap().state,
+        JobState::Finished(JobExit {
+            outcome: JobOutcome::Exited(0),
+            ..
+        })
     ));
+    exec.remove("loud").unwrap();
+    assert!(!loud_dir.exists());
+    assert!(matches!(exec.status("loud"), Err(ExecError::UnknownJob(_))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

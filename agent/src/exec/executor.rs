@@ -31,6 +31,7 @@ use super::error::{ExecError, Result};
 use super::group::JobProcs;
 use super::jobdir::{JobDir, write_json};
 use super::procfs;
+use super::spares::Spares;
 use super::spec::{
     CancelRequest, JobExec, JobExit, JobOutcome, RunAs, SPEC_VERSION, ShimSpec, validate_cpus,
     validate_id,
@@ -334,6 +335,8 @@ enum ShimWatch {
 pub struct Executor {
     cfg: ExecConfig,
     jobs_dir: PathBuf,
+    /// Recycled job directories (none if the pool could not be opened).
+    spares: Option<Spares>,
     cgroup: Option<CgroupSupport>,
     shared: Arc<Shared>,
     exits_rx: Mutex<Option<mpsc::UnboundedReceiver<JobExit>>>,
@@ -372,6 +375,9 @@ impl Executor {
         }
         let jobs_dir = cfg.state_dir.join("jobs");
         fs::create_dir_all(&jobs_dir).map_err(|e| ExecError::io("create", &jobs_dir, e))?;
+        let spares = Spares::open(&cfg.state_dir)
+            .inspect_err(|e| tracing::warn!(error = %e, "job directories are not recycled"))
+            .ok();
 
         let root = geteuid().is_root();
         match cfg.run_as {
@@ -420,6 +426,7 @@ impl Executor {
         Ok(Executor {
             cfg,
             jobs_dir,
+            spares,
             cgroup,
             shared: Arc::new(Shared {
                 jobs: Mutex::new(HashMap::new()),
@@ -484,7 +491,11 @@ impl Executor {
             return Err(ExecError::AlreadyExists(job.id));
         }
         let dir = JobDir::new(self.jobs_dir.join(&job.id));
-        match fs::create_dir(dir.path()) {
+        let made = match &self.spares {
+            Some(spares) => spares.make(dir.path()),
+            None => fs::create_dir(dir.path()),
+        };
+        match made {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 return Err(ExecError::AlreadyExists(job.id));
@@ -941,11 +952,20 @@ impl Executor {
         })
     }
 
-    /// Mark a finished job's exit as consumed: later `readopt`s skip it,
-    /// its directory (logs) stays. Stops tracking it.
+    /// Mark a finished job's exit as consumed: later `readopt`s skip it.
+    /// Its directory stays if it holds logs or a diagnostic; one that
+    /// holds only its record becomes a spare for a later job
+    /// ([`Spares`]). Stops tracking it.
     pub fn ack(&self, id: &str) -> Result<()> {
         let dir = self.finished_dir(id)?;
-        dir.record_acked()?;
+        let recycled = self.spares.as_ref().is_some_and(|s| {
+            s.recycle(dir.path())
+                .inspect_err(|e| tracing::warn!(job = id, error = %e, "job directory not recycled"))
+                .unwrap_or(false)
+        });
+        if !recycled {
+            dir.record_acked()?;
+        }
         self.shared.jobs().remove(id);
         Ok(())
     }

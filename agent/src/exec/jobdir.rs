@@ -98,7 +98,8 @@ impl JobDir {
             .map_err(|e| ExecError::io("append to", &path, e))
     }
 
-    /// Create `record` with its `spec` line; fails if it exists.
+    /// Start `record` with its `spec` line: a new file, or the last
+    /// job's record of a recycled directory (`spares.rs`) written over.
     pub fn create_record(&self, spec: &ShimSpec) -> Result<()> {
         let path = self.record();
         let mut bytes = b"spec ".to_vec();
@@ -109,7 +110,8 @@ impl JobDir {
         bytes.push(b'\n');
         OpenOptions::new()
             .write(true)
-            .create_new(true)
+            .create(true)
+            .truncate(true)
             .open(&path)
             .and_then(|mut f| f.write_all(&bytes))
             .map_err(|e| ExecError::io("create", &path, e))
@@ -260,8 +262,14 @@ mod tests {
             lease: None,
             supervised: false,
         };
+        // A recycled directory's last record is written over.
         jd.create_record(&spec).unwrap();
-        assert!(jd.create_record(&spec).is_err(), "created once");
+        jd.record_exit(&JobExit::bare("old", JobOutcome::Exited(9)))
+            .unwrap();
+        jd.record_acked().unwrap();
+        jd.create_record(&spec).unwrap();
+        let restarted = jd.read_record().unwrap();
+        assert!(restarted.spec.is_some() && restarted.exit.is_none() && !restarted.acked);
         jd.record_shim(7).unwrap();
         jd.record_job(42, 1234).unwrap();
         jd.record_cpus(&[1, 3]).unwrap();

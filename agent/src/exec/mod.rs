@@ -31,6 +31,9 @@
 //!   on-disk `spec` / `cancel` forms, validation.
 //! - `jobdir.rs`: the job directory's layout (one
 //!   append-only `record`: spec, shim and job pids, exit, ack) and its writes.
+//! - `spares.rs`: recycled job directories (a finished job's directory
+//!   that holds only its record becomes the next job's: no inode
+//!   allocated per trivial job).
 //! - `group.rs`: a job's processes and threads; signalling and pinning all
 //!   of them.
 //! - [`procfs`]: reading `/proc` (stat, process groups, threads, shim
@@ -52,6 +55,7 @@ pub mod lease;
 mod logcap;
 pub mod procfs;
 pub mod shim;
+mod spares;
 mod spec;
 pub mod supervisor;
 pub mod usermap;
