@@ -1557,10 +1557,9 @@ mod tests {
                 let jobs = writes
                     .iter()
                     .filter_map(|w| match w {
-                        Write::PutJob(j) => Some((
-                            j.id.clone(),
-                            JobState::try_from(j.state).unwrap_or_default(),
-                        )),
+                        Write::PutJob(j) => {
+                            Some((j.id(), JobState::try_from(j.state).unwrap_or_default()))
+                        }
                         _ => None,
                     })
                     .collect();

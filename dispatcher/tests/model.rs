@@ -196,7 +196,7 @@ impl StoreImage {
         for w in writes {
             match w {
                 Write::PutJob(job) => {
-                    self.jobs.insert(job.id.clone(), (**job).clone());
+                    self.jobs.insert(job.id(), job.to_proto());
                 }
                 Write::DeleteJob(id) => {
                     self.jobs.remove(id);

@@ -23,75 +23,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use proto::v1::{Job, JobState};
+use proto::v1::JobState;
+
+pub use crate::record::{JobKey, JobRecord};
 use sched::idhash::IdMap;
 use sched::{Align, LeafId, PlacePath, Placement, TaskId, WakeChoice};
-
-/// A job's id as an ordered key: `j-12` is `(12, 0)`, element 3 of array
-/// `j-12` (`j-12.3`) is `(12, 4)`. The only place that reads or writes the
-/// id format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct JobKey {
-    number: u64,
-    /// 0 for a plain job; array index + 1 for an array element.
-    element: u32,
-}
-
-impl JobKey {
-    /// A plain job.
-    pub fn single(number: u64) -> Self {
-        Self { number, element: 0 }
-    }
-
-    /// Element `index` of array `number`.
-    pub fn element(number: u64, index: u32) -> Self {
-        Self {
-            number,
-            element: index.saturating_add(1),
-        }
-    }
-
-    /// Parse `j-12` / `j-12.3`.
-    pub fn parse(id: &str) -> Option<Self> {
-        let rest = id.strip_prefix("j-")?;
-        match rest.split_once('.') {
-            None => Some(Self::single(rest.parse().ok()?)),
-            Some((n, i)) => Some(Self {
-                number: n.parse().ok()?,
-                element: i.parse::<u32>().ok()?.checked_add(1)?,
-            }),
-        }
-    }
-
-    /// The job number (an array's elements share it).
-    pub fn number(self) -> u64 {
-        self.number
-    }
-
-    /// True for a plain job id (which may name an array).
-    pub fn is_single(self) -> bool {
-        self.element == 0
-    }
-
-    /// The array id `j-N` of an element (itself for a plain job).
-    pub fn array(self) -> Self {
-        Self::single(self.number)
-    }
-
-    /// The key range of the elements of array `self`.
-    pub fn elements(self) -> std::ops::Range<JobKey> {
-        Self::element(self.number, 0)..Self::single(self.number + 1)
-    }
-}
-
-impl fmt::Display for JobKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.element {
-            0 => write!(f, "j-{}", self.number),
-            e => write!(f, "j-{}.{}", self.number, e - 1),
-        }
-    }
-}
 
 /// Why a PENDING job is not in the engine.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -511,8 +447,8 @@ fn push_queued(out: &mut String, how: Placement, node: &str) {
 
 /// The display text of a gang member placed with its gang (None: not a
 /// gang member on a node; the phase's own text applies).
-fn gang_text(phase: &Phase, job: &Job, last: Option<&Requeue>) -> Option<String> {
-    if job.gang_id.is_empty() {
+fn gang_text(phase: &Phase, job: &JobRecord, last: Option<&Requeue>) -> Option<String> {
+    if !job.is_gang() {
         return None;
     }
     let node = match phase {
@@ -534,7 +470,9 @@ fn gang_text(phase: &Phase, job: &Job, last: Option<&Requeue>) -> Option<String>
     };
     let text = format!(
         "gang {}: member {} of {} placed with the others -> {node}",
-        job.gang_id, job.gang_index, job.gang_size
+        job.key().array(),
+        job.index(),
+        job.gang_size
     );
     Some(match last {
         Some(r) => format!("{r} | {text}"),
@@ -598,10 +536,11 @@ fn reason_of(phase: &Phase, last: Option<&Requeue>) -> Option<String> {
 /// A job and its dispatcher-side bookkeeping.
 #[derive(Clone, Debug)]
 pub struct JobEntry {
-    /// The proto record, shared with the effects that carry it (store
-    /// writes, job events): a change after it was shared copies it once
-    /// (`Arc::make_mut`), so an effect keeps the record as it was.
-    job: Arc<Job>,
+    /// The record, shared with the effects that carry it (store writes,
+    /// job events): a change after it was shared copies it once
+    /// (`Arc::make_mut`; the spec stays shared), so an effect keeps the
+    /// record as it was.
+    job: Arc<JobRecord>,
     phase: Phase,
     /// The engine task that stands for it.
     pub task: TaskId,
@@ -616,8 +555,8 @@ pub struct JobEntry {
 }
 
 impl JobEntry {
-    /// The proto record.
-    pub fn job(&self) -> &Job {
+    /// The record (its proto: [`JobRecord::to_proto`]).
+    pub fn job(&self) -> &JobRecord {
         &self.job
     }
 
@@ -644,17 +583,17 @@ impl JobEntry {
 
 /// Fields of the proto record that do not follow from the phase, which
 /// the lifecycle sets directly.
-pub struct Facts<'a>(&'a mut Job);
+pub struct Facts<'a>(&'a mut JobRecord);
 
 impl Facts<'_> {
     /// CPUs the agent reported.
     pub fn set_cpus(&mut self, cpus: &[u32]) {
-        self.0.cpus = cpus.to_vec();
+        self.0.cpus = cpus.into();
     }
 
     /// GPUs the agent reported.
     pub fn set_gpus(&mut self, gpus: &[u32]) {
-        self.0.gpus = gpus.to_vec();
+        self.0.gpus = gpus.into();
     }
 
     /// Start time, unless one is set; `0` clears it.
@@ -837,7 +776,7 @@ impl Jobs {
     }
 
     /// Add a job in `phase` with a fresh engine task.
-    pub fn insert(&mut self, key: JobKey, job: Job, phase: Phase) {
+    pub fn insert(&mut self, key: JobKey, job: JobRecord, phase: Phase) {
         let task = TaskId(self.next_task);
         self.next_task += 1;
         self.task_job.insert(task, key);
@@ -882,9 +821,9 @@ impl Jobs {
         previous.state()
     }
 
-    /// The proto record of a job, shared (for an effect that carries it:
-    /// a store write, a job event).
-    pub fn record(&self, key: JobKey) -> Option<Arc<Job>> {
+    /// The record of a job, shared (for an effect that carries it: a
+    /// store write, a job event).
+    pub fn record(&self, key: JobKey) -> Option<Arc<JobRecord>> {
         self.table.get(&key).map(|e| e.job.clone())
     }
 
@@ -1094,8 +1033,8 @@ impl Jobs {
             {
                 return Err(format!("{key}: node {:?} but phase {p:?}", e.job.node));
             }
-            if e.job.id != key.to_string() {
-                return Err(format!("{key}: id {:?}", e.job.id));
+            if e.job.key() != key {
+                return Err(format!("{key}: id {:?}", e.job.id()));
             }
             if self.task_job.get(&e.task) != Some(&key) {
                 return Err(format!("{key}: task {:?} maps elsewhere", e.task));
@@ -1145,23 +1084,6 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        #[test]
-        fn job_keys_round_trip_and_order_like_their_numbers(
-            a in 0u64..1000, i in prop::option::of(0u32..100),
-            b in 0u64..1000, j in prop::option::of(0u32..100),
-        ) {
-            let key = |n, i: Option<u32>| i.map_or(JobKey::single(n), |i| JobKey::element(n, i));
-            let (x, y) = (key(a, i), key(b, j));
-            prop_assert_eq!(JobKey::parse(&x.to_string()), Some(x));
-            // Oracle: order by number, then the plain id before elements
-            // by index.
-            let rank = |n: u64, i: Option<u32>| (n, i.map_or(0, |i| i as u64 + 1));
-            prop_assert_eq!(x.cmp(&y), rank(a, i).cmp(&rank(b, j)));
-            prop_assert_eq!(x.array().elements().contains(&x), i.is_some());
-        }
-    }
-
-    proptest! {
         /// A reason text kept across a phase change with the same inputs
         /// (`text_inputs`, no requeue since) is the text generating it
         /// again would give: after every step of a random walk over
@@ -1175,13 +1097,9 @@ mod tests {
             steps in prop::collection::vec((0u8..7, 0u8..2, 0u8..2, any::<bool>()), 1..40),
         ) {
             let mut jobs = Jobs::new();
-            let key = JobKey::single(jobs.take_number());
-            let job = Job {
-                id: key.to_string(),
-                gang_id: if gang { "j-9".into() } else { String::new() },
-                gang_size: if gang { 2 } else { 0 },
-                ..Default::default()
-            };
+            let n = jobs.take_number();
+            let key = if gang { JobKey::element(n, 1) } else { JobKey::single(n) };
+            let job = JobRecord::new(key, Default::default(), Arc::from(""), if gang { 2 } else { 0 }, 0);
             jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
             let mut want = jobs.get(key).map(|e| e.job().reason.clone()).unwrap_or_default();
             for (kind, node, way, flag) in steps {
@@ -1232,10 +1150,7 @@ mod tests {
         };
         let keys: Vec<JobKey> = (0..3).map(|_| JobKey::single(jobs.take_number())).collect();
         for (i, &key) in keys.iter().enumerate() {
-            let job = Job {
-                id: key.to_string(),
-                ..Default::default()
-            };
+            let job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
             jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
             // Sent at 30, 20, 10: the index is by time, the answer by key.
             jobs.set_phase(key, assigned(30 - 10 * i as i64));
@@ -1371,12 +1286,5 @@ mod tests {
             }
         }
         assert_eq!(seen, 8 * 4 * 4 * 2);
-    }
-
-    #[test]
-    fn bad_ids_do_not_parse() {
-        for id in ["", "j-", "x-1", "j-1.", "j-a", "j-1.x", "j-1.4294967295"] {
-            assert_eq!(JobKey::parse(id), None, "{id}");
-        }
     }
 }

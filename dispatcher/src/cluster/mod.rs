@@ -50,6 +50,7 @@ use proto::v1::{
 use sched::{LeafId, Sched, SchedConfig};
 use tonic::Status;
 
+pub use crate::record::JobRecord;
 pub use engine::NodeEngine;
 pub use jobs::{End, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
 pub use nodes::NodeInfo;
@@ -145,9 +146,9 @@ impl Default for ClusterConfig {
 }
 
 /// What an operation requires of the outside world. Job records are
-/// carried shared (`Arc<Job>`, the job table's own record as it was at
-/// the change), never copied here: the core materialises them once, at
-/// commit (the store encodes the shared record; [`JobChange::to_event`]
+/// carried shared (`Arc<JobRecord>`, the job table's own record as it was
+/// at the change), never copied here: the proto is built only where it
+/// is read (the store encodes the shared record; [`JobChange::to_event`]
 /// builds the watchers' event).
 #[derive(Debug, Default)]
 pub struct Effects {
@@ -166,7 +167,7 @@ pub struct Effects {
 #[derive(Clone, Debug)]
 pub struct JobChange {
     /// The job as the change left it.
-    pub job: Arc<Job>,
+    pub job: Arc<JobRecord>,
     /// Its state before (`JobState` as i32).
     pub previous_state: i32,
     /// When (Unix ms).
@@ -174,10 +175,10 @@ pub struct JobChange {
 }
 
 impl JobChange {
-    /// The watchers' event (a copy of the record).
+    /// The watchers' event (the record's proto).
     pub fn to_event(&self) -> JobEvent {
         JobEvent {
-            job: Some(Job::clone(&self.job)),
+            job: Some(self.job.to_proto()),
             previous_state: self.previous_state,
             time_ms: self.time_ms,
         }
@@ -323,9 +324,10 @@ impl Cluster {
         self.jobs.set_next_number(snap.next_job);
         self.nodes.restore_admin(snap.node_admin);
         for job in snap.jobs {
-            let Some(key) = JobKey::parse(&job.id) else {
+            let Some(job) = JobRecord::from_proto(job) else {
                 continue;
             };
+            let key = job.key();
             let state = JobState::try_from(job.state).unwrap_or(JobState::Unspecified);
             let phase = match state {
                 JobState::Pending | JobState::Unspecified => Phase::Unplaced {
@@ -355,7 +357,7 @@ impl Cluster {
         let key =
             JobKey::parse(id).ok_or_else(|| Status::not_found(format!("id: no job {id:?}")))?;
         match self.jobs.get(key) {
-            Some(e) => Ok(e.job().clone()),
+            Some(e) => Ok(e.job().to_proto()),
             None if self.gangs.get(key.number()).is_some() && key.is_single() => {
                 let size = self.gangs.get(key.number()).map_or(0, |g| g.size);
                 Err(Status::not_found(format!(
@@ -397,10 +399,10 @@ impl Cluster {
             let j = e.job();
             if (!states.is_empty() && !states.contains(&j.state))
                 || (!req.node.is_empty() && j.node != req.node)
-                || (!req.group.is_empty() && j.spec.as_ref().is_none_or(|s| s.group != req.group))
-                || (!req.array_id.is_empty() && j.array_id != req.array_id)
-                || (!req.gang_id.is_empty() && j.gang_id != req.gang_id)
-                || (!req.owner.is_empty() && j.owner != req.owner)
+                || (!req.group.is_empty() && j.spec().is_none_or(|s| s.group != req.group))
+                || (!req.array_id.is_empty() && j.array_id() != req.array_id)
+                || (!req.gang_id.is_empty() && j.gang_id() != req.gang_id)
+                || (!req.owner.is_empty() && *j.owner != req.owner)
             {
                 continue;
             }
@@ -408,7 +410,7 @@ impl Cluster {
                 next = out.last().map(|j: &Job| j.id.clone()).unwrap_or_default();
                 break;
             }
-            out.push(j.clone());
+            out.push(j.to_proto());
         }
         Ok((out, next))
     }
@@ -419,7 +421,7 @@ impl Cluster {
     /// once, in id order.
     pub fn jobs_matching(&self, ids: &[String]) -> Vec<Job> {
         if ids.is_empty() {
-            return self.jobs.iter().map(|(_, e)| e.job().clone()).collect();
+            return self.jobs.iter().map(|(_, e)| e.job().to_proto()).collect();
         }
         let mut keys = BTreeSet::new();
         for key in ids.iter().filter_map(|id| JobKey::parse(id)) {
@@ -430,7 +432,7 @@ impl Cluster {
             }
         }
         keys.iter()
-            .filter_map(|k| self.jobs.get(*k).map(|e| e.job().clone()))
+            .filter_map(|k| self.jobs.get(*k).map(|e| e.job().to_proto()))
             .collect()
     }
 

@@ -630,7 +630,7 @@ fn a_cancel_survives_a_dispatcher_restart() {
         .writes
         .iter()
         .filter_map(|w| match w {
-            Write::PutJob(j) => Some((**j).clone()),
+            Write::PutJob(j) => Some(j.to_proto()),
             _ => None,
         })
         .collect();
