@@ -27,6 +27,8 @@ use proto::v1::JobState;
 
 pub use crate::record::{JobKey, JobRecord};
 use sched::idhash::IdMap;
+
+use super::slab::Slab;
 use sched::{Align, LeafId, PlacePath, Placement, TaskId, WakeChoice};
 
 /// Why a PENDING job is not in the engine.
@@ -628,7 +630,8 @@ impl Facts<'_> {
 /// The job table and its indexes.
 #[derive(Default)]
 pub struct Jobs {
-    table: BTreeMap<JobKey, JobEntry>,
+    /// Every job, by key: hashed for lookups, ordered for listings.
+    table: Slab<JobKey, JobEntry>,
     task_job: IdMap<TaskId, JobKey>,
     next_job: u64,
     next_task: u64,
@@ -661,7 +664,7 @@ impl Jobs {
 
     /// True without jobs.
     pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
+        self.table.len() == 0
     }
 
     /// The next job number.
@@ -796,6 +799,16 @@ impl Jobs {
         );
         self.index(key, &phase, gpus);
         self.write_phase(key, phase);
+    }
+
+    /// Forget a job: its record, its indexes and its engine task's
+    /// mapping (the caller has taken the task out of the engine).
+    pub fn remove(&mut self, key: JobKey) -> Option<JobEntry> {
+        let e = self.table.remove(&key)?;
+        let gpus = e.gpus();
+        self.unindex(key, &e.phase, gpus);
+        self.task_job.remove(&e.task);
+        Some(e)
     }
 
     /// Move a job to `phase`: the indexes, its state, node and reason
@@ -1001,7 +1014,8 @@ impl Jobs {
             (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
         let mut unasked = BTreeSet::new();
         let mut gpus_by_node: HashMap<String, u32> = HashMap::new();
-        for (&key, e) in &self.table {
+        self.table.check()?;
+        for (&key, e) in self.table.iter() {
             let p = &e.phase;
             if let Some(n) = p.node()
                 && e.gpus() > 0
@@ -1168,6 +1182,42 @@ mod tests {
             },
         );
         assert_eq!(jobs.unasked_since(100), vec![keys[1], keys[2]]);
+        jobs.check().unwrap();
+    }
+
+    /// A removed job leaves the table and every index (checked against
+    /// the brute force), and the listing keeps its order around the hole.
+    #[test]
+    fn removed_jobs_leave_every_index() {
+        let mut jobs = Jobs::new();
+        let keys: Vec<JobKey> = (0..4).map(|_| JobKey::single(jobs.take_number())).collect();
+        for &key in &keys {
+            let job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
+            jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
+        }
+        let running = Phase::Running {
+            node: "n1".into(),
+            via: Via::Restored,
+        };
+        jobs.set_phase(keys[1], running.clone());
+        jobs.set_phase(keys[2], running);
+        let task = jobs.get(keys[1]).map(|e| e.task).unwrap();
+        assert!(jobs.remove(keys[1]).is_some());
+        assert!(jobs.remove(keys[1]).is_none());
+        jobs.remove(keys[0]);
+        jobs.check().unwrap();
+        assert_eq!(jobs.of_task(task), None);
+        assert_eq!(jobs.on("n1"), vec![keys[2]]);
+        assert_eq!(jobs.unplaced(), vec![keys[3]]);
+        let order: Vec<JobKey> = jobs.iter().rev().map(|(k, _)| k).collect();
+        assert_eq!(order, vec![keys[3], keys[2]]);
+        // A new job takes a freed slot and still lists in key order.
+        let key = JobKey::single(jobs.take_number());
+        let job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
+        jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
+        let order: Vec<JobKey> = jobs.below(key).map(|(k, _)| k).collect();
+        assert_eq!(order, vec![keys[3], keys[2]]);
+        assert_eq!(jobs.len(), 3);
         jobs.check().unwrap();
     }
 

@@ -38,6 +38,7 @@ pub mod nodes;
 pub mod pending;
 mod reconcile;
 pub mod shapes;
+mod slab;
 pub mod steal;
 pub mod wakers;
 
