@@ -40,8 +40,9 @@ pub enum Unplaced {
     NoNodes,
     /// No registered node matches the spec.
     NoMatch {
-        /// The spec's node selector.
-        selector: BTreeMap<String, String>,
+        /// The spec's node selector (shared by the jobs that wait for
+        /// the same one: [`Jobs::set_phase`] interns it).
+        selector: Arc<BTreeMap<String, String>>,
         /// CPUs asked.
         cpus: u32,
         /// Their alignment.
@@ -645,6 +646,9 @@ pub struct Jobs {
     gpus_by_node: IdMap<String, u32>,
     /// A job's GPUs left a node since [`Jobs::take_gpus_freed`].
     gpus_freed: bool,
+    /// The selector of the last `NoMatch` phase set: the jobs of an
+    /// array (or of one workload) that no node matches share it.
+    no_match: Option<Arc<BTreeMap<String, String>>>,
 }
 
 impl Jobs {
@@ -813,7 +817,16 @@ impl Jobs {
 
     /// Move a job to `phase`: the indexes, its state, node and reason
     /// follow. Returns the state it had.
-    pub fn set_phase(&mut self, key: JobKey, phase: Phase) -> JobState {
+    pub fn set_phase(&mut self, key: JobKey, mut phase: Phase) -> JobState {
+        if let Phase::Unplaced {
+            why: Unplaced::NoMatch { selector, .. },
+        } = &mut phase
+        {
+            match &self.no_match {
+                Some(s) if s == selector => *selector = s.clone(),
+                _ => self.no_match = Some(selector.clone()),
+            }
+        }
         let Some(e) = self.table.get_mut(&key) else {
             return JobState::Unspecified;
         };
@@ -1218,6 +1231,47 @@ mod tests {
         let order: Vec<JobKey> = jobs.below(key).map(|(k, _)| k).collect();
         assert_eq!(order, vec![keys[3], keys[2]]);
         assert_eq!(jobs.len(), 3);
+        jobs.check().unwrap();
+    }
+
+    /// Jobs that wait for the same selector share one copy of it (an
+    /// array's elements, each placed and refused in turn); another
+    /// selector gets its own; the texts are the selectors'.
+    #[test]
+    fn no_match_selectors_are_shared() {
+        let mut jobs = Jobs::new();
+        let no_match = |label: &str| Phase::Unplaced {
+            why: Unplaced::NoMatch {
+                selector: Arc::new(BTreeMap::from([("gpu".to_string(), label.to_string())])),
+                cpus: 1,
+                align: Align::Any,
+                memory_bytes: 0,
+                gpus: 0,
+            },
+        };
+        let keys: Vec<JobKey> = (0..3).map(|i| JobKey::element(1, i)).collect();
+        for (i, &key) in keys.iter().enumerate() {
+            let job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
+            jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
+            jobs.set_phase(key, no_match(if i == 2 { "a100" } else { "h100" }));
+        }
+        let selector = |k| match jobs.get(k).map(JobEntry::phase) {
+            Some(Phase::Unplaced {
+                why: Unplaced::NoMatch { selector, .. },
+            }) => selector.clone(),
+            p => panic!("{p:?}"),
+        };
+        assert!(Arc::ptr_eq(&selector(keys[0]), &selector(keys[1])));
+        assert!(!Arc::ptr_eq(&selector(keys[1]), &selector(keys[2])));
+        assert_eq!(
+            selector(keys[2]).get("gpu").map(String::as_str),
+            Some("a100")
+        );
+        let reason = |k| jobs.get(k).map(|e| e.job().reason.clone()).unwrap();
+        assert_eq!(
+            reason(keys[1]),
+            "no node matches selector {\"gpu\": \"h100\"}, 1 CPUs aligned to any"
+        );
         jobs.check().unwrap();
     }
 
