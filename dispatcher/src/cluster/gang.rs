@@ -145,6 +145,15 @@ impl Gangs {
         self.waiting.insert(number);
     }
 
+    /// Forget a gang (its last member was forgotten).
+    pub(super) fn remove(&mut self, number: u64) {
+        self.map.remove(&number);
+        self.waiting.remove(&number);
+        if self.reservation.as_ref().is_some_and(|h| h.gang == number) {
+            self.reservation = None;
+        }
+    }
+
     /// No gang at all.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()

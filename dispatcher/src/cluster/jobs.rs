@@ -19,7 +19,7 @@
 //! - `reason` is display text, generated from the phase, the requeue
 //!   history and the placement data; nothing reads it back.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
@@ -646,6 +646,12 @@ pub struct Jobs {
     gpus_by_node: IdMap<String, u32>,
     /// A job's GPUs left a node since [`Jobs::take_gpus_freed`].
     gpus_freed: bool,
+    /// Jobs that became terminal since the last [`Jobs::expired`] call,
+    /// not stamped yet.
+    done_new: Vec<JobKey>,
+    /// Terminal jobs by when they ended (ms, non-decreasing), oldest
+    /// first: the retention's queue.
+    done: VecDeque<(i64, JobKey)>,
     /// The selector of the last `NoMatch` phase set: the jobs of an
     /// array (or of one workload) that no node matches share it.
     no_match: Option<Arc<BTreeMap<String, String>>>,
@@ -802,7 +808,75 @@ impl Jobs {
             },
         );
         self.index(key, &phase, gpus);
+        if phase.is_done() {
+            self.done_new.push(key);
+        }
         self.write_phase(key, phase);
+    }
+
+    /// Terminal jobs whose retention is over at `now`: those that ended
+    /// at least `min_age_ms` ago, then the oldest beyond `max_kept`
+    /// terminal jobs, oldest first. A job ends at its record's end time
+    /// (else when this first sees it terminal); a gang member is not
+    /// returned while a member of its gang has not ended (it is kept,
+    /// and looked at again as if it had ended now). The caller removes
+    /// the jobs returned.
+    pub fn expired(&mut self, now: i64, min_age_ms: i64, max_kept: usize) -> Vec<JobKey> {
+        let mut new = std::mem::take(&mut self.done_new);
+        let ended = |jobs: &Self, k: &JobKey| {
+            jobs.table.get(k).and_then(|e| {
+                let end = e.job.end_time_ms;
+                e.phase
+                    .is_done()
+                    .then_some(if end > 0 { end.min(now) } else { now })
+            })
+        };
+        let mut stamped: Vec<(i64, JobKey)> = new
+            .drain(..)
+            .filter_map(|k| Some((ended(self, &k)?, k)))
+            .collect();
+        stamped.sort_unstable();
+        // Non-decreasing: a job stamped earlier than the last one queued
+        // (a restored end time) waits as long as that one.
+        let mut last = self.done.back().map_or(i64::MIN, |d| d.0);
+        for (t, k) in stamped {
+            last = last.max(t);
+            self.done.push_back((last, k));
+        }
+        self.done_new = new;
+        let mut out = Vec::new();
+        let mut kept = Vec::new();
+        let mut left = self.done.len();
+        while left > 0
+            && let Some(&(t, key)) = self.done.front()
+        {
+            if t > now.saturating_sub(min_age_ms) && self.done.len() + kept.len() <= max_kept {
+                break;
+            }
+            left -= 1;
+            self.done.pop_front();
+            let Some(e) = self.table.get(&key) else {
+                continue;
+            };
+            if !e.phase.is_done() {
+                continue;
+            }
+            let gang_alive = e.job.is_gang()
+                && self
+                    .table
+                    .range(key.array().elements())
+                    .any(|(_, m)| !m.phase.is_done());
+            if gang_alive {
+                kept.push((now, key));
+            } else {
+                out.push(key);
+            }
+        }
+        for k in kept {
+            let t = self.done.back().map_or(k.0, |d| d.0.max(k.0));
+            self.done.push_back((t, k.1));
+        }
+        out
     }
 
     /// Forget a job: its record, its indexes and its engine task's
@@ -841,6 +915,9 @@ impl Jobs {
         }
         self.unindex(key, &previous, gpus);
         self.index(key, &phase, gpus);
+        if phase.is_done() && !previous.is_done() {
+            self.done_new.push(key);
+        }
         let same_text =
             text_inputs(&previous).is_some() && text_inputs(&previous) == text_inputs(&phase);
         self.write_phase_as(key, phase, same_text);
@@ -1272,6 +1349,58 @@ mod tests {
             reason(keys[1]),
             "no node matches selector {\"gpu\": \"h100\"}, 1 CPUs aligned to any"
         );
+        jobs.check().unwrap();
+    }
+
+    /// The retention's queue: jobs restored terminal go by their end
+    /// times (not their load order), a job with no end time by when it is
+    /// first seen terminal, the cap drops the first ended, and a gang
+    /// member waits for its gang's last member to end.
+    #[test]
+    fn expired_jobs_go_by_end_time_and_gangs_whole() {
+        let mut jobs = Jobs::new();
+        let done = || Phase::Done {
+            state: JobState::Succeeded,
+            end: End::Reported(String::new()),
+        };
+        // Restored in key order, ended 300, 100, 200.
+        for (n, end) in [(1, 300), (2, 100), (3, 200)] {
+            let key = JobKey::single(n);
+            let mut job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
+            job.end_time_ms = end;
+            jobs.insert(key, job, done());
+        }
+        let single = JobKey::single;
+        assert_eq!(jobs.expired(1_000, 10_000, 2), vec![single(2)]);
+        assert_eq!(jobs.expired(10_250, 10_000, 2), vec![single(3)]);
+        assert!(jobs.expired(10_250, 10_000, 2).is_empty());
+        for k in [single(2), single(3)] {
+            jobs.remove(k);
+        }
+        // A gang of two: member 0 ends first, member 1 still runs.
+        let (m0, m1) = (JobKey::element(9, 0), JobKey::element(9, 1));
+        for k in [m0, m1] {
+            let job = JobRecord::new(k, Default::default(), Arc::from(""), 2, 0);
+            jobs.insert(k, job, Phase::Unplaced { why: Unplaced::New });
+        }
+        jobs.set_phase(m0, done());
+        jobs.set_phase(
+            m1,
+            Phase::Running {
+                node: "n1".into(),
+                via: Via::Restored,
+            },
+        );
+        assert_eq!(jobs.expired(20_000, 10_000, 10), vec![single(1)]);
+        jobs.remove(single(1));
+        assert!(jobs.expired(40_000, 10_000, 10).is_empty(), "its gang runs");
+        jobs.set_phase(m1, done());
+        // Member 0 was looked at again at 40,000; member 1 has no end
+        // time: first seen terminal at 50,000.
+        assert_eq!(jobs.expired(50_000, 10_000, 10), vec![m0]);
+        jobs.remove(m0);
+        assert!(jobs.expired(59_999, 10_000, 10).is_empty());
+        assert_eq!(jobs.expired(60_000, 10_000, 10), vec![m1]);
         jobs.check().unwrap();
     }
 

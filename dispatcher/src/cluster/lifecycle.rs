@@ -794,6 +794,26 @@ impl Cluster {
         self.request_agent_steals(now, fx);
         // Gangs: a preferred level may have relaxed, nodes may be free.
         self.schedule_gangs(now, fx);
+        self.retire_done(now, fx);
+    }
+
+    /// Forget the terminal jobs whose retention is over
+    /// ([`super::Retention`]): out of the table, and out of the store in
+    /// the same commit as the rest of the tick's changes (a job deleted
+    /// is never reloaded; one kept is reloaded with its end time, which
+    /// its retention counts from). A gang is forgotten with its last
+    /// member.
+    pub(super) fn retire_done(&mut self, now: i64, fx: &mut Effects) {
+        let r = self.cfg.retention;
+        for key in self.jobs.expired(now, r.min_age_ms, r.max_done_jobs) {
+            if self.jobs.remove(key).is_none() {
+                continue;
+            }
+            fx.writes.push(Write::DeleteJob(key.to_string()));
+            if !key.is_single() && self.jobs.elements(key.array()).next().is_none() {
+                self.gangs.remove(key.number());
+            }
+        }
     }
 
     /// Place every unplaced job again (a node came up or registered).

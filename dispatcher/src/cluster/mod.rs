@@ -82,6 +82,8 @@ pub struct ClusterConfig {
     pub engine: SchedConfig,
     /// Spec limits.
     pub limits: SpecLimits,
+    /// How long terminal jobs are kept (Slurm's MinJobAge and a cap).
+    pub retention: Retention,
     /// Wipe period of the wakers' flip records (seed 001's one second at
     /// CPU level; jobs wake jobs on a scale of seconds to minutes).
     pub wake_flip_decay_ms: u64,
@@ -142,6 +144,30 @@ impl Default for ClusterConfig {
             engine,
             limits: SpecLimits::default(),
             wake_flip_decay_ms: WAKE_FLIP_DECAY_MS,
+            retention: Retention::default(),
+        }
+    }
+}
+
+/// How long a terminal job (SUCCEEDED, FAILED, CANCELLED, LOST) stays
+/// readable: in memory and in the store, then both forget it (the tick
+/// deletes it in the store with the tick's commit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// A terminal job is kept at least this long after it ended (ms;
+    /// Slurm's MinJobAge, 300 s by default)...
+    pub min_age_ms: i64,
+    /// ... unless more terminal jobs than this are kept: then the ones
+    /// that ended first go first, younger or not (Slurm's MaxJobCount
+    /// bound, here on terminal jobs only).
+    pub max_done_jobs: usize,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            min_age_ms: 300_000,
+            max_done_jobs: 100_000,
         }
     }
 }
@@ -500,3 +526,5 @@ mod gang_tests;
 mod gpu_tests;
 #[cfg(test)]
 mod latency_tests;
+#[cfg(test)]
+mod retention_tests;
