@@ -81,14 +81,16 @@ pub(super) fn assign_of(job: &JobRecord) -> DispatcherMessage {
 impl Cluster {
     /// Accept jobs: validate every spec (nothing is created if one is
     /// bad), create the jobs (arrays expand), persist and place them.
-    /// The jobs have no owner (a dispatcher without tokens).
+    /// The jobs have no owner (a dispatcher without tokens). Returns the
+    /// table's records of the jobs created, shared (their protos are
+    /// built by whoever answers: `JobRecord::to_proto`).
     pub fn submit(
         &mut self,
         specs: Vec<JobSpec>,
         batch: bool,
         now: i64,
         fx: &mut Effects,
-    ) -> Result<Vec<Job>, Status> {
+    ) -> Result<Vec<Arc<JobRecord>>, Status> {
         self.submit_as("", specs, batch, now, fx)
     }
 
@@ -101,7 +103,7 @@ impl Cluster {
         batch: bool,
         now: i64,
         fx: &mut Effects,
-    ) -> Result<Vec<Job>, Status> {
+    ) -> Result<Vec<Arc<JobRecord>>, Status> {
         let jobs = &self.jobs;
         check_submission(&mut specs, batch, &self.cfg.limits, |id| {
             JobKey::parse(id).is_some_and(|k| jobs.contains(k))
@@ -145,7 +147,7 @@ impl Cluster {
         self.schedule_gangs(now, fx);
         Ok(created
             .iter()
-            .filter_map(|k| self.jobs.get(*k).map(|e| e.job().to_proto()))
+            .filter_map(|k| self.jobs.record(*k))
             .collect())
     }
 

@@ -611,7 +611,7 @@ mod tests {
         let mut fx = Effects::default();
         let jobs = c.submit(specs, true, now, &mut fx).unwrap();
         c.settle(now, &mut fx);
-        jobs.into_iter().map(|j| j.id).collect()
+        jobs.into_iter().map(|j| j.id()).collect()
     }
 
     fn running(c: &mut Cluster, id: &str, node: &str, now: i64) {

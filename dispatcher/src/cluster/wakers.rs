@@ -344,7 +344,7 @@ mod cluster_tests {
         let jobs = c
             .submit(specs, batch, now, &mut Effects::default())
             .unwrap();
-        jobs.into_iter().map(|j| j.id).collect()
+        jobs.into_iter().map(|j| j.id()).collect()
     }
 
     fn end(c: &mut Cluster, id: &str, now: i64) {

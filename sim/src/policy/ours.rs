@@ -202,14 +202,12 @@ impl Placer for OursPlacer {
                 for _ in 1..j.nodes {
                     created.next();
                 }
-                let id = job.map_or("", |job| job.id.as_str());
-                let n =
-                    JobKey::parse(id)
-                        .map(JobKey::number)
-                        .ok_or_else(|| SimError::Dispatcher {
-                            what: "submit",
-                            message: format!("unexpected job id {id:?}"),
-                        })?;
+                let n = job
+                    .map(|job| job.key().number())
+                    .ok_or_else(|| SimError::Dispatcher {
+                        what: "submit",
+                        message: "fewer jobs created than submitted".into(),
+                    })?;
                 let i = j.job as usize;
                 if self.dnum.len() <= i {
                     self.dnum.resize(i + 1, 0);
