@@ -646,6 +646,8 @@ pub struct Jobs {
     gpus_by_node: IdMap<String, u32>,
     /// A job's GPUs left a node since [`Jobs::take_gpus_freed`].
     gpus_freed: bool,
+    /// Terminal jobs are queued for [`Jobs::expired`].
+    retained: bool,
     /// Jobs that became terminal since the last [`Jobs::expired`] call,
     /// not stamped yet.
     done_new: Vec<JobKey>,
@@ -658,11 +660,13 @@ pub struct Jobs {
 }
 
 impl Jobs {
-    /// An empty table; job numbers start at 1.
-    pub fn new() -> Self {
+    /// An empty table; job numbers start at 1. `retained`: terminal
+    /// jobs are queued for [`Jobs::expired`] (else they are kept).
+    pub fn new(retained: bool) -> Self {
         Self {
             next_job: 1,
             next_task: 1,
+            retained,
             ..Default::default()
         }
     }
@@ -808,7 +812,7 @@ impl Jobs {
             },
         );
         self.index(key, &phase, gpus);
-        if phase.is_done() {
+        if self.retained && phase.is_done() {
             self.done_new.push(key);
         }
         self.write_phase(key, phase);
@@ -915,7 +919,7 @@ impl Jobs {
         }
         self.unindex(key, &previous, gpus);
         self.index(key, &phase, gpus);
-        if phase.is_done() && !previous.is_done() {
+        if self.retained && phase.is_done() && !previous.is_done() {
             self.done_new.push(key);
         }
         let same_text =
@@ -1200,7 +1204,7 @@ mod tests {
             gang in any::<bool>(),
             steps in prop::collection::vec((0u8..7, 0u8..2, 0u8..2, any::<bool>()), 1..40),
         ) {
-            let mut jobs = Jobs::new();
+            let mut jobs = Jobs::new(true);
             let n = jobs.take_number();
             let key = if gang { JobKey::element(n, 1) } else { JobKey::single(n) };
             let job = JobRecord::new(key, Default::default(), Arc::from(""), if gang { 2 } else { 0 }, 0);
@@ -1245,7 +1249,7 @@ mod tests {
     /// agrees with the brute-force recomputation of `check` throughout.
     #[test]
     fn unasked_index_follows_sends_and_requests() {
-        let mut jobs = Jobs::new();
+        let mut jobs = Jobs::new(true);
         let assigned = |since| Phase::Assigned {
             node: "n1".into(),
             since,
@@ -1279,7 +1283,7 @@ mod tests {
     /// the brute force), and the listing keeps its order around the hole.
     #[test]
     fn removed_jobs_leave_every_index() {
-        let mut jobs = Jobs::new();
+        let mut jobs = Jobs::new(true);
         let keys: Vec<JobKey> = (0..4).map(|_| JobKey::single(jobs.take_number())).collect();
         for &key in &keys {
             let job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
@@ -1316,7 +1320,7 @@ mod tests {
     /// selector gets its own; the texts are the selectors'.
     #[test]
     fn no_match_selectors_are_shared() {
-        let mut jobs = Jobs::new();
+        let mut jobs = Jobs::new(true);
         let no_match = |label: &str| Phase::Unplaced {
             why: Unplaced::NoMatch {
                 selector: Arc::new(BTreeMap::from([("gpu".to_string(), label.to_string())])),
@@ -1358,7 +1362,7 @@ mod tests {
     /// member waits for its gang's last member to end.
     #[test]
     fn expired_jobs_go_by_end_time_and_gangs_whole() {
-        let mut jobs = Jobs::new();
+        let mut jobs = Jobs::new(true);
         let done = || Phase::Done {
             state: JobState::Succeeded,
             end: End::Reported(String::new()),

@@ -807,6 +807,9 @@ impl Cluster {
     /// member.
     pub(super) fn retire_done(&mut self, now: i64, fx: &mut Effects) {
         let r = self.cfg.retention;
+        if r == super::Retention::KEEP_ALL {
+            return;
+        }
         for key in self.jobs.expired(now, r.min_age_ms, r.max_done_jobs) {
             if self.jobs.remove(key).is_none() {
                 continue;

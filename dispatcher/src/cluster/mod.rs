@@ -163,6 +163,15 @@ pub struct Retention {
     pub max_done_jobs: usize,
 }
 
+impl Retention {
+    /// Keep every job (the simulator: a waker job's node is looked up
+    /// however long ago it ended); nothing is tracked for the retention.
+    pub const KEEP_ALL: Self = Self {
+        min_age_ms: i64::MAX,
+        max_done_jobs: usize::MAX,
+    };
+}
+
 impl Default for Retention {
     fn default() -> Self {
         Self {
@@ -226,12 +235,13 @@ pub struct Cluster {
 impl Cluster {
     /// An empty cluster.
     pub fn new(cfg: ClusterConfig) -> Self {
+        let retained = cfg.retention != Retention::KEEP_ALL;
         Self {
             engine: NodeEngine::new(cfg.engine.clone()),
             wakers: wakers::Wakers::new(cfg.wake_flip_decay_ms, wakers::MAX_WAKERS),
             cfg,
             nodes: Nodes::default(),
-            jobs: Jobs::new(),
+            jobs: Jobs::new(retained),
             moves: RecentMoves::default(),
             gangs: gang::Gangs::default(),
         }

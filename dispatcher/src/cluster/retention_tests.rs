@@ -150,3 +150,24 @@ fn beyond_the_cap_the_jobs_that_ended_first_go_first() {
     assert_eq!(found(&c, "j-1"), Some(JobState::Succeeded));
     c.check().unwrap();
 }
+
+#[test]
+fn keep_all_keeps_every_job_and_tracks_none() {
+    let mut c = Cluster::new(ClusterConfig {
+        retention: Retention::KEEP_ALL,
+        ..ClusterConfig::default()
+    });
+    node_in_rack(&mut c, "a", "1s:4c:1t", "r1");
+    let mut fx = Effects::default();
+    c.submit(vec![one_cpu()], false, 1, &mut fx).unwrap();
+    finish_on(&mut c, "a", "j-1", 100);
+    let mut fx = Effects::default();
+    c.tick(1_000_000_000, &mut fx);
+    assert!(!fx.writes.iter().any(|w| matches!(w, Write::DeleteJob(_))));
+    assert_eq!(found(&c, "j-1"), Some(JobState::Succeeded));
+    assert_eq!(
+        c.jobs.expired(i64::MAX, 0, 0),
+        Vec::<JobKey>::new(),
+        "nothing queued"
+    );
+}

@@ -65,6 +65,9 @@ impl OursPlacer {
     pub fn new(layout: &Layout, flags: OursFlags, tick_us: u64) -> Result<Self> {
         let mut cfg = ClusterConfig {
             heartbeat_interval_ms: HEARTBEAT_MS,
+            // Every job kept, as before the retention: a waker job's node
+            // is looked up however long ago it ended.
+            retention: dispatcher::cluster::Retention::KEEP_ALL,
             ..ClusterConfig::default()
         };
         cfg.engine.steal = flags.steal;
