@@ -17,6 +17,9 @@
 //! - [`dispatcher_kill9_and_restart_loses_nothing`]: every acknowledged job
 //!   survives a SIGKILL of the dispatcher, runs exactly once and succeeds;
 //!   ids continue after the restart.
+//! - [`ended_jobs_stay_readable_for_their_retention_across_restarts`]: a job
+//!   that ended is readable for `--job-retention-s` (also after a restart
+//!   that reloads it), then NOT_FOUND, and stays so after another restart.
 //!
 //! Each test has its own temporary directory and ports; waits are generous
 //! and nothing asserts wall-clock performance. A failure prints the jobs
@@ -930,5 +933,60 @@ async fn dispatcher_kill9_and_restart_loses_nothing() -> Result<()> {
         .await?
         .into_inner();
     ensure!(j.state == JobState::Succeeded as i32, "{}", describe(&[j]));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_jobs_stay_readable_for_their_retention_across_restarts() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut d = Dispatcher::start(dir.path(), &["--job-retention-s", "3"])?;
+    let agents = start_agents(dir.path(), &d, &[("a1", "1s:2c:1t", "z1", "r1")])?;
+    wait_nodes(&d, 1, Duration::from_secs(60))
+        .await
+        .with_context(|| logs(&d, &agents))?;
+    let mut jobs = d.jobs().await?;
+    let id = submit_batches(&mut jobs, vec![job_spec(vec!["true".into()])], 1).await?[0]
+        .id
+        .clone();
+    let state = |jobs: &JobServiceClient<Channel>| {
+        let (mut c, id) = (jobs.clone(), id.clone());
+        async move {
+            match c.get_job(proto::v1::GetJobRequest { id }).await {
+                Ok(j) => Some(j.into_inner().state),
+                Err(s) if s.code() == tonic::Code::NotFound => None,
+                Err(s) => Some(-(s.code() as i32)),
+            }
+        }
+    };
+    eventually(LONG, "the job succeeded", || {
+        let s = state(&jobs);
+        async move { (s.await == Some(JobState::Succeeded as i32)).then_some(()) }
+    })
+    .await
+    .with_context(|| logs(&d, &agents))?;
+    // Kept across a restart (well within its 3 s).
+    drop(jobs);
+    d.kill9_and_restart(dir.path())?;
+    let jobs = d.jobs().await?;
+    ensure!(
+        state(&jobs).await == Some(JobState::Succeeded as i32),
+        "an ended job was not reloaded within its retention:\n{}",
+        logs(&d, &agents)
+    );
+    // Then forgotten, and still forgotten after another restart.
+    eventually(LONG, "the ended job forgotten", || {
+        let s = state(&jobs);
+        async move { s.await.is_none().then_some(()) }
+    })
+    .await
+    .with_context(|| logs(&d, &agents))?;
+    drop(jobs);
+    d.kill9_and_restart(dir.path())?;
+    let mut jobs = d.jobs().await?;
+    ensure!(state(&jobs).await.is_none(), "a deleted job came back");
+    ensure!(
+        all_jobs(&mut jobs).await?.is_empty(),
+        "a deleted job is listed"
+    );
     Ok(())
 }

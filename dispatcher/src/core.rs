@@ -46,7 +46,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Status;
 
 use crate::beats::{Beat, Beats, FLUSH_MS, Reporter};
-use crate::cluster::{Cluster, Effects, JobChange, JobKey};
+use crate::cluster::{Cluster, Effects, JobChange, JobKey, JobRecord};
 use crate::list_worker::ListWorker;
 use crate::observe::Observers;
 use crate::store::committer::Committer;
@@ -88,8 +88,9 @@ pub enum Command {
         trace_context: HashMap<String, String>,
         /// The submitting user (the jobs' owner; empty without tokens).
         owner: String,
-        /// Reply.
-        reply: Reply<Vec<Job>>,
+        /// Reply: the table's records of the jobs created, shared (the
+        /// server builds their protos, off the core).
+        reply: Reply<Vec<Arc<JobRecord>>>,
     },
     /// CancelJob.
     Cancel {
@@ -1101,9 +1102,9 @@ mod tests {
             lock(&self.submitted).push(jobs);
         }
 
-        fn submitted_in_trace(&self, jobs: &[Job], carrier: &HashMap<String, String>) {
+        fn submitted_in_trace(&self, jobs: &[Arc<JobRecord>], carrier: &HashMap<String, String>) {
             for j in jobs {
-                lock(&self.in_trace).push((j.id.clone(), carrier["traceparent"].clone()));
+                lock(&self.in_trace).push((j.id(), carrier["traceparent"].clone()));
             }
         }
 
@@ -1184,7 +1185,7 @@ mod tests {
             })
             .await
             .unwrap();
-        let id = jobs[0].id.clone();
+        let id = jobs[0].id();
         let assign = loop {
             let msg = agent.recv().await.unwrap().unwrap();
             if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg {
@@ -1244,7 +1245,7 @@ mod tests {
 
     /// The replies of one batch: a submission, then every read of it.
     struct Reads {
-        submit: Answer<Vec<Job>>,
+        submit: Answer<Vec<Arc<JobRecord>>>,
         get: Answer<Job>,
         list: Answer<(Vec<Job>, String)>,
         watch: Answer<(Vec<Job>, broadcast::Receiver<JobEvent>)>,
@@ -1308,7 +1309,7 @@ mod tests {
         let store = EmbeddedStore::open(dir.path()).unwrap();
         let (mut r, exit) = one_batch(Box::new(store));
         assert!(matches!(exit, CoreExit::Shutdown));
-        assert_eq!(r.submit.try_recv().unwrap().unwrap()[0].id, "j-1");
+        assert_eq!(r.submit.try_recv().unwrap().unwrap()[0].id(), "j-1");
         assert_eq!(r.get.try_recv().unwrap().unwrap().id, "j-1");
         let (page, _) = r.list.try_recv().unwrap().unwrap();
         assert_eq!(page.len(), 1);
@@ -1350,7 +1351,7 @@ mod tests {
         })
     }
 
-    fn submit_cmd(reply: Reply<Vec<Job>>) -> Command {
+    fn submit_cmd(reply: Reply<Vec<Arc<JobRecord>>>) -> Command {
         Command::Submit {
             specs: vec![spec()],
             batch: false,
@@ -1531,10 +1532,9 @@ mod tests {
                 let jobs = writes
                     .iter()
                     .filter_map(|w| match w {
-                        Write::PutJob(j) => Some((
-                            j.id.clone(),
-                            JobState::try_from(j.state).unwrap_or_default(),
-                        )),
+                        Write::PutJob(j) => {
+                            Some((j.id(), JobState::try_from(j.state).unwrap_or_default()))
+                        }
                         _ => None,
                     })
                     .collect();
@@ -1598,7 +1598,8 @@ mod tests {
             time_ms,
             ..Default::default()
         };
-        let (a, b) = (jobs[0].id.as_str(), jobs[1].id.as_str());
+        let (a, b) = (jobs[0].id(), jobs[1].id());
+        let (a, b) = (a.as_str(), b.as_str());
         let before = lock(&commits).len();
         core.send(Command::FromAgent {
             node: "n1".into(),
@@ -1732,7 +1733,7 @@ mod tests {
         assert!(now_ms() - node.last_heartbeat_ms < 300, "{node:?}");
         let job = core
             .call(|reply| Command::Get {
-                id: jobs[0].id.clone(),
+                id: jobs[0].id(),
                 reply,
             })
             .await

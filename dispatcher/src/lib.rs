@@ -4,6 +4,8 @@
 //!
 //! - [`spec`]: job-spec validation (errors name the field).
 //! - [`store`]: durable state (embedded redb by default, or etcd).
+//! - [`record`]: a job's key and its compact record, kept by the job
+//!   table (`cluster::jobs`) and encoded by the store.
 //! - [`ha`]: leader election among replicas on etcd; [`gate`]: the role
 //!   it drives, which makes followers redirect.
 //! - [`auth`]: bearer tokens and roles; [`tls`]: server TLS, agent
@@ -28,6 +30,7 @@ pub mod metrics;
 pub mod observe;
 pub mod offcore;
 pub mod outbound;
+pub mod record;
 pub mod server;
 pub mod spec;
 pub mod store;

@@ -10,9 +10,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use proto::v1::{Job, JobEvent};
+use proto::v1::JobEvent;
 
-use crate::cluster::{Cluster, Move};
+use crate::cluster::{Cluster, JobRecord, Move};
 
 /// One observer of the core. Every method has a default that ignores the
 /// report, so each observer implements what it uses.
@@ -31,7 +31,7 @@ pub trait Observer: Send + Sync {
 
     /// `jobs` were created by a request carrying the W3C trace context
     /// `carrier` (never empty); reported before the batch's events.
-    fn submitted_in_trace(&self, jobs: &[Job], carrier: &HashMap<String, String>) {
+    fn submitted_in_trace(&self, jobs: &[Arc<JobRecord>], carrier: &HashMap<String, String>) {
         let _ = (jobs, carrier);
     }
 
@@ -93,7 +93,7 @@ impl Observers {
         &self,
         n: usize,
         seconds: f64,
-        jobs: &[Job],
+        jobs: &[Arc<JobRecord>],
         carrier: &HashMap<String, String>,
     ) {
         for o in &self.list {

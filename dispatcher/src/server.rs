@@ -136,6 +136,7 @@ impl JobService for Jobs {
                 reply,
             })
             .await?;
+        let jobs = jobs.iter().map(|j| j.to_proto()).collect();
         Ok(Response::new(SubmitJobResponse { jobs }))
     }
 
@@ -158,6 +159,7 @@ impl JobService for Jobs {
                 reply,
             })
             .await?;
+        let jobs = jobs.iter().map(|j| j.to_proto()).collect();
         Ok(Response::new(SubmitJobsResponse { jobs }))
     }
 

@@ -34,8 +34,9 @@ use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::trace::{Span as _, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::trace::SdkTracer;
-use proto::v1::{Job, JobEvent, JobState};
+use proto::v1::{JobEvent, JobState};
 
+use crate::cluster::JobRecord;
 use crate::metrics::{Metrics, class_of, state_name};
 use crate::observe::Observer;
 
@@ -267,8 +268,9 @@ impl Observer for Telemetry {
         self.observe_submit(jobs, seconds);
     }
 
-    fn submitted_in_trace(&self, jobs: &[Job], carrier: &HashMap<String, String>) {
-        self.adopt_parent(jobs.iter().map(|j| j.id.as_str()), carrier);
+    fn submitted_in_trace(&self, jobs: &[Arc<JobRecord>], carrier: &HashMap<String, String>) {
+        let ids: Vec<String> = jobs.iter().map(|j| j.id()).collect();
+        self.adopt_parent(ids.iter().map(String::as_str), carrier);
     }
 
     fn committed(&self, events: &[JobEvent]) {
@@ -287,7 +289,7 @@ mod tests {
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_sdk::metrics::SdkMeterProvider;
     use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-    use proto::v1::JobSpec;
+    use proto::v1::{Job, JobSpec};
 
     fn event(id: &str, prev: JobState, state: JobState, node: &str, reason: &str) -> JobEvent {
         JobEvent {

@@ -451,7 +451,7 @@ pub fn capture(
         .longest_waiting(WAITING_SHOWN, now_ms)
         .into_iter()
         .map(|(job, r)| WaitingView {
-            job: job.id.clone(),
+            job: job.id(),
             waiting_ms: (now_ms - job.submit_time_ms).max(0),
             kind: proto::pending::kind_name(r.kind),
             node: r.node,

@@ -196,7 +196,7 @@ impl StoreImage {
         for w in writes {
             match w {
                 Write::PutJob(job) => {
-                    self.jobs.insert(job.id.clone(), (**job).clone());
+                    self.jobs.insert(job.id(), job.to_proto());
                 }
                 Write::DeleteJob(id) => {
                     self.jobs.remove(id);
@@ -597,15 +597,11 @@ impl World {
         }
         self.commit(fx);
         for j in jobs {
-            if self
-                .promises
-                .insert(j.id.clone(), Promise::default())
-                .is_some()
-            {
+            if self.promises.insert(j.id(), Promise::default()).is_some() {
                 self.log
-                    .push(format!("VIOLATION: id {} handed out twice", j.id));
+                    .push(format!("VIOLATION: id {} handed out twice", j.id()));
             }
-            self.order.push(j.id);
+            self.order.push(j.id());
         }
     }
 

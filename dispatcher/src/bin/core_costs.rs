@@ -451,6 +451,7 @@ fn main() -> Result<()> {
         .map_err(|s| anyhow::anyhow!("{s}"))?;
     let (_j, job_bytes) = held(|| job.clone());
     let job_proto = std::mem::size_of::<proto::v1::Job>();
+    let record_inline = std::mem::size_of::<dispatcher::cluster::JobRecord>();
     let spec_inline = std::mem::size_of::<JobSpec>();
     let entry_inline = std::mem::size_of::<dispatcher::cluster::jobs::JobEntry>();
 
@@ -570,8 +571,9 @@ fn main() -> Result<()> {
          | a node's last LoadReport: decoded / packed | {load_bytes} / {load_packed} | |\n\
          | a node's labels | {labels_bytes} | |\n\
          | NodeInfo | | {node_struct} |\n\
-         | a pending job's Job record (proto, spec included) | {job_bytes} | {job_proto} |\n\
-         | of which its JobSpec (each array element has its own) | | {spec_inline} |\n\
+         | a pending job's proto Job, as read (spec included) | {job_bytes} | {job_proto} |\n\
+         | the table's record of it (the spec shared by an array's elements) | | {record_inline} |\n\
+         | a JobSpec (one per submitted spec) | | {spec_inline} |\n\
          | its entry in the job table (phase, task, CPUs, requeues) | | {entry_inline} |\n"
     ));
     out.push_str(&format!(

@@ -86,7 +86,7 @@ impl Store for NullStore {
         let mut bytes = 0;
         for w in writes {
             if let Write::PutJob(job) = w {
-                bytes += prost::Message::encoded_len(job.as_ref());
+                bytes += prost::Message::encoded_len(&job.to_proto());
             }
         }
         std::hint::black_box(bytes);

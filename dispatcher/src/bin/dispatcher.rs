@@ -53,6 +53,15 @@ struct Args {
     /// jobs within it than its rack has room for spreads them.
     #[arg(long, default_value_t = dispatcher::cluster::WAKE_FLIP_DECAY_MS)]
     wake_flip_decay_ms: u64,
+    /// A finished, failed, cancelled or lost job stays readable (GetJob,
+    /// ListJobs, the store) at least this long after it ended (seconds;
+    /// Slurm's MinJobAge), then is deleted...
+    #[arg(long, default_value_t = ClusterConfig::default().retention.min_age_ms as u64 / 1000)]
+    job_retention_s: u64,
+    /// ... unless more terminal jobs than this are kept: the ones that
+    /// ended first are then deleted first, younger or not.
+    #[arg(long, default_value_t = ClusterConfig::default().retention.max_done_jobs)]
+    max_done_jobs: usize,
     /// Reports missed before a node is DOWN and its jobs are retried.
     #[arg(long, default_value_t = 3)]
     missed_heartbeats: u64,
@@ -422,6 +431,13 @@ async fn run(args: Args) -> Result<()> {
         zone_label: args.zone_label.clone(),
         rack_label: args.rack_label.clone(),
         wake_flip_decay_ms: args.wake_flip_decay_ms,
+        retention: dispatcher::cluster::Retention {
+            min_age_ms: args
+                .job_retention_s
+                .saturating_mul(1000)
+                .min(i64::MAX as u64) as i64,
+            max_done_jobs: args.max_done_jobs,
+        },
         ..ClusterConfig::default()
     };
     cfg.engine.steal_node_limit = args.steal_zone_limit;

@@ -75,7 +75,7 @@ fn idle_balance_on_finish_pulls_from_another_rack_of_the_zone() {
     ));
     // Persisted like a steal: the assignment is written.
     assert!(fx.writes.iter().any(|w| matches!(
-        w, crate::store::Write::PutJob(j) if j.id == "j-3" && j.node == "small"
+        w, crate::store::Write::PutJob(j) if j.id() == "j-3" && j.node == "small"
     )));
     c.check().unwrap();
 }

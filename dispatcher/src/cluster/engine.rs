@@ -272,11 +272,12 @@ impl NodeEngine {
         }
         if leaves.is_empty() {
             return Err(Unplaced::NoMatch {
-                selector: spec
-                    .node_selector
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
+                selector: Arc::new(
+                    spec.node_selector
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                ),
                 cpus: spec.cpus,
                 align,
                 memory_bytes: spec.memory_bytes,

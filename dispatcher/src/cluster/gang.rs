@@ -54,7 +54,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use proto::v1::{
-    DispatcherMessage, Job, JobSpec, JobState, PendingReason, PendingReasonKind as Kind,
+    DispatcherMessage, JobSpec, JobState, PendingReason, PendingReasonKind as Kind,
     dispatcher_message,
 };
 use sched::alloc::{align_groups, free_summary_of};
@@ -66,6 +66,7 @@ use super::jobs::{End, JobKey, Phase, Requeue, Unplaced, Via};
 use super::lifecycle::{TaskAfter, assign_of, task_spec};
 use super::pending::in_time;
 use super::{Cluster, Effects, cancel_on};
+use crate::record::JobRecord;
 use crate::spec::{align_of, policy_of, replaces_members, within_of};
 
 /// One gang's placement constraints and state.
@@ -144,6 +145,15 @@ impl Gangs {
         self.waiting.insert(number);
     }
 
+    /// Forget a gang (its last member was forgotten).
+    pub(super) fn remove(&mut self, number: u64) {
+        self.map.remove(&number);
+        self.waiting.remove(&number);
+        if self.reservation.as_ref().is_some_and(|h| h.gang == number) {
+            self.reservation = None;
+        }
+    }
+
     /// No gang at all.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
@@ -167,12 +177,12 @@ impl Gangs {
     /// Rebuild the gangs from restored jobs (their `gang_id` fields): each
     /// gang once, waiting since its submission, ending if a member ended
     /// other than SUCCEEDED.
-    pub fn restore<'a>(&mut self, jobs: impl Iterator<Item = (JobKey, &'a Job)>) {
+    pub fn restore<'a>(&mut self, jobs: impl Iterator<Item = (JobKey, &'a JobRecord)>) {
         for (key, job) in jobs {
-            if job.gang_id.is_empty() || key.is_single() {
+            if !job.is_gang() {
                 continue;
             }
-            let Some(spec) = job.spec.as_ref() else {
+            let Some(spec) = job.spec() else {
                 continue;
             };
             let gang = self
@@ -223,7 +233,7 @@ impl Cluster {
     pub(super) fn assign_msg(&self, key: JobKey) -> Option<DispatcherMessage> {
         let job = self.jobs.get(key)?.job();
         let mut msg = assign_of(job);
-        if job.gang_id.is_empty() {
+        if !job.is_gang() {
             return Some(msg);
         }
         if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_mut()
@@ -241,8 +251,8 @@ impl Cluster {
                 })
                 .collect();
             let env = [
-                ("DISPATCH_GANG_ID", job.gang_id.clone()),
-                ("DISPATCH_GANG_INDEX", job.gang_index.to_string()),
+                ("DISPATCH_GANG_ID", job.gang_id()),
+                ("DISPATCH_GANG_INDEX", job.index().to_string()),
                 ("DISPATCH_GANG_SIZE", job.gang_size.to_string()),
                 ("DISPATCH_GANG_NODES", nodes.join(",")),
             ];
@@ -413,7 +423,7 @@ impl Cluster {
     /// The spec members share (the first member's).
     fn gang_spec(&self, n: u64) -> Option<JobSpec> {
         let first = self.jobs.elements(JobKey::single(n)).next()?;
-        self.jobs.get(first)?.job().spec.clone()
+        self.jobs.get(first)?.job().spec().cloned()
     }
 
     /// Start a waiting gang if one domain has room for every member now;
@@ -610,7 +620,7 @@ impl Cluster {
             let task = e.task;
             let how = Placement {
                 wake: Default::default(),
-                path: match e.job().spec.as_ref().map(policy_of) {
+                path: match e.job().spec().map(policy_of) {
                     Some(sched::Policy::Pack) => PlacePath::Pack,
                     _ => PlacePath::Target,
                 },
@@ -1086,9 +1096,9 @@ impl Cluster {
     pub fn check_gangs(&self) -> Result<(), String> {
         let mut by_gang: BTreeMap<String, Vec<(JobKey, &Phase)>> = BTreeMap::new();
         for (key, e) in self.jobs.iter() {
-            if !e.job().gang_id.is_empty() {
+            if e.job().is_gang() {
                 by_gang
-                    .entry(e.job().gang_id.clone())
+                    .entry(e.job().gang_id())
                     .or_default()
                     .push((key, e.phase()));
             }

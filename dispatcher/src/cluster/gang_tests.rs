@@ -48,7 +48,7 @@ fn submit(c: &mut Cluster, spec: JobSpec, now: i64) -> (Vec<String>, Effects) {
     let mut fx = Effects::default();
     let jobs = c.submit(vec![spec], false, now, &mut fx).unwrap();
     c.check().unwrap();
-    (jobs.into_iter().map(|j| j.id).collect(), fx)
+    (jobs.into_iter().map(|j| j.id()).collect(), fx)
 }
 
 fn report(

@@ -59,7 +59,7 @@ fn submit(c: &mut Cluster, spec: JobSpec, now: i64) -> (String, Effects) {
     let jobs = c.submit(vec![spec], false, now, &mut fx).unwrap();
     c.settle(now, &mut fx);
     c.check().unwrap();
-    (jobs[0].id.clone(), fx)
+    (jobs[0].id(), fx)
 }
 
 fn kind(c: &Cluster, id: &str) -> (Kind, String) {
@@ -207,7 +207,7 @@ mod prop {
                 match op {
                     Op::Submit { cpus, gpus } => {
                         let jobs = c.submit(vec![job(cpus, gpus)], false, now, &mut fx).unwrap();
-                        ids.push(jobs[0].id.clone());
+                        ids.push(jobs[0].id());
                     }
                     Op::Run(i) | Op::Finish(i) | Op::Cancel(i) if ids.is_empty() => {
                         let _ = i;

@@ -19,79 +19,17 @@
 //! - `reason` is display text, generated from the phase, the requeue
 //!   history and the placement data; nothing reads it back.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
-use proto::v1::{Job, JobState};
+use proto::v1::JobState;
+
+pub use crate::record::{JobKey, JobRecord};
 use sched::idhash::IdMap;
+
+use super::slab::Slab;
 use sched::{Align, LeafId, PlacePath, Placement, TaskId, WakeChoice};
-
-/// A job's id as an ordered key: `j-12` is `(12, 0)`, element 3 of array
-/// `j-12` (`j-12.3`) is `(12, 4)`. The only place that reads or writes the
-/// id format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct JobKey {
-    number: u64,
-    /// 0 for a plain job; array index + 1 for an array element.
-    element: u32,
-}
-
-impl JobKey {
-    /// A plain job.
-    pub fn single(number: u64) -> Self {
-        Self { number, element: 0 }
-    }
-
-    /// Element `index` of array `number`.
-    pub fn element(number: u64, index: u32) -> Self {
-        Self {
-            number,
-            element: index.saturating_add(1),
-        }
-    }
-
-    /// Parse `j-12` / `j-12.3`.
-    pub fn parse(id: &str) -> Option<Self> {
-        let rest = id.strip_prefix("j-")?;
-        match rest.split_once('.') {
-            None => Some(Self::single(rest.parse().ok()?)),
-            Some((n, i)) => Some(Self {
-                number: n.parse().ok()?,
-                element: i.parse::<u32>().ok()?.checked_add(1)?,
-            }),
-        }
-    }
-
-    /// The job number (an array's elements share it).
-    pub fn number(self) -> u64 {
-        self.number
-    }
-
-    /// True for a plain job id (which may name an array).
-    pub fn is_single(self) -> bool {
-        self.element == 0
-    }
-
-    /// The array id `j-N` of an element (itself for a plain job).
-    pub fn array(self) -> Self {
-        Self::single(self.number)
-    }
-
-    /// The key range of the elements of array `self`.
-    pub fn elements(self) -> std::ops::Range<JobKey> {
-        Self::element(self.number, 0)..Self::single(self.number + 1)
-    }
-}
-
-impl fmt::Display for JobKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.element {
-            0 => write!(f, "j-{}", self.number),
-            e => write!(f, "j-{}.{}", self.number, e - 1),
-        }
-    }
-}
 
 /// Why a PENDING job is not in the engine.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,8 +40,9 @@ pub enum Unplaced {
     NoNodes,
     /// No registered node matches the spec.
     NoMatch {
-        /// The spec's node selector.
-        selector: BTreeMap<String, String>,
+        /// The spec's node selector (shared by the jobs that wait for
+        /// the same one: [`Jobs::set_phase`] interns it).
+        selector: Arc<BTreeMap<String, String>>,
         /// CPUs asked.
         cpus: u32,
         /// Their alignment.
@@ -511,8 +450,8 @@ fn push_queued(out: &mut String, how: Placement, node: &str) {
 
 /// The display text of a gang member placed with its gang (None: not a
 /// gang member on a node; the phase's own text applies).
-fn gang_text(phase: &Phase, job: &Job, last: Option<&Requeue>) -> Option<String> {
-    if job.gang_id.is_empty() {
+fn gang_text(phase: &Phase, job: &JobRecord, last: Option<&Requeue>) -> Option<String> {
+    if !job.is_gang() {
         return None;
     }
     let node = match phase {
@@ -534,7 +473,9 @@ fn gang_text(phase: &Phase, job: &Job, last: Option<&Requeue>) -> Option<String>
     };
     let text = format!(
         "gang {}: member {} of {} placed with the others -> {node}",
-        job.gang_id, job.gang_index, job.gang_size
+        job.key().array(),
+        job.index(),
+        job.gang_size
     );
     Some(match last {
         Some(r) => format!("{r} | {text}"),
@@ -598,10 +539,11 @@ fn reason_of(phase: &Phase, last: Option<&Requeue>) -> Option<String> {
 /// A job and its dispatcher-side bookkeeping.
 #[derive(Clone, Debug)]
 pub struct JobEntry {
-    /// The proto record, shared with the effects that carry it (store
-    /// writes, job events): a change after it was shared copies it once
-    /// (`Arc::make_mut`), so an effect keeps the record as it was.
-    job: Arc<Job>,
+    /// The record, shared with the effects that carry it (store writes,
+    /// job events): a change after it was shared copies it once
+    /// (`Arc::make_mut`; the spec stays shared), so an effect keeps the
+    /// record as it was.
+    job: Arc<JobRecord>,
     phase: Phase,
     /// The engine task that stands for it.
     pub task: TaskId,
@@ -616,8 +558,8 @@ pub struct JobEntry {
 }
 
 impl JobEntry {
-    /// The proto record.
-    pub fn job(&self) -> &Job {
+    /// The record (its proto: [`JobRecord::to_proto`]).
+    pub fn job(&self) -> &JobRecord {
         &self.job
     }
 
@@ -644,17 +586,17 @@ impl JobEntry {
 
 /// Fields of the proto record that do not follow from the phase, which
 /// the lifecycle sets directly.
-pub struct Facts<'a>(&'a mut Job);
+pub struct Facts<'a>(&'a mut JobRecord);
 
 impl Facts<'_> {
     /// CPUs the agent reported.
     pub fn set_cpus(&mut self, cpus: &[u32]) {
-        self.0.cpus = cpus.to_vec();
+        self.0.cpus = cpus.into();
     }
 
     /// GPUs the agent reported.
     pub fn set_gpus(&mut self, gpus: &[u32]) {
-        self.0.gpus = gpus.to_vec();
+        self.0.gpus = gpus.into();
     }
 
     /// Start time, unless one is set; `0` clears it.
@@ -689,7 +631,8 @@ impl Facts<'_> {
 /// The job table and its indexes.
 #[derive(Default)]
 pub struct Jobs {
-    table: BTreeMap<JobKey, JobEntry>,
+    /// Every job, by key: hashed for lookups, ordered for listings.
+    table: Slab<JobKey, JobEntry>,
     task_job: IdMap<TaskId, JobKey>,
     next_job: u64,
     next_task: u64,
@@ -703,14 +646,27 @@ pub struct Jobs {
     gpus_by_node: IdMap<String, u32>,
     /// A job's GPUs left a node since [`Jobs::take_gpus_freed`].
     gpus_freed: bool,
+    /// Terminal jobs are queued for [`Jobs::expired`].
+    retained: bool,
+    /// Jobs that became terminal since the last [`Jobs::expired`] call,
+    /// not stamped yet.
+    done_new: Vec<JobKey>,
+    /// Terminal jobs by when they ended (ms, non-decreasing), oldest
+    /// first: the retention's queue.
+    done: VecDeque<(i64, JobKey)>,
+    /// The selector of the last `NoMatch` phase set: the jobs of an
+    /// array (or of one workload) that no node matches share it.
+    no_match: Option<Arc<BTreeMap<String, String>>>,
 }
 
 impl Jobs {
-    /// An empty table; job numbers start at 1.
-    pub fn new() -> Self {
+    /// An empty table; job numbers start at 1. `retained`: terminal
+    /// jobs are queued for [`Jobs::expired`] (else they are kept).
+    pub fn new(retained: bool) -> Self {
         Self {
             next_job: 1,
             next_task: 1,
+            retained,
             ..Default::default()
         }
     }
@@ -722,7 +678,7 @@ impl Jobs {
 
     /// True without jobs.
     pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
+        self.table.len() == 0
     }
 
     /// The next job number.
@@ -837,7 +793,7 @@ impl Jobs {
     }
 
     /// Add a job in `phase` with a fresh engine task.
-    pub fn insert(&mut self, key: JobKey, job: Job, phase: Phase) {
+    pub fn insert(&mut self, key: JobKey, job: JobRecord, phase: Phase) {
         let task = TaskId(self.next_task);
         self.next_task += 1;
         self.task_job.insert(task, key);
@@ -856,12 +812,99 @@ impl Jobs {
             },
         );
         self.index(key, &phase, gpus);
+        if self.retained && phase.is_done() {
+            self.done_new.push(key);
+        }
         self.write_phase(key, phase);
+    }
+
+    /// Terminal jobs whose retention is over at `now`: those that ended
+    /// at least `min_age_ms` ago, then the oldest beyond `max_kept`
+    /// terminal jobs, oldest first. A job ends at its record's end time
+    /// (else when this first sees it terminal); a gang member is not
+    /// returned while a member of its gang has not ended (it is kept,
+    /// and looked at again as if it had ended now). The caller removes
+    /// the jobs returned.
+    pub fn expired(&mut self, now: i64, min_age_ms: i64, max_kept: usize) -> Vec<JobKey> {
+        let mut new = std::mem::take(&mut self.done_new);
+        let ended = |jobs: &Self, k: &JobKey| {
+            jobs.table.get(k).and_then(|e| {
+                let end = e.job.end_time_ms;
+                e.phase
+                    .is_done()
+                    .then_some(if end > 0 { end.min(now) } else { now })
+            })
+        };
+        let mut stamped: Vec<(i64, JobKey)> = new
+            .drain(..)
+            .filter_map(|k| Some((ended(self, &k)?, k)))
+            .collect();
+        stamped.sort_unstable();
+        // Non-decreasing: a job stamped earlier than the last one queued
+        // (a restored end time) waits as long as that one.
+        let mut last = self.done.back().map_or(i64::MIN, |d| d.0);
+        for (t, k) in stamped {
+            last = last.max(t);
+            self.done.push_back((last, k));
+        }
+        self.done_new = new;
+        let mut out = Vec::new();
+        let mut kept = Vec::new();
+        let mut left = self.done.len();
+        while left > 0
+            && let Some(&(t, key)) = self.done.front()
+        {
+            if t > now.saturating_sub(min_age_ms) && self.done.len() + kept.len() <= max_kept {
+                break;
+            }
+            left -= 1;
+            self.done.pop_front();
+            let Some(e) = self.table.get(&key) else {
+                continue;
+            };
+            if !e.phase.is_done() {
+                continue;
+            }
+            let gang_alive = e.job.is_gang()
+                && self
+                    .table
+                    .range(key.array().elements())
+                    .any(|(_, m)| !m.phase.is_done());
+            if gang_alive {
+                kept.push((now, key));
+            } else {
+                out.push(key);
+            }
+        }
+        for k in kept {
+            let t = self.done.back().map_or(k.0, |d| d.0.max(k.0));
+            self.done.push_back((t, k.1));
+        }
+        out
+    }
+
+    /// Forget a job: its record, its indexes and its engine task's
+    /// mapping (the caller has taken the task out of the engine).
+    pub fn remove(&mut self, key: JobKey) -> Option<JobEntry> {
+        let e = self.table.remove(&key)?;
+        let gpus = e.gpus();
+        self.unindex(key, &e.phase, gpus);
+        self.task_job.remove(&e.task);
+        Some(e)
     }
 
     /// Move a job to `phase`: the indexes, its state, node and reason
     /// follow. Returns the state it had.
-    pub fn set_phase(&mut self, key: JobKey, phase: Phase) -> JobState {
+    pub fn set_phase(&mut self, key: JobKey, mut phase: Phase) -> JobState {
+        if let Phase::Unplaced {
+            why: Unplaced::NoMatch { selector, .. },
+        } = &mut phase
+        {
+            match &self.no_match {
+                Some(s) if s == selector => *selector = s.clone(),
+                _ => self.no_match = Some(selector.clone()),
+            }
+        }
         let Some(e) = self.table.get_mut(&key) else {
             return JobState::Unspecified;
         };
@@ -876,15 +919,18 @@ impl Jobs {
         }
         self.unindex(key, &previous, gpus);
         self.index(key, &phase, gpus);
+        if self.retained && phase.is_done() && !previous.is_done() {
+            self.done_new.push(key);
+        }
         let same_text =
             text_inputs(&previous).is_some() && text_inputs(&previous) == text_inputs(&phase);
         self.write_phase_as(key, phase, same_text);
         previous.state()
     }
 
-    /// The proto record of a job, shared (for an effect that carries it:
-    /// a store write, a job event).
-    pub fn record(&self, key: JobKey) -> Option<Arc<Job>> {
+    /// The record of a job, shared (for an effect that carries it: a
+    /// store write, a job event).
+    pub fn record(&self, key: JobKey) -> Option<Arc<JobRecord>> {
         self.table.get(&key).map(|e| e.job.clone())
     }
 
@@ -1062,7 +1108,8 @@ impl Jobs {
             (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
         let mut unasked = BTreeSet::new();
         let mut gpus_by_node: HashMap<String, u32> = HashMap::new();
-        for (&key, e) in &self.table {
+        self.table.check()?;
+        for (&key, e) in self.table.iter() {
             let p = &e.phase;
             if let Some(n) = p.node()
                 && e.gpus() > 0
@@ -1094,8 +1141,8 @@ impl Jobs {
             {
                 return Err(format!("{key}: node {:?} but phase {p:?}", e.job.node));
             }
-            if e.job.id != key.to_string() {
-                return Err(format!("{key}: id {:?}", e.job.id));
+            if e.job.key() != key {
+                return Err(format!("{key}: id {:?}", e.job.id()));
             }
             if self.task_job.get(&e.task) != Some(&key) {
                 return Err(format!("{key}: task {:?} maps elsewhere", e.task));
@@ -1145,23 +1192,6 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        #[test]
-        fn job_keys_round_trip_and_order_like_their_numbers(
-            a in 0u64..1000, i in prop::option::of(0u32..100),
-            b in 0u64..1000, j in prop::option::of(0u32..100),
-        ) {
-            let key = |n, i: Option<u32>| i.map_or(JobKey::single(n), |i| JobKey::element(n, i));
-            let (x, y) = (key(a, i), key(b, j));
-            prop_assert_eq!(JobKey::parse(&x.to_string()), Some(x));
-            // Oracle: order by number, then the plain id before elements
-            // by index.
-            let rank = |n: u64, i: Option<u32>| (n, i.map_or(0, |i| i as u64 + 1));
-            prop_assert_eq!(x.cmp(&y), rank(a, i).cmp(&rank(b, j)));
-            prop_assert_eq!(x.array().elements().contains(&x), i.is_some());
-        }
-    }
-
-    proptest! {
         /// A reason text kept across a phase change with the same inputs
         /// (`text_inputs`, no requeue since) is the text generating it
         /// again would give: after every step of a random walk over
@@ -1174,14 +1204,10 @@ mod tests {
             gang in any::<bool>(),
             steps in prop::collection::vec((0u8..7, 0u8..2, 0u8..2, any::<bool>()), 1..40),
         ) {
-            let mut jobs = Jobs::new();
-            let key = JobKey::single(jobs.take_number());
-            let job = Job {
-                id: key.to_string(),
-                gang_id: if gang { "j-9".into() } else { String::new() },
-                gang_size: if gang { 2 } else { 0 },
-                ..Default::default()
-            };
+            let mut jobs = Jobs::new(true);
+            let n = jobs.take_number();
+            let key = if gang { JobKey::element(n, 1) } else { JobKey::single(n) };
+            let job = JobRecord::new(key, Default::default(), Arc::from(""), if gang { 2 } else { 0 }, 0);
             jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
             let mut want = jobs.get(key).map(|e| e.job().reason.clone()).unwrap_or_default();
             for (kind, node, way, flag) in steps {
@@ -1223,7 +1249,7 @@ mod tests {
     /// agrees with the brute-force recomputation of `check` throughout.
     #[test]
     fn unasked_index_follows_sends_and_requests() {
-        let mut jobs = Jobs::new();
+        let mut jobs = Jobs::new(true);
         let assigned = |since| Phase::Assigned {
             node: "n1".into(),
             since,
@@ -1232,10 +1258,7 @@ mod tests {
         };
         let keys: Vec<JobKey> = (0..3).map(|_| JobKey::single(jobs.take_number())).collect();
         for (i, &key) in keys.iter().enumerate() {
-            let job = Job {
-                id: key.to_string(),
-                ..Default::default()
-            };
+            let job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
             jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
             // Sent at 30, 20, 10: the index is by time, the answer by key.
             jobs.set_phase(key, assigned(30 - 10 * i as i64));
@@ -1253,6 +1276,135 @@ mod tests {
             },
         );
         assert_eq!(jobs.unasked_since(100), vec![keys[1], keys[2]]);
+        jobs.check().unwrap();
+    }
+
+    /// A removed job leaves the table and every index (checked against
+    /// the brute force), and the listing keeps its order around the hole.
+    #[test]
+    fn removed_jobs_leave_every_index() {
+        let mut jobs = Jobs::new(true);
+        let keys: Vec<JobKey> = (0..4).map(|_| JobKey::single(jobs.take_number())).collect();
+        for &key in &keys {
+            let job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
+            jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
+        }
+        let running = Phase::Running {
+            node: "n1".into(),
+            via: Via::Restored,
+        };
+        jobs.set_phase(keys[1], running.clone());
+        jobs.set_phase(keys[2], running);
+        let task = jobs.get(keys[1]).map(|e| e.task).unwrap();
+        assert!(jobs.remove(keys[1]).is_some());
+        assert!(jobs.remove(keys[1]).is_none());
+        jobs.remove(keys[0]);
+        jobs.check().unwrap();
+        assert_eq!(jobs.of_task(task), None);
+        assert_eq!(jobs.on("n1"), vec![keys[2]]);
+        assert_eq!(jobs.unplaced(), vec![keys[3]]);
+        let order: Vec<JobKey> = jobs.iter().rev().map(|(k, _)| k).collect();
+        assert_eq!(order, vec![keys[3], keys[2]]);
+        // A new job takes a freed slot and still lists in key order.
+        let key = JobKey::single(jobs.take_number());
+        let job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
+        jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
+        let order: Vec<JobKey> = jobs.below(key).map(|(k, _)| k).collect();
+        assert_eq!(order, vec![keys[3], keys[2]]);
+        assert_eq!(jobs.len(), 3);
+        jobs.check().unwrap();
+    }
+
+    /// Jobs that wait for the same selector share one copy of it (an
+    /// array's elements, each placed and refused in turn); another
+    /// selector gets its own; the texts are the selectors'.
+    #[test]
+    fn no_match_selectors_are_shared() {
+        let mut jobs = Jobs::new(true);
+        let no_match = |label: &str| Phase::Unplaced {
+            why: Unplaced::NoMatch {
+                selector: Arc::new(BTreeMap::from([("gpu".to_string(), label.to_string())])),
+                cpus: 1,
+                align: Align::Any,
+                memory_bytes: 0,
+                gpus: 0,
+            },
+        };
+        let keys: Vec<JobKey> = (0..3).map(|i| JobKey::element(1, i)).collect();
+        for (i, &key) in keys.iter().enumerate() {
+            let job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
+            jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
+            jobs.set_phase(key, no_match(if i == 2 { "a100" } else { "h100" }));
+        }
+        let selector = |k| match jobs.get(k).map(JobEntry::phase) {
+            Some(Phase::Unplaced {
+                why: Unplaced::NoMatch { selector, .. },
+            }) => selector.clone(),
+            p => panic!("{p:?}"),
+        };
+        assert!(Arc::ptr_eq(&selector(keys[0]), &selector(keys[1])));
+        assert!(!Arc::ptr_eq(&selector(keys[1]), &selector(keys[2])));
+        assert_eq!(
+            selector(keys[2]).get("gpu").map(String::as_str),
+            Some("a100")
+        );
+        let reason = |k| jobs.get(k).map(|e| e.job().reason.clone()).unwrap();
+        assert_eq!(
+            reason(keys[1]),
+            "no node matches selector {\"gpu\": \"h100\"}, 1 CPUs aligned to any"
+        );
+        jobs.check().unwrap();
+    }
+
+    /// The retention's queue: jobs restored terminal go by their end
+    /// times (not their load order), a job with no end time by when it is
+    /// first seen terminal, the cap drops the first ended, and a gang
+    /// member waits for its gang's last member to end.
+    #[test]
+    fn expired_jobs_go_by_end_time_and_gangs_whole() {
+        let mut jobs = Jobs::new(true);
+        let done = || Phase::Done {
+            state: JobState::Succeeded,
+            end: End::Reported(String::new()),
+        };
+        // Restored in key order, ended 300, 100, 200.
+        for (n, end) in [(1, 300), (2, 100), (3, 200)] {
+            let key = JobKey::single(n);
+            let mut job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
+            job.end_time_ms = end;
+            jobs.insert(key, job, done());
+        }
+        let single = JobKey::single;
+        assert_eq!(jobs.expired(1_000, 10_000, 2), vec![single(2)]);
+        assert_eq!(jobs.expired(10_250, 10_000, 2), vec![single(3)]);
+        assert!(jobs.expired(10_250, 10_000, 2).is_empty());
+        for k in [single(2), single(3)] {
+            jobs.remove(k);
+        }
+        // A gang of two: member 0 ends first, member 1 still runs.
+        let (m0, m1) = (JobKey::element(9, 0), JobKey::element(9, 1));
+        for k in [m0, m1] {
+            let job = JobRecord::new(k, Default::default(), Arc::from(""), 2, 0);
+            jobs.insert(k, job, Phase::Unplaced { why: Unplaced::New });
+        }
+        jobs.set_phase(m0, done());
+        jobs.set_phase(
+            m1,
+            Phase::Running {
+                node: "n1".into(),
+                via: Via::Restored,
+            },
+        );
+        assert_eq!(jobs.expired(20_000, 10_000, 10), vec![single(1)]);
+        jobs.remove(single(1));
+        assert!(jobs.expired(40_000, 10_000, 10).is_empty(), "its gang runs");
+        jobs.set_phase(m1, done());
+        // Member 0 was looked at again at 40,000; member 1 has no end
+        // time: first seen terminal at 50,000.
+        assert_eq!(jobs.expired(50_000, 10_000, 10), vec![m0]);
+        jobs.remove(m0);
+        assert!(jobs.expired(59_999, 10_000, 10).is_empty());
+        assert_eq!(jobs.expired(60_000, 10_000, 10), vec![m1]);
         jobs.check().unwrap();
     }
 
@@ -1371,12 +1523,5 @@ mod tests {
             }
         }
         assert_eq!(seen, 8 * 4 * 4 * 2);
-    }
-
-    #[test]
-    fn bad_ids_do_not_parse() {
-        for id in ["", "j-", "x-1", "j-1.", "j-a", "j-1.x", "j-1.4294967295"] {
-            assert_eq!(JobKey::parse(id), None, "{id}");
-        }
     }
 }

@@ -46,7 +46,7 @@ fn submit(c: &mut Cluster, spec: JobSpec, now: i64) -> String {
     c.submit(vec![spec], false, now, &mut fx)
         .unwrap()
         .remove(0)
-        .id
+        .id()
 }
 
 fn finish(c: &mut Cluster, id: &str, now: i64) -> Effects {

@@ -23,6 +23,7 @@ use super::nodes::NodeInfo;
 use super::steal::{Move, MoveKind};
 use super::wakers::WakerKey;
 use super::{Cluster, Effects, cancel_on};
+use crate::record::JobRecord;
 use crate::spec::{align_of, check_submission, policy_of};
 use crate::store::{NodeAdmin, Write};
 
@@ -41,7 +42,7 @@ pub(super) enum TaskAfter {
 /// blocked head's reservation; a job without a timeout has none.
 pub(super) fn task_spec(e: &JobEntry, affinity: Option<Arc<LeafSet>>) -> TaskSpec {
     let default;
-    let spec = match e.job().spec.as_ref() {
+    let spec = match e.job().spec() {
         Some(s) => s,
         None => {
             default = JobSpec::default();
@@ -63,15 +64,15 @@ pub(super) fn task_spec(e: &JobEntry, affinity: Option<Arc<LeafSet>>) -> TaskSpe
 }
 
 /// An `Assign` of the job's current attempt.
-pub(super) fn assign_of(job: &Job) -> DispatcherMessage {
+pub(super) fn assign_of(job: &JobRecord) -> DispatcherMessage {
     DispatcherMessage {
         // The trace context is filled in by the core from the job's
         // telemetry after the batch (the cluster does no tracing).
         msg: Some(dispatcher_message::Msg::Assign(Assign {
-            job_id: job.id.clone(),
+            job_id: job.id(),
             attempt: job.attempt,
-            spec: job.spec.clone(),
-            owner: job.owner.clone(),
+            spec: job.spec().cloned(),
+            owner: job.owner.to_string(),
             ..Default::default()
         })),
     }
@@ -80,14 +81,16 @@ pub(super) fn assign_of(job: &Job) -> DispatcherMessage {
 impl Cluster {
     /// Accept jobs: validate every spec (nothing is created if one is
     /// bad), create the jobs (arrays expand), persist and place them.
-    /// The jobs have no owner (a dispatcher without tokens).
+    /// The jobs have no owner (a dispatcher without tokens). Returns the
+    /// table's records of the jobs created, shared (their protos are
+    /// built by whoever answers: `JobRecord::to_proto`).
     pub fn submit(
         &mut self,
         specs: Vec<JobSpec>,
         batch: bool,
         now: i64,
         fx: &mut Effects,
-    ) -> Result<Vec<Job>, Status> {
+    ) -> Result<Vec<Arc<JobRecord>>, Status> {
         self.submit_as("", specs, batch, now, fx)
     }
 
@@ -100,13 +103,15 @@ impl Cluster {
         batch: bool,
         now: i64,
         fx: &mut Effects,
-    ) -> Result<Vec<Job>, Status> {
+    ) -> Result<Vec<Arc<JobRecord>>, Status> {
         let jobs = &self.jobs;
         check_submission(&mut specs, batch, &self.cfg.limits, |id| {
             JobKey::parse(id).is_some_and(|k| jobs.contains(k))
         })?;
         self.ensure_engine(now, fx);
         let mut created = Vec::new();
+        // One owner for the submission's jobs.
+        let owner: Arc<str> = Arc::from(owner);
         for spec in specs {
             let n = self.jobs.take_number();
             let count = spec.array_count;
@@ -115,42 +120,18 @@ impl Cluster {
             if gang {
                 self.gangs.insert(n, super::gang::Gang::of_spec(&spec, now));
             }
-            let keys: Vec<(JobKey, Option<u32>)> = if gang {
-                (0..spec.nodes)
-                    .map(|i| (JobKey::element(n, i), Some(i)))
-                    .collect()
+            let keys: Vec<JobKey> = if gang {
+                (0..spec.nodes).map(|i| JobKey::element(n, i)).collect()
             } else if count > 1 {
-                (0..count)
-                    .map(|i| (JobKey::element(n, i), Some(i)))
-                    .collect()
+                (0..count).map(|i| JobKey::element(n, i)).collect()
             } else {
-                vec![(JobKey::single(n), None)]
+                vec![JobKey::single(n)]
             };
-            let gang_size = spec.nodes;
-            // The last job takes the spec itself, the others a copy.
-            let last = keys.len().saturating_sub(1);
-            let mut spec = Some(spec);
-            for (i, (key, index)) in keys.into_iter().enumerate() {
-                let job = Job {
-                    id: key.to_string(),
-                    spec: if i == last { spec.take() } else { spec.clone() },
-                    attempt: 1,
-                    submit_time_ms: now,
-                    array_id: match index {
-                        Some(_) if !gang => key.array().to_string(),
-                        _ => String::new(),
-                    },
-                    array_index: if gang { 0 } else { index.unwrap_or(0) },
-                    gang_id: if gang {
-                        key.array().to_string()
-                    } else {
-                        String::new()
-                    },
-                    gang_index: if gang { index.unwrap_or(0) } else { 0 },
-                    gang_size: if gang { gang_size } else { 0 },
-                    owner: owner.to_string(),
-                    ..Default::default()
-                };
+            let gang_size = if gang { spec.nodes } else { 0 };
+            // Moved into the record, shared by an array's elements.
+            let spec = Arc::new(spec);
+            for key in keys {
+                let job = JobRecord::new(key, spec.clone(), owner.clone(), gang_size, now);
                 created.push(key);
                 self.jobs
                     .insert(key, job, Phase::Unplaced { why: Unplaced::New });
@@ -166,7 +147,7 @@ impl Cluster {
         self.schedule_gangs(now, fx);
         Ok(created
             .iter()
-            .filter_map(|k| self.jobs.get(*k).map(|e| e.job().clone()))
+            .filter_map(|k| self.jobs.record(*k))
             .collect())
     }
 
@@ -182,7 +163,7 @@ impl Cluster {
             return;
         };
         let default;
-        let spec = match e.job().spec.as_ref() {
+        let spec = match e.job().spec() {
             Some(s) => s,
             None => {
                 default = JobSpec::default();
@@ -815,6 +796,29 @@ impl Cluster {
         self.request_agent_steals(now, fx);
         // Gangs: a preferred level may have relaxed, nodes may be free.
         self.schedule_gangs(now, fx);
+        self.retire_done(now, fx);
+    }
+
+    /// Forget the terminal jobs whose retention is over
+    /// ([`super::Retention`]): out of the table, and out of the store in
+    /// the same commit as the rest of the tick's changes (a job deleted
+    /// is never reloaded; one kept is reloaded with its end time, which
+    /// its retention counts from). A gang is forgotten with its last
+    /// member.
+    pub(super) fn retire_done(&mut self, now: i64, fx: &mut Effects) {
+        let r = self.cfg.retention;
+        if r == super::Retention::KEEP_ALL {
+            return;
+        }
+        for key in self.jobs.expired(now, r.min_age_ms, r.max_done_jobs) {
+            if self.jobs.remove(key).is_none() {
+                continue;
+            }
+            fx.writes.push(Write::DeleteJob(key.to_string()));
+            if !key.is_single() && self.jobs.elements(key.array()).next().is_none() {
+                self.gangs.remove(key.number());
+            }
+        }
     }
 
     /// Place every unplaced job again (a node came up or registered).
@@ -851,7 +855,7 @@ impl Cluster {
             return Ok(self
                 .jobs
                 .get(first)
-                .map(|e| e.job().clone())
+                .map(|e| e.job().to_proto())
                 .unwrap_or_default());
         }
         if !self.jobs.contains(key) {

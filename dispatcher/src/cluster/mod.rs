@@ -39,6 +39,7 @@ pub mod nodes;
 pub mod pending;
 mod reconcile;
 pub mod shapes;
+mod slab;
 pub mod steal;
 pub mod wakers;
 
@@ -51,6 +52,7 @@ use proto::v1::{
 use sched::{LeafId, Sched, SchedConfig};
 use tonic::Status;
 
+pub use crate::record::JobRecord;
 pub use engine::NodeEngine;
 pub use jobs::{End, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
 pub use nodes::NodeInfo;
@@ -81,6 +83,8 @@ pub struct ClusterConfig {
     pub engine: SchedConfig,
     /// Spec limits.
     pub limits: SpecLimits,
+    /// How long terminal jobs are kept (Slurm's MinJobAge and a cap).
+    pub retention: Retention,
     /// Wipe period of the wakers' flip records (seed 001's one second at
     /// CPU level; jobs wake jobs on a scale of seconds to minutes).
     pub wake_flip_decay_ms: u64,
@@ -141,14 +145,47 @@ impl Default for ClusterConfig {
             engine,
             limits: SpecLimits::default(),
             wake_flip_decay_ms: WAKE_FLIP_DECAY_MS,
+            retention: Retention::default(),
+        }
+    }
+}
+
+/// How long a terminal job (SUCCEEDED, FAILED, CANCELLED, LOST) stays
+/// readable: in memory and in the store, then both forget it (the tick
+/// deletes it in the store with the tick's commit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// A terminal job is kept at least this long after it ended (ms;
+    /// Slurm's MinJobAge, 300 s by default)...
+    pub min_age_ms: i64,
+    /// ... unless more terminal jobs than this are kept: then the ones
+    /// that ended first go first, younger or not (Slurm's MaxJobCount
+    /// bound, here on terminal jobs only).
+    pub max_done_jobs: usize,
+}
+
+impl Retention {
+    /// Keep every job (the simulator: a waker job's node is looked up
+    /// however long ago it ended); nothing is tracked for the retention.
+    pub const KEEP_ALL: Self = Self {
+        min_age_ms: i64::MAX,
+        max_done_jobs: usize::MAX,
+    };
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            min_age_ms: 300_000,
+            max_done_jobs: 100_000,
         }
     }
 }
 
 /// What an operation requires of the outside world. Job records are
-/// carried shared (`Arc<Job>`, the job table's own record as it was at
-/// the change), never copied here: the core materialises them once, at
-/// commit (the store encodes the shared record; [`JobChange::to_event`]
+/// carried shared (`Arc<JobRecord>`, the job table's own record as it was
+/// at the change), never copied here: the proto is built only where it
+/// is read (the store encodes the shared record; [`JobChange::to_event`]
 /// builds the watchers' event).
 #[derive(Debug, Default)]
 pub struct Effects {
@@ -167,7 +204,7 @@ pub struct Effects {
 #[derive(Clone, Debug)]
 pub struct JobChange {
     /// The job as the change left it.
-    pub job: Arc<Job>,
+    pub job: Arc<JobRecord>,
     /// Its state before (`JobState` as i32).
     pub previous_state: i32,
     /// When (Unix ms).
@@ -175,10 +212,10 @@ pub struct JobChange {
 }
 
 impl JobChange {
-    /// The watchers' event (a copy of the record).
+    /// The watchers' event (the record's proto).
     pub fn to_event(&self) -> JobEvent {
         JobEvent {
-            job: Some(Job::clone(&self.job)),
+            job: Some(self.job.to_proto()),
             previous_state: self.previous_state,
             time_ms: self.time_ms,
         }
@@ -199,12 +236,13 @@ pub struct Cluster {
 impl Cluster {
     /// An empty cluster.
     pub fn new(cfg: ClusterConfig) -> Self {
+        let retained = cfg.retention != Retention::KEEP_ALL;
         Self {
             engine: NodeEngine::new(cfg.engine.clone()),
             wakers: wakers::Wakers::new(cfg.wake_flip_decay_ms, wakers::MAX_WAKERS),
             cfg,
             nodes: Nodes::default(),
-            jobs: Jobs::new(),
+            jobs: Jobs::new(retained),
             moves: RecentMoves::default(),
             gangs: gang::Gangs::default(),
         }
@@ -324,9 +362,10 @@ impl Cluster {
         self.jobs.set_next_number(snap.next_job);
         self.nodes.restore_admin(snap.node_admin);
         for job in snap.jobs {
-            let Some(key) = JobKey::parse(&job.id) else {
+            let Some(job) = JobRecord::from_proto(job) else {
                 continue;
             };
+            let key = job.key();
             let state = JobState::try_from(job.state).unwrap_or(JobState::Unspecified);
             let phase = match state {
                 JobState::Pending | JobState::Unspecified => Phase::Unplaced {
@@ -356,7 +395,7 @@ impl Cluster {
         let key =
             JobKey::parse(id).ok_or_else(|| Status::not_found(format!("id: no job {id:?}")))?;
         match self.jobs.get(key) {
-            Some(e) => Ok(e.job().clone()),
+            Some(e) => Ok(e.job().to_proto()),
             None if self.gangs.get(key.number()).is_some() && key.is_single() => {
                 let size = self.gangs.get(key.number()).map_or(0, |g| g.size);
                 Err(Status::not_found(format!(
@@ -398,10 +437,10 @@ impl Cluster {
             let j = e.job();
             if (!states.is_empty() && !states.contains(&j.state))
                 || (!req.node.is_empty() && j.node != req.node)
-                || (!req.group.is_empty() && j.spec.as_ref().is_none_or(|s| s.group != req.group))
-                || (!req.array_id.is_empty() && j.array_id != req.array_id)
-                || (!req.gang_id.is_empty() && j.gang_id != req.gang_id)
-                || (!req.owner.is_empty() && j.owner != req.owner)
+                || (!req.group.is_empty() && j.spec().is_none_or(|s| s.group != req.group))
+                || (!req.array_id.is_empty() && j.array_id() != req.array_id)
+                || (!req.gang_id.is_empty() && j.gang_id() != req.gang_id)
+                || (!req.owner.is_empty() && *j.owner != req.owner)
             {
                 continue;
             }
@@ -409,7 +448,7 @@ impl Cluster {
                 next = out.last().map(|j: &Job| j.id.clone()).unwrap_or_default();
                 break;
             }
-            out.push(j.clone());
+            out.push(j.to_proto());
         }
         Ok((out, next))
     }
@@ -420,7 +459,7 @@ impl Cluster {
     /// once, in id order.
     pub fn jobs_matching(&self, ids: &[String]) -> Vec<Job> {
         if ids.is_empty() {
-            return self.jobs.iter().map(|(_, e)| e.job().clone()).collect();
+            return self.jobs.iter().map(|(_, e)| e.job().to_proto()).collect();
         }
         let mut keys = BTreeSet::new();
         for key in ids.iter().filter_map(|id| JobKey::parse(id)) {
@@ -431,7 +470,7 @@ impl Cluster {
             }
         }
         keys.iter()
-            .filter_map(|k| self.jobs.get(*k).map(|e| e.job().clone()))
+            .filter_map(|k| self.jobs.get(*k).map(|e| e.job().to_proto()))
             .collect()
     }
 
@@ -498,3 +537,5 @@ mod gang_tests;
 mod gpu_tests;
 #[cfg(test)]
 mod latency_tests;
+#[cfg(test)]
+mod retention_tests;

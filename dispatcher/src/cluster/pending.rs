@@ -32,6 +32,7 @@ use super::engine::engine_ns;
 use super::jobs::{JobEntry, JobKey, Phase, Unplaced};
 use super::nodes::node_state;
 use super::{Cluster, NodeInfo};
+use crate::record::JobRecord;
 
 /// The shape of a job as placement filters nodes.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -80,7 +81,7 @@ impl Cluster {
 
     /// The `n` PENDING jobs waiting longest (oldest first) and why, for
     /// the web page: O(n) reasons, whatever the queue's length.
-    pub fn longest_waiting(&self, n: usize, now: i64) -> Vec<(&Job, PendingReason)> {
+    pub fn longest_waiting(&self, n: usize, now: i64) -> Vec<(&JobRecord, PendingReason)> {
         let mut why = self.explainer(now);
         self.jobs
             .oldest_pending(n)
@@ -217,11 +218,9 @@ impl Explainer<'_> {
                     None => "requeued; being placed again".into(),
                 },
             ),
-            Unplaced::Gang | Unplaced::Reserved { .. } => self.cluster.gang_pending(
-                JobKey::parse(&e.job().id).unwrap_or(JobKey::single(0)),
-                why,
-                self.now,
-            ),
+            Unplaced::Gang | Unplaced::Reserved { .. } => {
+                self.cluster.gang_pending(e.job().key(), why, self.now)
+            }
             Unplaced::Restored => reason(
                 Kind::Restored,
                 "",
@@ -458,7 +457,7 @@ fn gated_from(engine: &Sched, src: LeafId) -> Vec<LeafId> {
 /// Why a job asking for `gpus` GPUs waits although nodes have that many:
 /// the nodes that do, with their free GPUs.
 fn gpus_busy(cluster: &Cluster, e: &JobEntry, gpus: u32) -> String {
-    let key = JobKey::parse(&e.job().id);
+    let key = Some(e.job().key());
     let mut with = Vec::new();
     for (name, &(_, _, total)) in cluster.engine.shapes() {
         if total >= gpus {
@@ -612,7 +611,7 @@ mod tests {
         let mut fx = Effects::default();
         let jobs = c.submit(specs, true, now, &mut fx).unwrap();
         c.settle(now, &mut fx);
-        jobs.into_iter().map(|j| j.id).collect()
+        jobs.into_iter().map(|j| j.id()).collect()
     }
 
     fn running(c: &mut Cluster, id: &str, node: &str, now: i64) {

@@ -180,7 +180,7 @@ impl Cluster {
         let Some(e) = self.jobs.get(key) else {
             return;
         };
-        if reported.contains(&(e.job().id.clone(), e.job().attempt)) || e.phase().is_done() {
+        if reported.contains(&(e.job().id(), e.job().attempt)) || e.phase().is_done() {
             return;
         }
         if e.cancel_requested() {

@@ -338,7 +338,7 @@ fn cancel_pending_running_and_arrays() {
     arr.array_count = 5;
     let created = c.submit(vec![arr], false, 5, &mut fx).unwrap();
     assert_eq!(created.len(), 5);
-    assert_eq!(created[4].id, "j-3.4");
+    assert_eq!(created[4].id(), "j-3.4");
     assert_eq!(c.get_job("j-3").unwrap_err().code(), tonic::Code::NotFound);
     c.cancel("j-3", 6, &mut fx).unwrap();
     let pending = (0..5)
@@ -433,7 +433,7 @@ fn restore_reconciles_with_agents() {
     assert_ne!(state_of(&d, "j-3"), JobState::Lost);
     let mut fx = Effects::default();
     let j = d.submit(vec![job(1)], false, 7_000, &mut fx).unwrap();
-    assert_eq!(j[0].id, "j-4", "ids continue after a restart");
+    assert_eq!(j[0].id(), "j-4", "ids continue after a restart");
 }
 
 /// A lost node's capacity shrinks to what its remaining jobs hold before
@@ -572,8 +572,8 @@ fn owners_are_recorded_sent_with_assignments_and_filter_lists() {
         .submit_as("alice", vec![job(1)], false, 1, &mut fx)
         .unwrap();
     let bob = c.submit_as("bob", vec![job(1)], false, 2, &mut fx).unwrap();
-    assert_eq!(alice[0].owner, "alice");
-    assert_eq!(c.get_job(&bob[0].id).unwrap().owner, "bob");
+    assert_eq!(&*alice[0].owner, "alice");
+    assert_eq!(c.get_job(&bob[0].id()).unwrap().owner, "bob");
     // The agent learns each job's owner with its assignment.
     let owners: Vec<(String, String)> = fx
         .to_agents
@@ -586,8 +586,8 @@ fn owners_are_recorded_sent_with_assignments_and_filter_lists() {
     assert_eq!(
         owners,
         vec![
-            (alice[0].id.clone(), "alice".to_string()),
-            (bob[0].id.clone(), "bob".to_string())
+            (alice[0].id(), "alice".to_string()),
+            (bob[0].id(), "bob".to_string())
         ]
     );
     let (page, _) = c
@@ -598,13 +598,13 @@ fn owners_are_recorded_sent_with_assignments_and_filter_lists() {
         .unwrap();
     assert_eq!(
         page.iter().map(|j| j.id.clone()).collect::<Vec<_>>(),
-        vec![bob[0].id.clone()]
+        vec![bob[0].id()]
     );
     let (all, _) = c.list_jobs(&ListJobsRequest::default()).unwrap();
     assert_eq!(all.len(), 2);
     // Without an owner (no tokens) the field stays empty.
     let anon = c.submit(vec![job(1)], false, 3, &mut fx).unwrap();
-    assert_eq!(anon[0].owner, "");
+    assert_eq!(&*anon[0].owner, "");
 }
 
 /// A cancel request is stored with the job: after a dispatcher restart,
@@ -630,7 +630,7 @@ fn a_cancel_survives_a_dispatcher_restart() {
         .writes
         .iter()
         .filter_map(|w| match w {
-            Write::PutJob(j) => Some((**j).clone()),
+            Write::PutJob(j) => Some(j.to_proto()),
             _ => None,
         })
         .collect();

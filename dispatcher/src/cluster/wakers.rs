@@ -27,10 +27,10 @@
 
 use std::collections::HashMap;
 
-use proto::v1::Job;
 use sched::wake::WakeeFlips;
 
 use super::jobs::JobKey;
+use crate::record::JobRecord;
 
 /// Records kept at most (as many as the engine used to keep finished
 /// jobs' tasks for the same purpose).
@@ -53,8 +53,8 @@ pub enum WakerKey {
 impl WakerKey {
     /// The waker of `job`: its `waker` job, else its owner and group; None
     /// for an anonymous job without a group.
-    pub fn of(job: &Job) -> Option<Self> {
-        let spec = job.spec.as_ref();
+    pub fn of(job: &JobRecord) -> Option<Self> {
+        let spec = job.spec();
         let waker = spec.map_or("", |s| s.waker.as_str());
         if let Some(k) = JobKey::parse(waker) {
             return Some(Self::Job(k));
@@ -64,7 +64,7 @@ impl WakerKey {
             return None;
         }
         Some(Self::Owner {
-            owner: job.owner.clone(),
+            owner: job.owner.to_string(),
             group: group.to_string(),
         })
     }
@@ -198,7 +198,9 @@ mod tests {
 
     #[test]
     fn keys_are_the_waker_job_else_owner_and_group() {
-        let mut j = Job {
+        let of = |j: &proto::v1::Job| WakerKey::of(&JobRecord::from_proto(j.clone()).unwrap());
+        let mut j = proto::v1::Job {
+            id: "j-1".into(),
             owner: "ann".into(),
             spec: Some(proto::v1::JobSpec {
                 waker: "j-7".into(),
@@ -207,17 +209,17 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert_eq!(WakerKey::of(&j), Some(job(7)));
+        assert_eq!(of(&j), Some(job(7)));
         j.spec.as_mut().unwrap().waker.clear();
         let owner = |o: &str, g: &str| WakerKey::Owner {
             owner: o.into(),
             group: g.into(),
         };
-        assert_eq!(WakerKey::of(&j), Some(owner("ann", "etl")));
+        assert_eq!(of(&j), Some(owner("ann", "etl")));
         j.owner.clear();
-        assert_eq!(WakerKey::of(&j), Some(owner("", "etl")));
+        assert_eq!(of(&j), Some(owner("", "etl")));
         j.spec.as_mut().unwrap().group.clear();
-        assert_eq!(WakerKey::of(&j), None, "anonymous and ungrouped");
+        assert_eq!(of(&j), None, "anonymous and ungrouped");
     }
 
     #[test]
@@ -342,7 +344,7 @@ mod cluster_tests {
         let jobs = c
             .submit(specs, batch, now, &mut Effects::default())
             .unwrap();
-        jobs.into_iter().map(|j| j.id).collect()
+        jobs.into_iter().map(|j| j.id()).collect()
     }
 
     fn end(c: &mut Cluster, id: &str, now: i64) {

@@ -107,6 +107,7 @@ mod tests {
     use proto::v1::Job;
 
     use super::*;
+    use crate::record::JobRecord;
     use crate::store::Snapshot;
 
     /// Records each commit's job ids; fails the commit of a job named "bad".
@@ -121,7 +122,8 @@ mod tests {
             let ids: Vec<String> = writes
                 .iter()
                 .filter_map(|w| match w {
-                    Write::PutJob(j) => Some(j.id.clone()),
+                    Write::PutJob(j) => Some(j.id()),
+                    Write::DeleteJob(id) => Some(id.clone()),
                     _ => None,
                 })
                 .collect();
@@ -134,10 +136,7 @@ mod tests {
     }
 
     fn put(id: &str) -> Write {
-        Write::PutJob(Arc::new(Job {
-            id: id.into(),
-            ..Default::default()
-        }))
+        Write::DeleteJob(id.into())
     }
 
     #[test]
@@ -158,7 +157,13 @@ mod tests {
         c.start(vec![put("bad")]).unwrap();
         assert!(matches!(c.wait(), Err(StoreError::Backend(_))));
         // The records were let go of before the result came back.
-        let job = Arc::new(Job::default());
+        let job = Arc::new(
+            JobRecord::from_proto(Job {
+                id: "j-1".into(),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
         c.commit(vec![Write::PutJob(job.clone())]).unwrap();
         assert_eq!(Arc::strong_count(&job), 1);
     }

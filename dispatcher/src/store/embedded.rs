@@ -11,6 +11,7 @@ use proto::v1::Job;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::{NodeAdmin, Snapshot, Store, StoreError, Write};
+use crate::record::JobKey;
 
 const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs");
 const NODES: TableDefinition<&str, u8> = TableDefinition::new("nodes");
@@ -86,8 +87,8 @@ impl Store for EmbeddedStore {
                 match w {
                     Write::PutJob(job) => {
                         buf.clear();
-                        job.encode(&mut buf).map_err(backend)?;
-                        jobs.insert(job.id.as_str(), buf.as_slice())
+                        job.to_proto().encode(&mut buf).map_err(backend)?;
+                        jobs.insert(job.id().as_str(), buf.as_slice())
                             .map_err(backend)?;
                     }
                     Write::DeleteJob(id) => {
@@ -112,15 +113,17 @@ impl Store for EmbeddedStore {
 /// only the later one visible.
 #[derive(PartialEq, Eq, Hash)]
 enum Record<'a> {
-    Job(&'a str),
+    Job(JobKey),
+    /// A delete of an id that is not a job's (no put writes it).
+    OtherJob(&'a str),
     NodeAdmin(&'a str),
     NextJob,
 }
 
 fn record_of(w: &Write) -> Record<'_> {
     match w {
-        Write::PutJob(job) => Record::Job(&job.id),
-        Write::DeleteJob(id) => Record::Job(id),
+        Write::PutJob(job) => Record::Job(job.key()),
+        Write::DeleteJob(id) => JobKey::parse(id).map_or(Record::OtherJob(id), Record::Job),
         Write::PutNodeAdmin(name, _) => Record::NodeAdmin(name),
         Write::PutNextJob(_) => Record::NextJob,
     }
@@ -162,14 +165,14 @@ mod tests {
             let mut s = EmbeddedStore::open(dir.path()).unwrap();
             assert_eq!(s.load().unwrap().next_job, 1);
             s.commit(&[
-                Write::PutJob(std::sync::Arc::new(job("j-1", JobState::Pending))),
-                Write::PutJob(std::sync::Arc::new(job("j-2", JobState::Running))),
+                Write::put_job(job("j-1", JobState::Pending)).unwrap(),
+                Write::put_job(job("j-2", JobState::Running)).unwrap(),
                 Write::PutNextJob(3),
                 Write::PutNodeAdmin("n1".into(), NodeAdmin::Cordoned),
             ])
             .unwrap();
             s.commit(&[
-                Write::PutJob(std::sync::Arc::new(job("j-1", JobState::Succeeded))),
+                Write::put_job(job("j-1", JobState::Succeeded)).unwrap(),
                 Write::DeleteJob("j-2".into()),
             ])
             .unwrap();
@@ -194,7 +197,7 @@ mod tests {
         for w in writes {
             match w {
                 Write::PutJob(j) => {
-                    image.0.insert(j.id.clone(), j.state);
+                    image.0.insert(j.id(), j.state);
                 }
                 Write::DeleteJob(id) => {
                     image.0.remove(id);
@@ -211,11 +214,12 @@ mod tests {
     fn arb_write() -> impl proptest::strategy::Strategy<Value = Write> {
         use proptest::prelude::*;
         prop_oneof![
-            (0..6u8, 1..7i32).prop_map(|(id, state)| Write::PutJob(std::sync::Arc::new(Job {
+            (0..6u8, 1..7i32).prop_map(|(id, state)| Write::put_job(Job {
                 id: format!("j-{id}"),
                 state,
                 ..Default::default()
-            }))),
+            })
+            .unwrap()),
             (0..6u8).prop_map(|id| Write::DeleteJob(format!("j-{id}"))),
             (0..3u8, 0..3u8)
                 .prop_map(|(n, a)| Write::PutNodeAdmin(format!("n{n}"), NodeAdmin::from_u8(a))),

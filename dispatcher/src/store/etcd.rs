@@ -338,8 +338,8 @@ impl EtcdStore {
         for w in writes {
             let (k, op) = match w {
                 Write::PutJob(job) => (
-                    self.key(&format!("jobs/{}", job.id)),
-                    KeyOp::Put(job.encode_to_vec()),
+                    self.key(&format!("jobs/{}", job.key())),
+                    KeyOp::Put(job.to_proto().encode_to_vec()),
                 ),
                 Write::DeleteJob(id) => (self.key(&format!("jobs/{id}")), KeyOp::Delete),
                 Write::PutNodeAdmin(name, admin) => (

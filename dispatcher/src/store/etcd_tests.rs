@@ -102,7 +102,7 @@ fn job(id: &str, state: JobState) -> Job {
 }
 
 fn put(id: &str, state: JobState) -> Write {
-    Write::PutJob(std::sync::Arc::new(job(id, state)))
+    Write::put_job(job(id, state)).unwrap()
 }
 
 #[test]
@@ -214,7 +214,7 @@ fn a_deposed_leader_writes_nothing() {
     assert!(matches!(err, StoreError::Fenced(_)), "{err}");
     // Large batches too, before any chunk is written.
     let big: Vec<Write> = (0..200)
-        .map(|i| put(&format!("x-{i}"), JobState::Pending))
+        .map(|i| put(&format!("j-{}", 100 + i), JobState::Pending))
         .collect();
     assert!(matches!(old.commit(&big), Err(StoreError::Fenced(_))));
     let snap = new.load().unwrap();

@@ -16,6 +16,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use proto::v1::Job;
+
+use crate::record::JobRecord;
 use thiserror::Error;
 
 /// An administrative state of a node that must survive restarts.
@@ -51,14 +53,21 @@ impl NodeAdmin {
 #[derive(Clone, Debug)]
 pub enum Write {
     /// Insert or replace a job by id (the job table's record, shared:
-    /// encoded at commit, never copied).
-    PutJob(Arc<Job>),
+    /// its proto is built and encoded at commit, on the store's thread).
+    PutJob(Arc<JobRecord>),
     /// Remove a job (garbage collection of old terminal jobs).
     DeleteJob(String),
     /// A node's administrative state.
     PutNodeAdmin(String, NodeAdmin),
     /// The next job number.
     PutNextJob(u64),
+}
+
+impl Write {
+    /// A write of a job given as its proto (tests, tools).
+    pub fn put_job(job: Job) -> Option<Self> {
+        JobRecord::from_proto(job).map(|r| Write::PutJob(Arc::new(r)))
+    }
 }
 
 /// Everything the store holds, read at start-up.

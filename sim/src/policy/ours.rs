@@ -65,6 +65,9 @@ impl OursPlacer {
     pub fn new(layout: &Layout, flags: OursFlags, tick_us: u64) -> Result<Self> {
         let mut cfg = ClusterConfig {
             heartbeat_interval_ms: HEARTBEAT_MS,
+            // Every job kept, as before the retention: a waker job's node
+            // is looked up however long ago it ended.
+            retention: dispatcher::cluster::Retention::KEEP_ALL,
             ..ClusterConfig::default()
         };
         cfg.engine.steal = flags.steal;
@@ -202,14 +205,12 @@ impl Placer for OursPlacer {
                 for _ in 1..j.nodes {
                     created.next();
                 }
-                let id = job.map_or("", |job| job.id.as_str());
-                let n =
-                    JobKey::parse(id)
-                        .map(JobKey::number)
-                        .ok_or_else(|| SimError::Dispatcher {
-                            what: "submit",
-                            message: format!("unexpected job id {id:?}"),
-                        })?;
+                let n = job
+                    .map(|job| job.key().number())
+                    .ok_or_else(|| SimError::Dispatcher {
+                        what: "submit",
+                        message: "fewer jobs created than submitted".into(),
+                    })?;
                 let i = j.job as usize;
                 if self.dnum.len() <= i {
                     self.dnum.resize(i + 1, 0);

@@ -1,0 +1,173 @@
+//! The retention of terminal jobs (`Retention`, `Cluster::retire_done`)
+//! through the real embedded store: a terminal job stays readable for
+//! its retention, then is gone from memory and from the store, and a
+//! restart reloads exactly the jobs kept, with the end times their
+//! retention counts from.
+
+use proto::v1::{JobSpec, NodeLoad};
+
+use super::tests::{finish_on, node_in_rack};
+use super::*;
+use crate::store::Store;
+use crate::store::embedded::EmbeddedStore;
+
+fn cfg() -> ClusterConfig {
+    ClusterConfig {
+        retention: Retention {
+            min_age_ms: 10_000,
+            max_done_jobs: 100,
+        },
+        ..ClusterConfig::default()
+    }
+}
+
+fn one_cpu() -> JobSpec {
+    JobSpec {
+        command: vec!["true".into()],
+        cpus: 1,
+        ..Default::default()
+    }
+}
+
+fn commit(store: &mut EmbeddedStore, fx: Effects) {
+    store.commit(&fx.writes).unwrap();
+}
+
+fn found(c: &Cluster, id: &str) -> Option<JobState> {
+    c.get_job(id)
+        .ok()
+        .map(|j| JobState::try_from(j.state).unwrap())
+}
+
+#[test]
+fn terminal_jobs_are_kept_for_their_retention_then_forgotten_here_and_in_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = EmbeddedStore::open(dir.path()).unwrap();
+    let mut c = Cluster::new(cfg());
+    node_in_rack(&mut c, "a", "1s:4c:1t", "r1");
+    let mut fx = Effects::default();
+    c.submit(vec![one_cpu(), one_cpu(), one_cpu()], false, 1, &mut fx)
+        .unwrap();
+    commit(&mut store, fx);
+    commit(&mut store, finish_on(&mut c, "a", "j-1", 100));
+    commit(&mut store, finish_on(&mut c, "a", "j-2", 200));
+
+    // Young: kept, and every transition readable.
+    let mut fx = Effects::default();
+    c.load_report("a", NodeLoad::default(), 5_000, &mut fx);
+    c.tick(5_000, &mut fx);
+    assert!(!fx.writes.iter().any(|w| matches!(w, Write::DeleteJob(_))));
+    commit(&mut store, fx);
+    assert_eq!(found(&c, "j-1"), Some(JobState::Succeeded));
+
+    // j-1 ended 10 s ago: gone, in the same commit as the tick's changes.
+    let mut fx = Effects::default();
+    c.load_report("a", NodeLoad::default(), 10_150, &mut fx);
+    c.tick(10_150, &mut fx);
+    let deletes: Vec<&Write> = fx
+        .writes
+        .iter()
+        .filter(|w| matches!(w, Write::DeleteJob(_)))
+        .collect();
+    assert!(
+        matches!(deletes[..], [Write::DeleteJob(id)] if id == "j-1"),
+        "{deletes:?}"
+    );
+    commit(&mut store, fx);
+    assert_eq!(found(&c, "j-1"), None);
+    assert_eq!(found(&c, "j-2"), Some(JobState::Succeeded));
+    assert_eq!(found(&c, "j-3"), Some(JobState::Assigned));
+    assert_eq!(c.nr_jobs(), 2);
+    c.check().unwrap();
+
+    // A restart (or a new leader) reloads what was kept, not what was
+    // deleted, and counts the kept job's retention from its end time.
+    let snap = store.load().unwrap();
+    let mut ids: Vec<String> = snap.jobs.iter().map(|j| j.id.clone()).collect();
+    ids.sort();
+    assert_eq!(ids, ["j-2", "j-3"]);
+    let mut d = Cluster::new(cfg());
+    d.restore(snap, 10_160, 60_000);
+    let mut fx = Effects::default();
+    d.tick(10_180, &mut fx);
+    assert!(!fx.writes.iter().any(|w| matches!(w, Write::DeleteJob(_))));
+    assert_eq!(found(&d, "j-1"), None);
+    assert_eq!(found(&d, "j-2"), Some(JobState::Succeeded));
+    let mut fx = Effects::default();
+    d.tick(10_250, &mut fx);
+    assert!(
+        fx.writes
+            .iter()
+            .any(|w| matches!(w, Write::DeleteJob(id) if id == "j-2"))
+    );
+    commit(&mut store, fx);
+    assert_eq!(found(&d, "j-2"), None);
+    assert_eq!(
+        found(&d, "j-3"),
+        Some(JobState::Assigned),
+        "not terminal: kept"
+    );
+    d.check().unwrap();
+    let ids: Vec<String> = store
+        .load()
+        .unwrap()
+        .jobs
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(ids, ["j-3"]);
+}
+
+#[test]
+fn beyond_the_cap_the_jobs_that_ended_first_go_first() {
+    let mut c = Cluster::new(ClusterConfig {
+        retention: Retention {
+            min_age_ms: 1_000_000,
+            max_done_jobs: 2,
+        },
+        ..ClusterConfig::default()
+    });
+    node_in_rack(&mut c, "a", "1s:4c:1t", "r1");
+    let mut fx = Effects::default();
+    c.submit(vec![one_cpu(), one_cpu(), one_cpu()], false, 1, &mut fx)
+        .unwrap();
+    // Ended in the order j-2, j-3, j-1.
+    finish_on(&mut c, "a", "j-2", 100);
+    finish_on(&mut c, "a", "j-3", 200);
+    finish_on(&mut c, "a", "j-1", 300);
+    let mut fx = Effects::default();
+    c.tick(400, &mut fx);
+    let deleted: Vec<&str> = fx
+        .writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::DeleteJob(id) => Some(id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, ["j-2"]);
+    assert_eq!(found(&c, "j-3"), Some(JobState::Succeeded));
+    assert_eq!(found(&c, "j-1"), Some(JobState::Succeeded));
+    c.check().unwrap();
+}
+
+#[test]
+fn keep_all_keeps_every_job_and_tracks_none() {
+    let mut c = Cluster::new(ClusterConfig {
+        retention: Retention::KEEP_ALL,
+        ..ClusterConfig::default()
+    });
+    node_in_rack(&mut c, "a", "1s:4c:1t", "r1");
+    let mut fx = Effects::default();
+    c.submit(vec![one_cpu()], false, 1, &mut fx).unwrap();
+    finish_on(&mut c, "a", "j-1", 100);
+    let mut fx = Effects::default();
+    c.tick(1_000_000_000, &mut fx);
+    assert!(!fx.writes.iter().any(|w| matches!(w, Write::DeleteJob(_))));
+    assert_eq!(found(&c, "j-1"), Some(JobState::Succeeded));
+    assert_eq!(
+        c.jobs.expired(i64::MAX, 0, 0),
+        Vec::<JobKey>::new(),
+        "nothing queued"
+    );
+}

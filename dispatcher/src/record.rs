@@ -1,0 +1,489 @@
+//! A job's key ([`JobKey`], the one place that reads and writes job
+//! ids) and its record as the job table keeps it ([`JobRecord`]), shared
+//! by the job table (`cluster::jobs`) and the store, which encodes it.
+//! The record is not the proto `Job` but its fields in compact form, from which the proto is
+//! built only when a reader asks (GetJob, ListJobs, a watcher's event,
+//! the store's encoding, the web page).
+//!
+//! What is compact (the proto `Job` with its `JobSpec` is 600 bytes
+//! inline plus its strings, and an array's elements each carried a copy
+//! of the spec):
+//! - the spec is shared (`Arc`) by an array's or a gang's elements, and
+//!   moved into the record at submit, never copied;
+//! - the ids `id`, `array_id` and `gang_id` and the indexes are derived
+//!   from the job's [`JobKey`] and whether it is an array element or a
+//!   gang member (the only ids the dispatcher hands out);
+//! - the owner is shared by the jobs of one submission;
+//! - the reported CPUs and GPUs are boxed slices;
+//! - `pending_reason` is not kept: it is computed when a job is read
+//!   (`cluster::pending`), never stored.
+//!
+//! Invariant: `JobRecord::from_proto(j).to_proto() == j` for every `Job`
+//! the dispatcher writes (ids from its key, no `pending_reason`), so every
+//! answer and every stored byte is what the proto record gave
+//! (`tests::a_record_gives_back_the_proto_job`).
+
+use std::fmt;
+use std::sync::Arc;
+
+use proto::v1::{Job, JobSpec};
+
+/// A job's id as an ordered key: `j-12` is `(12, 0)`, element 3 of array
+/// `j-12` (`j-12.3`) is `(12, 4)`. The only place that reads or writes the
+/// id format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobKey {
+    number: u64,
+    /// 0 for a plain job; array index + 1 for an array element.
+    element: u32,
+}
+
+impl JobKey {
+    /// A plain job.
+    pub fn single(number: u64) -> Self {
+        Self { number, element: 0 }
+    }
+
+    /// Element `index` of array `number`.
+    pub fn element(number: u64, index: u32) -> Self {
+        Self {
+            number,
+            element: index.saturating_add(1),
+        }
+    }
+
+    /// Parse `j-12` / `j-12.3`.
+    pub fn parse(id: &str) -> Option<Self> {
+        let rest = id.strip_prefix("j-")?;
+        match rest.split_once('.') {
+            None => Some(Self::single(rest.parse().ok()?)),
+            Some((n, i)) => Some(Self {
+                number: n.parse().ok()?,
+                element: i.parse::<u32>().ok()?.checked_add(1)?,
+            }),
+        }
+    }
+
+    /// The job number (an array's elements share it).
+    pub fn number(self) -> u64 {
+        self.number
+    }
+
+    /// The element's index in its array or gang (0 for a plain job).
+    pub fn index(self) -> u32 {
+        self.element.saturating_sub(1)
+    }
+
+    /// True for a plain job id (which may name an array).
+    pub fn is_single(self) -> bool {
+        self.element == 0
+    }
+
+    /// The array id `j-N` of an element (itself for a plain job).
+    pub fn array(self) -> Self {
+        Self::single(self.number)
+    }
+
+    /// The key range of the elements of array `self`.
+    pub fn elements(self) -> std::ops::Range<JobKey> {
+        Self::element(self.number, 0)..Self::single(self.number + 1)
+    }
+}
+
+impl fmt::Display for JobKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.element {
+            0 => write!(f, "j-{}", self.number),
+            e => write!(f, "j-{}.{}", self.number, e - 1),
+        }
+    }
+}
+
+/// What a job is a member of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Member {
+    /// A plain job (`j-N`).
+    Plain,
+    /// An element of array `j-N` (`j-N.i`).
+    Array,
+    /// A member of gang `j-N` (`j-N.i`).
+    Gang,
+}
+
+/// A job as the table keeps it. Fields named as the proto's mean what
+/// they mean there.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRecord {
+    key: JobKey,
+    member: Member,
+    /// Whether a cancel was requested while it was on a node.
+    pub cancel_requested: bool,
+    /// `JobState` as i32.
+    pub state: i32,
+    /// What was asked, shared by an array's or a gang's elements.
+    pub spec: Option<Arc<JobSpec>>,
+    /// The node it is on (empty: none).
+    pub node: String,
+    /// Display text (see `cluster::jobs`).
+    pub reason: String,
+    /// The submitting user, shared by the jobs of one submission.
+    pub owner: Arc<str>,
+    /// CPUs the agent reported.
+    pub cpus: Box<[u32]>,
+    /// GPUs the agent reported.
+    pub gpus: Box<[u32]>,
+    /// Exit code.
+    pub exit_code: i32,
+    /// Signal that ended it (0: none).
+    pub signal: i32,
+    /// Attempt number (1 = first).
+    pub attempt: u32,
+    /// The gang's size (0 for a job that is not a gang member).
+    pub gang_size: u32,
+    /// Submit time (Unix ms).
+    pub submit_time_ms: i64,
+    /// Start time (0: not started).
+    pub start_time_ms: i64,
+    /// End time (0: not ended).
+    pub end_time_ms: i64,
+}
+
+impl JobRecord {
+    /// A new job's record: attempt 1, no state yet (the table sets it).
+    /// `gang_size` > 0 makes an element a gang member, else an element
+    /// of `key` is an array element.
+    pub fn new(
+        key: JobKey,
+        spec: Arc<JobSpec>,
+        owner: Arc<str>,
+        gang_size: u32,
+        submit_time_ms: i64,
+    ) -> Self {
+        let member = match (key.is_single(), gang_size > 0) {
+            (true, _) => Member::Plain,
+            (false, true) => Member::Gang,
+            (false, false) => Member::Array,
+        };
+        Self {
+            key,
+            member,
+            cancel_requested: false,
+            state: 0,
+            spec: Some(spec),
+            node: String::new(),
+            reason: String::new(),
+            owner,
+            cpus: Box::default(),
+            gpus: Box::default(),
+            exit_code: 0,
+            signal: 0,
+            attempt: 1,
+            gang_size: if member == Member::Gang { gang_size } else { 0 },
+            submit_time_ms,
+            start_time_ms: 0,
+            end_time_ms: 0,
+        }
+    }
+
+    /// The record of a stored job (None: its id is not a job id). The
+    /// array and gang fields are taken from its key: a gang member is one
+    /// with a `gang_id`, an array element one with an `array_id`.
+    pub fn from_proto(job: Job) -> Option<Self> {
+        let key = JobKey::parse(&job.id)?;
+        let member = if key.is_single() {
+            Member::Plain
+        } else if !job.gang_id.is_empty() {
+            Member::Gang
+        } else {
+            Member::Array
+        };
+        Some(Self {
+            key,
+            member,
+            cancel_requested: job.cancel_requested,
+            state: job.state,
+            spec: job.spec.map(Arc::new),
+            node: job.node,
+            reason: job.reason,
+            owner: Arc::from(job.owner),
+            cpus: job.cpus.into_boxed_slice(),
+            gpus: job.gpus.into_boxed_slice(),
+            exit_code: job.exit_code,
+            signal: job.signal,
+            attempt: job.attempt,
+            gang_size: job.gang_size,
+            submit_time_ms: job.submit_time_ms,
+            start_time_ms: job.start_time_ms,
+            end_time_ms: job.end_time_ms,
+        })
+    }
+
+    /// The proto record (a copy: the spec, the strings).
+    pub fn to_proto(&self) -> Job {
+        let element = |m| self.member == m;
+        let index = self.index();
+        Job {
+            id: self.key.to_string(),
+            spec: self.spec.as_deref().cloned(),
+            state: self.state,
+            node: self.node.clone(),
+            cpus: self.cpus.to_vec(),
+            exit_code: self.exit_code,
+            signal: self.signal,
+            reason: self.reason.clone(),
+            attempt: self.attempt,
+            submit_time_ms: self.submit_time_ms,
+            start_time_ms: self.start_time_ms,
+            end_time_ms: self.end_time_ms,
+            array_id: self.array_id(),
+            array_index: if element(Member::Array) { index } else { 0 },
+            owner: self.owner.to_string(),
+            cancel_requested: self.cancel_requested,
+            gang_id: self.gang_id(),
+            gang_index: if element(Member::Gang) { index } else { 0 },
+            gang_size: self.gang_size,
+            pending_reason: None,
+            gpus: self.gpus.to_vec(),
+        }
+    }
+
+    /// Its key.
+    pub fn key(&self) -> JobKey {
+        self.key
+    }
+
+    /// Its id (`j-12`, `j-12.3`).
+    pub fn id(&self) -> String {
+        self.key.to_string()
+    }
+
+    /// The spec (None only for a stored job without one).
+    pub fn spec(&self) -> Option<&JobSpec> {
+        self.spec.as_deref()
+    }
+
+    /// A gang member.
+    pub fn is_gang(&self) -> bool {
+        self.member == Member::Gang
+    }
+
+    /// The gang's id (empty: not a gang member).
+    pub fn gang_id(&self) -> String {
+        match self.member {
+            Member::Gang => self.key.array().to_string(),
+            _ => String::new(),
+        }
+    }
+
+    /// The array's id (empty: not an array element).
+    pub fn array_id(&self) -> String {
+        match self.member {
+            Member::Array => self.key.array().to_string(),
+            _ => String::new(),
+        }
+    }
+
+    /// Its index in its array or gang (0 for a plain job).
+    pub fn index(&self) -> u32 {
+        self.key.index()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    fn spec() -> impl Strategy<Value = JobSpec> {
+        (
+            "[a-z]{0,6}",
+            prop::collection::vec("[a-z0-9]{0,4}", 0..3),
+            0u32..64,
+            any::<u64>(),
+            0u32..5,
+            prop::option::of(("[a-z]{1,3}", "[a-z]{0,3}")),
+            "[a-z]{0,4}",
+            any::<u64>(),
+        )
+            .prop_map(
+                |(name, command, cpus, memory_bytes, gpus, sel, group, timeout_ms)| JobSpec {
+                    name,
+                    command,
+                    cpus,
+                    memory_bytes,
+                    gpus,
+                    node_selector: sel.into_iter().collect::<HashMap<_, _>>(),
+                    group,
+                    timeout_ms,
+                    ..Default::default()
+                },
+            )
+    }
+
+    /// A job as the dispatcher writes it: the previous record's fields
+    /// as `submit_as` and the lifecycle set them (ids from the key, an
+    /// array's or gang's fields from its number and index).
+    fn written_job() -> impl Strategy<Value = Job> {
+        let facts = (
+            0i32..8,
+            "[a-z0-9-]{0,8}",
+            prop::collection::vec(any::<u32>(), 0..4),
+            any::<i32>(),
+            any::<i32>(),
+            ".{0,20}",
+            any::<u32>(),
+            (any::<i64>(), any::<i64>(), any::<i64>()),
+            "[a-z]{0,5}",
+            any::<bool>(),
+            prop::collection::vec(any::<u32>(), 0..3),
+        );
+        (
+            1u64..1000,
+            0u8..3,
+            0u32..50,
+            2u32..9,
+            prop::option::of(spec()),
+            facts,
+        )
+            .prop_map(|(n, kind, i, size, spec, f)| {
+                let (state, node, cpus, exit_code, signal, reason, attempt, t, owner, cr, gpus) = f;
+                let (key, array, gang) = match kind {
+                    0 => (JobKey::single(n), false, false),
+                    1 => (JobKey::element(n, i), true, false),
+                    _ => (JobKey::element(n, i % size), false, true),
+                };
+                Job {
+                    id: key.to_string(),
+                    spec,
+                    state,
+                    node,
+                    cpus,
+                    exit_code,
+                    signal,
+                    reason,
+                    attempt,
+                    submit_time_ms: t.0,
+                    start_time_ms: t.1,
+                    end_time_ms: t.2,
+                    array_id: if array {
+                        key.array().to_string()
+                    } else {
+                        String::new()
+                    },
+                    array_index: if array { i } else { 0 },
+                    owner,
+                    cancel_requested: cr,
+                    gang_id: if gang {
+                        key.array().to_string()
+                    } else {
+                        String::new()
+                    },
+                    gang_index: if gang { i % size } else { 0 },
+                    gang_size: if gang { size } else { 0 },
+                    pending_reason: None,
+                    gpus,
+                }
+            })
+    }
+
+    /// The record `submit_as` built before this one (the oracle): the
+    /// proto `Job` of a new job, element `index` of a gang of `gang`
+    /// members or of an array when `index` is set.
+    fn submitted_before(
+        key: JobKey,
+        index: Option<u32>,
+        gang: Option<u32>,
+        spec: &JobSpec,
+        owner: &str,
+        now: i64,
+    ) -> Job {
+        let is_gang = gang.is_some();
+        Job {
+            id: key.to_string(),
+            spec: Some(spec.clone()),
+            attempt: 1,
+            submit_time_ms: now,
+            array_id: match index {
+                Some(_) if !is_gang => key.array().to_string(),
+                _ => String::new(),
+            },
+            array_index: if is_gang { 0 } else { index.unwrap_or(0) },
+            gang_id: if is_gang {
+                key.array().to_string()
+            } else {
+                String::new()
+            },
+            gang_index: if is_gang { index.unwrap_or(0) } else { 0 },
+            gang_size: gang.unwrap_or(0),
+            owner: owner.to_string(),
+            ..Default::default()
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn job_keys_round_trip_and_order_like_their_numbers(
+            a in 0u64..1000, i in prop::option::of(0u32..100),
+            b in 0u64..1000, j in prop::option::of(0u32..100),
+        ) {
+            let key = |n, i: Option<u32>| i.map_or(JobKey::single(n), |i| JobKey::element(n, i));
+            let (x, y) = (key(a, i), key(b, j));
+            prop_assert_eq!(JobKey::parse(&x.to_string()), Some(x));
+            // Oracle: order by number, then the plain id before elements
+            // by index.
+            let rank = |n: u64, i: Option<u32>| (n, i.map_or(0, |i| i as u64 + 1));
+            prop_assert_eq!(x.cmp(&y), rank(a, i).cmp(&rank(b, j)));
+            prop_assert_eq!(x.array().elements().contains(&x), i.is_some());
+        }
+    }
+
+    #[test]
+    fn bad_ids_do_not_parse() {
+        for id in ["", "j-", "x-1", "j-1.", "j-a", "j-1.x", "j-1.4294967295"] {
+            assert_eq!(JobKey::parse(id), None, "{id}");
+        }
+    }
+
+    proptest! {
+        /// A new job's record gives the proto the previous code built at
+        /// submit, for a plain job, an array's element and a gang member.
+        #[test]
+        fn a_new_record_is_the_job_submit_built(
+            n in 1u64..1000, kind in 0u8..3, i in 0u32..20, size in 2u32..9,
+            spec in spec(), owner in "[a-z]{0,4}", now in any::<i64>(),
+        ) {
+            let (key, index, gang) = match kind {
+                0 => (JobKey::single(n), None, None),
+                1 => (JobKey::element(n, i), Some(i), None),
+                _ => (JobKey::element(n, i % size), Some(i % size), Some(size)),
+            };
+            let record = JobRecord::new(
+                key,
+                Arc::new(spec.clone()),
+                Arc::from(owner.as_str()),
+                gang.unwrap_or(0),
+                now,
+            );
+            prop_assert_eq!(
+                record.to_proto(),
+                submitted_before(key, index, gang, &spec, &owner, now)
+            );
+        }
+
+        /// Any job the dispatcher writes goes through the record and
+        /// back unchanged, to the byte of its encoding.
+        #[test]
+        fn a_record_gives_back_the_proto_job(job in written_job()) {
+            let record = JobRecord::from_proto(job.clone()).unwrap();
+            let back = record.to_proto();
+            prop_assert_eq!(
+                prost::Message::encode_to_vec(&back),
+                prost::Message::encode_to_vec(&job)
+            );
+            prop_assert_eq!(&back, &job);
+            prop_assert_eq!(record.id(), job.id.clone());
+            prop_assert_eq!(record.is_gang(), !job.gang_id.is_empty());
+        }
+    }
+}
