@@ -95,8 +95,10 @@ pub struct RunQueue {
     pub(crate) latency_demands: DemandSet,
     /// Sum of the weights of runnable tasks (`cfs_rq->load.weight`).
     pub load_weight: u64,
-    /// Monotonic floor of the vruntimes (`min_vruntime`).
-    pub min_vruntime: i64,
+    /// Monotonic floor of the vruntimes (`min_vruntime`), as of the
+    /// leaf's last tick accounting: read it through
+    /// [`crate::Sched::min_vruntime`], which includes a deferred tick.
+    pub(crate) min_vruntime: i64,
     /// Average idle period (`rq->avg_idle`).
     pub avg_idle: u64,
     /// When the leaf last became fully idle (`rq->idle_stamp`).

@@ -9,6 +9,12 @@
 //! to wait for room) gives the head a [`Reservation`] from the running
 //! tasks' time limits and starts later tasks that cannot delay it.
 //!
+//! The tick accounts lazily: a leaf's tick only records its time, and the
+//! accounting it would have done (`update_curr` of the running tasks,
+//! `update_min_vruntime`) runs when the leaf next changes; reads compute
+//! the accounted values ([`Sched::tick`]). Every value read and every
+//! decision is the eager tick's.
+//!
 //! Placement (`select_task_rq`) lives in `select`, stealing in `steal`;
 //! both are `impl Sched` blocks over the state kept here. The engine is
 //! synchronous and reads no clock: every call takes `now` in nanoseconds
@@ -16,6 +22,7 @@
 //! the harness). What changed for the outside world (a task started,
 //! stopped or moved) is reported as [`SchedEvent`]s.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use thiserror::Error;
@@ -33,7 +40,7 @@ use crate::select::Placement;
 use crate::stats::Schedstats;
 use crate::task::{Task, TaskId, TaskSpec, TaskState};
 use crate::topology::{LeafId, NodeId, Topology};
-use crate::weight::{calc_delta_fair, nice_in_range};
+use crate::weight::{NICE_0_LOAD, calc_delta_fair, nice_in_range};
 
 /// Errors of engine calls. Inputs that come from outside the process are
 /// validated into these, never panics.
@@ -180,6 +187,15 @@ pub struct Sched {
     /// Steal searches skip sources that cannot supply a fitting task (on
     /// unless a test turns it off to compare with the full walk).
     pub(crate) steal_skip: bool,
+    /// Per leaf, the time of its latest tick whose accounting is deferred
+    /// (the lazy tick, [`Sched::tick`]); `None` when there is none.
+    tick_pending: Vec<Option<u64>>,
+    /// Per leaf, its running tasks whose weight is not nice-0: their
+    /// vruntime rounds at every accounting, so their leaf ticks eagerly.
+    nr_reweighted: Vec<u32>,
+    /// Ticks defer their accounting (on unless a test compares with the
+    /// eager tick).
+    lazy_tick: bool,
 }
 
 impl Sched {
@@ -219,6 +235,9 @@ impl Sched {
             steal_cross_allowed,
             last_now: 0,
             domains,
+            tick_pending: vec![None; n],
+            nr_reweighted: vec![0; n],
+            lazy_tick: true,
         };
         for leaf in 0..n {
             s.refresh_aggregates(leaf);
@@ -301,9 +320,64 @@ impl Sched {
         &self.rqs[leaf]
     }
 
-    /// A task.
-    pub fn task(&self, id: TaskId) -> Option<&Task> {
-        self.tasks.get(&id)
+    /// A task, with its execution accounted up to its leaf's latest tick
+    /// as the eager tick would have (`sum_exec_runtime`, `vruntime`,
+    /// `exec_start`): borrowed, or a settled copy when that tick's
+    /// accounting is still deferred.
+    pub fn task(&self, id: TaskId) -> Option<Cow<'_, Task>> {
+        let t = self.tasks.get(&id)?;
+        if let TaskState::Running(leaf) = t.state
+            && let Some(at) = self.tick_pending[leaf]
+            && at > t.exec_start
+        {
+            let mut t = t.clone();
+            account_task(&mut t, at);
+            return Some(Cow::Owned(t));
+        }
+        Some(Cow::Borrowed(t))
+    }
+
+    /// A leaf's `min_vruntime`, as the eager tick would have left it.
+    pub fn min_vruntime(&self, leaf: LeafId) -> i64 {
+        let rq = &self.rqs[leaf];
+        let Some(at) = self.tick_pending[leaf] else {
+            return rq.min_vruntime;
+        };
+        let mut m: Option<i64> = rq.first_fair().map(|k| k.0);
+        for id in &rq.running {
+            if let Some(t) = self.tasks.get(id) {
+                let v =
+                    t.vruntime + calc_delta_fair(at.saturating_sub(t.exec_start), t.weight) as i64;
+                m = Some(m.map_or(v, |x| x.min(v)));
+            }
+        }
+        m.map_or(rq.min_vruntime, |m| rq.min_vruntime.max(m))
+    }
+
+    /// The time of `leaf`'s latest tick whose accounting is deferred.
+    #[doc(hidden)]
+    pub fn tick_pending(&self, leaf: LeafId) -> Option<u64> {
+        self.tick_pending[leaf]
+    }
+
+    /// Turn the lazy tick off (every tick accounts at once, the previous
+    /// code) or on (the default). Values and decisions are the same either
+    /// way; for tests that compare the two. Turning it off settles first.
+    #[doc(hidden)]
+    pub fn set_lazy_tick(&mut self, on: bool) {
+        if !on {
+            self.settle_all();
+        }
+        self.lazy_tick = on;
+    }
+
+    /// Do every leaf's deferred tick accounting now. Nothing a caller can
+    /// read changes; the engine's state (its Debug form) becomes the one
+    /// the eager tick leaves.
+    pub fn settle_all(&mut self) {
+        for leaf in 0..self.rqs.len() {
+            self.settle(leaf);
+        }
     }
 
     /// Number of tasks known.
@@ -449,7 +523,7 @@ impl Sched {
             && prev != leaf
         {
             self.stats.nr_migrations += 1;
-            let delta = self.rqs[leaf].min_vruntime - self.rqs[prev].min_vruntime;
+            let delta = self.min_vruntime(leaf) - self.min_vruntime(prev);
             if let Some(t) = self.tasks.get_mut(&id) {
                 t.vruntime += delta;
             }
@@ -523,11 +597,54 @@ impl Sched {
 
     /// The tick of one leaf: account the running tasks' time, end slices
     /// that are used up (when time-slicing), and flag busy domains lazily.
+    ///
+    /// The accounting is deferred (a lazy tick): the leaf records the
+    /// tick's time and does the accounting when it next changes (a task
+    /// starts, stops, is preempted, woken onto it or moved off it); reads
+    /// of what it writes compute it ([`Sched::task`],
+    /// [`Sched::min_vruntime`], a wakeup's or a steal's vruntime shift, a
+    /// reservation's expected ends). A nice-0 task's `calc_delta_fair` is
+    /// the identity, so `sum_exec_runtime`, `vruntime` and `exec_start`
+    /// come out the same whether the time since `exec_start` is accounted
+    /// at every tick or once at the latest; and between changes a leaf's
+    /// smallest vruntime only rises, so `min_vruntime` after several ticks
+    /// is what the latest tick alone sets. A leaf ticks eagerly when the
+    /// tick must decide something (time slices: `preempt` with tasks
+    /// waiting) or a running task is not nice-0 (its vruntime rounds at
+    /// every accounting). On a 100,000-node cluster this leaves one store
+    /// per busy leaf per tick, instead of a task lookup per running task.
     pub fn tick(&mut self, leaf: LeafId, now: u64) {
-        // Accounting changes no run queue: index instead of cloning the
-        // running set (the tick runs for every leaf). The smallest
-        // vruntime is taken on the way (`update_min_vruntime` in the same
-        // pass: one lookup per running task).
+        let rq = &self.rqs[leaf];
+        let slices = self.config.preempt && !rq.tasks_timeline.is_empty();
+        if self.lazy_tick && !slices && self.nr_reweighted[leaf] == 0 {
+            // Nothing running or waiting: nothing to account, now or later
+            // (and nothing recorded, so that the state is the same whether
+            // such a leaf is ticked or skipped, `tick_all`).
+            if rq.nr_running > 0 {
+                let at = &mut self.tick_pending[leaf];
+                *at = Some(at.map_or(now, |at| at.max(now)));
+            }
+        } else {
+            self.settle(leaf);
+            self.tick_account(leaf, now);
+            if slices {
+                let running = self.rqs[leaf].running.clone();
+                for &id in &running {
+                    if self.check_preempt_tick(leaf, id) {
+                        self.resched(leaf, id, now);
+                    }
+                }
+            }
+        }
+        let rqs = &self.rqs;
+        self.busy.tick(&self.topo, leaf, |l| !rqs[l].is_idle());
+    }
+
+    /// The tick's accounting of one leaf at `now`: `update_curr` of every
+    /// running task, and `update_min_vruntime` taken on the way (one
+    /// lookup per running task). The run queue does not change: index
+    /// instead of cloning the running set.
+    fn tick_account(&mut self, leaf: LeafId, now: u64) {
         let rq = &self.rqs[leaf];
         let mut m: Option<i64> = rq.first_fair().map(|k| k.0);
         for &id in &rq.running {
@@ -540,16 +657,30 @@ impl Sched {
             let rq = &mut self.rqs[leaf];
             rq.min_vruntime = rq.min_vruntime.max(m);
         }
-        if self.config.preempt && !self.rqs[leaf].tasks_timeline.is_empty() {
-            let running = self.rqs[leaf].running.clone();
-            for &id in &running {
-                if self.check_preempt_tick(leaf, id) {
-                    self.resched(leaf, id, now);
-                }
+    }
+
+    /// Do `leaf`'s deferred tick accounting, if any: before anything
+    /// changes the leaf's queue, its running set or its running tasks'
+    /// accounting. Several deferred ticks account as their latest one (see
+    /// [`Sched::tick`]). Reads do not settle: they compute the settled
+    /// values ([`Sched::min_vruntime`], [`Sched::task`]), so that engines
+    /// that only read differently keep the same state.
+    pub(crate) fn settle(&mut self, leaf: LeafId) {
+        if let Some(at) = self.tick_pending[leaf].take() {
+            self.tick_account(leaf, at);
+        }
+    }
+
+    /// `id` starts (`on`) or stops running on `leaf`: the leaf's count of
+    /// running tasks that are not nice-0 follows.
+    fn count_reweighted(&mut self, id: TaskId, leaf: LeafId, on: bool) {
+        if self.tasks.get(&id).is_some_and(|t| t.weight != NICE_0_LOAD) {
+            if on {
+                self.nr_reweighted[leaf] += 1;
+            } else {
+                self.nr_reweighted[leaf] -= 1;
             }
         }
-        let rqs = &self.rqs;
-        self.busy.tick(&self.topo, leaf, |l| !rqs[l].is_idle());
     }
 
     /// The periodic tick of the whole topology: [`Sched::tick`] of every
@@ -575,7 +706,7 @@ impl Sched {
     /// period of credit (GENTLE_FAIR_SLEEPERS); a new task starts at
     /// `min_vruntime`.
     fn place_entity(&mut self, id: TaskId, leaf: LeafId) {
-        let min_vruntime = self.rqs[leaf].min_vruntime;
+        let min_vruntime = self.min_vruntime(leaf);
         let thresh = (self.config.sched_latency / 2) as i64;
         if let Some(t) = self.tasks.get_mut(&id) {
             if t.prev_leaf.is_none() && t.sum_exec_runtime == 0 {
@@ -588,6 +719,7 @@ impl Sched {
 
     /// Put a runnable task in a leaf's queue (`enqueue_task_fair`).
     pub(crate) fn enqueue_task(&mut self, id: TaskId, leaf: LeafId, wakeup: bool, now: u64) {
+        self.settle(leaf);
         self.seq += 1;
         let seq = self.seq;
         let latency_enabled = self.config.latency;
@@ -652,6 +784,14 @@ impl Sched {
 
     /// Take a task off its leaf (running or waiting) and make it sleep.
     fn dequeue_task(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        self.settle(leaf);
+        if self
+            .tasks
+            .get(&id)
+            .is_some_and(|t| matches!(t.state, TaskState::Running(_)))
+        {
+            self.count_reweighted(id, leaf, false);
+        }
         let llc = self.topo.llc_of(leaf);
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
@@ -695,7 +835,7 @@ impl Sched {
     pub(crate) fn migrate_queued(&mut self, id: TaskId, from: LeafId, to: LeafId, now: u64) {
         let was_latency = self.tasks.get(&id).is_some_and(|t| t.in_latency_tree);
         self.dequeue_task(id, from, now);
-        let delta = self.rqs[to].min_vruntime - self.rqs[from].min_vruntime;
+        let delta = self.min_vruntime(to) - self.min_vruntime(from);
         if let Some(t) = self.tasks.get_mut(&id) {
             t.vruntime += delta;
         }
@@ -708,18 +848,16 @@ impl Sched {
         }
     }
 
-    /// Account execution since `exec_start` (`update_curr`).
+    /// Account execution since `exec_start` (`update_curr`), after the
+    /// leaf's deferred tick.
     fn update_curr(&mut self, id: TaskId, now: u64) {
-        if let Some(leaf) = self.account(id, now) {
+        let Some(TaskState::Running(leaf)) = self.tasks.get(&id).map(|t| t.state) else {
+            return;
+        };
+        self.settle(leaf);
+        if let Some(leaf) = self.tasks.get_mut(&id).and_then(|t| account_task(t, now)) {
             self.update_min_vruntime(leaf);
         }
-    }
-
-    /// The accounting of `update_curr` without the `min_vruntime` update,
-    /// for callers that account every running task of a leaf and update
-    /// it once (the tick: O(k), not O(k^2), with k running tasks).
-    fn account(&mut self, id: TaskId, now: u64) -> Option<LeafId> {
-        account_task(self.tasks.get_mut(&id)?, now)
     }
 
     fn update_min_vruntime(&mut self, leaf: LeafId) {
@@ -821,6 +959,8 @@ impl Sched {
 
     /// Start a waiting task (`set_next_entity`).
     pub(crate) fn set_next(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        self.settle(leaf);
+        self.count_reweighted(id, leaf, true);
         // A latency pick: the latency timeline's first, not the fair one's
         // (a backfilled task is neither).
         let latency_first = self.rqs[leaf].first_fair().map(|k| k.2) != Some(id)
@@ -873,6 +1013,8 @@ impl Sched {
     /// `min_granularity` (seed 004).
     fn put_prev(&mut self, id: TaskId, leaf: LeafId, now: u64) {
         self.update_curr(id, now);
+        self.settle(leaf);
+        self.count_reweighted(id, leaf, false);
         self.seq += 1;
         let seq = self.seq;
         let latency_enabled = self.config.latency;
@@ -1071,11 +1213,13 @@ impl Sched {
         if avail >= demand {
             return (Some(now), avail - demand);
         }
+        // A deferred tick later than `now` has accounted up to its time.
+        let accounted = self.tick_pending[leaf].unwrap_or(now);
         let mut ends: Vec<(Option<u64>, u32)> = rq
             .running
             .iter()
             .filter_map(|id| self.tasks.get(id))
-            .map(|t| (t.expected_end(now), t.demand))
+            .map(|t| (t.expected_end_accounted(now, accounted), t.demand))
             .collect();
         // Known ends ascending, unknown (never) last.
         ends.sort_unstable_by_key(|&(end, _)| (end.is_none(), end));

@@ -462,7 +462,7 @@ impl Sched {
             if src == dst || !self.rqs[src].latency_demands.any_within(bound) {
                 continue;
             }
-            let shift = self.rqs[dst].min_vruntime - self.rqs[src].min_vruntime;
+            let shift = self.min_vruntime(dst) - self.min_vruntime(src);
             let found = self.rqs[src]
                 .latency_timeline
                 .iter()

@@ -215,8 +215,16 @@ impl Task {
     /// plus what its time limit leaves (at least `now`: an overrun task is
     /// expected to end at once); `None` without a limit.
     pub fn expected_end(&self, now: u64) -> Option<u64> {
-        self.time_limit
-            .map(|limit| now.saturating_add(limit.saturating_sub(self.executed(now))))
+        self.expected_end_accounted(now, now)
+    }
+
+    /// [`Task::expected_end`] with its execution accounted up to
+    /// `accounted` when that is later than `now`: a tick at that time whose
+    /// accounting is deferred (`Sched::tick`) has counted the run up to it.
+    pub(crate) fn expected_end_accounted(&self, now: u64, accounted: u64) -> Option<u64> {
+        self.time_limit.map(|limit| {
+            now.saturating_add(limit.saturating_sub(self.executed(now.max(accounted))))
+        })
     }
 
     /// True when the task is in the latency class (negative latency
