@@ -38,7 +38,7 @@ use crate::reserve::DomainHeads;
 use crate::rq::RunQueue;
 use crate::select::Placement;
 use crate::stats::Schedstats;
-use crate::task::{Task, TaskId, TaskSpec, TaskState};
+use crate::task::{LeafSet, Task, TaskId, TaskSpec, TaskState};
 use crate::topology::{LeafId, NodeId, Topology};
 use crate::weight::{NICE_0_LOAD, calc_delta_fair, nice_in_range};
 
@@ -450,6 +450,33 @@ impl Sched {
         }
         let task = Task::new(spec, self.config.default_policy, self.config.sched_latency);
         self.tasks.insert(task.id, task);
+        Ok(())
+    }
+
+    /// `set_cpus_allowed_ptr`: replace task `id`'s affinity (`None`:
+    /// every leaf). Only where the task may stay: a runnable task's leaf
+    /// must be in the new set (`NotAllowed` otherwise; the kernel would
+    /// migrate it, which no caller here needs). Steals and pulls read the
+    /// affinity when they look (`can_migrate_task_llc`), so nothing else
+    /// changes.
+    pub fn set_cpus_allowed_ptr(
+        &mut self,
+        id: TaskId,
+        affinity: Option<Arc<LeafSet>>,
+    ) -> Result<(), SchedError> {
+        let nr_leaves = self.topo.nr_leaves();
+        let task = self.tasks.get_mut(&id).ok_or(SchedError::UnknownTask(id))?;
+        if let Some(a) = &affinity {
+            if !a.iter().any(|l| l < nr_leaves) {
+                return Err(SchedError::EmptyAffinity(id));
+            }
+            if let TaskState::Queued(leaf) | TaskState::Running(leaf) = task.state
+                && !a.contains(leaf)
+            {
+                return Err(SchedError::NotAllowed { task: id, leaf });
+            }
+        }
+        task.affinity = affinity;
         Ok(())
     }
 

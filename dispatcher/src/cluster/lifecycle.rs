@@ -171,6 +171,7 @@ impl Cluster {
             }
         };
         let task = e.task;
+        let holds_gpus = spec.gpus > 0;
         // The waker's flip record (seed 001, kept in `wakers` across
         // re-creations of the task): a flip when the job is woken (new, or
         // a retry), none when it is only placed again.
@@ -266,6 +267,16 @@ impl Cluster {
                 return;
             }
         };
+        // A GPU job holds its node's GPUs from here on: no steal may move
+        // it to a node whose GPUs were taken since its affinity was
+        // computed (`gpus.rs`).
+        if holds_gpus
+            && let Some(TaskState::Queued(at) | TaskState::Running(at)) =
+                engine.task(task).map(|t| t.state)
+        {
+            let here = Arc::new(LeafSet::from_leaves(engine.topology().nr_leaves(), [at]));
+            let _ = engine.set_cpus_allowed_ptr(task, Some(here));
+        }
         let waiting = matches!(
             engine.task(task).map(|t| t.state),
             Some(TaskState::Queued(_))
