@@ -799,9 +799,13 @@ impl Agent {
         // A job that ended here and whose directory is gone was recycled
         // (`exec/spares.rs`): it wrote no output.
         let no_output = status.is_none()
-            && found
-                .as_ref()
-                .is_some_and(|id| self.recent.contains_key(id) && !self.jobs.contains_key(id));
+            && found.as_ref().is_some_and(|id| {
+                !self.jobs.contains_key(id)
+                    && self
+                        .recent
+                        .get(id)
+                        .is_some_and(|(_, t)| t.elapsed() < self.opts.retention)
+            });
         let exec = self.exec.clone();
         tokio::spawn(async move {
             let reply = |data: Vec<u8>, offset: u64, eof: bool, error: String| AgentMessage {
@@ -1116,6 +1120,9 @@ async fn session(
                     metrics.sample(&agent.local);
                 }
                 agent.send_load();
+                // Logs of jobs that ended a retention ago (a bounded
+                // number per report, so a backlog cannot stall the loop).
+                agent.exec.prune_kept(agent.opts.retention, 64);
             }
             _ = stop.changed() => {
                 if *stop.borrow() {

@@ -803,7 +803,9 @@ async fn reports_an_exit_that_happened_while_no_executor_ran() {
 
 /// A finished job's directory that holds only its record becomes the next
 /// job's (the same directory, its record started again, so no inode is
-/// allocated); one with output stays, readable, until `remove`.
+/// allocated); one with output stays, readable, until `prune_kept` removes
+/// it a retention after its ack (or after the start of an executor that
+/// found it acked).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acked_directories_are_recycled_unless_they_hold_output() {
     use std::os::unix::fs::MetadataExt;
@@ -857,9 +859,26 @@ async fn acked_directories_are_recycled_unless_they_hold_output() {
             ..
         })
     ));
-    exec.remove("loud").unwrap();
+    assert_eq!(exec.prune_kept(Duration::from_secs(3600), 10), 0);
+    assert!(loud_dir.exists());
+    assert_eq!(exec.prune_kept(Duration::ZERO, 10), 1);
     assert!(!loud_dir.exists());
-    assert!(matches!(exec.status("loud"), Err(ExecError::UnknownJob(_))));
+    assert!(exec.status("loud").is_err());
+
+    // Acked by an earlier executor: pruned by the next one after readopt.
+    let mut again = exec
+        .spawn(sh("again", "echo hi", allowed_cpus()))
+        .await
+        .unwrap();
+    assert_eq!(wait_exit(&mut again).await.outcome, JobOutcome::Exited(0));
+    exec.ack("again").unwrap();
+    drop(exec);
+    let exec = fx.executor();
+    exec.readopt().await.unwrap();
+    let again_dir = fx.path().join("jobs/again");
+    assert!(again_dir.exists());
+    assert_eq!(exec.prune_kept(Duration::ZERO, 10), 1);
+    assert!(!again_dir.exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,14 +10,14 @@
 //! [`Executor::readopt`] reports it again, until the consumer calls
 //! [`Executor::ack`] (keep the logs) or [`Executor::remove`] (delete them).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::{Pid, geteuid};
@@ -337,6 +337,10 @@ pub struct Executor {
     jobs_dir: PathBuf,
     /// Recycled job directories (none if the pool could not be opened).
     spares: Option<Spares>,
+    /// Acked jobs whose directories stay (they hold output), oldest
+    /// first, with when they were acked (or found acked by `readopt`):
+    /// removed by [`Executor::prune_kept`].
+    kept: Mutex<VecDeque<(Instant, String)>>,
     cgroup: Option<CgroupSupport>,
     shared: Arc<Shared>,
     exits_rx: Mutex<Option<mpsc::UnboundedReceiver<JobExit>>>,
@@ -427,6 +431,7 @@ impl Executor {
             cfg,
             jobs_dir,
             spares,
+            kept: Mutex::new(VecDeque::new()),
             cgroup,
             shared: Arc::new(Shared {
                 jobs: Mutex::new(HashMap::new()),
@@ -965,9 +970,41 @@ impl Executor {
         });
         if !recycled {
             dir.record_acked()?;
+            self.kept_queue().push_back((Instant::now(), id.to_owned()));
         }
         self.shared.jobs().remove(id);
         Ok(())
+    }
+
+    fn kept_queue(&self) -> MutexGuard<'_, VecDeque<(Instant, String)>> {
+        // Every update is a single push or pop.
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Remove the directories (logs included) of acked jobs acked at
+    /// least `keep` ago, at most `most` of them, oldest first; the number
+    /// removed. A directory already gone is skipped.
+    pub fn prune_kept(&self, keep: Duration, most: usize) -> usize {
+        let mut removed = 0;
+        while removed < most {
+            let id = {
+                let mut kept = self.kept_queue();
+                match kept.front() {
+                    Some((at, _)) if at.elapsed() >= keep => kept.pop_front().map(|(_, id)| id),
+                    _ => None,
+                }
+            };
+            let Some(id) = id else { break };
+            let path = self.jobs_dir.join(&id);
+            match fs::remove_dir_all(&path) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(job = %id, error = %e, "job directory not removed");
+                }
+            }
+        }
+        removed
     }
 
     /// Delete a finished job's directory (logs included) and stop tracking
@@ -1006,7 +1043,11 @@ impl Executor {
             }
             let dir = JobDir::new(self.jobs_dir.join(&id));
             let mut record = match dir.read_record() {
-                Ok(r) if r.acked => continue,
+                Ok(r) if r.acked => {
+                    // Removed a retention after this start.
+                    self.kept_queue().push_back((Instant::now(), id));
+                    continue;
+                }
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(job = %id, error = %e, "unreadable job record; left alone");
