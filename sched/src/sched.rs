@@ -386,6 +386,38 @@ impl Sched {
         self.tasks.remove(&id).ok_or(SchedError::UnknownTask(id))
     }
 
+    /// [`Sched::remove_task`] of a task whose end also frees room the
+    /// caller models on `leaf` (a machine's CPUs): `summary` is the leaf's
+    /// room after the release, as [`Sched::set_free_summary`] takes it.
+    /// When the task is on `leaf` the room is set before the removal
+    /// refreshes and reschedules the leaf, so the leaf and the aggregates
+    /// up the tree are refreshed once (and the leaf runs and steals
+    /// against its real room), where `remove_task` then
+    /// `set_free_summary` did both twice. A task elsewhere (or sleeping)
+    /// is removed first and the room set after, as those two calls.
+    pub fn remove_task_freeing(
+        &mut self,
+        id: TaskId,
+        leaf: LeafId,
+        summary: Option<FreeSummary>,
+        now: u64,
+    ) -> Result<Task, SchedError> {
+        self.check_leaf(leaf)?;
+        let state = self
+            .tasks
+            .get(&id)
+            .ok_or(SchedError::UnknownTask(id))?
+            .state;
+        if matches!(state, TaskState::Queued(l) | TaskState::Running(l) if l == leaf) {
+            self.rqs[leaf].align_free = summary.map(FreeSummary::normalized);
+            self.remove_task(id, now)
+        } else {
+            let task = self.remove_task(id, now)?;
+            self.set_free_summary(leaf, summary, now)?;
+            Ok(task)
+        }
+    }
+
     fn check_leaf(&self, leaf: LeafId) -> Result<(), SchedError> {
         if leaf < self.topo.nr_leaves() {
             Ok(())

@@ -299,6 +299,27 @@ impl NodeEngine {
         self.remove(task, now);
     }
 
+    /// [`NodeEngine::retire`] of a task that held room on `leaf`, with
+    /// the leaf's room after its release (`summary`, as
+    /// [`Sched::set_free_summary`] takes it) set in the same engine
+    /// operation ([`Sched::remove_task_freeing`]). True when the engine
+    /// had the task and took the room; false when the caller must still
+    /// push the room.
+    pub(super) fn retire_freeing(
+        &mut self,
+        task: TaskId,
+        leaf: LeafId,
+        summary: Option<FreeSummary>,
+        now: i64,
+    ) -> bool {
+        match self.sched.as_mut() {
+            Some(engine) if engine.task(task).is_some() => engine
+                .remove_task_freeing(task, leaf, summary, engine_ns(now))
+                .is_ok(),
+            _ => false,
+        }
+    }
+
     /// Remove a task if the engine has it.
     pub(super) fn remove(&mut self, task: TaskId, now: i64) {
         if let Some(engine) = self.sched.as_mut()
