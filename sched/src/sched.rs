@@ -180,6 +180,16 @@ pub struct Sched {
     /// Steal searches skip sources that cannot supply a fitting task (on
     /// unless a test turns it off to compare with the full walk).
     pub(crate) steal_skip: bool,
+    /// While true ([`Sched::coalesced`]), a changed leaf's aggregates
+    /// (`agg`, `pack`, `idlest`) are not refreshed at once but noted in
+    /// `agg_pending` (once per leaf, `agg_dirty`) and refreshed when the
+    /// operation ends: nothing reads them inside one (only placement
+    /// does, before it starts), and the refreshed state does not depend
+    /// on the order or the number of refreshes, so one per changed leaf
+    /// replaces one per change.
+    agg_defer: bool,
+    pub(crate) agg_pending: Vec<LeafId>,
+    agg_dirty: Vec<bool>,
 }
 
 impl Sched {
@@ -219,6 +229,9 @@ impl Sched {
             steal_cross_allowed,
             last_now: 0,
             domains,
+            agg_defer: false,
+            agg_pending: Vec::new(),
+            agg_dirty: vec![false; n],
         };
         for leaf in 0..n {
             s.refresh_aggregates(leaf);
@@ -334,6 +347,7 @@ impl Sched {
 
     /// Aggregates of a tree node.
     pub fn aggregate(&self, node: NodeId) -> NodeAgg {
+        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
         self.agg[node]
     }
 
@@ -382,7 +396,7 @@ impl Sched {
     /// Remove a task (exit). A runnable task is dequeued first and its leaf
     /// rescheduled.
     pub fn remove_task(&mut self, id: TaskId, now: u64) -> Result<Task, SchedError> {
-        self.block(id, now)?;
+        self.coalesced(|s| s.block(id, now))?;
         self.tasks.remove(&id).ok_or(SchedError::UnknownTask(id))
     }
 
@@ -457,7 +471,7 @@ impl Sched {
             return Err(SchedError::AlreadyRunnable(id));
         }
         let (leaf, how) = self.select_task_rq_placed(id, waker, sync, now);
-        self.activate(id, leaf, now);
+        self.coalesced(|s| s.activate(id, leaf, now));
         Ok((leaf, how))
     }
 
@@ -471,7 +485,7 @@ impl Sched {
         if !task.allowed(leaf) {
             return Err(SchedError::NotAllowed { task: id, leaf });
         }
-        self.activate(id, leaf, now);
+        self.coalesced(|s| s.activate(id, leaf, now));
         Ok(())
     }
 
@@ -548,8 +562,10 @@ impl Sched {
     ) -> Result<(), SchedError> {
         self.check_leaf(leaf)?;
         self.rqs[leaf].align_free = summary.map(FreeSummary::normalized);
-        self.rq_changed(leaf, now);
-        self.schedule(leaf, now);
+        self.coalesced(|s| {
+            s.rq_changed(leaf, now);
+            s.schedule(leaf, now);
+        });
         Ok(())
     }
 
@@ -1291,7 +1307,30 @@ impl Sched {
         self.busy.set_leaf(&self.topo, leaf, !idle);
         // Empty and idle: its tick stops (NO_HZ idle); work restarts it.
         self.nohz.set(leaf, ticking);
-        self.refresh_aggregates(leaf);
+        if !self.agg_defer {
+            self.refresh_aggregates(leaf);
+        } else if !self.agg_dirty[leaf] {
+            self.agg_dirty[leaf] = true;
+            self.agg_pending.push(leaf);
+        }
+    }
+
+    /// Run one operation with the aggregates' refresh deferred to its end
+    /// (`agg_defer`): a placement enqueues and starts a task, a removal
+    /// dequeues one and starts the next, each a change of the same leaf;
+    /// its aggregates and those above it are refreshed once. Nested
+    /// calls refresh at the outermost end.
+    pub(crate) fn coalesced<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        let outer = std::mem::replace(&mut self.agg_defer, true);
+        let r = f(self);
+        if !outer {
+            self.agg_defer = false;
+            while let Some(leaf) = self.agg_pending.pop() {
+                self.agg_dirty[leaf] = false;
+                self.refresh_aggregates(leaf);
+            }
+        }
+        r
     }
 
     fn refresh_aggregates(&mut self, leaf: LeafId) {
