@@ -356,6 +356,14 @@ impl Sched {
         std::mem::take(&mut self.events)
     }
 
+    /// [`Sched::drain_events`] into the caller's buffer, which is cleared
+    /// first; the engine keeps the buffer's old allocation for the next
+    /// events (no allocation per drain when the caller reuses one).
+    pub fn drain_events_into(&mut self, out: &mut Vec<SchedEvent>) {
+        out.clear();
+        std::mem::swap(&mut self.events, out);
+    }
+
     /// Discard events (for callers that only read state).
     pub fn clear_events(&mut self) {
         self.events.clear();

@@ -317,17 +317,18 @@ impl Cluster {
         fx: &mut Effects,
         pulled: fn(StealLevel) -> MoveKind,
     ) {
+        let mut events = self.engine.take_event_buf();
         loop {
             // Jobs waiting for GPUs, when a job's GPUs were freed.
             self.place_gpu_waiters(now, fx);
-            let events = match self.engine.sched_mut() {
-                Some(e) => e.drain_events(),
-                None => return,
-            };
-            if events.is_empty() {
-                return;
+            match self.engine.sched_mut() {
+                Some(e) => e.drain_events_into(&mut events),
+                None => break,
             }
-            for ev in events {
+            if events.is_empty() {
+                break;
+            }
+            for ev in events.drain(..) {
                 match ev {
                     sched::SchedEvent::Started { task, leaf } => {
                         self.on_started(task, leaf, now, fx)
@@ -339,6 +340,7 @@ impl Cluster {
                 }
             }
         }
+        self.engine.put_event_buf(events);
     }
 
     /// A node with room took a queued job (a newidle steal, or a pull of
