@@ -230,33 +230,26 @@ pub fn find_aligned_in(
         }
     }
     let (idle, group) = best?;
+    if group.len() == topo.nr_leaves() {
+        // The group is every leaf (`Any`, or a single package): the cores
+        // in number order, each ascending, are the order below already,
+        // so the cores are walked in place (no `keyed` / `by_core`: the
+        // common case of a cluster node's CPU model).
+        return whole_topology(topo, k, policy, &ok);
+    }
     // Leaves of the group, core by core in rank order: `keyed` sorted by
     // (core, leaf), packed in one u64 each so that the sort compares
     // integers (the keys are distinct: unstable is stable here; the leaf
     // is the low half), and `by_core` the range of each core in it (one
     // allocation each, not one per core).
     let mut keyed: Vec<u64> = Vec::with_capacity(idle);
-    if group.len() == topo.nr_leaves() {
-        // The group is every leaf (`Any`, or a single package): the cores
-        // in number order, each ascending, are that order already.
-        for (c, members) in topo.cores().iter().enumerate() {
-            keyed.extend(
-                members
-                    .iter()
-                    .filter(|&&l| ok(l))
-                    .map(|&l| ((c as u64) << 32) | l as u64),
-            );
-        }
-        debug_assert!(keyed.is_sorted() && keyed.len() == idle);
-    } else {
-        keyed.extend(
-            group
-                .iter()
-                .filter(|&&l| ok(l))
-                .map(|&l| ((topo.core_of(l) as u64) << 32) | l as u64),
-        );
-        keyed.sort_unstable();
-    }
+    keyed.extend(
+        group
+            .iter()
+            .filter(|&&l| ok(l))
+            .map(|&l| ((topo.core_of(l) as u64) << 32) | l as u64),
+    );
+    keyed.sort_unstable();
     let leaf = |i: usize| keyed[i] as u32 as LeafId;
     let mut by_core: Vec<std::ops::Range<usize>> = Vec::with_capacity(keyed.len());
     let mut last_core = u64::MAX;
@@ -292,6 +285,62 @@ pub fn find_aligned_in(
                         out.push(leaf(r.start + round));
                         if out.len() == k {
                             break;
+                        }
+                    }
+                }
+                if out.len() == before {
+                    break;
+                }
+                round += 1;
+            }
+        }
+    }
+    (out.len() == k).then_some(out)
+}
+
+/// [`find_aligned_in`] for a group of every leaf of `topo`, walking
+/// `topo.cores()` in place: the same choice as building the (core, leaf)
+/// order and the per-core ranges of idle leaves (cores in number order,
+/// each ascending). Pack: the first `k` idle leaves. Spread: round by
+/// round, the round-th idle leaf of each core that has one, whole idle
+/// cores first, then the others, each in core order.
+fn whole_topology(
+    topo: &Topology,
+    k: usize,
+    policy: Policy,
+    ok: &impl Fn(LeafId) -> bool,
+) -> Option<Vec<LeafId>> {
+    debug_assert!(topo.cores().iter().all(|m| m.is_sorted()));
+    let mut out = Vec::with_capacity(k);
+    match policy {
+        Policy::Pack => {
+            for members in topo.cores() {
+                for &l in members {
+                    if out.len() == k {
+                        break;
+                    }
+                    if ok(l) {
+                        out.push(l);
+                    }
+                }
+            }
+        }
+        Policy::Spread => {
+            let mut round = 0;
+            'rounds: while out.len() < k {
+                let before = out.len();
+                for whole_pass in [true, false] {
+                    for members in topo.cores() {
+                        let idle = members.iter().filter(|&&l| ok(l)).count();
+                        // A core with no idle leaf has no range at all.
+                        if idle == 0 || (idle == members.len()) != whole_pass || round >= idle {
+                            continue;
+                        }
+                        if let Some(&l) = members.iter().filter(|&&l| ok(l)).nth(round) {
+                            out.push(l);
+                        }
+                        if out.len() == k {
+                            break 'rounds;
                         }
                     }
                 }

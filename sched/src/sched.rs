@@ -196,6 +196,17 @@ pub struct Sched {
     /// Ticks defer their accounting (on unless a test compares with the
     /// eager tick).
     lazy_tick: bool,
+
+    /// While true ([`Sched::coalesced`]), a changed leaf's aggregates
+    /// (`agg`, `pack`, `idlest`) are not refreshed at once but noted in
+    /// `agg_pending` (once per leaf, `agg_dirty`) and refreshed when the
+    /// operation ends: nothing reads them inside one (only placement
+    /// does, before it starts), and the refreshed state does not depend
+    /// on the order or the number of refreshes, so one per changed leaf
+    /// replaces one per change.
+    agg_defer: bool,
+    pub(crate) agg_pending: Vec<LeafId>,
+    agg_dirty: Vec<bool>,
 }
 
 impl Sched {
@@ -238,6 +249,10 @@ impl Sched {
             tick_pending: vec![None; n],
             nr_reweighted: vec![0; n],
             lazy_tick: true,
+
+            agg_defer: false,
+            agg_pending: Vec::new(),
+            agg_dirty: vec![false; n],
         };
         for leaf in 0..n {
             s.refresh_aggregates(leaf);
@@ -408,12 +423,21 @@ impl Sched {
 
     /// Aggregates of a tree node.
     pub fn aggregate(&self, node: NodeId) -> NodeAgg {
+        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
         self.agg[node]
     }
 
     /// Take the events produced since the last call.
     pub fn drain_events(&mut self) -> Vec<SchedEvent> {
         std::mem::take(&mut self.events)
+    }
+
+    /// [`Sched::drain_events`] into the caller's buffer, which is cleared
+    /// first; the engine keeps the buffer's old allocation for the next
+    /// events (no allocation per drain when the caller reuses one).
+    pub fn drain_events_into(&mut self, out: &mut Vec<SchedEvent>) {
+        out.clear();
+        std::mem::swap(&mut self.events, out);
     }
 
     /// Discard events (for callers that only read state).
@@ -483,8 +507,40 @@ impl Sched {
     /// Remove a task (exit). A runnable task is dequeued first and its leaf
     /// rescheduled.
     pub fn remove_task(&mut self, id: TaskId, now: u64) -> Result<Task, SchedError> {
-        self.block(id, now)?;
+        self.coalesced(|s| s.block(id, now))?;
         self.tasks.remove(&id).ok_or(SchedError::UnknownTask(id))
+    }
+
+    /// [`Sched::remove_task`] of a task whose end also frees room the
+    /// caller models on `leaf` (a machine's CPUs): `summary` is the leaf's
+    /// room after the release, as [`Sched::set_free_summary`] takes it.
+    /// When the task is on `leaf` the room is set before the removal
+    /// refreshes and reschedules the leaf, so the leaf and the aggregates
+    /// up the tree are refreshed once (and the leaf runs and steals
+    /// against its real room), where `remove_task` then
+    /// `set_free_summary` did both twice. A task elsewhere (or sleeping)
+    /// is removed first and the room set after, as those two calls.
+    pub fn remove_task_freeing(
+        &mut self,
+        id: TaskId,
+        leaf: LeafId,
+        summary: Option<FreeSummary>,
+        now: u64,
+    ) -> Result<Task, SchedError> {
+        self.check_leaf(leaf)?;
+        let state = self
+            .tasks
+            .get(&id)
+            .ok_or(SchedError::UnknownTask(id))?
+            .state;
+        if matches!(state, TaskState::Queued(l) | TaskState::Running(l) if l == leaf) {
+            self.rqs[leaf].align_free = summary.map(FreeSummary::normalized);
+            self.remove_task(id, now)
+        } else {
+            let task = self.remove_task(id, now)?;
+            self.set_free_summary(leaf, summary, now)?;
+            Ok(task)
+        }
     }
 
     fn check_leaf(&self, leaf: LeafId) -> Result<(), SchedError> {
@@ -526,7 +582,7 @@ impl Sched {
             return Err(SchedError::AlreadyRunnable(id));
         }
         let (leaf, how) = self.select_task_rq_placed(id, waker, sync, now);
-        self.activate(id, leaf, now);
+        self.coalesced(|s| s.activate(id, leaf, now));
         Ok((leaf, how))
     }
 
@@ -540,7 +596,7 @@ impl Sched {
         if !task.allowed(leaf) {
             return Err(SchedError::NotAllowed { task: id, leaf });
         }
-        self.activate(id, leaf, now);
+        self.coalesced(|s| s.activate(id, leaf, now));
         Ok(())
     }
 
@@ -617,8 +673,10 @@ impl Sched {
     ) -> Result<(), SchedError> {
         self.check_leaf(leaf)?;
         self.rqs[leaf].align_free = summary.map(FreeSummary::normalized);
-        self.rq_changed(leaf, now);
-        self.schedule(leaf, now);
+        self.coalesced(|s| {
+            s.rq_changed(leaf, now);
+            s.schedule(leaf, now);
+        });
         Ok(())
     }
 
@@ -1430,7 +1488,30 @@ impl Sched {
         self.busy.set_leaf(&self.topo, leaf, !idle);
         // Empty and idle: its tick stops (NO_HZ idle); work restarts it.
         self.nohz.set(leaf, ticking);
-        self.refresh_aggregates(leaf);
+        if !self.agg_defer {
+            self.refresh_aggregates(leaf);
+        } else if !self.agg_dirty[leaf] {
+            self.agg_dirty[leaf] = true;
+            self.agg_pending.push(leaf);
+        }
+    }
+
+    /// Run one operation with the aggregates' refresh deferred to its end
+    /// (`agg_defer`): a placement enqueues and starts a task, a removal
+    /// dequeues one and starts the next, each a change of the same leaf;
+    /// its aggregates and those above it are refreshed once. Nested
+    /// calls refresh at the outermost end.
+    pub(crate) fn coalesced<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        let outer = std::mem::replace(&mut self.agg_defer, true);
+        let r = f(self);
+        if !outer {
+            self.agg_defer = false;
+            while let Some(leaf) = self.agg_pending.pop() {
+                self.agg_dirty[leaf] = false;
+                self.refresh_aggregates(leaf);
+            }
+        }
+        r
     }
 
     fn refresh_aggregates(&mut self, leaf: LeafId) {

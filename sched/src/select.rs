@@ -105,6 +105,7 @@ impl Sched {
         sync: bool,
         now: u64,
     ) -> (LeafId, Placement) {
+        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
         let mut how = Placement::default();
         let Some(task) = self.tasks.get(&id) else {
             return (0, how);
@@ -356,6 +357,7 @@ impl Sched {
     }
 
     pub(crate) fn find_idlest_placed(&mut self, id: TaskId) -> (LeafId, PlacePath) {
+        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
         self.stats.find_idlest += 1;
         let idlest = |leaf| (leaf, PlacePath::Idlest);
         let Some(task) = self.tasks.get(&id) else {
@@ -476,6 +478,7 @@ impl Sched {
     /// within that core, `prefer` if it has room, so that a task never
     /// moves between the thread groups of one core.
     pub fn pack_target(&self, id: TaskId, prefer: Option<LeafId>) -> Option<LeafId> {
+        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
         let task = self.tasks.get(&id)?;
         let mut from = 0;
         loop {

@@ -406,38 +406,67 @@ impl Sched {
     /// start on `dst` is skipped whole (its overloaded leaves counted as
     /// visited), as a source leaf is in [`Sched::latency_pull_level`].
     fn latency_pull_search(&mut self, dst: LeafId) -> Option<(TaskId, LeafId)> {
-        let topo = self.topo.clone();
+        // Candidates are walked where they lie (the masks, the sibling
+        // lists), never collected: this runs on every start and finish.
         let bound = self.skip_bound(dst);
-        let smt = self.overloaded_smt_siblings(dst);
-        if let Some(hit) = self.latency_pull_level(dst, &smt) {
+        let topo = &*self.topo;
+        let overload = &self.overload;
+        let smt = topo
+            .smt_siblings(dst)
+            .iter()
+            .copied()
+            .filter(|&src| src != dst && overload.test(topo, src));
+        let (hit, scanned) = self.latency_pull_level(dst, bound, smt);
+        self.stats.steal_scanned += scanned;
+        if hit.is_some() {
             self.stats.steal_smt += 1;
-            return Some(hit);
+            return hit;
         }
+        let topo = &*self.topo;
+        let overload = &self.overload;
         let llc = topo.llc_of(dst);
         if self.llc_demands.latency(llc).any_within(bound) {
-            let candidates = self.overloaded_in_llc(dst);
-            if let Some(hit) = self.latency_pull_level(dst, &candidates) {
-                return Some(hit);
+            let in_llc = overload
+                .iter_wrap(topo, llc, topo.llc_pos(dst))
+                .filter(|&src| src != dst);
+            let (hit, scanned) = self.latency_pull_level(dst, bound, in_llc);
+            self.stats.steal_scanned += scanned;
+            if hit.is_some() {
+                return hit;
             }
         } else {
-            let n = self.overload.weight(llc) - usize::from(self.overload.test(&topo, dst));
+            let n = overload.weight(llc) - usize::from(overload.test(topo, dst));
             self.stats.steal_scanned += n as u64;
         }
         if self.config.steal_cross_llc && self.steal_cross_allowed[llc] {
+            let topo = &*self.topo;
+            let overload = &self.overload;
             if !self.llc_demands.group_latency(llc).any_within(bound) {
-                let n = self.overload.group_weight(llc) - self.overload.weight(llc);
+                let n = overload.group_weight(llc) - overload.weight(llc);
                 self.stats.steal_scanned += n as u64;
                 return None;
             }
-            let mut candidates = Vec::new();
-            for l in self.sibling_llcs(llc) {
-                if self.llc_demands.latency(l).any_within(bound) {
-                    candidates.extend(self.overload.iter_wrap(&topo, l, 0));
-                } else {
-                    self.stats.steal_scanned += self.overload.weight(l) as u64;
+            // The sibling LLCs from the one after `llc`, with wrap-around
+            // ([`Sched::sibling_llcs`]); an LLC without a small enough
+            // latency task is skipped whole, its leaves counted as visited.
+            let sibs = topo.llc_siblings(llc);
+            let me = sibs.iter().position(|&x| x == llc).unwrap_or(0);
+            let demands = &self.llc_demands;
+            let mut skipped = 0;
+            let mut others = (1..sibs.len()).map(|i| sibs[(me + i) % sibs.len()]);
+            let mut candidates = std::iter::from_fn(|| {
+                for l in others.by_ref() {
+                    if demands.latency(l).any_within(bound) {
+                        return Some(overload.iter_wrap(topo, l, 0));
+                    }
+                    skipped += overload.weight(l) as u64;
                 }
-            }
-            let hit = self.latency_pull_level(dst, &candidates);
+                None
+            })
+            .flatten();
+            let (hit, scanned) = self.latency_pull_level(dst, bound, &mut candidates);
+            drop(candidates);
+            self.stats.steal_scanned += scanned + skipped;
             if hit.is_some() {
                 self.stats.steal_cross_llc += 1;
             }
@@ -450,15 +479,18 @@ impl Sched {
     /// leaves `candidates`: per leaf, the first task of its latency
     /// timeline that may move to `dst`, start there now and go first
     /// there; the best of those by (relative latency key, wait start).
+    /// Returns it with the number of candidates visited (for
+    /// `steal_scanned`); `bound` is [`Sched::skip_bound`] of `dst`.
     fn latency_pull_level(
-        &mut self,
+        &self,
         dst: LeafId,
-        candidates: &[LeafId],
-    ) -> Option<(TaskId, LeafId)> {
+        bound: u32,
+        candidates: impl Iterator<Item = LeafId>,
+    ) -> (Option<(TaskId, LeafId)>, u64) {
         let mut best: Option<((i64, u64, TaskId), LeafId)> = None;
-        let bound = self.skip_bound(dst);
-        for &src in candidates {
-            self.stats.steal_scanned += 1;
+        let mut scanned = 0;
+        for src in candidates {
+            scanned += 1;
             if src == dst || !self.rqs[src].latency_demands.any_within(bound) {
                 continue;
             }
@@ -480,7 +512,7 @@ impl Sched {
                 best = Some((k, src));
             }
         }
-        best.map(|((_, _, p), src)| (p, src))
+        (best.map(|((_, _, p), src)| (p, src)), scanned)
     }
 
     /// True when the waiting latency-sensitive task `t`, moved to `dst`

@@ -151,6 +151,7 @@ impl Sched {
     /// Free capacity (room for newcomers) of `leaf`'s LLC; 0 for a leaf
     /// out of range.
     pub fn llc_free(&self, leaf: LeafId) -> u64 {
+        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
         if leaf >= self.topo.nr_leaves() {
             return 0;
         }
@@ -166,6 +167,7 @@ impl Sched {
     /// on, and the kernel forks new tasks through `find_idlest` anyway).
     /// Counts `wake_wide` / `wake_affine` like `select_task_rq`.
     pub fn select_task_rq_outer(&mut self, id: TaskId, waker: OuterWaker) -> (LeafId, Placement) {
+        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
         let mut how = Placement::default();
         let Some(task) = self.tasks.get(&id) else {
             return (0, how);

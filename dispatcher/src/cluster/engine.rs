@@ -15,7 +15,7 @@ use std::sync::Arc;
 use proto::v1::JobSpec;
 use sched::idhash::IdMap;
 use sched::topology::{DomainFlags, TopologyBuilder};
-use sched::{FreeSummary, LeafId, LeafSet, Sched, SchedConfig, TaskId};
+use sched::{FreeSummary, LeafId, LeafSet, Sched, SchedConfig, SchedEvent, TaskId};
 
 use super::jobs::Unplaced;
 use super::nodes::{NodeInfo, Nodes};
@@ -43,6 +43,9 @@ pub struct NodeEngine {
     /// Steals made by engines that rebuilds replaced, so that `steals`
     /// never goes backwards (the core takes differences of it).
     steals_before: u64,
+    /// The buffer events are drained into, kept between drains
+    /// ([`NodeEngine::take_event_buf`]).
+    event_buf: Vec<SchedEvent>,
 }
 
 impl NodeEngine {
@@ -57,7 +60,20 @@ impl NodeEngine {
             leaf_shape: Vec::new(),
             leaf_shape_min: (FreeSummary::default(), 0),
             steals_before: 0,
+            event_buf: Vec::new(),
         }
+    }
+
+    /// The events buffer, to drain into ([`Sched::drain_events_into`]);
+    /// give it back with [`NodeEngine::put_event_buf`] so the next drain
+    /// allocates nothing (a nested drain meanwhile gets an empty one).
+    pub(super) fn take_event_buf(&mut self) -> Vec<SchedEvent> {
+        std::mem::take(&mut self.event_buf)
+    }
+
+    /// Keep `buf` for the next drain.
+    pub(super) fn put_event_buf(&mut self, buf: Vec<SchedEvent>) {
+        self.event_buf = buf;
     }
 
     /// The engine (None until a node registers).
@@ -298,6 +314,27 @@ impl NodeEngine {
     /// in the cluster's `wakers` records, which outlive tasks and rebuilds.
     pub(super) fn retire(&mut self, task: TaskId, now: i64) {
         self.remove(task, now);
+    }
+
+    /// [`NodeEngine::retire`] of a task that held room on `leaf`, with
+    /// the leaf's room after its release (`summary`, as
+    /// [`Sched::set_free_summary`] takes it) set in the same engine
+    /// operation ([`Sched::remove_task_freeing`]). True when the engine
+    /// had the task and took the room; false when the caller must still
+    /// push the room.
+    pub(super) fn retire_freeing(
+        &mut self,
+        task: TaskId,
+        leaf: LeafId,
+        summary: Option<FreeSummary>,
+        now: i64,
+    ) -> bool {
+        match self.sched.as_mut() {
+            Some(engine) if engine.task(task).is_some() => engine
+                .remove_task_freeing(task, leaf, summary, engine_ns(now))
+                .is_ok(),
+            _ => false,
+        }
     }
 
     /// Remove a task if the engine has it.

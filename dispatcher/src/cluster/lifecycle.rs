@@ -309,17 +309,18 @@ impl Cluster {
         fx: &mut Effects,
         pulled: fn(StealLevel) -> MoveKind,
     ) {
+        let mut events = self.engine.take_event_buf();
         loop {
             // Jobs waiting for GPUs, when a job's GPUs were freed.
             self.place_gpu_waiters(now, fx);
-            let events = match self.engine.sched_mut() {
-                Some(e) => e.drain_events(),
-                None => return,
-            };
-            if events.is_empty() {
-                return;
+            match self.engine.sched_mut() {
+                Some(e) => e.drain_events_into(&mut events),
+                None => break,
             }
-            for ev in events {
+            if events.is_empty() {
+                break;
+            }
+            for ev in events.drain(..) {
                 match ev {
                     sched::SchedEvent::Started { task, leaf } => {
                         self.on_started(task, leaf, now, fx)
@@ -331,6 +332,7 @@ impl Cluster {
                 }
             }
         }
+        self.engine.put_event_buf(events);
     }
 
     /// A node with room took a queued job (a newidle steal, or a pull of
@@ -482,21 +484,57 @@ impl Cluster {
     /// Free what a job holds on its node: its modelled CPUs, and its
     /// engine task.
     pub(super) fn release_from_node(&mut self, key: JobKey, after: TaskAfter, now: i64) {
-        let Some(cpus) = self.jobs.model_cpus_mut(key).map(std::mem::take) else {
-            return;
-        };
-        let Some(e) = self.jobs.get(key) else {
-            return;
-        };
-        let task = e.task;
+        if let Some(task) = self.release_cpus(key) {
+            self.drop_task(task, after, now);
+        }
+    }
+
+    /// The engine's part of [`Self::release_from_node`].
+    fn drop_task(&mut self, task: TaskId, after: TaskAfter, now: i64) {
+        match after {
+            TaskAfter::Remove => self.engine.remove(task, now),
+            TaskAfter::Retire => self.engine.retire(task, now),
+        }
+    }
+
+    /// The model's part of [`Self::release_from_node`]: the job's CPUs
+    /// freed on its node. Returns its engine task (None for an unknown
+    /// job).
+    fn release_cpus(&mut self, key: JobKey) -> Option<TaskId> {
+        let cpus = self.jobs.model_cpus_mut(key).map(std::mem::take)?;
+        let e = self.jobs.get(key)?;
         // The job table and the node model are separate fields: the name
         // is borrowed, not copied.
         if let Some(n) = self.nodes.get_mut(&e.job().node) {
             n.release(&cpus);
         }
-        match after {
-            TaskAfter::Remove => self.engine.remove(task, now),
-            TaskAfter::Retire => self.engine.retire(task, now),
+        Some(e.task)
+    }
+
+    /// [`Self::release_from_node`] of a job that ends
+    /// ([`TaskAfter::Retire`]), with its node's modelled room after the
+    /// release passed into the task's removal when the node takes new
+    /// jobs: the engine refreshes the node's leaf and the aggregates above
+    /// it once, where the removal and then [`Self::sync_summary`] did it
+    /// twice. True when the room was passed (the caller does not sync it
+    /// again).
+    fn release_ended(&mut self, key: JobKey, now: i64) -> bool {
+        let Some(task) = self.release_cpus(key) else {
+            return false;
+        };
+        let room = self.jobs.get(key).and_then(|e| {
+            let name = e.job().node.as_str();
+            let n = self.nodes.get(name).filter(|n| n.schedulable())?;
+            let leaf = self.engine.built_leaf(name)?;
+            // As `sync_summary`: an oversubscribed agent aligns itself.
+            Some((leaf, (n.oversubscribe <= 1).then(|| n.model_summary())))
+        });
+        match room {
+            Some((leaf, summary)) => self.engine.retire_freeing(task, leaf, summary, now),
+            None => {
+                self.drop_task(task, TaskAfter::Retire, now);
+                false
+            }
         }
     }
 
@@ -651,7 +689,7 @@ impl Cluster {
         if let Some(mut f) = self.jobs.facts(key) {
             f.set_end(now);
         }
-        self.release_from_node(key, TaskAfter::Retire, now);
+        let synced = self.release_ended(key, now);
         let previous = self.jobs.set_phase(key, done);
         self.persist(key, fx);
         self.emit(key, previous, now, fx);
@@ -664,7 +702,9 @@ impl Cluster {
             if !self.nodes.get(&node).is_some_and(NodeInfo::schedulable) {
                 self.refresh_capacity(&node, now, fx);
             }
-            self.sync_summary(&node, now);
+            if !synced {
+                self.sync_summary(&node, now);
+            }
         }
         self.process_events(now, fx);
         // The node gained room: the idle-balance pass (nohz kick).
