@@ -806,13 +806,16 @@ async fn dispatcher_kill9_and_restart_loses_nothing() -> Result<()> {
         .await
         .with_context(|| logs(&d, &agents))?;
     let mut jobs = d.jobs().await?;
+    // Each job prints a line: a job directory with output is kept after
+    // the job (one without is recycled for a later job), so the agents'
+    // directories below show which attempts ran where.
     let specs = (0..JOBS)
         .map(|i| match i % 3 {
-            0 => job_spec(sh("sleep 1")),
-            1 => job_spec(sh("sleep 0.05")),
+            0 => job_spec(sh("echo ran; sleep 1")),
+            1 => job_spec(sh("echo ran; sleep 0.05")),
             _ => JobSpec {
                 cpus: 2,
-                ..job_spec(vec!["true".into()])
+                ..job_spec(sh("echo ran"))
             },
         })
         .collect();
