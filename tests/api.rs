@@ -1407,7 +1407,7 @@ async fn dev_mode_is_one_command_to_a_working_system() -> Result<()> {
     let nodes = d
         .nodes()
         .await?
-        .list_nodes(proto::v1::ListNodesRequest {})
+        .list_nodes(proto::v1::ListNodesRequest::default())
         .await?
         .into_inner()
         .nodes;

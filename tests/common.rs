@@ -501,7 +501,7 @@ pub async fn wait_nodes(d: &Dispatcher, n: usize, timeout: Duration) -> Result<(
         let mut c = client.clone();
         async move {
             let nodes = c
-                .list_nodes(proto::v1::ListNodesRequest {})
+                .list_nodes(proto::v1::ListNodesRequest::default())
                 .await
                 .ok()?
                 .into_inner()

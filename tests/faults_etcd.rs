@@ -75,7 +75,7 @@ async fn etcd_leader_kill_dispatcher_resumes_within_5s() -> Result<()> {
         let ready = client(&urls, Duration::from_secs(5))?
             .call(|ch| async move {
                 NodeServiceClient::new(ch)
-                    .list_nodes(ListNodesRequest {})
+                    .list_nodes(ListNodesRequest::default())
                     .await
             })
             .await

@@ -486,7 +486,7 @@ async fn hostile_agent_stream_cannot_crash_or_corrupt_the_dispatcher() -> Result
             seen.insert(j.id.clone(), (j.attempt, is_terminal(j.state)));
         }
         let list = nodes
-            .list_nodes(ListNodesRequest {})
+            .list_nodes(ListNodesRequest::default())
             .await?
             .into_inner()
             .nodes;

@@ -191,7 +191,7 @@ impl Ha {
             let nodes = c
                 .call(|ch| async move {
                     NodeServiceClient::new(ch)
-                        .list_nodes(ListNodesRequest {})
+                        .list_nodes(ListNodesRequest::default())
                         .await
                 })
                 .await

@@ -343,7 +343,7 @@ async fn spans_and_metrics_reach_an_otlp_receiver_and_placement_survives_its_los
         let mut c = nodes.clone();
         async move {
             let n = c
-                .list_nodes(proto::v1::ListNodesRequest {})
+                .list_nodes(proto::v1::ListNodesRequest::default())
                 .await
                 .ok()?
                 .into_inner()
@@ -540,7 +540,7 @@ async fn a_jobs_trace_spans_client_dispatcher_and_agent() -> Result<()> {
         let mut c = nodes.clone();
         async move {
             let n = c
-                .list_nodes(proto::v1::ListNodesRequest {})
+                .list_nodes(proto::v1::ListNodesRequest::default())
                 .await
                 .ok()?
                 .into_inner()

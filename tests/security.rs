@@ -198,7 +198,7 @@ async fn start_node_a(m: &Material, d: &Dispatcher, dir: &Path, extra: &[&str]) 
 async fn node_names(m: &Material, d: &Dispatcher) -> Result<Vec<String>> {
     let mut nodes = m.nodes(d, ADMIN).await?;
     Ok(nodes
-        .list_nodes(ListNodesRequest {})
+        .list_nodes(ListNodesRequest::default())
         .await?
         .into_inner()
         .nodes

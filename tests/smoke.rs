@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use e2e::{Agent, Dispatcher, all_jobs, dispatchctl, eventually, is_terminal, wait_nodes};
-use proto::v1::{JobSpec, JobState, SubmitJobsRequest};
+use proto::v1::{JobSpec, JobState, ListNodesRequest, SubmitJobsRequest};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_run_on_agents_and_report_back() -> anyhow::Result<()> {
@@ -27,6 +27,35 @@ async fn jobs_run_on_agents_and_report_back() -> anyhow::Result<()> {
         &[],
     )?;
     wait_nodes(&d, 2, Duration::from_secs(20)).await?;
+
+    // ListNodes in pages of one: each node once, in name order, and the
+    // last page says there is no next one.
+    let mut nodes = d.nodes().await?;
+    let mut pages = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = nodes
+            .list_nodes(ListNodesRequest {
+                page_size: 1,
+                page_token: token,
+            })
+            .await?
+            .into_inner();
+        pages.push(
+            page.nodes
+                .iter()
+                .map(|n| n.name.clone())
+                .collect::<Vec<_>>(),
+        );
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(pages, [vec!["n1"], vec!["n2"]]);
+    let (code, out, err) = dispatchctl(&d.url, &["nodes"])?;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("n1") && out.contains("n2"), "{out}");
 
     // dispatchctl submit --wait returns the job's exit code.
     let (code, out, err) = dispatchctl(&d.url, &["submit", "--wait", "--", "sh", "-c", "exit 7"])?;

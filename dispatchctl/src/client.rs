@@ -21,6 +21,10 @@ use crate::{Error, Result};
 
 /// How long to wait for the TCP + HTTP/2 connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Nodes per ListNodes page ([`Client::list_nodes`]).
+pub const NODE_PAGE: u32 = 500;
+
 /// Largest message accepted from the dispatcher (a 10,000-job page).
 const MAX_MESSAGE: usize = 256 << 20;
 
@@ -278,11 +282,27 @@ impl Client {
         }
     }
 
-    /// All nodes, sorted by name.
+    /// All nodes, sorted by name, read in pages of [`NODE_PAGE`] (as
+    /// kubectl reads in chunks of 500), so that no single answer carries a
+    /// whole large cluster.
     pub async fn list_nodes(&mut self) -> Result<Vec<pb::Node>> {
-        match self.nodes.list_nodes(pb::ListNodesRequest {}).await {
-            Ok(r) => Ok(r.into_inner().nodes),
-            Err(s) => Err(self.error(s)),
+        let mut nodes = Vec::new();
+        let mut token = String::new();
+        loop {
+            let req = pb::ListNodesRequest {
+                page_size: NODE_PAGE,
+                page_token: token.clone(),
+            };
+            let page = match self.nodes.list_nodes(req).await {
+                Ok(r) => r.into_inner(),
+                Err(s) => return Err(self.error(s)),
+            };
+            nodes.extend(page.nodes);
+            // An unchanged token would loop forever: treat it as the end.
+            if page.next_page_token.is_empty() || page.next_page_token == token {
+                return Ok(nodes);
+            }
+            token = page.next_page_token;
         }
     }
 

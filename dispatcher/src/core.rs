@@ -39,13 +39,14 @@ use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use proto::v1::{
-    DispatcherMessage, Job, JobEvent, JobSpec, ListJobsRequest, LogChunk, LogRequest, Node,
-    Register, Registered, StreamLogsRequest, agent_message, dispatcher_message,
+    DispatcherMessage, Job, JobEvent, JobSpec, ListJobsRequest, ListNodesResponse, LogChunk,
+    LogRequest, Node, Register, Registered, StreamLogsRequest, agent_message, dispatcher_message,
 };
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Status;
 
 use crate::beats::{Beat, Beats, FLUSH_MS, Reporter};
+use crate::cluster::listing::NodeCopy;
 use crate::cluster::{Cluster, Effects, JobChange, JobKey, JobRecord};
 use crate::list_worker::ListWorker;
 use crate::observe::Observers;
@@ -134,8 +135,12 @@ pub enum Command {
     },
     /// ListNodes.
     Nodes {
+        /// Nodes named after this one (all when empty).
+        after: String,
+        /// At most this many nodes (all when 0).
+        page_size: u32,
         /// Reply.
-        reply: Reply<Vec<Node>>,
+        reply: Reply<ListNodesResponse>,
     },
     /// GetNode.
     Node {
@@ -315,9 +320,10 @@ struct Core {
     observers: Observers,
     /// Agents' queued beats.
     beats: Arc<Beats>,
-    /// This batch's ListNodes calls: answered from one copy of the nodes
-    /// taken after the batch's commands ([`Core::list_nodes`]).
-    listings: Vec<Reply<Vec<Node>>>,
+    /// This batch's ListNodes calls (the name a page starts after, the page
+    /// size, the reply): answered from copies of the nodes taken after the
+    /// batch's commands ([`Core::list_nodes`]).
+    listings: Vec<(String, u32, Reply<ListNodesResponse>)>,
     /// Builds the listings' views off the core.
     list_worker: ListWorker,
     /// Clients' commands taken from the queue and held for a later batch
@@ -754,7 +760,11 @@ impl Core {
             }
             // Listed after the batch's commands (list_nodes): the nodes as
             // committed with this batch.
-            Command::Nodes { reply } => self.listings.push(reply),
+            Command::Nodes {
+                after,
+                page_size,
+                reply,
+            } => self.listings.push((after, page_size, reply)),
             Command::Node { name, reply } => {
                 replies.push(defer(
                     reply,
@@ -917,20 +927,24 @@ impl Core {
         }
     }
 
-    /// This batch's ListNodes calls: one copy of every node, taken here
-    /// after the batch's commands, and the views built from it off the
-    /// core once the batch is committed (a failed commit answers its
-    /// error instead, as for every reply of the batch).
+    /// This batch's ListNodes calls: one copy of every node for the calls
+    /// that list them all, and of its page's nodes for each paged call,
+    /// taken here after the batch's commands; the views are built off the
+    /// core once the batch is committed (a failed commit answers its error
+    /// instead, as for every reply of the batch).
     fn list_nodes(&mut self, replies: &mut Vec<Deferred>) {
-        if self.listings.is_empty() {
-            return;
-        }
-        let copies = Arc::new(self.cluster.node_copies());
-        for reply in self.listings.drain(..) {
+        let mut every_node: Option<Arc<Vec<NodeCopy>>> = None;
+        for (after, page_size, reply) in std::mem::take(&mut self.listings) {
+            let (copies, next) = if page_size == 0 && after.is_empty() {
+                let all = every_node.get_or_insert_with(|| Arc::new(self.cluster.node_copies()));
+                (Arc::clone(all), String::new())
+            } else {
+                let (page, next) = self.cluster.node_copies_page(&after, page_size as usize);
+                (Arc::new(page), next)
+            };
             let worker = self.list_worker.sender();
-            let copies = Arc::clone(&copies);
             replies.push(Box::new(move |failed: Option<&Status>| match failed {
-                None => worker.send(copies, reply),
+                None => worker.send(copies, next, reply),
                 Some(status) => {
                     let _ = reply.send(Err(status.clone()));
                 }
@@ -1777,7 +1791,7 @@ mod tests {
     /// ListNodes over many nodes, with a submission in the same batches:
     /// every node once, in name order, built off the core.
     #[tokio::test]
-    async fn list_nodes_answers_every_node_in_name_order() {
+    async fn list_nodes_answers_every_node_in_name_order_whole_or_paged() {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path()).unwrap();
         let (core, thread) = spawn(
@@ -1799,7 +1813,11 @@ mod tests {
             .await
             .unwrap();
         }
-        let listing = core.call(|reply| Command::Nodes { reply });
+        let listing = core.call(|reply| Command::Nodes {
+            after: String::new(),
+            page_size: 0,
+            reply,
+        });
         let submit = core.call(|reply| Command::Submit {
             specs: vec![spec()],
             batch: false,
@@ -1808,10 +1826,63 @@ mod tests {
             reply,
         });
         let (nodes, jobs) = tokio::join!(listing, submit);
-        let names: Vec<String> = nodes.unwrap().into_iter().map(|n| n.name).collect();
+        let nodes = nodes.unwrap();
+        assert_eq!(nodes.next_page_token, "");
+        let names: Vec<String> = nodes.nodes.into_iter().map(|n| n.name).collect();
         let want: Vec<String> = (0..total).map(|i| format!("n{i:04}")).collect();
         assert_eq!(names, want);
         assert_eq!(jobs.unwrap().len(), 1);
+        // Paged: pages of 50 (the last one short) make up the same list,
+        // two listings in one batch each get their own page.
+        let mut paged = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = core.call(|reply| Command::Nodes {
+                after: token.clone(),
+                page_size: 50,
+                reply,
+            });
+            let again = core.call(|reply| Command::Nodes {
+                after: token.clone(),
+                page_size: 7,
+                reply,
+            });
+            let (page, again) = tokio::join!(page, again);
+            let (page, again) = (page.unwrap(), again.unwrap());
+            assert!(page.nodes.len() <= 50 && again.nodes.len() <= 7);
+            assert_eq!(page.nodes[..again.nodes.len()], again.nodes[..]);
+            paged.extend(page.nodes.into_iter().map(|n| n.name));
+            if page.next_page_token.is_empty() {
+                break;
+            }
+            assert_eq!(Some(&page.next_page_token), paged.last());
+            token = page.next_page_token;
+        }
+        assert_eq!(paged, want);
+        // A page after a name no node has starts at the next name; after
+        // the last node there is an empty page.
+        let page = core
+            .call(|reply| Command::Nodes {
+                after: "n0100a".into(),
+                page_size: 2,
+                reply,
+            })
+            .await
+            .unwrap();
+        let names: Vec<&str> = page.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(
+            (names, page.next_page_token.as_str()),
+            (vec!["n0101", "n0102"], "n0102")
+        );
+        let page = core
+            .call(|reply| Command::Nodes {
+                after: "n0262".into(),
+                page_size: 2,
+                reply,
+            })
+            .await
+            .unwrap();
+        assert!(page.nodes.is_empty() && page.next_page_token.is_empty());
         core.send(Command::Shutdown);
         assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
     }

@@ -1,5 +1,8 @@
 //! ListNodes answered off the core thread: the core copies the nodes once
-//! per batch ([`Cluster::node_copies`](crate::cluster::Cluster::node_copies))
+//! per batch for the calls that list every node
+//! ([`Cluster::node_copies`](crate::cluster::Cluster::node_copies)), and a
+//! page's nodes for each paged call
+//! ([`Cluster::node_copies_page`](crate::cluster::Cluster::node_copies_page)),
 //! and hands each call's copy and reply to one worker thread, which builds
 //! the views ([`views`]) and answers. Every listing handed over is
 //! answered, in order; the thread starts with the first listing and ends
@@ -10,16 +13,25 @@
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 
-use proto::v1::Node;
+use proto::v1::ListNodesResponse;
 use tokio::sync::oneshot;
 use tonic::Status;
 
 use crate::cluster::listing::{NodeCopy, views};
 
 /// A listing's reply.
-pub type ListReply = oneshot::Sender<Result<Vec<Node>, Status>>;
+pub type ListReply = oneshot::Sender<Result<ListNodesResponse, Status>>;
 
-type Listing = (Arc<Vec<NodeCopy>>, ListReply);
+/// The nodes' copies, the next page's token, and where to answer.
+type Listing = (Arc<Vec<NodeCopy>>, String, ListReply);
+
+/// The answer to one listing.
+fn answer((copies, next_page_token, reply): Listing) {
+    let _ = reply.send(Ok(ListNodesResponse {
+        nodes: views(copies),
+        next_page_token,
+    }));
+}
 
 /// The worker thread's queue, started on first use.
 #[derive(Default)]
@@ -40,8 +52,8 @@ impl ListWorker {
             let spawned = std::thread::Builder::new()
                 .name("dispatcher-list".into())
                 .spawn(move || {
-                    for (copies, reply) in rx {
-                        let _ = reply.send(Ok(views(copies)));
+                    for listing in rx {
+                        answer(listing);
                     }
                 });
             match spawned {
@@ -59,14 +71,16 @@ impl ListWorker {
 }
 
 impl ListSender {
-    /// Answer `reply` with the views of `copies`, on the worker thread.
-    pub fn send(self, copies: Arc<Vec<NodeCopy>>, reply: ListReply) {
+    /// Answer `reply` with the views of `copies` and the next page's
+    /// token, on the worker thread.
+    pub fn send(self, copies: Arc<Vec<NodeCopy>>, next_page_token: String, reply: ListReply) {
+        let listing = (copies, next_page_token, reply);
         let unsent = match self.0 {
-            Some(tx) => tx.send((copies, reply)).err().map(|e| e.0),
-            None => Some((copies, reply)),
+            Some(tx) => tx.send(listing).err().map(|e| e.0),
+            None => Some(listing),
         };
-        if let Some((copies, reply)) = unsent {
-            let _ = reply.send(Ok(views(copies)));
+        if let Some(listing) = unsent {
+            answer(listing);
         }
     }
 }
@@ -83,15 +97,19 @@ mod tests {
         let mut answers = Vec::new();
         for _ in 0..3 {
             let (reply, answer) = oneshot::channel();
-            worker.sender().send(Arc::new(Vec::new()), reply);
+            worker
+                .sender()
+                .send(Arc::new(Vec::new()), "next".into(), reply);
             answers.push(answer);
         }
         let (reply, answer) = oneshot::channel();
-        ListSender(None).send(Arc::new(Vec::new()), reply);
+        ListSender(None).send(Arc::new(Vec::new()), "next".into(), reply);
         answers.push(answer);
         drop(worker);
         for a in answers {
-            assert_eq!(a.await.unwrap().unwrap(), Vec::<Node>::new());
+            let listing = a.await.unwrap().unwrap();
+            assert!(listing.nodes.is_empty());
+            assert_eq!(listing.next_page_token, "next");
         }
     }
 }

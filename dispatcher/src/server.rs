@@ -342,12 +342,20 @@ impl NodeService for Nodes {
         req: Request<ListNodesRequest>,
     ) -> Result<Response<ListNodesResponse>, Status> {
         self.access.check(req.metadata(), Action::ReadNodes)?;
-        let nodes = self
-            .gate
-            .core()?
-            .call(|reply| Command::Nodes { reply })
-            .await?;
-        Ok(Response::new(ListNodesResponse { nodes }))
+        let ListNodesRequest {
+            page_size,
+            page_token,
+        } = req.into_inner();
+        Ok(Response::new(
+            self.gate
+                .core()?
+                .call(|reply| Command::Nodes {
+                    after: page_token,
+                    page_size,
+                    reply,
+                })
+                .await?,
+        ))
     }
 
     async fn get_node(&self, req: Request<GetNodeRequest>) -> Result<Response<Node>, Status> {

@@ -337,9 +337,14 @@ fn connection_costs(n: usize) -> Result<ConnCosts> {
         // Registered answers follow the commit; the first LoadReports
         // reach the core as beats within a flush.
         std::thread::sleep(Duration::from_millis(500));
-        let nodes = rt.block_on(core.call(|reply| Command::Nodes { reply }));
+        let nodes = rt.block_on(core.call(|reply| Command::Nodes {
+            after: String::new(),
+            page_size: 0,
+            reply,
+        }));
         let loaded = nodes
             .map_err(|s| anyhow::anyhow!("{s}"))?
+            .nodes
             .iter()
             .filter(|n| n.load.as_ref().is_some_and(|l| !l.cpus.is_empty()))
             .count();

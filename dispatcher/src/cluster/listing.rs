@@ -101,6 +101,25 @@ impl Cluster {
         self.nodes().map(|n| self.node_copy(n)).collect()
     }
 
+    /// One page of ListNodes: the copies of at most `size` nodes named
+    /// after `after` (from the first node when it is empty), in name
+    /// order, and the token of the next page: the last node's name when
+    /// nodes remain after it, else empty. `size` 0 is every node.
+    pub fn node_copies_page(&self, after: &str, size: usize) -> (Vec<NodeCopy>, String) {
+        let mut nodes = self.nodes.iter_after(after);
+        let size = if size == 0 { usize::MAX } else { size };
+        let page: Vec<NodeCopy> = nodes
+            .by_ref()
+            .take(size)
+            .map(|n| self.node_copy(n))
+            .collect();
+        let next = match (page.last(), nodes.next()) {
+            (Some(last), Some(_)) => last.name.clone(),
+            _ => String::new(),
+        };
+        (page, next)
+    }
+
     /// `n`'s API view, built here.
     pub fn node_proto(&self, n: &NodeInfo) -> Node {
         self.node_copy(n).into_view()

@@ -279,6 +279,20 @@ impl Nodes {
         self.order.values().map(|&i| &self.slab[i])
     }
 
+    /// The nodes named after `name`, by name (every node when `name` is
+    /// empty): a page of ListNodes starts here.
+    pub fn iter_after<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a NodeInfo> + 'a {
+        use std::ops::Bound;
+        let start = if name.is_empty() {
+            Bound::Unbounded
+        } else {
+            Bound::Excluded(name)
+        };
+        self.order
+            .range::<str, _>((start, Bound::Unbounded))
+            .map(|(_, &i)| &self.slab[i])
+    }
+
     /// Every node, to update in place, in registration order (the core's
     /// liveness scan, which updates each node from its own link: the order
     /// does not matter).

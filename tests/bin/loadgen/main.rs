@@ -118,6 +118,10 @@ struct Args {
     /// ListNodes calls per second during the load phase.
     #[arg(long, default_value_t = 0.5)]
     list_nodes_rate: f64,
+    /// Nodes per ListNodes page: each listing reads every node, following
+    /// the page tokens (0: one answer with every node).
+    #[arg(long, default_value_t = 500)]
+    list_nodes_page: u32,
     /// Unplaceable jobs submitted (then cancelled) before the agents attach:
     /// bytes per pending job.
     #[arg(long, default_value_t = 10_000)]
@@ -481,6 +485,7 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
         job_cpus: args.job_cpus.clone(),
         get_rate: args.get_rate,
         list_nodes_rate: args.list_nodes_rate,
+        list_nodes_page: args.list_nodes_page,
         max_in_flight: args.max_in_flight,
         seed: args.seed,
     };

@@ -18,6 +18,7 @@ use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
 use proto::v1::{GetJobRequest, JobSpec, ListNodesRequest, SubmitJobRequest, SubmitJobsRequest};
 use tokio::task::JoinSet;
+use tonic::Status;
 use tonic::transport::Channel;
 
 use crate::agents::SUBMIT_ENV;
@@ -47,6 +48,8 @@ pub struct LoadPlan {
     pub get_rate: f64,
     /// ListNodes calls per second.
     pub list_nodes_rate: f64,
+    /// Nodes per ListNodes page (0: every node in one answer).
+    pub list_nodes_page: u32,
     /// Most calls outstanding per stream.
     pub max_in_flight: usize,
     /// Seed of the job durations and of the GetJob targets.
@@ -274,9 +277,10 @@ async fn read_stream(
             Reader::ListNodes(client) => {
                 let mut client = client.clone();
                 in_flight.fetch_add(1, Ordering::Relaxed);
+                let page_size = plan.list_nodes_page;
                 set.spawn(async move {
-                    match client.list_nodes(ListNodesRequest {}).await {
-                        Ok(_) => lat.record(Kind::ListNodes, due.elapsed()),
+                    match list_every_node(&mut client, page_size).await {
+                        Ok(()) => lat.record(Kind::ListNodes, due.elapsed()),
                         Err(status) => lat.error(Kind::ListNodes, status),
                     }
                     in_flight2.fetch_sub(1, Ordering::Relaxed);
@@ -285,6 +289,28 @@ async fn read_stream(
         }
     }
     while set.join_next().await.is_some() {}
+}
+
+/// Read every node, in pages of `page_size` (0: one answer), following
+/// the page tokens as `dispatchctl nodes` does.
+async fn list_every_node(
+    client: &mut NodeServiceClient<Channel>,
+    page_size: u32,
+) -> Result<(), Status> {
+    let mut token = String::new();
+    loop {
+        let page = client
+            .list_nodes(ListNodesRequest {
+                page_size,
+                page_token: std::mem::take(&mut token),
+            })
+            .await?
+            .into_inner();
+        if page.next_page_token.is_empty() {
+            return Ok(());
+        }
+        token = page.next_page_token;
+    }
 }
 
 /// Submit `count` jobs no node can run (a selector on a label no node
@@ -362,6 +388,7 @@ mod tests {
             job_cpus: vec![1, 2],
             get_rate: 0.0,
             list_nodes_rate: 0.0,
+            list_nodes_page: 0,
             max_in_flight: 10,
             seed: 7,
         }
