@@ -1700,9 +1700,10 @@ mod tests {
     async fn heartbeats_reach_the_core_through_the_beat() {
         let dir = tempfile::tempdir().unwrap();
         let store = EmbeddedStore::open(dir.path()).unwrap();
-        // 100 ms heartbeats, 3 missed: DOWN after 300 ms of silence.
+        // 3 missed heartbeats: DOWN after 3 x HEARTBEAT_MS of silence, far
+        // longer than the 50 ms between reports even on a loaded machine.
         let cfg = ClusterConfig {
-            heartbeat_interval_ms: 100,
+            heartbeat_interval_ms: HEARTBEAT_MS,
             ..ClusterConfig::default()
         };
         let (core, thread) = spawn(
@@ -1737,14 +1738,17 @@ mod tests {
             })
             .await
             .unwrap();
-        // 1 s of unchanged reports, every 50 ms: three deadlines.
-        for _ in 0..20 {
+        // Unchanged reports every 50 ms for more than three deadlines.
+        for _ in 0..(4 * HEARTBEAT_MS / 50) {
             core.report(&mut reporter, report(false, 0), now_ms());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let node = node_of(&core, "n1").await;
         assert_eq!(node.state, proto::v1::NodeState::Ready as i32, "{node:?}");
-        assert!(now_ms() - node.last_heartbeat_ms < 300, "{node:?}");
+        assert!(
+            now_ms() - node.last_heartbeat_ms < 3 * HEARTBEAT_MS as i64,
+            "{node:?}"
+        );
         let job = core
             .call(|reply| Command::Get {
                 id: jobs[0].id(),
@@ -1780,9 +1784,12 @@ mod tests {
         assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
     }
 
+    /// The heartbeat interval of `heartbeats_reach_the_core_through_the_beat`.
+    const HEARTBEAT_MS: u64 = 400;
+
     fn cfg_lease_ms() -> u64 {
         ClusterConfig {
-            heartbeat_interval_ms: 100,
+            heartbeat_interval_ms: HEARTBEAT_MS,
             ..ClusterConfig::default()
         }
         .agent_lease_ms()
