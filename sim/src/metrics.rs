@@ -13,6 +13,15 @@
 //! bound = total work / capacity. Jobs submitted before `warmup` are run
 //! but not measured (response metrics only).
 //!
+//! Floors. The *zero-wait response* of a logical job is its run time (its
+//! longest part's): its response had it started the instant it was
+//! submitted. Its mean over the measured jobs is the mean response no
+//! policy can beat on the workload (a job ends no earlier than submit +
+//! run), so it says how much of a baseline's mean response any placement
+//! can take off (the baseline's mean wait, at most). The bounded slowdown's
+//! floor needs no column: at zero wait response = run, so each job's
+//! bounded slowdown is max(1, run / max(run, tau)) = 1.
+//!
 //! Locality score. A job's *related jobs* are its waker (the job whose end
 //! released it, `Job::after`) and its siblings (the other jobs released
 //! by the same waker), counting only those that ran. A job with at least
@@ -58,6 +67,9 @@ pub struct PolicyReport {
     pub makespan_lb_s: f64,
     /// Mean response time, seconds.
     pub resp_mean_s: f64,
+    /// The floor of `resp_mean_s`: the mean response at zero wait (the
+    /// mean run time of the measured logical jobs), seconds.
+    pub resp_floor_s: f64,
     /// Median response time, seconds.
     pub resp_p50_s: f64,
     /// 99th percentile response time, seconds.
@@ -208,6 +220,7 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
         .count();
     let finished_groups = groups.len();
     let mut resp = Vec::new();
+    let mut run_sum = 0f64;
     let mut wait = Vec::new();
     let mut bsld = Vec::new();
     let mut lat_resp = Vec::new();
@@ -221,6 +234,7 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
         let r = (end - submit) as f64;
         let wt = start.saturating_sub(submit) as f64;
         resp.push(s(r));
+        run_sum += s(run as f64);
         wait.push(s(wt));
         bsld.push((r / run.max(BSLD_TAU_US) as f64).max(1.0));
         if latency {
@@ -292,6 +306,11 @@ pub fn report(out: RunOutput, w: &Workload, layout: &Layout, warmup_us: u64) -> 
         makespan_s: s(makespan),
         makespan_lb_s: s(work / capacity),
         resp_mean_s: mean(&resp),
+        resp_floor_s: if resp.is_empty() {
+            0.0
+        } else {
+            run_sum / resp.len() as f64
+        },
         resp_p50_s: percentile(&resp, 50.0),
         resp_p99_s: percentile(&resp, 99.0),
         wait_mean_s: mean(&wait),

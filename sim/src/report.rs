@@ -95,6 +95,7 @@ pub fn table(r: &RunReport) -> String {
         "LB s",
         "util waiting %",
         "resp mean s",
+        "resp floor s",
         "p50 s",
         "p99 s",
         "bsld",
@@ -121,6 +122,7 @@ pub fn table(r: &RunReport) -> String {
                 p.busy_while_waiting_pct
                     .map_or_else(|| "-".to_string(), |u| format!("{u:.1}")),
                 g(p.resp_mean_s),
+                g(p.resp_floor_s),
                 g(p.resp_p50_s),
                 g(p.resp_p99_s),
                 g(p.bsld_mean),
@@ -303,13 +305,13 @@ pub fn csv(r: &RunReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "workload,policy,jobs,tasks,unfinished,utilization,busy_while_waiting_pct,makespan_s,makespan_lb_s,resp_mean_s,resp_p50_s,resp_p99_s,wait_mean_s,wait_p99_s,bsld_mean,latency_jobs,latency_resp_p99_s,latency_wait_p99_s,batch_wait_p99_s,fanout_child_resp_mean_s,steals,cross_rack_moves,cross_zone_moves,woken_jobs,near_waker_node_pct,near_waker_rack_pct,locality_jobs,locality_pct,active_nodes_mean,active_nodes_max,nodes,decisions,decisions_per_s,sched_share_pct,sched_wall_s,wall_s,setup_s,events,visits,wake_affine,wake_wide,busy_skip,pack_placed,latency_picks,racks_free_pct,gangs,gang_wait_mean_s,gang_wait_p99_s,large_gangs,large_gang_wait_mean_s,large_gang_wait_p99_s,large_gang_compact_pct"
+        "workload,policy,jobs,tasks,unfinished,utilization,busy_while_waiting_pct,makespan_s,makespan_lb_s,resp_mean_s,resp_p50_s,resp_p99_s,wait_mean_s,wait_p99_s,bsld_mean,latency_jobs,latency_resp_p99_s,latency_wait_p99_s,batch_wait_p99_s,fanout_child_resp_mean_s,steals,cross_rack_moves,cross_zone_moves,woken_jobs,near_waker_node_pct,near_waker_rack_pct,locality_jobs,locality_pct,active_nodes_mean,active_nodes_max,nodes,decisions,decisions_per_s,sched_share_pct,sched_wall_s,wall_s,setup_s,events,visits,wake_affine,wake_wide,busy_skip,pack_placed,latency_picks,racks_free_pct,gangs,gang_wait_mean_s,gang_wait_p99_s,large_gangs,large_gang_wait_mean_s,large_gang_wait_p99_s,large_gang_compact_pct,resp_floor_s"
     );
     for p in &r.policies {
         let c = &p.counters;
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{:.6},{},{:.3},{:.3},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{},{},{:.1},{:.3},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{:.3},{},{:.6},{:.6},{},{:.6},{:.6},{:.3}",
+            "{},{},{},{},{},{:.6},{},{:.3},{:.3},{:.6},{:.6},{:.6},{:.6},{:.6},{:.6},{},{:.6},{:.6},{:.6},{:.6},{},{},{},{},{:.3},{:.3},{},{:.3},{:.3},{},{},{},{:.1},{:.3},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{:.3},{},{:.6},{:.6},{},{:.6},{:.6},{:.3},{:.6}",
             r.workload.replace(',', ";"),
             p.policy,
             p.jobs,
@@ -363,6 +365,7 @@ pub fn csv(r: &RunReport) -> String {
             p.large_gang_wait_mean_s,
             p.large_gang_wait_p99_s,
             p.large_gang_compact_pct,
+            p.resp_floor_s,
         );
     }
     out

@@ -144,3 +144,36 @@ fn ours_steals_and_keeps_pipelines_near_their_waker() {
     assert!(ours.resp_mean_s < random.resp_mean_s);
     assert!(ours.makespan_s >= ours.makespan_lb_s);
 }
+
+/// The response floor is the workload's (the same for every policy, the
+/// mean of each logical job's longest part, split parts grouped), no
+/// policy's mean response goes below it, and at zero wait the two are
+/// equal and the bounded slowdown is 1.
+#[test]
+fn the_response_floor_is_the_mean_run_time_and_bounds_every_policy() {
+    let (layout, w) = kth();
+    let mut longest: std::collections::BTreeMap<u32, u64> = Default::default();
+    for j in &w.jobs {
+        let e = longest.entry(j.group).or_default();
+        *e = (*e).max(j.duration_us);
+    }
+    let oracle =
+        longest.values().map(|&d| d as f64).sum::<f64>() / longest.len() as f64 / US_PER_S as f64;
+    assert!(w.jobs.len() > longest.len(), "the excerpt has split jobs");
+    for policy in ["least-loaded", "ours", "random"] {
+        let r = metrics::report(run(&layout, &w, policy, 1, false), &w, &layout, 0);
+        assert_eq!(r.unfinished, 0);
+        assert!(
+            (r.resp_floor_s - oracle).abs() < 1e-6 * oracle,
+            "{policy}: {} vs {oracle}",
+            r.resp_floor_s
+        );
+        assert!(r.resp_mean_s >= r.resp_floor_s, "{policy}");
+    }
+    // A cluster 20 times the trace's size: nothing waits.
+    let big = Layout::new(&cluster_for(20 * layout.capacity() as u32, 4), "1s:2c:2t").unwrap();
+    let r = metrics::report(run(&big, &w, "least-loaded", 1, false), &w, &big, 0);
+    assert_eq!(r.wait_mean_s, 0.0);
+    assert!((r.resp_mean_s - r.resp_floor_s).abs() < 1e-6 * oracle);
+    assert_eq!(r.bsld_mean, 1.0);
+}
