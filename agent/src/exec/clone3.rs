@@ -30,10 +30,10 @@ use nix::sys::stat::Mode;
 /// What the child needs to exec, built before the clone.
 pub(crate) struct ExecImage {
     /// The paths to try, in order (`PATH` search of a bare name).
-    candidates: Vec<CString>,
-    argv: Vec<CString>,
-    envp: Vec<CString>,
-    cwd: CString,
+    pub(super) candidates: Vec<CString>,
+    pub(super) argv: Vec<CString>,
+    pub(super) envp: Vec<CString>,
+    pub(super) cwd: CString,
 }
 
 impl ExecImage {
@@ -100,21 +100,21 @@ pub(crate) enum SpawnError {
 /// `struct clone_args` of `clone3(2)` up to `cgroup` (CLONE_ARGS_SIZE_VER2).
 #[repr(C)]
 #[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
+pub(super) struct CloneArgs {
+    pub flags: u64,
+    pub pidfd: u64,
+    pub child_tid: u64,
+    pub parent_tid: u64,
+    pub exit_signal: u64,
+    pub stack: u64,
+    pub stack_size: u64,
+    pub tls: u64,
+    pub set_tid: u64,
+    pub set_tid_size: u64,
+    pub cgroup: u64,
 }
 
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+pub(super) const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
 /// A child cloned into its cgroup that may not have exec'd yet: its
 /// `report` pipe says how that ended ([`exec_report`] of everything read

@@ -80,6 +80,7 @@ use super::lease::LeaseFile;
 use super::logcap::{CappedLog, LogStats};
 use super::procfs;
 use super::spec::{CancelRequest, DEFAULT_PATH, JobExec, JobExit, JobOutcome, ShimSpec, now_ms};
+use super::vmclone;
 
 /// How long the shim waits for the job's pipes to reach EOF after every
 /// process of the job has been reaped (only a process outside the job that
@@ -204,6 +205,10 @@ pub(crate) struct Started {
     /// have happened; this pipe, read to its end, says whether it did
     /// ([`exec_failed`]).
     pub exec_report: Option<OwnedFd>,
+    /// The memory a child cloned with `CLONE_VM` may use until its exec:
+    /// released once `exec_report` has been read to its end, leaked if
+    /// dropped before ([`vmclone::Hold`]).
+    pub exec_hold: Option<vmclone::Hold>,
 }
 
 /// Fork and exec the job, and wait for the exec: [`start_job_nowait`],
@@ -219,7 +224,12 @@ pub(crate) fn start_job(
         return Ok(started);
     };
     let mut bytes = Vec::new();
-    let _ = File::from(report).read_to_end(&mut bytes);
+    let read = File::from(report).read_to_end(&mut bytes);
+    if read.is_ok()
+        && let Some(hold) = started.exec_hold.take()
+    {
+        hold.release();
+    }
     match exec_failed(&spec.job, &bytes) {
         None => Ok(started),
         Some(e) => {
@@ -313,6 +323,51 @@ pub(crate) fn start_job_nowait(
         let cwd = job.cwd.as_deref().unwrap_or(Path::new("/"));
         let image = ExecImage::new(&job.command, &job.args, &job.env, DEFAULT_PATH, cwd)
             .map_err(|e| failed(format!("exec {}: {e}", job.command)))?;
+        // Sharing this process's memory until the exec where this build
+        // and the kernel can (no page tables copied: see vmclone.rs), else
+        // a fork-style clone.
+        static VM_REFUSED: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
+        if vmclone::AVAILABLE && !VM_REFUSED.load(Ordering::Relaxed) {
+            let plan = vmclone::ChildPlan {
+                pin: pin.as_ref().map(|set| {
+                    vmclone::raw_cpu_set(
+                        (0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)),
+                    )
+                }),
+                limits: limits
+                    .iter()
+                    .map(|&(r, soft, hard)| (r as u32, soft, hard))
+                    .collect(),
+                ids: ids.map(|(u, g)| (u.as_raw(), g.as_raw())),
+            };
+            let image = ExecImage::new(&job.command, &job.args, &job.env, DEFAULT_PATH, cwd)
+                .map_err(|e| failed(format!("exec {}: {e}", job.command)))?;
+            match vmclone::clone_vm_into_cgroup(cg, image, plan) {
+                Ok((c, hold)) => {
+                    return Ok(Started {
+                        pid: c.pid,
+                        stdout: c.stdout,
+                        stderr: c.stderr,
+                        exec_report: Some(c.report),
+                        exec_hold: Some(hold),
+                    });
+                }
+                Err(SpawnError::Failed { step, errno }) => {
+                    return Err(step_failed(job, step, errno));
+                }
+                Err(SpawnError::Setup(e)) => {
+                    return Err(failed(format!("pipes for the job: {e}")));
+                }
+                Err(SpawnError::Unsupported(e)) => {
+                    if !VM_REFUSED.swap(true, Ordering::Relaxed) {
+                        diag(format_args!(
+                            "clone3 with CLONE_VM refused ({e}): jobs are cloned fork-style"
+                        ));
+                    }
+                }
+            }
+        }
         let setup = |report: &OwnedFd| child_setup(report, None, pin.as_ref(), &limits, ids);
         // Safety: `child_setup` only makes async-signal-safe system calls
         // on data built before the clone (see the `pre_exec` below).
@@ -323,6 +378,7 @@ pub(crate) fn start_job_nowait(
                     stdout: c.stdout,
                     stderr: c.stderr,
                     exec_report: Some(c.report),
+                    exec_hold: None,
                 });
             }
             Err(SpawnError::Failed { step, errno }) => return Err(step_failed(job, step, errno)),
@@ -387,6 +443,7 @@ pub(crate) fn start_job_nowait(
                 stdout: out.into(),
                 stderr: err.into(),
                 exec_report: None,
+                exec_hold: None,
             })
         }
         Err(e) => {

@@ -488,6 +488,11 @@ async fn confirm(sup: &Sup, id: &str, c: Cloned) -> Result<Launched> {
             Ok(mut rx) => rx.read_to_end(&mut bytes).await.map(drop),
             Err(e) => Err(e),
         };
+        if read.is_ok()
+            && let Some(hold) = started.exec_hold.take()
+        {
+            hold.release();
+        }
         let failed = match read {
             Ok(()) => exec_failed(&spec.job, &bytes),
             Err(e) => Some(ExecError::io("read the exec report of", jd.path(), e)),
