@@ -176,6 +176,17 @@ pub(crate) fn clone_vm_into_cgroup(
         return Err(SpawnError::Unsupported(errno));
     }
     let pid = i32::try_from(ret).unwrap_or(i32::MAX);
+    if let Some(set) = &held.0.setup.pin {
+        // The child is queued on whatever CPU the fork balancing chose;
+        // moved to its own now, it waits for a CPU once, there, rather
+        // than first here and again after its own sched_setaffinity (which
+        // stays the step that counts: its failure fails the start). A job
+        // cannot have changed its mask yet: it is not past its exec.
+        // Safety: `set` is a valid cpu_set_t for the call's size.
+        unsafe {
+            libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), set);
+        }
+    }
     // The child has its own copy of the descriptor table: ours go now,
     // before anything else is cloned (no later child holds a write end of
     // this one's pipes).
