@@ -13,12 +13,11 @@
 //! candidate paths, cwd, the stdio descriptors) is built before the
 //! clone; between clone and exec the child only makes system calls, like
 //! a `pre_exec` closure. Where `clone3` or `CLONE_INTO_CGROUP` is not
-//! available (an older kernel, a seccomp filter) [`spawn_into_cgroup`]
+//! available (an older kernel, a seccomp filter) [`clone_into_cgroup`]
 //! says so and the caller falls back to the `cgroup.procs` write.
 
 use std::ffi::{CString, OsStr};
-use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -31,10 +30,10 @@ use nix::sys::stat::Mode;
 /// What the child needs to exec, built before the clone.
 pub(crate) struct ExecImage {
     /// The paths to try, in order (`PATH` search of a bare name).
-    candidates: Vec<CString>,
-    argv: Vec<CString>,
-    envp: Vec<CString>,
-    cwd: CString,
+    pub(super) candidates: Vec<CString>,
+    pub(super) argv: Vec<CString>,
+    pub(super) envp: Vec<CString>,
+    pub(super) cwd: CString,
 }
 
 impl ExecImage {
@@ -85,14 +84,7 @@ impl ExecImage {
     }
 }
 
-/// A job process born in its cgroup.
-pub(crate) struct Spawned {
-    pub pid: i32,
-    pub stdout: OwnedFd,
-    pub stderr: OwnedFd,
-}
-
-/// Why [`spawn_into_cgroup`] started nothing.
+/// Why [`clone_into_cgroup`] started nothing.
 #[derive(Debug)]
 pub(crate) enum SpawnError {
     /// `clone3` into a cgroup is not available here (or the cgroup cannot
@@ -108,21 +100,59 @@ pub(crate) enum SpawnError {
 /// `struct clone_args` of `clone3(2)` up to `cgroup` (CLONE_ARGS_SIZE_VER2).
 #[repr(C)]
 #[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
+pub(super) struct CloneArgs {
+    pub flags: u64,
+    pub pidfd: u64,
+    pub child_tid: u64,
+    pub parent_tid: u64,
+    pub exit_signal: u64,
+    pub stack: u64,
+    pub stack_size: u64,
+    pub tls: u64,
+    pub set_tid: u64,
+    pub set_tid_size: u64,
+    pub cgroup: u64,
 }
 
-const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+pub(super) const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// A child cloned into its cgroup that may not have exec'd yet: its
+/// `report` pipe says how that ended ([`exec_report`] of everything read
+/// from it to its end).
+pub(crate) struct Cloned {
+    pub pid: i32,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    /// Closed by the exec (nothing written) or carrying the failed step.
+    pub report: OwnedFd,
+}
+
+/// What a child's report pipe held once closed: nothing after a
+/// successful exec, else the failed step (empty: the exec itself), a NUL
+/// and the errno, and the child has exited (status 127; the caller
+/// reaps it).
+pub(crate) fn exec_report(report: &[u8]) -> Result<(), SpawnError> {
+    if report.is_empty() {
+        return Ok(());
+    }
+    // The last five bytes are the NUL and the errno (the errno may hold
+    // NULs itself); anything before them is the step.
+    let (step, errno) = match report.len().checked_sub(5) {
+        Some(nul) if report[nul] == 0 => {
+            let mut e = [0u8; 4];
+            e.copy_from_slice(&report[nul + 1..]);
+            (
+                String::from_utf8_lossy(&report[..nul]).into_owned(),
+                Errno::from_raw(i32::from_ne_bytes(e)),
+            )
+        }
+        _ => (
+            String::from_utf8_lossy(report).into_owned(),
+            Errno::UnknownErrno,
+        ),
+    };
+    Err(SpawnError::Failed { step, errno })
+}
 
 /// Start `image` as a child of this process, inside the cgroup directory
 /// `cgroup`, stdin from `/dev/null`, stdout and stderr into new pipes (the
@@ -130,16 +160,20 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// signal mask and SIGPIPE, sets up stdio, changes to the image's cwd and
 /// runs `setup` (which must only make async-signal-safe system calls and
 /// report a failed step on `err_pipe`, as `shim::child_setup` does).
+/// This returns once the child is cloned: the caller reads
+/// [`Cloned::report`] to its end (the supervisor without blocking its
+/// thread, so that one job's exec does not hold up the next job's start)
+/// and reaps the child if [`exec_report`] says it failed.
 ///
 /// # Safety
 /// `setup` runs in the cloned child of a possibly multi-threaded process:
 /// it must not allocate, take locks or touch state shared with other
 /// threads.
-pub(crate) unsafe fn spawn_into_cgroup(
+pub(crate) unsafe fn clone_into_cgroup(
     cgroup: &Path,
     image: &ExecImage,
     setup: &dyn Fn(&OwnedFd) -> io::Result<()>,
-) -> Result<Spawned, SpawnError> {
+) -> Result<Cloned, SpawnError> {
     let cgroup_dir = open(
         cgroup,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
@@ -189,36 +223,17 @@ pub(crate) unsafe fn spawn_into_cgroup(
         return Err(SpawnError::Unsupported(Errno::last()));
     }
     let pid = pid as i32;
+    // Closed here before anything else is cloned, so that no later child
+    // holds a write end of this one's pipes: the report pipe closes on
+    // this child's exec (success, nothing written) or carries the failed
+    // step, a NUL and the errno.
     drop((out_w, err_w, report_w, null, cgroup_dir));
-    // The report pipe closes on exec (success, nothing written) or carries
-    // the failed step, a NUL and the errno.
-    let mut report = Vec::new();
-    let _ = File::from(report_r).read_to_end(&mut report);
-    if report.is_empty() {
-        return Ok(Spawned {
-            pid,
-            stdout: out_r,
-            stderr: err_r,
-        });
-    }
-    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-    // The last five bytes are the NUL and the errno (the errno may hold
-    // NULs itself); anything before them is the step.
-    let (step, errno) = match report.len().checked_sub(5) {
-        Some(nul) if report[nul] == 0 => {
-            let mut e = [0u8; 4];
-            e.copy_from_slice(&report[nul + 1..]);
-            (
-                String::from_utf8_lossy(&report[..nul]).into_owned(),
-                Errno::from_raw(i32::from_ne_bytes(e)),
-            )
-        }
-        _ => (
-            String::from_utf8_lossy(&report).into_owned(),
-            Errno::UnknownErrno,
-        ),
-    };
-    Err(SpawnError::Failed { step, errno })
+    Ok(Cloned {
+        pid,
+        stdout: out_r,
+        stderr: err_r,
+        report: report_r,
+    })
 }
 
 /// Between clone and exec; returns only with the errno of what failed
@@ -274,8 +289,9 @@ unsafe fn child(
 /// A pipe's read end, read to its end (for tests).
 #[cfg(test)]
 fn read_all(fd: OwnedFd) -> String {
+    use std::io::Read;
     let mut s = String::new();
-    let _ = File::from(fd).read_to_string(&mut s);
+    let _ = std::fs::File::from(fd).read_to_string(&mut s);
     s
 }
 
@@ -283,6 +299,8 @@ fn read_all(fd: OwnedFd) -> String {
 mod tests {
     use super::*;
     use std::collections::BTreeMap;
+    use std::fs::File;
+    use std::io::Read;
 
     fn image(command: &str, args: &[&str]) -> ExecImage {
         let env: BTreeMap<String, String> = [("X".to_string(), "y".to_string())].into();
@@ -314,6 +332,34 @@ mod tests {
             .join(format!("clone3-test-{}-{name}", std::process::id()));
         std::fs::create_dir(&dir).ok()?;
         Some(dir)
+    }
+
+    /// A child started and its exec waited for, as `shim::start_job` does.
+    struct Spawned {
+        pid: i32,
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+    }
+
+    unsafe fn spawn_into_cgroup(
+        cgroup: &Path,
+        image: &ExecImage,
+        setup: &dyn Fn(&OwnedFd) -> io::Result<()>,
+    ) -> Result<Spawned, SpawnError> {
+        let c = unsafe { clone_into_cgroup(cgroup, image, setup) }?;
+        let mut report = Vec::new();
+        let _ = File::from(c.report).read_to_end(&mut report);
+        match exec_report(&report) {
+            Ok(()) => Ok(Spawned {
+                pid: c.pid,
+                stdout: c.stdout,
+                stderr: c.stderr,
+            }),
+            Err(e) => {
+                let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(c.pid), None);
+                Err(e)
+            }
+        }
     }
 
     #[test]

@@ -36,7 +36,7 @@ use super::spec::{
     CancelRequest, JobExec, JobExit, JobOutcome, RunAs, SPEC_VERSION, ShimSpec, validate_cpus,
     validate_id,
 };
-use super::supervisor;
+use super::supervisor::{self, LineSender};
 
 /// What [`Executor::shutdown`] does with running jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -752,7 +752,7 @@ impl Executor {
     /// The live connection to the supervisor: the current one, else a
     /// new one to a supervisor that still runs (started by an earlier
     /// executor on this state directory), else to one started now.
-    async fn link(&self) -> Result<(i32, mpsc::UnboundedSender<String>, Pending)> {
+    async fn link(&self) -> Result<(i32, LineSender, Pending)> {
         let mut guard = self.link.lock().await;
         if let Some(link) = guard.as_ref()
             && link.alive.load(Ordering::SeqCst)
@@ -1283,8 +1283,8 @@ type Pending = Arc<Mutex<HashMap<String, PendingStart>>>;
 #[derive(Debug)]
 struct Link {
     pid: i32,
-    /// Lines to the supervisor (a writer task sends them, several at once).
-    tx: mpsc::UnboundedSender<String>,
+    /// Lines to the supervisor.
+    tx: LineSender,
     pending: Pending,
     /// False once the supervisor's side closed.
     alive: Arc<AtomicBool>,
@@ -1294,8 +1294,7 @@ struct Link {
 impl Link {
     fn new(shared: Arc<Shared>, pid: i32, stream: Halves) -> Link {
         let (rd, wr) = stream;
-        let (tx, rx) = mpsc::unbounded_channel::<String>();
-        tokio::spawn(super::supervisor::write_lines(wr, rx));
+        let tx = LineSender::new(wr);
         let pending: Pending = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
         let reader = tokio::spawn(read_link(

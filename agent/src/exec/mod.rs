@@ -42,6 +42,9 @@
 //! - [`cgroup`]: cgroup v2 per job, the only code that writes under
 //!   `/sys/fs/cgroup`.
 //! - [`usermap`]: which local uid:gid runs which owner's jobs.
+//! - `clone3.rs`, `vmclone.rs`: a job born in its cgroup
+//!   (`clone3(CLONE_INTO_CGROUP)`), fork-style or sharing the parent's
+//!   memory until its exec (`CLONE_VM`, x86_64).
 //! - `error.rs`: [`ExecError`].
 
 pub mod cgroup;
@@ -59,6 +62,7 @@ mod spares;
 mod spec;
 pub mod supervisor;
 pub mod usermap;
+mod vmclone;
 
 pub use cgroup::CgroupSupport;
 pub use error::{ExecError, Result};

@@ -79,7 +79,8 @@ use super::jobdir::{JobDir, read_json};
 use super::lease::LeaseFile;
 use super::logcap::{CappedLog, LogStats};
 use super::procfs;
-use super::spec::{CancelRequest, DEFAULT_PATH, JobExit, JobOutcome, ShimSpec, now_ms};
+use super::spec::{CancelRequest, DEFAULT_PATH, JobExec, JobExit, JobOutcome, ShimSpec, now_ms};
+use super::vmclone;
 
 /// How long the shim waits for the job's pipes to reach EOF after every
 /// process of the job has been reaped (only a process outside the job that
@@ -200,6 +201,69 @@ pub(crate) struct Started {
     pub pid: i32,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    /// From [`start_job_nowait`]: `Some` while the exec is not known to
+    /// have happened; this pipe, read to its end, says whether it did
+    /// ([`exec_failed`]).
+    pub exec_report: Option<OwnedFd>,
+    /// The memory a child cloned with `CLONE_VM` may use until its exec:
+    /// released once `exec_report` has been read to its end, leaked if
+    /// dropped before ([`vmclone::Hold`]).
+    pub exec_hold: Option<vmclone::Hold>,
+}
+
+/// Fork and exec the job, and wait for the exec: [`start_job_nowait`],
+/// then its exec report read here (a failed exec is reaped and returned as
+/// the error).
+pub(crate) fn start_job(
+    spec: &ShimSpec,
+    pin: Option<CpuSet>,
+    need_cgroup: bool,
+) -> Result<Started> {
+    let mut started = start_job_nowait(spec, pin, need_cgroup)?;
+    let Some(report) = started.exec_report.take() else {
+        return Ok(started);
+    };
+    let mut bytes = Vec::new();
+    let read = File::from(report).read_to_end(&mut bytes);
+    if read.is_ok()
+        && let Some(hold) = started.exec_hold.take()
+    {
+        hold.release();
+    }
+    match exec_failed(&spec.job, &bytes) {
+        None => Ok(started),
+        Some(e) => {
+            let _ = nix::sys::wait::waitpid(Pid::from_raw(started.pid), None);
+            Err(e)
+        }
+    }
+}
+
+/// The start failure that a child's exec report (its
+/// [`Started::exec_report`] read to the end) tells of, if any; the child
+/// has then exited and is the caller's to reap.
+pub(crate) fn exec_failed(job: &JobExec, report: &[u8]) -> Option<ExecError> {
+    match clone3::exec_report(report) {
+        Ok(()) => None,
+        Err(SpawnError::Failed { step, errno }) => Some(step_failed(job, step, errno)),
+        Err(other) => Some(ExecError::StartFailed {
+            id: job.id.clone(),
+            reason: format!("{other:?}"),
+        }),
+    }
+}
+
+fn step_failed(job: &JobExec, step: String, errno: Errno) -> ExecError {
+    let step = if step.is_empty() {
+        format!("exec {}", job.command)
+    } else {
+        step
+    };
+    let e = io::Error::from_raw_os_error(errno as i32);
+    ExecError::StartFailed {
+        id: job.id.clone(),
+        reason: format!("{step}: {e}"),
+    }
 }
 
 /// Fork and exec the job. Everything the child needs is prepared here, so
@@ -207,8 +271,10 @@ pub(crate) struct Started {
 /// child pins itself to (the shim pins itself instead, and the job
 /// inherits its mask). `need_cgroup`: a job whose cgroup cannot be
 /// entered does not start (the supervisor tells jobs apart by their
-/// cgroups); otherwise it runs outside it, with a diagnostic.
-pub(crate) fn start_job(
+/// cgroups); otherwise it runs outside it, with a diagnostic. A job born
+/// in its cgroup by `clone3` is returned at once, with its
+/// [`Started::exec_report`] to read; the other ways wait for the exec.
+pub(crate) fn start_job_nowait(
     spec: &ShimSpec,
     pin: Option<CpuSet>,
     need_cgroup: bool,
@@ -257,26 +323,65 @@ pub(crate) fn start_job(
         let cwd = job.cwd.as_deref().unwrap_or(Path::new("/"));
         let image = ExecImage::new(&job.command, &job.args, &job.env, DEFAULT_PATH, cwd)
             .map_err(|e| failed(format!("exec {}: {e}", job.command)))?;
+        // Sharing this process's memory until the exec where this build
+        // and the kernel can (no page tables copied: see vmclone.rs), else
+        // a fork-style clone.
+        static VM_REFUSED: std::sync::atomic::AtomicBool =
+            std::sync::atomic::AtomicBool::new(false);
+        if vmclone::AVAILABLE && !VM_REFUSED.load(Ordering::Relaxed) {
+            let plan = vmclone::ChildPlan {
+                pin: pin.as_ref().map(|set| {
+                    vmclone::raw_cpu_set(
+                        (0..CpuSet::count()).filter(|&c| set.is_set(c).unwrap_or(false)),
+                    )
+                }),
+                limits: limits
+                    .iter()
+                    .map(|&(r, soft, hard)| (r as u32, soft, hard))
+                    .collect(),
+                ids: ids.map(|(u, g)| (u.as_raw(), g.as_raw())),
+            };
+            let image = ExecImage::new(&job.command, &job.args, &job.env, DEFAULT_PATH, cwd)
+                .map_err(|e| failed(format!("exec {}: {e}", job.command)))?;
+            match vmclone::clone_vm_into_cgroup(cg, image, plan) {
+                Ok((c, hold)) => {
+                    return Ok(Started {
+                        pid: c.pid,
+                        stdout: c.stdout,
+                        stderr: c.stderr,
+                        exec_report: Some(c.report),
+                        exec_hold: Some(hold),
+                    });
+                }
+                Err(SpawnError::Failed { step, errno }) => {
+                    return Err(step_failed(job, step, errno));
+                }
+                Err(SpawnError::Setup(e)) => {
+                    return Err(failed(format!("pipes for the job: {e}")));
+                }
+                Err(SpawnError::Unsupported(e)) => {
+                    if !VM_REFUSED.swap(true, Ordering::Relaxed) {
+                        diag(format_args!(
+                            "clone3 with CLONE_VM refused ({e}): jobs are cloned fork-style"
+                        ));
+                    }
+                }
+            }
+        }
         let setup = |report: &OwnedFd| child_setup(report, None, pin.as_ref(), &limits, ids);
         // Safety: `child_setup` only makes async-signal-safe system calls
         // on data built before the clone (see the `pre_exec` below).
-        match unsafe { clone3::spawn_into_cgroup(cg, &image, &setup) } {
-            Ok(s) => {
+        match unsafe { clone3::clone_into_cgroup(cg, &image, &setup) } {
+            Ok(c) => {
                 return Ok(Started {
-                    pid: s.pid,
-                    stdout: s.stdout,
-                    stderr: s.stderr,
+                    pid: c.pid,
+                    stdout: c.stdout,
+                    stderr: c.stderr,
+                    exec_report: Some(c.report),
+                    exec_hold: None,
                 });
             }
-            Err(SpawnError::Failed { step, errno }) => {
-                let step = if step.is_empty() {
-                    format!("exec {}", job.command)
-                } else {
-                    step
-                };
-                let e = io::Error::from_raw_os_error(errno as i32);
-                return Err(failed(format!("{step}: {e}")));
-            }
+            Err(SpawnError::Failed { step, errno }) => return Err(step_failed(job, step, errno)),
             Err(SpawnError::Setup(e)) => return Err(failed(format!("pipes for the job: {e}"))),
             Err(SpawnError::Unsupported(e)) => {
                 static SAID: std::sync::atomic::AtomicBool =
@@ -337,6 +442,8 @@ pub(crate) fn start_job(
                 pid,
                 stdout: out.into(),
                 stderr: err.into(),
+                exec_report: None,
+                exec_hold: None,
             })
         }
         Err(e) => {

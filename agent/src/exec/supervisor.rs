@@ -24,10 +24,14 @@
 //!   ends when its cgroup is empty. Jobs without a cgroup keep a shim each
 //!   (the executor chooses, [`super::Launcher`]).
 //! - **The same child setup**: the job is forked and exec'd by
-//!   [`super::shim::start_job`] (own session, born in its cgroup by
+//!   [`super::shim::start_job_nowait`] (own session, born in its cgroup by
 //!   `clone3(CLONE_INTO_CGROUP)` where the kernel allows, else entering it;
 //!   CPUs pinned, rlimits, uid/gid), between clone and exec in this small
-//!   single-threaded process; the same size-capped logs, timeout, cancel (SIGUSR1 after the
+//!   single-threaded process. The thread does not wait for the exec: the
+//!   child's exec report is read as any other pipe, so the next job starts
+//!   while this one's child waits for a CPU or execs, and the `ok` goes out
+//!   as soon as the report closes ([`LineSender`] writes a line at once).
+//!   The same size-capped logs, timeout, cancel (SIGUSR1 after the
 //!   agent wrote the job's `cancel` file: each job checks its own), lease
 //!   fencing ([`super::lease`]), and SIGTERM / SIGINT to the supervisor
 //!   cancel every job with its grace.
@@ -60,9 +64,9 @@ use nix::libc;
 use nix::sys::prctl;
 use nix::sys::wait::WaitStatus;
 use nix::unistd::{Pid, getpid, getsid, setsid};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::net::UnixListener;
 use tokio::net::unix::pipe;
-use tokio::net::{UnixListener, UnixStream};
 use tokio::signal::unix::{Signal as SignalStream, SignalKind, signal};
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -74,8 +78,8 @@ use super::jobdir::{JobDir, read_json};
 use super::logcap::CappedLog;
 use super::procfs;
 use super::shim::{
-    PIPE_DRAIN_LIMIT, TermReason, Termination, Usage, diag, exit_record, fence, set_diag_log,
-    start_job, terminate,
+    PIPE_DRAIN_LIMIT, Started, TermReason, Termination, Usage, diag, exec_failed, exit_record,
+    fence, set_diag_log, start_job_nowait, terminate,
 };
 use super::spec::{CancelRequest, JobExit, JobOutcome, ShimSpec, now_ms, validate_id};
 
@@ -129,7 +133,7 @@ struct Sup {
     /// Jobs started and not yet recorded as ended.
     running: AtomicUsize,
     /// The connections' outgoing lines (normally one: the executor's).
-    conns: Mutex<Vec<mpsc::UnboundedSender<String>>>,
+    conns: Mutex<Vec<LineSender>>,
     /// Poked when a job ends or the connection closes.
     idle: Notify,
     /// Bumped on SIGUSR1: jobs look for their `cancel` file.
@@ -146,8 +150,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Sup {
     /// To every connection: each reader ignores ids it did not ask for.
     fn send(&self, line: String) {
-        for tx in lock(&self.conns).iter() {
-            let _ = tx.send(line.clone());
+        for out in lock(&self.conns).iter() {
+            let _ = out.send(line.clone());
         }
     }
 
@@ -203,11 +207,13 @@ async fn serve(state_dir: &Path, me: i32) -> Result<()> {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let (tx, rx) = mpsc::unbounded_channel();
+                    let (rd, wr) = stream.into_split();
+                    let out = LineSender::new(wr);
+                    let _ = out.send(format!("hello {}\n", sup.me));
                     // Added here, not in the task: the idle check never
                     // misses an accepted connection.
-                    lock(&sup.conns).push(tx.clone());
-                    tokio::spawn(connection(Arc::clone(&sup), stream, tx, rx));
+                    lock(&sup.conns).push(out.clone());
+                    tokio::spawn(connection(Arc::clone(&sup), rd, out));
                 }
                 Err(e) => {
                     diag(format_args!("accept on {}: {e}", sock.display()));
@@ -317,15 +323,7 @@ async fn signals(
 }
 
 /// One executor's connection: its `start` lines in, our lines out.
-async fn connection(
-    sup: Arc<Sup>,
-    stream: UnixStream,
-    tx: mpsc::UnboundedSender<String>,
-    rx: mpsc::UnboundedReceiver<String>,
-) {
-    let (rd, wr) = stream.into_split();
-    let _ = tx.send(format!("hello {}\n", sup.me));
-    tokio::spawn(write_lines(wr, rx));
+async fn connection(sup: Arc<Sup>, rd: tokio::net::unix::OwnedReadHalf, out: LineSender) {
     let mut lines = BufReader::new(rd).lines();
     loop {
         match lines.next_line().await {
@@ -343,7 +341,7 @@ async fn connection(
             }
         }
     }
-    lock(&sup.conns).retain(|c| !c.same_channel(&tx));
+    lock(&sup.conns).retain(|c| !c.same(&out));
     sup.idle.notify_one();
 }
 
@@ -362,7 +360,11 @@ struct Launched {
 
 /// Start one job, answer the executor, supervise the job to its end.
 async fn job(sup: Arc<Sup>, id: String) {
-    match launch(&sup, &id) {
+    let launched = match launch(&sup, &id) {
+        Ok(cloned) => confirm(&sup, &id, cloned).await,
+        Err(e) => Err(e),
+    };
+    match launched {
         Ok(l) => {
             sup.send(format!("ok {id} {}\n", l.pid));
             if let Err(e) = supervise(&sup, l).await {
@@ -382,10 +384,25 @@ async fn job(sup: Arc<Sup>, id: String) {
     sup.idle.notify_one();
 }
 
-/// Everything up to the job running with its pipes watched. No await
-/// between the fork and the registration of its pid: the reaper runs on
-/// this same thread, so it cannot reap the job before it is known.
-fn launch(sup: &Sup, id: &str) -> Result<Launched> {
+/// A job cloned (and its pid registered with the reaper) whose exec may
+/// not have happened yet.
+struct Cloned {
+    jd: JobDir,
+    spec: ShimSpec,
+    started: Started,
+    main: oneshot::Receiver<MainExit>,
+    out_log: CappedLog,
+    err_log: CappedLog,
+    started_at_ms: u64,
+}
+
+/// Everything up to the job's process cloned, its pid known to the
+/// reaper. No await between the clone and the registration of its pid:
+/// the reaper runs on this same thread, so it cannot reap the job before
+/// it is known. The exec is awaited by [`confirm`], so that the next
+/// job's start does not wait for this one's exec (the child may wait for
+/// a CPU before it gets there).
+fn launch(sup: &Sup, id: &str) -> Result<Cloned> {
     validate_id(id)?;
     let jd = JobDir::new(sup.jobs_dir.join(id));
     let record = jd.read_record()?;
@@ -421,23 +438,81 @@ fn launch(sup: &Sup, id: &str) -> Result<Launched> {
         spec.log_cap_bytes,
         jd.truncated_marker("stderr"),
     );
-    let (out_stats, err_stats) = (out_log.stats(), err_log.stats());
-    let started = cpu_set(&spec.job.cpus).and_then(|set| start_job(&spec, Some(set), true));
+    let started = cpu_set(&spec.job.cpus).and_then(|set| start_job_nowait(&spec, Some(set), true));
     let started = match started {
         Ok(s) => s,
-        Err(e) => {
-            let reason = match &e {
-                ExecError::StartFailed { reason, .. } => reason.clone(),
-                other => other.to_string(),
-            };
-            // If no executor is listening any more, readopt() reports it.
-            jd.record_exit(&JobExit::bare(id, JobOutcome::StartFailed(reason)))?;
-            return Err(e);
-        }
+        Err(e) => return Err(start_failed(&jd, id, e)),
     };
-    let pid = started.pid;
     let (tx, main) = oneshot::channel();
-    lock(&sup.waiting).insert(pid, tx);
+    lock(&sup.waiting).insert(started.pid, tx);
+    Ok(Cloned {
+        jd,
+        spec,
+        started,
+        main,
+        out_log,
+        err_log,
+        started_at_ms,
+    })
+}
+
+/// A start that failed: its exit in the record (if no executor is
+/// listening any more, readopt() reports it from there), and the error.
+fn start_failed(jd: &JobDir, id: &str, e: ExecError) -> ExecError {
+    let reason = match &e {
+        ExecError::StartFailed { reason, .. } => reason.clone(),
+        other => other.to_string(),
+    };
+    match jd.record_exit(&JobExit::bare(id, JobOutcome::StartFailed(reason))) {
+        Ok(()) => e,
+        Err(write) => write,
+    }
+}
+
+/// Wait (without blocking the thread) for the cloned job's exec, then
+/// record it and watch its pipes: the job runs.
+async fn confirm(sup: &Sup, id: &str, c: Cloned) -> Result<Launched> {
+    let Cloned {
+        jd,
+        spec,
+        mut started,
+        main,
+        out_log,
+        err_log,
+        started_at_ms,
+    } = c;
+    let pid = started.pid;
+    if let Some(report) = started.exec_report.take() {
+        let mut bytes = Vec::new();
+        let read = match pipe::Receiver::from_owned_fd(report) {
+            Ok(mut rx) => rx.read_to_end(&mut bytes).await.map(drop),
+            Err(e) => Err(e),
+        };
+        if read.is_ok()
+            && let Some(hold) = started.exec_hold.take()
+        {
+            hold.release();
+        }
+        let failed = match read {
+            Ok(()) => exec_failed(&spec.job, &bytes),
+            Err(e) => Some(ExecError::io("read the exec report of", jd.path(), e)),
+        };
+        if let Some(e) = failed {
+            // The child has exited (or is killed here, its report unread):
+            // the reaper reaps it and finds nobody waiting.
+            if read_failed(&e) {
+                JobProcs {
+                    pgid: pid,
+                    shim: None,
+                    cgroup: spec.cgroup.as_deref(),
+                }
+                .kill_all();
+            }
+            lock(&sup.waiting).remove(&pid);
+            return Err(start_failed(&jd, id, e));
+        }
+    }
+    let (out_stats, err_stats) = (out_log.stats(), err_log.stats());
     let starttime = procfs::stat(pid).map_or(0, |st| st.starttime);
     let pumps = jd.record_job(pid, starttime).and_then(|()| {
         let pump = |fd, log: CappedLog| -> Result<_> {
@@ -470,11 +545,18 @@ fn launch(sup: &Sup, id: &str) -> Result<Launched> {
                 cgroup: spec.cgroup.as_deref(),
             }
             .kill_all();
+            lock(&sup.waiting).remove(&pid);
             let reason = e.to_string();
             let _ = jd.record_exit(&JobExit::bare(id, JobOutcome::StartFailed(reason)));
             Err(e)
         }
     }
+}
+
+/// Whether a start failed because its exec report could not be read
+/// (rather than because the child reported a failed step).
+fn read_failed(e: &ExecError) -> bool {
+    !matches!(e, ExecError::StartFailed { .. })
 }
 
 /// The shim's supervision loop for one job of many: the main process's
@@ -576,21 +658,120 @@ async fn supervise(sup: &Sup, mut l: Launched) -> Result<()> {
     l.jd.record_exit(&exit)
 }
 
-/// Write the lines queued on `rx` to one side of the supervisor's socket,
-/// those queued meanwhile in one write, until the channel or the socket
-/// closes. Both ends use it: the supervisor to each connection, the
-/// executor to its supervisor.
-pub(super) async fn write_lines(
-    mut wr: tokio::net::unix::OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<String>,
-) {
-    while let Some(line) = rx.recv().await {
-        let mut buf = line.into_bytes();
+/// Lines to one side of the supervisor's socket. Both ends use it: the
+/// supervisor to each connection, the executor to its supervisor. A line
+/// is written at once when the socket takes it, with no hop through a
+/// task (on the supervisor's one thread a writer task would run only
+/// after every other task ready by then, e.g. the next jobs' starts);
+/// what the socket does not take is queued, in order, for a writer task,
+/// and later lines join the queue until it is written.
+#[derive(Clone, Debug)]
+pub(super) struct LineSender {
+    inner: Arc<LineInner>,
+    tx: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+#[derive(Debug)]
+struct LineInner {
+    wr: tokio::net::unix::OwnedWriteHalf,
+    /// True while lines wait in the queue or the writer is writing them:
+    /// a new line must go behind them.
+    queued: Mutex<bool>,
+}
+
+impl LineSender {
+    /// A sender on `wr` and its writer task; the write half is closed once
+    /// every clone of the sender is dropped and the queue is written.
+    pub(super) fn new(wr: tokio::net::unix::OwnedWriteHalf) -> Self {
+        let inner = Arc::new(LineInner {
+            wr,
+            queued: Mutex::new(false),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_queued(Arc::clone(&inner), rx));
+        Self { inner, tx }
+    }
+
+    /// Send `line` (newline included); an error once the socket is broken
+    /// or the writer gone.
+    pub(super) fn send(&self, line: String) -> std::result::Result<(), ()> {
+        let mut queued = lock(&self.inner.queued);
+        let mut bytes = line.into_bytes();
+        if !*queued {
+            match self.inner.wr.try_write(&bytes) {
+                Ok(n) if n == bytes.len() => return Ok(()),
+                Ok(n) => {
+                    bytes.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return Err(()),
+            }
+            *queued = true;
+        }
+        self.tx.send(bytes).map_err(drop)
+    }
+
+    /// Whether both are senders on the same connection.
+    pub(super) fn same(&self, other: &LineSender) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// Write what [`LineSender::send`] queued, those queued meanwhile in one
+/// write, until every sender is gone or the socket breaks.
+async fn write_queued(inner: Arc<LineInner>, mut rx: mpsc::UnboundedReceiver<Vec<u8>>) {
+    while let Some(mut buf) = rx.recv().await {
         while let Ok(more) = rx.try_recv() {
-            buf.extend_from_slice(more.as_bytes());
+            buf.extend_from_slice(&more);
         }
-        if wr.write_all(&buf).await.is_err() {
-            break;
+        let mut done = 0;
+        while done < buf.len() {
+            if inner.wr.writable().await.is_err() {
+                return;
+            }
+            match inner.wr.try_write(&buf[done..]) {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => return,
+            }
         }
+        // Senders queue only while holding this lock: with the queue empty
+        // under it, the next line may be written directly again.
+        let mut queued = lock(&inner.queued);
+        if rx.is_empty() {
+            *queued = false;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines written directly and lines queued behind a full socket come
+    /// out complete and in order, and the write half closes once the
+    /// senders are gone.
+    #[tokio::test(flavor = "current_thread")]
+    async fn lines_keep_their_order_through_a_full_socket() {
+        let (a, b) = tokio::net::UnixStream::pair().unwrap();
+        let (_rd, wr) = a.into_split();
+        let out = LineSender::new(wr);
+        let copy = out.clone();
+        // Far more than a socket buffer holds: most of them queue.
+        let n = 50_000;
+        for i in 0..n {
+            let s = if i % 2 == 0 { &out } else { &copy };
+            s.send(format!("line {i} {}\n", "x".repeat(i % 97)))
+                .unwrap();
+        }
+        assert!(*lock(&out.inner.queued), "the socket filled up");
+        assert!(out.same(&copy));
+        drop((out, copy));
+        let mut lines = BufReader::new(b).lines();
+        for i in 0..n {
+            let line = lines.next_line().await.unwrap().unwrap();
+            assert_eq!(line, format!("line {i} {}", "x".repeat(i % 97)));
+        }
+        assert!(lines.next_line().await.unwrap().is_none(), "closed");
     }
 }
