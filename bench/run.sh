@@ -238,10 +238,5 @@ if [ -f "$ROOT/docs/bench/by-hand.md" ]; then
   doc ""
   cat "$ROOT/docs/bench/by-hand.md" >>"$TMP/doc"
 fi
-# The measurement that chose the dispatcher's defaults, unchanged.
-if [ -f "$ROOT/docs/bench/defaults.md" ]; then
-  doc ""
-  cat "$ROOT/docs/bench/defaults.md" >>"$TMP/doc"
-fi
 mv "$TMP/doc" "$OUT"
 echo "wrote $OUT" >&2
