@@ -211,6 +211,140 @@ pub fn find_aligned_in(
         return Some(Vec::new());
     }
     let ok = |l: LeafId| is_idle(l) && allowed.is_none_or(|a| a.contains(l));
+    if let Some(masks) = topo.leaf_masks() {
+        let free = (0..topo.nr_leaves())
+            .filter(|&l| ok(l))
+            .fold(0u64, |m, l| m | 1 << l);
+        return masks.find_aligned(k, align, policy, free);
+    }
+    find_aligned_scan(topo, k, align, policy, &ok)
+}
+
+/// Cores and alignment groups of a machine of at most 64 leaves as bit
+/// masks (bit `l` = leaf `l`), so that [`find_aligned_in`] counts a
+/// group's or a core's idle leaves by a popcount instead of a walk
+/// (the dispatcher's CPU model claims on every job start).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeafMasks {
+    /// `cores[c]`: the leaves of core `c` ([`Topology::cores`] order).
+    cores: Vec<u64>,
+    /// Per level in [`Align::ALL`] order: its groups, in `align_groups`
+    /// order.
+    groups: [Vec<u64>; 5],
+}
+
+impl LeafMasks {
+    /// The masks of `topo`; `None` above 64 leaves.
+    pub fn of(topo: &Topology) -> Option<Self> {
+        if topo.nr_leaves() > 64 {
+            return None;
+        }
+        let mask = |g: &[LeafId]| g.iter().fold(0u64, |m, &l| m | 1 << l);
+        Some(Self {
+            cores: topo.cores().iter().map(|c| mask(c)).collect(),
+            groups: Align::ALL.map(|a| groups(topo, a).map(mask).collect()),
+        })
+    }
+
+    /// [`find_aligned_in`] with the allowed idle leaves given as the mask
+    /// `free`: the same choice as the walk ([`find_aligned_scan`]), group
+    /// and core counts by popcount. Spread: best fit among the groups
+    /// (fewest free leaves that hold `k`, first on ties), then round by
+    /// round the lowest free leaf left of each core, whole free cores
+    /// first, each in core order; pack: the first group with room, then
+    /// the free leaves core by core.
+    fn find_aligned(
+        &self,
+        k: usize,
+        align: Align,
+        policy: Policy,
+        free: u64,
+    ) -> Option<Vec<LeafId>> {
+        let mut best: Option<(u32, u64)> = None;
+        for &g in &self.groups[align.index()] {
+            let n = (g & free).count_ones();
+            if (n as usize) < k {
+                continue;
+            }
+            match policy {
+                Policy::Pack => {
+                    best = Some((n, g));
+                    break;
+                }
+                Policy::Spread => {
+                    if best.is_none_or(|(b, _)| n < b) {
+                        best = Some((n, g));
+                    }
+                }
+            }
+        }
+        let (_, group) = best?;
+        let free = group & free;
+        let mut out = Vec::with_capacity(k);
+        match policy {
+            Policy::Pack => {
+                for &c in &self.cores {
+                    let mut left = c & free;
+                    while left != 0 {
+                        out.push(left.trailing_zeros() as LeafId);
+                        if out.len() == k {
+                            return Some(out);
+                        }
+                        left &= left - 1;
+                    }
+                }
+            }
+            Policy::Spread => {
+                // The free leaves of each core with one, whole cores
+                // first (at most 64 cores); `k` cores are enough (the
+                // first round takes one leaf of each of them).
+                let mut left = [0u64; 64];
+                let mut n = 0;
+                'collect: for whole_pass in [true, false] {
+                    for &c in &self.cores {
+                        let f = c & free;
+                        if f != 0 && (f == c) == whole_pass {
+                            left[n] = f;
+                            n += 1;
+                            if n == k {
+                                break 'collect;
+                            }
+                        }
+                    }
+                }
+                loop {
+                    let before = out.len();
+                    for f in &mut left[..n] {
+                        if *f != 0 {
+                            out.push(f.trailing_zeros() as LeafId);
+                            if out.len() == k {
+                                return Some(out);
+                            }
+                            *f &= *f - 1;
+                        }
+                    }
+                    if out.len() == before {
+                        break;
+                    }
+                }
+            }
+        }
+        (out.len() == k).then_some(out)
+    }
+}
+
+/// [`find_aligned_in`] by walking the leaves (any size of machine; the
+/// only path above 64 leaves).
+fn find_aligned_scan(
+    topo: &Topology,
+    k: usize,
+    align: Align,
+    policy: Policy,
+    ok: &impl Fn(LeafId) -> bool,
+) -> Option<Vec<LeafId>> {
+    if k == 0 {
+        return Some(Vec::new());
+    }
     let mut best: Option<(usize, &[LeafId])> = None;
     for group in groups(topo, align) {
         let idle = group.iter().filter(|&&l| ok(l)).count();
@@ -235,7 +369,7 @@ pub fn find_aligned_in(
         // in number order, each ascending, are the order below already,
         // so the cores are walked in place (no `keyed` / `by_core`: the
         // common case of a cluster node's CPU model).
-        return whole_topology(topo, k, policy, &ok);
+        return whole_topology(topo, k, policy, ok);
     }
     // Leaves of the group, core by core in rank order: `keyed` sorted by
     // (core, leaf), packed in one u64 each so that the sort compares
@@ -559,6 +693,10 @@ mod tests {
                 find_aligned_in(&topo, k, align, policy, None, idle),
                 find_aligned_oracle(&topo, k, align, policy, idle)
             );
+            proptest::prop_assert_eq!(
+                find_aligned_scan(&topo, k, align, policy, &idle),
+                find_aligned_oracle(&topo, k, align, policy, idle)
+            );
             let summary = free_summary_of(&topo, idle);
             for a in Align::ALL {
                 let most = align_groups(&topo, a)
@@ -568,6 +706,33 @@ mod tests {
                     .unwrap_or(0);
                 proptest::prop_assert_eq!(summary.get(a), most);
             }
+        }
+
+        /// The word scan (machines of up to 64 leaves) and the walk (any
+        /// size) give the oracle's answer, with an affinity mask, on
+        /// machines on both sides of 64 leaves.
+        #[test]
+        fn word_scan_and_walk_match_the_oracle(
+            sockets in 1usize..5, cores in 1usize..17, threads in 1usize..4,
+            busy in proptest::collection::vec(proptest::bool::ANY, 200),
+            denied in proptest::collection::vec(proptest::bool::ANY, 0..200),
+            k in 0usize..16, align in 0usize..5, pack in proptest::bool::ANY,
+        ) {
+            let topo = Topology::from_spec(&format!("{sockets}s:{cores}c:{threads}t")).unwrap();
+            let n = topo.nr_leaves();
+            proptest::prop_assert_eq!(topo.leaf_masks().is_some(), n <= 64);
+            let allowed = (!denied.is_empty()).then(|| {
+                LeafSet::from_leaves(n, (0..n).filter(|&l| !denied[l % denied.len()]))
+            });
+            let idle = |l: LeafId| !busy[l % busy.len()];
+            let ok = |l: LeafId| idle(l) && allowed.as_ref().is_none_or(|a| a.contains(l));
+            let (align, policy) = (Align::ALL[align], if pack { Policy::Pack } else { Policy::Spread });
+            let want = find_aligned_oracle(&topo, k, align, policy, ok);
+            proptest::prop_assert_eq!(
+                &find_aligned_in(&topo, k, align, policy, allowed.as_ref(), idle),
+                &want
+            );
+            proptest::prop_assert_eq!(&find_aligned_scan(&topo, k, align, policy, &ok), &want);
         }
     }
 }

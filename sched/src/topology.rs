@@ -262,6 +262,9 @@ pub struct Topology {
     sibling_lists: Vec<Vec<usize>>,
     /// For each LLC, its parent domain's entry in `sibling_lists`.
     llc_sibling_list: Vec<usize>,
+    /// Cores and alignment groups as bit masks, for a machine of at most
+    /// 64 leaves (the allocator's word scan); `None` above that.
+    leaf_masks: Option<Box<crate::alloc::LeafMasks>>,
 }
 
 impl Topology {
@@ -504,7 +507,7 @@ impl Topology {
             llc_sibling_list.push(list);
         }
 
-        Ok(Self {
+        let mut topo = Self {
             os_ids,
             level_names: levels.into_iter().map(|l| l.name).collect(),
             nodes,
@@ -521,7 +524,15 @@ impl Topology {
             package_groups,
             sibling_lists,
             llc_sibling_list,
-        })
+            leaf_masks: None,
+        };
+        topo.leaf_masks = crate::alloc::LeafMasks::of(&topo).map(Box::new);
+        Ok(topo)
+    }
+
+    /// The cores and alignment groups as bit masks (at most 64 leaves).
+    pub fn leaf_masks(&self) -> Option<&crate::alloc::LeafMasks> {
+        self.leaf_masks.as_deref()
     }
 
     /// Number of leaves.
