@@ -37,6 +37,20 @@ pub(crate) struct ExecImage {
 }
 
 impl ExecImage {
+    /// `argv` and `envp` as the NULL-terminated arrays of pointers exec
+    /// takes; they point into this image's strings, whose buffers stay put
+    /// when the image is moved.
+    pub(super) fn pointers(&self) -> (Vec<*const libc::c_char>, Vec<*const libc::c_char>) {
+        let terminated = |strings: &[CString]| {
+            strings
+                .iter()
+                .map(|a| a.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        (terminated(&self.argv), terminated(&self.envp))
+    }
+
     /// The image of `command args...` with exactly `env` (whose `PATH`, or
     /// `default_path`, finds a command without a slash) run in `cwd`.
     pub(crate) fn new<'a>(
@@ -174,26 +188,14 @@ pub(crate) unsafe fn clone_into_cgroup(
     image: &ExecImage,
     setup: &dyn Fn(&OwnedFd) -> io::Result<()>,
 ) -> Result<Cloned, SpawnError> {
-    let cgroup_dir = open(
-        cgroup,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(SpawnError::Unsupported)?;
-    let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| SpawnError::Setup(e.into()));
-    let (out_r, out_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
-    let (report_r, report_w) = pipe()?;
-    let null = open(
-        "/dev/null",
-        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| SpawnError::Setup(e.into()))?;
-    let mut argv: Vec<*const libc::c_char> = image.argv.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = image.envp.iter().map(|a| a.as_ptr()).collect();
-    envp.push(std::ptr::null());
+    let ChildEnds {
+        cgroup_dir,
+        null,
+        out: (out_r, out_w),
+        err: (err_r, err_w),
+        report: (report_r, report_w),
+    } = ChildEnds::open(cgroup)?;
+    let (argv, envp) = image.pointers();
     let mut args = CloneArgs {
         flags: CLONE_INTO_CGROUP,
         exit_signal: libc::SIGCHLD as u64,
@@ -234,6 +236,45 @@ pub(crate) unsafe fn clone_into_cgroup(
         stderr: err_r,
         report: report_r,
     })
+}
+
+/// The descriptors a child is cloned with, all close-on-exec: its cgroup
+/// directory (`CLONE_INTO_CGROUP`), `/dev/null` for its stdin, and three
+/// pipes, (read end, write end) each: stdout, stderr and the exec report.
+pub(super) struct ChildEnds {
+    pub(super) cgroup_dir: OwnedFd,
+    pub(super) null: OwnedFd,
+    pub(super) out: (OwnedFd, OwnedFd),
+    pub(super) err: (OwnedFd, OwnedFd),
+    pub(super) report: (OwnedFd, OwnedFd),
+}
+
+impl ChildEnds {
+    /// Open them for a child born in the cgroup directory `cgroup` (an
+    /// unopenable cgroup is `Unsupported`: the caller falls back).
+    pub(super) fn open(cgroup: &Path) -> Result<Self, SpawnError> {
+        let cgroup_dir = open(
+            cgroup,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(SpawnError::Unsupported)?;
+        let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| SpawnError::Setup(e.into()));
+        let (out, err, report) = (pipe()?, pipe()?, pipe()?);
+        let null = open(
+            "/dev/null",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| SpawnError::Setup(e.into()))?;
+        Ok(Self {
+            cgroup_dir,
+            null,
+            out,
+            err,
+            report,
+        })
+    }
 }
 
 /// Between clone and exec; returns only with the errno of what failed

@@ -38,15 +38,13 @@
 //! uses the fork-style clone.
 
 use std::arch::asm;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, open};
 use nix::libc;
-use nix::sys::stat::Mode;
 
-use super::clone3::{CLONE_INTO_CGROUP, CloneArgs, Cloned, ExecImage, SpawnError};
+use super::clone3::{CLONE_INTO_CGROUP, ChildEnds, CloneArgs, Cloned, ExecImage, SpawnError};
 
 /// What the child does between the clone and the exec, as data: the same
 /// steps, in the same order and under the same names in a failure report,
@@ -119,26 +117,14 @@ pub(crate) fn clone_vm_into_cgroup(
     image: ExecImage,
     setup: ChildPlan,
 ) -> Result<(Cloned, Hold), SpawnError> {
-    let cgroup_dir = open(
-        cgroup,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(SpawnError::Unsupported)?;
-    let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| SpawnError::Setup(e.into()));
-    let (out_r, out_w) = pipe()?;
-    let (err_r, err_w) = pipe()?;
-    let (report_r, report_w) = pipe()?;
-    let null: OwnedFd = open(
-        "/dev/null",
-        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| SpawnError::Setup(e.into()))?;
-    let mut argv: Vec<*const libc::c_char> = image.argv.iter().map(|a| a.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let mut envp: Vec<*const libc::c_char> = image.envp.iter().map(|a| a.as_ptr()).collect();
-    envp.push(std::ptr::null());
+    let ChildEnds {
+        cgroup_dir,
+        null,
+        out: (out_r, out_w),
+        err: (err_r, err_w),
+        report: (report_r, report_w),
+    } = ChildEnds::open(cgroup)?;
+    let (argv, envp) = image.pointers();
     let plan = Plan {
         image,
         argv,
@@ -511,6 +497,7 @@ mod tests {
     use super::*;
     use std::collections::BTreeMap;
     use std::io::Read;
+    use std::os::fd::OwnedFd;
 
     fn image(command: &str, args: &[&str]) -> ExecImage {
         let env: BTreeMap<String, String> = [("X".to_string(), "y".to_string())].into();
