@@ -29,11 +29,18 @@ const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
 /// mimalloc's `mi_option_purge_delay` (index 15 in both generations).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
+/// How long freed pages stay committed before they are purged, ms.
+const PURGE_DELAY_MS: OptionValue = 10;
+
+/// mimalloc's option values.
+type OptionValue = std::ffi::c_long;
+
 /// Commit arena memory as it is used rather than up front, and give freed
-/// pages back at once rather than after a delay (1 s in the version we
-/// build): with eager commit the dispatcher started at 64 MiB of RSS
-/// instead of 52 and held about 2 KB more per pending job, and with the
-/// delay about 0.4 KB more, for no throughput (measured in
+/// pages back after 10 ms rather than the version's default 1 s: with
+/// eager commit the dispatcher started at 64 MiB of RSS instead of 52 and
+/// held about 2 KB more per pending job, for no throughput; the 1 s delay
+/// held 0.2-0.4 KB more per pending job than 10 ms, and purging at once
+/// (0) cost 5-10% of the throughput at overload (measured in
 /// docs/BENCHMARKS.md, "The allocator"). The options must be set before
 /// the first allocation reserves mimalloc's first arena, which happens
 /// before `main`: this runs from `.init_array`, after mimalloc's own
@@ -43,7 +50,7 @@ extern "C" fn tune_allocator() {
     // table; the index is one of its options (see the constant).
     unsafe {
         libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
-        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0);
+        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS);
     }
 }
 
@@ -711,7 +718,7 @@ mod tests {
         assert_eq!(eager, 0);
         // SAFETY: as above.
         let delay = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-        assert_eq!(delay, 0);
+        assert_eq!(delay, PURGE_DELAY_MS);
         // The allocator in use is mimalloc: a block it allocated is its own.
         let block = Box::new([0u8; 64]);
         // SAFETY: asks whether a live pointer lies in mimalloc's heap.
