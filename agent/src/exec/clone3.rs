@@ -336,6 +336,22 @@ fn read_all(fd: OwnedFd) -> String {
     s
 }
 
+/// A cgroup v2 directory `<test>-test-<pid>-<name>` under this process's
+/// own, or None where the machine has none writable (the test then checks
+/// nothing it cannot). For the tests of both clone starts.
+#[cfg(test)]
+pub(super) fn scratch_cgroup(test: &str, name: &str) -> Option<std::path::PathBuf> {
+    let (mount, own) = (
+        super::cgroup::cgroup2_mount()?,
+        super::cgroup::own_cgroup()?,
+    );
+    let dir = mount
+        .join(own.strip_prefix("/").unwrap_or(&own))
+        .join(format!("{test}-test-{}-{name}", std::process::id()));
+    std::fs::create_dir(&dir).ok()?;
+    Some(dir)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,18 +377,8 @@ mod tests {
         assert!(ExecImage::new("a\0b", &[], &BTreeMap::new(), "/bin", Path::new("/")).is_err());
     }
 
-    /// A cgroup v2 directory under this process's own, or None where the
-    /// machine has none writable (the test then checks nothing it cannot).
     fn scratch_cgroup(name: &str) -> Option<std::path::PathBuf> {
-        let (mount, own) = (
-            super::super::cgroup::cgroup2_mount()?,
-            super::super::cgroup::own_cgroup()?,
-        );
-        let dir = mount
-            .join(own.strip_prefix("/").unwrap_or(&own))
-            .join(format!("clone3-test-{}-{name}", std::process::id()));
-        std::fs::create_dir(&dir).ok()?;
-        Some(dir)
+        super::scratch_cgroup("clone3", name)
     }
 
     /// A child started and its exec waited for, as `shim::start_job` does.

@@ -506,15 +506,7 @@ mod tests {
     }
 
     fn scratch_cgroup(name: &str) -> Option<std::path::PathBuf> {
-        let (mount, own) = (
-            super::super::cgroup::cgroup2_mount()?,
-            super::super::cgroup::own_cgroup()?,
-        );
-        let dir = mount
-            .join(own.strip_prefix("/").unwrap_or(&own))
-            .join(format!("vmclone-test-{}-{name}", std::process::id()));
-        std::fs::create_dir(&dir).ok()?;
-        Some(dir)
+        super::super::clone3::scratch_cgroup("vmclone", name)
     }
 
     fn read_all(fd: OwnedFd) -> Vec<u8> {
