@@ -628,6 +628,67 @@ impl Facts<'_> {
     }
 }
 
+/// The keys of the jobs in a phase that jobs pass through within one
+/// operation (a new job until it is placed, a placed job until it is
+/// sent), kept by lazy deletion: entering the phase appends the key,
+/// leaving it only counts down `live`; a key is in the phase when its
+/// job's phase says so, so readers filter (and sort, and deduplicate: a
+/// job that left and came back is listed twice). The log is compacted
+/// when it holds more than twice its live keys plus [`PhaseLog::SLACK`],
+/// so it stays O(live) and each change O(1) amortized, where a B-tree
+/// insert and remove cost ~450 instructions per job and phase.
+#[derive(Default)]
+struct PhaseLog {
+    keys: Vec<JobKey>,
+    /// Jobs in the phase now.
+    live: usize,
+}
+
+impl PhaseLog {
+    /// Stale keys tolerated beyond twice the live ones.
+    const SLACK: usize = 64;
+
+    fn add(&mut self, key: JobKey) {
+        self.keys.push(key);
+        self.live += 1;
+    }
+
+    fn remove(&mut self) {
+        self.live = self.live.saturating_sub(1);
+    }
+
+    fn needs_compaction(&self) -> bool {
+        self.keys.len() > 2 * self.live + Self::SLACK
+    }
+
+    /// The keys in the phase (`is_in`), sorted, each once.
+    fn live_keys(&self, is_in: impl Fn(JobKey) -> bool) -> Vec<JobKey> {
+        if self.live == 0 {
+            return Vec::new();
+        }
+        let mut keys: Vec<JobKey> = self.keys.iter().copied().filter(|&k| is_in(k)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
+    /// Keep only the keys in the phase, once each.
+    fn compact(&mut self, is_in: impl Fn(JobKey) -> bool) {
+        self.keys = self.live_keys(is_in);
+        debug_assert_eq!(self.keys.len(), self.live, "a phase log's live count");
+    }
+}
+
+/// `Unplaced::New`: the phase of [`Jobs::fresh`].
+fn is_fresh(p: &Phase) -> bool {
+    matches!(p, Phase::Unplaced { why: Unplaced::New })
+}
+
+/// `Queued` and not waiting: the phase of [`Jobs::starting`].
+fn is_starting(p: &Phase) -> bool {
+    matches!(p, Phase::Queued { waiting: false, .. })
+}
+
 /// The job table and its indexes.
 #[derive(Default)]
 pub struct Jobs {
@@ -638,8 +699,17 @@ pub struct Jobs {
     next_task: u64,
     by_node: IdMap<String, BTreeSet<JobKey>>,
     awaiting: BTreeSet<JobKey>,
+    /// Unplaced jobs but the new ones (`Unplaced::New`, in `fresh`).
     unplaced: BTreeSet<JobKey>,
+    /// Queued jobs waiting in their node's queue (the others, about to
+    /// be sent, in `starting`).
     queued: BTreeSet<JobKey>,
+    /// Jobs just accepted, not placed yet (`Unplaced::New`): a phase a
+    /// job leaves within its submit.
+    fresh: PhaseLog,
+    /// Queued jobs that the engine started (`waiting: false`): a phase a
+    /// placed job leaves when the operation's events are processed.
+    starting: PhaseLog,
     /// ASSIGNED jobs not asked back (`steal_asked: None`), by `since`.
     unasked: BTreeSet<(i64, JobKey)>,
     /// GPUs taken per node by the jobs whose phase names it.
@@ -773,20 +843,43 @@ impl Jobs {
         self.awaiting.iter().copied().collect()
     }
 
+    /// True when `key`'s job is in a phase `is` accepts.
+    fn in_phase(&self, key: JobKey, is: fn(&Phase) -> bool) -> bool {
+        self.table.get(&key).is_some_and(|e| is(&e.phase))
+    }
+
+    /// The keys of an index and of a phase log, in key order.
+    fn merged(
+        &self,
+        set: &BTreeSet<JobKey>,
+        log: &PhaseLog,
+        is: fn(&Phase) -> bool,
+    ) -> Vec<JobKey> {
+        let extra = log.live_keys(|k| self.in_phase(k, is));
+        if extra.is_empty() {
+            return set.iter().copied().collect();
+        }
+        let mut keys: Vec<JobKey> = set.iter().copied().chain(extra).collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// PENDING jobs not in the engine.
     pub fn unplaced(&self) -> Vec<JobKey> {
-        self.unplaced.iter().copied().collect()
+        self.merged(&self.unplaced, &self.fresh, is_fresh)
     }
 
     /// PENDING jobs in the engine.
     pub fn queued(&self) -> Vec<JobKey> {
-        self.queued.iter().copied().collect()
+        self.merged(&self.queued, &self.starting, is_starting)
     }
 
     /// The `n` oldest PENDING jobs (lowest keys), unplaced or queued.
     pub fn oldest_pending(&self, n: usize) -> Vec<JobKey> {
         let mut keys: Vec<JobKey> = self.unplaced.iter().take(n).copied().collect();
         keys.extend(self.queued.iter().take(n));
+        keys.extend(self.fresh.live_keys(|k| self.in_phase(k, is_fresh)));
+        keys.extend(self.starting.live_keys(|k| self.in_phase(k, is_starting)));
         keys.sort_unstable();
         keys.truncate(n);
         keys
@@ -816,6 +909,21 @@ impl Jobs {
             self.done_new.push(key);
         }
         self.write_phase(key, phase);
+        self.compact_logs();
+    }
+
+    /// Compact the phase logs that need it (the table's phases must be
+    /// current: not inside [`Jobs::set_phase`]'s swap).
+    fn compact_logs(&mut self) {
+        let table = &self.table;
+        let is_in =
+            |is: fn(&Phase) -> bool| move |k: JobKey| table.get(&k).is_some_and(|e| is(&e.phase));
+        if self.fresh.needs_compaction() {
+            self.fresh.compact(is_in(is_fresh));
+        }
+        if self.starting.needs_compaction() {
+            self.starting.compact(is_in(is_starting));
+        }
     }
 
     /// Terminal jobs whose retention is over at `now`: those that ended
@@ -890,6 +998,7 @@ impl Jobs {
         let gpus = e.gpus();
         self.unindex(key, &e.phase, gpus);
         self.task_job.remove(&e.task);
+        self.compact_logs();
         Some(e)
     }
 
@@ -925,6 +1034,7 @@ impl Jobs {
         let same_text =
             text_inputs(&previous).is_some() && text_inputs(&previous) == text_inputs(&phase);
         self.write_phase_as(key, phase, same_text);
+        self.compact_logs();
         previous.state()
     }
 
@@ -1029,7 +1139,22 @@ impl Jobs {
     /// the GPUs the job asks (passed in: looking it up here searched the
     /// whole table twice per phase change).
     fn sets(&mut self, key: JobKey, phase: &Phase, add: bool, gpus: u32) {
+        let log = if is_fresh(phase) {
+            Some(&mut self.fresh)
+        } else if is_starting(phase) {
+            Some(&mut self.starting)
+        } else {
+            None
+        };
+        if let Some(log) = log {
+            if add {
+                log.add(key);
+            } else {
+                log.remove();
+            }
+        }
         let set = match phase {
+            _ if is_fresh(phase) || is_starting(phase) => None,
             Phase::Unplaced { .. } => Some(&mut self.unplaced),
             Phase::Queued { .. } => Some(&mut self.queued),
             Phase::AwaitingNode { .. } => Some(&mut self.awaiting),
@@ -1148,6 +1273,18 @@ impl Jobs {
                 return Err(format!("{key}: task {:?} maps elsewhere", e.task));
             }
         }
+        // The B-tree indexes hold the phases' jobs but those of the
+        // short-lived phases, which the logs hold (with stale keys).
+        let (mut fresh, mut starting) = (0, 0);
+        for (&key, e) in self.table.iter() {
+            if is_fresh(&e.phase) {
+                fresh += 1;
+                unplaced.remove(&key);
+            } else if is_starting(&e.phase) {
+                starting += 1;
+                queued.remove(&key);
+            }
+        }
         let want = [
             ("awaiting", &awaiting, &self.awaiting),
             ("unplaced", &unplaced, &self.unplaced),
@@ -1156,6 +1293,21 @@ impl Jobs {
         for (name, truth, index) in want {
             if truth != index {
                 return Err(format!("index {name}: {index:?}, the phases say {truth:?}"));
+            }
+        }
+        for (name, count, log, is) in [
+            ("fresh", fresh, &self.fresh, is_fresh as fn(&Phase) -> bool),
+            ("starting", starting, &self.starting, is_starting),
+        ] {
+            let listed = log.live_keys(|k| self.in_phase(k, is)).len();
+            if log.live != count || listed != count {
+                return Err(format!(
+                    "log {name}: {} live, {listed} listed, the phases say {count}",
+                    log.live
+                ));
+            }
+            if log.keys.len() > 2 * log.live + PhaseLog::SLACK {
+                return Err(format!("log {name}: {} keys not compacted", log.keys.len()));
             }
         }
         if unasked != self.unasked {
