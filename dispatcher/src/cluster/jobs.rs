@@ -851,9 +851,7 @@ impl Jobs {
 
     /// Jobs holding `node` (ASSIGNED or RUNNING, restored or not).
     pub fn on(&self, node: &str) -> Vec<JobKey> {
-        self.by_node
-            .get(node)
-            .map_or(Vec::new(), |s| s.iter().copied().collect())
+        self.by_node.get(node).map_or(Vec::new(), |s| s.to_vec())
     }
 
     /// CPUs held on `node` by its ASSIGNED and RUNNING jobs.
