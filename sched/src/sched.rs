@@ -1502,16 +1502,42 @@ impl Sched {
     /// its aggregates and those above it are refreshed once. Nested
     /// calls refresh at the outermost end.
     pub(crate) fn coalesced<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
-        let outer = std::mem::replace(&mut self.agg_defer, true);
+        let outer = self.defer_aggregates();
         let r = f(self);
+        self.settle_aggregates(outer);
+        r
+    }
+
+    /// Defer the aggregates' refresh over several operations, as
+    /// [`Sched::coalesced`] does inside one: a caller whose placement is
+    /// followed by a room report of the same leaf (the dispatcher: the
+    /// start's claimed CPUs) refreshes that leaf once. Every reader that
+    /// can take `&mut self` flushes first (`select_task_rq_placed`,
+    /// `select_task_rq_outer`, `find_idlest`, `find_idlest_from`); the
+    /// `&self` readers (`aggregate`, `llc_free`, `pack_target`,
+    /// `pack_active`) need [`Sched::flush_aggregates`] first (a debug
+    /// assertion checks). Returns whether a deferral was already open;
+    /// pass it to [`Sched::settle_aggregates`].
+    pub fn defer_aggregates(&mut self) -> bool {
+        std::mem::replace(&mut self.agg_defer, true)
+    }
+
+    /// End a deferral ([`Sched::defer_aggregates`]): unless an outer one
+    /// is open (`outer`), refresh every changed leaf's aggregates.
+    pub fn settle_aggregates(&mut self, outer: bool) {
         if !outer {
             self.agg_defer = false;
-            while let Some(leaf) = self.agg_pending.pop() {
-                self.agg_dirty[leaf] = false;
-                self.refresh_aggregates(leaf);
-            }
+            self.flush_aggregates();
         }
-        r
+    }
+
+    /// Refresh the aggregates of the leaves changed since they were last
+    /// refreshed (a deferral stays open).
+    pub fn flush_aggregates(&mut self) {
+        while let Some(leaf) = self.agg_pending.pop() {
+            self.agg_dirty[leaf] = false;
+            self.refresh_aggregates(leaf);
+        }
     }
 
     fn refresh_aggregates(&mut self, leaf: LeafId) {

@@ -105,7 +105,7 @@ impl Sched {
         sync: bool,
         now: u64,
     ) -> (LeafId, Placement) {
-        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
+        self.flush_aggregates();
         let mut how = Placement::default();
         let Some(task) = self.tasks.get(&id) else {
             return (0, how);
@@ -357,7 +357,7 @@ impl Sched {
     }
 
     pub(crate) fn find_idlest_placed(&mut self, id: TaskId) -> (LeafId, PlacePath) {
-        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
+        self.flush_aggregates();
         self.stats.find_idlest += 1;
         let idlest = |leaf| (leaf, PlacePath::Idlest);
         let Some(task) = self.tasks.get(&id) else {
@@ -465,6 +465,7 @@ impl Sched {
     /// True while the pack policy applies (seed 002): load below the
     /// threshold.
     pub fn pack_active(&self, demand: u32) -> bool {
+        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
         let root = self.agg[self.topo.root()];
         match self.config.pack_threshold {
             PackThreshold::Cores => root.nr_running < self.topo.cores().len() as u64,

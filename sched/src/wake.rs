@@ -167,7 +167,7 @@ impl Sched {
     /// on, and the kernel forks new tasks through `find_idlest` anyway).
     /// Counts `wake_wide` / `wake_affine` like `select_task_rq`.
     pub fn select_task_rq_outer(&mut self, id: TaskId, waker: OuterWaker) -> (LeafId, Placement) {
-        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
+        self.flush_aggregates();
         let mut how = Placement::default();
         let Some(task) = self.tasks.get(&id) else {
             return (0, how);
@@ -224,6 +224,7 @@ impl Sched {
     /// back to [`Sched::find_idlest`] over the whole tree when the zone has
     /// no room for the task, or when the task's affinity is constrained.
     pub fn find_idlest_from(&mut self, id: TaskId, from: LeafId) -> (LeafId, PlacePath) {
+        self.flush_aggregates();
         let Some(task) = self.tasks.get(&id) else {
             return (0, PlacePath::Idlest);
         };

@@ -310,6 +310,22 @@ impl NodeEngine {
         }
     }
 
+    /// Open a deferral of the engine's aggregate refreshes
+    /// ([`Sched::defer_aggregates`]) for one cluster operation; pass the
+    /// result to [`NodeEngine::settle_aggregates`] when it ends. A placement
+    /// and the room report of its start then refresh the node's leaf and
+    /// the domains above it once.
+    pub(super) fn defer_aggregates(&mut self) -> bool {
+        self.sched.as_mut().is_none_or(Sched::defer_aggregates)
+    }
+
+    /// End the deferral [`NodeEngine::defer_aggregates`] opened.
+    pub(super) fn settle_aggregates(&mut self, outer: bool) {
+        if let Some(engine) = self.sched.as_mut() {
+            engine.settle_aggregates(outer);
+        }
+    }
+
     /// A finished job's task leaves the engine: its waker history lives
     /// in the cluster's `wakers` records, which outlive tasks and rebuilds.
     pub(super) fn retire(&mut self, task: TaskId, now: i64) {

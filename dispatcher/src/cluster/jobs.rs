@@ -628,6 +628,114 @@ impl Facts<'_> {
     }
 }
 
+/// The keys of the jobs in a phase that jobs pass through within one
+/// operation (a new job until it is placed, a placed job until it is
+/// sent), kept by lazy deletion: entering the phase appends the key,
+/// leaving it only counts down `live`; a key is in the phase when its
+/// job's phase says so, so readers filter (and sort, and deduplicate: a
+/// job that left and came back is listed twice). The log is compacted
+/// when it holds more than twice its live keys plus [`PhaseLog::SLACK`],
+/// so it stays O(live) and each change O(1) amortized, where a B-tree
+/// insert and remove cost ~450 instructions per job and phase.
+#[derive(Default)]
+struct PhaseLog {
+    keys: Vec<JobKey>,
+    /// Jobs in the phase now.
+    live: usize,
+}
+
+impl PhaseLog {
+    /// Stale keys tolerated beyond twice the live ones (few in the unit
+    /// tests, so that their walks compact often).
+    const SLACK: usize = if cfg!(test) { 4 } else { 64 };
+
+    fn add(&mut self, key: JobKey) {
+        self.keys.push(key);
+        self.live += 1;
+    }
+
+    fn remove(&mut self) {
+        self.live = self.live.saturating_sub(1);
+    }
+
+    fn needs_compaction(&self) -> bool {
+        self.keys.len() > 2 * self.live + Self::SLACK
+    }
+
+    /// The keys in the phase (`is_in`), sorted, each once.
+    fn live_keys(&self, is_in: impl Fn(JobKey) -> bool) -> Vec<JobKey> {
+        if self.live == 0 {
+            return Vec::new();
+        }
+        let mut keys: Vec<JobKey> = self.keys.iter().copied().filter(|&k| is_in(k)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
+    /// Keep only the keys in the phase, once each.
+    fn compact(&mut self, is_in: impl Fn(JobKey) -> bool) {
+        self.keys = self.live_keys(is_in);
+        debug_assert_eq!(self.keys.len(), self.live, "a phase log's live count");
+    }
+}
+
+/// `Unplaced::New`: the phase of [`Jobs::fresh`].
+fn is_fresh(p: &Phase) -> bool {
+    matches!(p, Phase::Unplaced { why: Unplaced::New })
+}
+
+/// `Queued` and not waiting: the phase of [`Jobs::starting`].
+fn is_starting(p: &Phase) -> bool {
+    matches!(p, Phase::Queued { waiting: false, .. })
+}
+
+/// The ASSIGNED jobs not asked back, as `(since, key)` in order, kept by
+/// lazy deletion like [`PhaseLog`]: a job sent appends (its `since` is
+/// the latest, but for a restored or out-of-order time, inserted in
+/// place), a job leaving only counts down `live`; an entry counts while
+/// its job is still `Assigned` with that `since` and not asked back.
+#[derive(Default)]
+struct UnaskedLog {
+    entries: VecDeque<(i64, JobKey)>,
+    live: usize,
+}
+
+impl UnaskedLog {
+    fn add(&mut self, since: i64, key: JobKey) {
+        let e = (since, key);
+        if self.entries.back().is_none_or(|&b| b <= e) {
+            self.entries.push_back(e);
+        } else {
+            let at = self.entries.partition_point(|&x| x <= e);
+            self.entries.insert(at, e);
+        }
+        self.live += 1;
+    }
+
+    fn remove(&mut self) {
+        self.live = self.live.saturating_sub(1);
+    }
+
+    fn needs_compaction(&self) -> bool {
+        self.entries.len() > 2 * self.live + PhaseLog::SLACK
+    }
+
+    /// Keep only the entries that count (`is_in`), once each.
+    fn compact(&mut self, is_in: impl Fn(i64, JobKey) -> bool) {
+        self.entries.retain(|&(t, k)| is_in(t, k));
+        // Sorted: a duplicate (a job asked back and cleared again) is
+        // next to its twin.
+        let mut last = None;
+        self.entries.retain(|&e| last.replace(e) != Some(e));
+        debug_assert_eq!(
+            self.entries.len(),
+            self.live,
+            "the unasked log's live count"
+        );
+    }
+}
+
 /// The job table and its indexes.
 #[derive(Default)]
 pub struct Jobs {
@@ -636,12 +744,25 @@ pub struct Jobs {
     task_job: IdMap<TaskId, JobKey>,
     next_job: u64,
     next_task: u64,
-    by_node: IdMap<String, BTreeSet<JobKey>>,
+    /// Per node, the keys of the jobs holding it, sorted: a node holds a
+    /// few jobs to a few hundred, and a new job's key is the largest, so
+    /// an insert is a push and a removal a binary search and a short
+    /// move, where a B-tree node cost ~300 instructions each way.
+    by_node: IdMap<String, Vec<JobKey>>,
     awaiting: BTreeSet<JobKey>,
+    /// Unplaced jobs but the new ones (`Unplaced::New`, in `fresh`).
     unplaced: BTreeSet<JobKey>,
+    /// Queued jobs waiting in their node's queue (the others, about to
+    /// be sent, in `starting`).
     queued: BTreeSet<JobKey>,
+    /// Jobs just accepted, not placed yet (`Unplaced::New`): a phase a
+    /// job leaves within its submit.
+    fresh: PhaseLog,
+    /// Queued jobs that the engine started (`waiting: false`): a phase a
+    /// placed job leaves when the operation's events are processed.
+    starting: PhaseLog,
     /// ASSIGNED jobs not asked back (`steal_asked: None`), by `since`.
-    unasked: BTreeSet<(i64, JobKey)>,
+    unasked: UnaskedLog,
     /// GPUs taken per node by the jobs whose phase names it.
     gpus_by_node: IdMap<String, u32>,
     /// A job's GPUs left a node since [`Jobs::take_gpus_freed`].
@@ -730,9 +851,7 @@ impl Jobs {
 
     /// Jobs holding `node` (ASSIGNED or RUNNING, restored or not).
     pub fn on(&self, node: &str) -> Vec<JobKey> {
-        self.by_node
-            .get(node)
-            .map_or(Vec::new(), |s| s.iter().copied().collect())
+        self.by_node.get(node).map_or(Vec::new(), |s| s.to_vec())
     }
 
     /// CPUs held on `node` by its ASSIGNED and RUNNING jobs.
@@ -760,12 +879,25 @@ impl Jobs {
     pub fn unasked_since(&self, since_at_most: i64) -> Vec<JobKey> {
         let mut keys: Vec<JobKey> = self
             .unasked
+            .entries
             .iter()
             .take_while(|(since, _)| *since <= since_at_most)
+            .filter(|&&(since, k)| self.is_unasked(since, k))
             .map(|&(_, k)| k)
             .collect();
         keys.sort_unstable();
+        keys.dedup();
         keys
+    }
+
+    /// True when `key`'s job is ASSIGNED since `since` and not asked back.
+    fn is_unasked(&self, since: i64, key: JobKey) -> bool {
+        self.table.get(&key).is_some_and(|e| {
+            matches!(
+                e.phase,
+                Phase::Assigned { since: s, steal_asked: None, .. } if s == since
+            )
+        })
     }
 
     /// Restored jobs whose node has not reported them.
@@ -773,20 +905,43 @@ impl Jobs {
         self.awaiting.iter().copied().collect()
     }
 
+    /// True when `key`'s job is in a phase `is` accepts.
+    fn in_phase(&self, key: JobKey, is: fn(&Phase) -> bool) -> bool {
+        self.table.get(&key).is_some_and(|e| is(&e.phase))
+    }
+
+    /// The keys of an index and of a phase log, in key order.
+    fn merged(
+        &self,
+        set: &BTreeSet<JobKey>,
+        log: &PhaseLog,
+        is: fn(&Phase) -> bool,
+    ) -> Vec<JobKey> {
+        let extra = log.live_keys(|k| self.in_phase(k, is));
+        if extra.is_empty() {
+            return set.iter().copied().collect();
+        }
+        let mut keys: Vec<JobKey> = set.iter().copied().chain(extra).collect();
+        keys.sort_unstable();
+        keys
+    }
+
     /// PENDING jobs not in the engine.
     pub fn unplaced(&self) -> Vec<JobKey> {
-        self.unplaced.iter().copied().collect()
+        self.merged(&self.unplaced, &self.fresh, is_fresh)
     }
 
     /// PENDING jobs in the engine.
     pub fn queued(&self) -> Vec<JobKey> {
-        self.queued.iter().copied().collect()
+        self.merged(&self.queued, &self.starting, is_starting)
     }
 
     /// The `n` oldest PENDING jobs (lowest keys), unplaced or queued.
     pub fn oldest_pending(&self, n: usize) -> Vec<JobKey> {
         let mut keys: Vec<JobKey> = self.unplaced.iter().take(n).copied().collect();
         keys.extend(self.queued.iter().take(n));
+        keys.extend(self.fresh.live_keys(|k| self.in_phase(k, is_fresh)));
+        keys.extend(self.starting.live_keys(|k| self.in_phase(k, is_starting)));
         keys.sort_unstable();
         keys.truncate(n);
         keys
@@ -816,6 +971,32 @@ impl Jobs {
             self.done_new.push(key);
         }
         self.write_phase(key, phase);
+        self.compact_logs();
+    }
+
+    /// Compact the phase logs that need it (the table's phases must be
+    /// current: not inside [`Jobs::set_phase`]'s swap).
+    fn compact_logs(&mut self) {
+        let table = &self.table;
+        let is_in =
+            |is: fn(&Phase) -> bool| move |k: JobKey| table.get(&k).is_some_and(|e| is(&e.phase));
+        if self.fresh.needs_compaction() {
+            self.fresh.compact(is_in(is_fresh));
+        }
+        if self.starting.needs_compaction() {
+            self.starting.compact(is_in(is_starting));
+        }
+        if self.unasked.needs_compaction() {
+            let table = &self.table;
+            self.unasked.compact(|since, k| {
+                table.get(&k).is_some_and(|e| {
+                    matches!(
+                        e.phase,
+                        Phase::Assigned { since: s, steal_asked: None, .. } if s == since
+                    )
+                })
+            });
+        }
     }
 
     /// Terminal jobs whose retention is over at `now`: those that ended
@@ -890,6 +1071,7 @@ impl Jobs {
         let gpus = e.gpus();
         self.unindex(key, &e.phase, gpus);
         self.task_job.remove(&e.task);
+        self.compact_logs();
         Some(e)
     }
 
@@ -925,6 +1107,7 @@ impl Jobs {
         let same_text =
             text_inputs(&previous).is_some() && text_inputs(&previous) == text_inputs(&phase);
         self.write_phase_as(key, phase, same_text);
+        self.compact_logs();
         previous.state()
     }
 
@@ -960,13 +1143,14 @@ impl Jobs {
                 steal_asked, since, ..
             } = &mut e.phase
         {
-            if at.is_some() {
-                self.unasked.remove(&(*since, key));
-            } else {
-                self.unasked.insert((*since, key));
+            match (steal_asked.is_some(), at.is_some()) {
+                (false, true) => self.unasked.remove(),
+                (true, false) => self.unasked.add(*since, key),
+                _ => {}
             }
             *steal_asked = at;
         }
+        self.compact_logs();
     }
 
     fn write_phase(&mut self, key: JobKey, phase: Phase) {
@@ -1029,7 +1213,22 @@ impl Jobs {
     /// the GPUs the job asks (passed in: looking it up here searched the
     /// whole table twice per phase change).
     fn sets(&mut self, key: JobKey, phase: &Phase, add: bool, gpus: u32) {
+        let log = if is_fresh(phase) {
+            Some(&mut self.fresh)
+        } else if is_starting(phase) {
+            Some(&mut self.starting)
+        } else {
+            None
+        };
+        if let Some(log) = log {
+            if add {
+                log.add(key);
+            } else {
+                log.remove();
+            }
+        }
         let set = match phase {
+            _ if is_fresh(phase) || is_starting(phase) => None,
             Phase::Unplaced { .. } => Some(&mut self.unplaced),
             Phase::Queued { .. } => Some(&mut self.queued),
             Phase::AwaitingNode { .. } => Some(&mut self.awaiting),
@@ -1049,9 +1248,9 @@ impl Jobs {
         } = phase
         {
             if add {
-                self.unasked.insert((*since, key));
+                self.unasked.add(*since, key);
             } else {
-                self.unasked.remove(&(*since, key));
+                self.unasked.remove();
             }
         }
         if gpus > 0
@@ -1076,14 +1275,20 @@ impl Jobs {
                 // The node's name is copied only for its first job.
                 match self.by_node.get_mut(node) {
                     Some(s) => {
-                        s.insert(key);
+                        if s.last().is_none_or(|&l| l < key) {
+                            s.push(key);
+                        } else if let Err(at) = s.binary_search(&key) {
+                            s.insert(at, key);
+                        }
                     }
                     None => {
-                        self.by_node.insert(node.to_string(), BTreeSet::from([key]));
+                        self.by_node.insert(node.to_string(), vec![key]);
                     }
                 }
             } else if let Some(s) = self.by_node.get_mut(node) {
-                s.remove(&key);
+                if let Ok(at) = s.binary_search(&key) {
+                    s.remove(at);
+                }
                 if s.is_empty() {
                     self.by_node.remove(node);
                 }
@@ -1148,6 +1353,18 @@ impl Jobs {
                 return Err(format!("{key}: task {:?} maps elsewhere", e.task));
             }
         }
+        // The B-tree indexes hold the phases' jobs but those of the
+        // short-lived phases, which the logs hold (with stale keys).
+        let (mut fresh, mut starting) = (0, 0);
+        for (&key, e) in self.table.iter() {
+            if is_fresh(&e.phase) {
+                fresh += 1;
+                unplaced.remove(&key);
+            } else if is_starting(&e.phase) {
+                starting += 1;
+                queued.remove(&key);
+            }
+        }
         let want = [
             ("awaiting", &awaiting, &self.awaiting),
             ("unplaced", &unplaced, &self.unplaced),
@@ -1158,10 +1375,40 @@ impl Jobs {
                 return Err(format!("index {name}: {index:?}, the phases say {truth:?}"));
             }
         }
-        if unasked != self.unasked {
+        for (name, count, log, is) in [
+            ("fresh", fresh, &self.fresh, is_fresh as fn(&Phase) -> bool),
+            ("starting", starting, &self.starting, is_starting),
+        ] {
+            let listed = log.live_keys(|k| self.in_phase(k, is)).len();
+            if log.live != count || listed != count {
+                return Err(format!(
+                    "log {name}: {} live, {listed} listed, the phases say {count}",
+                    log.live
+                ));
+            }
+            if log.keys.len() > 2 * log.live + PhaseLog::SLACK {
+                return Err(format!("log {name}: {} keys not compacted", log.keys.len()));
+            }
+        }
+        let listed: BTreeSet<(i64, JobKey)> = self
+            .unasked
+            .entries
+            .iter()
+            .copied()
+            .filter(|&(t, k)| self.is_unasked(t, k))
+            .collect();
+        if unasked != listed || self.unasked.live != unasked.len() {
             return Err(format!(
-                "index unasked: {:?}, the phases say {unasked:?}",
-                self.unasked
+                "index unasked: {listed:?} ({} live), the phases say {unasked:?}",
+                self.unasked.live
+            ));
+        }
+        if !self.unasked.entries.iter().is_sorted()
+            || self.unasked.entries.len() > 2 * self.unasked.live + PhaseLog::SLACK
+        {
+            return Err(format!(
+                "index unasked: {} entries not sorted or not compacted",
+                self.unasked.entries.len()
             ));
         }
         if gpus_by_node.len() != self.gpus_by_node.len()
@@ -1175,7 +1422,11 @@ impl Jobs {
             ));
         }
         if by_node.len() != self.by_node.len()
-            || by_node.iter().any(|(n, s)| self.by_node.get(n) != Some(s))
+            || by_node.iter().any(|(n, s)| {
+                self.by_node
+                    .get(n)
+                    .is_none_or(|v| !v.iter().eq(s.iter()) || !v.is_sorted_by(|a, b| a < b))
+            })
         {
             return Err(format!(
                 "index by_node: {:?}, the phases say {by_node:?}",
@@ -1240,6 +1491,66 @@ mod tests {
                 prop_assert_eq!(&jobs.get(key).unwrap().job().reason, &want);
             }
             jobs.check().map_err(TestCaseError::fail)?;
+        }
+    }
+
+    proptest! {
+        /// The indexes kept by lazy deletion (the phase logs of new and
+        /// started jobs, the unasked log) and the per-node sorted key
+        /// lists answer what a scan of every job's phase answers: after
+        /// every step of random phase changes, steal requests and removals
+        /// over many jobs (enough churn for the logs to be compacted),
+        /// `unplaced`, `queued`, `oldest_pending`, `unasked_since` and
+        /// `on` equal the brute force, and `check` passes.
+        #[test]
+        fn lazy_indexes_answer_what_the_phases_say(
+            steps in prop::collection::vec((0usize..40, 0u8..9, 0u8..3, 0i64..50), 1..400),
+        ) {
+            let mut jobs = Jobs::new(true);
+            let mut keys: Vec<JobKey> = Vec::new();
+            for (pick, kind, node, t) in steps {
+                let node = ["n1", "n2", "n3"][node as usize].to_string();
+                let how = Placement { wake: WakeChoice::None, path: PlacePath::Idlest };
+                let key = match keys.get(pick) {
+                    Some(&k) if jobs.contains(k) && kind != 0 => k,
+                    _ => {
+                        let k = JobKey::single(jobs.take_number());
+                        let job = JobRecord::new(k, Default::default(), Arc::from(""), 0, 0);
+                        jobs.insert(k, job, Phase::Unplaced { why: Unplaced::New });
+                        keys.push(k);
+                        k
+                    }
+                };
+                match kind {
+                    1 => { jobs.set_phase(key, Phase::Queued { node, via: Via::Placed(how), waiting: false }); }
+                    2 => { jobs.set_phase(key, Phase::Queued { node, via: Via::Placed(how), waiting: true }); }
+                    3 | 4 => { jobs.set_phase(key, Phase::Assigned { node, since: t, steal_asked: None, via: Via::Placed(how) }); }
+                    5 => jobs.set_steal_asked(key, (t % 2 == 0).then_some(t)),
+                    6 => { jobs.set_phase(key, Phase::Running { node, via: Via::Placed(how) }); }
+                    7 => { jobs.set_phase(key, Phase::Unplaced { why: if t % 2 == 0 { Unplaced::Requeued } else { Unplaced::New } }); }
+                    8 if t % 3 == 0 => { jobs.remove(key); }
+                    _ => { jobs.set_phase(key, Phase::Done { state: JobState::Succeeded, end: End::Reported(String::new()) }); }
+                }
+                jobs.check().map_err(TestCaseError::fail)?;
+                // The brute force: every job's phase.
+                let all: Vec<(JobKey, Phase)> = jobs.iter().map(|(k, e)| (k, e.phase().clone())).collect();
+                let of = |f: &dyn Fn(&Phase) -> bool| -> Vec<JobKey> {
+                    all.iter().filter(|(_, p)| f(p)).map(|(k, _)| *k).collect()
+                };
+                let unplaced = of(&|p| matches!(p, Phase::Unplaced { .. }));
+                let queued = of(&|p| matches!(p, Phase::Queued { .. }));
+                prop_assert_eq!(jobs.unplaced(), unplaced.clone());
+                prop_assert_eq!(jobs.queued(), queued.clone());
+                let mut pending: Vec<JobKey> = unplaced.iter().chain(&queued).copied().collect();
+                pending.sort_unstable();
+                pending.truncate(5);
+                prop_assert_eq!(jobs.oldest_pending(5), pending);
+                let unasked = of(&|p| matches!(p, Phase::Assigned { since, steal_asked: None, .. } if *since <= t));
+                prop_assert_eq!(jobs.unasked_since(t), unasked);
+                for n in ["n1", "n2", "n3"] {
+                    prop_assert_eq!(jobs.on(n), of(&|p| p.holds() == Some(n)));
+                }
+            }
         }
     }
 

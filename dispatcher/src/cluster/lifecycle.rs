@@ -138,6 +138,9 @@ impl Cluster {
             }
         }
         fx.writes.push(Write::PutNextJob(self.jobs.next_number()));
+        // A placement and its start's room report refresh the node's
+        // aggregates once (readers flush what is pending first).
+        let outer = self.engine.defer_aggregates();
         for &key in &created {
             self.persist(key, fx);
             self.emit(key, JobState::Unspecified, now, fx);
@@ -145,6 +148,7 @@ impl Cluster {
         }
         self.process_events(now, fx);
         self.schedule_gangs(now, fx);
+        self.engine.settle_aggregates(outer);
         Ok(created
             .iter()
             .filter_map(|k| self.jobs.record(*k))
@@ -234,6 +238,8 @@ impl Cluster {
                 let room = match self.wakers.get(w).and_then(|r| r.room) {
                     Some(room) if !(woken && flips == 1) => room,
                     _ => {
+                        // A deferral may be open (`submit_as`).
+                        engine.flush_aggregates();
                         let room = engine.llc_free(leaf);
                         self.wakers.set_room(w, room, engine_ns(now));
                         room
@@ -599,8 +605,12 @@ impl Cluster {
             e.job().attempt == status.attempt && e.job().node == node && !e.phase().is_done()
         });
         if ours {
+            // The removal and the starts it allows refresh a node's
+            // aggregates once (see `submit_as`).
+            let outer = self.engine.defer_aggregates();
             self.apply_status(node, status, now, fx);
             self.process_events(now, fx);
+            self.engine.settle_aggregates(outer);
         } else if matches!(JobState::try_from(status.state), Ok(JobState::Running)) {
             cancel_on(node.to_string(), status.job_id, status.attempt, fx);
         }
