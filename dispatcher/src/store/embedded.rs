@@ -89,6 +89,19 @@ struct ArrayRow {
     spec: Option<Arc<JobSpec>>,
 }
 
+/// The table `slot` holds, opened in `tx` first if it is not yet.
+fn opened<'s, 't, K: redb::Key + 'static, V: redb::Value + 'static>(
+    tx: &'t redb::WriteTransaction,
+    slot: &'s mut Option<Table<'t, K, V>>,
+    table: TableDefinition<K, V>,
+) -> Result<&'s mut Table<'t, K, V>, StoreError> {
+    if slot.is_none() {
+        *slot = Some(tx.open_table(table).map_err(backend)?);
+    }
+    slot.as_mut()
+        .ok_or_else(|| StoreError::Backend("a table just opened is gone".into()))
+}
+
 /// Array `number`'s row, for elements of `spec`: read, or new if the
 /// array has none.
 fn array_row(
@@ -244,8 +257,10 @@ impl Store for EmbeddedStore {
         let tx = self.db.begin_write().map_err(backend)?;
         {
             let mut jobs = tx.open_table(JOBS).map_err(backend)?;
-            let mut elements = tx.open_table(ELEMENTS).map_err(backend)?;
-            let mut specs = tx.open_table(SPECS).map_err(backend)?;
+            // Opened when a write needs them: opening a table costs every
+            // commit, and most commits hold no element.
+            let mut elements = None;
+            let mut specs = None;
             let mut nodes = tx.open_table(NODES).map_err(backend)?;
             let mut meta = tx.open_table(META).map_err(backend)?;
             // One encoding buffer for the whole commit.
@@ -264,7 +279,8 @@ impl Store for EmbeddedStore {
                             let row = match arrays.entry(key.number()) {
                                 Entry::Occupied(e) => e.into_mut(),
                                 Entry::Vacant(e) => {
-                                    e.insert(array_row(&specs, key.number(), spec)?)
+                                    let specs = opened(&tx, &mut specs, SPECS)?;
+                                    e.insert(array_row(specs, key.number(), spec)?)
                                 }
                             };
                             if row
@@ -277,7 +293,7 @@ impl Store for EmbeddedStore {
                             }
                         }
                         if apart {
-                            elements
+                            opened(&tx, &mut elements, ELEMENTS)?
                                 .insert((key.number(), key.index()), buf.as_slice())
                                 .map_err(backend)?;
                             jobs.remove(job.id().as_str()).map_err(backend)?;
@@ -287,7 +303,7 @@ impl Store for EmbeddedStore {
                             jobs.insert(job.id().as_str(), buf.as_slice())
                                 .map_err(backend)?;
                             if !key.is_single()
-                                && elements
+                                && opened(&tx, &mut elements, ELEMENTS)?
                                     .remove((key.number(), key.index()))
                                     .map_err(backend)?
                                     .is_some()
@@ -300,7 +316,7 @@ impl Store for EmbeddedStore {
                         jobs.remove(id.as_str()).map_err(backend)?;
                         if let Some(key) = JobKey::parse(id)
                             && !key.is_single()
-                            && elements
+                            && opened(&tx, &mut elements, ELEMENTS)?
                                 .remove((key.number(), key.index()))
                                 .map_err(backend)?
                                 .is_some()
@@ -322,19 +338,21 @@ impl Store for EmbeddedStore {
                 if row.changed {
                     buf.clear();
                     row.row.encode(&mut buf).map_err(backend)?;
-                    specs.insert(*n, buf.as_slice()).map_err(backend)?;
+                    opened(&tx, &mut specs, SPECS)?
+                        .insert(*n, buf.as_slice())
+                        .map_err(backend)?;
                 }
             }
             emptied.sort_unstable();
             emptied.dedup();
             for n in emptied {
-                let left = elements
+                let left = opened(&tx, &mut elements, ELEMENTS)?
                     .range((n, 0)..=(n, u32::MAX))
                     .map_err(backend)?
                     .next()
                     .is_some();
                 if !left {
-                    specs.remove(n).map_err(backend)?;
+                    opened(&tx, &mut specs, SPECS)?.remove(n).map_err(backend)?;
                 }
             }
         }
