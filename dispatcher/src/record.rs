@@ -127,6 +127,84 @@ impl fmt::Display for JobKey {
     }
 }
 
+/// A job's display text (`Job.reason`), shared by the jobs that show the
+/// same one: the elements of an array that no node matches each held its
+/// own copy of the same ~80 bytes. An `Arc<str>`; none for the empty text.
+#[derive(Clone, Default)]
+pub struct Text(Option<Arc<str>>);
+
+impl Text {
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        self.0.as_deref().unwrap_or("")
+    }
+
+    /// True when both are one allocation (shared).
+    pub fn is_shared_with(&self, other: &Text) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl From<String> for Text {
+    fn from(s: String) -> Self {
+        Self((!s.is_empty()).then(|| Arc::from(s)))
+    }
+}
+
+impl From<&str> for Text {
+    fn from(s: &str) -> Self {
+        Self((!s.is_empty()).then(|| Arc::from(s)))
+    }
+}
+
+impl std::ops::Deref for Text {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl PartialEq for Text {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Text {}
+
+impl PartialEq<str> for Text {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Text {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<String> for Text {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl fmt::Debug for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a job is a member of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Member {
@@ -152,8 +230,9 @@ pub struct JobRecord {
     pub spec: Option<Arc<JobSpec>>,
     /// The node it is on (empty: none).
     pub node: String,
-    /// Display text (see `cluster::jobs`).
-    pub reason: String,
+    /// Display text (see `cluster::jobs`), shared by the jobs showing
+    /// the same.
+    pub reason: Text,
     /// The submitting user, shared by the jobs of one submission.
     pub owner: Arc<str>,
     /// CPUs the agent reported.
@@ -199,7 +278,7 @@ impl JobRecord {
             state: 0,
             spec: Some(spec),
             node: String::new(),
-            reason: String::new(),
+            reason: Text::default(),
             owner,
             cpus: Box::default(),
             gpus: Box::default(),
@@ -232,7 +311,7 @@ impl JobRecord {
             state: job.state,
             spec: job.spec.map(Arc::new),
             node: job.node,
-            reason: job.reason,
+            reason: Text::from(job.reason),
             owner: Arc::from(job.owner),
             cpus: job.cpus.into_boxed_slice(),
             gpus: job.gpus.into_boxed_slice(),
@@ -258,7 +337,7 @@ impl JobRecord {
             cpus: self.cpus.to_vec(),
             exit_code: self.exit_code,
             signal: self.signal,
-            reason: self.reason.clone(),
+            reason: self.reason.as_str().to_owned(),
             attempt: self.attempt,
             submit_time_ms: self.submit_time_ms,
             start_time_ms: self.start_time_ms,
@@ -273,6 +352,62 @@ impl JobRecord {
             pending_reason: None,
             gpus: self.gpus.to_vec(),
         }
+    }
+
+    /// An array's element or a gang's member (its spec is its array's
+    /// or gang's, shared by the others).
+    pub fn is_element(&self) -> bool {
+        self.member != Member::Plain
+    }
+
+    /// The proto record of an element without what its key and its
+    /// array give back ([`JobRecord::element_from_stored`]): no ids, no
+    /// index, no spec. The embedded store keeps an element so, with the
+    /// spec once per array. None for a plain job, and for a member whose
+    /// gang size does not tell it apart (a gang member has one, an array
+    /// element none: the only ones the dispatcher writes).
+    pub fn element_proto(&self) -> Option<Job> {
+        if !self.is_element() || self.is_gang() != (self.gang_size > 0) {
+            return None;
+        }
+        Some(Job {
+            state: self.state,
+            node: self.node.clone(),
+            cpus: self.cpus.to_vec(),
+            exit_code: self.exit_code,
+            signal: self.signal,
+            reason: self.reason.as_str().to_owned(),
+            attempt: self.attempt,
+            submit_time_ms: self.submit_time_ms,
+            start_time_ms: self.start_time_ms,
+            end_time_ms: self.end_time_ms,
+            owner: self.owner.to_string(),
+            cancel_requested: self.cancel_requested,
+            gang_size: self.gang_size,
+            gpus: self.gpus.to_vec(),
+            ..Default::default()
+        })
+    }
+
+    /// The proto record of element `key` stored as
+    /// [`JobRecord::element_proto`] gave it, with its array's `spec`: a
+    /// gang member is one with a gang size (an array element has none).
+    /// None: `key` is not an element's.
+    pub fn element_from_stored(key: JobKey, mut job: Job, spec: JobSpec) -> Option<Job> {
+        if key.is_single() {
+            return None;
+        }
+        let array = key.array().to_string();
+        if job.gang_size > 0 {
+            job.gang_id = array;
+            job.gang_index = key.index();
+        } else {
+            job.array_id = array;
+            job.array_index = key.index();
+        }
+        job.id = key.to_string();
+        job.spec = Some(spec);
+        Some(job)
     }
 
     /// Its key.
@@ -530,6 +665,25 @@ mod tests {
             prop_assert_eq!(&back, &job);
             prop_assert_eq!(record.id(), job.id.clone());
             prop_assert_eq!(record.is_gang(), !job.gang_id.is_empty());
+        }
+
+        /// An element written as the embedded store keeps it (no ids, no
+        /// spec) comes back whole with its key and its array's spec; a
+        /// job that could not come back so is not written so.
+        #[test]
+        fn an_element_comes_back_from_its_stored_form(job in written_job(), spec in spec()) {
+            let job = Job { spec: Some(spec.clone()), ..job };
+            let record = JobRecord::from_proto(job.clone()).unwrap();
+            let key = record.key();
+            match record.element_proto() {
+                Some(stored) => {
+                    let bytes = prost::Message::encode_to_vec(&stored);
+                    let stored: Job = prost::Message::decode(bytes.as_slice()).unwrap();
+                    prop_assert!(stored.id.is_empty() && stored.spec.is_none());
+                    prop_assert_eq!(JobRecord::element_from_stored(key, stored, spec), Some(job));
+                }
+                None => prop_assert!(key.is_single() || job.gang_id.is_empty() != (job.gang_size == 0)),
+            }
         }
     }
 }

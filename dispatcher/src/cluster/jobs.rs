@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use proto::v1::JobState;
 
-pub use crate::record::{JobKey, JobRecord};
+pub use crate::record::{JobKey, JobRecord, Text};
 use sched::idhash::IdMap;
 
 use super::slab::Slab;
@@ -736,6 +736,10 @@ impl UnaskedLog {
     }
 }
 
+/// Reason texts [`Jobs`] keeps to share: a few, since the elements of an
+/// array take turns ("submitted" for each, then each is placed).
+const RECENT_TEXTS: usize = 4;
+
 /// The job table and its indexes.
 #[derive(Default)]
 pub struct Jobs {
@@ -778,6 +782,11 @@ pub struct Jobs {
     /// The selector of the last `NoMatch` phase set: the jobs of an
     /// array (or of one workload) that no node matches share it.
     no_match: Option<Arc<BTreeMap<String, String>>>,
+    /// The last reason texts set (a ring): a job given one of the same
+    /// texts (an array's elements, placed one after the other) shares it.
+    recent_texts: [Text; RECENT_TEXTS],
+    /// The ring's next slot.
+    next_text: usize,
 }
 
 impl Jobs {
@@ -1191,6 +1200,15 @@ impl Jobs {
                 None => reason_of(&phase, e.requeues.last()),
             }
             .filter(|t| e.job.reason != *t)
+            .map(|t| match self.recent_texts.iter().find(|r| **r == t) {
+                Some(r) => r.clone(),
+                None => {
+                    let text = Text::from(t);
+                    self.recent_texts[self.next_text] = text.clone();
+                    self.next_text = (self.next_text + 1) % RECENT_TEXTS;
+                    text
+                }
+            })
         };
         // The record is copied (when an effect shares it) only if it
         // changes.
@@ -1460,7 +1478,7 @@ mod tests {
             let key = if gang { JobKey::element(n, 1) } else { JobKey::single(n) };
             let job = JobRecord::new(key, Default::default(), Arc::from(""), if gang { 2 } else { 0 }, 0);
             jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
-            let mut want = jobs.get(key).map(|e| e.job().reason.clone()).unwrap_or_default();
+            let mut want = jobs.get(key).map(|e| e.job().reason.to_string()).unwrap_or_default();
             for (kind, node, way, flag) in steps {
                 let node = ["n1", "n2"][node as usize].to_string();
                 let how = Placement {
@@ -1488,7 +1506,7 @@ mod tests {
                     want = t;
                 }
                 jobs.set_phase(key, phase);
-                prop_assert_eq!(&jobs.get(key).unwrap().job().reason, &want);
+                prop_assert_eq!(jobs.get(key).unwrap().job().reason.as_str(), want.as_str());
             }
             jobs.check().map_err(TestCaseError::fail)?;
         }
@@ -1626,9 +1644,10 @@ mod tests {
         jobs.check().unwrap();
     }
 
-    /// Jobs that wait for the same selector share one copy of it (an
-    /// array's elements, each placed and refused in turn); another
-    /// selector gets its own; the texts are the selectors'.
+    /// Jobs that wait for the same selector share one copy of it and of
+    /// their reason text (an array's elements, each placed and refused in
+    /// turn); another selector gets its own; the texts are the
+    /// selectors'.
     #[test]
     fn no_match_selectors_are_shared() {
         let mut jobs = Jobs::new(true);
@@ -1664,6 +1683,9 @@ mod tests {
             reason(keys[1]),
             "no node matches selector {\"gpu\": \"h100\"}, 1 CPUs aligned to any"
         );
+        // The texts too: one copy for the two that show the same.
+        assert!(reason(keys[0]).is_shared_with(&reason(keys[1])));
+        assert!(!reason(keys[1]).is_shared_with(&reason(keys[2])));
         jobs.check().unwrap();
     }
 

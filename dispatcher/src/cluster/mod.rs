@@ -43,11 +43,13 @@ mod slab;
 pub mod steal;
 pub mod wakers;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use proto::v1::{
-    Cancel, DispatcherMessage, Job, JobEvent, JobState, ListJobsRequest, dispatcher_message,
+    Cancel, DispatcherMessage, Job, JobEvent, JobSpec, JobState, ListJobsRequest,
+    dispatcher_message,
 };
 use sched::{LeafId, Sched, SchedConfig};
 use tonic::Status;
@@ -361,11 +363,25 @@ impl Cluster {
     pub fn restore(&mut self, snap: Snapshot, now: i64, grace_ms: i64) {
         self.jobs.set_next_number(snap.next_job);
         self.nodes.restore_admin(snap.node_admin);
+        // An array's (or gang's) elements share its spec again, as they
+        // did when submitted: the store gives each its own copy.
+        let mut specs: HashMap<u64, Arc<JobSpec>> = HashMap::new();
         for job in snap.jobs {
-            let Some(job) = JobRecord::from_proto(job) else {
+            let Some(mut job) = JobRecord::from_proto(job) else {
                 continue;
             };
             let key = job.key();
+            if job.is_element()
+                && let Some(spec) = &mut job.spec
+            {
+                match specs.entry(key.number()) {
+                    Entry::Occupied(e) if **e.get() == **spec => *spec = e.get().clone(),
+                    Entry::Occupied(_) => {}
+                    Entry::Vacant(e) => {
+                        e.insert(spec.clone());
+                    }
+                }
+            }
             let state = JobState::try_from(job.state).unwrap_or(JobState::Unspecified);
             let phase = match state {
                 JobState::Pending | JobState::Unspecified => Phase::Unplaced {

@@ -171,3 +171,42 @@ fn keep_all_keeps_every_job_and_tracks_none() {
         "nothing queued"
     );
 }
+
+/// An array's elements share one spec after a restart too (the store
+/// keeps it once; each element of the snapshot gets a copy), and every
+/// element reads back with its spec and state.
+#[test]
+fn a_restored_arrays_elements_share_its_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = EmbeddedStore::open(dir.path()).unwrap();
+    let mut c = Cluster::new(cfg());
+    let mut fx = Effects::default();
+    let array = JobSpec {
+        array_count: 5,
+        node_selector: [("pool".to_string(), "none".to_string())].into(),
+        ..one_cpu()
+    };
+    c.submit(vec![array, one_cpu()], false, 1, &mut fx).unwrap();
+    commit(&mut store, fx);
+    let before: Vec<Job> = (0..5)
+        .map(|i| c.get_job(&format!("j-1.{i}")).unwrap())
+        .collect();
+
+    let mut back = Cluster::new(cfg());
+    back.restore(store.load().unwrap(), 2, 60_000);
+    let specs: Vec<Arc<JobSpec>> = back
+        .jobs
+        .iter()
+        .filter(|(k, _)| k.number() == 1)
+        .map(|(_, e)| e.job().spec.clone().unwrap())
+        .collect();
+    assert_eq!(specs.len(), 5);
+    assert!(specs.iter().all(|s| Arc::ptr_eq(s, &specs[0])));
+    let plain = back.jobs.get(JobKey::single(2)).unwrap().job().spec.clone();
+    assert!(!Arc::ptr_eq(plain.as_ref().unwrap(), &specs[0]));
+    for (i, want) in before.iter().enumerate() {
+        let got = back.get_job(&format!("j-1.{i}")).unwrap();
+        assert_eq!(got.spec, want.spec);
+        assert_eq!(got.state, want.state);
+    }
+}
