@@ -1514,7 +1514,7 @@ async fn read_link(
 /// The exit in the job's `record`; or, if the shim vanished without one,
 /// kill what is left of the job and record it as lost.
 fn collect_exit(id: &str, dir: &JobDir, pid: Option<i32>, cgroup: Option<&Path>) -> JobExit {
-    let record = dir.read_record();
+    let record = dir.read_record_without_spec();
     let (problem, recorded) = match record {
         Ok(rec) => match rec.exit {
             Some(mut exit) => {
