@@ -1209,7 +1209,11 @@ fn empty_or_gone(cgroup: &Path) -> bool {
 
 /// A job's cgroup is taken from the pool when the last job left one: the
 /// next job gets it with its own limits (`memory.max` back to `max` after
-/// a job that had one) and nothing of the last job in it.
+/// a job that had one) and nothing of the last job in it; a cgroup in
+/// which something was killed (`cgroup.kill`: here the first job's
+/// leftover `sleep`) is not reused, and the job after it runs (on this
+/// machine's kernel a child cloned into a once-killed cgroup is killed at
+/// birth).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_job_cgroup_has_the_new_jobs_limits_and_nothing_else() {
     let fx = Fixture::new();
@@ -1217,17 +1221,16 @@ async fn a_reused_job_cgroup_has_the_new_jobs_limits_and_nothing_else() {
         return;
     };
     if !is_root() {
-        eprintln!("cgroup reuse not exercised: jobs run as the agent's user, whose cgroups are never reused");
+        eprintln!(
+            "cgroup reuse not exercised: jobs run as the agent's user, whose cgroups are never reused"
+        );
         return;
     }
     let (a, b) = two_cpus();
     let exec = supervised(&fx, &root);
     let support = exec.cgroup_support().cloned().unwrap();
-    // The first job leaves a process behind that outlives its main one
-    // for a moment: the supervisor kills it, the cgroup is reused only
-    // once empty.
     let mut first = exec
-        .spawn(sh("first", "sleep 30 & exit 0", vec![a]).memory_max(256 << 20))
+        .spawn(sh("first", "exit 0", vec![a]).memory_max(256 << 20))
         .await
         .unwrap();
     let cg = first.cgroup().unwrap().to_owned();
@@ -1237,7 +1240,11 @@ async fn a_reused_job_cgroup_has_the_new_jobs_limits_and_nothing_else() {
         .spawn(sh("second", &gated("exit 0"), vec![b]))
         .await
         .unwrap();
-    assert_eq!(second.cgroup(), Some(cg.as_path()), "the first job's cgroup, reused");
+    assert_eq!(
+        second.cgroup(),
+        Some(cg.as_path()),
+        "the first job's cgroup, reused"
+    );
     let procs: Vec<String> = fs::read_to_string(cg.join("cgroup.procs"))
         .unwrap()
         .split_whitespace()
@@ -1245,7 +1252,10 @@ async fn a_reused_job_cgroup_has_the_new_jobs_limits_and_nothing_else() {
         .collect();
     assert_eq!(procs, [second.pid().to_string()], "the second job alone");
     if support.memory {
-        assert_eq!(fs::read_to_string(cg.join("memory.max")).unwrap().trim(), "max");
+        assert_eq!(
+            fs::read_to_string(cg.join("memory.max")).unwrap().trim(),
+            "max"
+        );
     }
     if support.cpuset {
         assert_eq!(
@@ -1254,14 +1264,38 @@ async fn a_reused_job_cgroup_has_the_new_jobs_limits_and_nothing_else() {
         );
     }
     assert_eq!(
-        proc_status(&format!("/proc/{}/status", second.pid()), "Cpus_allowed_list"),
+        proc_status(
+            &format!("/proc/{}/status", second.pid()),
+            "Cpus_allowed_list"
+        ),
         Some(b.to_string())
     );
     open_gate(second.pid());
     assert_eq!(wait_exit(&mut second).await.outcome, JobOutcome::Exited(0));
+    exec.ack("second").unwrap();
+    // A leftover killed through the cgroup after the main process.
+    let mut third = exec
+        .spawn(sh("third", "sleep 30 & exit 0", vec![a]))
+        .await
+        .unwrap();
+    assert_eq!(third.cgroup(), Some(cg.as_path()));
+    let exit = wait_exit(&mut third).await;
+    assert_eq!(exit.outcome, JobOutcome::Exited(0));
+    assert!(exit.cgroup_killed, "{exit:?}");
+    exec.ack("third").unwrap();
+    let mut fourth = exec.spawn(sh("fourth", "exit 7", vec![a])).await.unwrap();
+    assert_ne!(
+        fourth.cgroup(),
+        Some(cg.as_path()),
+        "a killed cgroup is not reused"
+    );
+    assert_eq!(wait_exit(&mut fourth).await.outcome, JobOutcome::Exited(7));
     exec.shutdown().await.unwrap();
-    assert!(!cg.exists(), "free cgroups are removed on shutdown");
     drop(exec);
+    eventually("free and killed cgroups removed", || {
+        fs::read_dir(&root).is_ok_and(|d| d.flatten().all(|e| !e.path().is_dir()))
+    })
+    .await;
     fs::remove_dir(&root).expect("the root is empty");
 }
 

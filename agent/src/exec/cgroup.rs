@@ -270,7 +270,11 @@ impl Limits {
 /// its `record` name it) instead of `job-<id>`.
 ///
 /// A cgroup comes back to the pool only when nothing can have changed it
-/// behind the agent: no BPF device program was attached to it (only jobs
+/// behind the agent, and never after a `cgroup.kill` (by the supervisor,
+/// the shim or the agent: `JobExit::cgroup_killed`, [`take_killed`]): on
+/// this machine's kernel (6.18) every later `clone3(CLONE_INTO_CGROUP)`
+/// child of a cgroup once killed is SIGKILLed at birth. Otherwise only
+/// when no BPF device program was attached to it (only jobs
 /// with an empty deny list get a slot), the job ran as a user who cannot
 /// write the cgroup's files (not root, not the agent's own user: the
 /// executor decides, `Executor::start`), so its limits are those the
@@ -494,9 +498,26 @@ pub(crate) fn threads(cgroup: &Path) -> Vec<i32> {
     read_ids(&cgroup.join("cgroup.threads"))
 }
 
+/// Cgroups this process wrote `cgroup.kill` of, until
+/// [`take_killed`] (see `JobExit::cgroup_killed`).
+static KILLED: std::sync::Mutex<std::collections::BTreeSet<PathBuf>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn killed() -> std::sync::MutexGuard<'static, std::collections::BTreeSet<PathBuf>> {
+    // Every update is a single insert or remove.
+    KILLED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether this process killed through `cgroup` since the last call (and
+/// forget it): such a cgroup is not reused for another job.
+pub(crate) fn take_killed(cgroup: &Path) -> bool {
+    killed().remove(cgroup)
+}
+
 /// Kill every process in the job cgroup: `cgroup.kill` (Linux 5.14+),
 /// else SIGKILL to each pid of `cgroup.procs`.
 pub(crate) fn kill_all(cgroup: &Path) {
+    killed().insert(cgroup.to_owned());
     if write_file(&cgroup.join("cgroup.kill"), "1").is_ok() {
         return;
     }
@@ -508,6 +529,12 @@ pub(crate) fn kill_all(cgroup: &Path) {
 /// Remove a job cgroup once its processes are gone, killing stragglers.
 /// Gone already is fine.
 pub(crate) async fn remove(cgroup: &Path) -> Result<()> {
+    let removed = remove_dir(cgroup).await;
+    take_killed(cgroup);
+    removed
+}
+
+async fn remove_dir(cgroup: &Path) -> Result<()> {
     for attempt in 0..50 {
         match fs::remove_dir(cgroup) {
             Ok(()) => return Ok(()),
@@ -644,13 +671,22 @@ mod tests {
         assert_eq!(b, a, "the free slot is reused");
         assert_eq!(limits_b, support.limits_for(&[0], None));
         if support.memory {
-            assert_eq!(fs::read_to_string(b.join("memory.max")).unwrap().trim(), "max");
+            assert_eq!(
+                fs::read_to_string(b.join("memory.max")).unwrap().trim(),
+                "max"
+            );
         }
         if support.cpuset {
-            assert_eq!(fs::read_to_string(b.join("cpuset.cpus")).unwrap().trim(), "0");
+            assert_eq!(
+                fs::read_to_string(b.join("cpuset.cpus")).unwrap().trim(),
+                "0"
+            );
         }
         // A process left behind: the slot is not kept for another job.
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         fs::write(b.join("cgroup.procs"), child.id().to_string()).unwrap();
         assert!(!is_unpopulated(&b));
         assert!(!pool.keep(&b, limits_b));
@@ -681,7 +717,10 @@ mod tests {
         let (a, la) = first.take(&support, "a", &[0], None).unwrap();
         let (b, _) = first.take(&support, "b", &[0], None).unwrap();
         assert!(first.keep(&a, la));
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         fs::write(b.join("cgroup.procs"), child.id().to_string()).unwrap();
         drop(first);
         let second = CgroupPool::open(&support);

@@ -1314,7 +1314,20 @@ fn finish_pooled(
     limits: Limits,
 ) -> bool {
     let exit = collect_exit(id, dir, pid, Some(cg));
-    let keep = || shared.pool.as_ref().is_some_and(|pool| pool.keep(cg, limits));
+    // Not after a kill through the cgroup (see `CgroupPool`), by whoever.
+    let killed = cgroup::take_killed(cg);
+    let clean = matches!(
+        exit.outcome,
+        JobOutcome::Exited(_) | JobOutcome::Signaled(_)
+    ) && !exit.cgroup_killed
+        && !killed;
+    let keep = || {
+        clean
+            && shared
+                .pool
+                .as_ref()
+                .is_some_and(|pool| pool.keep(cg, limits))
+    };
     shared.finish_then(id, exit, keep) != Some(false)
 }
 

@@ -161,7 +161,10 @@ impl JobDir {
             .read(true)
             .append(true)
             .open(&path)
-            .map(|file| RecordFile { file, path: path.clone() })
+            .map(|file| RecordFile {
+                file,
+                path: path.clone(),
+            })
             .map_err(|e| ExecError::io("open", &path, e))
     }
 }

@@ -653,7 +653,7 @@ async fn supervise(sup: &Sup, mut l: Launched) -> Result<()> {
         l.err.abort();
     }
     let usage = main.as_ref().map_or((0, 0, 0), |m| m.usage);
-    let exit = exit_record(
+    let mut exit = exit_record(
         job.id.clone(),
         main.map(|m| m.status),
         term.map(|t| t.outcome),
@@ -662,6 +662,7 @@ async fn supervise(sup: &Sup, mut l: Launched) -> Result<()> {
         &l.err_stats,
         usage,
     );
+    exit.cgroup_killed = cg.as_deref().is_some_and(cgroup::take_killed);
     l.rec.record_exit(&exit)
 }
 

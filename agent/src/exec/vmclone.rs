@@ -41,9 +41,9 @@
 //! uses the fork-style clone.
 
 use std::arch::asm;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nix::errno::Errno;
 use nix::libc;
