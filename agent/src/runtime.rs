@@ -438,7 +438,7 @@ impl Agent {
         match result {
             Ok(_) => {
                 self.traces.started(&id, Ok(()));
-                tracing::info!(%id, ?cpus, ?real, "job started");
+                tracing::debug!(%id, ?cpus, ?real, "job started");
                 self.send_status(&id, JobState::Running, cpus, None, String::new());
                 let wanted = self.pinned.get(&id).cloned().unwrap_or_default();
                 if wanted != real
@@ -579,7 +579,7 @@ impl Agent {
             JobOutcome::StartFailed(e) => (JobState::Failed, format!("could not start: {e}")),
             JobOutcome::Lost(e) => (JobState::Failed, format!("lost on the node: {e}")),
         };
-        tracing::info!(%id, ?state, "job ended");
+        tracing::debug!(%id, ?state, "job ended");
         self.traces.ended(
             &id,
             &state

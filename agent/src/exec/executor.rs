@@ -26,7 +26,7 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::cgroup::{self, CgroupSupport};
+use super::cgroup::{self, CgroupPool, CgroupSupport, Limits};
 use super::error::{ExecError, Result};
 use super::group::JobProcs;
 use super::jobdir::{JobDir, write_json};
@@ -240,6 +240,9 @@ struct Job {
     shim_pid: Option<i32>,
     cpus: Vec<u32>,
     cgroup: Option<PathBuf>,
+    /// The cgroup is a slot of the pool with these limits: it goes back
+    /// to the pool when the job ends (`None`: removed).
+    slot: Option<Limits>,
     stopped: bool,
     exit_tx: watch::Sender<Option<JobExit>>,
     monitor: Option<JoinHandle<()>>,
@@ -298,6 +301,8 @@ impl Job {
 struct Shared {
     jobs: Mutex<HashMap<String, Job>>,
     exits_tx: mpsc::UnboundedSender<JobExit>,
+    /// Empty job cgroups for the next jobs (with a cgroup root).
+    pool: Option<CgroupPool>,
 }
 
 impl Shared {
@@ -310,15 +315,30 @@ impl Shared {
     /// Deliver a job's exit, once (a supervised job's exit may be seen
     /// both by the supervisor's message and by a re-adopted job's poll).
     fn finish(&self, id: &str, exit: JobExit) {
-        if let Some(job) = self.jobs().get_mut(id) {
-            if job.exit().is_some() {
-                return;
+        self.finish_then(id, exit, || ());
+    }
+
+    /// [`Shared::finish`], running `then` under the jobs' lock just
+    /// before the exit is set, if this call delivers it: its result, or
+    /// `None` if the exit was delivered before (by another caller, who
+    /// ran its own `then`).
+    fn finish_then<T>(&self, id: &str, exit: JobExit, then: impl FnOnce() -> T) -> Option<T> {
+        let done = {
+            let mut jobs = self.jobs();
+            match jobs.get_mut(id) {
+                Some(job) if job.exit().is_some() => return None,
+                Some(job) => {
+                    let done = then();
+                    job.stopped = false;
+                    job.exit_tx.send_replace(Some(exit.clone()));
+                    done
+                }
+                None => then(),
             }
-            job.stopped = false;
-            job.exit_tx.send_replace(Some(exit.clone()));
-        }
+        };
         // Nobody listening is fine: the exit stays on disk.
         let _ = self.exits_tx.send(exit);
+        Some(done)
     }
 }
 
@@ -426,6 +446,7 @@ impl Executor {
             },
         };
         let auto_root = auto_root.filter(|_| cgroup.is_some());
+        let pool = cgroup.as_ref().map(CgroupPool::open);
         let (exits_tx, exits_rx) = mpsc::unbounded_channel();
         Ok(Executor {
             cfg,
@@ -436,6 +457,7 @@ impl Executor {
             shared: Arc::new(Shared {
                 jobs: Mutex::new(HashMap::new()),
                 exits_tx,
+                pool,
             }),
             exits_rx: Mutex::new(Some(exits_rx)),
             shut_down: AtomicBool::new(false),
@@ -516,13 +538,28 @@ impl Executor {
 
     async fn start(&self, job: &JobExec, run_as: Option<RunAs>, dir: &JobDir) -> Result<JobHandle> {
         let id = job.id.as_str();
-        let cgroup = match &self.cgroup {
+        // A pooled cgroup only where nothing but the agent can have changed
+        // it (see `CgroupPool`): no device program, and a job user who
+        // cannot write its files.
+        let me = geteuid().as_raw();
+        let pool = self.shared.pool.as_ref().filter(|_| {
+            job.deny_devices.is_empty() && run_as.is_some_and(|r| r.uid != 0 && r.uid != me)
+        });
+        let (cgroup, slot) = match &self.cgroup {
             Some(support) => {
-                match support.create_job(id, &job.cpus, job.memory_max, &job.deny_devices) {
-                    Ok(path) => Some(path),
+                let made = match pool {
+                    Some(pool) => pool
+                        .take(support, id, &job.cpus, job.memory_max)
+                        .map(|(path, limits)| (path, Some(limits))),
+                    None => support
+                        .create_job(id, &job.cpus, job.memory_max, &job.deny_devices)
+                        .map(|path| (path, None)),
+                };
+                match made {
+                    Ok((path, slot)) => (Some(path), slot),
                     Err(e) => {
                         tracing::warn!(job = id, error = %e, "running the job without a cgroup");
-                        None
+                        (None, None)
                     }
                 }
             }
@@ -536,14 +573,15 @@ impl Executor {
                         "GPUs not held by the job are not denied to it: no cgroup"
                     );
                 }
-                None
+                (None, None)
             }
         };
         let result = if self.cfg.launcher == Launcher::Supervisor && cgroup.is_some() {
-            self.start_supervised(job, run_as, dir, cgroup.clone())
+            self.start_supervised(job, run_as, dir, cgroup.clone(), slot)
                 .await
         } else {
-            self.start_shim(job, run_as, dir, cgroup.clone()).await
+            self.start_shim(job, run_as, dir, cgroup.clone(), slot)
+                .await
         };
         if result.is_err()
             && let Some(cg) = &cgroup
@@ -602,6 +640,7 @@ impl Executor {
         run_as: Option<RunAs>,
         dir: &JobDir,
         cgroup: Option<PathBuf>,
+        slot: Option<Limits>,
     ) -> Result<JobHandle> {
         let id = job.id.clone();
         let spec = self.shim_spec(job, run_as, cgroup.clone(), false);
@@ -672,6 +711,7 @@ impl Executor {
                 shim_pid: Some(shim_pid),
                 cpus: job.cpus.clone(),
                 cgroup: cgroup.clone(),
+                slot,
                 stopped: false,
                 exit_tx,
                 monitor: None,
@@ -699,6 +739,7 @@ impl Executor {
         run_as: Option<RunAs>,
         dir: &JobDir,
         cgroup: Option<PathBuf>,
+        slot: Option<Limits>,
     ) -> Result<JobHandle> {
         let id = job.id.clone();
         let spec = self.shim_spec(job, run_as, cgroup.clone(), true);
@@ -711,6 +752,7 @@ impl Executor {
                 dir: dir.clone(),
                 cpus: job.cpus.clone(),
                 cgroup: cgroup.clone(),
+                slot,
                 reply: reply_tx,
             },
         );
@@ -826,6 +868,7 @@ impl Executor {
             job.dir.clone(),
             job.pid,
             job.cgroup.clone(),
+            job.slot.clone(),
             shim,
         );
         job.monitor = Some(tokio::spawn(task));
@@ -875,6 +918,11 @@ impl Executor {
     pub fn repin(&self, id: &str, cpus: &[u32]) -> Result<usize> {
         validate_cpus(cpus)?;
         self.with_job(id, |job| {
+            if let Some(slot) = job.slot.as_mut() {
+                // `cpuset.cpus` may be written even if the pin fails: the
+                // next job in this cgroup writes its own.
+                slot.cpus = None;
+            }
             let n = job.running_procs(id)?.pin(cpus, id)?;
             job.cpus = cpus.to_vec();
             if let Err(e) = job.dir.record_cpus(cpus) {
@@ -1094,6 +1142,8 @@ impl Executor {
                     shim_pid,
                     cpus,
                     cgroup: spec.cgroup.clone(),
+                    // Its limits are not known: removed at its end.
+                    slot: None,
                     stopped,
                     exit_tx,
                     monitor: None,
@@ -1163,6 +1213,9 @@ impl Executor {
         // Closing the connection lets the supervisor exit once its jobs
         // (none with KillJobs) have ended.
         self.link.lock().await.take();
+        if let Some(pool) = &self.shared.pool {
+            pool.close();
+        }
         if let Some(root) = &self.auto_root {
             // Busy while jobs were left running: the next agent reuses it.
             let _ = fs::remove_dir(root);
@@ -1181,9 +1234,13 @@ impl Executor {
 
 impl Drop for Executor {
     /// Dropping without [`Executor::shutdown`] is an agent crash as far as
-    /// jobs are concerned: they keep running under their shims.
+    /// jobs are concerned: they keep running under their shims. The free
+    /// slots of the cgroup pool (no job's) are removed.
     fn drop(&mut self) {
         self.abort_monitors();
+        if let Some(pool) = &self.shared.pool {
+            pool.close();
+        }
     }
 }
 
@@ -1194,6 +1251,7 @@ async fn monitor(
     dir: JobDir,
     pid: Option<i32>,
     cgroup: Option<PathBuf>,
+    slot: Option<Limits>,
     shim: ShimWatch,
 ) {
     let poll = match shim {
@@ -1214,41 +1272,94 @@ async fn monitor(
             tokio::time::sleep(every).await;
         }
     }
-    finish_job(shared, id, dir, pid, cgroup).await;
+    finish_job(shared, id, dir, pid, cgroup, slot).await;
 }
 
 /// The job's processes are gone (or its supervisor is): collect its exit,
-/// remove its cgroup, deliver the exit.
+/// remove its cgroup, deliver the exit. A pooled cgroup goes back to the
+/// pool under the jobs' lock together with the exit: from then on the job
+/// is no longer running for `stop`, `repin` or `cancel` (they check under
+/// that lock), so none of them can reach the next job in that cgroup; and
+/// only the caller that delivers the exit gives it back (a job's end may
+/// be seen twice), so it is never pooled twice.
 async fn finish_job(
     shared: Arc<Shared>,
     id: String,
     dir: JobDir,
     pid: Option<i32>,
     cgroup: Option<PathBuf>,
+    slot: Option<Limits>,
 ) {
+    if let (Some(cg), Some(limits)) = (&cgroup, slot) {
+        if !finish_pooled(&shared, &id, &dir, pid, cg, limits) {
+            remove_cgroup(&id, cg).await;
+        }
+        return;
+    }
     let exit = collect_exit(&id, &dir, pid, cgroup.as_deref());
-    if let Some(cg) = &cgroup
-        && let Err(e) = cgroup::remove(cg).await
-    {
-        tracing::warn!(job = %id, error = %e, "could not remove the job's cgroup");
+    if let Some(cg) = &cgroup {
+        remove_cgroup(&id, cg).await;
     }
     shared.finish(&id, exit);
 }
 
-/// Finish a tracked, running job on its own task.
+/// [`finish_job`] for a job in a slot of the pool, with no wait: false if
+/// the caller must still remove the cgroup (not kept).
+fn finish_pooled(
+    shared: &Shared,
+    id: &str,
+    dir: &JobDir,
+    pid: Option<i32>,
+    cg: &Path,
+    limits: Limits,
+) -> bool {
+    let exit = collect_exit(id, dir, pid, Some(cg));
+    // Not after a kill through the cgroup (see `CgroupPool`), by whoever.
+    let killed = cgroup::take_killed(cg);
+    let clean = matches!(
+        exit.outcome,
+        JobOutcome::Exited(_) | JobOutcome::Signaled(_)
+    ) && !exit.cgroup_killed
+        && !killed;
+    let keep = || {
+        clean
+            && shared
+                .pool
+                .as_ref()
+                .is_some_and(|pool| pool.keep(cg, limits))
+    };
+    shared.finish_then(id, exit, keep) != Some(false)
+}
+
+async fn remove_cgroup(id: &str, cg: &Path) {
+    if let Err(e) = cgroup::remove(cg).await {
+        tracing::warn!(job = %id, error = %e, "could not remove the job's cgroup");
+    }
+}
+
+/// Finish a tracked, running job: at once where nothing is waited for (its
+/// cgroup goes back to the pool), else on its own task.
 fn spawn_finish(shared: &Arc<Shared>, id: &str) {
     let info = shared
         .jobs()
         .get(id)
         .filter(|j| j.exit().is_none())
-        .map(|j| (j.dir.clone(), j.pid, j.cgroup.clone()));
-    if let Some((dir, pid, cgroup)) = info {
+        .map(|j| (j.dir.clone(), j.pid, j.cgroup.clone(), j.slot.clone()));
+    if let Some((dir, pid, Some(cg), Some(limits))) = &info {
+        if !finish_pooled(shared, id, dir, *pid, cg, limits.clone()) {
+            let (id, cg) = (id.to_owned(), cg.clone());
+            tokio::spawn(async move { remove_cgroup(&id, &cg).await });
+        }
+        return;
+    }
+    if let Some((dir, pid, cgroup, slot)) = info {
         tokio::spawn(finish_job(
             Arc::clone(shared),
             id.to_owned(),
             dir,
             pid,
             cgroup,
+            slot,
         ));
     }
 }
@@ -1264,6 +1375,7 @@ struct PendingStart {
     dir: JobDir,
     cpus: Vec<u32>,
     cgroup: Option<PathBuf>,
+    slot: Option<Limits>,
     reply: oneshot::Sender<StartAnswer>,
 }
 
@@ -1379,6 +1491,7 @@ async fn read_link(
                         shim_pid: Some(sup_pid),
                         cpus: p.cpus,
                         cgroup: p.cgroup,
+                        slot: p.slot,
                         stopped: false,
                         exit_tx,
                         monitor: None,
@@ -1414,7 +1527,7 @@ async fn read_link(
 /// The exit in the job's `record`; or, if the shim vanished without one,
 /// kill what is left of the job and record it as lost.
 fn collect_exit(id: &str, dir: &JobDir, pid: Option<i32>, cgroup: Option<&Path>) -> JobExit {
-    let record = dir.read_record();
+    let record = dir.read_record_without_spec();
     let (problem, recorded) = match record {
         Ok(rec) => match rec.exit {
             Some(mut exit) => {

@@ -76,9 +76,19 @@ impl JobDir {
 
     /// What `record` says so far (all `None` when it does not exist).
     pub fn read_record(&self) -> Result<Record> {
+        self.read_record_with(true)
+    }
+
+    /// [`JobDir::read_record`] without the `spec` line's JSON (`spec`
+    /// stays `None`): a finished job's exit, read on every job's end.
+    pub fn read_record_without_spec(&self) -> Result<Record> {
+        self.read_record_with(false)
+    }
+
+    fn read_record_with(&self, spec: bool) -> Result<Record> {
         let path = self.record();
         match fs::read(&path) {
-            Ok(text) => Ok(Record::parse(&text)),
+            Ok(text) => Ok(Record::parse_with(&text, spec)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Record::default()),
             Err(e) => Err(ExecError::io("read", &path, e)),
         }
@@ -141,6 +151,66 @@ impl JobDir {
     pub fn record_acked(&self) -> Result<()> {
         self.append("acked")
     }
+
+    /// Open `record` for reading it once and appending to it (the
+    /// supervisor, for the whole of a job: one `open` instead of one per
+    /// line).
+    pub fn open_record(&self) -> Result<RecordFile> {
+        let path = self.record();
+        OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&path)
+            .map(|file| RecordFile {
+                file,
+                path: path.clone(),
+            })
+            .map_err(|e| ExecError::io("open", &path, e))
+    }
+}
+
+/// A job's `record`, open for appending (`O_APPEND`: each line is still
+/// one `write(2)` at the end, whoever else appends).
+#[derive(Debug)]
+pub(crate) struct RecordFile {
+    file: File,
+    path: PathBuf,
+}
+
+impl RecordFile {
+    /// What `record` says (read from its start: only before any append).
+    pub fn read(&mut self) -> Result<Record> {
+        // Room for a usual spec line: one read, then the one saying EOF.
+        let mut text = Vec::with_capacity(4096);
+        io::Read::read_to_end(&mut self.file, &mut text)
+            .map_err(|e| ExecError::io("read", &self.path, e))?;
+        Ok(Record::parse(&text))
+    }
+
+    /// Append one line in a single `write(2)`.
+    pub fn append(&self, line: &str) -> Result<()> {
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        (&self.file)
+            .write_all(&bytes)
+            .map_err(|e| ExecError::io("append to", &self.path, e))
+    }
+
+    /// Append `shim PID`.
+    pub fn record_shim(&self, pid: i32) -> Result<()> {
+        self.append(&format!("shim {pid}"))
+    }
+
+    /// Append `job PID STARTTIME`.
+    pub fn record_job(&self, pid: i32, starttime: u64) -> Result<()> {
+        self.append(&format!("job {pid} {starttime}"))
+    }
+
+    /// Append `exit {..}`.
+    pub fn record_exit(&self, exit: &JobExit) -> Result<()> {
+        self.append(&format!("exit {}", json_line(&self.path, exit)?))
+    }
 }
 
 fn json_line<T: Serialize + ?Sized>(path: &Path, value: &T) -> Result<String> {
@@ -167,6 +237,11 @@ impl Record {
     /// Parse every complete line; unknown or malformed lines are skipped
     /// (a newer writer's, or a torn last line).
     pub fn parse(text: &[u8]) -> Record {
+        Record::parse_with(text, true)
+    }
+
+    /// [`Record::parse`], the `spec` line's JSON parsed only if `spec`.
+    pub fn parse_with(text: &[u8], spec: bool) -> Record {
         let mut rec = Record::default();
         let complete = match text.iter().rposition(|&b| b == b'\n') {
             Some(end) => &text[..end],
@@ -179,7 +254,7 @@ impl Record {
             };
             let (key, rest) = line.split_once(' ').unwrap_or((line, ""));
             match key {
-                "spec" if rec.spec.is_none() => rec.spec = serde_json::from_str(rest).ok(),
+                "spec" if spec && rec.spec.is_none() => rec.spec = serde_json::from_str(rest).ok(),
                 "shim" => rec.shim_pid = rec.shim_pid.or(pid(rest)),
                 "job" => {
                     let mut it = rest.split(' ');

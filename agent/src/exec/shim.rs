@@ -645,7 +645,7 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
         ));
     }
 
-    let exit = exit_record(
+    let mut exit = exit_record(
         job.id.clone(),
         main,
         term.map(|t| t.outcome),
@@ -654,6 +654,7 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
         &err_stats,
         children_usage(),
     );
+    exit.cgroup_killed = spec.cgroup.as_deref().is_some_and(cgroup::take_killed);
     jd.record_exit(&exit)
 }
 
@@ -798,5 +799,6 @@ pub(crate) fn exit_record(
         user_cpu_ms,
         sys_cpu_ms,
         max_rss_kib,
+        cgroup_killed: false,
     }
 }

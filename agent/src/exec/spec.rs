@@ -308,6 +308,12 @@ pub struct JobExit {
     pub sys_cpu_ms: u64,
     /// Largest resident set of any of the job's processes, KiB.
     pub max_rss_kib: u64,
+    /// Something of the job was killed through its cgroup
+    /// (`cgroup.kill`). Its cgroup is then never reused for another job:
+    /// on some kernels (6.18 here) every later child cloned into a
+    /// cgroup that was once killed is killed at birth.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cgroup_killed: bool,
 }
 
 impl JobExit {
@@ -329,6 +335,7 @@ impl JobExit {
             user_cpu_ms: 0,
             sys_cpu_ms: 0,
             max_rss_kib: 0,
+            cgroup_killed: false,
         }
     }
 }

@@ -74,7 +74,7 @@ use tokio::time::Instant;
 use super::cgroup;
 use super::error::{ExecError, Result};
 use super::group::{JobProcs, cpu_set};
-use super::jobdir::{JobDir, read_json};
+use super::jobdir::{JobDir, RecordFile, read_json};
 use super::logcap::CappedLog;
 use super::procfs;
 use super::shim::{
@@ -348,6 +348,7 @@ async fn connection(sup: Arc<Sup>, rd: tokio::net::unix::OwnedReadHalf, out: Lin
 /// A started job.
 struct Launched {
     jd: JobDir,
+    rec: RecordFile,
     spec: ShimSpec,
     pid: i32,
     main: oneshot::Receiver<MainExit>,
@@ -388,6 +389,7 @@ async fn job(sup: Arc<Sup>, id: String) {
 /// not have happened yet.
 struct Cloned {
     jd: JobDir,
+    rec: RecordFile,
     spec: ShimSpec,
     started: Started,
     main: oneshot::Receiver<MainExit>,
@@ -405,7 +407,9 @@ struct Cloned {
 fn launch(sup: &Sup, id: &str) -> Result<Cloned> {
     validate_id(id)?;
     let jd = JobDir::new(sup.jobs_dir.join(id));
-    let record = jd.read_record()?;
+    // One open for the whole job: the spec read, then each line appended.
+    let mut rec = jd.open_record()?;
+    let record = rec.read()?;
     if record.shim_pid.is_some() {
         // Started once already: a job runs at most once.
         return Err(ExecError::StartFailed {
@@ -426,7 +430,7 @@ fn launch(sup: &Sup, id: &str) -> Result<Cloned> {
             reason: "its spec is not one for the supervisor".into(),
         });
     }
-    jd.record_shim(sup.me)?;
+    rec.record_shim(sup.me)?;
     let started_at_ms = now_ms();
     let out_log = CappedLog::lazy(
         &jd.stdout(),
@@ -441,12 +445,13 @@ fn launch(sup: &Sup, id: &str) -> Result<Cloned> {
     let started = cpu_set(&spec.job.cpus).and_then(|set| start_job_nowait(&spec, Some(set), true));
     let started = match started {
         Ok(s) => s,
-        Err(e) => return Err(start_failed(&jd, id, e)),
+        Err(e) => return Err(start_failed(&rec, id, e)),
     };
     let (tx, main) = oneshot::channel();
     lock(&sup.waiting).insert(started.pid, tx);
     Ok(Cloned {
         jd,
+        rec,
         spec,
         started,
         main,
@@ -458,12 +463,12 @@ fn launch(sup: &Sup, id: &str) -> Result<Cloned> {
 
 /// A start that failed: its exit in the record (if no executor is
 /// listening any more, readopt() reports it from there), and the error.
-fn start_failed(jd: &JobDir, id: &str, e: ExecError) -> ExecError {
+fn start_failed(rec: &RecordFile, id: &str, e: ExecError) -> ExecError {
     let reason = match &e {
         ExecError::StartFailed { reason, .. } => reason.clone(),
         other => other.to_string(),
     };
-    match jd.record_exit(&JobExit::bare(id, JobOutcome::StartFailed(reason))) {
+    match rec.record_exit(&JobExit::bare(id, JobOutcome::StartFailed(reason))) {
         Ok(()) => e,
         Err(write) => write,
     }
@@ -474,6 +479,7 @@ fn start_failed(jd: &JobDir, id: &str, e: ExecError) -> ExecError {
 async fn confirm(sup: &Sup, id: &str, c: Cloned) -> Result<Launched> {
     let Cloned {
         jd,
+        rec,
         spec,
         mut started,
         main,
@@ -509,12 +515,12 @@ async fn confirm(sup: &Sup, id: &str, c: Cloned) -> Result<Launched> {
                 .kill_all();
             }
             lock(&sup.waiting).remove(&pid);
-            return Err(start_failed(&jd, id, e));
+            return Err(start_failed(&rec, id, e));
         }
     }
     let (out_stats, err_stats) = (out_log.stats(), err_log.stats());
     let starttime = procfs::stat(pid).map_or(0, |st| st.starttime);
-    let pumps = jd.record_job(pid, starttime).and_then(|()| {
+    let pumps = rec.record_job(pid, starttime).and_then(|()| {
         let pump = |fd, log: CappedLog| -> Result<_> {
             let rx = pipe::Receiver::from_owned_fd(fd)
                 .map_err(|e| ExecError::io("watch the output pipe of", jd.path(), e))?;
@@ -528,6 +534,7 @@ async fn confirm(sup: &Sup, id: &str, c: Cloned) -> Result<Launched> {
     match pumps {
         Ok((out, err)) => Ok(Launched {
             jd,
+            rec,
             spec,
             pid,
             main,
@@ -547,7 +554,7 @@ async fn confirm(sup: &Sup, id: &str, c: Cloned) -> Result<Launched> {
             .kill_all();
             lock(&sup.waiting).remove(&pid);
             let reason = e.to_string();
-            let _ = jd.record_exit(&JobExit::bare(id, JobOutcome::StartFailed(reason)));
+            let _ = rec.record_exit(&JobExit::bare(id, JobOutcome::StartFailed(reason)));
             Err(e)
         }
     }
@@ -646,7 +653,7 @@ async fn supervise(sup: &Sup, mut l: Launched) -> Result<()> {
         l.err.abort();
     }
     let usage = main.as_ref().map_or((0, 0, 0), |m| m.usage);
-    let exit = exit_record(
+    let mut exit = exit_record(
         job.id.clone(),
         main.map(|m| m.status),
         term.map(|t| t.outcome),
@@ -655,7 +662,8 @@ async fn supervise(sup: &Sup, mut l: Launched) -> Result<()> {
         &l.err_stats,
         usage,
     );
-    l.jd.record_exit(&exit)
+    exit.cgroup_killed = cg.as_deref().is_some_and(cgroup::take_killed);
+    l.rec.record_exit(&exit)
 }
 
 /// Lines to one side of the supervisor's socket. Both ends use it: the
