@@ -144,7 +144,7 @@ pub struct Reservation {
     /// Its shadow time: the earliest time at which enough running tasks
     /// will have ended for its demand, `now` if the capacity is free now
     /// (blocked by alignment only), `None` if that needs a running task
-    /// without a time limit to end.
+    /// without a time limit (or, with `predicted`, a prediction) to end.
     pub start: Option<u64>,
     /// Capacity free at `start` beyond the head's demand ("extra nodes"):
     /// a task may use it now however long it runs.
