@@ -291,6 +291,7 @@ impl LocalScheduler {
             policy: Some(job.policy),
             align: Align::Any,
             time_limit: None,
+            predicted: None,
         };
         let n = self.engine.topology().nr_leaves();
         if job.cpus == 1 && self.cfg.oversubscribe && job.gpus == 0 {
@@ -391,6 +392,7 @@ impl LocalScheduler {
                 policy: Some(job.policy),
                 align: Align::Any,
                 time_limit: None,
+                predicted: None,
             };
             if self.engine.add_task(spec).is_ok() {
                 match leaf {

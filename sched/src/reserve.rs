@@ -58,6 +58,11 @@ pub(crate) struct DomainHeads {
     /// Per domain, its waiting tasks by demand, each bucket in queue order
     /// ([`WaitKey`]; kept only with `fifo`).
     waiting: Vec<BTreeMap<u32, BTreeSet<WaitKey>>>,
+    /// Per domain, how many of its waiting tasks carry a run-time
+    /// prediction (kept only with `fifo`): while any does, a reservation
+    /// that counts on predictions judges every task on its own (the
+    /// block skip of [`Sched::oldest_fitting`] reads limits only).
+    predicted_waiting: Vec<usize>,
     /// Domain (dense index) of each leaf.
     dom_of: Vec<usize>,
     /// Per domain, the heads of its leaves that have one.
@@ -114,6 +119,7 @@ impl DomainHeads {
             } else {
                 Vec::new()
             },
+            predicted_waiting: if fifo { vec![0; next] } else { Vec::new() },
             dom_of,
             heads: vec![BTreeSet::new(); next],
             head_key: vec![None; n],
@@ -149,10 +155,10 @@ impl DomainHeads {
     pub(crate) fn wait_insert(&mut self, leaf: LeafId, t: &Task) {
         if self.fifo {
             let key = self.wait_key(t);
-            self.waiting[self.dom_of[leaf]]
-                .entry(t.demand)
-                .or_default()
-                .insert(key);
+            let dom = self.dom_of[leaf];
+            if self.waiting[dom].entry(t.demand).or_default().insert(key) && t.predicted.is_some() {
+                self.predicted_waiting[dom] += 1;
+            }
         }
     }
 
@@ -160,9 +166,12 @@ impl DomainHeads {
     pub(crate) fn wait_remove(&mut self, leaf: LeafId, t: &Task) {
         if self.fifo {
             let key = self.wait_key(t);
-            let d = &mut self.waiting[self.dom_of[leaf]];
+            let dom = self.dom_of[leaf];
+            let d = &mut self.waiting[dom];
             if let Some(set) = d.get_mut(&t.demand) {
-                set.remove(&key);
+                if set.remove(&key) && t.predicted.is_some() {
+                    self.predicted_waiting[dom] -= 1;
+                }
                 if set.is_empty() {
                     d.remove(&t.demand);
                 }
@@ -300,14 +309,24 @@ impl Sched {
         };
         // The block skip's data: the reservation's start, and its task
         // with that task's key.
+        // Judged on predictions, a task may end by the start whatever its
+        // remaining limit: no block is skipped while any waiting task of
+        // the domain has a prediction.
         let skip = match &res {
-            Some(r) if self.steal_skip && self.domains.shortest => r.start.map(|shadow| {
-                let head = self
-                    .tasks
-                    .get(&r.task)
-                    .map(|h| (self.domains.wait_key(h), h));
-                (r, shadow, head)
-            }),
+            Some(r)
+                if self.steal_skip
+                    && self.domains.shortest
+                    && !(r.predicted
+                        && self.domains.predicted_waiting[self.domains.dom_of[dst]] > 0) =>
+            {
+                r.start.map(|shadow| {
+                    let head = self
+                        .tasks
+                        .get(&r.task)
+                        .map(|h| (self.domains.wait_key(h), h));
+                    (r, shadow, head)
+                })
+            }
             _ => None,
         };
         let mut best: Option<(WaitKey, LeafId)> = None;

@@ -144,11 +144,15 @@ pub struct Reservation {
     /// Its shadow time: the earliest time at which enough running tasks
     /// will have ended for its demand, `now` if the capacity is free now
     /// (blocked by alignment only), `None` if that needs a running task
-    /// without a time limit to end.
+    /// without a time limit (or, with `predicted`, a prediction) to end.
     pub start: Option<u64>,
     /// Capacity free at `start` beyond the head's demand ("extra nodes"):
     /// a task may use it now however long it runs.
     pub extra: u32,
+    /// `start` counts on run-time predictions ([`crate::TaskSpec::predicted`]),
+    /// and a task may be backfilled on its prediction: no prediction on
+    /// the leaf has failed since the head began to wait.
+    pub predicted: bool,
 }
 
 /// The scheduling engine over one topology.
@@ -193,6 +197,11 @@ pub struct Sched {
     /// Per leaf, its running tasks whose weight is not nice-0: their
     /// vruntime rounds at every accounting, so their leaf ticks eagerly.
     nr_reweighted: Vec<u32>,
+    /// Per leaf, the latest time a task that ran there passed a run-time
+    /// prediction that governed its estimate
+    /// ([`Task::prediction_missed_at`]), recorded when it stopped running
+    /// (while it runs, the reservation reads it from the task).
+    pred_missed: Vec<Option<u64>>,
     /// Ticks defer their accounting (on unless a test compares with the
     /// eager tick).
     lazy_tick: bool,
@@ -248,6 +257,7 @@ impl Sched {
             domains,
             tick_pending: vec![None; n],
             nr_reweighted: vec![0; n],
+            pred_missed: vec![None; n],
             lazy_tick: true,
 
             agg_defer: false,
@@ -884,6 +894,10 @@ impl Sched {
         let rq = &mut self.rqs[leaf];
         match t.state {
             TaskState::Running(_) => {
+                if let Some(m) = t.prediction_missed_at(now) {
+                    let slot = &mut self.pred_missed[leaf];
+                    *slot = Some(slot.map_or(m, |x| x.max(m)));
+                }
                 rq.running.retain(|&x| x != id);
                 rq.running_demand -= t.demand;
             }
@@ -1108,6 +1122,10 @@ impl Sched {
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
+        if let Some(m) = t.prediction_missed_at(now) {
+            let slot = &mut self.pred_missed[leaf];
+            *slot = Some(slot.map_or(m, |x| x.max(m)));
+        }
         let rq = &mut self.rqs[leaf];
         rq.running.retain(|&x| x != id);
         rq.running_demand -= t.demand;
@@ -1277,34 +1295,74 @@ impl Sched {
     /// is the first waiting task in next-to-run order that fits the leaf's
     /// capacity at all; `None` when there is none. Computed whether or not
     /// backfill is on (the dispatcher can report it as a pending reason).
+    ///
+    /// Run-time predictions ([`crate::TaskSpec::predicted`], EASY++): a
+    /// running task's expected end is its prediction in force when that
+    /// is shorter than its limit or it has no limit ([`Task::estimate`]:
+    /// a prediction it outlives is doubled), and a task may be backfilled
+    /// on its own prediction ([`Reservation::predicted`]) — but only while
+    /// no prediction on the leaf has failed since the head began to wait
+    /// (no task running there, or that ran there, passed a prediction
+    /// that governed its estimate after the head's `queued_at`). From the
+    /// first such failure the leaf counts on limits only, as without
+    /// predictions, until the head starts. So the head's wait keeps a
+    /// bound: while every prediction holds, each running and backfilled
+    /// task ends by its expected end and the head starts by its start (as
+    /// EASY with limits); once one fails, no task starts past the head on
+    /// a prediction any more, and the head waits at most for the tasks
+    /// already running (the bound without predictions). A wrong
+    /// prediction delays the head once, not forever.
     pub fn reservation(&self, leaf: LeafId, now: u64) -> Option<Reservation> {
         let head = self.next_startable(leaf)?;
-        let demand = self.tasks.get(&head)?.demand;
-        let (start, extra) = self.shadow(leaf, demand, now);
+        let h = self.tasks.get(&head)?;
+        let (start, extra, predicted) = self.shadow(leaf, h.demand, h.queued_at, now);
         Some(Reservation {
             task: head,
             start,
             extra,
+            predicted,
         })
     }
 
-    /// The shadow time and extra capacity for a head of `demand` on
-    /// `leaf`: walk the running tasks by expected end, freeing their
-    /// demand, until the head fits; every task ending at that instant has
-    /// ended by it.
-    fn shadow(&self, leaf: LeafId, demand: u32, now: u64) -> (Option<u64>, u32) {
+    /// True when no prediction on `leaf` has failed at or after `since`
+    /// (the head's `queued_at`), judged at `at`: no task running there, or
+    /// that ran there, passed a prediction that governed its estimate since.
+    fn predictions_hold(&self, leaf: LeafId, since: u64, at: u64) -> bool {
+        if self.pred_missed[leaf].is_some_and(|m| m >= since) {
+            return false;
+        }
+        !self.rqs[leaf].running.iter().any(|id| {
+            self.tasks
+                .get(id)
+                .and_then(|t| t.prediction_missed_at(at))
+                .is_some_and(|m| m >= since)
+        })
+    }
+
+    /// The shadow time and extra capacity for a head of `demand` that has
+    /// waited since `since` on `leaf`: walk the running tasks by expected
+    /// end, freeing their demand, until the head fits; every task ending
+    /// at that instant has ended by it. The third value says whether the
+    /// ends counted on predictions ([`Sched::reservation`]).
+    fn shadow(&self, leaf: LeafId, demand: u32, since: u64, now: u64) -> (Option<u64>, u32, bool) {
         let rq = &self.rqs[leaf];
         let mut avail = rq.free();
         if avail >= demand {
-            return (Some(now), avail - demand);
+            return (Some(now), avail - demand, false);
         }
         // A deferred tick later than `now` has accounted up to its time.
         let accounted = self.tick_pending[leaf].unwrap_or(now);
+        let predicted = self.predictions_hold(leaf, since, now.max(accounted));
         let mut ends: Vec<(Option<u64>, u32)> = rq
             .running
             .iter()
             .filter_map(|id| self.tasks.get(id))
-            .map(|t| (t.expected_end_accounted(now, accounted), t.demand))
+            .map(|t| {
+                (
+                    t.expected_end_accounted(now, accounted, predicted),
+                    t.demand,
+                )
+            })
             .collect();
         // Known ends ascending, unknown (never) last.
         ends.sort_unstable_by_key(|&(end, _)| (end.is_none(), end));
@@ -1318,18 +1376,18 @@ impl Sched {
                 i += 1;
             }
             if avail >= demand {
-                return (Some(end), avail - demand);
+                return (Some(end), avail - demand, predicted);
             }
         }
-        (None, 0)
+        (None, 0, predicted)
     }
 
     /// True when task `t` may start on `leaf` now without delaying the
     /// reservation `res` of the leaf's head: it fits now, and it either
-    /// uses only the extra capacity or ends by the shadow time. A task
-    /// without a time limit never ends by a known time; a reservation
-    /// without a known time (it waits on a task without a limit) is
-    /// delayed by no task that has a limit.
+    /// uses only the extra capacity or ends by the shadow time (by its
+    /// limit, or its prediction when `res.predicted`). A task with neither
+    /// never ends by a known time; a reservation without a known time (it
+    /// waits on a task without either) is delayed by no task that has one.
     pub(crate) fn backfill_ok(&self, leaf: LeafId, res: &Reservation, t: &Task, now: u64) -> bool {
         if !self.rqs[leaf].can_start(t.demand, t.align) {
             return false;
@@ -1337,7 +1395,7 @@ impl Sched {
         if t.demand <= res.extra {
             return true;
         }
-        match (res.start, t.expected_end(now)) {
+        match (res.start, t.expected_end_accounted(now, now, res.predicted)) {
             (_, None) => false,
             (None, Some(_)) => true,
             (Some(shadow), Some(end)) => end <= shadow,
@@ -1360,6 +1418,7 @@ impl Sched {
                     task,
                     start: None,
                     extra: 0,
+                    predicted: false,
                 })
             };
             let Some(res) = res else {

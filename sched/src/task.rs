@@ -90,6 +90,12 @@ pub struct TaskSpec {
     /// limits: a running task is expected to end at
     /// `now + time_limit - executed`, one without a limit never.
     pub time_limit: Option<u64>,
+    /// A predicted run time, ns (the dispatcher's per-user history of
+    /// run times, EASY++); `None` = none. Where it is shorter than the
+    /// limit (or there is no limit) the reservation and backfill count on
+    /// it instead, while it holds (see [`Task::estimate`] and
+    /// `Sched::reservation`).
+    pub predicted: Option<u64>,
 }
 
 impl TaskSpec {
@@ -104,6 +110,7 @@ impl TaskSpec {
             policy: None,
             align: Align::Any,
             time_limit: None,
+            predicted: None,
         }
     }
 }
@@ -142,6 +149,8 @@ pub struct Task {
     pub align: Align,
     /// Execution time limit, ns (`None` = unknown).
     pub time_limit: Option<u64>,
+    /// Predicted run time, ns (`None` = none; 0 is taken as none).
+    pub predicted: Option<u64>,
     /// Where the task is.
     pub state: TaskState,
     /// Virtual runtime, ns of nice-0 time.
@@ -186,6 +195,7 @@ impl Task {
             policy: spec.policy.unwrap_or(default_policy),
             align: spec.align,
             time_limit: spec.time_limit,
+            predicted: spec.predicted.filter(|&p| p > 0),
             state: TaskState::Sleeping,
             vruntime: 0,
             sum_exec_runtime: 0,
@@ -215,16 +225,71 @@ impl Task {
     /// plus what its time limit leaves (at least `now`: an overrun task is
     /// expected to end at once); `None` without a limit.
     pub fn expected_end(&self, now: u64) -> Option<u64> {
-        self.expected_end_accounted(now, now)
+        self.expected_end_accounted(now, now, false)
     }
 
     /// [`Task::expected_end`] with its execution accounted up to
-    /// `accounted` when that is later than `now`: a tick at that time whose
-    /// accounting is deferred (`Sched::tick`) has counted the run up to it.
-    pub(crate) fn expected_end_accounted(&self, now: u64, accounted: u64) -> Option<u64> {
-        self.time_limit.map(|limit| {
-            now.saturating_add(limit.saturating_sub(self.executed(now.max(accounted))))
-        })
+    /// `accounted` when that is later than `now` (a tick at that time whose
+    /// accounting is deferred, `Sched::tick`, has counted the run up to
+    /// it), and with its run-time prediction in force when `predicted`
+    /// ([`Task::estimate`]).
+    pub(crate) fn expected_end_accounted(
+        &self,
+        now: u64,
+        accounted: u64,
+        predicted: bool,
+    ) -> Option<u64> {
+        let executed = self.executed(now.max(accounted));
+        self.estimate(executed, predicted)
+            .map(|total| now.saturating_add(total.saturating_sub(executed)))
+    }
+
+    /// The run time the task is expected to use in all once it has run
+    /// `executed`: its time limit; with `predicted`, its prediction in
+    /// force when that is shorter (or there is no limit). The prediction
+    /// in force is the prediction doubled as often as `executed` has
+    /// passed it (`p`, then `2p`, `4p`, ...): a task that outlives its
+    /// prediction is expected to run as long again as the prediction it
+    /// passed, so an estimate is never more than twice the run it
+    /// estimates, and a task running `r` passes at most
+    /// `log2(r / p)` predictions. `None` without a limit or a prediction.
+    pub fn estimate(&self, executed: u64, predicted: bool) -> Option<u64> {
+        let pred = self
+            .predicted
+            .filter(|_| predicted)
+            .map(|p| prediction_in_force(p, executed));
+        match (self.time_limit, pred) {
+            (Some(l), Some(p)) => Some(l.min(p)),
+            (l, None) => l,
+            (None, p) => p,
+        }
+    }
+
+    /// When, running, the task last passed a prediction that governed its
+    /// estimate (one shorter than its limit: past the limit, the limit
+    /// governs), evaluated at clock `at`:
+    /// `None` while it has passed none. The engine stops counting on
+    /// predictions for a head that waits on a leaf where this happened
+    /// since it began to wait (`Sched::reservation`).
+    pub fn prediction_missed_at(&self, at: u64) -> Option<u64> {
+        let p = self.predicted?;
+        let executed = self.executed(at);
+        // Passing a prediction as long as the limit is no miss: the limit
+        // was the estimate, a real bound.
+        let cap = self.time_limit.unwrap_or(u64::MAX);
+        if executed <= p || p >= cap {
+            return None;
+        }
+        // The largest p * 2^k below both: the last prediction passed that
+        // governed the estimate.
+        let mut passed = p;
+        while let Some(next) = passed.checked_mul(2)
+            && next < executed
+            && next < cap
+        {
+            passed = next;
+        }
+        Some(at.saturating_sub(executed - passed))
     }
 
     /// True when the task is in the latency class (negative latency
@@ -237,4 +302,18 @@ impl Task {
     pub fn allowed(&self, leaf: LeafId) -> bool {
         self.affinity.as_ref().is_none_or(|a| a.contains(leaf))
     }
+}
+
+/// The prediction `p` doubled until it is at least `executed` (`p` itself
+/// while `executed <= p`: a task that reaches its prediction is expected
+/// to end then, as one that reaches its limit; saturates at `u64::MAX`).
+pub(crate) fn prediction_in_force(p: u64, executed: u64) -> u64 {
+    let mut x = p.max(1);
+    while x < executed {
+        match x.checked_mul(2) {
+            Some(n) => x = n,
+            None => return u64::MAX,
+        }
+    }
+    x
 }

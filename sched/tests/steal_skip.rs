@@ -6,7 +6,8 @@
 //! full walk: two engines, one with the skips and one without
 //! (`Sched::set_steal_skip(false)`), driven through the same random
 //! operations on random cluster and CPU topologies, with capacities,
-//! alignments with per-level room, affinities, time limits, latency-nice,
+//! alignments with per-level room, affinities, time limits, run-time
+//! predictions, latency-nice,
 //! and every switch that changes what "fits" (backfill, one reservation
 //! and one queue per domain, cross-LLC stealing, longest-wait pulls, the
 //! latency pull, the idle-balance pass). After every operation: the same
@@ -75,6 +76,9 @@ struct Job {
     limit: u64,
     align: usize,
     affinity: u32,
+    /// A run-time prediction (0: none), which a reservation may count on
+    /// instead of the limit, so the block skip must not apply.
+    predicted: u64,
 }
 
 fn job() -> impl Strategy<Value = Job> {
@@ -84,14 +88,18 @@ fn job() -> impl Strategy<Value = Job> {
         0..3_000_000_000u64,
         prop_oneof![3 => Just(4usize), 1 => 0..5usize],
         prop_oneof![3 => Just(0u32), 1 => any::<u32>()],
+        prop_oneof![1 => Just(0u64), 1 => 0..3_000_000_000u64],
     )
-        .prop_map(|(demand, latency_nice, limit, align, affinity)| Job {
-            demand,
-            latency_nice,
-            limit,
-            align,
-            affinity,
-        })
+        .prop_map(
+            |(demand, latency_nice, limit, align, affinity, predicted)| Job {
+                demand,
+                latency_nice,
+                limit,
+                align,
+                affinity,
+                predicted,
+            },
+        )
 }
 
 #[derive(Clone, Debug)]
@@ -158,6 +166,7 @@ fn build(sc: &Scenario, skip: bool) -> Sched {
         spec.demand = j.demand;
         spec.latency_nice = j.latency_nice;
         spec.time_limit = (j.limit > 0).then_some(j.limit);
+        spec.predicted = (j.predicted > 0).then_some(j.predicted);
         spec.align = Align::ALL[j.align];
         if j.affinity != 0 {
             let first = j.affinity as usize % n;

@@ -344,6 +344,7 @@ impl Sim<'_> {
                     waker,
                     limit_us: j.limit_us,
                     gpus: self.w.gpus_of(job),
+                    user: self.w.user_of(job),
                 });
             }
             self.outstanding += chunk.len() as u64;

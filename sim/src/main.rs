@@ -169,6 +169,11 @@ struct SwfArgs {
     /// together on distinct nodes) instead of independent parts.
     #[arg(long)]
     gangs: bool,
+    /// Submit every job anonymously instead of as its trace's user (the
+    /// dispatcher then has no user history to predict run times from, and
+    /// no per-user waker identity).
+    #[arg(long)]
+    anonymous: bool,
     #[command(flatten)]
     common: Common,
 }
@@ -552,6 +557,7 @@ fn cmd_swf(a: SwfArgs) -> Result<()> {
         latency_frac: a.latency_frac,
         seed: c.seed,
         gangs: a.gangs,
+        users: !a.anonymous,
     })?;
     if c.format == Format::Table {
         eprintln!(

@@ -204,6 +204,12 @@ pub fn read_from(mut r: impl Read, name: &str) -> Result<SwfTrace> {
     }
 }
 
+/// A trace's user id as the workload's (unknown, -1, becomes `u32::MAX`:
+/// one more user).
+fn user_id(user: i64) -> u32 {
+    u32::try_from(user).unwrap_or(u32::MAX)
+}
+
 /// How a trace becomes a workload.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReplayOptions {
@@ -225,6 +231,9 @@ pub struct ReplayOptions {
     /// `ceil(procs / members)` CPUs each, started all at once, instead of
     /// independent parts.
     pub gangs: bool,
+    /// Jobs keep their trace's user (field 12; [`Workload::users`]), else
+    /// they are anonymous.
+    pub users: bool,
 }
 
 impl Default for ReplayOptions {
@@ -237,6 +246,7 @@ impl Default for ReplayOptions {
             latency_frac: 0.1,
             seed: 1,
             gangs: false,
+            users: true,
         }
     }
 }
@@ -286,6 +296,7 @@ impl SwfTrace {
         let mut order: Vec<&SwfJob> = usable;
         order.sort_by_key(|j| j.submit);
         let mut jobs = Vec::new();
+        let mut users = Vec::new();
         for j in order {
             let submit_us =
                 ((j.submit - t0) as f64 * US_PER_S as f64 / opts.time_scale).round() as u64;
@@ -321,6 +332,7 @@ impl SwfTrace {
                         group,
                         kind: JobKind::Single,
                     });
+                    users.push(user_id(j.user));
                     continue;
                 }
                 let group = jobs.len() as u32;
@@ -339,6 +351,7 @@ impl SwfTrace {
                         group,
                         kind: JobKind::Single,
                     });
+                    users.push(user_id(j.user));
                 }
             }
         }
@@ -346,7 +359,11 @@ impl SwfTrace {
             .file_name()
             .map(|s| s.to_string_lossy().to_string())
             .unwrap_or_else(|| self.path.clone());
-        Ok((Workload::new(name, jobs)?, stats))
+        let mut w = Workload::new(name, jobs)?;
+        if opts.users {
+            w.users = users;
+        }
+        Ok((w, stats))
     }
 
     /// Processors of the traced machine: `MaxProcs`, else the largest job.

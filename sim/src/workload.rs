@@ -77,6 +77,11 @@ pub struct Workload {
     /// GPUs of each job (whole GPUs on its node; empty: none asks for
     /// any). Set by GPU trace loaders ([`crate::alibaba`]).
     pub gpus: Vec<u32>,
+    /// The user who submitted each job (empty: none has one, the jobs are
+    /// anonymous). Set by the SWF loader ([`crate::swf`], field 12); `ours`
+    /// submits a job as its user (the dispatcher's job owner), whose
+    /// run-time history predictions come from.
+    pub users: Vec<u32>,
 }
 
 impl Workload {
@@ -133,6 +138,7 @@ impl Workload {
             child_list,
             roots,
             gpus: Vec::new(),
+            users: Vec::new(),
         })
     }
 
@@ -161,6 +167,11 @@ impl Workload {
     /// GPUs job `i` asks for.
     pub fn gpus_of(&self, i: u32) -> u32 {
         self.gpus.get(i as usize).copied().unwrap_or(0)
+    }
+
+    /// The user of job `i`, if it has one.
+    pub fn user_of(&self, i: u32) -> Option<u32> {
+        self.users.get(i as usize).copied()
     }
 
     /// True when some job is a gang (more than one node).

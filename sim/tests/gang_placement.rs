@@ -239,6 +239,7 @@ fn run(which: Which, racks: u32, per_rack: u32, ops: Vec<Op>) -> Result<(), Test
                     waker: None,
                     limit_us: limit_s.map(|s| s * US_PER_S),
                     gpus: 0,
+                    user: None,
                 };
                 p.submit(now, &[req], &mut out).unwrap();
                 m.apply(which, &out)?;

@@ -153,6 +153,13 @@ struct Args {
     /// longest keeps the reservation, so none starves.
     #[arg(long, default_value_t = ClusterConfig::default().engine.shortest_limit_first, action = clap::ArgAction::Set)]
     shortest_limit_first: bool,
+    /// Run-time predictions from each user's last two run times (EASY++),
+    /// which backfill counts on: `off`; `unlimited`, for jobs without a
+    /// timeout (a waiting head gets a date where it had none); `all`, for
+    /// every job, capped by its timeout. A prediction that fails stops
+    /// backfill from counting on predictions past the head it delayed.
+    #[arg(long, default_value = "off", value_parser = ["off", "unlimited", "all"])]
+    predict_runtimes: String,
     /// Serve the web page (`/`), its JSON API (`/api/v1/...`) and
     /// Prometheus metrics (`/metrics`) on ADDR, e.g. 0.0.0.0:9100. Off by
     /// default, except with --dev (127.0.0.1, the gRPC port + 1).
@@ -491,6 +498,8 @@ async fn run(args: Args) -> Result<()> {
     cfg.engine.domain_reservation = args.domain_reservation;
     cfg.engine.domain_fifo = args.domain_fifo;
     cfg.engine.shortest_limit_first = args.shortest_limit_first;
+    cfg.predict = dispatcher::cluster::runtimes::Predict::parse(&args.predict_runtimes)
+        .ok_or_else(|| anyhow::anyhow!("--predict-runtimes: want off, unlimited or all"))?;
     let grace = (args.heartbeat_ms * args.missed_heartbeats * 2) as i64;
     let otlp = dispatch_telemetry::wanted(args.otlp_endpoint.as_deref());
     let mut telemetry = None;

@@ -396,7 +396,7 @@ impl super::Cluster {
             let (Some(e), Some(leaf)) = (self.jobs.get(key), self.engine.built_leaf(&node)) else {
                 continue;
             };
-            let tspec = super::lifecycle::task_spec(e, None);
+            let tspec = super::lifecycle::task_spec(e, None, self.predicted_ns(e));
             let task = e.task;
             if let Some(engine) = self.engine.sched_mut()
                 && engine.add_task(tspec).is_ok()

@@ -616,7 +616,7 @@ impl Cluster {
             };
             let node = node.to_string();
             let only_here = Arc::new(LeafSet::from_leaves(nr, [leaf]));
-            let tspec = task_spec(e, Some(only_here));
+            let tspec = task_spec(e, Some(only_here), self.predicted_ns(e));
             let task = e.task;
             let how = Placement {
                 wake: Default::default(),

@@ -40,7 +40,12 @@ pub(super) enum TaskAfter {
 /// The engine task of a job. Its time limit is the job's `timeout_ms`
 /// (the agent kills the job there), which EASY backfill reads to compute a
 /// blocked head's reservation; a job without a timeout has none.
-pub(super) fn task_spec(e: &JobEntry, affinity: Option<Arc<LeafSet>>) -> TaskSpec {
+/// `predicted` is its run-time prediction, ns ([`Cluster::predicted_ns`]).
+pub(super) fn task_spec(
+    e: &JobEntry,
+    affinity: Option<Arc<LeafSet>>,
+    predicted: Option<u64>,
+) -> TaskSpec {
     let default;
     let spec = match e.job().spec() {
         Some(s) => s,
@@ -60,6 +65,7 @@ pub(super) fn task_spec(e: &JobEntry, affinity: Option<Arc<LeafSet>>) -> TaskSpe
         // The job's timeout (ns): EASY backfill's reservations and the
         // pending reasons' "until" come from it.
         time_limit: (spec.timeout_ms > 0).then(|| spec.timeout_ms.saturating_mul(1_000_000)),
+        predicted,
     }
 }
 
@@ -79,6 +85,24 @@ pub(super) fn assign_of(job: &JobRecord) -> DispatcherMessage {
 }
 
 impl Cluster {
+    /// The run-time prediction of a job's engine task, ns
+    /// (`ClusterConfig::predict`): its identity's history
+    /// ([`super::runtimes`]), for jobs without a time limit, or for every
+    /// job; `None` without history.
+    pub(super) fn predicted_ns(&self, e: &JobEntry) -> Option<u64> {
+        let spec = e.job().spec();
+        let limited = spec.is_some_and(|s| s.timeout_ms > 0);
+        match self.cfg.predict {
+            super::runtimes::Predict::Off => return None,
+            super::runtimes::Predict::Unlimited if limited => return None,
+            _ => {}
+        }
+        let group = spec.map_or("", |s| s.group.as_str());
+        self.runtimes
+            .predict(&e.job().owner, group)
+            .map(|ms| ms.saturating_mul(1_000_000))
+    }
+
     /// Accept jobs: validate every spec (nothing is created if one is
     /// bad), create the jobs (arrays expand), persist and place them.
     /// The jobs have no owner (a dispatcher without tokens). Returns the
@@ -212,7 +236,7 @@ impl Cluster {
                 return;
             }
         };
-        let tspec = task_spec(e, allowed);
+        let tspec = task_spec(e, allowed, self.predicted_ns(e));
         // Where the waker is: its job's node, else where its last wakee went.
         let waker_node = match &waker {
             Some(WakerKey::Job(k)) => self
@@ -698,6 +722,19 @@ impl Cluster {
         }
         if let Some(mut f) = self.jobs.facts(key) {
             f.set_end(now);
+        }
+        // Its run time joins its user's history before its room goes to
+        // others, so the jobs it lets start are predicted with it.
+        if let (Phase::Done { state, .. }, Some(e)) = (&done, self.jobs.get(key))
+            && matches!(state, JobState::Succeeded | JobState::Failed)
+        {
+            let j = e.job();
+            if j.start_time_ms > 0 && now >= j.start_time_ms {
+                let group = j.spec().map_or("", |s| s.group.as_str());
+                let owner = j.owner.clone();
+                self.runtimes
+                    .record(&owner, group, (now - j.start_time_ms) as u64);
+            }
         }
         let synced = self.release_ended(key, now);
         let previous = self.jobs.set_phase(key, done);

@@ -20,6 +20,8 @@
 //!   the waiting gang's reservation, member loss and the retry policy;
 //! - [`wakers`]: waker identities and their wake_wide flip records, kept
 //!   outside the engine so that rebuilds and re-placements keep them.
+//! - [`runtimes`]: each user's last run times, the run-time predictions
+//!   EASY backfill may count on ([`ClusterConfig::predict`]).
 //!
 //! Job states for users: PENDING (phases `Unplaced`, `Queued`), ASSIGNED
 //! (`Assigned`), RUNNING (`Running`), both also `AwaitingNode` after a
@@ -38,6 +40,7 @@ pub mod load;
 pub mod nodes;
 pub mod pending;
 mod reconcile;
+pub mod runtimes;
 pub mod shapes;
 mod slab;
 pub mod steal;
@@ -90,6 +93,9 @@ pub struct ClusterConfig {
     /// Wipe period of the wakers' flip records (seed 001's one second at
     /// CPU level; jobs wake jobs on a scale of seconds to minutes).
     pub wake_flip_decay_ms: u64,
+    /// Which jobs get a run-time prediction from their user's history
+    /// ([`runtimes`], EASY++), which EASY backfill counts on.
+    pub predict: runtimes::Predict,
 }
 
 /// Default of [`ClusterConfig::wake_flip_decay_ms`]: one minute.
@@ -148,6 +154,7 @@ impl Default for ClusterConfig {
             limits: SpecLimits::default(),
             wake_flip_decay_ms: WAKE_FLIP_DECAY_MS,
             retention: Retention::default(),
+            predict: runtimes::Predict::Off,
         }
     }
 }
@@ -233,6 +240,7 @@ pub struct Cluster {
     moves: RecentMoves,
     wakers: wakers::Wakers,
     gangs: gang::Gangs,
+    runtimes: runtimes::Runtimes,
 }
 
 impl Cluster {
@@ -247,6 +255,7 @@ impl Cluster {
             jobs: Jobs::new(retained),
             moves: RecentMoves::default(),
             gangs: gang::Gangs::default(),
+            runtimes: runtimes::Runtimes::default(),
         }
     }
 
@@ -401,6 +410,25 @@ impl Cluster {
         }
         self.gangs
             .restore(self.jobs.iter().map(|(k, e)| (k, e.job())));
+        // The run-time history is soft state: rebuilt from the finished
+        // jobs the store kept, in the order they ended.
+        let mut ended: Vec<&JobRecord> = self
+            .jobs
+            .iter()
+            .map(|(_, e)| e.job())
+            .filter(|j| runtimes_count(j))
+            .collect();
+        ended.sort_by_key(|j| (j.end_time_ms, j.key()));
+        for j in ended {
+            let group = j.spec().map_or("", |s| s.group.as_str());
+            let run = (j.end_time_ms - j.start_time_ms) as u64;
+            self.runtimes.record(&j.owner, group, run);
+        }
+    }
+
+    /// The run-time history ([`runtimes`]).
+    pub fn runtimes(&self) -> &runtimes::Runtimes {
+        &self.runtimes
     }
 
     // ------------------------------------------------------------------
@@ -554,4 +582,16 @@ mod gpu_tests;
 #[cfg(test)]
 mod latency_tests;
 #[cfg(test)]
+mod predict_tests;
+#[cfg(test)]
 mod retention_tests;
+
+/// True when `job` ended with a run time its user's history counts: it
+/// SUCCEEDED or FAILED after it started.
+fn runtimes_count(job: &JobRecord) -> bool {
+    matches!(
+        JobState::try_from(job.state),
+        Ok(JobState::Succeeded | JobState::Failed)
+    ) && job.start_time_ms > 0
+        && job.end_time_ms >= job.start_time_ms
+}

@@ -248,7 +248,7 @@ impl Cluster {
         let Some(leaf) = self.engine.built_leaf(&e.job().node) else {
             return;
         };
-        let tspec = task_spec(e, None);
+        let tspec = task_spec(e, None, self.predicted_ns(e));
         let task = e.task;
         if let Some(engine) = self.engine.sched_mut() {
             if engine.task(task).is_none() && engine.add_task(tspec).is_err() {

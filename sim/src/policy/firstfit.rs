@@ -352,6 +352,7 @@ mod tests {
             waker: None,
             limit_us: limit_s.map(|s| s * US_PER_S),
             gpus: 0,
+            user: None,
         }
     }
 

@@ -351,6 +351,7 @@ mod tests {
             waker: None,
             limit_us: None,
             gpus: 0,
+            user: None,
         };
         p.submit(0, &[req(0, 3, false), req(1, 2, false)], &mut out)
             .unwrap();

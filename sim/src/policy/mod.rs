@@ -18,6 +18,7 @@
 //! | `ours+domfifo` / `ours-domfifo` | with backfill, one queue per steal domain: a node with room starts the domain's longest-waiting job that fits (`SchedConfig::domain_fifo`) |
 //! | `ours+sjbf` / `ours-sjbf` | with the domain's queue, shortest remaining time limit first after the domain's protected head (`SchedConfig::shortest_limit_first`) |
 //! | `ours+latpull` / `ours-latpull` | latency-class jobs waiting in a node's steal domain start first where room opens (`SchedConfig::latency_pull`) |
+//! | `ours+predict` / `ours+predictall` / `ours-predict` | run-time predictions from each user's last two run times (EASY++) for jobs without a time limit / for every job, capped by its limit / none (`ClusterConfig::predict`); SWF jobs are submitted as their trace's user |
 //! | `ours+rack` / `ours+rackpref` | gangs that fit in a rack ask for one, required / preferred (relaxed after 300 s) |
 //! | `ours+pack`, `ours+nodelimit[:N]` | packing (jobs ask PLACEMENT_POLICY_PACK); seed 000's node-limit gating (global scope, limit N = 2: no stealing when zones > N) |
 //!
@@ -45,6 +46,7 @@ use serde::Serialize;
 use crate::error::SimError;
 use crate::error::{Result, bad_spec};
 use crate::layout::Layout;
+use dispatcher::cluster::runtimes::Predict;
 
 /// Which mechanisms "ours" runs with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,13 +89,17 @@ pub struct OursFlags {
     /// The domain's queue serves the shortest remaining time limit first
     /// after its protected head (`SchedConfig::shortest_limit_first`).
     pub shortest_limit_first: bool,
+    /// Which jobs get a run-time prediction from their user's history
+    /// (`ClusterConfig::predict`, EASY++).
+    pub predict: dispatcher::cluster::runtimes::Predict,
 }
 
 impl Default for OursFlags {
     /// The dispatcher's defaults (`ClusterConfig::default()`), so that
     /// `ours` is what a dispatcher runs unless told otherwise.
     fn default() -> Self {
-        let e = dispatcher::cluster::ClusterConfig::default().engine;
+        let cfg = dispatcher::cluster::ClusterConfig::default();
+        let e = cfg.engine;
         Self {
             steal: e.steal,
             cross_rack: e.steal_cross_llc,
@@ -110,6 +116,7 @@ impl Default for OursFlags {
             domain_reservation: e.domain_reservation,
             domain_fifo: e.domain_fifo,
             shortest_limit_first: e.shortest_limit_first,
+            predict: cfg.predict,
         }
     }
 }
@@ -261,6 +268,9 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
             ("domres", _) => flags.domain_reservation = on,
             ("domfifo", _) => flags.domain_fifo = on,
             ("sjbf", _) => flags.shortest_limit_first = on,
+            ("predict", true) => flags.predict = Predict::Unlimited,
+            ("predictall", true) => flags.predict = Predict::All,
+            ("predict" | "predictall", false) => flags.predict = Predict::Off,
             ("nodelimit", true) => flags.node_limit = Some(2),
             ("nodelimit", false) => flags.node_limit = None,
             (w, true) if w.starts_with("nodelimit:") => {
@@ -274,7 +284,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
                     W,
                     name,
                     format!(
-                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo, sjbf, rack, rackpref)"
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo, sjbf, predict, predictall, rack, rackpref)"
                     ),
                 ));
             }
@@ -303,6 +313,9 @@ pub struct SubmitReq {
     /// Whole GPUs on its node (`JobSpec.gpus`); only `least-loaded` and
     /// `ours` place GPU jobs (the simulation refuses the others).
     pub gpus: u32,
+    /// Its user ([`crate::workload::Workload::users`]): `ours` submits it
+    /// as that owner; the baselines ignore it.
+    pub user: Option<u32>,
 }
 
 /// How far a job moved after it was first queued (a steal).

@@ -53,6 +53,10 @@ pub struct OursPlacer {
     member_on: HashMap<(u32, u32), JobKey>,
     /// Nodes per rack (`+rack` asks a rack only of gangs that fit one).
     per_rack: usize,
+    /// Start time (ms, at least 1) of each started workload job: sent
+    /// with its end as an agent does (`JobStatus.time_ms`), so the
+    /// dispatcher knows its run time.
+    start_ms: Vec<i64>,
 }
 
 fn ms(us: u64) -> i64 {
@@ -82,6 +86,7 @@ impl OursPlacer {
         cfg.engine.domain_reservation = flags.domain_reservation;
         cfg.engine.domain_fifo = flags.domain_fifo;
         cfg.engine.shortest_limit_first = flags.shortest_limit_first;
+        cfg.predict = flags.predict;
         if let Some(limit) = flags.node_limit {
             cfg.engine.node_limit_scope = NodeLimitScope::Global;
             cfg.engine.steal_node_limit = limit;
@@ -111,6 +116,7 @@ impl OursPlacer {
             specs: Vec::new(),
             member_on: HashMap::new(),
             per_rack: layout.nodes_per_rack,
+            start_ms: Vec::new(),
         })
     }
 
@@ -124,7 +130,7 @@ impl OursPlacer {
     }
 
     /// Turn the placements of one call into starts.
-    fn drain(&mut self, out: &mut Vec<Started>) {
+    fn drain(&mut self, now: u64, out: &mut Vec<Started>) {
         self.fx.writes.clear();
         self.fx.events.clear();
         self.fx.to_agents.clear();
@@ -153,6 +159,11 @@ impl OursPlacer {
             if !m.job.is_single() {
                 self.member_on.insert((job, node), m.job);
             }
+            let i = job as usize;
+            if self.start_ms.len() <= i {
+                self.start_ms.resize(i + 1, 0);
+            }
+            self.start_ms[i] = ms(now).max(1);
             out.push(Started { job, node, moved });
         }
     }
@@ -160,7 +171,17 @@ impl OursPlacer {
 
 impl Placer for OursPlacer {
     fn submit(&mut self, now: u64, jobs: &[SubmitReq], out: &mut Vec<Started>) -> Result<()> {
-        for chunk in jobs.chunks(MAX_SPECS) {
+        // One submission per run of jobs of one user (the owner is the
+        // submission's).
+        for chunk in jobs
+            .chunk_by(|a, b| a.user == b.user)
+            .flat_map(|run| run.chunks(MAX_SPECS))
+        {
+            let owner = chunk
+                .first()
+                .and_then(|j| j.user)
+                .map(|u| format!("u{u}"))
+                .unwrap_or_default();
             let mut specs = std::mem::take(&mut self.specs);
             specs.clear();
             for j in chunk {
@@ -193,7 +214,7 @@ impl Placer for OursPlacer {
             }
             let created = self
                 .cluster
-                .submit(specs, chunk.len() > 1, ms(now), &mut self.fx)
+                .submit_as(&owner, specs, chunk.len() > 1, ms(now), &mut self.fx)
                 .map_err(|s| SimError::Dispatcher {
                     what: "submit",
                     message: s.message().to_string(),
@@ -222,7 +243,7 @@ impl Placer for OursPlacer {
                 self.job_of[n as usize] = j.job;
             }
             // Moves name jobs by key: the map must be complete first.
-            self.drain(out);
+            self.drain(now, out);
         }
         Ok(())
     }
@@ -236,11 +257,12 @@ impl Placer for OursPlacer {
             job_id,
             attempt: 1,
             state: JobState::Succeeded as i32,
+            time_ms: self.start_ms.get(job as usize).copied().unwrap_or(0),
             ..Default::default()
         };
         self.cluster
             .job_status(&Layout::node_name(node), status, ms(now), &mut self.fx);
-        self.drain(out);
+        self.drain(now, out);
         Ok(())
     }
 
@@ -255,12 +277,12 @@ impl Placer for OursPlacer {
         self.cluster
             .job_status(&Layout::node_name(node), status, ms(now), &mut self.fx);
         // A corrected CPU model may let a queued job start.
-        self.drain(out);
+        self.drain(now, out);
     }
 
     fn tick(&mut self, now: u64, out: &mut Vec<Started>) -> Result<()> {
         self.cluster.tick(ms(now), &mut self.fx);
-        self.drain(out);
+        self.drain(now, out);
         Ok(())
     }
 
