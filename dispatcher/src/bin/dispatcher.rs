@@ -58,6 +58,35 @@ extern "C" fn tune_allocator() {
 #[unsafe(link_section = ".init_array")]
 static TUNE_ALLOCATOR: extern "C" fn() = tune_allocator;
 
+/// How often the allocator's upkeep thread runs the purges that are due.
+const PURGE_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// mimalloc runs the purges that are due (pages freed more than
+/// `PURGE_DELAY_MS` ago) only when a thread frees another page: the pages
+/// a burst of work freed last (a 1,000-job array's reply: its jobs, the
+/// encoded message, the store's transaction) stayed resident until the
+/// next burst, on an idle dispatcher indefinitely: ~0.1-0.2 KB per
+/// pending job of `loadgen`'s figure at 10,000 jobs
+/// (docs/bench/notes-mem2.md). This thread asks for them every
+/// `PURGE_EVERY`: a clock read and an atomic load when none is due, and
+/// a due purge is done once, here or by the thread that frees next.
+fn start_allocator_upkeep() -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("dispatch-alloc".into())
+        .spawn(|| {
+            // SAFETY: initialises this thread's mimalloc heap (a thread
+            // whose heap is not initialised collects nothing).
+            unsafe { libmimalloc_sys::mi_thread_init() };
+            loop {
+                std::thread::sleep(PURGE_EVERY);
+                // SAFETY: collects this thread's (empty) heap and runs the
+                // arenas' purges that are due; no pointer is passed.
+                unsafe { libmimalloc_sys::mi_collect(false) };
+            }
+        })
+        .map(drop)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum StoreKind {
     /// One file under --data-dir; a single dispatcher.
@@ -408,6 +437,9 @@ fn main() -> Result<()> {
     }
     let args = Args::parse();
     init_logging(&args.log_format);
+    if let Err(err) = start_allocator_upkeep() {
+        tracing::warn!(%err, "no allocator upkeep thread: freed memory is given back later");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -733,5 +765,44 @@ mod tests {
         // SAFETY: asks whether a live pointer lies in mimalloc's heap.
         let ours = unsafe { libmimalloc_sys::mi_is_in_heap_region(block.as_ptr().cast()) };
         assert!(ours);
+    }
+
+    /// This process's resident pages (`/proc/self/statm`), read without
+    /// allocating: a free on this thread could run the due purges itself.
+    fn resident_pages() -> u64 {
+        use std::io::Read;
+        let mut buf = [0u8; 128];
+        let mut file = std::fs::File::open("/proc/self/statm").expect("open /proc/self/statm");
+        let n = file.read(&mut buf).expect("read /proc/self/statm");
+        let field = buf[..n]
+            .split(|&b| b == b' ')
+            .nth(1)
+            .expect("statm has a resident field");
+        field
+            .iter()
+            .fold(0, |acc, &d| acc * 10 + u64::from(d.wrapping_sub(b'0')))
+    }
+
+    /// A block freed by a thread that then frees nothing else leaves the
+    /// resident set within a few upkeep periods. Without the upkeep thread
+    /// it stayed resident (mimalloc purges when a thread frees a page).
+    #[test]
+    fn freed_memory_leaves_an_idle_process() {
+        start_allocator_upkeep().expect("start the upkeep thread");
+        const BLOCK: usize = 16 << 20;
+        let page = 4096;
+        let block = std::hint::black_box(vec![1u8; BLOCK]);
+        let held = resident_pages();
+        drop(block);
+        let mut waited = 0;
+        while resident_pages() + (BLOCK / 2 / page) as u64 > held {
+            assert!(
+                waited < 200,
+                "16 MiB freed 4 s ago still resident ({} pages, {held} held)",
+                resident_pages()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            waited += 1;
+        }
     }
 }
