@@ -556,6 +556,49 @@ mod cluster_tests {
         );
     }
 
+    /// `OwnerWake::Fork`: the kernel's fork balancing from the owner's
+    /// last node. Racks of two 16-CPU nodes; the owner's first job and an
+    /// 11-CPU filler in its rack (12 of 32 CPUs used), an 11-CPU filler
+    /// in the other (11 of 32): the other rack is idler, but within
+    /// `imbalance_pct` (100 x 12 <= 117 x 11), so the fork path keeps the
+    /// owner's next job in the owner's rack, where `Idlest` (the default)
+    /// takes the idler rack.
+    #[test]
+    fn the_fork_path_keeps_an_owners_job_in_its_rack_within_the_imbalance() {
+        let second = |owner_wake: OwnerWake| {
+            let mut c = Cluster::new(ClusterConfig {
+                owner_wake,
+                ..ClusterConfig::default()
+            });
+            let mut fx = Effects::default();
+            for (n, r) in [("a1", "r1"), ("a2", "r1"), ("b1", "r2"), ("b2", "r2")] {
+                register_node(&mut c, n, "1s:16c:1t", ("z1", r), 0, &mut fx);
+            }
+            c.settle(0, &mut fx);
+            let ann = |c: &mut Cluster, t| {
+                let id = c
+                    .submit_as("ann", vec![spec(1, "")], false, t, &mut Effects::default())
+                    .unwrap()
+                    .remove(0)
+                    .id();
+                c.get_job(&id).unwrap().node
+            };
+            let first = ann(&mut c, 1);
+            for label in ["r1", "r2"] {
+                let mut filler = spec(11, "");
+                filler
+                    .node_selector
+                    .insert("dispatch.io/rack".into(), label.into());
+                submit(&mut c, vec![filler], 2);
+            }
+            (rack(&first), rack(&ann(&mut c, 3)))
+        };
+        let (home, fork) = second(OwnerWake::Fork);
+        assert_eq!(fork, home, "kept in the owner's rack");
+        let (home, idlest) = second(OwnerWake::Idlest);
+        assert_ne!(idlest, home, "the idler rack");
+    }
+
     #[test]
     fn records_survive_a_rebuild_and_a_retry() {
         let mut c = cluster();
