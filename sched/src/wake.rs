@@ -215,6 +215,31 @@ impl Sched {
         (leaf, how)
     }
 
+    /// A new task whose only relation to `from` is who submitted it: the
+    /// kernel's fork/exec balancing (`select_task_rq_fair` with
+    /// `SD_BALANCE_FORK`: no `wake_affine`, no `wake_wide`, the slowest
+    /// path from the parent's CPU), [`Sched::find_idlest_from`] from
+    /// `from`'s zone; the pack policy first, as on every path.
+    pub fn select_task_rq_fork(&mut self, id: TaskId, from: LeafId) -> (LeafId, Placement) {
+        self.flush_aggregates();
+        let mut how = Placement::default();
+        let Some(task) = self.tasks.get(&id) else {
+            return (0, how);
+        };
+        let (policy, demand, prev) = (task.policy, task.demand, task.prev_leaf);
+        if policy == crate::config::Policy::Pack
+            && self.pack_active(demand)
+            && let Some(leaf) = self.pack_target(id, prev.or(Some(from)))
+        {
+            self.stats.pack_placed += 1;
+            how.path = PlacePath::Pack;
+            return (leaf, how);
+        }
+        let (leaf, path) = self.find_idlest_from(id, from);
+        how.path = path;
+        (leaf, how)
+    }
+
     /// The fork path from `from`'s zone (NUMA domain), the kernel's
     /// `sched_balance_find_dst_group` at each level: the idlest child with
     /// room (most free capacity per capacity), except that the child

@@ -189,6 +189,13 @@ struct Args {
     /// backfill from counting on predictions past the head it delayed.
     #[arg(long, default_value = "off", value_parser = ["off", "unlimited", "all"])]
     predict_runtimes: String,
+    /// How a job whose only waker is its owner (no --waker job, no group)
+    /// is placed: `idlest`, the idlest node, as an anonymous job; `fork`,
+    /// the fork path from the zone of the node the owner's last job went
+    /// to (kept in its rack within the imbalance bias); `affine`, wake-affine
+    /// toward that node, as a job's waker.
+    #[arg(long, default_value = "idlest", value_parser = ["affine", "fork", "idlest"])]
+    owner_wake: String,
     /// Serve the web page (`/`), its JSON API (`/api/v1/...`) and
     /// Prometheus metrics (`/metrics`) on ADDR, e.g. 0.0.0.0:9100. Off by
     /// default, except with --dev (127.0.0.1, the gRPC port + 1).
@@ -532,6 +539,8 @@ async fn run(args: Args) -> Result<()> {
     cfg.engine.shortest_limit_first = args.shortest_limit_first;
     cfg.predict = dispatcher::cluster::runtimes::Predict::parse(&args.predict_runtimes)
         .ok_or_else(|| anyhow::anyhow!("--predict-runtimes: want off, unlimited or all"))?;
+    cfg.owner_wake = dispatcher::cluster::wakers::OwnerWake::parse(&args.owner_wake)
+        .ok_or_else(|| anyhow::anyhow!("--owner-wake: want affine, fork or idlest"))?;
     let grace = (args.heartbeat_ms * args.missed_heartbeats * 2) as i64;
     let otlp = dispatch_telemetry::wanted(args.otlp_endpoint.as_deref());
     let mut telemetry = None;

@@ -21,7 +21,7 @@ use super::jobs::{End, JobEntry, JobKey, Phase, Requeue, StealLevel, Unplaced, V
 use super::load::PackedLoad;
 use super::nodes::NodeInfo;
 use super::steal::{Move, MoveKind};
-use super::wakers::WakerKey;
+use super::wakers::{OwnerWake, WakerKey};
 use super::{Cluster, Effects, cancel_on};
 use crate::record::JobRecord;
 use crate::spec::{align_of, check_submission, policy_of};
@@ -253,11 +253,17 @@ impl Cluster {
                 .map(|r| r.node.as_str())
         });
         let waker_leaf = waker_node.and_then(|n| self.engine.built_leaf(n));
+        // A user's independent job: placed as `owner_wake` says.
+        let owner_wake = match &waker {
+            Some(w) if w.is_owner_only() => self.cfg.owner_wake,
+            _ => OwnerWake::Affine,
+        };
         let Some(engine) = self.engine.sched_mut() else {
             return;
         };
         let outer = match (&waker, waker_leaf) {
-            (Some(w), Some(leaf)) => {
+            (Some(_), Some(leaf)) if owner_wake == OwnerWake::Fork => Some(Outer::Fork(leaf)),
+            (Some(w), Some(leaf)) if owner_wake == OwnerWake::Affine => {
                 // The room the waker's burst found: taken at its first flip.
                 let room = match self.wakers.get(w).and_then(|r| r.room) {
                     Some(room) if !(woken && flips == 1) => room,
@@ -269,11 +275,11 @@ impl Cluster {
                         room
                     }
                 };
-                Some(OuterWaker {
+                Some(Outer::Waker(OuterWaker {
                     leaf,
                     flips,
                     room: Some(room),
-                })
+                }))
             }
             _ => None,
         };
@@ -281,7 +287,13 @@ impl Cluster {
             let _ = engine.remove_task(task, engine_ns(now));
         }
         let placed = engine.add_task(tspec).and_then(|()| match outer {
-            Some(w) => {
+            Some(Outer::Fork(from)) => {
+                let (leaf, how) = engine.select_task_rq_fork(task, from);
+                engine
+                    .wake_up_on(task, leaf, engine_ns(now))
+                    .map(|()| (leaf, how))
+            }
+            Some(Outer::Waker(w)) => {
                 let (leaf, how) = engine.select_task_rq_outer(task, w);
                 engine
                     .wake_up_on(task, leaf, engine_ns(now))
@@ -1014,4 +1026,12 @@ impl Cluster {
         self.schedule_gangs(now, fx);
         self.node(name).map(|n| self.node_proto(n))
     }
+}
+
+/// How `place` hands a job's waker to the engine.
+enum Outer {
+    /// The fork path from this leaf's zone ([`OwnerWake::Fork`]).
+    Fork(sched::LeafId),
+    /// Wake-affine / wake_wide toward the waker.
+    Waker(OuterWaker),
 }

@@ -96,6 +96,9 @@ pub struct ClusterConfig {
     /// Which jobs get a run-time prediction from their user's history
     /// ([`runtimes`], EASY++), which EASY backfill counts on.
     pub predict: runtimes::Predict,
+    /// How a job whose waker is only its owner is placed
+    /// ([`wakers::OwnerWake`]).
+    pub owner_wake: wakers::OwnerWake,
 }
 
 /// Default of [`ClusterConfig::wake_flip_decay_ms`]: one minute.
@@ -155,6 +158,7 @@ impl Default for ClusterConfig {
             wake_flip_decay_ms: WAKE_FLIP_DECAY_MS,
             retention: Retention::default(),
             predict: runtimes::Predict::Off,
+            owner_wake: wakers::OwnerWake::default(),
         }
     }
 }

@@ -36,6 +36,38 @@ use crate::record::JobRecord;
 /// jobs' tasks for the same purpose).
 pub const MAX_WAKERS: usize = 100_000;
 
+/// How a job whose waker is only its owner (no `waker` job, no
+/// `JobSpec.group`) is placed: a user submitting a batch job is closer to
+/// a fork (a new task whose parent is the submitter) than to a wakeup of
+/// a task that works with the waker's. The flips are recorded whatever
+/// the choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OwnerWake {
+    /// As a job waker: wake-affine toward the node the owner's last job
+    /// went to, wake_wide past the factor.
+    Affine,
+    /// The fork path from the owner's last node's zone
+    /// (`Sched::select_task_rq_fork`): the idlest rack and node, kept in
+    /// the owner's rack only within the `imbalance_pct` bias.
+    Fork,
+    /// As an anonymous job: the idlest node of the cluster (the
+    /// default, docs/BENCHMARKS.md, "Users as wakers").
+    #[default]
+    Idlest,
+}
+
+impl OwnerWake {
+    /// Parse `affine`, `fork` or `idlest`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "affine" => Some(Self::Affine),
+            "fork" => Some(Self::Fork),
+            "idlest" => Some(Self::Idlest),
+            _ => None,
+        }
+    }
+}
+
 /// Who woke a job.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum WakerKey {
@@ -67,6 +99,14 @@ impl WakerKey {
             owner: job.owner.to_string(),
             group: group.to_string(),
         })
+    }
+}
+
+impl WakerKey {
+    /// True for an owner alone (no `waker` job, no group): the waker of a
+    /// user's independent job.
+    pub fn is_owner_only(&self) -> bool {
+        matches!(self, Self::Owner { group, .. } if group.is_empty())
     }
 }
 
@@ -443,6 +483,120 @@ mod cluster_tests {
         }
         let stats = *c.engine().unwrap().stats();
         assert_eq!(stats.wake_wide, 0, "{stats:?}");
+    }
+
+    /// Where one after another of `owner`'s 1-CPU jobs (separate
+    /// submissions, `group`) goes, with `owner_wake`; and how each was
+    /// placed.
+    fn owners_jobs(
+        owner_wake: OwnerWake,
+        owner: &str,
+        group: &str,
+    ) -> Vec<(String, Option<sched::WakeChoice>)> {
+        let mut c = Cluster::new(ClusterConfig {
+            owner_wake,
+            ..ClusterConfig::default()
+        });
+        let mut fx = Effects::default();
+        for (n, r) in [("a1", "r1"), ("a2", "r1"), ("b1", "r2"), ("b2", "r2")] {
+            register_node(&mut c, n, "1s:4c:1t", ("z1", r), 0, &mut fx);
+        }
+        c.settle(0, &mut fx);
+        let mut job = spec(1, "");
+        job.group = group.into();
+        (1..=4)
+            .map(|t| {
+                let id = c
+                    .submit_as(owner, vec![job.clone()], false, t, &mut Effects::default())
+                    .unwrap()
+                    .remove(0)
+                    .id();
+                (c.get_job(&id).unwrap().node, wake(&c, &id))
+            })
+            .collect()
+    }
+
+    /// A user's independent jobs (no waker job, no group) are new work, a
+    /// fork from outside the cluster, not a wakeup of a job they work
+    /// with: by default (`OwnerWake::Idlest`) each goes where the same job
+    /// submitted anonymously goes (here one per node, 4 nodes for 4 jobs),
+    /// never wake-affine beside the owner's last job. The owner's flips
+    /// are still recorded. A group names a relation: the same jobs with a
+    /// group stay wake-affine, beside each other.
+    #[test]
+    fn a_users_independent_jobs_are_placed_as_anonymous_ones() {
+        assert_eq!(ClusterConfig::default().owner_wake, OwnerWake::Idlest);
+        let anonymous = owners_jobs(OwnerWake::Idlest, "", "");
+        let owned = owners_jobs(ClusterConfig::default().owner_wake, "ann", "");
+        assert_eq!(owned, anonymous);
+        let mut nodes: Vec<&str> = owned.iter().map(|(n, _)| n.as_str()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        assert_eq!(nodes.len(), 4, "spread like new jobs: {owned:?}");
+        assert!(
+            owned
+                .iter()
+                .all(|(_, w)| *w != Some(sched::WakeChoice::Affine))
+        );
+        // The old behaviour, for contrast: beside the owner's last job.
+        let affine = owners_jobs(OwnerWake::Affine, "ann", "");
+        assert!(
+            affine[1..]
+                .iter()
+                .all(|(n, w)| *n == affine[0].0 && *w == Some(sched::WakeChoice::Affine)),
+            "{affine:?}"
+        );
+        // With a group: a declared relation, wake-affine whatever the mode.
+        let grouped = owners_jobs(OwnerWake::Idlest, "ann", "etl");
+        assert!(
+            grouped[1..]
+                .iter()
+                .all(|(n, w)| *n == grouped[0].0 && *w == Some(sched::WakeChoice::Affine)),
+            "{grouped:?}"
+        );
+    }
+
+    /// `OwnerWake::Fork`: the kernel's fork balancing from the owner's
+    /// last node. Racks of two 16-CPU nodes; the owner's first job and an
+    /// 11-CPU filler in its rack (12 of 32 CPUs used), an 11-CPU filler
+    /// in the other (11 of 32): the other rack is idler, but within
+    /// `imbalance_pct` (100 x 12 <= 117 x 11), so the fork path keeps the
+    /// owner's next job in the owner's rack, where `Idlest` (the default)
+    /// takes the idler rack.
+    #[test]
+    fn the_fork_path_keeps_an_owners_job_in_its_rack_within_the_imbalance() {
+        let second = |owner_wake: OwnerWake| {
+            let mut c = Cluster::new(ClusterConfig {
+                owner_wake,
+                ..ClusterConfig::default()
+            });
+            let mut fx = Effects::default();
+            for (n, r) in [("a1", "r1"), ("a2", "r1"), ("b1", "r2"), ("b2", "r2")] {
+                register_node(&mut c, n, "1s:16c:1t", ("z1", r), 0, &mut fx);
+            }
+            c.settle(0, &mut fx);
+            let ann = |c: &mut Cluster, t| {
+                let id = c
+                    .submit_as("ann", vec![spec(1, "")], false, t, &mut Effects::default())
+                    .unwrap()
+                    .remove(0)
+                    .id();
+                c.get_job(&id).unwrap().node
+            };
+            let first = ann(&mut c, 1);
+            for label in ["r1", "r2"] {
+                let mut filler = spec(11, "");
+                filler
+                    .node_selector
+                    .insert("dispatch.io/rack".into(), label.into());
+                submit(&mut c, vec![filler], 2);
+            }
+            (rack(&first), rack(&ann(&mut c, 3)))
+        };
+        let (home, fork) = second(OwnerWake::Fork);
+        assert_eq!(fork, home, "kept in the owner's rack");
+        let (home, idlest) = second(OwnerWake::Idlest);
+        assert_ne!(idlest, home, "the idler rack");
     }
 
     #[test]

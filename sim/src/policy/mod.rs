@@ -19,6 +19,7 @@
 //! | `ours+sjbf` / `ours-sjbf` | with the domain's queue, shortest remaining time limit first after the domain's protected head (`SchedConfig::shortest_limit_first`) |
 //! | `ours+latpull` / `ours-latpull` | latency-class jobs waiting in a node's steal domain start first where room opens (`SchedConfig::latency_pull`) |
 //! | `ours+predict` / `ours+predictall` / `ours-predict` | run-time predictions from each user's last two run times (EASY++) for jobs without a time limit / for every job, capped by its limit / none (`ClusterConfig::predict`); SWF jobs are submitted as their trace's user |
+//! | `ours+ownaffine` / `ours+ownfork` / `ours+ownidlest` | a job whose only waker is its owner (SWF jobs with a user) is placed wake-affine toward its owner's last node / by the fork path from that node's zone / on the idlest node, as an anonymous job (`ClusterConfig::owner_wake`) |
 //! | `ours+rack` / `ours+rackpref` | gangs that fit in a rack ask for one, required / preferred (relaxed after 300 s) |
 //! | `ours+pack`, `ours+nodelimit[:N]` | packing (jobs ask PLACEMENT_POLICY_PACK); seed 000's node-limit gating (global scope, limit N = 2: no stealing when zones > N) |
 //!
@@ -47,6 +48,7 @@ use crate::error::SimError;
 use crate::error::{Result, bad_spec};
 use crate::layout::Layout;
 use dispatcher::cluster::runtimes::Predict;
+use dispatcher::cluster::wakers::OwnerWake;
 
 /// Which mechanisms "ours" runs with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +94,9 @@ pub struct OursFlags {
     /// Which jobs get a run-time prediction from their user's history
     /// (`ClusterConfig::predict`, EASY++).
     pub predict: dispatcher::cluster::runtimes::Predict,
+    /// How a job whose only waker is its owner is placed
+    /// (`ClusterConfig::owner_wake`).
+    pub owner_wake: dispatcher::cluster::wakers::OwnerWake,
 }
 
 impl Default for OursFlags {
@@ -117,6 +122,7 @@ impl Default for OursFlags {
             domain_fifo: e.domain_fifo,
             shortest_limit_first: e.shortest_limit_first,
             predict: cfg.predict,
+            owner_wake: cfg.owner_wake,
         }
     }
 }
@@ -271,6 +277,9 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
             ("predict", true) => flags.predict = Predict::Unlimited,
             ("predictall", true) => flags.predict = Predict::All,
             ("predict" | "predictall", false) => flags.predict = Predict::Off,
+            ("ownaffine", true) => flags.owner_wake = OwnerWake::Affine,
+            ("ownfork", true) => flags.owner_wake = OwnerWake::Fork,
+            ("ownidlest", true) => flags.owner_wake = OwnerWake::Idlest,
             ("nodelimit", true) => flags.node_limit = Some(2),
             ("nodelimit", false) => flags.node_limit = None,
             (w, true) if w.starts_with("nodelimit:") => {
@@ -284,7 +293,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
                     W,
                     name,
                     format!(
-                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo, sjbf, predict, predictall, rack, rackpref)"
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo, sjbf, predict, predictall, ownaffine, ownfork, ownidlest, rack, rackpref)"
                     ),
                 ));
             }

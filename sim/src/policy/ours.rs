@@ -87,6 +87,7 @@ impl OursPlacer {
         cfg.engine.domain_fifo = flags.domain_fifo;
         cfg.engine.shortest_limit_first = flags.shortest_limit_first;
         cfg.predict = flags.predict;
+        cfg.owner_wake = flags.owner_wake;
         if let Some(limit) = flags.node_limit {
             cfg.engine.node_limit_scope = NodeLimitScope::Global;
             cfg.engine.steal_node_limit = limit;
