@@ -148,6 +148,7 @@ impl JobService for Jobs {
         self.admit(&req, &owner, req.get_ref().specs.len())?;
         let trace_context = trace_context(req.metadata());
         let specs = req.into_inner().specs;
+        tracing::debug!(target: "lat", n = specs.len(), "submit rpc received");
         let jobs = self
             .gate
             .core()?
