@@ -185,7 +185,10 @@ impl Dispatcher {
             .arg("--data-dir")
             .arg(&data_dir)
             .args(&extra)
-            .env("RUST_LOG", "info");
+            .env(
+                "RUST_LOG",
+                std::env::var("E2E_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            );
         let log = dir.join(format!("dispatcher-{port}-{}.log", now_nanos()));
         let proc = Proc::spawn("dispatcher", cmd, log)?;
         let mut d = Self {
@@ -401,7 +404,10 @@ impl Agent {
             .arg("--state-dir")
             .arg(dir.join(format!("agent-{node}")))
             .args(machine)
-            .env("RUST_LOG", "info");
+            .env(
+                "RUST_LOG",
+                std::env::var("E2E_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            );
         for l in labels {
             cmd.arg("--label").arg(l);
         }
@@ -568,7 +574,10 @@ impl Dispatcher {
             .arg("--data-dir")
             .arg(&data_dir)
             .args(extra)
-            .env("RUST_LOG", "info");
+            .env(
+                "RUST_LOG",
+                std::env::var("E2E_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            );
         let log = dir.join(format!("dispatcher-dev-{}.log", now_nanos()));
         let proc = Proc::spawn("dispatcher --dev", cmd, log)?;
         let mut d = Self {

@@ -304,6 +304,7 @@ impl Agent {
             return;
         }
         let statuses = std::mem::take(&mut self.outbox);
+        tracing::debug!(target: "lat", n = statuses.len(), "statuses sent");
         if self.batches && statuses.len() > 1 {
             self.send(agent_message::Msg::Statuses(StatusBatch { statuses }));
         } else {
@@ -416,6 +417,7 @@ impl Agent {
         let exec = self.exec.clone();
         let tx = self.started_tx.clone();
         let id = id.to_string();
+        tracing::debug!(target: "lat", job = %id, "start task spawned");
         tokio::spawn(async move {
             let result = exec.spawn(job).await;
             // The loop holds the receiver for as long as it runs.
@@ -439,6 +441,7 @@ impl Agent {
             Ok(_) => {
                 self.traces.started(&id, Ok(()));
                 tracing::debug!(%id, ?cpus, ?real, "job started");
+                tracing::debug!(target: "lat", job = %id, "started");
                 self.send_status(&id, JobState::Running, cpus, None, String::new());
                 let wanted = self.pinned.get(&id).cloned().unwrap_or_default();
                 if wanted != real
@@ -494,6 +497,7 @@ impl Agent {
         trace_context: &HashMap<String, String>,
     ) {
         let id = local_id(&job_id, attempt);
+        tracing::debug!(target: "lat", job = %job_id, "assign received");
         if self.jobs.contains_key(&id) || self.recent.contains_key(&id) {
             return; // a re-sent Assign after a reconnect
         }

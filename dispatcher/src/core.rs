@@ -622,6 +622,13 @@ impl Core {
         } else {
             Vec::new()
         };
+        if tracing::enabled!(target: "lat", tracing::Level::DEBUG) {
+            for (_, msg) in &fx.to_agents {
+                if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_ref() {
+                    tracing::debug!(target: "lat", job = %a.job_id, "assign sealed");
+                }
+            }
+        }
         let to_agents = fx
             .to_agents
             .into_iter()
@@ -690,6 +697,9 @@ impl Core {
             {
                 a.trace_context = carrier;
             }
+            if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_ref() {
+                tracing::debug!(target: "lat", job = %a.job_id, "assign sent");
+            }
             let _ = tx.send(Ok(msg));
         }
         if !r.reasons.is_empty() {
@@ -715,6 +725,9 @@ impl Core {
                 let r = self.cluster.submit_as(&owner, specs, batch, now, fx);
                 let secs = started.elapsed().as_secs_f64();
                 let created = r.as_deref().unwrap_or_default();
+                if let (Some(first), Some(last)) = (created.first(), created.last()) {
+                    tracing::debug!(target: "lat", first = %first.id(), last = %last.id(), "submit applied");
+                }
                 self.observers.submitted(n, secs, created, &trace_context);
                 replies.push(defer(reply, r));
             }

@@ -148,6 +148,7 @@ impl JobService for Jobs {
         self.admit(&req, &owner, req.get_ref().specs.len())?;
         let trace_context = trace_context(req.metadata());
         let specs = req.into_inner().specs;
+        tracing::debug!(target: "lat", n = specs.len(), "submit rpc received");
         let jobs = self
             .gate
             .core()?
@@ -607,7 +608,7 @@ pub async fn serve_secured(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .unwrap_or_else(|e| panic!("the compiled-in descriptor set is valid: {e}"));
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = incoming(listener);
     // Message size limits (crate::limits): over them tonic answers
     // OUT_OF_RANGE / RESOURCE_EXHAUSTED before a handler runs.
     let (decode, encode, agent) = (
@@ -665,6 +666,17 @@ pub async fn serve_secured(
         .await
 }
 
+/// The accepted connections of `listener`, each with `TCP_NODELAY` set.
+/// Tonic's `tcp_nodelay` (on by default) applies only to the listeners it
+/// binds itself, not to an incoming stream it is handed: without it every
+/// accepted socket kept Nagle's algorithm, so a small message (an
+/// `Assign`, a reply) written while an earlier one was unacknowledged
+/// waited for the peer's delayed ACK, about 40 ms on Linux. The clients
+/// (`proto::endpoints`) set it on their side already.
+fn incoming(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
 /// The address a listener is bound to, for printing.
 pub fn local_addr(l: &tokio::net::TcpListener) -> Option<SocketAddr> {
     l.local_addr().ok()
@@ -684,6 +696,16 @@ mod tests {
         assert_eq!(cut.code(), tonic::Code::InvalidArgument);
         assert!(cut.message().len() <= MAX_STATUS_MESSAGE_BYTES + 40);
         assert!(cut.message().ends_with("... (cut from 80001 bytes)"));
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_do_not_wait_for_delayed_acks() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut accepted = incoming(listener);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let conn = accepted.next().await.unwrap().unwrap();
+        assert!(conn.nodelay().unwrap(), "Nagle's algorithm is on");
     }
 
     #[test]

@@ -36,7 +36,14 @@ impl Committer {
             .name("dispatch-store".into())
             .spawn(move || {
                 for batch in batches {
+                    let started = std::time::Instant::now();
                     let r = store.commit(&batch);
+                    tracing::debug!(
+                        target: "lat",
+                        writes = batch.len(),
+                        us = started.elapsed().as_micros() as u64,
+                        "committed"
+                    );
                     // The records go back to the job table's sole ownership
                     // before the core hears of the result.
                     drop(batch);
