@@ -125,7 +125,11 @@ impl IdlestIndex {
         tree[i] = cur;
         while i > 1 {
             let sib = tree[i ^ 1];
-            let (l, r) = if i & 1 == 0 { (&cur, &sib) } else { (&sib, &cur) };
+            let (l, r) = if i & 1 == 0 {
+                (&cur, &sib)
+            } else {
+                (&sib, &cur)
+            };
             let parent = join(l, r);
             i /= 2;
             if tree[i] == parent {

@@ -252,11 +252,11 @@ impl<K: Copy + Ord> Order<K> {
                 self.tail.len()
             ));
         }
-        if self
-            .rest
-            .keys()
-            .any(|k| self.tail.binary_search_by(|e| e.0.cmp(k)).is_ok_and(|p| self.tail[p].1 != DEAD))
-        {
+        if self.rest.keys().any(|k| {
+            self.tail
+                .binary_search_by(|e| e.0.cmp(k))
+                .is_ok_and(|p| self.tail[p].1 != DEAD)
+        }) {
             return Err("slab order: a key in both parts".into());
         }
         Ok(())
