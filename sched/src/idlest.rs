@@ -102,27 +102,41 @@ impl IdlestIndex {
     /// Child `c`'s aggregate changed to `a`: re-key it in its parent's tree.
     /// Stops climbing at the first segment that stays the same (each slot
     /// carries its best child's key, so nothing above can change).
+    ///
+    /// The climb carries the segment just recomputed in registers and
+    /// reads only its sibling and the old parent per level (what
+    /// [`IdlestIndex::combine`] gives from the two halves in the slots).
     pub fn update(&mut self, topo: &Topology, c: NodeId, a: &NodeAgg) {
         let Some(d) = topo.node(c).parent else {
             return;
         };
         let p = self.pos[c] as usize;
-        let key = share_key(a);
         let (b, w) = (self.base[d], self.width[d]);
-        let room = maxima_of(a);
-        let leaf = &mut self.slots[b + w + p];
-        if leaf.key == key && leaf.room == room {
+        let tree = &mut self.slots[b..b + 2 * w];
+        let mut i = w + p;
+        let mut cur = Slot {
+            key: share_key(a),
+            best: p as u32,
+            room: maxima_of(a),
+        };
+        if tree[i] == cur {
             return;
         }
-        (leaf.key, leaf.room) = (key, room);
-        let mut i = w + p;
+        tree[i] = cur;
         while i > 1 {
+            let sib = tree[i ^ 1];
+            let (l, r) = if i & 1 == 0 {
+                (&cur, &sib)
+            } else {
+                (&sib, &cur)
+            };
+            let parent = join(l, r);
             i /= 2;
-            let old = self.slots[b + i];
-            let new = self.combine(d, i);
-            if new == old {
+            if tree[i] == parent {
                 break;
             }
+            tree[i] = parent;
+            cur = parent;
         }
     }
 
@@ -139,18 +153,7 @@ impl IdlestIndex {
     /// Recompute slot `i` of domain `d`'s tree from its two halves.
     fn combine(&mut self, d: NodeId, i: usize) -> Slot {
         let b = self.base[d];
-        let (l, r) = (self.slots[b + 2 * i], self.slots[b + 2 * i + 1]);
-        let mut room = l.room;
-        for (m, x) in room.iter_mut().zip(r.room) {
-            *m = (*m).max(x);
-        }
-        // The left half holds the earlier children: it wins ties.
-        let (key, best) = if r.best != NONE && (l.best == NONE || r.key > l.key) {
-            (r.key, r.best)
-        } else {
-            (l.key, l.best)
-        };
-        let s = Slot { key, best, room };
+        let s = join(&self.slots[b + 2 * i], &self.slots[b + 2 * i + 1]);
         self.slots[b + i] = s;
         s
     }
@@ -212,6 +215,22 @@ impl IdlestIndex {
         }
         found.map(|(_, p)| children[p as usize])
     }
+}
+
+/// The segment made of halves `l` (the earlier children) and `r`.
+#[inline]
+fn join(l: &Slot, r: &Slot) -> Slot {
+    let mut room = l.room;
+    for (m, x) in room.iter_mut().zip(r.room) {
+        *m = (*m).max(x);
+    }
+    // The left half holds the earlier children: it wins ties.
+    let (key, best) = if r.best != NONE && (l.best == NONE || r.key > l.key) {
+        (r.key, r.best)
+    } else {
+        (l.key, l.best)
+    };
+    Slot { key, best, room }
 }
 
 /// `find_idlest`'s order of children as one integer: the free share

@@ -2,8 +2,10 @@
 //! chunks of slots (a removed value's slot is reused; growing never
 //! moves a value, and the slack is at most one chunk), found by key
 //! through a hashed index (the lookups every placement, start and finish
-//! makes: ~8 per start) and walked in key order through an ordered map
-//! of key to slot (listings, pagination, an array's elements).
+//! makes: ~8 per start) and walked in key order through [`Order`]
+//! (listings, pagination, an array's elements): keys that arrive in
+//! increasing order (every new job's) appended to a sorted vector, the
+//! others in a B-tree.
 //!
 //! The node registry (`cluster::nodes`) keeps its nodes the same way: a
 //! slab, a hashed index by name and a B-tree for the order.
@@ -12,8 +14,9 @@
 //! slots, each with its slot (`Slab::check`, and the proptest against a
 //! `BTreeMap`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, btree_map};
 use std::hash::Hash;
+use std::ops::{Bound, RangeBounds};
 
 use sched::idhash::IdMap;
 
@@ -28,7 +31,7 @@ pub struct Slab<K, V> {
     /// Each key's slot, hashed.
     index: IdMap<K, u32>,
     /// Each key's slot, in key order.
-    order: BTreeMap<K, u32>,
+    order: Order<K>,
 }
 
 impl<K, V> Default for Slab<K, V> {
@@ -37,7 +40,7 @@ impl<K, V> Default for Slab<K, V> {
             chunks: Vec::new(),
             free: Vec::new(),
             index: IdMap::default(),
-            order: BTreeMap::new(),
+            order: Order::default(),
         }
     }
 }
@@ -112,9 +115,7 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
 
     /// All values in key order.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&K, &V)> {
-        self.order
-            .iter()
-            .filter_map(|(k, &i)| Some((k, self.slot(i)?)))
+        self.range(..)
     }
 
     /// The values with keys in `range`, in key order.
@@ -124,7 +125,7 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
     ) -> impl DoubleEndedIterator<Item = (&K, &V)> {
         self.order
             .range(range)
-            .filter_map(|(k, &i)| Some((k, self.slot(i)?)))
+            .filter_map(|(k, i)| Some((k, self.slot(i)?)))
     }
 
     /// Check the invariant: both maps hold exactly the occupied slots'
@@ -138,8 +139,9 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
                 self.order.len()
             ));
         }
-        for (k, i) in &self.order {
-            if self.index.get(k) != Some(i) || self.slot(*i).is_none() {
+        self.order.check()?;
+        for (k, i) in self.order.range(..) {
+            if self.index.get(k) != Some(&i) || self.slot(i).is_none() {
                 return Err(format!("slab: slot {i} of a key is not its own"));
             }
         }
@@ -147,6 +149,165 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
             return Err("slab: a free slot holds a value".into());
         }
         Ok(())
+    }
+}
+
+/// A removed key's slot in [`Order::tail`].
+const DEAD: u32 = u32::MAX;
+
+/// Keys in order, each with its slot. A key larger than every key in
+/// `tail` (a new job's: keys grow) is appended there, and its removal is
+/// a binary search and a tombstone ([`DEAD`]; the tombstones are dropped
+/// when they outnumber the live entries by 64); any other key goes to
+/// the B-tree `rest` (a key restored out of order), or back into its own
+/// tombstone. Reads merge the two, which never share a live key.
+struct Order<K> {
+    /// Sorted by key, strictly increasing; `dead` of them are tombstones.
+    tail: Vec<(K, u32)>,
+    dead: usize,
+    rest: BTreeMap<K, u32>,
+}
+
+impl<K> Default for Order<K> {
+    fn default() -> Self {
+        Self {
+            tail: Vec::new(),
+            dead: 0,
+            rest: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Copy + Ord> Order<K> {
+    fn len(&self) -> usize {
+        self.tail.len() - self.dead + self.rest.len()
+    }
+
+    /// Add `key` (not present) at slot `i`.
+    fn insert(&mut self, key: K, i: u32) {
+        if self.tail.last().is_none_or(|&(last, _)| key > last) {
+            self.tail.push((key, i));
+            return;
+        }
+        match self.tail.binary_search_by(|e| e.0.cmp(&key)) {
+            Ok(p) => {
+                debug_assert_eq!(self.tail[p].1, DEAD, "a present key inserted again");
+                self.tail[p].1 = i;
+                self.dead -= 1;
+            }
+            Err(_) => {
+                self.rest.insert(key, i);
+            }
+        }
+    }
+
+    /// Take `key` out.
+    fn remove(&mut self, key: &K) {
+        if let Ok(p) = self.tail.binary_search_by(|e| e.0.cmp(key))
+            && self.tail[p].1 != DEAD
+        {
+            self.tail[p].1 = DEAD;
+            self.dead += 1;
+            if self.dead > self.tail.len() - self.dead + 64 {
+                self.tail.retain(|e| e.1 != DEAD);
+                self.dead = 0;
+            }
+            return;
+        }
+        self.rest.remove(key);
+    }
+
+    /// The live keys in `range`, in order, with their slots.
+    fn range<R: RangeBounds<K>>(&self, range: R) -> Merge<'_, K> {
+        let (start, end) = (range.start_bound().cloned(), range.end_bound().cloned());
+        let t = &self.tail;
+        let lo = match start {
+            Bound::Included(s) => t.partition_point(|e| e.0 < s),
+            Bound::Excluded(s) => t.partition_point(|e| e.0 <= s),
+            Bound::Unbounded => 0,
+        };
+        let hi = match end {
+            Bound::Included(x) => t.partition_point(|e| e.0 <= x),
+            Bound::Excluded(x) => t.partition_point(|e| e.0 < x),
+            Bound::Unbounded => t.len(),
+        };
+        Merge {
+            tail: &t[lo.min(hi)..hi],
+            rest: self.rest.range((start, end)),
+        }
+    }
+
+    /// The structure's invariant: `tail` strictly increasing, `dead`
+    /// its tombstones, within the compaction bound, and no live key in
+    /// both parts.
+    fn check(&self) -> Result<(), String> {
+        if self.tail.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err("slab order: the tail is not strictly increasing".into());
+        }
+        let dead = self.tail.iter().filter(|e| e.1 == DEAD).count();
+        if dead != self.dead || dead > self.tail.len() - dead + 64 {
+            return Err(format!(
+                "slab order: {dead} tombstones, {} counted, {} entries",
+                self.dead,
+                self.tail.len()
+            ));
+        }
+        if self.rest.keys().any(|k| {
+            self.tail
+                .binary_search_by(|e| e.0.cmp(k))
+                .is_ok_and(|p| self.tail[p].1 != DEAD)
+        }) {
+            return Err("slab order: a key in both parts".into());
+        }
+        Ok(())
+    }
+}
+
+/// [`Order::range`]: the tail's slice and the B-tree's range, merged.
+struct Merge<'a, K> {
+    tail: &'a [(K, u32)],
+    rest: btree_map::Range<'a, K, u32>,
+}
+
+impl<'a, K: Ord> Iterator for Merge<'a, K> {
+    type Item = (&'a K, u32);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while let Some((e, more)) = self.tail.split_first() {
+            if e.1 != DEAD {
+                break;
+            }
+            self.tail = more;
+        }
+        let first = self.tail.first();
+        match (first, self.rest.clone().next()) {
+            (Some(e), Some((k, _))) if e.0 > *k => self.rest.next().map(|(k, &i)| (k, i)),
+            (Some(e), _) => {
+                self.tail = &self.tail[1..];
+                Some((&e.0, e.1))
+            }
+            (None, _) => self.rest.next().map(|(k, &i)| (k, i)),
+        }
+    }
+}
+
+impl<K: Ord> DoubleEndedIterator for Merge<'_, K> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        while let Some((e, more)) = self.tail.split_last() {
+            if e.1 != DEAD {
+                break;
+            }
+            self.tail = more;
+        }
+        let last = self.tail.last();
+        match (last, self.rest.clone().next_back()) {
+            (Some(e), Some((k, _))) if e.0 < *k => self.rest.next_back().map(|(k, &i)| (k, i)),
+            (Some(e), _) => {
+                self.tail = &self.tail[..self.tail.len() - 1];
+                Some((&e.0, e.1))
+            }
+            (None, _) => self.rest.next_back().map(|(k, &i)| (k, i)),
+        }
     }
 }
 
@@ -160,6 +321,11 @@ mod tests {
         Insert(u16, u32),
         Remove(u16),
         Change(u16, u32),
+        /// Insert the next key of a growing counter from 3000, above the
+        /// other keys (a new job's).
+        Append(u32),
+        /// Remove the `n` smallest keys (retention of old jobs).
+        Drain(u16),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -169,20 +335,35 @@ mod tests {
             4 => (0u16..3000, any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
             2 => (0u16..3000).prop_map(Op::Remove),
             1 => (0u16..3000, any::<u32>()).prop_map(|(k, v)| Op::Change(k, v)),
+            4 => any::<u32>().prop_map(Op::Append),
+            1 => (0u16..2000).prop_map(Op::Drain),
         ]
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
         /// The slab behaves as a `BTreeMap` (the oracle) under any
-        /// sequence of inserts, replaces, removals and changes in place:
-        /// the same answers, the same key order, the same ranges.
+        /// sequence of inserts (in and out of key order), replaces,
+        /// removals (of the oldest keys in bulk, too) and changes in
+        /// place: the same answers, the same key order, the same ranges.
         #[test]
         fn a_slab_is_a_map(ops in prop::collection::vec(op(), 1..4000), lo in 0u16..3000, hi in 0u16..3000) {
             let mut slab: Slab<u16, u32> = Slab::default();
             let mut oracle: BTreeMap<u16, u32> = BTreeMap::new();
+            let mut next = 3000u16;
             for op in ops {
                 match op {
+                    Op::Append(v) => {
+                        prop_assert_eq!(slab.insert(next, v), oracle.insert(next, v));
+                        next += 1;
+                    }
+                    Op::Drain(n) => {
+                        let old: Vec<u16> = oracle.keys().take(n as usize).copied().collect();
+                        for k in old {
+                            prop_assert_eq!(slab.remove(&k), oracle.remove(&k));
+                        }
+                        slab.check().map_err(TestCaseError::fail)?;
+                    }
                     Op::Insert(k, v) => prop_assert_eq!(slab.insert(k, v), oracle.insert(k, v)),
                     Op::Remove(k) => prop_assert_eq!(slab.remove(&k), oracle.remove(&k)),
                     Op::Change(k, v) => {
