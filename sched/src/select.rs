@@ -110,7 +110,7 @@ impl Sched {
         let Some(task) = self.tasks.get(&id) else {
             return (0, how);
         };
-        let (prev, policy, demand) = (task.prev_leaf, task.policy, task.demand);
+        let prev = task.prev_leaf;
         let this = waker.and_then(|w| self.leaf_of(w));
         if let Some(w) = waker
             && w != id
@@ -119,11 +119,7 @@ impl Sched {
             record_wakee(wt, id, now);
         }
 
-        if policy == Policy::Pack
-            && self.pack_active(demand)
-            && let Some(leaf) = self.pack_target(id, prev.or(this))
-        {
-            self.stats.pack_placed += 1;
+        if let Some(leaf) = self.pack_first(id, prev.or(this)) {
             how.path = PlacePath::Pack;
             return (leaf, how);
         }
@@ -473,6 +469,20 @@ impl Sched {
                 (root.nr_running + demand as u64) as f64 <= f * root.capacity as f64
             }
         }
+    }
+
+    /// The pack policy's step that comes first on every placement path
+    /// (seed 002): a `Pack` task, while packing is active, goes to
+    /// [`Sched::pack_target`] (`prefer` within its core), counted in
+    /// `pack_placed`; `None` leaves the task to the path's own search.
+    pub(crate) fn pack_first(&mut self, id: TaskId, prefer: Option<LeafId>) -> Option<LeafId> {
+        let task = self.tasks.get(&id)?;
+        if task.policy != Policy::Pack || !self.pack_active(task.demand) {
+            return None;
+        }
+        let leaf = self.pack_target(id, prefer)?;
+        self.stats.pack_placed += 1;
+        Some(leaf)
     }
 
     /// The leaf of the highest-priority (lowest-numbered) core with room;

@@ -172,17 +172,13 @@ impl Sched {
         let Some(task) = self.tasks.get(&id) else {
             return (0, how);
         };
-        let (policy, demand, prev) = (task.policy, task.demand, task.prev_leaf);
+        let prev = task.prev_leaf;
         if waker.leaf >= self.topo.nr_leaves() {
             let (leaf, path) = self.find_idlest_placed(id);
             how.path = path;
             return (leaf, how);
         }
-        if policy == crate::config::Policy::Pack
-            && self.pack_active(demand)
-            && let Some(leaf) = self.pack_target(id, prev.or(Some(waker.leaf)))
-        {
-            self.stats.pack_placed += 1;
+        if let Some(leaf) = self.pack_first(id, prev.or(Some(waker.leaf))) {
             how.path = PlacePath::Pack;
             return (leaf, how);
         }
@@ -226,12 +222,8 @@ impl Sched {
         let Some(task) = self.tasks.get(&id) else {
             return (0, how);
         };
-        let (policy, demand, prev) = (task.policy, task.demand, task.prev_leaf);
-        if policy == crate::config::Policy::Pack
-            && self.pack_active(demand)
-            && let Some(leaf) = self.pack_target(id, prev.or(Some(from)))
-        {
-            self.stats.pack_placed += 1;
+        let prev = task.prev_leaf;
+        if let Some(leaf) = self.pack_first(id, prev.or(Some(from))) {
             how.path = PlacePath::Pack;
             return (leaf, how);
         }
