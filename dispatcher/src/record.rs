@@ -332,6 +332,19 @@ impl JobRecord {
         Job {
             id: self.key.to_string(),
             spec: self.spec.as_deref().cloned(),
+            array_id: self.array_id(),
+            array_index: if element(Member::Array) { index } else { 0 },
+            gang_id: self.gang_id(),
+            gang_index: if element(Member::Gang) { index } else { 0 },
+            ..self.state_proto()
+        }
+    }
+
+    /// The proto fields a job's key and its array or gang do not give
+    /// back: its state, placement, times and owner; no ids, no index, no
+    /// spec.
+    fn state_proto(&self) -> Job {
+        Job {
             state: self.state,
             node: self.node.clone(),
             cpus: self.cpus.to_vec(),
@@ -342,15 +355,11 @@ impl JobRecord {
             submit_time_ms: self.submit_time_ms,
             start_time_ms: self.start_time_ms,
             end_time_ms: self.end_time_ms,
-            array_id: self.array_id(),
-            array_index: if element(Member::Array) { index } else { 0 },
             owner: self.owner.to_string(),
             cancel_requested: self.cancel_requested,
-            gang_id: self.gang_id(),
-            gang_index: if element(Member::Gang) { index } else { 0 },
             gang_size: self.gang_size,
-            pending_reason: None,
             gpus: self.gpus.to_vec(),
+            ..Default::default()
         }
     }
 
@@ -370,23 +379,7 @@ impl JobRecord {
         if !self.is_element() || self.is_gang() != (self.gang_size > 0) {
             return None;
         }
-        Some(Job {
-            state: self.state,
-            node: self.node.clone(),
-            cpus: self.cpus.to_vec(),
-            exit_code: self.exit_code,
-            signal: self.signal,
-            reason: self.reason.as_str().to_owned(),
-            attempt: self.attempt,
-            submit_time_ms: self.submit_time_ms,
-            start_time_ms: self.start_time_ms,
-            end_time_ms: self.end_time_ms,
-            owner: self.owner.to_string(),
-            cancel_requested: self.cancel_requested,
-            gang_size: self.gang_size,
-            gpus: self.gpus.to_vec(),
-            ..Default::default()
-        })
+        Some(self.state_proto())
     }
 
     /// The proto record of element `key` stored as
