@@ -278,6 +278,26 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
+/// Remove a test's cgroup root once its job cgroups are gone. The kernel
+/// answers EBUSY for a moment after a child cgroup's rmdir (its
+/// controllers go offline asynchronously), so EBUSY is retried; any other
+/// error, or EBUSY past the patience, fails the test.
+async fn remove_test_root(root: &Path) {
+    let start = Instant::now();
+    loop {
+        match fs::remove_dir(root) {
+            Ok(()) => return,
+            Err(e)
+                if e.raw_os_error() == Some(nix::errno::Errno::EBUSY as i32)
+                    && start.elapsed() < PATIENCE =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("remove the test's cgroup root {}: {e}", root.display()),
+        }
+    }
+}
+
 async fn wait_exit(handle: &mut JobHandle) -> JobExit {
     tokio::time::timeout(PATIENCE, handle.wait())
         .await
@@ -1167,8 +1187,15 @@ async fn one_cgroup_per_job_where_cgroup_v2_is_writable() {
         empty_or_gone(&cg),
         "the job's cgroup is empty after its exit (kept for the next job) or removed"
     );
+    // Killed through `cgroup.kill`, it is never reused: the agent removes
+    // it, after the exit is reported (the kernel may answer EBUSY for a
+    // moment after the last process is gone, which the agent retries).
+    eventually("the killed job's cgroup removed by the agent", || {
+        !cg.exists()
+    })
+    .await;
     drop(exec);
-    fs::remove_dir(&root).expect("remove the test's cgroup root");
+    remove_test_root(&root).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1308,7 +1335,7 @@ async fn a_reused_job_cgroup_has_the_new_jobs_limits_and_nothing_else() {
         fs::read_dir(&root).is_ok_and(|d| d.flatten().all(|e| !e.path().is_dir()))
     })
     .await;
-    fs::remove_dir(&root).expect("the root is empty");
+    remove_test_root(&root).await;
 }
 
 fn supervised(fx: &Fixture, root: &Path) -> Executor {
@@ -1423,7 +1450,7 @@ async fn supervised_jobs_are_one_process_each_under_one_supervisor() {
         stat(sup).is_none_or(|s| s.state == 'Z')
     })
     .await;
-    fs::remove_dir(&root).expect("remove the test's cgroup root");
+    remove_test_root(&root).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1485,7 +1512,7 @@ async fn supervised_cancel_and_timeout_reach_escapees_through_the_cgroup() {
         fs::read_dir(&root).is_ok_and(|d| d.flatten().all(|e| !e.path().is_dir()))
     })
     .await;
-    fs::remove_dir(&root).expect("remove the test's cgroup root");
+    remove_test_root(&root).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1552,7 +1579,7 @@ async fn supervised_jobs_outlive_the_executor_and_are_readopted() {
         fs::read_dir(&root).is_ok_and(|d| d.flatten().all(|e| !e.path().is_dir()))
     })
     .await;
-    fs::remove_dir(&root).expect("remove the test's cgroup root");
+    remove_test_root(&root).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1600,7 +1627,7 @@ async fn a_supervisor_killed_outright_loses_its_jobs_but_leaves_no_orphan() {
         fs::read_dir(&root).is_ok_and(|d| d.flatten().all(|e| !e.path().is_dir()))
     })
     .await;
-    fs::remove_dir(&root).expect("remove the test's cgroup root");
+    remove_test_root(&root).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1667,5 +1694,5 @@ async fn a_jobs_cgroup_denies_it_the_devices_it_does_not_hold() {
         assert_eq!(fs::read_to_string(h.stdout_path()).unwrap(), want, "{id}");
     }
     drop(exec);
-    fs::remove_dir(&root).expect("remove the test's cgroup root");
+    remove_test_root(&root).await;
 }
