@@ -202,6 +202,28 @@ fn us(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e6)
 }
 
+/// The bytes tonic allocates up front for an Attach stream on the
+/// dispatcher's side with our codec (`proto::codec`): the decoder of the
+/// agent's messages and the encoder of the dispatcher's, each with its
+/// first buffer, as the generated server builds them.
+fn attach_codec_bytes() -> isize {
+    use proto::v1::{AgentMessage, DispatcherMessage};
+    use tonic::codec::{Codec, EncodeBody, SingleMessageCompressionOverride, Streaming};
+    let mut codec = proto::codec::SmallBuffers::<DispatcherMessage, AgentMessage>::default();
+    let (_d, decode) =
+        held(|| Streaming::new_request(codec.decoder(), tonic::body::Body::empty(), None, None));
+    let (_e, encode) = held(|| {
+        EncodeBody::new_server(
+            codec.encoder(),
+            tokio_stream::empty::<Result<DispatcherMessage, tonic::Status>>(),
+            None,
+            SingleMessageCompressionOverride::Inherit,
+            None,
+        )
+    });
+    decode + encode
+}
+
 /// loadgen's shapes as reported topologies.
 /// The child process of `--connections`: `n` agents, `per` to an HTTP/2
 /// connection (1: each on its own, as real agents are), register (loadgen's shapes and
@@ -660,10 +682,12 @@ fn main() -> Result<()> {
              | the rest: its connection, stream, tasks and queues | {:.0} |\n\
              | of which ours: the stream's outbound queue, on a copy | {queue_bytes} |\n\
              | of which ours: the stream's beat and its reader's last load, on a copy | {beat_bytes} |\n\
+             | of which ours: its codec's first buffers, both directions, on a copy | {} |\n\
              | RSS per agent (VmRSS growth / agents) | {:.0} |\n",
             c.n,
             c.per,
             per_agent - per_node,
+            attach_codec_bytes(),
             c.rss as f64 / k,
         ));
         out.push_str(
@@ -706,6 +730,14 @@ fn main() -> Result<()> {
                     "an agent's idle outbound queue holds {queue} bytes, a block of 32 pointers is {block}"
                 );
             }
+        }
+        // An Attach stream's codec starts small in both directions (the
+        // buffers grow to the messages a stream carries): under 512 bytes
+        // up front, where tonic's default gave 16 KiB and 1 KiB first
+        // buffers 2 KiB, held by every idle agent.
+        let codec = attach_codec_bytes();
+        if codec >= 512 {
+            bail!("an Attach stream's codec holds {codec} bytes up front, want under 512");
         }
         if per_node <= 0.0 || per_job <= 0.0 {
             bail!("no bytes counted: per node {per_node}, per job {per_job}");
