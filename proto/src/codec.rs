@@ -8,9 +8,14 @@
 //! with the default a dispatcher held 16 KiB of codec buffers per node
 //! whatever the agent said. Our messages are small (a LoadReport of 64
 //! CPUs is about 1.5 KiB, an Assign under 1 KiB), so the buffers start at
-//! [`FIRST_BUFFER_BYTES`] and grow (doubling, as `BytesMut` does) to the
-//! largest message a stream has carried. The yield threshold (how much a
-//! stream batches into one write) keeps tonic's default.
+//! [`FIRST_BUFFER_BYTES`] and grow (as `BytesMut` does: to the size
+//! needed, at least doubling) to the largest message a stream has
+//! carried, which they keep. A buffer sized for the usual message would
+//! only be held idle by the streams that never carry one: the
+//! dispatcher's side of an Attach stream sends a Registered and then,
+//! while its node runs nothing, no more (1 KiB first buffers held
+//! 1,024 + 208 bytes per idle agent for it). The yield threshold (how
+//! much a stream batches into one write) keeps tonic's default.
 
 use std::marker::PhantomData;
 
@@ -19,7 +24,7 @@ use tonic::codec::{BufferSettings, Codec};
 use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 /// The first size of each call's encode and decode buffers, bytes.
-pub const FIRST_BUFFER_BYTES: usize = 1024;
+pub const FIRST_BUFFER_BYTES: usize = 128;
 
 /// tonic's default yield threshold (32 KiB), kept.
 const YIELD_THRESHOLD: usize = 32 * 1024;

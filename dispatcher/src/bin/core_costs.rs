@@ -143,10 +143,16 @@ struct Args {
     #[arg(long, default_value_t = 5)]
     runs: usize,
     /// Agents attached to a dispatcher server in this process over real
-    /// HTTP/2 connections (one each, from a child process), for the heap
+    /// HTTP/2 connections (from a child process), for the heap
     /// and RSS of an attached agent's connection; 0 = skip.
     #[arg(long, default_value_t = 1_000)]
     connections: usize,
+    /// Agents per HTTP/2 connection for `--connections` (each its own
+    /// Attach stream, as `loadgen --agents-per-connection` attaches them):
+    /// 1 is the real agents' way; more tells the connection's bytes from
+    /// the stream's.
+    #[arg(long, default_value_t = 1)]
+    agents_per_connection: usize,
     /// Small sizes, and exit 1 unless the figures are consistent.
     #[arg(long)]
     check: bool,
@@ -196,13 +202,35 @@ fn us(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e6)
 }
 
+/// The bytes tonic allocates up front for an Attach stream on the
+/// dispatcher's side with our codec (`proto::codec`): the decoder of the
+/// agent's messages and the encoder of the dispatcher's, each with its
+/// first buffer, as the generated server builds them.
+fn attach_codec_bytes() -> isize {
+    use proto::v1::{AgentMessage, DispatcherMessage};
+    use tonic::codec::{Codec, EncodeBody, SingleMessageCompressionOverride, Streaming};
+    let mut codec = proto::codec::SmallBuffers::<DispatcherMessage, AgentMessage>::default();
+    let (_d, decode) =
+        held(|| Streaming::new_request(codec.decoder(), tonic::body::Body::empty(), None, None));
+    let (_e, encode) = held(|| {
+        EncodeBody::new_server(
+            codec.encoder(),
+            tokio_stream::empty::<Result<DispatcherMessage, tonic::Status>>(),
+            None,
+            SingleMessageCompressionOverride::Inherit,
+            None,
+        )
+    });
+    decode + encode
+}
+
 /// loadgen's shapes as reported topologies.
-/// The child process of `--connections`: `n` agents, each on its own
-/// HTTP/2 connection as real agents are, register (loadgen's shapes and
+/// The child process of `--connections`: `n` agents, `per` to an HTTP/2
+/// connection (1: each on its own, as real agents are), register (loadgen's shapes and
 /// labels) and send one idle LoadReport; "attached" is printed once every
 /// one was answered Registered, and the streams stay open until stdin
 /// ends.
-fn attach_agents(url: &str, n: usize) -> Result<()> {
+fn attach_agents(url: &str, n: usize, per: usize) -> Result<()> {
     use proto::v1::agent_service_client::AgentServiceClient;
     use proto::v1::{AgentMessage, LoadReport, agent_message, dispatcher_message};
     use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -214,20 +242,34 @@ fn attach_agents(url: &str, n: usize) -> Result<()> {
         .build()
         .context("starting the agents' runtime")?;
     let held = rt.block_on(async {
+        let connect = |url: String| async move {
+            tonic::transport::Endpoint::from_shared(url)?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .context("connecting")
+        };
+        let per = per.max(1);
+        let mut shared = Vec::new();
+        if per > 1 {
+            for _ in 0..n.div_ceil(per) {
+                shared.push(connect(url.to_string()).await?);
+            }
+        }
         let gate = Arc::new(tokio::sync::Semaphore::new(64));
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..n {
             let gate = gate.clone();
             let url = url.to_string();
+            let conn = shared.get(i / per).cloned();
             let register = register_msg(i, &topos[i % topos.len()], "core_costs");
             let load = idle_load(&topos[i % topos.len()].cpus);
             tasks.spawn(async move {
                 let _permit = gate.acquire().await?;
-                let channel = tonic::transport::Endpoint::from_shared(url)?
-                    .tcp_nodelay(true)
-                    .connect()
-                    .await
-                    .context("connecting")?;
+                let channel = match conn {
+                    Some(c) => c,
+                    None => connect(url).await?,
+                };
                 let mut client = AgentServiceClient::new(channel.clone());
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                 let _ = tx.send(AgentMessage {
@@ -270,6 +312,8 @@ fn attach_agents(url: &str, n: usize) -> Result<()> {
 /// What `n` attached agents cost the dispatcher's process.
 struct ConnCosts {
     n: usize,
+    /// Agents per HTTP/2 connection.
+    per: usize,
     heap: isize,
     rss: i64,
     /// Live allocations per size class gained (count, bytes).
@@ -279,7 +323,7 @@ struct ConnCosts {
 /// A dispatcher in this process (its core, the gRPC server on a loopback
 /// port, the embedded store in a temporary directory) and `n` agents
 /// attached from a child process: the heap and RSS this process gained.
-fn connection_costs(n: usize) -> Result<ConnCosts> {
+fn connection_costs(n: usize, per: usize) -> Result<ConnCosts> {
     use dispatcher::core::{Command, OnStoreFailure};
     use dispatcher::gate::Gate;
     use dispatcher::observe::Observers;
@@ -323,6 +367,7 @@ fn connection_costs(n: usize) -> Result<ConnCosts> {
         let (heap0, rss0, classes0) = (in_use(), rss_bytes()?, live_classes());
         let mut child = std::process::Command::new(std::env::current_exe()?)
             .args(["--attach", &url, "--connections", &n.to_string()])
+            .args(["--agents-per-connection", &per.to_string()])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -360,6 +405,7 @@ fn connection_costs(n: usize) -> Result<ConnCosts> {
         let _ = thread.join();
         Ok(ConnCosts {
             n,
+            per,
             heap: heap1 - heap0,
             rss: rss1 as i64 - rss0 as i64,
             classes: classes1
@@ -376,7 +422,7 @@ fn connection_costs(n: usize) -> Result<ConnCosts> {
 fn main() -> Result<()> {
     let mut args = Args::parse();
     if let Some(url) = &args.attach {
-        return attach_agents(url, args.connections);
+        return attach_agents(url, args.connections, args.agents_per_connection);
     }
     if args.check {
         args.nodes = args.nodes.min(400);
@@ -606,7 +652,10 @@ fn main() -> Result<()> {
         us(new_path),
     ));
     let conn = if args.connections > 0 {
-        Some(connection_costs(args.connections)?)
+        Some(connection_costs(
+            args.connections,
+            args.agents_per_connection.max(1),
+        )?)
     } else {
         None
     };
@@ -627,15 +676,18 @@ fn main() -> Result<()> {
             r
         });
         out.push_str(&format!(
-            "\n| {} agents attached over their own HTTP/2 connections (a server in this process) | heap bytes per agent |\n|---|---:|\n\
+            "\n| {} agents attached, {} per HTTP/2 connection (a server in this process) | heap bytes per agent |\n|---|---:|\n\
              | all of an attached agent (this process's heap) | {per_agent:.0} |\n\
              | of which its node in the cluster (\"all of a node\" above) | {per_node:.0} |\n\
              | the rest: its connection, stream, tasks and queues | {:.0} |\n\
              | of which ours: the stream's outbound queue, on a copy | {queue_bytes} |\n\
              | of which ours: the stream's beat and its reader's last load, on a copy | {beat_bytes} |\n\
+             | of which ours: its codec's first buffers, both directions, on a copy | {} |\n\
              | RSS per agent (VmRSS growth / agents) | {:.0} |\n",
             c.n,
+            c.per,
             per_agent - per_node,
+            attach_codec_bytes(),
             c.rss as f64 / k,
         ));
         out.push_str(
@@ -668,14 +720,24 @@ fn main() -> Result<()> {
                     "an attached agent counted {per_agent:.0} bytes, less than its node's {per_node:.0}"
                 );
             }
+            // An idle queue preallocates no block of slots: not even one
+            // of 32 boxed messages' pointers (tokio's mpsc: 512 bytes
+            // with its header, 800 with the channel).
             let (_q, queue) = held(dispatcher::outbound::channel);
-            let slot = std::mem::size_of::<dispatcher::outbound::Item>();
-            if queue as usize >= 32 * slot {
+            let block = 32 * std::mem::size_of::<Box<dispatcher::outbound::Item>>();
+            if queue as usize >= block {
                 bail!(
-                    "an agent's outbound queue holds {queue} bytes, a block of 32 messages is {}",
-                    32 * slot
+                    "an agent's idle outbound queue holds {queue} bytes, a block of 32 pointers is {block}"
                 );
             }
+        }
+        // An Attach stream's codec starts small in both directions (the
+        // buffers grow to the messages a stream carries): under 512 bytes
+        // up front, where tonic's default gave 16 KiB and 1 KiB first
+        // buffers 2 KiB, held by every idle agent.
+        let codec = attach_codec_bytes();
+        if codec >= 512 {
+            bail!("an Attach stream's codec holds {codec} bytes up front, want under 512");
         }
         if per_node <= 0.0 || per_job <= 0.0 {
             bail!("no bytes counted: per node {per_node}, per job {per_job}");
