@@ -337,41 +337,6 @@ mod tests {
     use crate::exec::JobOutcome;
     use proptest::prelude::*;
 
-    /// Dirty and under-writeback pages of `path` (the `cachestat` system
-    /// call, Linux 6.5+), or `None` where the kernel has no such call.
-    fn page_states(path: &Path) -> Option<(u64, u64)> {
-        #[repr(C)]
-        struct Range {
-            off: u64,
-            len: u64,
-        }
-        #[repr(C)]
-        #[derive(Default)]
-        struct Stat {
-            cache: u64,
-            dirty: u64,
-            writeback: u64,
-            evicted: u64,
-            recently_evicted: u64,
-        }
-        use nix::libc;
-        const SYS_CACHESTAT: libc::c_long = 451;
-        let f = std::fs::File::open(path).unwrap();
-        let range = Range { off: 0, len: 0 };
-        let mut st = Stat::default();
-        // Safety: a valid fd and two valid structs of the kernel's layout.
-        let r = unsafe {
-            libc::syscall(
-                SYS_CACHESTAT,
-                std::os::fd::AsRawFd::as_raw_fd(&f),
-                &range as *const Range,
-                &mut st as *mut Stat,
-                0,
-            )
-        };
-        (r == 0 && st.cache > 0).then_some((st.dirty, st.writeback))
-    }
-
     /// A recycled record written over is not written back at once: its
     /// page stays dirty in the page cache, as a new record's does (on
     /// ext4 an `O_TRUNC` open that writes started the writeback on close,
@@ -392,7 +357,7 @@ mod tests {
         // A new record first: on a file system that keeps no dirty pages
         // (tmpfs) or a kernel without cachestat(2) there is nothing to see.
         jd.create_record(&spec).unwrap();
-        if page_states(&jd.record()).is_none_or(|(dirty, _)| dirty == 0) {
+        if crate::exec::page_states(&jd.record()).is_none_or(|(dirty, _)| dirty == 0) {
             eprintln!("no dirty pages to see here (tmpfs, or no cachestat(2)): not checked");
             return;
         }
@@ -401,7 +366,7 @@ mod tests {
             jd.record_exit(&JobExit::bare("j", JobOutcome::Exited(0)))
                 .unwrap();
             jd.create_record(&spec).unwrap();
-            let (dirty, writeback) = page_states(&jd.record()).unwrap_or_default();
+            let (dirty, writeback) = crate::exec::page_states(&jd.record()).unwrap_or_default();
             assert!(
                 dirty > 0 && writeback == 0,
                 "round {round}: the record was written back at once (dirty {dirty}, writeback {writeback})"
