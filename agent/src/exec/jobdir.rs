@@ -134,9 +134,11 @@ impl JobDir {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(ExecError::io("empty", &path, e)),
         }
+        // Empty by now: no truncation on this open (see above).
         OpenOptions::new()
             .write(true)
             .create(true)
+            .truncate(false)
             .open(&path)
             .and_then(|mut f| f.write_all(&bytes))
             .map_err(|e| ExecError::io("create", &path, e))
