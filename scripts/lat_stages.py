@@ -26,7 +26,7 @@ for f in sorted(glob.glob(d+'/*.log')):
             for n in range(int(m.group(1)),int(m.group(2))+1):
                 put(n,'rpc',last_rpc); put(n,'applied',t)
             continue
-        m=re.match(r'(.*?) job=j-(\d+)',msg)
+        m=re.match(r'(.*?) job="?j-(\d+)',msg)
         if m: put(int(m.group(2)),m.group(1),t)
 order=['rpc','applied','assign sealed','assign sent','assign received','start task spawned','started']
 def pct(v,q):
@@ -42,6 +42,14 @@ v=[ev[j]['started']-ev[j]['rpc'] for j in jobs]
 print(f"{'rpc -> started':>43} {pct(v,.5):7.2f} {pct(v,.9):7.2f} {pct(v,.99):7.2f} {max(v):7.2f}")
 v=[ev[j]['started']-ev[j]['applied'] for j in jobs]
 print(f"{'applied -> started':>43} {pct(v,.5):7.2f} {pct(v,.9):7.2f} {pct(v,.99):7.2f} {max(v):7.2f}")
+# the agent's start path, step by step (the executor's events, where logged)
+fine=['start task spawned','dir made','cgroup made','record written','start line sent','supervisor ok read','start answer taken','started']
+fj=[j for j in jobs if all(s in ev[j] for s in fine)]
+if fj:
+    print(f"agent start path, {len(fj)} jobs:")
+    for a,b in zip(fine,fine[1:]):
+        v=[ev[j][b]-ev[j][a] for j in fj]
+        print(f"{a:>20} -> {b:<20} {pct(v,.5):7.2f} {pct(v,.9):7.2f} {pct(v,.99):7.2f} {max(v):7.2f}")
 # the worst 10 jobs per stage
 w=sorted(jobs,key=lambda j: ev[j]['started']-ev[j]['applied'])[-8:]
 for j in w: print(j,[round(ev[j][b]-ev[j][a],1) for a,b in zip(order,order[1:])])

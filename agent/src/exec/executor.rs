@@ -529,6 +529,7 @@ impl Executor {
             }
             Err(e) => return Err(ExecError::io("create", dir.path(), e)),
         }
+        tracing::debug!(target: "lat", job = %job.id, "dir made");
         let result = self.start(&job, run_as, &dir).await;
         if result.is_err() {
             let _ = fs::remove_dir_all(dir.path());
@@ -576,6 +577,7 @@ impl Executor {
                 (None, None)
             }
         };
+        tracing::debug!(target: "lat", job = id, "cgroup made");
         let result = if self.cfg.launcher == Launcher::Supervisor && cgroup.is_some() {
             self.start_supervised(job, run_as, dir, cgroup.clone(), slot)
                 .await
@@ -744,6 +746,7 @@ impl Executor {
         let id = job.id.clone();
         let spec = self.shim_spec(job, run_as, cgroup.clone(), true);
         dir.create_record(&spec)?;
+        tracing::debug!(target: "lat", job = %id, "record written");
         let (sup_pid, tx, pending) = self.link().await?;
         let (reply_tx, reply_rx) = oneshot::channel();
         lock(&pending).insert(
@@ -770,7 +773,10 @@ impl Executor {
             lock(&pending).remove(&id);
             return Err(gone(id));
         }
-        match tokio::time::timeout(self.cfg.shim_start_timeout, reply_rx).await {
+        tracing::debug!(target: "lat", job = %id, "start line sent");
+        let answer = tokio::time::timeout(self.cfg.shim_start_timeout, reply_rx).await;
+        tracing::debug!(target: "lat", job = %id, "start answer taken");
+        match answer {
             Ok(Ok(Ok((pid, exit)))) => Ok(JobHandle {
                 id,
                 pid: u32::try_from(pid).unwrap_or(0),
@@ -1472,6 +1478,7 @@ async fn read_link(
         let mut parts = line.splitn(3, ' ');
         match (parts.next(), parts.next(), parts.next()) {
             (Some("ok"), Some(id), Some(pid)) => {
+                tracing::debug!(target: "lat", job = id, "supervisor ok read");
                 let Some(p) = lock(&pending).remove(id) else {
                     tracing::warn!(job = id, "the supervisor started a job nobody waits for");
                     continue;

@@ -13,8 +13,10 @@
 //! a renewal comes (the shim never does). No file: no lease, no fencing
 //! (a dispatcher that grants none, or a job started outside an agent).
 
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+
+use nix::libc;
 use std::time::Duration;
 
 use nix::time::{ClockId, clock_gettime};
@@ -28,6 +30,32 @@ pub fn now_ns() -> u64 {
                 .saturating_add(t.tv_nsec() as u64)
         })
         .unwrap_or(0)
+}
+
+/// Swap the names `a` and `b` (both must exist).
+fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in a path"))
+    };
+    let (a, b) = (c(a)?, c(b)?);
+    // Safety: two valid C strings; the call reads them only.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// The lease file of one state directory.
@@ -48,13 +76,33 @@ impl LeaseFile {
     }
 
     /// Record that the lease runs until `deadline_ns` (`CLOCK_BOOTTIME`),
-    /// atomically (write aside, rename: a shim never reads half a number).
-    /// Not synced to disk: the lease means nothing after a reboot.
+    /// atomically (write aside, swap in: a shim never reads half a
+    /// number). Not synced to disk: the lease means nothing after a
+    /// reboot.
+    ///
+    /// The new file is swapped with the old one (`renameat2`
+    /// `RENAME_EXCHANGE`), which is then removed, rather than renamed
+    /// over it: ext4 (its default `auto_da_alloc`) takes a rename over an
+    /// existing file for a file being replaced and writes the new one back
+    /// at once, a block write on the agent's loop at every renewal (0.65
+    /// ms at the median, 6 ms at p90 on this machine's disk, up to 14 ms).
+    /// Where the exchange is refused (another file system, an old kernel)
+    /// the rename over it is used.
     pub fn write(&self, deadline_ns: u64) -> io::Result<()> {
         let mut tmp = self.path.clone().into_os_string();
         tmp.push(".tmp");
-        std::fs::write(&tmp, format!("{deadline_ns}\n"))?;
-        std::fs::rename(&tmp, &self.path)
+        let tmp = PathBuf::from(tmp);
+        // A new file, never one truncated (which ext4 would flush too).
+        match std::fs::remove_file(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        std::fs::File::create_new(&tmp)?.write_all(format!("{deadline_ns}\n").as_bytes())?;
+        match exchange(&tmp, &self.path) {
+            // `tmp` is the old lease now.
+            Ok(()) => std::fs::remove_file(&tmp),
+            Err(_) => std::fs::rename(&tmp, &self.path),
+        }
     }
 
     /// No lease any more: shims stop fencing.
@@ -93,6 +141,34 @@ mod tests {
         let a = now_ns();
         std::thread::sleep(Duration::from_millis(2));
         assert!(now_ns() >= a + 2_000_000);
+    }
+
+    /// A renewal leaves the lease's page dirty in the page cache, not
+    /// written back at once (ext4 flushed the file renamed over the old
+    /// one), and leaves no temporary file behind.
+    #[test]
+    fn a_renewal_is_not_flushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let lease = LeaseFile::new(dir.path().join("lease"));
+        lease.write(1).unwrap();
+        if crate::exec::page_states(lease.path()).is_none_or(|(dirty, _)| dirty == 0) {
+            eprintln!("no dirty pages to see here (tmpfs, or no cachestat(2)): not checked");
+            return;
+        }
+        for deadline in 2..22 {
+            lease.write(deadline).unwrap();
+            assert_eq!(lease.read(), Some(deadline));
+            let (dirty, writeback) = crate::exec::page_states(lease.path()).unwrap_or_default();
+            assert!(
+                dirty > 0 && writeback == 0,
+                "renewal {deadline}: written back at once (dirty {dirty}, writeback {writeback})"
+            );
+        }
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["lease"]);
     }
 
     #[test]

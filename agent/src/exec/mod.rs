@@ -74,3 +74,43 @@ pub use spec::{
     RlimitResource,
 };
 pub use usermap::{UserMap, UserMapError};
+
+#[cfg(test)]
+use std::path::Path;
+
+/// Dirty and under-writeback pages of `path` (the `cachestat` system
+/// call, Linux 6.5+), or `None` where the kernel has no such call.
+#[cfg(test)]
+pub(crate) fn page_states(path: &Path) -> Option<(u64, u64)> {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    #[allow(dead_code)] // the kernel's layout, not all of it read
+    struct Stat {
+        cache: u64,
+        dirty: u64,
+        writeback: u64,
+        evicted: u64,
+        recently_evicted: u64,
+    }
+    use nix::libc;
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let f = std::fs::File::open(path).unwrap();
+    let range = Range { off: 0, len: 0 };
+    let mut st = Stat::default();
+    // Safety: a valid fd and two valid structs of the kernel's layout.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            &range as *const Range,
+            &mut st as *mut Stat,
+            0,
+        )
+    };
+    (r == 0 && st.cache > 0).then_some((st.dirty, st.writeback))
+}
