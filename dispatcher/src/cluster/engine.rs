@@ -104,6 +104,18 @@ impl NodeEngine {
         self.node_leaf.get(node).copied()
     }
 
+    /// Push node `n`'s modelled free summary into the engine, at its leaf
+    /// `leaf` ([`super::Cluster::sync_summary`] for a caller that holds
+    /// both already).
+    pub(super) fn report_summary(&mut self, leaf: LeafId, n: &NodeInfo, now: i64) {
+        // An oversubscribed agent time-slices and aligns in its own queue:
+        // only its slot count limits placement.
+        let summary = (n.oversubscribe <= 1).then(|| n.model_summary());
+        if let Some(engine) = self.sched_mut() {
+            let _ = engine.set_free_summary(leaf, summary, engine_ns(now));
+        }
+    }
+
     /// The node of a leaf.
     pub fn node_at(&self, leaf: LeafId) -> Option<&str> {
         self.leaf_node.get(leaf).map(String::as_str)
@@ -430,12 +442,7 @@ impl super::Cluster {
         let (Some(n), Some(leaf)) = (self.nodes.get(name), self.engine.built_leaf(name)) else {
             return;
         };
-        // An oversubscribed agent time-slices and aligns in its own queue:
-        // only its slot count limits placement.
-        let summary = (n.oversubscribe <= 1).then(|| n.model_summary());
-        if let Some(engine) = self.engine.sched_mut() {
-            let _ = engine.set_free_summary(leaf, summary, engine_ns(now));
-        }
+        self.engine.report_summary(leaf, n, now);
     }
 
     /// The node's capacity as the engine should see it: its CPUs when it

@@ -325,11 +325,20 @@ fn push_placement(out: &mut String, how: Placement) {
     }
 }
 
+impl Unplaced {
+    /// The text of [`Unplaced::New`].
+    const NEW: &'static str = "submitted";
+    /// The text of [`Unplaced::NoNodes`].
+    const NO_NODES: &'static str = "no nodes registered yet";
+    /// The text of [`Unplaced::Requeued`] without a recorded requeue.
+    const REQUEUED: &'static str = "requeued";
+}
+
 impl fmt::Display for Unplaced {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Unplaced::New => write!(f, "submitted"),
-            Unplaced::NoNodes => write!(f, "no nodes registered yet"),
+            Unplaced::New => f.write_str(Self::NEW),
+            Unplaced::NoNodes => f.write_str(Self::NO_NODES),
             Unplaced::NoMatch {
                 selector,
                 cpus,
@@ -354,7 +363,7 @@ impl fmt::Display for Unplaced {
                 write!(f, "waiting for {gpus} free GPUs on one node")
             }
             Unplaced::EngineRefused(err) => write!(f, "engine refused the job: {err}"),
-            Unplaced::Requeued => write!(f, "requeued"),
+            Unplaced::Requeued => f.write_str(Self::REQUEUED),
             Unplaced::Restored => write!(f, "restored after a dispatcher restart"),
             Unplaced::Gang => write!(f, "gang waiting for nodes: all members start together"),
             Unplaced::Reserved { gang, .. } => write!(
@@ -407,6 +416,14 @@ impl fmt::Display for End {
 
 /// How a job came to `node`, as text (None: keep the stored text).
 pub(super) fn via_text(via: &Via, node: &str, last: Option<&Requeue>) -> Option<String> {
+    let mut s = String::new();
+    via_text_into(&mut s, via, node, last).then_some(s)
+}
+
+/// [`via_text`] appended to `out` (false, nothing appended: keep the
+/// stored text). The phase changes write into one reused buffer rather
+/// than a new `String` per text.
+fn via_text_into(out: &mut String, via: &Via, node: &str, last: Option<&Requeue>) -> bool {
     use fmt::Write as _;
     let history = |s: &mut String| {
         if let Some(r) = last {
@@ -415,28 +432,28 @@ pub(super) fn via_text(via: &Via, node: &str, last: Option<&Requeue>) -> Option<
     };
     match via {
         Via::Placed(how) => {
-            let mut s = String::with_capacity(80);
-            history(&mut s);
-            push_placement(&mut s, *how);
-            s.push_str(" -> ");
-            s.push_str(node);
-            Some(s)
+            history(out);
+            push_placement(out, *how);
+            out.push_str(" -> ");
+            out.push_str(node);
         }
         Via::Waited(how) => {
-            let mut s = String::with_capacity(160);
-            s.push_str("started on ");
-            s.push_str(node);
-            s.push_str(" when it had room; was ");
-            history(&mut s);
-            push_queued(&mut s, *how, node);
-            Some(s)
+            out.push_str("started on ");
+            out.push_str(node);
+            out.push_str(" when it had room; was ");
+            history(out);
+            push_queued(out, *how, node);
         }
-        Via::Stolen { from, level } => Some(format!(
-            "steal: {node} took it from overloaded {from} ({})",
-            level.name()
-        )),
-        Via::Restored => None,
+        Via::Stolen { from, level } => {
+            let _ = write!(
+                out,
+                "steal: {node} took it from overloaded {from} ({})",
+                level.name()
+            );
+        }
+        Via::Restored => return false,
     }
+    true
 }
 
 /// "queued on {node} ({placement}): no node has room", appended to `out`.
@@ -503,37 +520,58 @@ fn text_inputs(phase: &Phase) -> Option<(&str, &Via)> {
 }
 
 /// The display text of a phase (None: the text does not change).
+#[cfg(any(test, debug_assertions))]
 fn reason_of(phase: &Phase, last: Option<&Requeue>) -> Option<String> {
+    let mut s = String::new();
+    reason_into(&mut s, phase, last).then_some(s)
+}
+
+/// [`reason_of`] appended to `out` (false, nothing appended: the text
+/// does not change). The constant texts are copied, not formatted.
+fn reason_into(out: &mut String, phase: &Phase, last: Option<&Requeue>) -> bool {
+    use fmt::Write as _;
     match phase {
         Phase::Unplaced {
             why: Unplaced::Restored,
-        } => None,
+        } => return false,
         Phase::Unplaced {
             why: Unplaced::Requeued,
-        } => Some(last.map_or_else(|| Unplaced::Requeued.to_string(), ToString::to_string)),
-        Phase::Unplaced { why } => Some(why.to_string()),
+        } => match last {
+            Some(r) => {
+                let _ = write!(out, "{r}");
+            }
+            None => out.push_str(Unplaced::REQUEUED),
+        },
+        Phase::Unplaced { why: Unplaced::New } => out.push_str(Unplaced::NEW),
+        Phase::Unplaced {
+            why: Unplaced::NoNodes,
+        } => out.push_str(Unplaced::NO_NODES),
+        Phase::Unplaced { why } => {
+            let _ = write!(out, "{why}");
+        }
         Phase::Queued {
             node,
             via: Via::Placed(how),
             waiting: true,
         } => {
-            let mut s = match last {
-                Some(r) => format!("{r} | "),
-                None => String::with_capacity(96),
-            };
-            push_queued(&mut s, *how, node);
-            Some(s)
+            if let Some(r) = last {
+                let _ = write!(out, "{r} | ");
+            }
+            push_queued(out, *how, node);
         }
         Phase::Queued { node, via, .. }
         | Phase::Assigned { node, via, .. }
-        | Phase::Running { node, via } => via_text(via, node, last),
-        Phase::AwaitingNode { .. } => None,
+        | Phase::Running { node, via } => return via_text_into(out, via, node, last),
+        Phase::AwaitingNode { .. } => return false,
         Phase::Done {
             end: End::Reported(m),
             ..
-        } if m.is_empty() => None,
-        Phase::Done { end, .. } => Some(end.to_string()),
+        } if m.is_empty() => return false,
+        Phase::Done { end, .. } => {
+            let _ = write!(out, "{end}");
+        }
     }
+    true
 }
 
 /// A job and its dispatcher-side bookkeeping.
@@ -787,6 +825,10 @@ pub struct Jobs {
     recent_texts: [Text; RECENT_TEXTS],
     /// The ring's next slot.
     next_text: usize,
+    /// The buffer a phase change writes its reason text into (kept: a
+    /// placement's text was a new `String`, copied into the record's
+    /// `Text` and freed).
+    scratch: String,
 }
 
 impl Jobs {
@@ -1195,18 +1237,24 @@ impl Jobs {
             None
         } else {
             e.text_requeues = e.requeues.len();
-            match gang_text(&phase, &e.job, e.requeues.last()) {
-                Some(t) => Some(t),
-                None => reason_of(&phase, e.requeues.last()),
-            }
-            .filter(|t| e.job.reason != *t)
-            .map(|t| match self.recent_texts.iter().find(|r| **r == t) {
-                Some(r) => r.clone(),
-                None => {
-                    let text = Text::from(t);
-                    self.recent_texts[self.next_text] = text.clone();
-                    self.next_text = (self.next_text + 1) % RECENT_TEXTS;
-                    text
+            let t = &mut self.scratch;
+            t.clear();
+            let some = match gang_text(&phase, &e.job, e.requeues.last()) {
+                Some(g) => {
+                    t.push_str(&g);
+                    true
+                }
+                None => reason_into(t, &phase, e.requeues.last()),
+            };
+            (some && e.job.reason != *t.as_str()).then(|| {
+                match self.recent_texts.iter().find(|r| **r == *t.as_str()) {
+                    Some(r) => r.clone(),
+                    None => {
+                        let text = Text::from(t.as_str());
+                        self.recent_texts[self.next_text] = text.clone();
+                        self.next_text = (self.next_text + 1) % RECENT_TEXTS;
+                        text
+                    }
                 }
             })
         };
@@ -1856,5 +1904,78 @@ mod tests {
             }
         }
         assert_eq!(seen, 8 * 4 * 4 * 2);
+    }
+
+    /// The texts `reason_into` copies or writes itself rather than
+    /// formatting through `Display`, against the texts as written before.
+    #[test]
+    fn constant_reason_texts_match_the_previous_formatting() {
+        let retry = Requeue::Retry {
+            n: 1,
+            of: 2,
+            node: "b".into(),
+            why: "missed heartbeats",
+        };
+        let unplaced = |why| Phase::Unplaced { why };
+        let cases = [
+            (unplaced(Unplaced::New), None, Some("submitted")),
+            (
+                unplaced(Unplaced::NoNodes),
+                None,
+                Some("no nodes registered yet"),
+            ),
+            (unplaced(Unplaced::Requeued), None, Some("requeued")),
+            (
+                unplaced(Unplaced::Requeued),
+                Some(&retry),
+                Some("retry 1 of 2: node b lost (missed heartbeats)"),
+            ),
+            (unplaced(Unplaced::Restored), None, None),
+            (
+                unplaced(Unplaced::GpusBusy { gpus: 2 }),
+                None,
+                Some("waiting for 2 free GPUs on one node"),
+            ),
+            (
+                Phase::Done {
+                    state: JobState::Cancelled,
+                    end: End::CancelledPending,
+                },
+                None,
+                Some("cancelled by user while pending"),
+            ),
+            (
+                Phase::Done {
+                    state: JobState::Succeeded,
+                    end: End::Reported(String::new()),
+                },
+                None,
+                None,
+            ),
+            (
+                Phase::Done {
+                    state: JobState::Failed,
+                    end: End::Reported("exit 3".into()),
+                },
+                None,
+                Some("exit 3"),
+            ),
+        ];
+        for (phase, last, want) in cases {
+            assert_eq!(reason_of(&phase, last).as_deref(), want, "{phase:?}");
+        }
+        // One buffer for several texts: each is written after a clear.
+        let mut jobs = Jobs::new(false);
+        let key = JobKey::single(jobs.take_number());
+        let job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
+        jobs.insert(key, job, unplaced(Unplaced::New));
+        assert_eq!(jobs.get(key).unwrap().job().reason.as_str(), "submitted");
+        jobs.set_phase(key, unplaced(Unplaced::NoNodes));
+        assert_eq!(
+            jobs.get(key).unwrap().job().reason.as_str(),
+            "no nodes registered yet"
+        );
+        jobs.set_phase(key, unplaced(Unplaced::Requeued));
+        assert_eq!(jobs.get(key).unwrap().job().reason.as_str(), "requeued");
     }
 }

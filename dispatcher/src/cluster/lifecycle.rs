@@ -488,13 +488,22 @@ impl Cluster {
             return;
         };
         let after = e.requeues.last().cloned();
-        // Model the CPUs the agent will give it.
-        let cpus = match (self.nodes.get_mut(&name), e.job().spec.as_ref()) {
-            (Some(n), Some(spec)) => n.claim(spec, Vec::new()),
-            (Some(n), None) => n.claim(&JobSpec::default(), Vec::new()),
-            (None, _) => Vec::new(),
+        // Model the CPUs the agent will give it, and tell the engine the
+        // node's room after them ([`Self::sync_summary`] of the node at
+        // `leaf`: the engine's leaves and node names are one-to-one, so
+        // neither is looked up by name again).
+        debug_assert_eq!(self.engine.built_leaf(&name), Some(leaf), "{name}");
+        let cpus = match self.nodes.get_mut(&name) {
+            Some(n) => {
+                let cpus = match e.job().spec.as_ref() {
+                    Some(spec) => n.claim(spec, Vec::new()),
+                    None => n.claim(&JobSpec::default(), Vec::new()),
+                };
+                self.engine.report_summary(leaf, n, now);
+                cpus
+            }
+            None => Vec::new(),
         };
-        self.sync_summary(&name, now);
         if let Some(m) = self.jobs.model_cpus_mut(key) {
             *m = cpus;
         }
@@ -752,16 +761,20 @@ impl Cluster {
         let previous = self.jobs.set_phase(key, done);
         self.persist(key, fx);
         self.emit(key, previous, now, fx);
-        let node = self
-            .jobs
-            .get(key)
-            .map(|e| e.job().node.clone())
-            .unwrap_or_default();
-        if !node.is_empty() && self.engine.built_leaf(&node).is_some() {
-            if !self.nodes.get(&node).is_some_and(NodeInfo::schedulable) {
-                self.refresh_capacity(&node, now, fx);
-            }
-            if !synced {
+        // `synced`: the release found the node in the engine and taking
+        // new jobs, and passed its room; neither the node nor the engine
+        // changed since, so there is nothing more to do for the node (and
+        // its name is not copied and looked up twice more).
+        if !synced {
+            let node = self
+                .jobs
+                .get(key)
+                .map(|e| e.job().node.clone())
+                .unwrap_or_default();
+            if !node.is_empty() && self.engine.built_leaf(&node).is_some() {
+                if !self.nodes.get(&node).is_some_and(NodeInfo::schedulable) {
+                    self.refresh_capacity(&node, now, fx);
+                }
                 self.sync_summary(&node, now);
             }
         }
