@@ -352,6 +352,9 @@ impl Cluster {
         pulled: fn(StealLevel) -> MoveKind,
     ) {
         let mut events = self.engine.take_event_buf();
+        // Leaves where the engine started a task that had moved on by the
+        // time its event was read (`on_started`).
+        let mut stale_starts: Vec<LeafId> = Vec::new();
         loop {
             // Jobs waiting for GPUs, when a job's GPUs were freed.
             self.place_gpu_waiters(now, fx);
@@ -365,7 +368,7 @@ impl Cluster {
             for ev in events.drain(..) {
                 match ev {
                     sched::SchedEvent::Started { task, leaf } => {
-                        self.on_started(task, leaf, now, fx)
+                        self.on_started(task, leaf, now, fx, &mut stale_starts)
                     }
                     sched::SchedEvent::Migrated { task, from, to } => {
                         self.on_migrated(task, from, to, now, pulled, fx)
@@ -375,6 +378,13 @@ impl Cluster {
             }
         }
         self.engine.put_event_buf(events);
+        // Every start the engine made is now claimed in the model (or
+        // undone), so the model's room is the node's room.
+        for leaf in stale_starts {
+            if let Some(name) = self.engine.node_at(leaf).map(str::to_owned) {
+                self.sync_summary(&name, now);
+            }
+        }
     }
 
     /// A node with room took a queued job (a newidle steal, or a pull of
@@ -438,8 +448,17 @@ impl Cluster {
         self.record_move(m, fx);
     }
 
-    /// The engine started a queued job on a node: send it there.
-    fn on_started(&mut self, task: TaskId, leaf: LeafId, now: i64, fx: &mut Effects) {
+    /// The engine started a queued job on a node: send it there. A start
+    /// whose job has moved on since goes to `stale_starts` (the engine
+    /// counted it in that leaf's room).
+    fn on_started(
+        &mut self,
+        task: TaskId,
+        leaf: LeafId,
+        now: i64,
+        fx: &mut Effects,
+        stale_starts: &mut Vec<LeafId>,
+    ) {
         let Some(key) = self.jobs.of_task(task) else {
             return;
         };
@@ -469,6 +488,10 @@ impl Cluster {
             .and_then(|en| en.task(task))
             .is_some_and(|t| t.state == TaskState::Running(leaf));
         if !running_here {
+            // The engine counted this start in the leaf's room, and the
+            // model never claimed it: the drain's end gives the node the
+            // model's room again.
+            stale_starts.push(leaf);
             return;
         }
         if self.breaks_reservation(key, leaf, now) {

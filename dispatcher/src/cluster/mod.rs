@@ -374,11 +374,7 @@ impl Cluster {
             let Some(leaf) = self.engine.leaf(&n.name) else {
                 continue;
             };
-            // Not checked while gangs exist: the gang proptest
-            // (`no_partial_gang_ever_holds_cpus`) finds an engine room
-            // below the model's after a gang member's node is lost (on
-            // main `54b3fa8` too; reported, not fixed here).
-            if !n.schedulable() || !self.gangs.is_empty() {
+            if !n.schedulable() {
                 continue;
             }
             let want = (n.oversubscribe <= 1).then(|| n.model_summary().normalized());
