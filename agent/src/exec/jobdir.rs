@@ -339,6 +339,19 @@ mod tests {
     use crate::exec::JobOutcome;
     use proptest::prelude::*;
 
+    /// The spec of a job `j` running `true` on CPU 0, as the tests write it.
+    fn test_spec(supervised: bool) -> ShimSpec {
+        ShimSpec {
+            version: crate::exec::spec::SPEC_VERSION,
+            job: crate::exec::JobExec::new("j", "true", vec![0]),
+            run_as: None,
+            log_cap_bytes: 10,
+            cgroup: None,
+            lease: None,
+            supervised,
+        }
+    }
+
     /// A recycled record written over is not written back at once: its
     /// page stays dirty in the page cache, as a new record's does (on
     /// ext4 an `O_TRUNC` open that writes started the writeback on close,
@@ -347,15 +360,7 @@ mod tests {
     fn a_rewritten_record_is_not_flushed() {
         let dir = tempfile::tempdir().unwrap();
         let jd = JobDir::new(dir.path());
-        let spec = ShimSpec {
-            version: crate::exec::spec::SPEC_VERSION,
-            job: crate::exec::JobExec::new("j", "true", vec![0]),
-            run_as: None,
-            log_cap_bytes: 10,
-            cgroup: None,
-            lease: None,
-            supervised: true,
-        };
+        let spec = test_spec(true);
         // A new record first: on a file system that keeps no dirty pages
         // (tmpfs) or a kernel without cachestat(2) there is nothing to see.
         jd.create_record(&spec).unwrap();
@@ -384,15 +389,7 @@ mod tests {
         let jd = JobDir::new(dir.path());
         let empty = jd.read_record().unwrap();
         assert!(empty.spec.is_none() && empty.shim_pid.is_none() && empty.exit.is_none());
-        let spec = ShimSpec {
-            version: crate::exec::spec::SPEC_VERSION,
-            job: crate::exec::JobExec::new("j", "true", vec![0]),
-            run_as: None,
-            log_cap_bytes: 10,
-            cgroup: None,
-            lease: None,
-            supervised: false,
-        };
+        let spec = test_spec(false);
         // A recycled directory's last record is written over.
         jd.create_record(&spec).unwrap();
         jd.record_exit(&JobExit::bare("old", JobOutcome::Exited(9)))

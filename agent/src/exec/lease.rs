@@ -34,28 +34,7 @@ pub fn now_ns() -> u64 {
 
 /// Swap the names `a` and `b` (both must exist).
 fn exchange(a: &Path, b: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| {
-        std::ffi::CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in a path"))
-    };
-    let (a, b) = (c(a)?, c(b)?);
-    // Safety: two valid C strings; the call reads them only.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_renameat2,
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    super::renameat2(a, b, libc::RENAME_EXCHANGE)
 }
 
 /// The lease file of one state directory.

@@ -75,8 +75,35 @@ pub use spec::{
 };
 pub use usermap::{UserMap, UserMapError};
 
-#[cfg(test)]
 use std::path::Path;
+
+/// `renameat2(2)` of `from` to `to` with `flags` (`RENAME_NOREPLACE`,
+/// `RENAME_EXCHANGE`), both paths relative to the working directory.
+pub(crate) fn renameat2(from: &Path, to: &Path, flags: nix::libc::c_uint) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "a NUL byte in a path")
+        })
+    };
+    let (from, to) = (c(from)?, c(to)?);
+    // Safety: two valid C strings; the call reads them only.
+    let r = unsafe {
+        nix::libc::syscall(
+            nix::libc::SYS_renameat2,
+            nix::libc::AT_FDCWD,
+            from.as_ptr(),
+            nix::libc::AT_FDCWD,
+            to.as_ptr(),
+            flags,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
 
 /// Dirty and under-writeback pages of `path` (the `cachestat` system
 /// call, Linux 6.5+), or `None` where the kernel has no such call.

@@ -20,10 +20,8 @@
 //! before its record). The pool holds at most [`SPARES_MAX`]; spares left
 //! by an earlier agent are taken up at start (the extra ones removed).
 
-use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -163,27 +161,7 @@ fn is_unsupported(e: &io::Error) -> bool {
 /// an existing (empty directory) `to`: `renameat2(RENAME_NOREPLACE)`, by
 /// its system call so that any libc will do.
 fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
-    let c = |p: &Path| {
-        CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in a path"))
-    };
-    let (from, to) = (c(from)?, c(to)?);
-    // Safety: two valid C strings; the call reads them only.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_renameat2,
-            libc::AT_FDCWD,
-            from.as_ptr(),
-            libc::AT_FDCWD,
-            to.as_ptr(),
-            libc::RENAME_NOREPLACE,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    super::renameat2(from, to, libc::RENAME_NOREPLACE)
 }
 
 #[cfg(test)]
