@@ -108,9 +108,7 @@ impl NodeEngine {
     /// `leaf` ([`super::Cluster::sync_summary`] for a caller that holds
     /// both already).
     pub(super) fn report_summary(&mut self, leaf: LeafId, n: &NodeInfo, now: i64) {
-        // An oversubscribed agent time-slices and aligns in its own queue:
-        // only its slot count limits placement.
-        let summary = (n.oversubscribe <= 1).then(|| n.model_summary());
+        let summary = n.engine_room();
         if let Some(engine) = self.sched_mut() {
             let _ = engine.set_free_summary(leaf, summary, engine_ns(now));
         }

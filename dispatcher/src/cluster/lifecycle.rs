@@ -600,8 +600,7 @@ impl Cluster {
             let name = e.job().node.as_str();
             let n = self.nodes.get(name).filter(|n| n.schedulable())?;
             let leaf = self.engine.built_leaf(name)?;
-            // As `sync_summary`: an oversubscribed agent aligns itself.
-            Some((leaf, (n.oversubscribe <= 1).then(|| n.model_summary())))
+            Some((leaf, n.engine_room()))
         });
         match room {
             Some((leaf, summary)) => self.engine.retire_freeing(task, leaf, summary, now),

@@ -377,7 +377,7 @@ impl Cluster {
             if !n.schedulable() {
                 continue;
             }
-            let want = (n.oversubscribe <= 1).then(|| n.model_summary().normalized());
+            let want = n.engine_room().map(sched::alloc::FreeSummary::normalized);
             let have = engine.rq(leaf).align_free();
             if have != want {
                 return Err(format!(

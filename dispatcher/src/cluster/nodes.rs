@@ -163,6 +163,13 @@ impl NodeInfo {
         self.idle.summary()
     }
 
+    /// The room the engine is given for this node: its modelled free
+    /// room, or none for an oversubscribed agent, which time-slices and
+    /// aligns in its own queue (only its slot count limits placement).
+    pub fn engine_room(&self) -> Option<FreeSummary> {
+        (self.oversubscribe <= 1).then(|| self.model_summary())
+    }
+
     /// The largest aligned room of the whole (empty) node, its memory
     /// (u64::MAX when unknown) and its GPUs.
     pub fn shape(&self) -> (FreeSummary, u64, u32) {
