@@ -601,6 +601,11 @@ impl JobEntry {
         &self.job
     }
 
+    /// The record, shared (for an effect that carries it).
+    pub fn record(&self) -> Arc<JobRecord> {
+        self.job.clone()
+    }
+
     /// Where it is and why.
     pub fn phase(&self) -> &Phase {
         &self.phase

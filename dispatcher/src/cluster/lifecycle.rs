@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use proto::v1::{Assign, DispatcherMessage, Job, JobSpec, JobState, JobStatus, dispatcher_message};
+use proto::v1::{Job, JobSpec, JobState, JobStatus};
 use sched::wake::OuterWaker;
 use sched::{LeafId, LeafSet, TaskId, TaskSpec, TaskState};
 use tonic::Status;
@@ -66,21 +66,6 @@ pub(super) fn task_spec(
         // pending reasons' "until" come from it.
         time_limit: (spec.timeout_ms > 0).then(|| spec.timeout_ms.saturating_mul(1_000_000)),
         predicted,
-    }
-}
-
-/// An `Assign` of the job's current attempt.
-pub(super) fn assign_of(job: &JobRecord) -> DispatcherMessage {
-    DispatcherMessage {
-        // The trace context is filled in by the core from the job's
-        // telemetry after the batch (the cluster does no tracing).
-        msg: Some(dispatcher_message::Msg::Assign(Assign {
-            job_id: job.id(),
-            attempt: job.attempt,
-            spec: job.spec().cloned(),
-            owner: job.owner.to_string(),
-            ..Default::default()
-        })),
     }
 }
 

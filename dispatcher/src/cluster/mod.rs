@@ -205,11 +205,63 @@ pub struct Effects {
     /// Store writes, committed before anything else is released.
     pub writes: Vec<Write>,
     /// Messages to agents, by node name.
-    pub to_agents: Vec<(String, DispatcherMessage)>,
+    pub to_agents: Vec<(String, ToAgent)>,
     /// Job state changes for watchers and observers.
     pub events: Vec<JobChange>,
     /// Placements and steals, in the order they happened.
     pub moves: Vec<Move>,
+}
+
+/// A message to an agent as an operation leaves it. A plain job's
+/// `Assign` is its shared record (the table's, as the start left it),
+/// built into the proto only when it is sent ([`ToAgent::into_message`],
+/// which the agent stream's queue calls where the stream reads it, off
+/// the core thread): building it on the core copied the spec, the id and
+/// the owner at every start.
+// Not boxed: most messages are built ones (a lease per heartbeat), and
+// a box would add an allocation to each; the effects are short-lived.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum ToAgent {
+    /// A message as it goes on the wire (a gang member's `Assign`, whose
+    /// spec carries its gang, is built at once).
+    Msg(DispatcherMessage),
+    /// The `Assign` of the record's current attempt
+    /// ([`JobRecord::assign`]).
+    Assign(Arc<JobRecord>),
+}
+
+impl ToAgent {
+    /// The message as it goes on the wire.
+    pub fn into_message(self) -> DispatcherMessage {
+        match self {
+            ToAgent::Msg(m) => m,
+            ToAgent::Assign(job) => job.assign(),
+        }
+    }
+
+    /// [`ToAgent::into_message`] of a copy (tests and readers that keep
+    /// the effects).
+    pub fn message(&self) -> DispatcherMessage {
+        self.clone().into_message()
+    }
+
+    /// The job an `Assign` (either form) sends, by id.
+    pub fn assigned_id(&self) -> Option<std::borrow::Cow<'_, str>> {
+        match self {
+            ToAgent::Assign(job) => Some(job.id().into()),
+            ToAgent::Msg(DispatcherMessage {
+                msg: Some(dispatcher_message::Msg::Assign(a)),
+            }) => Some(a.job_id.as_str().into()),
+            ToAgent::Msg(_) => None,
+        }
+    }
+}
+
+impl From<DispatcherMessage> for ToAgent {
+    fn from(m: DispatcherMessage) -> Self {
+        ToAgent::Msg(m)
+    }
 }
 
 /// A job's state change: the record after it (shared with the job
@@ -585,9 +637,9 @@ impl Cluster {
 fn cancel_on(node: String, job_id: String, attempt: u32, fx: &mut Effects) {
     fx.to_agents.push((
         node,
-        DispatcherMessage {
+        ToAgent::Msg(DispatcherMessage {
             msg: Some(dispatcher_message::Msg::Cancel(Cancel { job_id, attempt })),
-        },
+        }),
     ));
 }
 

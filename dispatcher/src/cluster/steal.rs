@@ -222,7 +222,8 @@ impl Cluster {
                         job_id: key.to_string(),
                         attempt,
                     })),
-                },
+                }
+                .into(),
             ));
         }
     }
