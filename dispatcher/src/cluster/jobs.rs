@@ -28,6 +28,7 @@ use proto::v1::JobState;
 pub use crate::record::{JobKey, JobRecord, Text};
 use sched::idhash::IdMap;
 
+use super::nodes::NodeSlot;
 use super::slab::Slab;
 use sched::{Align, LeafId, PlacePath, Placement, TaskId, WakeChoice};
 
@@ -587,6 +588,9 @@ pub struct JobEntry {
     pub task: TaskId,
     /// CPUs the dispatcher's model gave it on its node (dense indexes).
     pub model_cpus: Vec<LeafId>,
+    /// The registry slot of the node `model_cpus` are on (None: none
+    /// claimed), so that their release finds the node without its name.
+    pub model_node: Option<NodeSlot>,
     /// Why it went back to PENDING, oldest first.
     pub requeues: Vec<Requeue>,
     /// `requeues.len()` when the reason text was last generated: a phase
@@ -1018,6 +1022,7 @@ impl Jobs {
                 },
                 task,
                 model_cpus: Vec::new(),
+                model_node: None,
                 requeues: Vec::new(),
                 text_requeues: 0,
             },
@@ -1180,9 +1185,11 @@ impl Jobs {
             .map(|e| Facts(Arc::make_mut(&mut e.job)))
     }
 
-    /// Its modelled CPUs, to change.
-    pub fn model_cpus_mut(&mut self, key: JobKey) -> Option<&mut Vec<LeafId>> {
-        self.table.get_mut(&key).map(|e| &mut e.model_cpus)
+    /// Its modelled CPUs and the slot of their node, to change.
+    pub fn model_mut(&mut self, key: JobKey) -> Option<(&mut Vec<LeafId>, &mut Option<NodeSlot>)> {
+        self.table
+            .get_mut(&key)
+            .map(|e| (&mut e.model_cpus, &mut e.model_node))
     }
 
     /// Record why a job goes back to PENDING.

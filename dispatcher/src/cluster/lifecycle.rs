@@ -19,7 +19,7 @@ use tonic::Status;
 use super::engine::engine_ns;
 use super::jobs::{End, JobEntry, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
 use super::load::PackedLoad;
-use super::nodes::NodeInfo;
+use super::nodes::{NodeInfo, NodeSlot};
 use super::steal::{Move, MoveKind};
 use super::wakers::{OwnerWake, WakerKey};
 use super::{Cluster, Effects, cancel_on};
@@ -498,10 +498,12 @@ impl Cluster {
         let after = e.requeues.last().cloned();
         // Model the CPUs the agent will give it, and tell the engine the
         // node's room after them ([`Self::sync_summary`] of the node at
-        // `leaf`: the engine's leaves and node names are one-to-one, so
-        // neither is looked up by name again).
+        // `leaf`: the engine's leaves, node names and registry slots are
+        // one-to-one, so none is looked up by name again).
         debug_assert_eq!(self.engine.built_leaf(&name), Some(leaf), "{name}");
-        let cpus = match self.nodes.get_mut(&name) {
+        let slot = self.engine.slot_at(leaf);
+        debug_assert_eq!(slot, self.nodes.slot(&name), "{name}");
+        let cpus = match slot.and_then(|s| self.nodes.at_mut(s)) {
             Some(n) => {
                 let cpus = match e.job().spec.as_ref() {
                     Some(spec) => n.claim(spec, Vec::new()),
@@ -512,8 +514,9 @@ impl Cluster {
             }
             None => Vec::new(),
         };
-        if let Some(m) = self.jobs.model_cpus_mut(key) {
+        if let Some((m, on)) = self.jobs.model_mut(key) {
             *m = cpus;
+            *on = slot;
         }
         self.jobs.set_phase(
             key,
@@ -543,7 +546,7 @@ impl Cluster {
     /// Free what a job holds on its node: its modelled CPUs, and its
     /// engine task.
     pub(super) fn release_from_node(&mut self, key: JobKey, after: TaskAfter, now: i64) {
-        if let Some(task) = self.release_cpus(key) {
+        if let Some((task, _)) = self.release_cpus(key) {
             self.drop_task(task, after, now);
         }
     }
@@ -557,17 +560,26 @@ impl Cluster {
     }
 
     /// The model's part of [`Self::release_from_node`]: the job's CPUs
-    /// freed on its node. Returns its engine task (None for an unknown
-    /// job).
-    fn release_cpus(&mut self, key: JobKey) -> Option<TaskId> {
-        let cpus = self.jobs.model_cpus_mut(key).map(std::mem::take)?;
+    /// freed on its node. Returns its engine task and its node's slot
+    /// (None for an unknown job; no slot when no node has its node's
+    /// name).
+    fn release_cpus(&mut self, key: JobKey) -> Option<(TaskId, Option<NodeSlot>)> {
+        let (cpus, on) = self
+            .jobs
+            .model_mut(key)
+            .map(|(m, on)| (std::mem::take(m), on.take()))?;
         let e = self.jobs.get(key)?;
-        // The job table and the node model are separate fields: the name
-        // is borrowed, not copied.
-        if let Some(n) = self.nodes.get_mut(&e.job().node) {
+        // The node its CPUs were claimed on, when that is still its node
+        // (a name compare); else found by name. The job table and the
+        // node model are separate fields: the name is borrowed.
+        let name = e.job().node.as_str();
+        let slot = on
+            .filter(|&s| self.nodes.at(s).is_some_and(|n| n.name == name))
+            .or_else(|| self.nodes.slot(name));
+        if let Some(n) = slot.and_then(|s| self.nodes.at_mut(s)) {
             n.release(&cpus);
         }
-        Some(e.task)
+        Some((e.task, slot))
     }
 
     /// [`Self::release_from_node`] of a job that ends
@@ -578,13 +590,13 @@ impl Cluster {
     /// twice. True when the room was passed (the caller does not sync it
     /// again).
     fn release_ended(&mut self, key: JobKey, now: i64) -> bool {
-        let Some(task) = self.release_cpus(key) else {
+        let Some((task, slot)) = self.release_cpus(key) else {
             return false;
         };
-        let room = self.jobs.get(key).and_then(|e| {
-            let name = e.job().node.as_str();
-            let n = self.nodes.get(name).filter(|n| n.schedulable())?;
-            let leaf = self.engine.built_leaf(name)?;
+        // `slot`: the job's node's, as the release found it.
+        let room = slot.and_then(|s| {
+            let n = self.nodes.at(s).filter(|n| n.schedulable())?;
+            let leaf = self.engine.built_leaf_at(s)?;
             Some((leaf, n.engine_room()))
         });
         match room {

@@ -386,6 +386,27 @@ impl Cluster {
     pub fn check(&self) -> Result<(), String> {
         self.jobs.check()?;
         self.check_gangs()?;
+        // The slots that stand for node names: a job's modelled CPUs are
+        // on its node's slot, and the engine's leaves map to their nodes'
+        // slots and back.
+        for (key, e) in self.jobs.iter() {
+            if !e.model_cpus.is_empty() && e.model_node != self.nodes.slot(&e.job().node) {
+                return Err(format!(
+                    "{key}: CPUs modelled in slot {:?}, its node {:?} is in {:?}",
+                    e.model_node,
+                    e.job().node,
+                    self.nodes.slot(&e.job().node)
+                ));
+            }
+        }
+        for (leaf, name) in self.engine.built_order().iter().enumerate() {
+            let slot = self.engine.slot_at(leaf);
+            if slot != self.nodes.slot(name)
+                || slot.and_then(|s| self.engine.built_leaf_at(s)) != Some(leaf)
+            {
+                return Err(format!("leaf {leaf} ({name}): slot {slot:?}"));
+            }
+        }
         let Some(engine) = self.engine.sched() else {
             return Ok(());
         };
