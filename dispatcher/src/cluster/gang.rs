@@ -764,8 +764,7 @@ impl Cluster {
             },
         );
         self.gangs.waiting.insert(key.number());
-        self.persist(key, fx);
-        self.emit(key, previous, now, fx);
+        self.persist_emit(key, previous, now, fx);
     }
 
     /// Restart-all: every member holding a node is stopped and requeued

@@ -1138,7 +1138,14 @@ impl Jobs {
 
     /// Move a job to `phase`: the indexes, its state, node and reason
     /// follow. Returns the state it had.
-    pub fn set_phase(&mut self, key: JobKey, mut phase: Phase) -> JobState {
+    pub fn set_phase(&mut self, key: JobKey, phase: Phase) -> JobState {
+        self.replace_phase(key, phase)
+            .map_or(JobState::Unspecified, |p| p.state())
+    }
+
+    /// [`Jobs::set_phase`], returning the phase it had (None: no such
+    /// job), whose strings the caller may reuse.
+    pub fn replace_phase(&mut self, key: JobKey, mut phase: Phase) -> Option<Phase> {
         if let Phase::Unplaced {
             why: Unplaced::NoMatch { selector, .. },
         } = &mut phase
@@ -1148,9 +1155,7 @@ impl Jobs {
                 _ => self.no_match = Some(selector.clone()),
             }
         }
-        let Some(e) = self.table.get_mut(&key) else {
-            return JobState::Unspecified;
-        };
+        let e = self.table.get_mut(&key)?;
         // Taken, not cloned (its strings); `write_phase` sets the new one.
         let placeholder = Phase::Unplaced {
             why: Unplaced::Restored,
@@ -1169,7 +1174,7 @@ impl Jobs {
             text_inputs(&previous).is_some() && text_inputs(&previous) == text_inputs(&phase);
         self.write_phase_as(key, phase, same_text);
         self.compact_logs();
-        previous.state()
+        Some(previous)
     }
 
     /// The record of a job, shared (for an effect that carries it: a

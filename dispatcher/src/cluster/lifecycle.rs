@@ -151,8 +151,7 @@ impl Cluster {
         // aggregates once (readers flush what is pending first).
         let outer = self.engine.defer_aggregates();
         for &key in &created {
-            self.persist(key, fx);
-            self.emit(key, JobState::Unspecified, now, fx);
+            self.persist_emit(key, JobState::Unspecified, now, fx);
             self.place(key, now, fx);
         }
         self.process_events(now, fx);
@@ -518,7 +517,7 @@ impl Cluster {
             *m = cpus;
             *on = slot;
         }
-        self.jobs.set_phase(
+        let previous = self.jobs.replace_phase(
             key,
             Phase::Assigned {
                 node: name.clone(),
@@ -530,7 +529,12 @@ impl Cluster {
         let Some(assign) = self.assign_msg(key) else {
             return;
         };
-        fx.to_agents.push((name.clone(), assign));
+        // The queued phase's copy of the node's name, reused.
+        let to_agent = match previous {
+            Some(Phase::Queued { node, .. }) if node == name => node,
+            _ => name.clone(),
+        };
+        fx.to_agents.push((to_agent, assign));
         let m = Move {
             at_ms: now,
             job: key,
@@ -539,8 +543,7 @@ impl Cluster {
             kind: MoveKind::Placed { via, after },
         };
         self.record_move(m, fx);
-        self.persist(key, fx);
-        self.emit(key, JobState::Pending, now, fx);
+        self.persist_emit(key, JobState::Pending, now, fx);
     }
 
     /// Free what a job holds on its node: its modelled CPUs, and its
@@ -719,8 +722,7 @@ impl Cluster {
                 self.remodel_cpus(key);
                 self.sync_summary(node, now);
                 if previous != JobState::Running {
-                    self.persist(key, fx);
-                    self.emit(key, previous, now, fx);
+                    self.persist_emit(key, previous, now, fx);
                 }
             }
             terminal @ (JobState::Succeeded
@@ -778,8 +780,7 @@ impl Cluster {
         }
         let synced = self.release_ended(key, now);
         let previous = self.jobs.set_phase(key, done);
-        self.persist(key, fx);
-        self.emit(key, previous, now, fx);
+        self.persist_emit(key, previous, now, fx);
         // `synced`: the release found the node in the engine and taking
         // new jobs, and passed its room; neither the node nor the engine
         // changed since, so there is nothing more to do for the node (and
@@ -885,8 +886,7 @@ impl Cluster {
         if !self.nodes.get(&node).is_some_and(NodeInfo::schedulable) {
             self.refresh_capacity(&node, now, fx);
         }
-        self.persist(key, fx);
-        self.emit(key, previous, now, fx);
+        self.persist_emit(key, previous, now, fx);
         self.place(key, now, fx);
     }
 

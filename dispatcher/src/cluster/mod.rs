@@ -642,8 +642,11 @@ impl Cluster {
         }
     }
 
-    fn emit(&self, key: JobKey, previous: JobState, now: i64, fx: &mut Effects) {
+    /// [`Self::persist`] a job, and announce its change from `previous`
+    /// (a [`JobChange`]): one lookup of the record for both.
+    fn persist_emit(&self, key: JobKey, previous: JobState, now: i64, fx: &mut Effects) {
         if let Some(job) = self.jobs.record(key) {
+            fx.writes.push(Write::PutJob(job.clone()));
             fx.events.push(JobChange {
                 job,
                 previous_state: previous as i32,
