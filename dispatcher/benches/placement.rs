@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use dispatcher::cluster::{Cluster, ClusterConfig, Effects};
+use dispatcher::cluster::{Cluster, ClusterConfig, Effects, ToAgent};
 use proto::v1::{JobSpec, JobState, JobStatus, Register};
 use sched::Topology;
 
@@ -218,10 +218,19 @@ fn run_ours(nodes: usize, ops: usize, check: &mut Check) -> (f64, f64) {
             );
             // Jobs the exit let start (queued ones, steals).
             for (_, msg) in fx.to_agents.drain(..) {
-                if let Some(proto::v1::dispatcher_message::Msg::Assign(a)) = msg.msg
-                    && let Ok(j) = c.get_job(&a.job_id)
-                {
-                    running.push((j.id, j.node, a.spec.map_or(1, |s| s.cpus)));
+                // A plain job's Assign is its record (built into the
+                // proto only when sent to an agent).
+                let (id, cpus) = match msg {
+                    ToAgent::Assign(job) => (job.id(), job.spec().map_or(1, |s| s.cpus)),
+                    ToAgent::Msg(m) => match m.msg {
+                        Some(proto::v1::dispatcher_message::Msg::Assign(a)) => {
+                            (a.job_id, a.spec.map_or(1, |s| s.cpus))
+                        }
+                        _ => continue,
+                    },
+                };
+                if let Ok(j) = c.get_job(&id) {
+                    running.push((j.id, j.node, cpus));
                 }
             }
         }

@@ -47,7 +47,7 @@ use tonic::Status;
 
 use crate::beats::{Beat, Beats, FLUSH_MS, Reporter};
 use crate::cluster::listing::NodeCopy;
-use crate::cluster::{Cluster, Effects, JobChange, JobKey, JobRecord};
+use crate::cluster::{Cluster, Effects, JobChange, JobKey, JobRecord, ToAgent};
 use crate::list_worker::ListWorker;
 use crate::observe::Observers;
 use crate::store::committer::Committer;
@@ -345,7 +345,7 @@ struct Release {
     /// Its placements and steals.
     moves: Vec<crate::cluster::Move>,
     /// Its agent messages, each with its node's stream at the batch's end.
-    to_agents: Vec<(AgentTx, DispatcherMessage)>,
+    to_agents: Vec<(AgentTx, ToAgent)>,
 }
 
 /// A reply to send once the batch is committed.
@@ -624,8 +624,8 @@ impl Core {
         };
         if tracing::enabled!(target: "lat", tracing::Level::DEBUG) {
             for (_, msg) in &fx.to_agents {
-                if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_ref() {
-                    tracing::debug!(target: "lat", job = %a.job_id, "assign sealed");
+                if let Some(job) = msg.assigned_id() {
+                    tracing::debug!(target: "lat", %job, "assign sealed");
                 }
             }
         }
@@ -691,16 +691,20 @@ impl Core {
         // which the batch's events open.
         self.observers.committed(&r.events);
         self.observers.moved(&r.moves);
-        for (tx, mut msg) in r.to_agents {
-            if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_mut()
-                && let Some(carrier) = self.observers.trace_context(&a.job_id)
-            {
-                a.trace_context = carrier;
+        let lat = tracing::enabled!(target: "lat", tracing::Level::DEBUG);
+        for (tx, msg) in r.to_agents {
+            // An Assign carries its job's trace context; a plain job's is
+            // built on the stream's side (`outbound`), with the context.
+            let job = (lat || !self.observers.is_empty())
+                .then(|| msg.assigned_id().map(|id| id.into_owned()))
+                .flatten();
+            let carrier = job
+                .as_deref()
+                .and_then(|id| self.observers.trace_context(id));
+            if let Some(job) = &job {
+                tracing::debug!(target: "lat", %job, "assign sent");
             }
-            if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_ref() {
-                tracing::debug!(target: "lat", job = %a.job_id, "assign sent");
-            }
-            let _ = tx.send(Ok(msg));
+            let _ = tx.send_to_agent(msg, carrier);
         }
         if !r.reasons.is_empty() {
             for (mut ev, reason) in r.events.into_iter().zip(r.reasons) {
@@ -850,7 +854,8 @@ impl Core {
                                 node,
                                 DispatcherMessage {
                                     msg: Some(dispatcher_message::Msg::Lease(lease)),
-                                },
+                                }
+                                .into(),
                             ));
                         }
                     }
@@ -934,7 +939,8 @@ impl Core {
                     beat.node.clone(),
                     DispatcherMessage {
                         msg: Some(dispatcher_message::Msg::Lease(lease)),
-                    },
+                    }
+                    .into(),
                 ));
             }
         }

@@ -26,7 +26,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use proto::v1::{Job, JobSpec};
+use proto::v1::{Assign, DispatcherMessage, Job, JobSpec, dispatcher_message};
 
 /// A job's id as an ordered key: `j-12` is `(12, 0)`, element 3 of array
 /// `j-12` (`j-12.3`) is `(12, 4)`. The only place that reads or writes the
@@ -411,6 +411,21 @@ impl JobRecord {
     /// Its id (`j-12`, `j-12.3`).
     pub fn id(&self) -> String {
         self.key.id_text(&mut [0; ID_MAX]).to_string()
+    }
+
+    /// The `Assign` of its current attempt: its id, attempt, spec and
+    /// owner. The trace context is filled in by whoever sends it (the
+    /// core, from the job's telemetry; the cluster does no tracing).
+    pub fn assign(&self) -> DispatcherMessage {
+        DispatcherMessage {
+            msg: Some(dispatcher_message::Msg::Assign(Assign {
+                job_id: self.id(),
+                attempt: self.attempt,
+                spec: self.spec().cloned(),
+                owner: self.owner.to_string(),
+                ..Default::default()
+            })),
+        }
     }
 
     /// The spec (None only for a stored job without one).

@@ -379,7 +379,7 @@ impl World {
             }
             let cancelled = fx.to_agents.iter().any(|(n, m)| {
                 n == node
-                    && matches!(&m.msg, Some(Msg::Cancel(c)) if &c.job_id == id && c.attempt == *attempt)
+                    && matches!(&m.message().msg, Some(Msg::Cancel(c)) if &c.job_id == id && c.attempt == *attempt)
             });
             if !cancelled {
                 self.log.push(format!(
@@ -427,7 +427,7 @@ impl World {
             if !(self.agents[i].alive && self.agents[i].connected) {
                 continue;
             }
-            match msg.msg {
+            match msg.into_message().msg {
                 Some(Msg::Assign(assign)) => {
                     self.check_assign(&node, &assign.job_id, assign.attempt);
                     let a = &mut self.agents[i];
@@ -651,7 +651,7 @@ impl World {
             } else {
                 fx.to_agents.iter().any(|(n, m)| {
                     n == &b.node
-                        && matches!(&m.msg, Some(Msg::Cancel(c)) if c.job_id == b.id && c.attempt == b.attempt)
+                        && matches!(&m.message().msg, Some(Msg::Cancel(c)) if c.job_id == b.id && c.attempt == b.attempt)
                 })
             };
             if !honoured {

@@ -18,7 +18,7 @@ use sched::topology::{DomainFlags, TopologyBuilder};
 use sched::{FreeSummary, LeafId, LeafSet, Sched, SchedConfig, SchedEvent, TaskId};
 
 use super::jobs::Unplaced;
-use super::nodes::{NodeInfo, Nodes};
+use super::nodes::{NodeInfo, NodeSlot, Nodes};
 use crate::spec::align_of;
 
 /// The engine's clock: nanoseconds (the dispatcher's is milliseconds), so
@@ -35,6 +35,11 @@ pub struct NodeEngine {
     /// Leaf -> node name, and back.
     leaf_node: Vec<String>,
     node_leaf: IdMap<String, LeafId>,
+    /// Leaf -> the node's registry slot, and back (by slot number; None
+    /// for a node registered since the build): the start and the finish
+    /// reach the node and its leaf without hashing its name.
+    leaf_slot: Vec<NodeSlot>,
+    slot_leaf: Vec<Option<LeafId>>,
     /// Per leaf: the largest aligned room of the whole (empty) node, its
     /// memory (u64::MAX when unknown) and its GPUs.
     leaf_shape: Vec<(FreeSummary, u64, u32)>,
@@ -57,6 +62,8 @@ impl NodeEngine {
             dirty: false,
             leaf_node: Vec::new(),
             node_leaf: IdMap::default(),
+            leaf_slot: Vec::new(),
+            slot_leaf: Vec::new(),
             leaf_shape: Vec::new(),
             leaf_shape_min: (FreeSummary::default(), 0),
             steals_before: 0,
@@ -91,6 +98,11 @@ impl NodeEngine {
         if self.dirty { &[] } else { &self.leaf_node }
     }
 
+    /// Node names by leaf, as built (stale or not).
+    pub(super) fn built_order(&self) -> &[String] {
+        &self.leaf_node
+    }
+
     /// The node's leaf (None while stale or for an unknown node).
     pub fn leaf(&self, node: &str) -> Option<LeafId> {
         if self.dirty {
@@ -117,6 +129,17 @@ impl NodeEngine {
     /// The node of a leaf.
     pub fn node_at(&self, leaf: LeafId) -> Option<&str> {
         self.leaf_node.get(leaf).map(String::as_str)
+    }
+
+    /// The registry slot of a leaf's node ([`NodeEngine::node_at`]'s
+    /// node).
+    pub(super) fn slot_at(&self, leaf: LeafId) -> Option<NodeSlot> {
+        self.leaf_slot.get(leaf).copied()
+    }
+
+    /// [`NodeEngine::built_leaf`] of the node in `slot`.
+    pub(super) fn built_leaf_at(&self, slot: NodeSlot) -> Option<LeafId> {
+        self.slot_leaf.get(slot.index()).copied().flatten()
     }
 
     /// Each node of the engine with its largest aligned room, memory and
@@ -169,10 +192,13 @@ impl NodeEngine {
             self.sched = None;
             self.leaf_node.clear();
             self.node_leaf.clear();
+            self.leaf_slot.clear();
+            self.slot_leaf.clear();
             return false;
         }
-        let mut order: Vec<&NodeInfo> = nodes.iter().collect();
-        order.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+        let mut slotted: Vec<(NodeSlot, &NodeInfo)> = nodes.iter_slots().collect();
+        slotted.sort_by(|a, b| a.1.order_key().cmp(&b.1.order_key()));
+        let (slots, order): (Vec<NodeSlot>, Vec<&NodeInfo>) = slotted.into_iter().unzip();
         let mut intern: HashMap<String, u64> = HashMap::new();
         let mut key = |s: String| -> u64 {
             let next = intern.len() as u64;
@@ -219,6 +245,14 @@ impl NodeEngine {
             .enumerate()
             .map(|(i, n)| (n.clone(), i))
             .collect();
+        self.leaf_slot = slots;
+        self.slot_leaf.clear();
+        for (leaf, s) in self.leaf_slot.iter().enumerate() {
+            if self.slot_leaf.len() <= s.index() {
+                self.slot_leaf.resize(s.index() + 1, None);
+            }
+            self.slot_leaf[s.index()] = Some(leaf);
+        }
         self.leaf_shape = order.iter().map(|n| n.shape()).collect();
         let mut min = (
             FreeSummary {

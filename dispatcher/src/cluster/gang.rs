@@ -53,19 +53,16 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
-use proto::v1::{
-    DispatcherMessage, JobSpec, JobState, PendingReason, PendingReasonKind as Kind,
-    dispatcher_message,
-};
+use proto::v1::{JobSpec, JobState, PendingReason, PendingReasonKind as Kind, dispatcher_message};
 use sched::alloc::{align_groups, free_summary_of};
 use sched::gang::{effective_level, find_gang_in, gang_reservation_in};
 use sched::{Align, LeafId, LeafSet, PlacePath, Placement, TaskState};
 
 use super::engine::engine_ns;
 use super::jobs::{End, JobKey, Phase, Requeue, Unplaced, Via};
-use super::lifecycle::{TaskAfter, assign_of, task_spec};
+use super::lifecycle::{TaskAfter, task_spec};
 use super::pending::in_time;
-use super::{Cluster, Effects, cancel_on};
+use super::{Cluster, Effects, ToAgent, cancel_on};
 use crate::record::JobRecord;
 use crate::spec::{align_of, policy_of, replaces_members, within_of};
 
@@ -230,12 +227,15 @@ impl Cluster {
     /// find each other: `DISPATCH_GANG_ID`, `DISPATCH_GANG_INDEX`,
     /// `DISPATCH_GANG_SIZE` and `DISPATCH_GANG_NODES` (the members' nodes
     /// by index, comma-separated, as placed when this attempt was sent).
-    pub(super) fn assign_msg(&self, key: JobKey) -> Option<DispatcherMessage> {
-        let job = self.jobs.get(key)?.job();
-        let mut msg = assign_of(job);
-        if !job.is_gang() {
-            return Some(msg);
+    /// Any other job's is its shared record ([`ToAgent::Assign`]), built
+    /// when it is sent.
+    pub(super) fn assign_msg(&self, key: JobKey) -> Option<ToAgent> {
+        let e = self.jobs.get(key)?;
+        if !e.job().is_gang() {
+            return Some(ToAgent::Assign(e.record()));
         }
+        let job = e.job();
+        let mut msg = job.assign();
         if let Some(dispatcher_message::Msg::Assign(a)) = msg.msg.as_mut()
             && let Some(spec) = a.spec.as_mut()
         {
@@ -260,7 +260,7 @@ impl Cluster {
                 spec.env.insert(k.to_string(), v);
             }
         }
-        Some(msg)
+        Some(ToAgent::Msg(msg))
     }
 
     /// The gangs (job numbers) with a member holding `node` (ASSIGNED or
@@ -764,8 +764,7 @@ impl Cluster {
             },
         );
         self.gangs.waiting.insert(key.number());
-        self.persist(key, fx);
-        self.emit(key, previous, now, fx);
+        self.persist_emit(key, previous, now, fx);
     }
 
     /// Restart-all: every member holding a node is stopped and requeued

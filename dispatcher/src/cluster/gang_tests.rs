@@ -91,7 +91,7 @@ fn kind(c: &Cluster, id: &str, now: i64) -> PendingReasonKind {
 fn cancels(fx: &Effects) -> Vec<(String, String, u32)> {
     fx.to_agents
         .iter()
-        .filter_map(|(n, m)| match &m.msg {
+        .filter_map(|(n, m)| match &m.message().msg {
             Some(dispatcher_message::Msg::Cancel(x)) => {
                 Some((n.clone(), x.job_id.clone(), x.attempt))
             }
@@ -140,7 +140,7 @@ fn all_or_nothing_with_a_rack_too_small() {
     // Each member's Assign tells it its gang, index and peers.
     let nodes: Vec<String> = ids.iter().map(|id| node_of(&c, id)).collect();
     for (_, m) in &fx.to_agents {
-        if let Some(dispatcher_message::Msg::Assign(a)) = &m.msg {
+        if let Some(dispatcher_message::Msg::Assign(a)) = &m.message().msg {
             let env = &a.spec.as_ref().unwrap().env;
             let index = a.job_id.rsplit('.').next().unwrap();
             assert_eq!(env["DISPATCH_GANG_ID"], "j-2");

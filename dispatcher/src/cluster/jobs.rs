@@ -28,6 +28,7 @@ use proto::v1::JobState;
 pub use crate::record::{JobKey, JobRecord, Text};
 use sched::idhash::IdMap;
 
+use super::nodes::NodeSlot;
 use super::slab::Slab;
 use sched::{Align, LeafId, PlacePath, Placement, TaskId, WakeChoice};
 
@@ -587,6 +588,9 @@ pub struct JobEntry {
     pub task: TaskId,
     /// CPUs the dispatcher's model gave it on its node (dense indexes).
     pub model_cpus: Vec<LeafId>,
+    /// The registry slot of the node `model_cpus` are on (None: none
+    /// claimed), so that their release finds the node without its name.
+    pub model_node: Option<NodeSlot>,
     /// Why it went back to PENDING, oldest first.
     pub requeues: Vec<Requeue>,
     /// `requeues.len()` when the reason text was last generated: a phase
@@ -599,6 +603,11 @@ impl JobEntry {
     /// The record (its proto: [`JobRecord::to_proto`]).
     pub fn job(&self) -> &JobRecord {
         &self.job
+    }
+
+    /// The record, shared (for an effect that carries it).
+    pub fn record(&self) -> Arc<JobRecord> {
+        self.job.clone()
     }
 
     /// Where it is and why.
@@ -1013,6 +1022,7 @@ impl Jobs {
                 },
                 task,
                 model_cpus: Vec::new(),
+                model_node: None,
                 requeues: Vec::new(),
                 text_requeues: 0,
             },
@@ -1128,7 +1138,14 @@ impl Jobs {
 
     /// Move a job to `phase`: the indexes, its state, node and reason
     /// follow. Returns the state it had.
-    pub fn set_phase(&mut self, key: JobKey, mut phase: Phase) -> JobState {
+    pub fn set_phase(&mut self, key: JobKey, phase: Phase) -> JobState {
+        self.replace_phase(key, phase)
+            .map_or(JobState::Unspecified, |p| p.state())
+    }
+
+    /// [`Jobs::set_phase`], returning the phase it had (None: no such
+    /// job), whose strings the caller may reuse.
+    pub fn replace_phase(&mut self, key: JobKey, mut phase: Phase) -> Option<Phase> {
         if let Phase::Unplaced {
             why: Unplaced::NoMatch { selector, .. },
         } = &mut phase
@@ -1138,9 +1155,7 @@ impl Jobs {
                 _ => self.no_match = Some(selector.clone()),
             }
         }
-        let Some(e) = self.table.get_mut(&key) else {
-            return JobState::Unspecified;
-        };
+        let e = self.table.get_mut(&key)?;
         // Taken, not cloned (its strings); `write_phase` sets the new one.
         let placeholder = Phase::Unplaced {
             why: Unplaced::Restored,
@@ -1159,7 +1174,7 @@ impl Jobs {
             text_inputs(&previous).is_some() && text_inputs(&previous) == text_inputs(&phase);
         self.write_phase_as(key, phase, same_text);
         self.compact_logs();
-        previous.state()
+        Some(previous)
     }
 
     /// The record of a job, shared (for an effect that carries it: a
@@ -1175,9 +1190,11 @@ impl Jobs {
             .map(|e| Facts(Arc::make_mut(&mut e.job)))
     }
 
-    /// Its modelled CPUs, to change.
-    pub fn model_cpus_mut(&mut self, key: JobKey) -> Option<&mut Vec<LeafId>> {
-        self.table.get_mut(&key).map(|e| &mut e.model_cpus)
+    /// Its modelled CPUs and the slot of their node, to change.
+    pub fn model_mut(&mut self, key: JobKey) -> Option<(&mut Vec<LeafId>, &mut Option<NodeSlot>)> {
+        self.table
+            .get_mut(&key)
+            .map(|e| (&mut e.model_cpus, &mut e.model_node))
     }
 
     /// Record why a job goes back to PENDING.

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use proto::v1::{Assign, DispatcherMessage, Job, JobSpec, JobState, JobStatus, dispatcher_message};
+use proto::v1::{Job, JobSpec, JobState, JobStatus};
 use sched::wake::OuterWaker;
 use sched::{LeafId, LeafSet, TaskId, TaskSpec, TaskState};
 use tonic::Status;
@@ -19,7 +19,7 @@ use tonic::Status;
 use super::engine::engine_ns;
 use super::jobs::{End, JobEntry, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
 use super::load::PackedLoad;
-use super::nodes::NodeInfo;
+use super::nodes::{NodeInfo, NodeSlot};
 use super::steal::{Move, MoveKind};
 use super::wakers::{OwnerWake, WakerKey};
 use super::{Cluster, Effects, cancel_on};
@@ -66,21 +66,6 @@ pub(super) fn task_spec(
         // pending reasons' "until" come from it.
         time_limit: (spec.timeout_ms > 0).then(|| spec.timeout_ms.saturating_mul(1_000_000)),
         predicted,
-    }
-}
-
-/// An `Assign` of the job's current attempt.
-pub(super) fn assign_of(job: &JobRecord) -> DispatcherMessage {
-    DispatcherMessage {
-        // The trace context is filled in by the core from the job's
-        // telemetry after the batch (the cluster does no tracing).
-        msg: Some(dispatcher_message::Msg::Assign(Assign {
-            job_id: job.id(),
-            attempt: job.attempt,
-            spec: job.spec().cloned(),
-            owner: job.owner.to_string(),
-            ..Default::default()
-        })),
     }
 }
 
@@ -166,8 +151,7 @@ impl Cluster {
         // aggregates once (readers flush what is pending first).
         let outer = self.engine.defer_aggregates();
         for &key in &created {
-            self.persist(key, fx);
-            self.emit(key, JobState::Unspecified, now, fx);
+            self.persist_emit(key, JobState::Unspecified, now, fx);
             self.place(key, now, fx);
         }
         self.process_events(now, fx);
@@ -513,10 +497,12 @@ impl Cluster {
         let after = e.requeues.last().cloned();
         // Model the CPUs the agent will give it, and tell the engine the
         // node's room after them ([`Self::sync_summary`] of the node at
-        // `leaf`: the engine's leaves and node names are one-to-one, so
-        // neither is looked up by name again).
+        // `leaf`: the engine's leaves, node names and registry slots are
+        // one-to-one, so none is looked up by name again).
         debug_assert_eq!(self.engine.built_leaf(&name), Some(leaf), "{name}");
-        let cpus = match self.nodes.get_mut(&name) {
+        let slot = self.engine.slot_at(leaf);
+        debug_assert_eq!(slot, self.nodes.slot(&name), "{name}");
+        let cpus = match slot.and_then(|s| self.nodes.at_mut(s)) {
             Some(n) => {
                 let cpus = match e.job().spec.as_ref() {
                     Some(spec) => n.claim(spec, Vec::new()),
@@ -527,10 +513,11 @@ impl Cluster {
             }
             None => Vec::new(),
         };
-        if let Some(m) = self.jobs.model_cpus_mut(key) {
+        if let Some((m, on)) = self.jobs.model_mut(key) {
             *m = cpus;
+            *on = slot;
         }
-        self.jobs.set_phase(
+        let previous = self.jobs.replace_phase(
             key,
             Phase::Assigned {
                 node: name.clone(),
@@ -542,7 +529,12 @@ impl Cluster {
         let Some(assign) = self.assign_msg(key) else {
             return;
         };
-        fx.to_agents.push((name.clone(), assign));
+        // The queued phase's copy of the node's name, reused.
+        let to_agent = match previous {
+            Some(Phase::Queued { node, .. }) if node == name => node,
+            _ => name.clone(),
+        };
+        fx.to_agents.push((to_agent, assign));
         let m = Move {
             at_ms: now,
             job: key,
@@ -551,14 +543,13 @@ impl Cluster {
             kind: MoveKind::Placed { via, after },
         };
         self.record_move(m, fx);
-        self.persist(key, fx);
-        self.emit(key, JobState::Pending, now, fx);
+        self.persist_emit(key, JobState::Pending, now, fx);
     }
 
     /// Free what a job holds on its node: its modelled CPUs, and its
     /// engine task.
     pub(super) fn release_from_node(&mut self, key: JobKey, after: TaskAfter, now: i64) {
-        if let Some(task) = self.release_cpus(key) {
+        if let Some((task, _)) = self.release_cpus(key) {
             self.drop_task(task, after, now);
         }
     }
@@ -572,17 +563,26 @@ impl Cluster {
     }
 
     /// The model's part of [`Self::release_from_node`]: the job's CPUs
-    /// freed on its node. Returns its engine task (None for an unknown
-    /// job).
-    fn release_cpus(&mut self, key: JobKey) -> Option<TaskId> {
-        let cpus = self.jobs.model_cpus_mut(key).map(std::mem::take)?;
+    /// freed on its node. Returns its engine task and its node's slot
+    /// (None for an unknown job; no slot when no node has its node's
+    /// name).
+    fn release_cpus(&mut self, key: JobKey) -> Option<(TaskId, Option<NodeSlot>)> {
+        let (cpus, on) = self
+            .jobs
+            .model_mut(key)
+            .map(|(m, on)| (std::mem::take(m), on.take()))?;
         let e = self.jobs.get(key)?;
-        // The job table and the node model are separate fields: the name
-        // is borrowed, not copied.
-        if let Some(n) = self.nodes.get_mut(&e.job().node) {
+        // The node its CPUs were claimed on, when that is still its node
+        // (a name compare); else found by name. The job table and the
+        // node model are separate fields: the name is borrowed.
+        let name = e.job().node.as_str();
+        let slot = on
+            .filter(|&s| self.nodes.at(s).is_some_and(|n| n.name == name))
+            .or_else(|| self.nodes.slot(name));
+        if let Some(n) = slot.and_then(|s| self.nodes.at_mut(s)) {
             n.release(&cpus);
         }
-        Some(e.task)
+        Some((e.task, slot))
     }
 
     /// [`Self::release_from_node`] of a job that ends
@@ -593,13 +593,13 @@ impl Cluster {
     /// twice. True when the room was passed (the caller does not sync it
     /// again).
     fn release_ended(&mut self, key: JobKey, now: i64) -> bool {
-        let Some(task) = self.release_cpus(key) else {
+        let Some((task, slot)) = self.release_cpus(key) else {
             return false;
         };
-        let room = self.jobs.get(key).and_then(|e| {
-            let name = e.job().node.as_str();
-            let n = self.nodes.get(name).filter(|n| n.schedulable())?;
-            let leaf = self.engine.built_leaf(name)?;
+        // `slot`: the job's node's, as the release found it.
+        let room = slot.and_then(|s| {
+            let n = self.nodes.at(s).filter(|n| n.schedulable())?;
+            let leaf = self.engine.built_leaf_at(s)?;
             Some((leaf, n.engine_room()))
         });
         match room {
@@ -722,8 +722,7 @@ impl Cluster {
                 self.remodel_cpus(key);
                 self.sync_summary(node, now);
                 if previous != JobState::Running {
-                    self.persist(key, fx);
-                    self.emit(key, previous, now, fx);
+                    self.persist_emit(key, previous, now, fx);
                 }
             }
             terminal @ (JobState::Succeeded
@@ -781,8 +780,7 @@ impl Cluster {
         }
         let synced = self.release_ended(key, now);
         let previous = self.jobs.set_phase(key, done);
-        self.persist(key, fx);
-        self.emit(key, previous, now, fx);
+        self.persist_emit(key, previous, now, fx);
         // `synced`: the release found the node in the engine and taking
         // new jobs, and passed its room; neither the node nor the engine
         // changed since, so there is nothing more to do for the node (and
@@ -888,8 +886,7 @@ impl Cluster {
         if !self.nodes.get(&node).is_some_and(NodeInfo::schedulable) {
             self.refresh_capacity(&node, now, fx);
         }
-        self.persist(key, fx);
-        self.emit(key, previous, now, fx);
+        self.persist_emit(key, previous, now, fx);
         self.place(key, now, fx);
     }
 

@@ -205,11 +205,63 @@ pub struct Effects {
     /// Store writes, committed before anything else is released.
     pub writes: Vec<Write>,
     /// Messages to agents, by node name.
-    pub to_agents: Vec<(String, DispatcherMessage)>,
+    pub to_agents: Vec<(String, ToAgent)>,
     /// Job state changes for watchers and observers.
     pub events: Vec<JobChange>,
     /// Placements and steals, in the order they happened.
     pub moves: Vec<Move>,
+}
+
+/// A message to an agent as an operation leaves it. A plain job's
+/// `Assign` is its shared record (the table's, as the start left it),
+/// built into the proto only when it is sent ([`ToAgent::into_message`],
+/// which the agent stream's queue calls where the stream reads it, off
+/// the core thread): building it on the core copied the spec, the id and
+/// the owner at every start.
+// Not boxed: most messages are built ones (a lease per heartbeat), and
+// a box would add an allocation to each; the effects are short-lived.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum ToAgent {
+    /// A message as it goes on the wire (a gang member's `Assign`, whose
+    /// spec carries its gang, is built at once).
+    Msg(DispatcherMessage),
+    /// The `Assign` of the record's current attempt
+    /// ([`JobRecord::assign`]).
+    Assign(Arc<JobRecord>),
+}
+
+impl ToAgent {
+    /// The message as it goes on the wire.
+    pub fn into_message(self) -> DispatcherMessage {
+        match self {
+            ToAgent::Msg(m) => m,
+            ToAgent::Assign(job) => job.assign(),
+        }
+    }
+
+    /// [`ToAgent::into_message`] of a copy (tests and readers that keep
+    /// the effects).
+    pub fn message(&self) -> DispatcherMessage {
+        self.clone().into_message()
+    }
+
+    /// The job an `Assign` (either form) sends, by id.
+    pub fn assigned_id(&self) -> Option<std::borrow::Cow<'_, str>> {
+        match self {
+            ToAgent::Assign(job) => Some(job.id().into()),
+            ToAgent::Msg(DispatcherMessage {
+                msg: Some(dispatcher_message::Msg::Assign(a)),
+            }) => Some(a.job_id.as_str().into()),
+            ToAgent::Msg(_) => None,
+        }
+    }
+}
+
+impl From<DispatcherMessage> for ToAgent {
+    fn from(m: DispatcherMessage) -> Self {
+        ToAgent::Msg(m)
+    }
 }
 
 /// A job's state change: the record after it (shared with the job
@@ -334,6 +386,27 @@ impl Cluster {
     pub fn check(&self) -> Result<(), String> {
         self.jobs.check()?;
         self.check_gangs()?;
+        // The slots that stand for node names: a job's modelled CPUs are
+        // on its node's slot, and the engine's leaves map to their nodes'
+        // slots and back.
+        for (key, e) in self.jobs.iter() {
+            if !e.model_cpus.is_empty() && e.model_node != self.nodes.slot(&e.job().node) {
+                return Err(format!(
+                    "{key}: CPUs modelled in slot {:?}, its node {:?} is in {:?}",
+                    e.model_node,
+                    e.job().node,
+                    self.nodes.slot(&e.job().node)
+                ));
+            }
+        }
+        for (leaf, name) in self.engine.built_order().iter().enumerate() {
+            let slot = self.engine.slot_at(leaf);
+            if slot != self.nodes.slot(name)
+                || slot.and_then(|s| self.engine.built_leaf_at(s)) != Some(leaf)
+            {
+                return Err(format!("leaf {leaf} ({name}): slot {slot:?}"));
+            }
+        }
         let Some(engine) = self.engine.sched() else {
             return Ok(());
         };
@@ -569,8 +642,11 @@ impl Cluster {
         }
     }
 
-    fn emit(&self, key: JobKey, previous: JobState, now: i64, fx: &mut Effects) {
+    /// [`Self::persist`] a job, and announce its change from `previous`
+    /// (a [`JobChange`]): one lookup of the record for both.
+    fn persist_emit(&self, key: JobKey, previous: JobState, now: i64, fx: &mut Effects) {
         if let Some(job) = self.jobs.record(key) {
+            fx.writes.push(Write::PutJob(job.clone()));
             fx.events.push(JobChange {
                 job,
                 previous_state: previous as i32,
@@ -585,9 +661,9 @@ impl Cluster {
 fn cancel_on(node: String, job_id: String, attempt: u32, fx: &mut Effects) {
     fx.to_agents.push((
         node,
-        DispatcherMessage {
+        ToAgent::Msg(DispatcherMessage {
             msg: Some(dispatcher_message::Msg::Cancel(Cancel { job_id, attempt })),
-        },
+        }),
     ));
 }
 

@@ -244,6 +244,20 @@ pub fn count_gpus(devices: &[proto::v1::Device]) -> u32 {
         .count() as u32
 }
 
+/// A node's place in the registry, stable for its name (a node is never
+/// removed; registering again replaces it in place): where a caller
+/// already knows the node (the engine's leaf, a job's modelled CPUs), it
+/// reaches the node without hashing the name again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeSlot(u32);
+
+impl NodeSlot {
+    /// Its number (the registry's position of the node).
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
 /// All nodes, by name.
 #[derive(Default)]
 pub struct Nodes {
@@ -286,6 +300,13 @@ impl Nodes {
         self.order.values().map(|&i| &self.slab[i])
     }
 
+    /// All nodes by name, with their slots.
+    pub fn iter_slots(&self) -> impl Iterator<Item = (NodeSlot, &NodeInfo)> {
+        self.order
+            .values()
+            .map(|&i| (NodeSlot(i as u32), &self.slab[i]))
+    }
+
     /// The nodes named after `name`, by name (every node when `name` is
     /// empty): a page of ListNodes starts here.
     pub fn iter_after<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a NodeInfo> + 'a {
@@ -320,6 +341,21 @@ impl Nodes {
     /// One node, to change.
     pub fn get_mut(&mut self, name: &str) -> Option<&mut NodeInfo> {
         self.index.get(name).map(|&i| &mut self.slab[i])
+    }
+
+    /// A node's slot.
+    pub fn slot(&self, name: &str) -> Option<NodeSlot> {
+        self.index.get(name).map(|&i| NodeSlot(i as u32))
+    }
+
+    /// The node in `slot`.
+    pub fn at(&self, slot: NodeSlot) -> Option<&NodeInfo> {
+        self.slab.get(slot.index())
+    }
+
+    /// The node in `slot`, to change.
+    pub fn at_mut(&mut self, slot: NodeSlot) -> Option<&mut NodeInfo> {
+        self.slab.get_mut(slot.index())
     }
 
     /// One node, or NOT_FOUND.

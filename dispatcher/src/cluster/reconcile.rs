@@ -267,7 +267,8 @@ impl Cluster {
     /// a fresh aligned choice when it reported none).
     pub(super) fn remodel_cpus(&mut self, key: JobKey) {
         let Some(e) = self.jobs.get(key) else { return };
-        let Some(n) = self.nodes.get_mut(&e.job().node) else {
+        let slot = self.nodes.slot(&e.job().node);
+        let Some(n) = slot.and_then(|s| self.nodes.at_mut(s)) else {
             return;
         };
         let spec = e.job().spec.clone().unwrap_or_default();
@@ -279,8 +280,9 @@ impl Cluster {
             .filter_map(|&c| n.cpu_topo.leaf_of_os_id(c as u64))
             .collect();
         let cpus = n.claim(&spec, reported);
-        if let Some(m) = self.jobs.model_cpus_mut(key) {
+        if let Some((m, on)) = self.jobs.model_mut(key) {
             *m = cpus;
+            *on = slot;
         }
     }
 }

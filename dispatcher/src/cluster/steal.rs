@@ -222,7 +222,8 @@ impl Cluster {
                         job_id: key.to_string(),
                         attempt,
                     })),
-                },
+                }
+                .into(),
             ));
         }
     }
@@ -268,8 +269,7 @@ impl Cluster {
                 why: Unplaced::Requeued,
             },
         );
-        self.persist(key, fx);
-        self.emit(key, previous, now, fx);
+        self.persist_emit(key, previous, now, fx);
         self.sync_summary(node, now);
         self.place(key, now, fx);
         self.process_events(now, fx);

@@ -79,7 +79,7 @@ fn job(cpus: u32) -> JobSpec {
 pub(crate) fn assigns(fx: &Effects) -> Vec<(String, String)> {
     fx.to_agents
         .iter()
-        .filter_map(|(n, m)| match &m.msg {
+        .filter_map(|(n, m)| match &m.message().msg {
             Some(dispatcher_message::Msg::Assign(a)) => Some((n.clone(), a.job_id.clone())),
             _ => None,
         })
@@ -324,7 +324,7 @@ fn cancel_pending_running_and_arrays() {
     assert!(
         fx.to_agents
             .iter()
-            .any(|(_, m)| matches!(m.msg, Some(dispatcher_message::Msg::Cancel(_))))
+            .any(|(_, m)| matches!(m.message().msg, Some(dispatcher_message::Msg::Cancel(_))))
     );
     assert_eq!(
         state_of(&c, "j-1"),
@@ -542,7 +542,7 @@ fn agent_held_jobs_are_stolen_by_idle_rack_peers() {
     let steals: Vec<_> = fx
         .to_agents
         .iter()
-        .filter_map(|(n, m)| match &m.msg {
+        .filter_map(|(n, m)| match &m.message().msg {
             Some(dispatcher_message::Msg::Steal(s)) => Some((n.clone(), s.job_id.clone())),
             _ => None,
         })
@@ -578,7 +578,7 @@ fn owners_are_recorded_sent_with_assignments_and_filter_lists() {
     let owners: Vec<(String, String)> = fx
         .to_agents
         .iter()
-        .filter_map(|(_, m)| match &m.msg {
+        .filter_map(|(_, m)| match &m.message().msg {
             Some(dispatcher_message::Msg::Assign(a)) => Some((a.job_id.clone(), a.owner.clone())),
             _ => None,
         })
@@ -707,7 +707,7 @@ fn a_lost_attempt_is_cancelled_on_its_stalled_node() {
     let cancels = |fx: &Effects| -> Vec<(String, String, u32)> {
         fx.to_agents
             .iter()
-            .filter_map(|(n, m)| match &m.msg {
+            .filter_map(|(n, m)| match &m.message().msg {
                 Some(dispatcher_message::Msg::Cancel(c)) => {
                     Some((n.clone(), c.job_id.clone(), c.attempt))
                 }
@@ -820,4 +820,57 @@ fn the_phase_says_where_a_job_is_and_why() {
         e.job().reason
     );
     c.check().unwrap();
+}
+
+/// A plain job's `Assign` is its shared record, built into the proto only
+/// when sent: it must say what the start sent, even once the job has
+/// moved on (here: its node lost, attempt 2 on another node), and be the
+/// message the start built before it was deferred.
+#[test]
+fn an_assign_sends_the_attempt_its_start_made() {
+    let assign_of = |fx: &Effects| -> Vec<(String, proto::v1::Assign)> {
+        fx.to_agents
+            .iter()
+            .filter_map(|(n, m)| match m.message().msg {
+                Some(dispatcher_message::Msg::Assign(a)) => Some((n.clone(), a)),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    let mut retried = job(2);
+    retried.retries = 1;
+    retried.env.insert("K".into(), "V".into());
+    c.submit_as("alice", vec![retried.clone()], false, 1, &mut fx)
+        .unwrap();
+    assert!(
+        matches!(fx.to_agents[..], [(_, ToAgent::Assign(_))]),
+        "{:?}",
+        fx.to_agents
+    );
+    let first = proto::v1::Assign {
+        job_id: "j-1".into(),
+        attempt: 1,
+        spec: Some(retried),
+        owner: "alice".into(),
+        ..Default::default()
+    };
+    assert_eq!(assign_of(&fx), vec![("a".to_string(), first.clone())]);
+    c.job_status("a", status("j-1", 1, JobState::Running), 2, &mut fx);
+    register(&mut c, "b", "1s:2c:1t", "z1", "r1", 2);
+    let mut lost_fx = Effects::default();
+    for t in [1000, 2000, 3000, 4000] {
+        c.load_report("b", NodeLoad::default(), t, &mut Effects::default());
+        c.tick(t, &mut lost_fx);
+    }
+    assert_eq!(c.get_job("j-1").unwrap().attempt, 2);
+    // The first start's message is unchanged by the retry.
+    assert_eq!(assign_of(&fx), vec![("a".to_string(), first.clone())]);
+    let second = proto::v1::Assign {
+        attempt: 2,
+        ..first
+    };
+    assert_eq!(assign_of(&lost_fx), vec![("b".to_string(), second)]);
 }
