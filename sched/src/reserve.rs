@@ -138,7 +138,10 @@ impl DomainHeads {
     /// domain, or the first has waited since `now` or earlier. Always
     /// true without one reservation per domain.
     pub(crate) fn head_sorts_last(&self, leaf: LeafId, now: u64) -> bool {
-        !self.on || self.heads[self.dom_of[leaf]].first().is_none_or(|k| k.0 <= now)
+        !self.on
+            || self.heads[self.dom_of[leaf]]
+                .first()
+                .is_none_or(|k| k.0 <= now)
     }
 
     /// `t`'s key in its domain's queue. Stable while it waits: its

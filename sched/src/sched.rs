@@ -707,7 +707,8 @@ impl Sched {
         if !self.domains.head_sorts_last(leaf, now) {
             return false;
         }
-        !self.domains.fifo || (t.allowed(leaf) && self.fifo_starts_first(leaf, t, now, self.seq + 1))
+        !self.domains.fifo
+            || (t.allowed(leaf) && self.fifo_starts_first(leaf, t, now, self.seq + 1))
     }
 
     /// The fast start of a woken task that starts at once
