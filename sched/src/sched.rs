@@ -730,11 +730,22 @@ impl Sched {
     /// not run again before it), after `set_next` in the pick loop
     /// otherwise.
     fn start_at_once(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        // The latency pull `schedule` runs first on the slow path, with the
+        // task waiting: nothing in its reach (`starts_at_once`), it only
+        // counts what it scans. It reads nothing `make_runnable` changes.
+        let pulled = self.latency_pull(leaf, now);
+        debug_assert_eq!(pulled, 0, "the fast start's latency pull moved a task");
+        if pulled > 0 {
+            // Not reached; were it, the task is not started past the
+            // room the pull took: the slow path goes on from here.
+            self.enqueue_task(id, leaf, true, now);
+            self.check_preempt_wakeup(leaf, id, now);
+            self.schedule(leaf, now);
+            return;
+        }
         if self.make_runnable(id, leaf, true, now).is_none() {
             return;
         }
-        let pulled = self.latency_pull(leaf, now);
-        debug_assert_eq!(pulled, 0, "the fast start's latency pull moved a task");
         self.count_reweighted(id, leaf, true);
         self.run_on(id, leaf, now);
         self.rq_changed(leaf, now);
