@@ -132,6 +132,18 @@ impl DomainHeads {
         self.heads[self.dom_of[leaf]].first().map(|k| k.2)
     }
 
+    /// True when a head that begins to wait on `leaf` (now empty) at
+    /// `now`, with the newest enqueue sequence, would not take its
+    /// domain's reservation from another leaf: no head waits in the
+    /// domain, or the first has waited since `now` or earlier. Always
+    /// true without one reservation per domain.
+    pub(crate) fn head_sorts_last(&self, leaf: LeafId, now: u64) -> bool {
+        !self.on
+            || self.heads[self.dom_of[leaf]]
+                .first()
+                .is_none_or(|k| k.0 <= now)
+    }
+
     /// `t`'s key in its domain's queue. Stable while it waits: its
     /// executed time changes only while it runs.
     fn wait_key(&self, t: &Task) -> WaitKey {
@@ -380,6 +392,27 @@ impl Sched {
             }
         }
         best.map(|((_, _, _, _, p), src)| (p, src))
+    }
+
+    /// With one queue per domain: true when `fifo_pull` on `dst` would
+    /// start `t` first were it waiting on `dst` (queued at `now` with
+    /// enqueue sequence `seq`), `t` having room on `dst` and not waiting
+    /// yet, and nothing waiting on `dst`. Judged on the queue without `t`:
+    /// the first task that can start on `dst` now ([`Sched::oldest_fitting`],
+    /// with no reservation on `dst`, as nothing waits there) must sort
+    /// after `t`. With `t` waiting, `dst` may hold a reservation for it,
+    /// which only refuses more tasks, never fewer, and `t` itself can
+    /// start: so `t` would be the first.
+    pub(crate) fn fifo_starts_first(&self, dst: LeafId, t: &Task, now: u64, seq: u64) -> bool {
+        let mut key = self.domains.wait_key(t);
+        (key.2, key.3) = (now, seq);
+        match self.oldest_fitting(dst, now) {
+            None => true,
+            Some((p, _)) => self
+                .tasks
+                .get(&p)
+                .is_some_and(|o| self.domains.wait_key(o) > key),
+        }
     }
 
     /// Rebuild the domains after a configuration change (every leaf's

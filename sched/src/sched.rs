@@ -216,6 +216,18 @@ pub struct Sched {
     agg_defer: bool,
     pub(crate) agg_pending: Vec<LeafId>,
     agg_dirty: Vec<bool>,
+
+    /// The fast start of a woken task that starts at once
+    /// ([`Sched::set_fast_start`]).
+    fast_start: FastStart,
+}
+
+/// The switch of the fast start ([`Sched::set_fast_start`]) and how often
+/// it was taken (for tests that compare it with the slow path).
+#[derive(Debug)]
+struct FastStart {
+    on: bool,
+    taken: u64,
 }
 
 impl Sched {
@@ -263,6 +275,7 @@ impl Sched {
             agg_defer: false,
             agg_pending: Vec::new(),
             agg_dirty: vec![false; n],
+            fast_start: FastStart { on: true, taken: 0 },
         };
         for leaf in 0..n {
             s.refresh_aggregates(leaf);
@@ -394,6 +407,21 @@ impl Sched {
             self.settle_all();
         }
         self.lazy_tick = on;
+    }
+
+    /// Turn the fast start of a woken task that starts at once off (every
+    /// wakeup enqueues the task and `schedule` starts it, the previous
+    /// path) or on (the default). Values, events and decisions are the
+    /// same either way; for tests and benchmarks that compare the two.
+    #[doc(hidden)]
+    pub fn set_fast_start(&mut self, on: bool) {
+        self.fast_start.on = on;
+    }
+
+    /// How many wakeups took the fast start.
+    #[doc(hidden)]
+    pub fn fast_starts(&self) -> u64 {
+        self.fast_start.taken
     }
 
     /// Do every leaf's deferred tick accounting now. Nothing a caller can
@@ -622,9 +650,107 @@ impl Sched {
             }
         }
         self.place_entity(id, leaf);
+        if self.fast_start.on && self.starts_at_once(id, leaf, now) {
+            self.start_at_once(id, leaf, now);
+            return;
+        }
         self.enqueue_task(id, leaf, true, now);
         self.check_preempt_wakeup(leaf, id, now);
         self.schedule(leaf, now);
+    }
+
+    /// True when the wakeup of `id` on `leaf` (placed, not yet enqueued)
+    /// would start it at once and nothing else before it: the path above
+    /// (`enqueue_task`, `check_preempt_wakeup`, `schedule`) would enqueue
+    /// it, start it as the first thing that changes anything, and go on
+    /// from the state the fast start ([`Sched::start_at_once`]) reaches
+    /// directly. Each condition is what makes one step of that path
+    /// certain:
+    /// - nothing waits on the leaf: the task is its pick (`next_startable`);
+    /// - it can start there now (room for its demand and alignment; so
+    ///   `check_preempt_wakeup` returns at once, its capacity fits);
+    /// - the latency pull, run first by `schedule`, can pull nothing: no
+    ///   latency-class task waits in its search's reach (the leaf's LLC,
+    ///   or its sibling group with cross-LLC stealing);
+    /// - with one reservation per domain, the task's head key would not
+    ///   take the domain's reservation from another leaf (that leaf would
+    ///   be refreshed and rescheduled): no head waits in the domain, or
+    ///   the first waits since `now` or earlier (the new key, with the
+    ///   newest sequence, sorts after it);
+    /// - with one queue per domain, `fifo_pull` would take the task first:
+    ///   it may run on the leaf and no task of the domain's queue that
+    ///   sorts before it could start on the leaf
+    ///   ([`Sched::fifo_starts_first`]).
+    fn starts_at_once(&self, id: TaskId, leaf: LeafId, now: u64) -> bool {
+        let rq = &self.rqs[leaf];
+        if !rq.tasks_timeline.is_empty() || !rq.latency_timeline.is_empty() {
+            return false;
+        }
+        let Some(t) = self.tasks.get(&id) else {
+            return false;
+        };
+        if !rq.can_start(t.demand, t.align) || !rq.has_spare() {
+            return false;
+        }
+        let c = &self.config;
+        if c.latency_pull && c.latency && c.steal && self.steal_llc_allowed {
+            let llc = self.topo.llc_of(leaf);
+            let reach = if c.steal_cross_llc && self.steal_cross_allowed[llc] {
+                self.llc_demands.group_latency(llc)
+            } else {
+                self.llc_demands.latency(llc)
+            };
+            if !reach.is_empty() {
+                return false;
+            }
+        }
+        if !self.domains.head_sorts_last(leaf, now) {
+            return false;
+        }
+        !self.domains.fifo
+            || (t.allowed(leaf) && self.fifo_starts_first(leaf, t, now, self.seq + 1))
+    }
+
+    /// The fast start of a woken task that starts at once
+    /// ([`Sched::starts_at_once`]): the same task, queue, flags, events
+    /// and schedstats as `enqueue_task` then `set_next`, without the wait
+    /// structures' insert and remove (two timelines, three demand sets,
+    /// the domain's queue and head) and with one `rq_changed` instead of
+    /// two. The slow path's first `rq_changed`, with the task waiting,
+    /// leaves nothing behind that the second does not overwrite: the
+    /// overload bit is set and cleared, the head key inserted and removed
+    /// (the domain's reservation does not move, `starts_at_once`), the
+    /// idle stamp and room recomputed; and the busy flag it may clear
+    /// (the leaf idle, with room left beside its waiting head) is
+    /// already clear, the leaf being idle before the wakeup (no domain
+    /// above an idle leaf is flagged busy). What is redone is the latency
+    /// pull that `schedule` runs before the start: it pulls nothing, but
+    /// counts what it scans. Then `schedule` goes on where the start left
+    /// it: inside `fifo_pull` with one queue per domain (the latency pull
+    /// not run again before it), after `set_next` in the pick loop
+    /// otherwise.
+    fn start_at_once(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        // The latency pull `schedule` runs first on the slow path, with the
+        // task waiting: nothing in its reach (`starts_at_once`), it only
+        // counts what it scans. It reads nothing `make_runnable` changes.
+        let pulled = self.latency_pull(leaf, now);
+        debug_assert_eq!(pulled, 0, "the fast start's latency pull moved a task");
+        if pulled > 0 {
+            // Not reached; were it, the task is not started past the
+            // room the pull took: the slow path goes on from here.
+            self.enqueue_task(id, leaf, true, now);
+            self.check_preempt_wakeup(leaf, id, now);
+            self.schedule(leaf, now);
+            return;
+        }
+        if self.make_runnable(id, leaf, true, now).is_none() {
+            return;
+        }
+        self.count_reweighted(id, leaf, true);
+        self.run_on(id, leaf, now);
+        self.rq_changed(leaf, now);
+        self.fast_start.taken += 1;
+        self.schedule_after_start(leaf, now, self.domains.fifo);
     }
 
     /// The task stops being runnable (sleeps on I/O, a message, a
@@ -814,14 +940,40 @@ impl Sched {
 
     /// Put a runnable task in a leaf's queue (`enqueue_task_fair`).
     pub(crate) fn enqueue_task(&mut self, id: TaskId, leaf: LeafId, wakeup: bool, now: u64) {
-        self.settle(leaf);
-        self.seq += 1;
-        let seq = self.seq;
+        let Some(seq) = self.make_runnable(id, leaf, wakeup, now) else {
+            return;
+        };
         let latency_enabled = self.config.latency;
         let llc = self.topo.llc_of(leaf);
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
+        let rq = &mut self.rqs[leaf];
+        rq.tasks_timeline.insert((t.vruntime, seq, id));
+        rq.wait_demands.insert(t.demand);
+        self.llc_demands.wait_insert(llc, t.demand);
+        self.domains.wait_insert(leaf, t);
+        if latency_enabled && t.latency_offset < 0 && wakeup {
+            rq.latency_timeline
+                .insert((t.vruntime + t.latency_offset, seq, id));
+            rq.latency_demands.insert(t.demand);
+            self.llc_demands.latency_insert(llc, t.demand);
+            t.in_latency_tree = true;
+        }
+        self.rq_changed(leaf, now);
+    }
+
+    /// The part of [`Sched::enqueue_task`] that does not depend on where
+    /// the task waits, shared with the fast start
+    /// ([`Sched::start_at_once`]): the leaf's deferred tick settled, a new
+    /// enqueue sequence, the task runnable on `leaf`, the leaf's idle
+    /// period ended and its runnable demand and load counted. Returns the
+    /// sequence (`None` for an unknown task).
+    fn make_runnable(&mut self, id: TaskId, leaf: LeafId, wakeup: bool, now: u64) -> Option<u64> {
+        self.settle(leaf);
+        self.seq += 1;
+        let seq = self.seq;
+        let t = self.tasks.get_mut(&id)?;
         t.state = TaskState::Queued(leaf);
         t.prev_leaf = Some(leaf);
         t.enqueue_seq = seq;
@@ -839,20 +991,9 @@ impl Sched {
             rq.avg_idle = (avg + (delta - avg) / 8).max(0) as u64;
             rq.avg_idle = rq.avg_idle.min(2 * self.config.migration_cost);
         }
-        rq.tasks_timeline.insert((t.vruntime, seq, id));
-        rq.wait_demands.insert(t.demand);
-        self.llc_demands.wait_insert(llc, t.demand);
-        self.domains.wait_insert(leaf, t);
-        if latency_enabled && t.latency_offset < 0 && wakeup {
-            rq.latency_timeline
-                .insert((t.vruntime + t.latency_offset, seq, id));
-            rq.latency_demands.insert(t.demand);
-            self.llc_demands.latency_insert(llc, t.demand);
-            t.in_latency_tree = true;
-        }
         rq.nr_running += t.demand;
         rq.load_weight += t.weight;
-        self.rq_changed(leaf, now);
+        Some(seq)
     }
 
     /// Put a waiting task of `leaf` in its latency timeline too
@@ -1080,6 +1221,21 @@ impl Sched {
             self.llc_demands.latency_remove(llc, t.demand);
             t.in_latency_tree = false;
         }
+        if latency_first {
+            self.stats.latency_picks += 1;
+        }
+        self.run_on(id, leaf, now);
+        self.rq_changed(leaf, now);
+    }
+
+    /// The start itself, shared by [`Sched::set_next`] and the fast start
+    /// ([`Sched::start_at_once`]): `id`, out of every wait structure,
+    /// joins `leaf`'s running set, and the start is reported.
+    fn run_on(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return;
+        };
+        let rq = &mut self.rqs[leaf];
         rq.running.push(id);
         rq.running_demand += t.demand;
         if let Some(s) = rq.align_free.as_mut() {
@@ -1093,9 +1249,6 @@ impl Sched {
         t.prev_sum_exec_runtime = t.sum_exec_runtime;
         t.recent_used_leaf = t.prev_leaf;
         t.prev_leaf = Some(leaf);
-        if latency_first {
-            self.stats.latency_picks += 1;
-        }
         // A preempted task picked again at once did not really stop.
         if self.events.last() == Some(&SchedEvent::Preempted { task: id, leaf }) {
             self.events.pop();
@@ -1104,7 +1257,6 @@ impl Sched {
             self.events.push(SchedEvent::Started { task: id, leaf });
             self.stats.nr_switches += 1;
         }
-        self.rq_changed(leaf, now);
     }
 
     /// Put a running task back in the queue (`put_prev_entity`); it goes
@@ -1235,20 +1387,29 @@ impl Sched {
     /// later tasks that cannot delay its reservation start, and spare
     /// capacity left after that steals.
     pub fn schedule(&mut self, leaf: LeafId, now: u64) {
-        self.schedule_one(leaf, now);
+        self.schedule_after_start(leaf, now, false);
+    }
+
+    /// [`Sched::schedule`]; with `in_fifo_pull`, its first pass starts at
+    /// `fifo_pull` (the fast start, [`Sched::start_at_once`], began it).
+    fn schedule_after_start(&mut self, leaf: LeafId, now: u64, in_fifo_pull: bool) {
+        self.schedule_one(leaf, now, in_fifo_pull);
         // Leaves that lost their domain's reservation meanwhile may start
         // what their head no longer holds back.
         while let Some(x) = self.domains.deferred.pop() {
-            self.schedule_one(x, now);
+            self.schedule_one(x, now, false);
         }
     }
 
-    fn schedule_one(&mut self, leaf: LeafId, now: u64) {
+    fn schedule_one(&mut self, leaf: LeafId, now: u64, in_fifo_pull: bool) {
         let mut stolen = None;
+        let mut skip_latency_pull = in_fifo_pull;
         loop {
             // Latency-sensitive tasks waiting in the domain first
             // (`SchedConfig::latency_pull`, off unless configured).
-            self.latency_pull(leaf, now);
+            if !std::mem::take(&mut skip_latency_pull) {
+                self.latency_pull(leaf, now);
+            }
             // The domain's oldest waiting tasks first
             // (`SchedConfig::domain_fifo`, off unless configured).
             self.fifo_pull(leaf, now);
