@@ -550,12 +550,13 @@ fn main() -> Result<()> {
         }
     }) / args.nodes as u32;
     let beats = Arc::new(Beats::default());
+    let mut scratch = Vec::new();
     let mut readers: Vec<Reporter> = names
         .iter()
         .enumerate()
         .map(|(i, name)| {
             let mut r = Reporter::new(beats.clone(), beats.beat(name.clone(), i as u64, now));
-            r.report(loads[i % loads.len()].clone(), 0, now);
+            r.report(loads[i % loads.len()].clone(), 0, now, &mut scratch);
             r
         })
         .collect();
@@ -570,7 +571,7 @@ fn main() -> Result<()> {
         let batch = reports.clone();
         let t = Instant::now();
         for (r, load) in readers.iter_mut().zip(batch) {
-            r.report(load, 0, now + 1);
+            r.report(load, 0, now + 1, &mut scratch);
         }
         new_path = new_path.min(t.elapsed());
     }
@@ -669,7 +670,7 @@ fn main() -> Result<()> {
         let (_b, beat_bytes) = held(|| {
             let beats = Arc::new(Beats::default());
             let mut r = Reporter::new(beats.clone(), beats.beat("lg-00000".into(), 1, now));
-            r.report(loads[0].clone(), 0, now);
+            r.report(loads[0].clone(), 0, now, &mut Vec::new());
             for b in beats.drain() {
                 drop(b.take());
             }

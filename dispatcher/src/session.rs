@@ -1,0 +1,153 @@
+//! One node's session on an agent stream, from its Register to its end:
+//! the part of an agent stream's reader that is per node, used by both
+//! AgentService RPCs. An Attach stream is one session; an AttachMany
+//! stream (a relay's) is a session per slot, all read by the stream's
+//! one reader task ([`crate::relay`]).
+//!
+//! A session holds no task, channel or buffer of its own: its
+//! [`Reporter`] (the node's beat, shared with the core, and its last
+//! load, packed, shared with the core as the node's load). What it sends
+//! the core goes as commands in the stream's order, its LoadReports
+//! through its beat ([`crate::beats`]); the core answers through the
+//! stream's outbound queue ([`crate::outbound`]), tagged with the slot.
+
+use std::sync::Arc;
+
+use proto::v1::{Register, agent_message};
+use tonic::Status;
+use tonic::transport::CertificateDer;
+
+use crate::beats::{Beat, Reporter};
+use crate::core::{Asked, Command, CoreHandle};
+use crate::outbound::AgentTx;
+
+/// Longest node name an agent may register as: a DNS name's limit, which
+/// holds Kubernetes node names and host names.
+pub const MAX_NODE_NAME_BYTES: usize = 253;
+
+/// A node's session: what its stream's reader keeps of it.
+#[derive(Debug)]
+pub struct Session {
+    reporter: Reporter,
+}
+
+/// A Register sent to the core, its answer to come ([`Opening::attached`]).
+pub struct Opening(Asked<(u64, Arc<Beat>)>);
+
+/// Why a session did not open.
+#[derive(Debug)]
+pub enum Refused {
+    /// The Register was refused (the node's own error: its name, its
+    /// certificate, its registration): the stream's other nodes go on.
+    Node(Status),
+    /// The core has stopped (shutdown, step-down): the stream ends.
+    Stopped(Status),
+}
+
+impl Refused {
+    /// The status, whichever it is.
+    pub fn into_status(self) -> Status {
+        match self {
+            Refused::Node(s) | Refused::Stopped(s) => s,
+        }
+    }
+}
+
+impl Session {
+    /// Check `register` (its name; with `require_cert`, that `peer_certs`'
+    /// certificate names the node) and ask the core to attach the node,
+    /// its messages to go out through `tx`. The core applies it in the
+    /// order of the stream's commands; await [`Opening::attached`] before
+    /// sending any of the node's messages.
+    pub fn open(
+        core: &CoreHandle,
+        register: Register,
+        tx: AgentTx,
+        peer_certs: Option<&[CertificateDer<'static>]>,
+        require_cert: bool,
+    ) -> Result<Opening, Refused> {
+        if register.node.len() > MAX_NODE_NAME_BYTES {
+            return Err(Refused::Node(Status::invalid_argument(format!(
+                "register.node: {} bytes, at most {MAX_NODE_NAME_BYTES}",
+                register.node.len()
+            ))));
+        }
+        if require_cert {
+            let node = register.node.as_str();
+            crate::tls::authorize_agent(peer_certs, node)
+                .inspect_err(|status| tracing::warn!(%node, %status, "agent refused"))
+                .map_err(Refused::Node)?;
+        }
+        core.ask(|reply| Command::Attach {
+            register,
+            tx,
+            reply,
+        })
+        .map(Opening)
+        .map_err(Refused::Stopped)
+    }
+
+    /// The node's name.
+    pub fn node(&self) -> &str {
+        &self.reporter.beat().node
+    }
+
+    /// The core's session number.
+    pub fn id(&self) -> u64 {
+        self.reporter.beat().session
+    }
+
+    /// Whether the core ended the session by itself (the node registered
+    /// again elsewhere): its reader may drop it without a Detach.
+    pub fn ended_by_core(&self) -> bool {
+        self.reporter.beat().is_ended()
+    }
+
+    /// A message of the node's arrived at `now_ms` (`None`: an empty
+    /// one, which still says the node is alive): a LoadReport goes to
+    /// its beat (packed in the reader's `scratch`), the rest to the core
+    /// as a command, in order.
+    pub fn handle(
+        &mut self,
+        core: &CoreHandle,
+        msg: Option<agent_message::Msg>,
+        now_ms: i64,
+        scratch: &mut Vec<u8>,
+    ) {
+        self.reporter.alive(now_ms);
+        match msg {
+            Some(agent_message::Msg::Load(report)) => {
+                core.report(&mut self.reporter, report, now_ms, scratch)
+            }
+            Some(msg) => core.send(Command::FromAgent {
+                node: self.node().to_string(),
+                session: self.id(),
+                msg,
+            }),
+            None => {}
+        }
+    }
+
+    /// The session ends: the node is disconnected, as when its stream
+    /// breaks (its lease runs out, then its jobs are retried elsewhere).
+    pub fn close(self, core: &CoreHandle) {
+        core.send(Command::Detach {
+            node: self.node().to_string(),
+            session: self.id(),
+        });
+    }
+}
+
+impl Opening {
+    /// The session, once the core attached the node (its Registered is
+    /// queued on the stream before this returns).
+    pub async fn attached(self, core: &CoreHandle) -> Result<Session, Refused> {
+        match self.0.reply().await {
+            Ok(Ok((_session, beat))) => Ok(Session {
+                reporter: core.reporter(beat),
+            }),
+            Ok(Err(status)) => Err(Refused::Node(status)),
+            Err(stopped) => Err(Refused::Stopped(stopped)),
+        }
+    }
+}
