@@ -271,3 +271,292 @@ fn node_status(i: usize, status: Status) -> Status {
         format!("nodes[{i}].message: {}", status.message()),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{HashMap, VecDeque};
+    use std::time::Duration;
+
+    use proto::v1::{
+        DispatcherMessage, JobSpec, LoadReport, NodeReply, Register, RelayReply,
+        dispatcher_message, node_reply,
+    };
+    use sched::Topology;
+
+    use super::*;
+    use crate::cluster::{Cluster, ClusterConfig};
+    use crate::core::{Command, CoreExit, OnStoreFailure, spawn};
+    use crate::observe::Observers;
+    use crate::store::embedded::EmbeddedStore;
+
+    fn register(node: &str) -> Register {
+        Register {
+            node: node.into(),
+            topology: Some(engine_proto::topology(
+                &Topology::from_spec("1s:2c:1t").unwrap(),
+            )),
+            ..Default::default()
+        }
+    }
+
+    fn msg(slot: u32, m: agent_message::Msg) -> NodeMessage {
+        NodeMessage {
+            slot,
+            msg: Some(node_message::Msg::Message(AgentMessage { msg: Some(m) })),
+        }
+    }
+
+    fn reg(slot: u32, node: &str) -> NodeMessage {
+        msg(slot, agent_message::Msg::Register(register(node)))
+    }
+
+    fn load(slot: u32, seq: u64) -> NodeMessage {
+        msg(
+            slot,
+            agent_message::Msg::Load(LoadReport {
+                load: Some(Default::default()),
+                seq,
+            }),
+        )
+    }
+
+    fn detach(slot: u32) -> NodeMessage {
+        NodeMessage {
+            slot,
+            msg: Some(node_message::Msg::Detach(proto::v1::Detach {})),
+        }
+    }
+
+    fn frame(nodes: Vec<NodeMessage>) -> RelayMessage {
+        RelayMessage { nodes }
+    }
+
+    /// The relay's side: the replies, one node message at a time.
+    struct Replies {
+        frames: std::pin::Pin<Box<dyn Stream<Item = Result<RelayReply, Status>> + Send>>,
+        buf: VecDeque<NodeReply>,
+    }
+
+    impl Replies {
+        async fn next(&mut self) -> (u32, node_reply::Msg) {
+            loop {
+                if let Some(r) = self.buf.pop_front() {
+                    return (r.slot, r.msg.unwrap());
+                }
+                let f = tokio::time::timeout(Duration::from_secs(5), self.frames.next())
+                    .await
+                    .expect("a reply within 5 s")
+                    .expect("the stream goes on")
+                    .expect("a frame, not the stream's end");
+                self.buf.extend(f.nodes);
+            }
+        }
+
+        /// The next reply of `slot` that is not a Lease (others' skipped).
+        async fn next_of(&mut self, slot: u32) -> node_reply::Msg {
+            loop {
+                let (s, m) = self.next().await;
+                let lease = matches!(
+                    &m,
+                    node_reply::Msg::Message(DispatcherMessage {
+                        msg: Some(dispatcher_message::Msg::Lease(_))
+                    })
+                );
+                if s == slot && !lease {
+                    return m;
+                }
+            }
+        }
+
+        async fn lease_of(&mut self, slot: u32) -> u64 {
+            loop {
+                if let (s, node_reply::Msg::Message(m)) = self.next().await
+                    && s == slot
+                    && let Some(dispatcher_message::Msg::Lease(l)) = m.msg
+                {
+                    return l.seq;
+                }
+            }
+        }
+    }
+
+    fn ended(m: &node_reply::Msg) -> Option<(tonic::Code, String)> {
+        match m {
+            node_reply::Msg::Ended(e) => Some((tonic::Code::from(e.code), e.message.clone())),
+            _ => None,
+        }
+    }
+
+    fn is_registered(m: &node_reply::Msg) -> bool {
+        matches!(
+            m,
+            node_reply::Msg::Message(DispatcherMessage {
+                msg: Some(dispatcher_message::Msg::Registered(_))
+            })
+        )
+    }
+
+    fn setup(
+        dir: &std::path::Path,
+    ) -> (
+        CoreHandle,
+        std::thread::JoinHandle<CoreExit>,
+        Relay,
+        Replies,
+    ) {
+        let store = EmbeddedStore::open(dir).unwrap();
+        let (core, thread) = spawn(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            Observers::none(),
+        );
+        let (tx, rx) = crate::outbound::channel();
+        let relay = Relay::new(core.clone(), tx, None, false);
+        let replies = Replies {
+            frames: Box::pin(rx.into_relay_stream()),
+            buf: VecDeque::new(),
+        };
+        (core, thread, relay, replies)
+    }
+
+    /// Each node's messages reach its own session and the core's answers
+    /// come back on its slot: Registered, the lease of its own report,
+    /// and an Assign on the slot of the node the job was placed on.
+    #[tokio::test]
+    async fn each_slots_messages_reach_its_node_and_its_answers_its_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (core, thread, mut relay, mut replies) = setup(dir.path());
+        relay
+            .frame(frame(vec![reg(0, "a"), reg(5, "b"), reg(2, "c")]))
+            .await
+            .unwrap();
+        assert_eq!(relay.live(), 3);
+        let mut slot_of = HashMap::new();
+        for (slot, node) in [(0, "a"), (5, "b"), (2, "c")] {
+            assert!(is_registered(&replies.next_of(slot).await));
+            slot_of.insert(node.to_string(), slot);
+        }
+        // Leases per node: each report's seq answered on its own slot.
+        relay
+            .frame(frame(vec![load(0, 10), load(5, 50), load(2, 20)]))
+            .await
+            .unwrap();
+        let mut leases = HashMap::new();
+        for _ in 0..3 {
+            if let (s, node_reply::Msg::Message(m)) = replies.next().await
+                && let Some(dispatcher_message::Msg::Lease(l)) = m.msg
+            {
+                leases.insert(s, l.seq);
+            }
+        }
+        assert_eq!(leases, HashMap::from([(0, 10), (5, 50), (2, 20)]));
+        // A job: its Assign comes on the slot of the node it was placed on.
+        let jobs = core
+            .call(|reply| Command::Submit {
+                specs: vec![JobSpec {
+                    command: vec!["true".into()],
+                    cpus: 1,
+                    ..Default::default()
+                }],
+                batch: false,
+                trace_context: HashMap::new(),
+                owner: String::new(),
+                reply,
+            })
+            .await
+            .unwrap();
+        let id = jobs[0].id();
+        let (slot, m) = replies.next().await;
+        let node_reply::Msg::Message(DispatcherMessage {
+            msg: Some(dispatcher_message::Msg::Assign(a)),
+        }) = m
+        else {
+            panic!("not an Assign: {m:?}");
+        };
+        assert_eq!(a.job_id, id);
+        let job = core.call(|reply| Command::Get { id, reply }).await.unwrap();
+        assert_eq!(
+            slot_of[&job.node], slot,
+            "the Assign of {job:?} came on slot {slot}"
+        );
+        core.send(Command::Shutdown);
+        assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
+    }
+
+    /// Bad input ends only the slot at fault, naming the field; the
+    /// stream's other nodes keep their sessions and leases.
+    #[tokio::test]
+    async fn bad_input_ends_only_its_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let (core, thread, mut relay, mut replies) = setup(dir.path());
+        relay
+            .frame(frame(vec![reg(0, "a"), reg(1, "b")]))
+            .await
+            .unwrap();
+        assert!(is_registered(&replies.next_of(0).await));
+        assert!(is_registered(&replies.next_of(1).await));
+        // A slot over the limit, a message on a slot with no node, a name
+        // too long, a Register on a live slot.
+        relay
+            .frame(frame(vec![
+                load(MAX_SLOTS, 1),
+                load(7, 1),
+                reg(3, &"x".repeat(300)),
+                reg(0, "a2"),
+            ]))
+            .await
+            .unwrap();
+        let (code, m) = ended(&replies.next_of(MAX_SLOTS).await).unwrap();
+        assert_eq!(code, tonic::Code::InvalidArgument);
+        assert_eq!(m, "nodes[0].slot: 65536, at most 65535");
+        let (code, m) = ended(&replies.next_of(7).await).unwrap();
+        assert_eq!(code, tonic::Code::InvalidArgument);
+        assert!(m.starts_with("nodes[1].slot: 7 has no node"), "{m}");
+        let (code, m) = ended(&replies.next_of(3).await).unwrap();
+        assert_eq!(code, tonic::Code::InvalidArgument);
+        assert_eq!(m, "nodes[2].message: register.node: 300 bytes, at most 253");
+        let (code, m) = ended(&replies.next_of(0).await).unwrap();
+        assert_eq!(code, tonic::Code::InvalidArgument);
+        assert!(
+            m.contains("Register on slot 0, in use by node \"a\""),
+            "{m}"
+        );
+        // Slot 0's node is gone (a message there has no node), slot 1's
+        // goes on: its report is answered with its lease.
+        relay
+            .frame(frame(vec![load(0, 3), load(1, 4)]))
+            .await
+            .unwrap();
+        assert!(ended(&replies.next_of(0).await).is_some());
+        assert_eq!(replies.lease_of(1).await, 4);
+        assert_eq!(relay.live(), 1);
+        // Detach: answered CANCELLED; the slot takes a new node.
+        relay
+            .frame(frame(vec![detach(1), reg(1, "c")]))
+            .await
+            .unwrap();
+        let (code, m) = ended(&replies.next_of(1).await).unwrap();
+        assert_eq!(
+            (code, m.as_str()),
+            (tonic::Code::Cancelled, "node b: detached by the relay")
+        );
+        assert!(is_registered(&replies.next_of(1).await));
+        relay.frame(frame(vec![load(1, 9)])).await.unwrap();
+        assert_eq!(replies.lease_of(1).await, 9);
+        // The node registering on another slot ends its first session
+        // (aborted, as an Attach stream replaced); the slot is then free
+        // for a Register without an error.
+        relay.frame(frame(vec![reg(4, "c")])).await.unwrap();
+        // (Registered first: the core answers the new session, then ends
+        // the old.)
+        assert!(is_registered(&replies.next_of(4).await));
+        let (code, _) = ended(&replies.next_of(1).await).unwrap();
+        assert_eq!(code, tonic::Code::Aborted);
+        relay.frame(frame(vec![reg(1, "d")])).await.unwrap();
+        assert!(is_registered(&replies.next_of(1).await));
+        assert_eq!(relay.live(), 2);
+        core.send(Command::Shutdown);
+        assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
+    }
+}
