@@ -49,6 +49,12 @@ struct Tagged {
 /// At most this many node messages in one RelayReply frame.
 pub const MAX_REPLIES_PER_FRAME: usize = 1024;
 
+/// A RelayReply frame takes no more messages once it is this large
+/// (encoded): the stream's encode buffer grows to its largest frame and
+/// keeps that size for the stream's life, so frames stay small however
+/// many nodes' messages are ready (a single larger message goes alone).
+pub const MAX_FRAME_BYTES: usize = 64 << 10;
+
 /// The stream ended: its agent went away (or the stream was replaced).
 #[derive(Debug, thiserror::Error)]
 #[error("the agent's stream has ended")]
@@ -217,7 +223,8 @@ impl Stream for RelayFrames {
             return Poll::Ready(Some(Err(status)));
         }
         let mut frame = RelayReply::default();
-        while frame.nodes.len() < MAX_REPLIES_PER_FRAME {
+        let mut bytes = 0;
+        while frame.nodes.len() < MAX_REPLIES_PER_FRAME && bytes < MAX_FRAME_BYTES {
             match Pin::new(&mut self.rx).poll_next(cx) {
                 Poll::Ready(Some(t)) => {
                     let Tagged {
@@ -238,7 +245,9 @@ impl Stream for RelayFrames {
                         (STREAM, Ok(_)) => {}
                         (slot, item) => {
                             if self.passes(slot, session, &item) {
-                                frame.nodes.push(node_reply(slot, item));
+                                let reply = node_reply(slot, item);
+                                bytes += prost::Message::encoded_len(&reply) + 4;
+                                frame.nodes.push(reply);
                             }
                         }
                     }
@@ -400,6 +409,31 @@ mod tests {
             .collect()
             .await;
         assert_eq!(sizes, [MAX_REPLIES_PER_FRAME, 6]);
+    }
+
+    #[tokio::test]
+    async fn a_relay_frame_is_cut_at_its_size() {
+        let (stream, rx) = channel();
+        let a = stream.for_slot(1).in_session(1);
+        a.send(Ok(registered())).unwrap();
+        // Cancels of 1 KiB job ids: 64 KiB in about 64 of them.
+        for i in 0..100 {
+            a.send(Ok(DispatcherMessage {
+                msg: Some(dispatcher_message::Msg::Cancel(proto::v1::Cancel {
+                    job_id: format!("{i:01024}"),
+                    attempt: 1,
+                })),
+            }))
+            .unwrap();
+        }
+        drop((stream, a));
+        let frames: Vec<RelayReply> = rx.into_relay_stream().map(|f| f.unwrap()).collect().await;
+        assert_eq!(frames.iter().map(|f| f.nodes.len()).sum::<usize>(), 101);
+        for f in &frames {
+            let size = prost::Message::encoded_len(f);
+            assert!(size < MAX_FRAME_BYTES + 1100, "a frame of {size} bytes");
+        }
+        assert!(frames.len() >= 2, "{} frames", frames.len());
     }
 
     #[tokio::test]
