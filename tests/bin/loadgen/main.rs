@@ -600,7 +600,11 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
         heartbeats,
         nodes: s.registered.load(Ordering::Relaxed),
         cpus,
-        agent_connections: args.agents.div_ceil(per) as u64,
+        agent_connections: if relays.is_empty() {
+            args.agents.div_ceil(per)
+        } else {
+            relays.len()
+        } as u64,
         register_s,
         steady_s,
         load_s,
