@@ -274,6 +274,16 @@ impl<T> Asked<T> {
     pub async fn reply(self) -> Result<Result<T, Status>, Status> {
         self.0.await.map_err(|_| stopped())
     }
+
+    /// [`Self::reply`], polled (ready once: not to be polled again).
+    pub fn poll_reply(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Result<T, Status>, Status>> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.map_err(|_| stopped()))
+    }
 }
 
 fn stopped() -> Status {

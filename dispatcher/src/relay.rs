@@ -4,14 +4,15 @@
 //! for its one node. The answers go out through the stream's one queue,
 //! each tagged with its slot ([`crate::outbound`]).
 //!
-//! Per node the stream keeps only its slot: a free slot, a Register
-//! awaiting the core, or the live [`Session`] (the node's beat and last
-//! load, shared with the core). No task, channel or buffer per node.
+//! Per node the stream keeps only its slot: free, a Register awaiting the
+//! core, or the live [`Session`] (the node's beat and last load, shared
+//! with the core). No task, channel or buffer per node.
 //!
-//! Registers are sent to the core as they are read; their answers are
-//! awaited together, before the next message of a node whose Register is
-//! pending and at the end of each frame, so a frame of many Registers
-//! waits for one commit, not one each.
+//! A Register is sent to the core as it is read and its answer (after the
+//! batch's commit) is awaited beside the stream, not in its way: the
+//! other nodes' messages go on meanwhile. What the registering node sends
+//! before its answer is held on its slot (the only per-node buffer, for
+//! that moment) and handled, in order, once it is attached.
 //!
 //! Bad input on a slot ends that slot only (`NodeReply.ended`, naming
 //! the field): a slot at or over [`MAX_SLOTS`], a message on a slot with
@@ -21,6 +22,7 @@
 //! disconnected, each as a lost Attach stream.
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use proto::v1::{AgentMessage, NodeMessage, RelayMessage, agent_message, node_message};
 use tokio_stream::{Stream, StreamExt};
@@ -36,13 +38,19 @@ use crate::session::{Opening, Refused, Session};
 pub const MAX_SLOTS: u32 = 65_536;
 
 /// A slot of the stream.
-#[derive(Debug, Default)]
+#[derive(Default)]
 enum Slot {
     /// No node.
     #[default]
     Free,
-    /// Its Register is with the core ([`Relay::opening`]).
-    Opening,
+    /// Its Register is with the core; what the relay sent for the slot
+    /// since waits here, in order, with its index in its frame.
+    Opening {
+        opening: Opening,
+        /// The Register's index in its frame.
+        i: usize,
+        held: Vec<(usize, node_message::Msg)>,
+    },
     /// A node's session.
     Live(Session),
 }
@@ -56,9 +64,8 @@ pub struct Relay {
     peer_certs: Option<Arc<Vec<CertificateDer<'static>>>>,
     require_cert: bool,
     slots: Vec<Slot>,
-    /// Registers sent to the core, their answers awaited by
-    /// [`Relay::settle`]: (index in its frame, slot, the answer to come).
-    opening: Vec<(usize, u32, Opening)>,
+    /// The slots whose Register awaits the core's answer.
+    opening: Vec<u32>,
     /// Where LoadReports are packed to be compared (one for all nodes).
     scratch: Vec<u8>,
 }
@@ -90,17 +97,24 @@ impl Relay {
         mut inbound: impl Stream<Item = Result<RelayMessage, Status>> + Unpin,
     ) {
         let end = loop {
-            match inbound.next().await {
-                Some(Ok(frame)) => {
-                    if let Err(status) = self.frame(frame).await {
+            tokio::select! {
+                msg = inbound.next() => match msg {
+                    Some(Ok(frame)) => {
+                        if let Err(status) = self.frame(frame) {
+                            break Some(status);
+                        }
+                    }
+                    Some(Err(status)) => {
+                        tracing::info!(%status, "relay stream error");
+                        break Some(crate::server::inbound_error(&status));
+                    }
+                    None => break None,
+                },
+                opened = std::future::poll_fn(|cx| self.poll_openings(cx)) => {
+                    if let Err(status) = opened {
                         break Some(status);
                     }
                 }
-                Some(Err(status)) => {
-                    tracing::info!(%status, "relay stream error");
-                    break Some(crate::server::inbound_error(&status));
-                }
-                None => break None,
             }
         };
         if let Some(status) = end {
@@ -119,7 +133,7 @@ impl Relay {
 
     /// One frame of the relay's, its node messages in order. Err: the
     /// stream ends with this status (the core stopped).
-    pub async fn frame(&mut self, frame: RelayMessage) -> Result<(), Status> {
+    pub fn frame(&mut self, frame: RelayMessage) -> Result<(), Status> {
         let now = now_ms();
         for (i, NodeMessage { slot, msg }) in frame.nodes.into_iter().enumerate() {
             if slot >= MAX_SLOTS {
@@ -137,30 +151,8 @@ impl Relay {
             if self.slots.len() <= s {
                 self.slots.resize_with(s + 1, Slot::default);
             }
-            if matches!(self.slots[s], Slot::Opening) {
-                self.settle().await?;
-            }
             match msg {
-                Some(node_message::Msg::Detach(_)) => self.detach(slot),
-                Some(node_message::Msg::Message(AgentMessage {
-                    msg: Some(agent_message::Msg::Register(register)),
-                })) => self.register(i, slot, register)?,
-                Some(node_message::Msg::Message(AgentMessage { msg })) => {
-                    match &mut self.slots[s] {
-                        Slot::Live(session) => {
-                            session.handle(&self.core, msg, now, &mut self.scratch)
-                        }
-                        _ if msg.is_none() => {}
-                        _ => self.end_slot(
-                            slot,
-                            0,
-                            Status::invalid_argument(format!(
-                                "nodes[{i}].slot: {slot} has no node on this stream \
-                                 (a node's first message is Register)"
-                            )),
-                        ),
-                    }
-                }
+                Some(msg) => self.node_message(i, slot, msg, now)?,
                 // An empty message: the node is alive.
                 None => {
                     if let Slot::Live(session) = &mut self.slots[s] {
@@ -169,7 +161,41 @@ impl Relay {
                 }
             }
         }
-        self.settle().await
+        Ok(())
+    }
+
+    /// The frame's `i`th message, for `slot` (within the table).
+    fn node_message(
+        &mut self,
+        i: usize,
+        slot: u32,
+        msg: node_message::Msg,
+        now: i64,
+    ) -> Result<(), Status> {
+        let s = slot as usize;
+        if let Slot::Opening { held, .. } = &mut self.slots[s] {
+            held.push((i, msg));
+            return Ok(());
+        }
+        match msg {
+            node_message::Msg::Detach(_) => self.detach(slot),
+            node_message::Msg::Message(AgentMessage {
+                msg: Some(agent_message::Msg::Register(register)),
+            }) => self.register(i, slot, register)?,
+            node_message::Msg::Message(AgentMessage { msg }) => match &mut self.slots[s] {
+                Slot::Live(session) => session.handle(&self.core, msg, now, &mut self.scratch),
+                _ if msg.is_none() => {}
+                _ => self.end_slot(
+                    slot,
+                    0,
+                    Status::invalid_argument(format!(
+                        "nodes[{i}].slot: {slot} has no node on this stream \
+                         (a node's first message is Register)"
+                    )),
+                ),
+            },
+        }
+        Ok(())
     }
 
     /// Tell the relay that `slot`'s session (`session`, 0 for none) ended
@@ -221,8 +247,12 @@ impl Relay {
         let tx = self.tx.for_slot(slot);
         match Session::open(&self.core, register, tx, certs, self.require_cert) {
             Ok(opening) => {
-                self.slots[s] = Slot::Opening;
-                self.opening.push((i, slot, opening));
+                self.slots[s] = Slot::Opening {
+                    opening,
+                    i,
+                    held: Vec::new(),
+                };
+                self.opening.push(slot);
                 Ok(())
             }
             Err(Refused::Node(status)) => {
@@ -233,22 +263,54 @@ impl Relay {
         }
     }
 
-    /// Await the answers to the Registers sent: each slot becomes live,
-    /// or free again with its refusal told. Err: the core stopped.
-    async fn settle(&mut self) -> Result<(), Status> {
-        for (i, slot, opening) in std::mem::take(&mut self.opening) {
-            let s = slot as usize;
-            match opening.attached(&self.core).await {
-                Ok(session) => self.slots[s] = Slot::Live(session),
-                Err(Refused::Node(status)) => {
-                    self.slots[s] = Slot::Free;
-                    self.end_slot(slot, 0, node_status(i, status));
+    /// Take the core's answers that came: each slot becomes live (and
+    /// what it held is handled, in order) or free again with its refusal
+    /// told. Ready when at least one came; Err: the core stopped.
+    fn poll_openings(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        let mut done = Vec::new();
+        let mut k = 0;
+        while k < self.opening.len() {
+            let slot = self.opening[k];
+            let Slot::Opening { opening, .. } = &mut self.slots[slot as usize] else {
+                self.opening.swap_remove(k);
+                continue;
+            };
+            match opening.poll_attached(cx, &self.core) {
+                Poll::Ready(r) => {
+                    self.opening.swap_remove(k);
+                    done.push((slot, r));
                 }
-                Err(Refused::Stopped(status)) => {
-                    self.slots[s] = Slot::Free;
-                    return Err(status);
+                Poll::Pending => k += 1,
+            }
+        }
+        if done.is_empty() {
+            return Poll::Pending;
+        }
+        let now = now_ms();
+        for (slot, r) in done {
+            let Slot::Opening { i, held, .. } = std::mem::take(&mut self.slots[slot as usize])
+            else {
+                continue;
+            };
+            match r {
+                Ok(session) => self.slots[slot as usize] = Slot::Live(session),
+                Err(Refused::Node(status)) => self.end_slot(slot, 0, node_status(i, status)),
+                Err(Refused::Stopped(status)) => return Poll::Ready(Err(status)),
+            }
+            for (i, msg) in held {
+                if let Err(status) = self.node_message(i, slot, msg, now) {
+                    return Poll::Ready(Err(status));
                 }
             }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Wait until no Register awaits the core's answer. Err: the core
+    /// stopped.
+    pub async fn settle(&mut self) -> Result<(), Status> {
+        while !self.opening.is_empty() {
+            std::future::poll_fn(|cx| self.poll_openings(cx)).await?;
         }
         Ok(())
     }
@@ -331,6 +393,12 @@ mod tests {
         RelayMessage { nodes }
     }
 
+    /// A frame, then every Register's answer.
+    async fn feed(relay: &mut Relay, f: RelayMessage) -> Result<(), Status> {
+        relay.frame(f)?;
+        relay.settle().await
+    }
+
     /// The relay's side: the replies, one node message at a time.
     struct Replies {
         frames: std::pin::Pin<Box<dyn Stream<Item = Result<RelayReply, Status>> + Send>>,
@@ -352,31 +420,44 @@ mod tests {
             }
         }
 
-        /// The next reply of `slot` that is not a Lease (others' skipped).
-        async fn next_of(&mut self, slot: u32) -> node_reply::Msg {
+        /// The first reply (read so far or to come) that `want`s; the
+        /// others stay for later.
+        async fn find(&mut self, want: impl Fn(u32, &node_reply::Msg) -> bool) -> node_reply::Msg {
             loop {
-                let (s, m) = self.next().await;
-                let lease = matches!(
-                    &m,
-                    node_reply::Msg::Message(DispatcherMessage {
-                        msg: Some(dispatcher_message::Msg::Lease(_))
-                    })
-                );
-                if s == slot && !lease {
-                    return m;
+                let at = self
+                    .buf
+                    .iter()
+                    .position(|r| r.msg.as_ref().is_some_and(|m| want(r.slot, m)));
+                if let Some(k) = at {
+                    return self.buf.remove(k).and_then(|r| r.msg).unwrap();
                 }
+                let f = tokio::time::timeout(Duration::from_secs(5), self.frames.next())
+                    .await
+                    .expect("a reply within 5 s")
+                    .expect("the stream goes on")
+                    .expect("a frame, not the stream's end");
+                self.buf.extend(f.nodes);
             }
         }
 
+        /// The first reply of `slot` that is not a Lease.
+        async fn next_of(&mut self, slot: u32) -> node_reply::Msg {
+            self.find(|s, m| s == slot && lease(m).is_none()).await
+        }
+
+        /// The first Lease of `slot`: its seq.
         async fn lease_of(&mut self, slot: u32) -> u64 {
-            loop {
-                if let (s, node_reply::Msg::Message(m)) = self.next().await
-                    && s == slot
-                    && let Some(dispatcher_message::Msg::Lease(l)) = m.msg
-                {
-                    return l.seq;
-                }
-            }
+            let m = self.find(|s, m| s == slot && lease(m).is_some()).await;
+            lease(&m).unwrap()
+        }
+    }
+
+    fn lease(m: &node_reply::Msg) -> Option<u64> {
+        match m {
+            node_reply::Msg::Message(DispatcherMessage {
+                msg: Some(dispatcher_message::Msg::Lease(l)),
+            }) => Some(l.seq),
+            _ => None,
         }
     }
 
@@ -427,10 +508,12 @@ mod tests {
     async fn each_slots_messages_reach_its_node_and_its_answers_its_slot() {
         let dir = tempfile::tempdir().unwrap();
         let (core, thread, mut relay, mut replies) = setup(dir.path());
-        relay
-            .frame(frame(vec![reg(0, "a"), reg(5, "b"), reg(2, "c")]))
-            .await
-            .unwrap();
+        feed(
+            &mut relay,
+            frame(vec![reg(0, "a"), reg(5, "b"), reg(2, "c")]),
+        )
+        .await
+        .unwrap();
         assert_eq!(relay.live(), 3);
         let mut slot_of = HashMap::new();
         for (slot, node) in [(0, "a"), (5, "b"), (2, "c")] {
@@ -438,10 +521,12 @@ mod tests {
             slot_of.insert(node.to_string(), slot);
         }
         // Leases per node: each report's seq answered on its own slot.
-        relay
-            .frame(frame(vec![load(0, 10), load(5, 50), load(2, 20)]))
-            .await
-            .unwrap();
+        feed(
+            &mut relay,
+            frame(vec![load(0, 10), load(5, 50), load(2, 20)]),
+        )
+        .await
+        .unwrap();
         let mut leases = HashMap::new();
         for _ in 0..3 {
             if let (s, node_reply::Msg::Message(m)) = replies.next().await
@@ -484,29 +569,63 @@ mod tests {
         assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
     }
 
+    /// What a node sends before the core answered its Register waits on
+    /// its slot and is handled in order once it is attached; the other
+    /// nodes' messages do not wait.
+    #[tokio::test]
+    async fn a_registering_nodes_messages_wait_for_its_answer_and_others_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (core, thread, mut relay, mut replies) = setup(dir.path());
+        feed(&mut relay, frame(vec![reg(0, "a")])).await.unwrap();
+        assert!(is_registered(&replies.next_of(0).await));
+        // b registers and reports in one frame, and again in the next,
+        // before its answer; a's report meanwhile is handled at once.
+        relay
+            .frame(frame(vec![reg(1, "b"), load(1, 11), load(0, 5)]))
+            .unwrap();
+        relay.frame(frame(vec![load(1, 12)])).unwrap();
+        assert_eq!(relay.live(), 1, "b is not attached yet");
+        assert_eq!(replies.lease_of(0).await, 5);
+        relay.settle().await.unwrap();
+        assert_eq!(relay.live(), 2);
+        // b's Registered, then the lease of its latest held report.
+        assert!(is_registered(&replies.next_of(1).await));
+        assert_eq!(replies.lease_of(1).await, 12);
+        // A Detach held behind a Register ends the session it opened.
+        relay.frame(frame(vec![reg(2, "c"), detach(2)])).unwrap();
+        relay.settle().await.unwrap();
+        assert!(is_registered(&replies.next_of(2).await));
+        let (code, _) = ended(&replies.next_of(2).await).unwrap();
+        assert_eq!(code, tonic::Code::Cancelled);
+        assert_eq!(relay.live(), 2);
+        core.send(Command::Shutdown);
+        assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
+    }
+
     /// Bad input ends only the slot at fault, naming the field; the
     /// stream's other nodes keep their sessions and leases.
     #[tokio::test]
     async fn bad_input_ends_only_its_slot() {
         let dir = tempfile::tempdir().unwrap();
         let (core, thread, mut relay, mut replies) = setup(dir.path());
-        relay
-            .frame(frame(vec![reg(0, "a"), reg(1, "b")]))
+        feed(&mut relay, frame(vec![reg(0, "a"), reg(1, "b")]))
             .await
             .unwrap();
         assert!(is_registered(&replies.next_of(0).await));
         assert!(is_registered(&replies.next_of(1).await));
         // A slot over the limit, a message on a slot with no node, a name
         // too long, a Register on a live slot.
-        relay
-            .frame(frame(vec![
+        feed(
+            &mut relay,
+            frame(vec![
                 load(MAX_SLOTS, 1),
                 load(7, 1),
                 reg(3, &"x".repeat(300)),
                 reg(0, "a2"),
-            ]))
-            .await
-            .unwrap();
+            ]),
+        )
+        .await
+        .unwrap();
         let (code, m) = ended(&replies.next_of(MAX_SLOTS).await).unwrap();
         assert_eq!(code, tonic::Code::InvalidArgument);
         assert_eq!(m, "nodes[0].slot: 65536, at most 65535");
@@ -524,16 +643,14 @@ mod tests {
         );
         // Slot 0's node is gone (a message there has no node), slot 1's
         // goes on: its report is answered with its lease.
-        relay
-            .frame(frame(vec![load(0, 3), load(1, 4)]))
+        feed(&mut relay, frame(vec![load(0, 3), load(1, 4)]))
             .await
             .unwrap();
         assert!(ended(&replies.next_of(0).await).is_some());
         assert_eq!(replies.lease_of(1).await, 4);
         assert_eq!(relay.live(), 1);
         // Detach: answered CANCELLED; the slot takes a new node.
-        relay
-            .frame(frame(vec![detach(1), reg(1, "c")]))
+        feed(&mut relay, frame(vec![detach(1), reg(1, "c")]))
             .await
             .unwrap();
         let (code, m) = ended(&replies.next_of(1).await).unwrap();
@@ -542,18 +659,18 @@ mod tests {
             (tonic::Code::Cancelled, "node b: detached by the relay")
         );
         assert!(is_registered(&replies.next_of(1).await));
-        relay.frame(frame(vec![load(1, 9)])).await.unwrap();
+        feed(&mut relay, frame(vec![load(1, 9)])).await.unwrap();
         assert_eq!(replies.lease_of(1).await, 9);
         // The node registering on another slot ends its first session
         // (aborted, as an Attach stream replaced); the slot is then free
         // for a Register without an error.
-        relay.frame(frame(vec![reg(4, "c")])).await.unwrap();
+        feed(&mut relay, frame(vec![reg(4, "c")])).await.unwrap();
         // (Registered first: the core answers the new session, then ends
         // the old.)
         assert!(is_registered(&replies.next_of(4).await));
         let (code, _) = ended(&replies.next_of(1).await).unwrap();
         assert_eq!(code, tonic::Code::Aborted);
-        relay.frame(frame(vec![reg(1, "d")])).await.unwrap();
+        feed(&mut relay, frame(vec![reg(1, "d")])).await.unwrap();
         assert!(is_registered(&replies.next_of(1).await));
         assert_eq!(relay.live(), 2);
         core.send(Command::Shutdown);

@@ -141,13 +141,22 @@ impl Session {
 impl Opening {
     /// The session, once the core attached the node (its Registered is
     /// queued on the stream before this returns).
-    pub async fn attached(self, core: &CoreHandle) -> Result<Session, Refused> {
-        match self.0.reply().await {
+    pub async fn attached(mut self, core: &CoreHandle) -> Result<Session, Refused> {
+        std::future::poll_fn(|cx| self.poll_attached(cx, core)).await
+    }
+
+    /// [`Self::attached`], polled (ready once: not to be polled again).
+    pub fn poll_attached(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        core: &CoreHandle,
+    ) -> std::task::Poll<Result<Session, Refused>> {
+        self.0.poll_reply(cx).map(|r| match r {
             Ok(Ok((_session, beat))) => Ok(Session {
                 reporter: core.reporter(beat),
             }),
             Ok(Err(status)) => Err(Refused::Node(status)),
             Err(stopped) => Err(Refused::Stopped(stopped)),
-        }
+        })
     }
 }
