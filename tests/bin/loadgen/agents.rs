@@ -138,7 +138,7 @@ pub enum Connection {
 
 /// What a session reads: its Attach stream, or its slot of a relay.
 enum Inbound {
-    Stream(tonic::Streaming<proto::v1::DispatcherMessage>),
+    Stream(Box<tonic::Streaming<proto::v1::DispatcherMessage>>),
     Relay(crate::relay::NodeRx),
 }
 
@@ -565,7 +565,7 @@ async fn attach_stream(
         .await
         .context("attaching")?
         .into_inner();
-    Ok((tx, Inbound::Stream(stream)))
+    Ok((tx, Inbound::Stream(Box::new(stream))))
 }
 
 /// One connected session; Ok when asked to stop.
