@@ -106,7 +106,7 @@ impl Relay {
                     }
                     Some(Err(status)) => {
                         tracing::info!(%status, "relay stream error");
-                        break Some(crate::server::inbound_error(&status));
+                        break Some(crate::session::inbound_error(&status));
                     }
                     None => break None,
                 },
@@ -118,7 +118,7 @@ impl Relay {
             }
         };
         if let Some(status) = end {
-            let _ = self.tx.send(Err(crate::server::bounded(status)));
+            let _ = self.tx.send(Err(crate::session::bounded(status)));
         }
         self.close_all().await;
     }

@@ -33,7 +33,9 @@ use crate::auth::{Access, Action, Scope};
 use crate::core::Command;
 use crate::gate::{Gate, Role};
 use crate::limits::{Limits, SubmitLimiter, client_key};
-use crate::session::{Refused, Session};
+#[cfg(test)]
+use crate::session::MAX_STATUS_MESSAGE_BYTES;
+use crate::session::{Refused, Session, bounded, inbound_error};
 use crate::store::NodeAdmin;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -397,45 +399,6 @@ pub struct Agents {
 }
 
 pub use crate::session::MAX_NODE_NAME_BYTES;
-
-/// Longest status message the agents' stream ends with. A status travels
-/// in an HTTP/2 header; one larger than the peer's header list limit
-/// (16 KiB in hyper) is refused by the peer's HTTP/2 layer, which resets
-/// the stream with PROTOCOL_ERROR and loses the status. Messages that
-/// echo what the agent sent are cut to this size.
-const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
-
-/// `status` with its message cut to [`MAX_STATUS_MESSAGE_BYTES`] (at a
-/// character boundary, saying how long it was).
-pub(crate) fn bounded(status: Status) -> Status {
-    let msg = status.message();
-    if msg.len() <= MAX_STATUS_MESSAGE_BYTES {
-        return status;
-    }
-    let mut end = MAX_STATUS_MESSAGE_BYTES;
-    while !msg.is_char_boundary(end) {
-        end -= 1;
-    }
-    Status::new(
-        status.code(),
-        format!("{}... (cut from {} bytes)", &msg[..end], msg.len()),
-    )
-}
-
-/// Why the agents' stream ends when reading it failed: the agent sent a
-/// message the server could not decode (tonic says INTERNAL) or one over
-/// the size limit (OUT_OF_RANGE). Told back to the agent, naming the
-/// stream, as its error rather than the server's.
-pub(crate) fn inbound_error(status: &Status) -> Status {
-    let code = match status.code() {
-        tonic::Code::Internal | tonic::Code::Unknown => tonic::Code::InvalidArgument,
-        code => code,
-    };
-    bounded(Status::new(
-        code,
-        format!("agent stream: {}", status.message()),
-    ))
-}
 
 impl Agents {
     async fn attach_stream(

@@ -25,6 +25,45 @@ use crate::outbound::AgentTx;
 /// holds Kubernetes node names and host names.
 pub const MAX_NODE_NAME_BYTES: usize = 253;
 
+/// Longest status message the agents' stream ends with. A status travels
+/// in an HTTP/2 header; one larger than the peer's header list limit
+/// (16 KiB in hyper) is refused by the peer's HTTP/2 layer, which resets
+/// the stream with PROTOCOL_ERROR and loses the status. Messages that
+/// echo what the agent sent are cut to this size.
+pub(crate) const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
+
+/// `status` with its message cut to [`MAX_STATUS_MESSAGE_BYTES`] (at a
+/// character boundary, saying how long it was).
+pub(crate) fn bounded(status: Status) -> Status {
+    let msg = status.message();
+    if msg.len() <= MAX_STATUS_MESSAGE_BYTES {
+        return status;
+    }
+    let mut end = MAX_STATUS_MESSAGE_BYTES;
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    Status::new(
+        status.code(),
+        format!("{}... (cut from {} bytes)", &msg[..end], msg.len()),
+    )
+}
+
+/// Why the agents' stream ends when reading it failed: the agent sent a
+/// message the server could not decode (tonic says INTERNAL) or one over
+/// the size limit (OUT_OF_RANGE). Told back to the agent, naming the
+/// stream, as its error rather than the server's.
+pub(crate) fn inbound_error(status: &Status) -> Status {
+    let code = match status.code() {
+        tonic::Code::Internal | tonic::Code::Unknown => tonic::Code::InvalidArgument,
+        code => code,
+    };
+    bounded(Status::new(
+        code,
+        format!("agent stream: {}", status.message()),
+    ))
+}
+
 /// A node's session: what its stream's reader keeps of it.
 #[derive(Debug)]
 pub struct Session {
