@@ -188,3 +188,39 @@ fn agents_sharing_connections_and_batched_submissions_also_finish_every_job() ->
     assert_eq!(latency(&passes[0], "SubmitJobs")["count"], 10);
     Ok(())
 }
+
+#[test]
+fn agents_attached_through_relays_finish_every_job() -> Result<()> {
+    let report = loadgen(&[
+        "--agents",
+        "20",
+        "--nodes-per-stream",
+        "8",
+        "--shapes",
+        "1s:2c:1t",
+        "--job-cpus",
+        "1,2",
+        "--rate",
+        "25",
+        "--duration-s",
+        "2",
+        "--job-ms",
+        "300",
+        "--get-rate",
+        "10",
+        "--list-nodes-rate",
+        "2",
+        "--steady-s",
+        "1",
+        "--pending",
+        "200",
+        "--timeout-s",
+        "60",
+    ])?;
+    let passes = report["passes"].as_array().context("passes")?;
+    assert_eq!(passes.len(), 1);
+    // Three AttachMany streams (8 + 8 + 4 nodes), one connection each.
+    assert_eq!(passes[0]["agent_connections"], 3);
+    assert_pass(&passes[0], 50, 20);
+    Ok(())
+}

@@ -50,6 +50,15 @@ type BoxStream = Pin<Box<dyn Stream<Item = Result<DispatcherMessage, Status>> + 
 #[tonic::async_trait]
 impl AgentService for Scripted {
     type AttachStream = BoxStream;
+    type AttachManyStream =
+        Pin<Box<dyn Stream<Item = Result<proto::v1::RelayReply, Status>> + Send>>;
+
+    async fn attach_many(
+        &self,
+        _req: Request<Streaming<proto::v1::RelayMessage>>,
+    ) -> Result<Response<Self::AttachManyStream>, Status> {
+        Err(Status::unimplemented("the agent never relays"))
+    }
 
     async fn attach(
         &self,

@@ -59,6 +59,9 @@ pub struct Beat {
     down: AtomicBool,
     /// In the queue of beats the core has still to apply.
     queued: AtomicBool,
+    /// The core ended the session by itself (the node registered on
+    /// another stream or slot): the reader may drop it.
+    ended: AtomicBool,
     pending: Mutex<Pending>,
 }
 
@@ -81,6 +84,16 @@ impl Beat {
     /// What the core last told the stream ([`Self::set_down`]).
     pub fn is_down(&self) -> bool {
         self.down.load(Ordering::Acquire)
+    }
+
+    /// The core ended this session (set before it tells the stream).
+    pub fn set_ended(&self) {
+        self.ended.store(true, Ordering::Release);
+    }
+
+    /// Whether the core ended this session ([`Self::set_ended`]).
+    pub fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
     }
 
     /// Take the pending change (the core).
@@ -107,6 +120,7 @@ impl Beats {
             last_report_ms: AtomicI64::new(i64::MIN),
             down: AtomicBool::new(false),
             queued: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
             pending: Mutex::new(Pending::default()),
         })
     }
@@ -143,18 +157,18 @@ impl Beats {
     }
 }
 
-/// The reader side of one stream: compares each report, packed, with the
-/// last one it queued, so an unchanged heartbeat touches only an atomic.
-/// The last load is kept packed and shared with the core (which keeps it
-/// as the node's last load): one copy per node.
+/// The reader side of one node's session: compares each report, packed,
+/// with the last one it queued, so an unchanged heartbeat touches only an
+/// atomic. The last load is kept packed and shared with the core (which
+/// keeps it as the node's last load): one copy per node. The buffer each
+/// report is packed in is the stream reader's (one per stream, however
+/// many nodes it carries).
 #[derive(Debug)]
 pub struct Reporter {
     beats: Arc<Beats>,
     beat: Arc<Beat>,
     /// The last load handed to the core (None before the first).
     last_load: Option<PackedLoad>,
-    /// Where each report is packed to be compared with the last.
-    scratch: Vec<u8>,
 }
 
 impl Reporter {
@@ -164,8 +178,12 @@ impl Reporter {
             beats,
             beat,
             last_load: None,
-            scratch: Vec::new(),
         }
+    }
+
+    /// The session's beat.
+    pub fn beat(&self) -> &Arc<Beat> {
+        &self.beat
     }
 
     /// Any message arrived at `now_ms`: the node is alive.
@@ -173,13 +191,14 @@ impl Reporter {
         self.beat.last_ms.fetch_max(now_ms, Ordering::AcqRel);
     }
 
-    /// A LoadReport arrived at `now_ms`. Returns true when the core must
-    /// be woken (the first beat of an empty queue).
-    pub fn report(&mut self, load: NodeLoad, seq: u64, now_ms: i64) -> bool {
+    /// A LoadReport arrived at `now_ms` (packed in `scratch` to compare
+    /// it). Returns true when the core must be woken (the first beat of
+    /// an empty queue).
+    pub fn report(&mut self, load: NodeLoad, seq: u64, now_ms: i64, scratch: &mut Vec<u8>) -> bool {
         self.alive(now_ms);
         self.beat.last_report_ms.fetch_max(now_ms, Ordering::AcqRel);
         let changed = match &self.last_load {
-            Some(last) => last.changed(&load, &mut self.scratch),
+            Some(last) => last.changed(&load, scratch),
             None => Some(PackedLoad::new(&load)),
         };
         let down = self.beat.down.load(Ordering::Acquire);
@@ -221,8 +240,14 @@ mod tests {
         let beats = Arc::new(Beats::default());
         let beat = beats.beat("n1".into(), 1, 100);
         let mut r = Reporter::new(beats.clone(), beat.clone());
-        assert!(r.report(load(false), 0, 200), "the first report wakes");
-        assert!(!r.report(load(false), 0, 300), "queued already");
+        assert!(
+            r.report(load(false), 0, 200, &mut Vec::new()),
+            "the first report wakes"
+        );
+        assert!(
+            !r.report(load(false), 0, 300, &mut Vec::new()),
+            "queued already"
+        );
         let drained = beats.drain();
         assert_eq!(drained.len(), 1);
         assert_eq!(
@@ -231,7 +256,7 @@ mod tests {
         );
         assert!(!beats.pending());
         // The same load again: nothing queued, the stamps move.
-        assert!(!r.report(load(false), 0, 1_300));
+        assert!(!r.report(load(false), 0, 1_300, &mut Vec::new()));
         assert!(!beats.pending());
         assert_eq!(beat.last_ms(), 1_300);
         assert_eq!(beat.last_report_ms(), 1_300);
@@ -245,13 +270,13 @@ mod tests {
         let beats = Arc::new(Beats::default());
         let beat = beats.beat("n1".into(), 1, 0);
         let mut r = Reporter::new(beats.clone(), beat.clone());
-        r.report(load(false), 0, 1);
+        r.report(load(false), 0, 1, &mut Vec::new());
         beats.drain();
         let _ = beat.take();
         // Changed load, then a lease: one queue entry, the latest of each.
-        assert!(r.report(load(true), 0, 2));
-        assert!(!r.report(load(true), 7, 3));
-        assert!(!r.report(load(true), 8, 4));
+        assert!(r.report(load(true), 0, 2, &mut Vec::new()));
+        assert!(!r.report(load(true), 7, 3, &mut Vec::new()));
+        assert!(!r.report(load(true), 8, 4, &mut Vec::new()));
         let drained = beats.drain();
         assert_eq!(drained.len(), 1);
         let p = drained[0].take();
@@ -261,7 +286,7 @@ mod tests {
         );
         // The core marked the node down: an unchanged report is queued.
         beat.set_down(true);
-        assert!(r.report(load(true), 0, 5));
+        assert!(r.report(load(true), 0, 5, &mut Vec::new()));
         let p = beats.drain()[0].take();
         assert_eq!((p.load, p.lease_seq), (None, 0));
     }

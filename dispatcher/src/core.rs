@@ -228,9 +228,16 @@ pub struct CoreHandle {
 impl CoreHandle {
     /// Send a command and await its reply.
     pub async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, Status> {
+        self.ask(make)?.reply().await?
+    }
+
+    /// Send a command now, its reply to be awaited later (several asked
+    /// in a row are applied in that order, in as few batches as they
+    /// arrive in). Err: the core has stopped.
+    pub fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<Asked<T>, Status> {
         let (reply, rx) = oneshot::channel();
         self.tx.send(make(reply)).map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+        Ok(Asked(rx))
     }
 
     /// Send a command that has no reply.
@@ -244,11 +251,38 @@ impl CoreHandle {
         Reporter::new(self.beats.clone(), beat)
     }
 
-    /// A LoadReport read from an attached stream at `now_ms`.
-    pub fn report(&self, reporter: &mut Reporter, report: proto::v1::LoadReport, now_ms: i64) {
-        if reporter.report(report.load.unwrap_or_default(), report.seq, now_ms) {
+    /// A LoadReport read from an attached stream at `now_ms` (`scratch`:
+    /// the stream reader's buffer to pack it in).
+    pub fn report(
+        &self,
+        reporter: &mut Reporter,
+        report: proto::v1::LoadReport,
+        now_ms: i64,
+        scratch: &mut Vec<u8>,
+    ) {
+        if reporter.report(report.load.unwrap_or_default(), report.seq, now_ms, scratch) {
             self.send(Command::Beats);
         }
+    }
+}
+
+/// A command sent by [`CoreHandle::ask`], its reply to come.
+pub struct Asked<T>(oneshot::Receiver<Result<T, Status>>);
+
+impl<T> Asked<T> {
+    /// The core's reply; the outer Err: the core stopped without one.
+    pub async fn reply(self) -> Result<Result<T, Status>, Status> {
+        self.0.await.map_err(|_| stopped())
+    }
+
+    /// [`Self::reply`], polled (ready once: not to be polled again).
+    pub fn poll_reply(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Result<T, Status>, Status>> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|r| r.map_err(|_| stopped()))
     }
 }
 
@@ -802,6 +836,7 @@ impl Core {
                     Ok(heartbeat_interval_ms) => {
                         let session = self.next_session;
                         self.next_session += 1;
+                        let tx = tx.in_session(session);
                         let hello = DispatcherMessage {
                             msg: Some(dispatcher_message::Msg::Registered(Registered {
                                 heartbeat_interval_ms,
@@ -821,6 +856,7 @@ impl Core {
                             applied_report_ms: i64::MIN,
                         };
                         if let Some(old) = self.agents.insert(node.clone(), link) {
+                            old.beat.set_ended();
                             let _ = old.tx.send(Err(Status::aborted(
                                 "another agent registered with this node name",
                             )));
@@ -1759,7 +1795,7 @@ mod tests {
             .unwrap();
         // Unchanged reports every 50 ms for more than three deadlines.
         for _ in 0..(4 * HEARTBEAT_MS / 50) {
-            core.report(&mut reporter, report(false, 0), now_ms());
+            core.report(&mut reporter, report(false, 0), now_ms(), &mut Vec::new());
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let node = node_of(&core, "n1").await;
@@ -1780,11 +1816,11 @@ mod tests {
         let node = wait_state(&core, "n1", proto::v1::NodeState::Down).await;
         assert_eq!(node.state, proto::v1::NodeState::Down as i32, "{node:?}");
         // The same load again from the open stream: up again.
-        core.report(&mut reporter, report(false, 0), now_ms());
+        core.report(&mut reporter, report(false, 0), now_ms(), &mut Vec::new());
         let node = wait_state(&core, "n1", proto::v1::NodeState::Ready).await;
         assert_eq!(node.state, proto::v1::NodeState::Ready as i32, "{node:?}");
         // A changed load is applied; a seq is answered with a lease.
-        core.report(&mut reporter, report(true, 9), now_ms());
+        core.report(&mut reporter, report(true, 9), now_ms(), &mut Vec::new());
         let lease = loop {
             let msg = tokio::time::timeout(Duration::from_secs(5), agent.recv())
                 .await

@@ -12,7 +12,9 @@
 //!   certificates and the local CA.
 //! - [`beats`]: agents' liveness and LoadReports, aggregated per stream
 //!   off the core and applied by it in batches; [`outbound`]: each
-//!   agent stream's queue of messages from the core.
+//!   agent stream's queue of messages from the core; [`session`]: one
+//!   node's session on a stream, shared by Attach and AttachMany, whose
+//!   many-node reader is [`relay`].
 //! - [`core`]: the thread that owns the cluster and the store; it reports
 //!   to the [`observe::Observers`] it is built with ([`metrics`], [`web`],
 //!   [`telemetry`]). [`offcore`]: the one-slot hand-off by which the web
@@ -31,7 +33,9 @@ pub mod observe;
 pub mod offcore;
 pub mod outbound;
 pub mod record;
+pub mod relay;
 pub mod server;
+pub mod session;
 pub mod spec;
 pub mod store;
 pub mod telemetry;

@@ -21,8 +21,8 @@ use proto::v1::node_service_server::{NodeService, NodeServiceServer};
 use proto::v1::{
     AgentMessage, CancelJobRequest, DispatcherMessage, GetJobRequest, GetNodeRequest, Job,
     JobEvent, ListJobsRequest, ListJobsResponse, ListNodesRequest, ListNodesResponse, LogChunk,
-    Node, NodeActionRequest, StreamLogsRequest, SubmitJobRequest, SubmitJobResponse,
-    SubmitJobsRequest, SubmitJobsResponse, WatchJobsRequest, agent_message,
+    Node, NodeActionRequest, RelayMessage, RelayReply, StreamLogsRequest, SubmitJobRequest,
+    SubmitJobResponse, SubmitJobsRequest, SubmitJobsResponse, WatchJobsRequest, agent_message,
 };
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -33,6 +33,9 @@ use crate::auth::{Access, Action, Scope};
 use crate::core::Command;
 use crate::gate::{Gate, Role};
 use crate::limits::{Limits, SubmitLimiter, client_key};
+#[cfg(test)]
+use crate::session::MAX_STATUS_MESSAGE_BYTES;
+use crate::session::{Refused, Session, bounded, inbound_error};
 use crate::store::NodeAdmin;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -395,48 +398,7 @@ pub struct Agents {
     require_client_cert: bool,
 }
 
-/// Longest node name an agent may register as: a DNS name's limit, which
-/// holds Kubernetes node names and host names.
-pub const MAX_NODE_NAME_BYTES: usize = 253;
-
-/// Longest status message the agents' stream ends with. A status travels
-/// in an HTTP/2 header; one larger than the peer's header list limit
-/// (16 KiB in hyper) is refused by the peer's HTTP/2 layer, which resets
-/// the stream with PROTOCOL_ERROR and loses the status. Messages that
-/// echo what the agent sent are cut to this size.
-const MAX_STATUS_MESSAGE_BYTES: usize = 1024;
-
-/// `status` with its message cut to [`MAX_STATUS_MESSAGE_BYTES`] (at a
-/// character boundary, saying how long it was).
-fn bounded(status: Status) -> Status {
-    let msg = status.message();
-    if msg.len() <= MAX_STATUS_MESSAGE_BYTES {
-        return status;
-    }
-    let mut end = MAX_STATUS_MESSAGE_BYTES;
-    while !msg.is_char_boundary(end) {
-        end -= 1;
-    }
-    Status::new(
-        status.code(),
-        format!("{}... (cut from {} bytes)", &msg[..end], msg.len()),
-    )
-}
-
-/// Why the agents' stream ends when reading it failed: the agent sent a
-/// message the server could not decode (tonic says INTERNAL) or one over
-/// the size limit (OUT_OF_RANGE). Told back to the agent, naming the
-/// stream, as its error rather than the server's.
-fn inbound_error(status: &Status) -> Status {
-    let code = match status.code() {
-        tonic::Code::Internal | tonic::Code::Unknown => tonic::Code::InvalidArgument,
-        code => code,
-    };
-    bounded(Status::new(
-        code,
-        format!("agent stream: {}", status.message()),
-    ))
-}
+pub use crate::session::MAX_NODE_NAME_BYTES;
 
 impl Agents {
     async fn attach_stream(
@@ -458,58 +420,52 @@ impl Agents {
                 "the first message must be Register",
             ));
         };
-        if register.node.len() > MAX_NODE_NAME_BYTES {
-            return Err(Status::invalid_argument(format!(
-                "register.node: {} bytes, at most {MAX_NODE_NAME_BYTES}",
-                register.node.len()
-            )));
-        }
-        let node = register.node.clone();
-        if self.require_client_cert {
-            crate::tls::authorize_agent(peer_certs.as_deref().map(Vec::as_slice), &node)
-                .inspect_err(|status| tracing::warn!(%node, %status, "agent refused"))?;
-        }
         let (tx, rx) = crate::outbound::channel();
         // Kept to end the stream with the reason when reading it fails.
         let failed = tx.clone();
-        let (session, beat) = core
-            .call(|reply| Command::Attach {
-                register,
-                tx,
-                reply,
-            })
-            .await?;
+        let certs = peer_certs.as_deref().map(Vec::as_slice);
+        let mut session = Session::open(&core, register, tx, certs, self.require_client_cert)
+            .map_err(Refused::into_status)?
+            .attached(&core)
+            .await
+            .map_err(Refused::into_status)?;
         tokio::spawn(async move {
             // Liveness and LoadReports are aggregated here, per stream,
             // and reach the core in batches (crate::beats); the rest goes
             // to the core as commands, in the stream's order.
-            let mut reporter = core.reporter(beat);
+            let mut scratch = Vec::new();
             loop {
-                let msg = inbound.next().await;
-                if let Some(Ok(_)) = &msg {
-                    reporter.alive(crate::core::now_ms());
-                }
-                match msg {
-                    Some(Ok(AgentMessage {
-                        msg: Some(agent_message::Msg::Load(report)),
-                    })) => core.report(&mut reporter, report, crate::core::now_ms()),
-                    Some(Ok(AgentMessage { msg: Some(msg) })) => core.send(Command::FromAgent {
-                        node: node.clone(),
-                        session,
-                        msg,
-                    }),
-                    Some(Ok(AgentMessage { msg: None })) => {}
+                match inbound.next().await {
+                    Some(Ok(AgentMessage { msg })) => {
+                        session.handle(&core, msg, crate::core::now_ms(), &mut scratch)
+                    }
                     Some(Err(status)) => {
-                        tracing::info!(%node, %status, "agent stream error");
+                        tracing::info!(node = %session.node(), %status, "agent stream error");
                         let _ = failed.send(Err(inbound_error(&status)));
                         break;
                     }
                     None => break,
                 }
             }
-            core.send(Command::Detach { node, session });
+            session.close(&core);
         });
         Ok(Response::new(Box::pin(rx.into_stream())))
+    }
+
+    /// AttachMany: the stream's one reader task ([`crate::relay`]) serves
+    /// every node on it; the response is the stream's one outbound queue,
+    /// framed per [`RelayReply`].
+    fn attach_many_stream(
+        &self,
+        req: Request<Streaming<RelayMessage>>,
+    ) -> Result<Response<BoxStream<RelayReply>>, Status> {
+        let core = self.gate.core()?;
+        let peer_certs = crate::tls::peer_certs(&req);
+        let inbound = req.into_inner();
+        let (tx, rx) = crate::outbound::channel();
+        let relay = crate::relay::Relay::new(core, tx, peer_certs, self.require_client_cert);
+        tokio::spawn(relay.serve(inbound));
+        Ok(Response::new(Box::pin(rx.into_relay_stream())))
     }
 }
 
@@ -524,6 +480,16 @@ impl AgentService for Agents {
         req: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
         self.attach_stream(req).await.map_err(bounded)
+    }
+
+    type AttachManyStream = BoxStream<RelayReply>;
+
+    /// A relay's stream of many nodes (see the proto and [`crate::relay`]).
+    async fn attach_many(
+        &self,
+        req: Request<Streaming<RelayMessage>>,
+    ) -> Result<Response<Self::AttachManyStream>, Status> {
+        self.attach_many_stream(req).map_err(bounded)
     }
 }
 

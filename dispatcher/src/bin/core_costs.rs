@@ -153,6 +153,11 @@ struct Args {
     /// the stream's.
     #[arg(long, default_value_t = 1)]
     agents_per_connection: usize,
+    /// Attach the `--connections` agents as a relay would: this many nodes
+    /// on one AttachMany stream (each stream on its own HTTP/2
+    /// connection); 0 = each agent its own Attach stream.
+    #[arg(long, default_value_t = 0)]
+    nodes_per_stream: usize,
     /// Small sizes, and exit 1 unless the figures are consistent.
     #[arg(long)]
     check: bool,
@@ -230,7 +235,10 @@ fn attach_codec_bytes() -> isize {
 /// labels) and send one idle LoadReport; "attached" is printed once every
 /// one was answered Registered, and the streams stay open until stdin
 /// ends.
-fn attach_agents(url: &str, n: usize, per: usize) -> Result<()> {
+fn attach_agents(url: &str, n: usize, per: usize, per_stream: usize) -> Result<()> {
+    if per_stream > 0 {
+        return attach_relayed(url, n, per_stream);
+    }
     use proto::v1::agent_service_client::AgentServiceClient;
     use proto::v1::{AgentMessage, LoadReport, agent_message, dispatcher_message};
     use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -309,11 +317,118 @@ fn attach_agents(url: &str, n: usize, per: usize) -> Result<()> {
     Ok(())
 }
 
+/// The child of `--connections` with `--nodes-per-stream K`: `n` nodes
+/// attached as relays would, K to an AttachMany stream (one connection
+/// each), Registers then every node's idle LoadReport, in frames of at
+/// most 64 KiB; "attached" once every node was answered Registered.
+fn attach_relayed(url: &str, n: usize, per_stream: usize) -> Result<()> {
+    use proto::v1::agent_service_client::AgentServiceClient;
+    use proto::v1::{
+        AgentMessage, LoadReport, NodeMessage, RelayMessage, agent_message, dispatcher_message,
+        node_message, node_reply,
+    };
+    use tokio_stream::StreamExt;
+    use tokio_stream::wrappers::UnboundedReceiverStream;
+
+    let topos = shapes()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the relays' runtime")?;
+    let held = rt.block_on(async {
+        let mut held = Vec::new();
+        for first in (0..n).step_by(per_stream) {
+            let nodes: Vec<usize> = (first..n.min(first + per_stream)).collect();
+            let channel = tonic::transport::Endpoint::from_shared(url.to_string())?
+                .tcp_nodelay(true)
+                .connect()
+                .await
+                .context("connecting")?;
+            let mut client = AgentServiceClient::new(channel.clone())
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20);
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let msg = |slot: usize, m: agent_message::Msg| NodeMessage {
+                slot: slot as u32,
+                msg: Some(node_message::Msg::Message(AgentMessage { msg: Some(m) })),
+            };
+            // Frames of at most 64 KiB, as a relay sends them (the
+            // dispatcher reads a stream into a buffer that keeps the size
+            // of its largest frame).
+            let mut frame: Vec<NodeMessage> = Vec::new();
+            let mut bytes = 0;
+            let mut push = |m: NodeMessage, flush: bool| {
+                let len = prost::Message::encoded_len(&m) + 4;
+                if bytes + len > 64 << 10 && !frame.is_empty() {
+                    let _ = tx.send(RelayMessage {
+                        nodes: std::mem::take(&mut frame),
+                    });
+                    bytes = 0;
+                }
+                bytes += len;
+                frame.push(m);
+                if flush {
+                    let _ = tx.send(RelayMessage {
+                        nodes: std::mem::take(&mut frame),
+                    });
+                    bytes = 0;
+                }
+            };
+            for (k, &i) in nodes.iter().enumerate() {
+                let r = register_msg(i, &topos[i % topos.len()], "core_costs");
+                push(
+                    msg(i - first, agent_message::Msg::Register(r)),
+                    k + 1 == nodes.len(),
+                );
+            }
+            for (k, &i) in nodes.iter().enumerate() {
+                let load = idle_load(&topos[i % topos.len()].cpus);
+                let report = agent_message::Msg::Load(LoadReport {
+                    load: Some(load),
+                    seq: 0,
+                });
+                push(msg(i - first, report), k + 1 == nodes.len());
+            }
+            let mut inbound = client
+                .attach_many(UnboundedReceiverStream::new(rx))
+                .await
+                .context("AttachMany")?
+                .into_inner();
+            let mut registered = 0;
+            while registered < nodes.len() {
+                let frame = inbound.next().await.context("the relay stream ended")??;
+                for r in frame.nodes {
+                    match r.msg {
+                        Some(node_reply::Msg::Message(m))
+                            if matches!(m.msg, Some(dispatcher_message::Msg::Registered(_))) =>
+                        {
+                            registered += 1
+                        }
+                        Some(node_reply::Msg::Ended(e)) => bail!("slot {} ended: {e:?}", r.slot),
+                        _ => {}
+                    }
+                }
+            }
+            held.push((channel, tx, inbound));
+        }
+        anyhow::Ok(held)
+    })?;
+    println!("attached {n}");
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).unwrap_or(0) > 0 {
+        line.clear();
+    }
+    drop(held);
+    Ok(())
+}
+
 /// What `n` attached agents cost the dispatcher's process.
 struct ConnCosts {
     n: usize,
-    /// Agents per HTTP/2 connection.
-    per: usize,
+    /// How they attached.
+    how: String,
     heap: isize,
     rss: i64,
     /// Live allocations per size class gained (count, bytes).
@@ -323,7 +438,7 @@ struct ConnCosts {
 /// A dispatcher in this process (its core, the gRPC server on a loopback
 /// port, the embedded store in a temporary directory) and `n` agents
 /// attached from a child process: the heap and RSS this process gained.
-fn connection_costs(n: usize, per: usize) -> Result<ConnCosts> {
+fn connection_costs(n: usize, per: usize, per_stream: usize) -> Result<ConnCosts> {
     use dispatcher::core::{Command, OnStoreFailure};
     use dispatcher::gate::Gate;
     use dispatcher::observe::Observers;
@@ -368,6 +483,7 @@ fn connection_costs(n: usize, per: usize) -> Result<ConnCosts> {
         let mut child = std::process::Command::new(std::env::current_exe()?)
             .args(["--attach", &url, "--connections", &n.to_string()])
             .args(["--agents-per-connection", &per.to_string()])
+            .args(["--nodes-per-stream", &per_stream.to_string()])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -403,9 +519,14 @@ fn connection_costs(n: usize, per: usize) -> Result<ConnCosts> {
         drop(core);
         let _ = rt.block_on(server);
         let _ = thread.join();
+        let how = if per_stream > 0 {
+            format!("{per_stream} per AttachMany stream (one connection each)")
+        } else {
+            format!("{per} per HTTP/2 connection (an Attach stream each)")
+        };
         Ok(ConnCosts {
             n,
-            per,
+            how,
             heap: heap1 - heap0,
             rss: rss1 as i64 - rss0 as i64,
             classes: classes1
@@ -422,7 +543,12 @@ fn connection_costs(n: usize, per: usize) -> Result<ConnCosts> {
 fn main() -> Result<()> {
     let mut args = Args::parse();
     if let Some(url) = &args.attach {
-        return attach_agents(url, args.connections, args.agents_per_connection);
+        return attach_agents(
+            url,
+            args.connections,
+            args.agents_per_connection,
+            args.nodes_per_stream,
+        );
     }
     if args.check {
         args.nodes = args.nodes.min(400);
@@ -550,12 +676,13 @@ fn main() -> Result<()> {
         }
     }) / args.nodes as u32;
     let beats = Arc::new(Beats::default());
+    let mut scratch = Vec::new();
     let mut readers: Vec<Reporter> = names
         .iter()
         .enumerate()
         .map(|(i, name)| {
             let mut r = Reporter::new(beats.clone(), beats.beat(name.clone(), i as u64, now));
-            r.report(loads[i % loads.len()].clone(), 0, now);
+            r.report(loads[i % loads.len()].clone(), 0, now, &mut scratch);
             r
         })
         .collect();
@@ -570,7 +697,7 @@ fn main() -> Result<()> {
         let batch = reports.clone();
         let t = Instant::now();
         for (r, load) in readers.iter_mut().zip(batch) {
-            r.report(load, 0, now + 1);
+            r.report(load, 0, now + 1, &mut scratch);
         }
         new_path = new_path.min(t.elapsed());
     }
@@ -655,6 +782,7 @@ fn main() -> Result<()> {
         Some(connection_costs(
             args.connections,
             args.agents_per_connection.max(1),
+            args.nodes_per_stream,
         )?)
     } else {
         None
@@ -669,14 +797,14 @@ fn main() -> Result<()> {
         let (_b, beat_bytes) = held(|| {
             let beats = Arc::new(Beats::default());
             let mut r = Reporter::new(beats.clone(), beats.beat("lg-00000".into(), 1, now));
-            r.report(loads[0].clone(), 0, now);
+            r.report(loads[0].clone(), 0, now, &mut Vec::new());
             for b in beats.drain() {
                 drop(b.take());
             }
             r
         });
         out.push_str(&format!(
-            "\n| {} agents attached, {} per HTTP/2 connection (a server in this process) | heap bytes per agent |\n|---|---:|\n\
+            "\n| {} agents attached, {} (a server in this process) | heap bytes per agent |\n|---|---:|\n\
              | all of an attached agent (this process's heap) | {per_agent:.0} |\n\
              | of which its node in the cluster (\"all of a node\" above) | {per_node:.0} |\n\
              | the rest: its connection, stream, tasks and queues | {:.0} |\n\
@@ -685,7 +813,7 @@ fn main() -> Result<()> {
              | of which ours: its codec's first buffers, both directions, on a copy | {} |\n\
              | RSS per agent (VmRSS growth / agents) | {:.0} |\n",
             c.n,
-            c.per,
+            c.how,
             per_agent - per_node,
             attach_codec_bytes(),
             c.rss as f64 / k,

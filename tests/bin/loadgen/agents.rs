@@ -132,6 +132,23 @@ pub enum Connection {
     /// A channel shared with other fake agents (many streams on one
     /// HTTP/2 connection).
     Shared(Channel),
+    /// A node slot of a relay's AttachMany stream (`--nodes-per-stream`).
+    Relay(crate::relay::Relay),
+}
+
+/// What a session reads: its Attach stream, or its slot of a relay.
+enum Inbound {
+    Stream(Box<tonic::Streaming<proto::v1::DispatcherMessage>>),
+    Relay(crate::relay::NodeRx),
+}
+
+impl Inbound {
+    async fn message(&mut self) -> Result<Option<proto::v1::DispatcherMessage>, tonic::Status> {
+        match self {
+            Inbound::Stream(s) => s.message().await,
+            Inbound::Relay(rx) => rx.recv().await.transpose(),
+        }
+    }
 }
 
 /// Settings and shared state of all fake agents.
@@ -535,6 +552,22 @@ pub async fn run(
     }
 }
 
+/// An Attach stream on `channel`, `register` its first message.
+async fn attach_stream(
+    channel: Channel,
+    register: AgentMessage,
+) -> Result<(mpsc::UnboundedSender<AgentMessage>, Inbound)> {
+    let mut client = AgentServiceClient::new(channel).max_decoding_message_size(64 << 20);
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(register);
+    let stream = client
+        .attach(UnboundedReceiverStream::new(rx))
+        .await
+        .context("attaching")?
+        .into_inner();
+    Ok((tx, Inbound::Stream(Box::new(stream))))
+}
+
 /// One connected session; Ok when asked to stop.
 async fn session(
     agent: &mut FakeAgent,
@@ -548,21 +581,20 @@ async fn session(
     } else {
         None
     };
-    let channel = match conn {
-        Connection::Own(url) => connect(url).await?,
-        Connection::Shared(ch) => ch.clone(),
-    };
-    let mut client = AgentServiceClient::new(channel).max_decoding_message_size(64 << 20);
-    let (tx, rx) = mpsc::unbounded_channel();
-    let _ = tx.send(AgentMessage {
+    let register = AgentMessage {
         msg: Some(agent_message::Msg::Register(agent.register_msg())),
-    });
+    };
     let sent = Instant::now();
-    let mut inbound = client
-        .attach(UnboundedReceiverStream::new(rx))
-        .await
-        .context("attaching")?
-        .into_inner();
+    let (tx, mut inbound) = match conn {
+        Connection::Relay(relay) => {
+            let (tx, rx) = relay.attach();
+            let _ = tx.send(register);
+            (tx, Inbound::Relay(rx))
+        }
+        Connection::Own(url) => attach_stream(connect(url).await?, register).await?,
+        Connection::Shared(ch) => attach_stream(ch.clone(), register).await?,
+    };
+
     match inbound
         .message()
         .await

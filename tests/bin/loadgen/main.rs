@@ -25,6 +25,7 @@
 mod agents;
 mod latency;
 mod procstat;
+mod relay;
 mod report;
 mod streams;
 
@@ -75,6 +76,11 @@ struct Args {
     /// agents have.
     #[arg(long, default_value_t = 1)]
     agents_per_connection: usize,
+    /// Attach the fake agents through in-process relays instead: this
+    /// many nodes on one AgentService.AttachMany stream (each stream its
+    /// own HTTP/2 connection); 0 = each agent its own Attach stream.
+    #[arg(long, default_value_t = 0)]
+    nodes_per_stream: usize,
     /// Node shapes, cycled through (synthetic topology specs).
     #[arg(
         long,
@@ -237,7 +243,11 @@ fn raise_fd_limit(a: &Args) -> Result<()> {
     if soft < hard {
         setrlimit(Resource::RLIMIT_NOFILE, hard, hard).context("raising RLIMIT_NOFILE")?;
     }
-    let connections = a.agents.div_ceil(a.agents_per_connection.max(1)) as u64;
+    let connections = if a.nodes_per_stream > 0 {
+        a.agents.div_ceil(a.nodes_per_stream)
+    } else {
+        a.agents.div_ceil(a.agents_per_connection.max(1))
+    } as u64;
     let needed = connections + a.client_connections as u64 + 256;
     if needed > hard {
         bail!(
@@ -264,7 +274,11 @@ async fn run(args: &Args) -> Result<Report> {
     if args.baseline {
         passes.push(pass(args, &shapes, false).await?);
     }
-    let connections = args.agents.div_ceil(args.agents_per_connection.max(1));
+    let connections = if args.nodes_per_stream > 0 {
+        args.agents.div_ceil(args.nodes_per_stream)
+    } else {
+        args.agents.div_ceil(args.agents_per_connection.max(1))
+    };
     let setup = format!(
         "loadgen: {} fake agents (shapes {} cycled; {} zones, {} nodes per rack) on {} HTTP/2 connection(s); \
          LoadReport every {} ms; {} jobs/s for {} s ({}), jobs of {} ms mean, CPUs {:?} cycled; \
@@ -293,6 +307,14 @@ async fn run(args: &Args) -> Result<Report> {
         },
         args.threads,
     );
+    let setup = if args.nodes_per_stream > 0 {
+        format!(
+            "{setup}; the agents attach through relays, {} nodes per AttachMany stream",
+            args.nodes_per_stream
+        )
+    } else {
+        setup
+    };
     Ok(Report { setup, passes })
 }
 
@@ -415,7 +437,14 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
     let cpus: u64 = plans.iter().map(|p| p.shape.nr_cpus() as u64).sum();
     let per = args.agents_per_connection.max(1);
     let mut shared = Vec::new();
-    if per > 1 {
+    let relays: Vec<relay::Relay> = if args.nodes_per_stream > 0 {
+        (0..args.agents.div_ceil(args.nodes_per_stream))
+            .map(|_| relay::Relay::start(url.clone()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if per > 1 && relays.is_empty() {
         for _ in 0..args.agents.div_ceil(per) {
             shared.push(agents::connect(&url).await?);
         }
@@ -423,7 +452,9 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut fleet_tasks = tokio::task::JoinSet::new();
     for (i, plan) in plans.into_iter().enumerate() {
-        let conn = if per > 1 {
+        let conn = if !relays.is_empty() {
+            Connection::Relay(relays[i / args.nodes_per_stream].clone())
+        } else if per > 1 {
             Connection::Shared(shared[i / per].clone())
         } else {
             Connection::Own(url.clone())
@@ -569,7 +600,11 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
         heartbeats,
         nodes: s.registered.load(Ordering::Relaxed),
         cpus,
-        agent_connections: args.agents.div_ceil(per) as u64,
+        agent_connections: if relays.is_empty() {
+            args.agents.div_ceil(per)
+        } else {
+            relays.len()
+        } as u64,
         register_s,
         steady_s,
         load_s,
