@@ -413,7 +413,7 @@ pub fn capture(
             _ => (0, false),
         };
         let start = c.busy.len() as u32;
-        c.busy.extend_from_slice(&n.cpu_busy);
+        c.busy.extend(n.busy_flags());
         let gangs_start = c.gangs.len() as u32;
         if any_gangs {
             c.gangs.extend(cluster.gangs_on(&n.name));
@@ -424,7 +424,7 @@ pub fn capture(
             rack: c.text.push(&[&n.rack]),
             hostgroup: c.text.push(&[&n.hostgroup]),
             busy: (start, c.busy.len() as u32),
-            cpu_topo: n.cpu_topo.clone(),
+            cpu_topo: n.cpu_topo().clone(),
             state: node_state(n),
             queued,
             engine_overloaded,
