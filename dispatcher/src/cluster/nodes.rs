@@ -10,7 +10,7 @@
 //! holds only trees some node uses (plus the one being registered): an
 //! agent that re-registers with ever-new topologies cannot grow it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use proto::v1::{JobSpec, NodeState};
@@ -270,9 +270,11 @@ pub struct Nodes {
     /// capacity (up to as much again as it holds) is pointers, not
     /// records.
     slab: Vec<Box<NodeInfo>>,
-    /// Each node's position in `slab`, in name order (what [`Nodes::iter`]
-    /// follows).
-    order: BTreeMap<String, usize>,
+    /// The nodes' positions in `slab`, in name order (what [`Nodes::iter`]
+    /// follows): 4 bytes a node where a B-tree of names kept a copy of
+    /// each name; a new node's position is inserted in place (a move of
+    /// the positions after it, once per node ever registered).
+    order: Vec<u32>,
     /// The same positions, hashed: the lookups by name that every
     /// placement, start and finish makes (a B-tree of names compares
     /// ~log2(nodes) strings per lookup).
@@ -307,21 +309,19 @@ impl Nodes {
 
     /// All nodes by name.
     pub fn iter(&self) -> impl Iterator<Item = &NodeInfo> {
-        self.order.values().map(|&i| &*self.slab[i])
+        self.order.iter().map(|&i| &*self.slab[i as usize])
     }
 
     /// The nodes named after `name`, by name (every node when `name` is
     /// empty): a page of ListNodes starts here.
     pub fn iter_after<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a NodeInfo> + 'a {
-        use std::ops::Bound;
         let start = if name.is_empty() {
-            Bound::Unbounded
+            0
         } else {
-            Bound::Excluded(name)
+            self.order
+                .partition_point(|&i| self.slab[i as usize].name.as_str() <= name)
         };
-        self.order
-            .range::<str, _>((start, Bound::Unbounded))
-            .map(|(_, &i)| &*self.slab[i])
+        self.order[start..].iter().map(|&i| &*self.slab[i as usize])
     }
 
     /// Every node, to update in place, in registration order (the core's
@@ -399,7 +399,10 @@ impl Nodes {
             None => {
                 let i = self.slab.len();
                 self.index.insert(node.name.clone(), i);
-                self.order.insert(node.name.clone(), i);
+                let at = self
+                    .order
+                    .partition_point(|&j| self.slab[j as usize].name < node.name);
+                self.order.insert(at, i as u32);
                 self.slab.push(Box::new(node));
                 None
             }
@@ -425,8 +428,8 @@ impl Nodes {
         let mut out = Vec::new();
         for n in self
             .order
-            .values()
-            .map(|&i| &*self.slab[i])
+            .iter()
+            .map(|&i| &*self.slab[i as usize])
             .filter(|n| !n.down)
         {
             if now - n.last_heartbeat_ms > deadline_ms {
@@ -464,6 +467,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use sched::alloc::free_summary_of;
+    use std::collections::BTreeMap;
     use std::sync::Arc;
 
     /// A ready, connected node of CPU shape `cpu` and nothing else
@@ -481,7 +485,8 @@ mod tests {
         /// The registry's slab and hashed index answer as the B-tree of
         /// names it replaced: after any sequence of registrations (new
         /// names and re-registrations replacing a node), every lookup by
-        /// name, `insert`'s returned node, iteration in name order and the
+        /// name, `insert`'s returned node, iteration in name order (whole and
+        /// after a name: the sorted positions) and the
         /// overdue scan equal the `BTreeMap<String, NodeInfo>` oracle's.
         #[test]
         fn registry_answers_like_a_map_by_name(
@@ -507,6 +512,17 @@ mod tests {
                 let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
                 let want: Vec<&str> = oracle.keys().map(String::as_str).collect();
                 prop_assert_eq!(names, want);
+                // Pages start after any name, present or not ("" = all).
+                for after in ["", "n", "n0", "n3", "n35", "n9", "o"] {
+                    let got: Vec<&str> =
+                        nodes.iter_after(after).map(|n| n.name.as_str()).collect();
+                    let want: Vec<&str> = oracle
+                        .keys()
+                        .filter(|k| after.is_empty() || k.as_str() > after)
+                        .map(String::as_str)
+                        .collect();
+                    prop_assert_eq!(got, want, "after {:?}", after);
+                }
                 for i in 0..13 {
                     let name = format!("n{i}");
                     prop_assert_eq!(
