@@ -14,13 +14,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use proto::v1::{JobSpec, NodeState};
-use sched::alloc::find_aligned_in;
+use sched::alloc::find_aligned_in_bits;
 use sched::idhash::IdMap;
 use sched::{FreeSummary, LeafId, Topology};
 use tonic::Status;
 
 use super::load::PackedLoad;
-use super::shapes::{CpuShape, Devices, Labels, Shapes, Strings};
+use super::shapes::{CpuShape, Devices, IdleCounts, Labels, Shapes, Strings};
 use crate::spec::{align_of, policy_of};
 use crate::store::NodeAdmin;
 
@@ -51,8 +51,11 @@ pub struct NodeInfo {
     cpu: Arc<CpuShape>,
     /// The dispatcher's model of which CPUs its jobs hold: bit `c` of word
     /// `c / 64` for dense CPU `c`. Changed only by [`NodeInfo::claim`]
-    /// and [`NodeInfo::release`].
+    /// and [`NodeInfo::release`], which keep `idle` in step.
     busy: Box<[u64]>,
+    /// The model's idle CPUs per alignment group (its free summary kept
+    /// by difference; the groups are the shape's).
+    idle: IdleCounts,
     /// Memory offered to jobs.
     pub memory_bytes: u64,
     /// The PCI devices its agent reported (GPUs, accelerators, NICs;
@@ -92,6 +95,7 @@ impl NodeInfo {
             region: String::new(),
             topology,
             busy: cpu.idle_bits(),
+            idle: cpu.idle_counts(),
             cpu,
             memory_bytes: 0,
             devices: Arc::new([]),
@@ -129,7 +133,7 @@ impl NodeInfo {
 
     /// The model's busy flag of each dense CPU, in order.
     pub fn busy_flags(&self) -> impl Iterator<Item = bool> + '_ {
-        (0..self.cpu_topo().nr_leaves()).map(|c| self.is_busy(c))
+        (0..self.cpu.nr_cpus()).map(|c| self.is_busy(c))
     }
 
     /// The model's busy CPUs.
@@ -139,7 +143,7 @@ impl NodeInfo {
 
     /// Set or clear dense CPU `cpu` in the model; true when it changed.
     fn set_busy(&mut self, cpu: LeafId, busy: bool) -> bool {
-        if cpu >= self.cpu.tree().nr_leaves() {
+        if cpu >= self.cpu.nr_cpus() {
             return false;
         }
         let Some(w) = self.busy.get_mut(cpu / 64) else {
@@ -200,20 +204,21 @@ impl NodeInfo {
     /// (none reported yet) the aligned choice its agent will make.
     pub fn claim(&mut self, spec: &JobSpec, reported: Vec<LeafId>) -> Vec<LeafId> {
         let cpus = if reported.is_empty() {
-            find_aligned_in(
+            find_aligned_in_bits(
                 self.cpu.tree(),
                 spec.cpus as usize,
                 align_of(spec),
                 policy_of(spec),
-                None,
-                |l| !self.is_busy(l),
+                &self.busy,
             )
             .unwrap_or_default()
         } else {
             reported
         };
         for &c in &cpus {
-            self.set_busy(c, true);
+            if self.set_busy(c, true) {
+                self.cpu.add(&mut self.idle, c, -1);
+            }
         }
         cpus
     }
@@ -221,15 +226,16 @@ impl NodeInfo {
     /// Mark CPUs of the model free again (a job ended or moved).
     pub fn release(&mut self, cpus: &[LeafId]) {
         for &c in cpus {
-            self.set_busy(c, false);
+            if self.set_busy(c, false) {
+                self.cpu.add(&mut self.idle, c, 1);
+            }
         }
     }
 
     /// The modelled free room per alignment level (equal to
-    /// `free_summary_of` over the busy CPUs, counted from the busy bits
-    /// with the shape's group masks).
+    /// `free_summary_of` over the busy CPUs, kept by difference).
     pub fn model_summary(&self) -> FreeSummary {
-        self.cpu.summary(&self.busy)
+        self.cpu.summary(&self.idle)
     }
 
     /// The room the engine is given for this node: its modelled free
@@ -466,7 +472,7 @@ mod tests {
     use super::super::{Cluster, ClusterConfig, Effects};
     use super::*;
     use proptest::prelude::*;
-    use sched::alloc::free_summary_of;
+    use sched::alloc::{find_aligned_in, free_summary_of};
     use std::collections::BTreeMap;
     use std::sync::Arc;
 

@@ -58,18 +58,20 @@ impl Shapes {
 }
 
 /// A machine shape as the dispatcher's CPU model counts it, shared by the
-/// nodes of that shape: the engine tree over its CPUs, each alignment
-/// group's CPUs as (word, mask) pairs over a CPU bitmap, and the free room
-/// of the whole (idle) machine. A node's model is then its busy bitmap
-/// alone (one bit per CPU).
+/// nodes of that shape: the engine tree over its CPUs, each CPU's group
+/// per alignment level (as an index into a node's [`IdleCounts`]), and
+/// the free room of the whole (idle) machine. A node keeps its busy
+/// bitmap and its idle CPUs per group, nothing per CPU and level.
 #[derive(Debug)]
 pub struct CpuShape {
     tree: Arc<sched::Topology>,
-    /// Per level ([`Align::ALL`] order): the end of each group's pairs in
-    /// `words` (groups in `align_groups` order).
-    ends: [Box<[u32]>; 5],
-    /// Per level: the groups' (word index, mask) pairs, group after group.
-    words: [Box<[(u32, u64)]>; 5],
+    /// Per CPU: its group's counter at each level ([`Align::ALL`] order),
+    /// numbered across levels (level `i`'s counters end at `ends[i]`;
+    /// groups in `align_groups` order).
+    group_of: Box<[[u32; 5]]>,
+    ends: [u32; 5],
+    /// The counts of the machine with every CPU idle (each group's size).
+    idle: IdleCounts,
     /// The free room of the machine with every CPU idle.
     whole: FreeSummary,
 }
@@ -77,32 +79,32 @@ pub struct CpuShape {
 impl CpuShape {
     /// The shape of the engine tree `tree`.
     pub fn new(tree: sched::Topology) -> Self {
-        let mut ends: [Vec<u32>; 5] = Default::default();
-        let mut words: [Vec<(u32, u64)>; 5] = Default::default();
+        let mut group_of = vec![[0u32; 5]; tree.nr_leaves()];
+        let mut sizes: Vec<u32> = Vec::new();
+        let mut ends = [0u32; 5];
         for align in Align::ALL {
             let i = align.index();
             for group in align_groups(&tree, align) {
-                let mut pairs: Vec<(u32, u64)> = Vec::new();
-                let mut cpus: Vec<LeafId> = group.to_vec();
-                cpus.sort_unstable();
-                for l in cpus {
-                    let (w, bit) = ((l / 64) as u32, 1u64 << (l % 64));
-                    match pairs.last_mut() {
-                        Some((lw, m)) if *lw == w => *m |= bit,
-                        _ => pairs.push((w, bit)),
-                    }
+                for &l in group {
+                    group_of[l][i] = sizes.len() as u32;
                 }
-                words[i].extend(pairs);
-                ends[i].push(words[i].len() as u32);
+                sizes.push(group.len() as u32);
             }
+            ends[i] = sizes.len() as u32;
         }
+        let idle = if tree.nr_leaves() <= usize::from(u16::MAX) {
+            IdleCounts::Small(sizes.iter().map(|&n| n as u16).collect())
+        } else {
+            IdleCounts::Large(sizes.into_boxed_slice())
+        };
         let mut shape = Self {
             tree: Arc::new(tree),
-            ends: ends.map(Vec::into_boxed_slice),
-            words: words.map(Vec::into_boxed_slice),
+            group_of: group_of.into_boxed_slice(),
+            ends,
+            idle,
             whole: FreeSummary::default(),
         };
-        shape.whole = shape.summary(&shape.idle_bits());
+        shape.whole = shape.summary(&shape.idle);
         shape
     }
 
@@ -111,9 +113,19 @@ impl CpuShape {
         &self.tree
     }
 
+    /// Its CPUs (the tree's leaves).
+    pub fn nr_cpus(&self) -> usize {
+        self.group_of.len()
+    }
+
     /// A busy bitmap with every CPU idle.
     pub fn idle_bits(&self) -> Box<[u64]> {
         vec![0; self.tree.nr_leaves().div_ceil(64)].into_boxed_slice()
+    }
+
+    /// The idle counts with every CPU idle.
+    pub fn idle_counts(&self) -> IdleCounts {
+        self.idle.clone()
     }
 
     /// The free room of the machine with every CPU idle.
@@ -121,34 +133,71 @@ impl CpuShape {
         self.whole
     }
 
-    /// The free room per level of a machine of this shape whose busy CPUs
-    /// are the set bits of `busy` (as `free_summary_of` over them): per
-    /// level, the most idle CPUs in one group.
-    pub fn summary(&self, busy: &[u64]) -> FreeSummary {
-        let most = |align: Align| {
-            let i = align.index();
-            let words = &self.words[i];
-            let mut start = 0usize;
-            let mut best = 0u32;
-            for &end in self.ends[i].iter() {
-                let end = end as usize;
-                let idle: u32 = words[start..end]
-                    .iter()
-                    .map(|&(w, m)| (m & !busy.get(w as usize).copied().unwrap_or(0)).count_ones())
-                    .sum();
-                best = best.max(idle);
-                start = end;
-            }
-            best
+    /// CPU `cpu` of a node with counts `idle` became idle (`delta` 1) or
+    /// busy (-1).
+    pub fn add(&self, idle: &mut IdleCounts, cpu: LeafId, delta: i32) {
+        let Some(groups) = self.group_of.get(cpu) else {
+            return;
         };
-        FreeSummary {
-            core: most(Align::Core),
-            llc: most(Align::Llc),
-            numa: most(Align::Numa),
-            package: most(Align::Package),
-            any: most(Align::Any),
+        match idle {
+            IdleCounts::Small(c) => {
+                // A count stays within its group's size (at most 65,535).
+                for &g in groups {
+                    if let Some(n) = c.get_mut(g as usize) {
+                        *n = n.wrapping_add_signed(delta as i16);
+                    }
+                }
+            }
+            IdleCounts::Large(c) => {
+                for &g in groups {
+                    if let Some(n) = c.get_mut(g as usize) {
+                        *n = n.saturating_add_signed(delta);
+                    }
+                }
+            }
         }
     }
+
+    /// The free room per level of a node with counts `idle` (as
+    /// `free_summary_of` over its busy CPUs): per level, the most idle
+    /// CPUs in one group.
+    pub fn summary(&self, idle: &IdleCounts) -> FreeSummary {
+        fn most<T: Copy + Ord + Into<u32>>(c: &[T], ends: &[u32; 5]) -> [u32; 5] {
+            let mut out = [0u32; 5];
+            let mut start = 0usize;
+            for (m, &end) in out.iter_mut().zip(ends) {
+                let end = end as usize;
+                *m = c
+                    .get(start..end)
+                    .and_then(|c| c.iter().max())
+                    .map_or(0, |&n| n.into());
+                start = end;
+            }
+            out
+        }
+        let [core, llc, numa, package, any] = match idle {
+            IdleCounts::Small(c) => most(c, &self.ends),
+            IdleCounts::Large(c) => most(c, &self.ends),
+        };
+        FreeSummary {
+            core,
+            llc,
+            numa,
+            package,
+            any,
+        }
+    }
+}
+
+/// A node's idle CPUs per alignment group (its free summary kept by
+/// difference), numbered as its [`CpuShape`] numbers the groups: 2 bytes
+/// a group on machines of up to 65,535 CPUs, else 4.
+#[derive(Clone, Debug)]
+pub enum IdleCounts {
+    /// Up to 65,535 CPUs.
+    Small(Box<[u16]>),
+    /// More.
+    Large(Box<[u32]>),
 }
 
 /// Interned strings (label keys and values), each held once by `Arc`.
