@@ -11,10 +11,10 @@
 //! dropped when a new one is added, so an agent re-registering with
 //! ever-new topologies cannot grow the table past one shape per node
 //! plus one. [`CpuShape`] is the same per engine tree (kept by
-//! `Nodes::cpu_tree` with the same rule): the tree and each alignment
-//! group's CPUs as bit masks, so that a node's CPU model is one bit per
-//! CPU and its free room per level is counted from those bits
-//! ([`CpuShape::summary`]). Label strings ([`Strings`]) and device
+//! `Nodes::cpu_tree` with the same rule): the tree and each CPU's group
+//! per alignment level, so that a node's CPU model is one bit per CPU and
+//! one idle count per group ([`IdleCounts`], [`CpuShape::summary`]), not
+//! a group index per CPU and level (1.3 KB on 64 CPUs). Label strings ([`Strings`]) and device
 //! lists ([`Devices`]) can be distinct per node (a host-name label,
 //! PCI addresses): their tables are swept when they have doubled since
 //! the last sweep, which bounds them at twice what nodes hold (plus a
