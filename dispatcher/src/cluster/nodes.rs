@@ -275,6 +275,7 @@ pub struct Nodes {
     /// registers again is replaced in place). Boxed: the slab's spare
     /// capacity (up to as much again as it holds) is pointers, not
     /// records.
+    #[allow(clippy::vec_box)] // the spare capacity as pointers (node_bytes)
     slab: Vec<Box<NodeInfo>>,
     /// The nodes' positions in `slab`, in name order (what [`Nodes::iter`]
     /// follows): 4 bytes a node where a B-tree of names kept a copy of

@@ -238,7 +238,10 @@ impl Strings {
 /// interned ([`Strings`]); the list shared by copies of the node (the API
 /// views' `listing.rs`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Labels(Option<Arc<[(Arc<str>, Arc<str>)]>>);
+pub struct Labels(Option<Arc<[LabelPair]>>);
+
+/// A label's key and value, interned.
+type LabelPair = (Arc<str>, Arc<str>);
 
 impl Labels {
     /// The labels of `map`, their strings from `strings`.
@@ -246,7 +249,7 @@ impl Labels {
         if map.is_empty() {
             return Self(None);
         }
-        let mut pairs: Vec<(Arc<str>, Arc<str>)> = map
+        let mut pairs: Vec<LabelPair> = map
             .iter()
             .map(|(k, v)| (strings.intern(k), strings.intern(v)))
             .collect();
@@ -254,7 +257,7 @@ impl Labels {
         Self(Some(pairs.into()))
     }
 
-    fn pairs(&self) -> &[(Arc<str>, Arc<str>)] {
+    fn pairs(&self) -> &[LabelPair] {
         self.0.as_deref().unwrap_or_default()
     }
 
