@@ -142,7 +142,7 @@ impl Check {
         for n in c.nodes() {
             let ours = used.get(n.name.as_str()).copied().unwrap_or(0);
             assert!(ours <= NODE_CPUS, "{} holds {ours} CPUs", n.name);
-            let busy = n.cpu_busy.iter().filter(|&&b| b).count() as u32;
+            let busy = n.busy_cpus();
             assert_eq!(busy, ours, "{}: CPU model vs running jobs", n.name);
         }
     }

@@ -384,8 +384,8 @@ impl Metrics {
                 zone: c.text.push(&[&n.zone]),
                 rack: c.text.push(&[&n.rack]),
                 state: node_state(n),
-                busy: n.cpu_busy.iter().filter(|&&b| b).count() as u32,
-                cpus: n.cpu_busy.len() as u32,
+                busy: n.busy_cpus(),
+                cpus: n.cpu_topo().nr_leaves() as u32,
                 connected: n.connected,
                 last_heartbeat_ms: n.last_heartbeat_ms,
             };

@@ -413,7 +413,7 @@ pub fn capture(
             _ => (0, false),
         };
         let start = c.busy.len() as u32;
-        c.busy.extend_from_slice(&n.cpu_busy);
+        c.busy.extend(n.busy_flags());
         let gangs_start = c.gangs.len() as u32;
         if any_gangs {
             c.gangs.extend(cluster.gangs_on(&n.name));
@@ -424,7 +424,7 @@ pub fn capture(
             rack: c.text.push(&[&n.rack]),
             hostgroup: c.text.push(&[&n.hostgroup]),
             busy: (start, c.busy.len() as u32),
-            cpu_topo: n.cpu_topo.clone(),
+            cpu_topo: n.cpu_topo().clone(),
             state: node_state(n),
             queued,
             engine_overloaded,
@@ -468,7 +468,8 @@ pub fn capture(
 fn node_view<'c>(c: &'c Capture, n: &NodeCopy) -> (NodeView, Totals, u32, &'c [u64]) {
     let cpu_busy = &c.busy[n.busy.0 as usize..n.busy.1 as usize];
     let gangs = &c.gangs[n.gangs.0 as usize..n.gangs.1 as usize];
-    let (mut llc_cpus, mut llc_free) = (Vec::new(), Vec::new());
+    let llcs = n.cpu_topo.llcs().len();
+    let (mut llc_cpus, mut llc_free) = (Vec::with_capacity(llcs), Vec::with_capacity(llcs));
     for llc in n.cpu_topo.llcs() {
         llc_cpus.push(llc.members.len() as u32);
         let free = llc
@@ -599,9 +600,14 @@ pub fn assemble(c: Capture) -> Snapshot {
         });
     }
     view.engine_steals = c.engine_steals;
+    // A rack's node list is held until the next publish: without the
+    // spare room its pushes left (up to as much again).
     let racks = racks
         .into_iter()
-        .map(|((zone, rack), (d, _, _))| ((zone.to_string(), rack.to_string()), d))
+        .map(|((zone, rack), (mut d, _, _))| {
+            d.nodes.shrink_to_fit();
+            ((zone.to_string(), rack.to_string()), d)
+        })
         .collect();
     view.recent_placements = c.recent_placements;
     view.recent_steals = c.recent_steals;

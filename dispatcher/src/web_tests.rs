@@ -101,7 +101,7 @@ fn brute_force(c: &Cluster) -> BTreeMap<(String, String), (Totals, u32)> {
     let mut out: BTreeMap<(String, String), (Totals, u32)> = BTreeMap::new();
     for n in c.nodes() {
         let e = out.entry((n.zone.clone(), n.rack.clone())).or_default();
-        let busy = n.cpu_busy.iter().filter(|&&b| b).count() as u64;
+        let busy = u64::from(n.busy_cpus());
         let cpus = n.topology.cpus.len() as u64;
         let ready = !n.down && n.connected && n.admin == NodeAdmin::Ready;
         let rq = c
@@ -131,10 +131,10 @@ fn brute_force(c: &Cluster) -> BTreeMap<(String, String), (Totals, u32)> {
                     .cpus
                     .iter()
                     .filter(|&&id| {
-                        let leaf = (0..n.cpu_topo.nr_leaves())
-                            .find(|&l| n.cpu_topo.os_id(l) == u64::from(id))
+                        let leaf = (0..n.cpu_topo().nr_leaves())
+                            .find(|&l| n.cpu_topo().os_id(l) == u64::from(id))
                             .unwrap();
-                        !n.cpu_busy[leaf]
+                        !n.is_busy(leaf)
                     })
                     .count() as u32;
                 e.1 = e.1.max(free);

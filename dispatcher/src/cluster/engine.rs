@@ -310,10 +310,7 @@ impl NodeEngine {
                 continue;
             };
             let (largest, memory, gpus) = self.leaf_shape[leaf];
-            let fits_labels = spec
-                .node_selector
-                .iter()
-                .all(|(k, v)| n.labels.get(k) == Some(v));
+            let fits_labels = spec.node_selector.iter().all(|(k, v)| n.labels.has(k, v));
             let fits_mem = spec.memory_bytes == 0 || memory >= spec.memory_bytes;
             let fits_cpus = largest.get(align) >= spec.cpus;
             let fits_gpus = gpus >= spec.gpus;

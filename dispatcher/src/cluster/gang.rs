@@ -556,10 +556,10 @@ impl Cluster {
         }
         let (cpus, align) = (spec.cpus.max(1), align_of(spec));
         let rq = engine.rq(leaf);
-        let mut busy = node.cpu_busy.clone();
+        let mut busy: Vec<bool> = node.busy_flags().collect();
         let mut free = rq.free();
         let fits = |busy: &[bool], free: u32| {
-            free >= cpus && free_summary_of(&node.cpu_topo, |l| !busy[l]).get(align) >= cpus
+            free >= cpus && free_summary_of(node.cpu_topo(), |l| !busy[l]).get(align) >= cpus
         };
         if rq.room(align) >= cpus || fits(&busy, free) {
             return Some(now);

@@ -102,9 +102,7 @@ fn cancels(fx: &Effects) -> Vec<(String, String, u32)> {
 
 /// CPUs the dispatcher's model marks busy, over all nodes.
 fn busy_cpus(c: &Cluster) -> usize {
-    c.nodes()
-        .map(|n| n.cpu_busy.iter().filter(|b| **b).count())
-        .sum()
+    c.nodes().map(|n| n.busy_cpus() as usize).sum()
 }
 
 /// Rack r1 has 3 nodes, r2 has 2: a gang of 4 within one rack never fits
@@ -655,7 +653,7 @@ fn run_gang_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
         }
         for n in c.nodes() {
-            let busy = n.cpu_busy.iter().filter(|b| **b).count() as u32;
+            let busy = n.busy_cpus();
             prop_assert_eq!(
                 busy,
                 held.get(&n.name).copied().unwrap_or(0),

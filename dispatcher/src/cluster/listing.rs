@@ -9,13 +9,13 @@
 //! latency). GetNode uses the same two steps on the core: one view is
 //! the same whichever thread builds it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use proto::v1::{Device, Node, NodeState, Topology};
 
 use super::jobs::JobKey;
 use super::load::PackedLoad;
+use super::shapes::Labels;
 use super::{Cluster, NodeInfo};
 
 /// What a node's API view needs, copied out of the cluster: the topology
@@ -23,14 +23,14 @@ use super::{Cluster, NodeInfo};
 #[derive(Clone, Debug)]
 pub struct NodeCopy {
     name: String,
-    labels: Arc<HashMap<String, String>>,
+    labels: Labels,
     zone: String,
     rack: String,
     topology: Arc<Topology>,
     load: PackedLoad,
     state: NodeState,
     last_heartbeat_ms: i64,
-    devices: Vec<Device>,
+    devices: Arc<[Device]>,
     gpus: u32,
     gpus_free: u32,
     gangs: Vec<String>,
@@ -50,12 +50,12 @@ impl NodeCopy {
             topology: Some(Topology::clone(topo)),
             load: Some(self.load.to_proto()),
             name: self.name,
-            labels: Arc::unwrap_or_clone(self.labels),
+            labels: self.labels.to_map(),
             state: self.state as i32,
             last_heartbeat_ms: self.last_heartbeat_ms,
             zone: self.zone,
             rack: self.rack,
-            devices: self.devices,
+            devices: self.devices.to_vec(),
             gpus: self.gpus,
             gpus_free: self.gpus_free,
             gangs: self.gangs,
@@ -78,14 +78,14 @@ impl Cluster {
     pub fn node_copy(&self, n: &NodeInfo) -> NodeCopy {
         NodeCopy {
             name: n.name.clone(),
-            labels: Arc::clone(&n.labels),
+            labels: n.labels.clone(),
             zone: n.zone.clone(),
             rack: n.rack.clone(),
             topology: Arc::clone(&n.topology),
             load: n.load.clone(),
             state: n.state(),
             last_heartbeat_ms: n.last_heartbeat_ms,
-            devices: n.devices.clone(),
+            devices: Arc::clone(&n.devices),
             gpus: n.gpus,
             gpus_free: self.gpus_free(&n.name),
             gangs: self
@@ -166,7 +166,7 @@ mod tests {
         for view in owned {
             let n = c.node(&view.name).unwrap();
             let topo = &n.topology;
-            assert_eq!(view.labels, *n.labels);
+            assert_eq!(view.labels, n.labels.to_map());
             assert_eq!(view.topology.as_ref(), Some(topo.as_ref()));
             assert_eq!(view.load, Some(n.load.to_proto()));
             assert_eq!(view.state, n.state() as i32);

@@ -8,11 +8,14 @@
 //! running and waiting, busy and overloaded CPUs, for the web page); the
 //! rest is shown as reported (ListNodes, GetNode, `dispatchctl nodes`).
 //! [`PackedLoad`] keeps those numbers and the scalars as fields and the
-//! lists as varints in one buffer: per CPU the gap from the previous CPU
-//! number and `runnable << 1 | busy`, then the overloaded CPUs the same
-//! way, then the schedstats in a canonical order, a known name (the
-//! engine's `schedstat_fields`) by its index, any other by its bytes. An
-//! idle 64-CPU node packs into about 180 bytes. The packing is exact:
+//! lists as varints in one buffer: the CPUs as runs (consecutive CPU
+//! numbers in one state: the gap from the previous run, whether the run
+//! is longer than one CPU, the state `runnable << 1 | busy`, and the
+//! length), then the overloaded CPUs as gaps, then the schedstats in a
+//! canonical order, a known name (the engine's `schedstat_fields`) by its
+//! index, any other by its bytes. An idle 64-CPU node packs into about 55
+//! bytes (one run); a CPU alone in its state costs its two bytes as before
+//! runs were kept. The packing is exact:
 //! `PackedLoad::new(l).to_proto() == l` for every `l` (a proptest below),
 //! and two loads pack to equal values exactly when they are equal, so the
 //! stream's reader compares packed loads to find a changed report.
@@ -75,13 +78,22 @@ fn put(buf: &mut Vec<u8>, mut v: u64) {
 }
 
 /// The gap from `prev` to `next` (zigzag: any order of numbers packs).
-fn put_gap(buf: &mut Vec<u8>, prev: i64, next: u32) {
+fn zigzag(prev: i64, next: u32) -> u64 {
     let d = i64::from(next) - prev - 1;
-    put(buf, ((d << 1) ^ (d >> 63)) as u64);
+    ((d << 1) ^ (d >> 63)) as u64
+}
+
+fn put_gap(buf: &mut Vec<u8>, prev: i64, next: u32) {
+    put(buf, zigzag(prev, next));
 }
 
 /// Reads back what [`put`] wrote. The buffer is always one this module
 /// packed; a short one reads as zeros rather than panicking.
+fn unzigzag(prev: i64, z: u64) -> u32 {
+    let d = ((z >> 1) as i64) ^ -((z & 1) as i64);
+    (prev + 1 + d) as u32
+}
+
 struct Reader<'a>(&'a [u8]);
 
 impl Reader<'_> {
@@ -102,8 +114,7 @@ impl Reader<'_> {
 
     fn gap(&mut self, prev: i64) -> u32 {
         let z = self.get();
-        let d = ((z >> 1) as i64) ^ -((z & 1) as i64);
-        (prev + 1 + d) as u32
+        unzigzag(prev, z)
     }
 
     fn bytes(&mut self, n: usize) -> &[u8] {
@@ -117,13 +128,31 @@ impl Reader<'_> {
 fn pack(load: &NodeLoad, lists: &mut Vec<u8>) -> Scalars {
     lists.clear();
     put(lists, load.cpus.len() as u64);
+    // Runs: maximal stretches of consecutive CPU numbers in one state
+    // (the encoding is canonical, so equal loads pack to equal bytes).
     let mut prev = -1i64;
     let mut busy_cpus = 0u32;
-    for c in &load.cpus {
-        put_gap(lists, prev, c.cpu);
-        prev = i64::from(c.cpu);
+    let cpus = &load.cpus;
+    let mut i = 0;
+    while i < cpus.len() {
+        let c = &cpus[i];
+        let mut j = i + 1;
+        while j < cpus.len()
+            && i64::from(cpus[j].cpu) == i64::from(cpus[j - 1].cpu) + 1
+            && cpus[j].busy == c.busy
+            && cpus[j].runnable == c.runnable
+        {
+            j += 1;
+        }
+        let run = j - i;
+        put(lists, zigzag(prev, c.cpu) << 1 | u64::from(run > 1));
         put(lists, u64::from(c.runnable) << 1 | u64::from(c.busy));
-        busy_cpus += u32::from(c.busy);
+        if run > 1 {
+            put(lists, (run - 2) as u64);
+        }
+        busy_cpus += u32::from(c.busy) * run as u32;
+        prev = i64::from(cpus[j - 1].cpu);
+        i = j;
     }
     put(lists, load.overloaded.len() as u64);
     let mut prev = -1i64;
@@ -207,20 +236,32 @@ impl PackedLoad {
         };
         let (s, mut r) = (&p.scalars, Reader(&p.lists));
         let n = r.get() as usize;
-        let mut cpus = Vec::with_capacity(n.min(p.lists.len()));
+        let mut cpus = Vec::with_capacity(n);
         let mut prev = -1i64;
-        for _ in 0..n {
-            let cpu = r.gap(prev);
-            prev = i64::from(cpu);
+        // Every count is bounded by the bytes left (each entry takes at
+        // least one), so that no buffer, even a wrong one, decodes into
+        // more than it holds.
+        while cpus.len() < n && !r.0.is_empty() {
+            let head = r.get();
+            let first = unzigzag(prev, head >> 1);
             let state = r.get();
-            cpus.push(CpuLoad {
-                cpu,
-                busy: state & 1 == 1,
-                runnable: (state >> 1) as u32,
-            });
+            let run = if head & 1 == 1 {
+                (r.get() as usize).saturating_add(2)
+            } else {
+                1
+            };
+            for k in 0..run.min(n - cpus.len()) {
+                let cpu = first.wrapping_add(k as u32);
+                prev = i64::from(cpu);
+                cpus.push(CpuLoad {
+                    cpu,
+                    busy: state & 1 == 1,
+                    runnable: (state >> 1) as u32,
+                });
+            }
         }
-        let n = r.get() as usize;
-        let mut overloaded = Vec::with_capacity(n.min(p.lists.len()));
+        let n = (r.get() as usize).min(r.0.len());
+        let mut overloaded = Vec::with_capacity(n);
         let mut prev = -1i64;
         for _ in 0..n {
             let cpu = r.gap(prev);
@@ -229,14 +270,14 @@ impl PackedLoad {
         }
         let (names, _) = known_names();
         let mut schedstats = HashMap::new();
-        for _ in 0..r.get() {
+        for _ in 0..r.get().min(r.0.len() as u64) {
             let i = r.get() as usize;
             let v = r.get();
             if let Some(name) = names.get(i) {
                 schedstats.insert((*name).to_string(), v);
             }
         }
-        for _ in 0..r.get() {
+        for _ in 0..r.get().min(r.0.len() as u64) {
             let len = r.get() as usize;
             let name = String::from_utf8_lossy(r.bytes(len)).into_owned();
             schedstats.insert(name, r.get());
@@ -306,7 +347,26 @@ mod tests {
 
     fn load() -> impl Strategy<Value = NodeLoad> {
         (
-            proptest::collection::vec((any::<u32>(), any::<bool>(), any::<u32>()), 0..80),
+            prop_oneof![
+                proptest::collection::vec((any::<u32>(), any::<bool>(), any::<u32>()), 0..80),
+                // Runs: stretches of consecutive CPUs in one state (some
+                // at the end of the number range), as real reports have.
+                proptest::collection::vec(
+                    (
+                        prop_oneof![0u32..200, any::<u32>()],
+                        1u32..70,
+                        any::<bool>(),
+                        0u32..3
+                    ),
+                    0..6,
+                )
+                .prop_map(|runs| runs
+                    .into_iter()
+                    .flat_map(|(start, len, busy, runnable)| (0..len)
+                        .map_while(move |k| start.checked_add(k))
+                        .map(move |cpu| (cpu, busy, runnable)))
+                    .collect()),
+            ],
             proptest::collection::vec(prop_oneof![0u32..70, any::<u32>()], 0..10),
             any::<u64>(),
             proptest::option::of(any::<[u32; 5]>()),

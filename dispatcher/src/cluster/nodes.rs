@@ -10,27 +10,31 @@
 //! holds only trees some node uses (plus the one being registered): an
 //! agent that re-registers with ever-new topologies cannot grow it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use proto::v1::{JobSpec, NodeState};
-use sched::alloc::{align_groups, find_aligned_in, free_summary_of};
+use sched::alloc::find_aligned_in_bits;
 use sched::idhash::IdMap;
-use sched::{Align, FreeSummary, LeafId, Topology};
+use sched::{FreeSummary, LeafId, Topology};
 use tonic::Status;
 
 use super::load::PackedLoad;
-use super::shapes::Shapes;
+use super::shapes::{CpuShape, Devices, IdleCounts, Labels, Shapes, Strings};
 use crate::spec::{align_of, policy_of};
 use crate::store::NodeAdmin;
 
-/// A node as the dispatcher knows it.
+/// A node as the dispatcher knows it. What nodes of one model have in
+/// common is shared ([`super::shapes`]): its reported topology, its CPU
+/// shape, its label strings and device list; its own are its name, the
+/// busy bits of its CPU model and the numbers. The record is boxed in
+/// the registry, so that the registry's slab grows by pointers.
 #[derive(Clone, Debug)]
 pub struct NodeInfo {
     /// Unique name.
     pub name: String,
     /// Labels (shared with the API views' copies: `listing.rs`).
-    pub labels: Arc<HashMap<String, String>>,
+    pub labels: Labels,
     /// Zone, rack, host group and region derived from labels.
     pub zone: String,
     /// Rack.
@@ -42,19 +46,21 @@ pub struct NodeInfo {
     /// The topology as reported (shared by nodes that report the same
     /// one: [`Shapes`]).
     pub topology: Arc<proto::v1::Topology>,
-    /// The same, as an engine tree over CPU numbers (for alignment).
-    pub cpu_topo: Arc<Topology>,
-    /// The dispatcher's model of which CPUs its jobs hold (by dense CPU).
-    /// Changed only by [`NodeInfo::claim`] and [`NodeInfo::release`],
-    /// which keep `idle` in step.
-    pub cpu_busy: Vec<bool>,
-    /// The model's idle CPUs counted per alignment group (its free summary
-    /// kept by difference).
-    pub(crate) idle: IdleCounts,
+    /// The same as an engine tree over CPU numbers and its alignment
+    /// groups (shared likewise: [`Nodes::cpu_tree`]).
+    cpu: Arc<CpuShape>,
+    /// The dispatcher's model of which CPUs its jobs hold: bit `c` of word
+    /// `c / 64` for dense CPU `c`. Changed only by [`NodeInfo::claim`]
+    /// and [`NodeInfo::release`], which keep `idle` in step.
+    busy: Box<[u64]>,
+    /// The model's idle CPUs per alignment group (its free summary kept
+    /// by difference; the groups are the shape's).
+    idle: IdleCounts,
     /// Memory offered to jobs.
     pub memory_bytes: u64,
-    /// The PCI devices its agent reported (GPUs, accelerators, NICs).
-    pub devices: Vec<proto::v1::Device>,
+    /// The PCI devices its agent reported (GPUs, accelerators, NICs;
+    /// shared by nodes that report the same list: [`Devices`]).
+    pub devices: Arc<[proto::v1::Device]>,
     /// Its GPUs (devices of kind GPU).
     pub gpus: u32,
     /// Runnable jobs per CPU the agent accepts (1 = no oversubscription).
@@ -72,9 +78,85 @@ pub struct NodeInfo {
 }
 
 impl NodeInfo {
+    /// A ready, connected node `name` of CPU shape `cpu` with every CPU
+    /// idle, reported at `now`; the rest empty (the caller fills it).
+    pub fn new(
+        name: String,
+        topology: Arc<proto::v1::Topology>,
+        cpu: Arc<CpuShape>,
+        now: i64,
+    ) -> Self {
+        Self {
+            name,
+            labels: Labels::default(),
+            zone: String::new(),
+            rack: String::new(),
+            hostgroup: String::new(),
+            region: String::new(),
+            topology,
+            busy: cpu.idle_bits(),
+            idle: cpu.idle_counts(),
+            cpu,
+            memory_bytes: 0,
+            devices: Arc::new([]),
+            gpus: 0,
+            oversubscribe: 1,
+            load: PackedLoad::default(),
+            admin: NodeAdmin::Ready,
+            connected: true,
+            down: false,
+            last_heartbeat_ms: now,
+        }
+    }
+
     /// Number of CPUs.
     pub fn nr_cpus(&self) -> u32 {
         self.topology.cpus.len() as u32
+    }
+
+    /// The engine tree over its CPUs (for alignment).
+    pub fn cpu_topo(&self) -> &Arc<Topology> {
+        self.cpu.tree()
+    }
+
+    /// Its CPU shape (shared by the nodes of its model).
+    pub fn cpu_shape(&self) -> &Arc<CpuShape> {
+        &self.cpu
+    }
+
+    /// True when the model has dense CPU `cpu` busy.
+    pub fn is_busy(&self, cpu: LeafId) -> bool {
+        self.busy
+            .get(cpu / 64)
+            .is_some_and(|w| w & (1 << (cpu % 64)) != 0)
+    }
+
+    /// The model's busy flag of each dense CPU, in order.
+    pub fn busy_flags(&self) -> impl Iterator<Item = bool> + '_ {
+        (0..self.cpu.nr_cpus()).map(|c| self.is_busy(c))
+    }
+
+    /// The model's busy CPUs.
+    pub fn busy_cpus(&self) -> u32 {
+        self.busy.iter().map(|w| w.count_ones()).sum()
+    }
+
+    /// Set or clear dense CPU `cpu` in the model; true when it changed.
+    fn set_busy(&mut self, cpu: LeafId, busy: bool) -> bool {
+        if cpu >= self.cpu.nr_cpus() {
+            return false;
+        }
+        let Some(w) = self.busy.get_mut(cpu / 64) else {
+            return false;
+        };
+        let bit = 1u64 << (cpu % 64);
+        let was = *w & bit != 0;
+        if busy {
+            *w |= bit;
+        } else {
+            *w &= !bit;
+        }
+        was != busy
     }
 
     /// Capacity in the node-level engine: CPUs times the agent's
@@ -122,24 +204,20 @@ impl NodeInfo {
     /// (none reported yet) the aligned choice its agent will make.
     pub fn claim(&mut self, spec: &JobSpec, reported: Vec<LeafId>) -> Vec<LeafId> {
         let cpus = if reported.is_empty() {
-            find_aligned_in(
-                &self.cpu_topo,
+            find_aligned_in_bits(
+                self.cpu.tree(),
                 spec.cpus as usize,
                 align_of(spec),
                 policy_of(spec),
-                None,
-                |l| !self.cpu_busy[l],
+                &self.busy,
             )
             .unwrap_or_default()
         } else {
             reported
         };
         for &c in &cpus {
-            if let Some(b) = self.cpu_busy.get_mut(c)
-                && !*b
-            {
-                *b = true;
-                self.idle.add(c, -1);
+            if self.set_busy(c, true) {
+                self.cpu.add(&mut self.idle, c, -1);
             }
         }
         cpus
@@ -148,19 +226,16 @@ impl NodeInfo {
     /// Mark CPUs of the model free again (a job ended or moved).
     pub fn release(&mut self, cpus: &[LeafId]) {
         for &c in cpus {
-            if let Some(b) = self.cpu_busy.get_mut(c)
-                && *b
-            {
-                *b = false;
-                self.idle.add(c, 1);
+            if self.set_busy(c, false) {
+                self.cpu.add(&mut self.idle, c, 1);
             }
         }
     }
 
     /// The modelled free room per alignment level (equal to
-    /// `free_summary_of` over `cpu_busy`, kept by difference).
+    /// `free_summary_of` over the busy CPUs, kept by difference).
     pub fn model_summary(&self) -> FreeSummary {
-        self.idle.summary()
+        self.cpu.summary(&self.idle)
     }
 
     /// The room the engine is given for this node: its modelled free
@@ -174,7 +249,7 @@ impl NodeInfo {
     /// (u64::MAX when unknown) and its GPUs.
     pub fn shape(&self) -> (FreeSummary, u64, u32) {
         (
-            free_summary_of(&self.cpu_topo, |_| true),
+            self.cpu.whole(),
             if self.memory_bytes == 0 {
                 u64::MAX
             } else {
@@ -182,57 +257,6 @@ impl NodeInfo {
             },
             self.gpus,
         )
-    }
-}
-
-/// Per alignment level (in [`Align::ALL`] order): the group of each CPU,
-/// numbered in `align_groups` order, and the idle CPUs of each group. The
-/// free summary is the largest count per level, so a start or finish
-/// changes a few counters instead of visiting every CPU five times.
-#[derive(Clone, Debug, Default)]
-pub struct IdleCounts {
-    group_of: [Vec<u32>; 5],
-    idle: [Vec<u32>; 5],
-}
-
-impl IdleCounts {
-    /// The counts of `topo` with the CPUs `is_idle` says are idle.
-    pub fn new(topo: &Topology, is_idle: impl Fn(LeafId) -> bool) -> Self {
-        let mut c = Self::default();
-        for align in Align::ALL {
-            let i = align.index();
-            c.group_of[i] = vec![0; topo.nr_leaves()];
-            for (g, group) in align_groups(topo, align).into_iter().enumerate() {
-                let mut idle = 0;
-                for &l in group {
-                    c.group_of[i][l] = g as u32;
-                    idle += u32::from(is_idle(l));
-                }
-                c.idle[i].push(idle);
-            }
-        }
-        c
-    }
-
-    /// CPU `cpu` became idle (`delta` 1) or busy (-1).
-    fn add(&mut self, cpu: LeafId, delta: i32) {
-        for (group_of, idle) in self.group_of.iter().zip(self.idle.iter_mut()) {
-            if let Some(n) = group_of.get(cpu).and_then(|&g| idle.get_mut(g as usize)) {
-                *n = n.saturating_add_signed(delta);
-            }
-        }
-    }
-
-    /// The largest idle count per level.
-    pub fn summary(&self) -> FreeSummary {
-        let most = |a: Align| self.idle[a.index()].iter().copied().max().unwrap_or(0);
-        FreeSummary {
-            core: most(Align::Core),
-            llc: most(Align::Llc),
-            numa: most(Align::Numa),
-            package: most(Align::Package),
-            any: most(Align::Any),
-        }
     }
 }
 
@@ -262,11 +286,16 @@ impl NodeSlot {
 #[derive(Default)]
 pub struct Nodes {
     /// The nodes, in registration order (never removed: a node that
-    /// registers again is replaced in place).
-    slab: Vec<NodeInfo>,
-    /// Each node's position in `slab`, in name order (what [`Nodes::iter`]
-    /// follows).
-    order: BTreeMap<String, usize>,
+    /// registers again is replaced in place). Boxed: the slab's spare
+    /// capacity (up to as much again as it holds) is pointers, not
+    /// records.
+    #[allow(clippy::vec_box)] // the spare capacity as pointers (node_bytes)
+    slab: Vec<Box<NodeInfo>>,
+    /// The nodes' positions in `slab`, in name order (what [`Nodes::iter`]
+    /// follows): 4 bytes a node where a B-tree of names kept a copy of
+    /// each name; a new node's position is inserted in place (a move of
+    /// the positions after it, once per node ever registered).
+    order: Vec<u32>,
     /// The same positions, hashed: the lookups by name that every
     /// placement, start and finish makes (a B-tree of names compares
     /// ~log2(nodes) strings per lookup).
@@ -274,12 +303,16 @@ pub struct Nodes {
     /// Administrative states restored from the store for nodes that have
     /// not registered yet.
     restored_admin: HashMap<String, NodeAdmin>,
-    /// Engine trees of node topologies, by encoded topology. Bounded:
-    /// a tree no node holds any more is dropped when another is added
-    /// ([`Nodes::cpu_tree`]).
-    topo_cache: HashMap<Vec<u8>, Arc<Topology>>,
+    /// CPU shapes (engine trees and their alignment groups) of node
+    /// topologies, by encoded topology. Bounded: a shape no node holds
+    /// any more is dropped when another is added ([`Nodes::cpu_tree`]).
+    topo_cache: HashMap<Box<[u8]>, Arc<CpuShape>>,
     /// The reported topologies, one copy per distinct shape.
     pub(super) shapes: Shapes,
+    /// Label keys and values, one copy each.
+    pub(super) strings: Strings,
+    /// Reported device lists, one copy per distinct list.
+    pub(super) devices: Devices,
     /// A lower bound of the last heartbeat of every node that is not
     /// DOWN, as the last [`Nodes::overdue`] scan found it (lowered by
     /// [`Nodes::insert`]), with that scan's `now`; `None` until a scan.
@@ -297,35 +330,33 @@ impl Nodes {
 
     /// All nodes by name.
     pub fn iter(&self) -> impl Iterator<Item = &NodeInfo> {
-        self.order.values().map(|&i| &self.slab[i])
+        self.order.iter().map(|&i| &*self.slab[i as usize])
     }
 
     /// All nodes by name, with their slots.
     pub fn iter_slots(&self) -> impl Iterator<Item = (NodeSlot, &NodeInfo)> {
         self.order
-            .values()
-            .map(|&i| (NodeSlot(i as u32), &self.slab[i]))
+            .iter()
+            .map(|&i| (NodeSlot(i), &*self.slab[i as usize]))
     }
 
     /// The nodes named after `name`, by name (every node when `name` is
     /// empty): a page of ListNodes starts here.
     pub fn iter_after<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a NodeInfo> + 'a {
-        use std::ops::Bound;
         let start = if name.is_empty() {
-            Bound::Unbounded
+            0
         } else {
-            Bound::Excluded(name)
+            self.order
+                .partition_point(|&i| self.slab[i as usize].name.as_str() <= name)
         };
-        self.order
-            .range::<str, _>((start, Bound::Unbounded))
-            .map(|(_, &i)| &self.slab[i])
+        self.order[start..].iter().map(|&i| &*self.slab[i as usize])
     }
 
     /// Every node, to update in place, in registration order (the core's
     /// liveness scan, which updates each node from its own link: the order
     /// does not matter).
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut NodeInfo> {
-        self.slab.iter_mut()
+        self.slab.iter_mut().map(|n| &mut **n)
     }
 
     /// True without nodes.
@@ -335,12 +366,12 @@ impl Nodes {
 
     /// One node.
     pub fn get(&self, name: &str) -> Option<&NodeInfo> {
-        self.index.get(name).map(|&i| &self.slab[i])
+        self.index.get(name).map(|&i| &*self.slab[i])
     }
 
     /// One node, to change.
     pub fn get_mut(&mut self, name: &str) -> Option<&mut NodeInfo> {
-        self.index.get(name).map(|&i| &mut self.slab[i])
+        self.index.get(name).map(|&i| &mut *self.slab[i])
     }
 
     /// A node's slot.
@@ -350,12 +381,12 @@ impl Nodes {
 
     /// The node in `slot`.
     pub fn at(&self, slot: NodeSlot) -> Option<&NodeInfo> {
-        self.slab.get(slot.index())
+        self.slab.get(slot.index()).map(|n| &**n)
     }
 
     /// The node in `slot`, to change.
     pub fn at_mut(&mut self, slot: NodeSlot) -> Option<&mut NodeInfo> {
-        self.slab.get_mut(slot.index())
+        self.slab.get_mut(slot.index()).map(|n| &mut **n)
     }
 
     /// One node, or NOT_FOUND.
@@ -364,20 +395,23 @@ impl Nodes {
             .ok_or_else(|| Status::not_found(format!("name: no node {name:?}")))
     }
 
-    /// The engine tree of a reported topology (shared by nodes that
-    /// report the same one: fleets are mostly identical machines).
+    /// The CPU shape (engine tree and alignment groups) of a reported
+    /// topology (shared by nodes that report the same one: fleets are
+    /// mostly identical machines).
     ///
     /// Before a new tree is cached, the trees only the cache still holds
     /// are dropped (their nodes re-registered with another topology): a
     /// hostile agent re-registering with a new topology each time keeps
     /// at most its current tree and the new one here, so the cache holds
     /// at most one tree per node plus one.
-    pub fn cpu_tree(&mut self, topology: &proto::v1::Topology) -> Result<Arc<Topology>, String> {
-        let shape = prost::Message::encode_to_vec(topology);
+    pub fn cpu_tree(&mut self, topology: &proto::v1::Topology) -> Result<Arc<CpuShape>, String> {
+        let shape = prost::Message::encode_to_vec(topology).into_boxed_slice();
         if let Some(t) = self.topo_cache.get(&shape) {
             return Ok(t.clone());
         }
-        let t = Arc::new(engine_proto::cpu_topology(topology).map_err(|e| e.to_string())?);
+        let t = Arc::new(CpuShape::new(
+            engine_proto::cpu_topology(topology).map_err(|e| e.to_string())?,
+        ));
         self.topo_cache.retain(|_, t| Arc::strong_count(t) > 1);
         self.topo_cache.insert(shape, t.clone());
         Ok(t)
@@ -404,12 +438,15 @@ impl Nodes {
             *floor = (*floor).min(node.last_heartbeat_ms);
         }
         match self.index.get(&node.name) {
-            Some(&i) => Some(std::mem::replace(&mut self.slab[i], node)),
+            Some(&i) => Some(std::mem::replace(&mut *self.slab[i], node)),
             None => {
                 let i = self.slab.len();
                 self.index.insert(node.name.clone(), i);
-                self.order.insert(node.name.clone(), i);
-                self.slab.push(node);
+                let at = self
+                    .order
+                    .partition_point(|&j| self.slab[j as usize].name < node.name);
+                self.order.insert(at, i as u32);
+                self.slab.push(Box::new(node));
                 None
             }
         }
@@ -434,8 +471,8 @@ impl Nodes {
         let mut out = Vec::new();
         for n in self
             .order
-            .values()
-            .map(|&i| &self.slab[i])
+            .iter()
+            .map(|&i| &*self.slab[i as usize])
             .filter(|n| !n.down)
         {
             if now - n.last_heartbeat_ms > deadline_ms {
@@ -472,46 +509,34 @@ mod tests {
     use super::super::{Cluster, ClusterConfig, Effects};
     use super::*;
     use proptest::prelude::*;
+    use sched::alloc::{find_aligned_in, free_summary_of};
+    use std::collections::BTreeMap;
     use std::sync::Arc;
 
-    /// A ready, connected node with the CPU model of `topo` and nothing
-    /// else known about it.
-    fn bare_node(name: String, topo: &Arc<Topology>) -> NodeInfo {
-        NodeInfo {
-            name,
-            labels: Arc::default(),
-            zone: String::new(),
-            rack: String::new(),
-            hostgroup: String::new(),
-            region: String::new(),
-            topology: Default::default(),
-            cpu_busy: vec![false; topo.nr_leaves()],
-            idle: IdleCounts::new(topo, |_| true),
-            cpu_topo: topo.clone(),
-            memory_bytes: 0,
-            devices: Vec::new(),
-            gpus: 0,
-            oversubscribe: 1,
-            load: Default::default(),
-            admin: NodeAdmin::Ready,
-            connected: true,
-            down: false,
-            last_heartbeat_ms: 0,
-        }
+    /// A ready, connected node of CPU shape `cpu` and nothing else
+    /// known about it.
+    fn bare_node(name: String, cpu: &Arc<CpuShape>) -> NodeInfo {
+        NodeInfo::new(name, Arc::default(), cpu.clone(), 0)
+    }
+
+    /// The CPU shape of a spec, unshared.
+    fn cpu_shape(spec: &str) -> Arc<CpuShape> {
+        Arc::new(CpuShape::new(Topology::from_spec(spec).unwrap()))
     }
 
     proptest! {
         /// The registry's slab and hashed index answer as the B-tree of
         /// names it replaced: after any sequence of registrations (new
         /// names and re-registrations replacing a node), every lookup by
-        /// name, `insert`'s returned node, iteration in name order and the
+        /// name, `insert`'s returned node, iteration in name order (whole and
+        /// after a name: the sorted positions) and the
         /// overdue scan equal the `BTreeMap<String, NodeInfo>` oracle's.
         #[test]
         fn registry_answers_like_a_map_by_name(
             regs in proptest::collection::vec((0usize..12, 0i64..100, any::<bool>()), 1..40),
             now in 0i64..200,
         ) {
-            let topo = Arc::new(Topology::from_spec("1s:2c:1t").unwrap());
+            let topo = cpu_shape("1s:2c:1t");
             let node = |name: String, beat: i64, down: bool| NodeInfo {
                 down,
                 last_heartbeat_ms: beat,
@@ -530,6 +555,17 @@ mod tests {
                 let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
                 let want: Vec<&str> = oracle.keys().map(String::as_str).collect();
                 prop_assert_eq!(names, want);
+                // Pages start after any name, present or not ("" = all).
+                for after in ["", "n", "n0", "n3", "n35", "n9", "o"] {
+                    let got: Vec<&str> =
+                        nodes.iter_after(after).map(|n| n.name.as_str()).collect();
+                    let want: Vec<&str> = oracle
+                        .keys()
+                        .filter(|k| after.is_empty() || k.as_str() > after)
+                        .map(String::as_str)
+                        .collect();
+                    prop_assert_eq!(got, want, "after {:?}", after);
+                }
                 for i in 0..13 {
                     let name = format!("n{i}");
                     prop_assert_eq!(
@@ -555,9 +591,10 @@ mod tests {
             spec in prop_oneof![Just("2s:8c:2t"), Just("1s:4c:1t"), Just("2s:3c:2t:llc=2")],
             ops in proptest::collection::vec((0u32..3, 0u32..10, 0usize..5, any::<bool>()), 1..40),
         ) {
-            let topo = Arc::new(Topology::from_spec(spec).unwrap());
+            let shape = cpu_shape(spec);
+            let topo = shape.tree().clone();
             let n = topo.nr_leaves();
-            let mut node = bare_node("n".into(), &topo);
+            let mut node = bare_node("n".into(), &shape);
             let mut held: Vec<Vec<LeafId>> = Vec::new();
             for (op, cpus, align, pack) in ops {
                 match op {
@@ -582,8 +619,128 @@ mod tests {
                         }
                     }
                 }
-                let brute = free_summary_of(&topo, |l| !node.cpu_busy[l]);
+                let brute = free_summary_of(&topo, |l| !node.is_busy(l));
                 prop_assert_eq!(node.model_summary(), brute);
+            }
+        }
+    }
+
+    /// The machine shapes of [`shared_shapes_answer_as_private_models`]:
+    /// one word, several words (80 and 96 CPUs), split LLCs, one CPU.
+    const SPECS: [&str; 5] = [
+        "2s:8c:2t",
+        "2s:20c:2t",
+        "2s:3c:2t:llc=2",
+        "4s:6c:2t:numa=2",
+        "1s:1c:1t",
+    ];
+
+    proptest! {
+        /// Nodes that share one CPU shape (got from the registry's cache,
+        /// as registration gets it) answer every query of the CPU model as
+        /// a node with its own private tree and a plain busy flag per CPU
+        /// would (the brute-force oracle: `find_aligned_in` and
+        /// `free_summary_of` over the flags), after any interleaving of
+        /// claims (aligned choices, reported CPUs, some out of range) and
+        /// releases on any of them: the CPUs a claim picks, the free
+        /// summary, the whole node's room, the busy flags and count.
+        #[test]
+        fn shared_shapes_answer_as_private_models(
+            kinds in proptest::collection::vec(0usize..SPECS.len(), 1..6),
+            ops in proptest::collection::vec(
+                (0usize..6, 0u32..3, 0u32..24, 0usize..5, any::<bool>()),
+                1..60,
+            ),
+        ) {
+            let mut registry = Nodes::default();
+            let mut nodes = Vec::new();
+            // Per node: its private tree and busy flags, the oracle.
+            let mut oracle: Vec<(Topology, Vec<bool>)> = Vec::new();
+            for (i, &k) in kinds.iter().enumerate() {
+                let tree = Topology::from_spec(SPECS[k]).unwrap();
+                let shape = registry.cpu_tree(&engine_proto::topology(&tree)).unwrap();
+                nodes.push(bare_node(format!("n{i}"), &shape));
+                let private = engine_proto::cpu_topology(&engine_proto::topology(&tree)).unwrap();
+                let n = private.nr_leaves();
+                oracle.push((private, vec![false; n]));
+            }
+            for (a, x) in kinds.iter().enumerate() {
+                for (b, y) in kinds.iter().enumerate() {
+                    prop_assert_eq!(
+                        Arc::ptr_eq(nodes[a].cpu_shape(), nodes[b].cpu_shape()),
+                        x == y
+                    );
+                }
+            }
+            let mut held: Vec<(usize, Vec<LeafId>)> = Vec::new();
+            for (at, op, cpus, align, pack) in ops {
+                let at = at % nodes.len();
+                let (tree, busy) = &mut oracle[at];
+                let n = tree.nr_leaves();
+                match op {
+                    0 => {
+                        let spec = JobSpec {
+                            cpus: cpus.max(1),
+                            alignment: align as i32,
+                            policy: i32::from(pack),
+                            ..Default::default()
+                        };
+                        let want = find_aligned_in(
+                            tree,
+                            spec.cpus as usize,
+                            align_of(&spec),
+                            policy_of(&spec),
+                            None,
+                            |l| !busy[l],
+                        )
+                        .unwrap_or_default();
+                        let got = nodes[at].claim(&spec, Vec::new());
+                        prop_assert_eq!(&got, &want);
+                        for &c in &want {
+                            busy[c] = true;
+                        }
+                        held.push((at, got));
+                    }
+                    1 => {
+                        // Reported CPUs; one past the end when `pack`.
+                        let mut reported: Vec<LeafId> =
+                            (0..cpus as usize).map(|i| (i * 7 + align) % n).collect();
+                        if pack {
+                            reported.push(n + align);
+                        }
+                        let got = nodes[at].claim(&JobSpec::default(), reported.clone());
+                        prop_assert_eq!(&got, &reported);
+                        for &c in &reported {
+                            if let Some(b) = busy.get_mut(c) {
+                                *b = true;
+                            }
+                        }
+                        held.push((at, got));
+                    }
+                    _ => {
+                        if !held.is_empty() {
+                            let (on, cpus) = held.swap_remove(cpus as usize % held.len());
+                            nodes[on].release(&cpus);
+                            for &c in &cpus {
+                                if let Some(b) = oracle[on].1.get_mut(c) {
+                                    *b = false;
+                                }
+                            }
+                        }
+                    }
+                }
+                for (node, (tree, busy)) in nodes.iter().zip(&oracle) {
+                    prop_assert_eq!(
+                        node.model_summary(),
+                        free_summary_of(tree, |l| !busy[l])
+                    );
+                    prop_assert_eq!(node.shape().0, free_summary_of(tree, |_| true));
+                    prop_assert_eq!(node.busy_flags().collect::<Vec<_>>(), busy.clone());
+                    prop_assert_eq!(
+                        node.busy_cpus() as usize,
+                        busy.iter().filter(|&&b| b).count()
+                    );
+                }
             }
         }
     }
@@ -611,11 +768,11 @@ mod tests {
         // a and b share one tree; evil holds one; one more while a new
         // tree is added before the node drops its old one.
         assert!(most <= 3, "the cache grew to {most} trees for 3 nodes");
-        let a = c.nodes.get("a").unwrap().cpu_topo.clone();
-        assert!(Arc::ptr_eq(&a, &c.nodes.get("b").unwrap().cpu_topo));
+        let a = c.nodes.get("a").unwrap().cpu_topo().clone();
+        assert!(Arc::ptr_eq(&a, c.nodes.get("b").unwrap().cpu_topo()));
         // The honest nodes' tree survived every eviction.
         register_node(&mut c, "d", "2s:4c:2t", ("z", "r4"), 999, &mut fx);
-        assert!(Arc::ptr_eq(&a, &c.nodes.get("d").unwrap().cpu_topo));
+        assert!(Arc::ptr_eq(&a, c.nodes.get("d").unwrap().cpu_topo()));
     }
 
     /// One sequence of (op, node, ms) for

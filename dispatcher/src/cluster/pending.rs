@@ -500,7 +500,7 @@ fn no_match(cluster: &Cluster, s: &Shape) -> (Kind, String) {
             && !cluster
                 .nodes
                 .get(name)
-                .is_some_and(|n| s.selector.iter().all(|(k, v)| n.labels.get(k) == Some(v)))
+                .is_some_and(|n| s.selector.iter().all(|(k, v)| n.labels.has(k, v)))
         {
             labels += 1;
             continue;

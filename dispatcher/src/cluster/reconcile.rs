@@ -10,7 +10,6 @@
 //! job whose cancel was requested gets its `Cancel` again.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 
 use proto::v1::{JobState, Register};
 use sched::{LeafId, TaskState};
@@ -20,6 +19,7 @@ use super::engine::engine_ns;
 use super::jobs::{End, JobKey, Phase, Via};
 use super::lifecycle::task_spec;
 use super::nodes::NodeInfo;
+use super::shapes::Labels;
 use super::{Cluster, Effects, cancel_on};
 
 fn is_terminal(state: i32) -> bool {
@@ -47,7 +47,7 @@ impl Cluster {
             .topology
             .clone()
             .ok_or_else(|| Status::invalid_argument("register.topology: missing"))?;
-        let cpu_topo = self
+        let cpu = self
             .nodes
             .cpu_tree(&topology)
             .map_err(|e| Status::invalid_argument(format!("register.{e}")))?;
@@ -62,6 +62,7 @@ impl Cluster {
         let rack = label(&reg.labels, &self.cfg.rack_label, "default");
         let hostgroup = label(&reg.labels, &self.cfg.hostgroup_label, "");
         let region = label(&reg.labels, &self.cfg.region_label, "default");
+        let gpus = super::nodes::count_gpus(&reg.devices);
         let changed = match self.nodes.get(&reg.node) {
             None => true,
             Some(old) => {
@@ -71,32 +72,20 @@ impl Cluster {
                     || old.rack != rack
                     || old.hostgroup != hostgroup
                     || old.region != region
-                    || old.gpus != super::nodes::count_gpus(&reg.devices)
+                    || old.gpus != gpus
             }
         };
-        let nr = cpu_topo.nr_leaves();
-        let idle = super::nodes::IdleCounts::new(&cpu_topo, |_| true);
-        let node = NodeInfo {
-            name: reg.node.clone(),
-            labels: Arc::new(reg.labels.clone()),
-            zone,
-            rack,
-            hostgroup,
-            region,
-            topology,
-            cpu_topo,
-            cpu_busy: vec![false; nr],
-            idle,
-            memory_bytes: reg.memory_bytes,
-            gpus: super::nodes::count_gpus(&reg.devices),
-            devices: reg.devices.clone(),
-            oversubscribe: reg.oversubscribe.max(1),
-            load: Default::default(),
-            admin: self.nodes.admin_of(&reg.node),
-            connected: true,
-            down: false,
-            last_heartbeat_ms: now,
-        };
+        let mut node = NodeInfo::new(reg.node.clone(), topology, cpu, now);
+        node.labels = Labels::new(&reg.labels, &mut self.nodes.strings);
+        node.zone = zone;
+        node.rack = rack;
+        node.hostgroup = hostgroup;
+        node.region = region;
+        node.memory_bytes = reg.memory_bytes;
+        node.gpus = gpus;
+        node.devices = self.nodes.devices.intern(&reg.devices);
+        node.oversubscribe = reg.oversubscribe.max(1);
+        node.admin = self.nodes.admin_of(&reg.node);
         let old = self.nodes.insert(node);
         // Re-mark CPUs held by jobs the dispatcher has on this node.
         let held = self.jobs.on(&reg.node);
@@ -277,7 +266,7 @@ impl Cluster {
             .job()
             .cpus
             .iter()
-            .filter_map(|&c| n.cpu_topo.leaf_of_os_id(c as u64))
+            .filter_map(|&c| n.cpu_topo().leaf_of_os_id(c as u64))
             .collect();
         let cpus = n.claim(&spec, reported);
         if let Some((m, on)) = self.jobs.model_mut(key) {
