@@ -24,10 +24,12 @@
 
 use std::sync::Arc;
 
+mod switches;
+
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use sched::topology::Topology;
-use sched::{Align, FreeSummary, LeafSet, Sched, SchedConfig, TaskId, TaskSpec, TaskState};
+use sched::{Align, FreeSummary, LeafSet, Sched, TaskId, TaskSpec, TaskState};
 
 const TOPOLOGIES: &[&str] = &[
     "2z:3r:3n",
@@ -173,34 +175,7 @@ fn spec(sc: &Scenario, i: usize, n: usize) -> TaskSpec {
 fn build(sc: &Scenario, fast: bool) -> Sched {
     let topo = Arc::new(Topology::from_spec(TOPOLOGIES[sc.topo]).unwrap());
     let n = topo.nr_leaves();
-    let [
-        cluster,
-        preempt,
-        backfill,
-        cross,
-        latency_pull,
-        domains,
-        fifo,
-        balance,
-        latency,
-        shortest,
-    ] = sc.switches;
-    let mut config = if cluster {
-        SchedConfig::cluster()
-    } else {
-        SchedConfig::default()
-    };
-    config.preempt = preempt;
-    config.backfill = backfill;
-    config.steal_cross_llc = cross;
-    config.latency_pull = latency_pull;
-    config.domain_reservation = domains;
-    config.domain_fifo = fifo;
-    config.shortest_limit_first = shortest;
-    config.idle_balance = balance;
-    config.latency = latency || latency_pull;
-    config.steal_cost = 0;
-    config.steal_node_limit = 8;
+    let config = switches::config_of(sc.switches);
     let mut s = Sched::with_capacities(topo, &sc.capacities[..n], config);
     s.set_fast_start(fast);
     for i in 0..NR_TASKS {
