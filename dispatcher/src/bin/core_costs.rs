@@ -23,12 +23,13 @@
 
 #[path = "shared/loadgen_nodes.rs"]
 mod loadgen_nodes;
-use loadgen_nodes::{SHAPES, register_msg, shapes};
+use loadgen_nodes::{SHAPES, idle_load, register_msg, shapes};
+#[path = "shared/heap_count.rs"]
+mod heap_count;
+use heap_count::{in_use, live_classes};
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -38,67 +39,7 @@ use dispatcher::cluster::load::PackedLoad;
 use dispatcher::cluster::{Cluster, ClusterConfig, Effects};
 use dispatcher::metrics::Metrics;
 use dispatcher::web;
-use proto::v1::{CpuLoad, JobSpec, NodeLoad};
-
-/// Counts the heap bytes in use.
-struct Counting;
-
-static IN_USE: AtomicIsize = AtomicIsize::new(0);
-
-/// Live allocations by size class: class `k` holds sizes in
-/// `(2^(k-1), 2^k]` (class 0: size 0 or 1). What a connection holds is
-/// told apart by its sizes (an 8 KiB codec buffer, a 16 KiB write buffer).
-const CLASSES: usize = 40;
-static LIVE: [AtomicIsize; CLASSES] = [const { AtomicIsize::new(0) }; CLASSES];
-static LIVE_BYTES: [AtomicIsize; CLASSES] = [const { AtomicIsize::new(0) }; CLASSES];
-
-fn class_of(size: usize) -> usize {
-    (usize::BITS - size.saturating_sub(1).leading_zeros()).min(CLASSES as u32 - 1) as usize
-}
-
-fn count(size: usize, sign: isize) {
-    IN_USE.fetch_add(sign * size as isize, Ordering::Relaxed);
-    let k = class_of(size);
-    LIVE[k].fetch_add(sign, Ordering::Relaxed);
-    LIVE_BYTES[k].fetch_add(sign * size as isize, Ordering::Relaxed);
-}
-
-// SAFETY: every call is forwarded to the system allocator unchanged; the
-// counters only observe sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size(), 1);
-        // SAFETY: as the caller's contract for `System`.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(layout.size(), -1);
-        // SAFETY: as the caller's contract for `System`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size(), 1);
-        // SAFETY: as the caller's contract for `System`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(layout.size(), -1);
-        count(new_size, 1);
-        // SAFETY: as the caller's contract for `System`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-/// The live allocations per size class (count, bytes).
-fn live_classes() -> Vec<(isize, isize)> {
-    LIVE.iter()
-        .zip(&LIVE_BYTES)
-        .map(|(n, b)| (n.load(Ordering::Relaxed), b.load(Ordering::Relaxed)))
-        .collect()
-}
+use proto::v1::{JobSpec, NodeLoad};
 
 /// This process's resident set (VmRSS), bytes.
 fn rss_bytes() -> Result<u64> {
@@ -111,13 +52,6 @@ fn rss_bytes() -> Result<u64> {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
         .context("no VmRSS in /proc/self/status")
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn in_use() -> isize {
-    IN_USE.load(Ordering::Relaxed)
 }
 
 /// Heap bytes `f`'s result holds (what it allocated and kept).
@@ -165,26 +99,6 @@ struct Args {
     /// dispatcher URL, print "attached", hold the streams until stdin ends.
     #[arg(long, hide = true)]
     attach: Option<String>,
-}
-
-/// loadgen's LoadReport of an idle node: every CPU, its schedstat names.
-fn idle_load(cpus: &[u32]) -> NodeLoad {
-    NodeLoad {
-        cpus: cpus
-            .iter()
-            .map(|&cpu| CpuLoad {
-                cpu,
-                busy: false,
-                runnable: 0,
-            })
-            .collect(),
-        avg_idle_ns: 500_000,
-        schedstats: dispatch_telemetry::schedstat_fields(&sched::Schedstats::default())
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
-        ..Default::default()
-    }
 }
 
 /// The best of `runs` timings of `f`.

@@ -22,60 +22,19 @@
 //! The bin uses only the cluster's public API, so the same file builds
 //! against an older dispatcher for a same-run baseline.
 
+#[path = "shared/heap_count.rs"]
+mod heap_count;
 #[path = "shared/loadgen_nodes.rs"]
 mod loadgen_nodes;
+use heap_count::in_use;
+use loadgen_nodes::idle_load;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicIsize, Ordering};
 
 use anyhow::{Result, anyhow};
 use clap::Parser;
 use dispatcher::cluster::{Cluster, ClusterConfig, Effects};
-use proto::v1::{CpuLoad, Device, DeviceKind, NodeLoad, Register};
-
-/// Counts the heap bytes in use.
-struct Counting;
-
-static IN_USE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded to the system allocator unchanged; the
-// counter only observes sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        IN_USE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: as the caller's contract for `System`.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        IN_USE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: as the caller's contract for `System`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        IN_USE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        // SAFETY: as the caller's contract for `System`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        IN_USE.fetch_add(
-            new_size as isize - layout.size() as isize,
-            Ordering::Relaxed,
-        );
-        // SAFETY: as the caller's contract for `System`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn in_use() -> isize {
-    IN_USE.load(Ordering::Relaxed)
-}
+use proto::v1::{Device, DeviceKind, Register};
 
 #[derive(Parser, Debug)]
 #[command(about = "Heap bytes the dispatcher keeps per registered node, by phase")]
@@ -172,26 +131,6 @@ fn register_msg(fleet: &str, i: usize, topos: &[proto::v1::Topology]) -> Registe
         } else {
             Vec::new()
         },
-        ..Default::default()
-    }
-}
-
-/// An idle LoadReport over `cpus`.
-fn idle_load(cpus: &[u32]) -> NodeLoad {
-    NodeLoad {
-        cpus: cpus
-            .iter()
-            .map(|&cpu| CpuLoad {
-                cpu,
-                busy: false,
-                runnable: 0,
-            })
-            .collect(),
-        avg_idle_ns: 500_000,
-        schedstats: dispatch_telemetry::schedstat_fields(&sched::Schedstats::default())
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
         ..Default::default()
     }
 }

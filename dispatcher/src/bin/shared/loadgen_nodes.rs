@@ -1,11 +1,11 @@
 //! The fake nodes the core benches register, shaped as `loadgen`'s agents
 //! register theirs (the same shapes, names `lg-NNNNN`, racks of 40 nodes over 4 zones,
 //! 4 GiB per CPU), so the benches and the load generator measure the same
-//! cluster. Shared by `core_costs` and `core_costs_jobs`.
+//! cluster. Shared by `core_costs`, `core_costs_jobs` and `node_bytes`.
 
 use std::collections::HashMap;
 
-use proto::v1::Register;
+use proto::v1::{CpuLoad, NodeLoad, Register};
 use sched::Topology;
 
 /// loadgen's node shapes, cycled over the nodes.
@@ -41,6 +41,27 @@ pub fn register_msg(i: usize, topo: &proto::v1::Topology, version: &str) -> Regi
         memory_bytes: topo.cpus.len() as u64 * (4 << 30),
         version: version.into(),
         oversubscribe: 1,
+        ..Default::default()
+    }
+}
+
+/// loadgen's LoadReport of an idle node: every CPU, its schedstat names.
+#[allow(dead_code)] // `core_costs_jobs` sends no loads.
+pub fn idle_load(cpus: &[u32]) -> NodeLoad {
+    NodeLoad {
+        cpus: cpus
+            .iter()
+            .map(|&cpu| CpuLoad {
+                cpu,
+                busy: false,
+                runnable: 0,
+            })
+            .collect(),
+        avg_idle_ns: 500_000,
+        schedstats: dispatch_telemetry::schedstat_fields(&sched::Schedstats::default())
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
         ..Default::default()
     }
 }
