@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Compare two scripts/bench/sims.sh output folders table by table,
+ignoring the timing columns (decisions/s, sched %, wall s, setup s).
+
+    scripts/bench/cmp.py A B
+
+Prints 'identical' per workload, or the rows that differ."""
+import os, re, sys
+
+TIMING = ("decisions/s", "sched %", "wall s", "setup s")
+
+def rows(path):
+    out, keep = [], None
+    for line in open(path):
+        line = line.rstrip("\n")
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if keep is None or any(c in TIMING for c in cells):
+            keep = [i for i, c in enumerate(cells) if c not in TIMING]
+            out.append(tuple(cells[i] for i in keep if i < len(cells)))
+            continue
+        if set("".join(cells)) <= set("-: "):
+            continue
+        out.append(tuple(cells[i] for i in keep if i < len(cells)))
+    return out
+
+a, b = sys.argv[1], sys.argv[2]
+same = True
+for name in sorted(f for f in os.listdir(a) if f.endswith(".txt")):
+    pa, pb = os.path.join(a, name), os.path.join(b, name)
+    if not os.path.exists(pb):
+        print(f"{name}: missing in {b}"); same = False; continue
+    ra, rb = rows(pa), rows(pb)
+    if ra == rb:
+        print(f"{name}: identical ({len(ra)} rows)")
+    else:
+        same = False
+        print(f"{name}: DIFFERS")
+        for x, y in zip(ra, rb):
+            if x != y:
+                print("  A:", " | ".join(x)); print("  B:", " | ".join(y))
+        if len(ra) != len(rb):
+            print(f"  rows {len(ra)} vs {len(rb)}")
+sys.exit(0 if same else 1)
