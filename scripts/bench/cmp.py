@@ -10,17 +10,18 @@ import os, re, sys
 TIMING = ("decisions/s", "sched %", "wall s", "setup s")
 
 def rows(path):
+    """The table rows of a result file, without the timing columns: each
+    table's first row is its header, which says which columns to drop."""
     out, keep = [], None
     for line in open(path):
         line = line.rstrip("\n")
         if not line.startswith("|"):
+            keep = None
             continue
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if keep is None or any(c in TIMING for c in cells):
+        if keep is None:
             keep = [i for i, c in enumerate(cells) if c not in TIMING]
-            out.append(tuple(cells[i] for i in keep if i < len(cells)))
-            continue
-        if set("".join(cells)) <= set("-: "):
+        elif set("".join(cells)) <= set("-: "):
             continue
         out.append(tuple(cells[i] for i in keep if i < len(cells)))
     return out
