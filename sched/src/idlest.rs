@@ -177,6 +177,38 @@ impl IdlestIndex {
         }
         let children = &topo.node(d).children;
         let b = self.base[d];
+        // The root's best child (best key, first on ties) qualifies: it is
+        // the answer, and the search would examine it alone (best-first to
+        // it, then every other segment pruned on its key).
+        let root = &self.slots[b + 1];
+        if root.best == NONE || root.room[align.index()] < demand {
+            return None;
+        }
+        let top = root.best as usize;
+        if self.slots[b + w + top].room[align.index()] >= demand && eligible(children[top]) {
+            *visited += 1;
+            return Some(children[top]);
+        }
+        self.search(topo, d, align, demand, eligible, visited)
+    }
+
+    /// [`IdlestIndex::idlest_child`] without its shortcut: the best-first
+    /// search over the segments.
+    pub(crate) fn search(
+        &self,
+        topo: &Topology,
+        d: NodeId,
+        align: Align,
+        demand: u32,
+        eligible: impl Fn(NodeId) -> bool,
+        visited: &mut u64,
+    ) -> Option<NodeId> {
+        let w = self.width[d];
+        if w == 0 {
+            return None;
+        }
+        let children = &topo.node(d).children;
+        let b = self.base[d];
         // The chosen child so far: (key, position).
         let mut found: Option<(u128, u32)> = None;
         // Best-first, depth-first over the segments (depth <= 32).
@@ -299,6 +331,25 @@ mod tests {
                     );
                     let want = s.idlest_child_scan(d, align, demand);
                     prop_assert_eq!(got, want, "domain {} {:?} demand {}", d, align, demand);
+                    // The shortcut examines what the search examines.
+                    let mut searched = 0;
+                    let full = s.idlest.search(
+                        &topo,
+                        d,
+                        align,
+                        demand,
+                        |c| !(skip_busy && s.busy_flags().is_busy(c)),
+                        &mut searched,
+                    );
+                    prop_assert_eq!(full, want);
+                    prop_assert_eq!(
+                        visited,
+                        searched,
+                        "domain {} {:?} demand {}",
+                        d,
+                        align,
+                        demand
+                    );
                     prop_assert!(visited <= topo.node(d).children.len() as u64);
                 }
             }
