@@ -103,9 +103,9 @@ impl IdlestIndex {
     /// Stops climbing at the first segment that stays the same (each slot
     /// carries its best child's key, so nothing above can change).
     ///
-    /// The climb carries the segment just recomputed in registers and
-    /// reads only its sibling and the old parent per level (what
-    /// [`IdlestIndex::combine`] gives from the two halves in the slots).
+    /// Each level joins the pair of slots under the parent in place (left
+    /// `i & !1`, right `i | 1`: no branch on which side changed), and the
+    /// pair is read as one two-slot chunk (one bounds check).
     pub fn update(&mut self, topo: &Topology, c: NodeId, a: &NodeAgg) {
         let Some(d) = topo.node(c).parent else {
             return;
@@ -114,7 +114,7 @@ impl IdlestIndex {
         let (b, w) = (self.base[d], self.width[d]);
         let tree = &mut self.slots[b..b + 2 * w];
         let mut i = w + p;
-        let mut cur = Slot {
+        let cur = Slot {
             key: share_key(a),
             best: p as u32,
             room: maxima_of(a),
@@ -124,19 +124,15 @@ impl IdlestIndex {
         }
         tree[i] = cur;
         while i > 1 {
-            let sib = tree[i ^ 1];
-            let (l, r) = if i & 1 == 0 {
-                (&cur, &sib)
-            } else {
-                (&sib, &cur)
+            let parent = match &tree[i & !1..(i | 1) + 1] {
+                [l, r] => join(l, r),
+                _ => unreachable!("a pair of slots"),
             };
-            let parent = join(l, r);
             i /= 2;
             if tree[i] == parent {
                 break;
             }
             tree[i] = parent;
-            cur = parent;
         }
     }
 
