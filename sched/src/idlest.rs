@@ -103,9 +103,9 @@ impl IdlestIndex {
     /// Stops climbing at the first segment that stays the same (each slot
     /// carries its best child's key, so nothing above can change).
     ///
-    /// The climb carries the segment just recomputed in registers and
-    /// reads only its sibling and the old parent per level (what
-    /// [`IdlestIndex::combine`] gives from the two halves in the slots).
+    /// Each level joins the pair of slots under the parent in place (left
+    /// `i & !1`, right `i | 1`: no branch on which side changed), and the
+    /// pair is read as one two-slot chunk (one bounds check).
     pub fn update(&mut self, topo: &Topology, c: NodeId, a: &NodeAgg) {
         let Some(d) = topo.node(c).parent else {
             return;
@@ -114,7 +114,7 @@ impl IdlestIndex {
         let (b, w) = (self.base[d], self.width[d]);
         let tree = &mut self.slots[b..b + 2 * w];
         let mut i = w + p;
-        let mut cur = Slot {
+        let cur = Slot {
             key: share_key(a),
             best: p as u32,
             room: maxima_of(a),
@@ -124,19 +124,15 @@ impl IdlestIndex {
         }
         tree[i] = cur;
         while i > 1 {
-            let sib = tree[i ^ 1];
-            let (l, r) = if i & 1 == 0 {
-                (&cur, &sib)
-            } else {
-                (&sib, &cur)
+            let parent = match &tree[i & !1..(i | 1) + 1] {
+                [l, r] => join(l, r),
+                _ => unreachable!("a pair of slots"),
             };
-            let parent = join(l, r);
             i /= 2;
             if tree[i] == parent {
                 break;
             }
             tree[i] = parent;
-            cur = parent;
         }
     }
 
@@ -163,6 +159,38 @@ impl IdlestIndex {
     /// accepts, the first in child order on ties; `None` when no child
     /// qualifies. `visited` counts the children examined.
     pub fn idlest_child(
+        &self,
+        topo: &Topology,
+        d: NodeId,
+        align: Align,
+        demand: u32,
+        eligible: impl Fn(NodeId) -> bool,
+        visited: &mut u64,
+    ) -> Option<NodeId> {
+        let w = self.width[d];
+        if w == 0 {
+            return None;
+        }
+        let children = &topo.node(d).children;
+        let b = self.base[d];
+        // The root's best child (best key, first on ties) qualifies: it is
+        // the answer, and the search would examine it alone (best-first to
+        // it, then every other segment pruned on its key).
+        let root = &self.slots[b + 1];
+        if root.best == NONE || root.room[align.index()] < demand {
+            return None;
+        }
+        let top = root.best as usize;
+        if self.slots[b + w + top].room[align.index()] >= demand && eligible(children[top]) {
+            *visited += 1;
+            return Some(children[top]);
+        }
+        self.search(topo, d, align, demand, eligible, visited)
+    }
+
+    /// [`IdlestIndex::idlest_child`] without its shortcut: the best-first
+    /// search over the segments.
+    pub(crate) fn search(
         &self,
         topo: &Topology,
         d: NodeId,
@@ -299,6 +327,25 @@ mod tests {
                     );
                     let want = s.idlest_child_scan(d, align, demand);
                     prop_assert_eq!(got, want, "domain {} {:?} demand {}", d, align, demand);
+                    // The shortcut examines what the search examines.
+                    let mut searched = 0;
+                    let full = s.idlest.search(
+                        &topo,
+                        d,
+                        align,
+                        demand,
+                        |c| !(skip_busy && s.busy_flags().is_busy(c)),
+                        &mut searched,
+                    );
+                    prop_assert_eq!(full, want);
+                    prop_assert_eq!(
+                        visited,
+                        searched,
+                        "domain {} {:?} demand {}",
+                        d,
+                        align,
+                        demand
+                    );
                     prop_assert!(visited <= topo.node(d).children.len() as u64);
                 }
             }

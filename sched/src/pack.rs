@@ -11,6 +11,10 @@
 //! [`PackIndex`] is a max segment tree over the leaves in priority order
 //! holding each leaf's free capacity, so "first leaf in priority order with
 //! `free >= demand`" costs O(log n) at 100,000 nodes instead of a scan.
+//! Only pack placements read it, so a leaf's room change is only noted
+//! ([`PackIndex::mark`], once per leaf) and the tree is brought up to date
+//! when a pack placement next reads it ([`PackIndex::flush`]): an engine
+//! that never packs does not pay a climb per change.
 
 use crate::topology::{LeafId, Topology};
 
@@ -21,6 +25,10 @@ pub struct PackIndex {
     pos: Vec<usize>,
     size: usize,
     tree: Vec<u32>,
+    /// Leaves whose room changed since the last [`PackIndex::flush`],
+    /// once each (`stale`).
+    pending: Vec<LeafId>,
+    stale: Vec<bool>,
 }
 
 impl PackIndex {
@@ -35,11 +43,54 @@ impl PackIndex {
             pos[l] = i;
         }
         let size = order.len().next_power_of_two();
+        let n = order.len();
         Self {
             order,
             pos,
             size,
             tree: vec![0; 2 * size],
+            pending: Vec::new(),
+            stale: vec![false; n],
+        }
+    }
+
+    /// A leaf's room changed: [`PackIndex::flush`] reads it again.
+    #[inline]
+    pub fn mark(&mut self, leaf: LeafId) {
+        if !self.stale[leaf] {
+            self.stale[leaf] = true;
+            self.pending.push(leaf);
+        }
+    }
+
+    /// Whether no room change awaits [`PackIndex::flush`].
+    pub fn is_flushed(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Bring the tree up to date: every leaf marked since the last flush
+    /// gets its room now (`room`). Many changes (a quarter of the leaves or
+    /// more) rebuild the tree bottom-up in O(n) instead of climbing per
+    /// leaf.
+    pub fn flush(&mut self, room: impl Fn(LeafId) -> u32) {
+        if self.pending.is_empty() {
+            return;
+        }
+        if self.pending.len() * 4 >= self.order.len() {
+            for leaf in self.pending.drain(..) {
+                self.stale[leaf] = false;
+            }
+            for (i, &leaf) in self.order.iter().enumerate() {
+                self.tree[self.size + i] = room(leaf);
+            }
+            for i in (1..self.size).rev() {
+                self.tree[i] = self.tree[2 * i].max(self.tree[2 * i + 1]);
+            }
+            return;
+        }
+        while let Some(leaf) = self.pending.pop() {
+            self.stale[leaf] = false;
+            self.update(leaf, room(leaf));
         }
     }
 
@@ -61,6 +112,7 @@ impl PackIndex {
     /// The first leaf in priority order, at or after priority position
     /// `from`, whose room is at least `demand`.
     pub fn first_fit_from(&self, demand: u32, from: usize) -> Option<(usize, LeafId)> {
+        debug_assert!(self.is_flushed(), "pack index read stale");
         if from >= self.order.len() {
             return None;
         }
@@ -95,7 +147,41 @@ impl PackIndex {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// Room changes only marked, the index flushed before each query
+        /// (after a few changes: one climb each; after many: the rebuild):
+        /// the first fit is the scan's over the rooms in priority order.
+        #[test]
+        fn flushed_index_finds_the_scans_first_fit(
+            spec in prop::sample::select(&["1s:4c:2t", "2s:3c:2t", "1s:17c:1t"][..]),
+            ops in prop::collection::vec((0usize..40, 0u32..5, any::<bool>()), 1..120),
+        ) {
+            let t = Topology::from_spec(spec).unwrap();
+            let n = t.nr_leaves();
+            let mut p = PackIndex::new(&t);
+            let mut room = vec![0u32; n];
+            for (leaf, r, query) in ops {
+                let leaf = leaf % n;
+                room[leaf] = r;
+                p.mark(leaf);
+                if query {
+                    p.flush(|l| room[l]);
+                    prop_assert!(p.is_flushed());
+                    for demand in 0..6 {
+                        for from in 0..=n {
+                            let want = (from..n).find(|&i| room[p.order[i]] >= demand);
+                            let got = p.first_fit_from(demand, from);
+                            prop_assert_eq!(got, want.map(|i| (i, p.order[i])));
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn first_fit_follows_core_rank() {

@@ -1734,8 +1734,7 @@ impl Sched {
     /// start's claimed CPUs) refreshes that leaf once. Every reader that
     /// can take `&mut self` flushes first (`select_task_rq_placed`,
     /// `select_task_rq_outer`, `find_idlest`, `find_idlest_from`); the
-    /// `&self` readers (`aggregate`, `llc_free`, `pack_target`,
-    /// `pack_active`) need [`Sched::flush_aggregates`] first (a debug
+    /// `&self` readers (`aggregate`, `llc_free`, `pack_active`) need [`Sched::flush_aggregates`] first (a debug
     /// assertion checks). Returns whether a deferral was already open;
     /// pass it to [`Sched::settle_aggregates`].
     pub fn defer_aggregates(&mut self) -> bool {
@@ -1775,7 +1774,8 @@ impl Sched {
             max_room,
         };
         let mut old = std::mem::replace(&mut self.agg[leaf], new);
-        self.pack.update(leaf, fit);
+        // Read back by pack placements only (`Sched::pack_target`).
+        self.pack.mark(leaf);
         // One child changed from `old` to `new`: the parent's sums move by
         // the difference, its maxima are read from the index over its
         // children (`IdlestIndex`, O(log fanout)), not recounted.

@@ -488,8 +488,13 @@ impl Sched {
     /// The leaf of the highest-priority (lowest-numbered) core with room;
     /// within that core, `prefer` if it has room, so that a task never
     /// moves between the thread groups of one core.
-    pub fn pack_target(&self, id: TaskId, prefer: Option<LeafId>) -> Option<LeafId> {
-        debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
+    ///
+    /// Brings the aggregates and the packing index up to date first (the
+    /// index notes room changes and is read only here).
+    pub fn pack_target(&mut self, id: TaskId, prefer: Option<LeafId>) -> Option<LeafId> {
+        self.flush_aggregates();
+        let rqs = &self.rqs;
+        self.pack.flush(|leaf| rqs[leaf].fit_free());
         let task = self.tasks.get(&id)?;
         let mut from = 0;
         loop {
