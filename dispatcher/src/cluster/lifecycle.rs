@@ -667,15 +667,16 @@ impl Cluster {
     /// copy reported running is cancelled.
     pub fn job_status(&mut self, node: &str, status: JobStatus, now: i64, fx: &mut Effects) {
         self.ensure_engine(now, fx);
-        let current = JobKey::parse(&status.job_id).and_then(|k| self.jobs.get(k));
+        let key = JobKey::parse(&status.job_id);
+        let current = key.and_then(|k| self.jobs.get(k));
         let ours = current.is_some_and(|e| {
             e.job().attempt == status.attempt && e.job().node == node && !e.phase().is_done()
         });
-        if ours {
+        if let (true, Some(key)) = (ours, key) {
             // The removal and the starts it allows refresh a node's
             // aggregates once (see `submit_as`).
             let outer = self.engine.defer_aggregates();
-            self.apply_status(node, status, now, fx);
+            self.apply_status_of(node, key, status, now, fx);
             self.process_events(now, fx);
             self.engine.settle_aggregates(outer);
         } else if matches!(JobState::try_from(status.state), Ok(JobState::Running)) {
@@ -691,9 +692,20 @@ impl Cluster {
         now: i64,
         fx: &mut Effects,
     ) {
-        let Some(key) = JobKey::parse(&status.job_id) else {
-            return;
-        };
+        if let Some(key) = JobKey::parse(&status.job_id) {
+            self.apply_status_of(node, key, status, now, fx);
+        }
+    }
+
+    /// [`Self::apply_status`] of the job `key` (`status.job_id` parsed).
+    fn apply_status_of(
+        &mut self,
+        node: &str,
+        key: JobKey,
+        status: JobStatus,
+        now: i64,
+        fx: &mut Effects,
+    ) {
         let Some(e) = self.jobs.get(key) else { return };
         match JobState::try_from(status.state).unwrap_or(JobState::Unspecified) {
             JobState::Running => {
