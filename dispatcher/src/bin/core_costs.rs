@@ -16,9 +16,17 @@
 //!   last one (the new path, off the core), and the core's per-tick
 //!   liveness scan divided by the nodes.
 //!
+//! With `--connections`, the agents attached to a server in this process
+//! are also measured in RSS: its growth, split by /proc/self/smaps_rollup
+//! (anonymous or not), with glibc's account of its free chunks, and after
+//! the allocator gave back what it could. `MEASURE_ALLOC=mimalloc` runs
+//! the process on mimalloc tuned as the release dispatcher tunes it (the
+//! heap figures are the same bytes requested either way).
+//!
 //! ```text
 //! cargo run --release -p dispatcher --bin core_costs -- --nodes 10000 --pending 10000
 //! cargo run -p dispatcher --bin core_costs -- --check     # small, verifies itself
+//! MEASURE_ALLOC=mimalloc target/release/core_costs --nodes 10000 --connections 10000 --nodes-per-stream 1000
 //! ```
 
 #[path = "shared/loadgen_nodes.rs"]
@@ -863,28 +871,30 @@ fn main() -> Result<()> {
              | of which ours: the stream's beat and its reader's last load, on a copy | {beat_bytes} |\n\
              | of which ours: its codec's first buffers, both directions, on a copy | {} |\n\
              | RSS per agent (VmRSS growth / agents) | {:.0} |\n\
-             | of which anonymous (smaps_rollup) | {:.0} |\n\
-             | the allocator ({}): its memory from the OS, per agent | {:.0} |\n\
-             | of which handed out (glibc: chunks in use; mimalloc: bytes requested) | {:.0} |\n\
-             | of which free, kept by the allocator | {:.0} |\n\
-             | RSS per agent after the allocator gave back what it could (anonymous) | {:.0} ({:.0}) |\n",
+             | RSS per agent once the allocator's due purges ran (smaps_rollup Rss / of which anonymous) | {:.0} / {:.0} |\n\
+             | RSS per agent after the allocator gave back all it could (Rss / anonymous) | {:.0} / {:.0} |\n",
             c.n,
             c.how,
             per_agent - per_node,
             attach_codec_bytes(),
             c.rss as f64 / k,
+            c.mem.rss as f64 / k,
             c.mem.anon as f64 / k,
-            if is_mimalloc() {
-                "mimalloc, committed"
-            } else {
-                "glibc malloc, arenas + mmapped"
-            },
-            c.mem.malloc_held as f64 / k,
-            c.mem.malloc_used as f64 / k,
-            c.mem.malloc_free as f64 / k,
             c.trimmed.rss as f64 / k,
             c.trimmed.anon as f64 / k,
         ));
+        // glibc tells what it holds; mimalloc's commit figure on Linux is
+        // its reserved memory, which says nothing of the agents.
+        if !is_mimalloc() {
+            out.push_str(&format!(
+                "| glibc malloc's memory from the OS per agent (arenas + mmapped) | {:.0} |\n\
+                 | of which in chunks handed out (the heap above and malloc's overhead) | {:.0} |\n\
+                 | of which free chunks malloc keeps | {:.0} |\n",
+                c.mem.malloc_held as f64 / k,
+                c.mem.malloc_used as f64 / k,
+                c.mem.malloc_free as f64 / k,
+            ));
+        }
         out.push_str(
             "\n| live allocations gained, by size (bytes) | allocations per agent | bytes per agent |\n|---|---:|---:|\n",
         );
