@@ -1026,6 +1026,9 @@ impl Core {
                 self.cluster.load_report(node, load, now, fx);
             }
         }
+        // A `Link` hashes and compares its node's name, which never
+        // changes; its interior mutability is the beat's atomics.
+        #[allow(clippy::mutable_key_type)]
         let agents = &self.agents;
         self.cluster.heard_from(|node| {
             let link = agents.get(node)?;
