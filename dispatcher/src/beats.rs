@@ -24,13 +24,24 @@
 //!
 //! A heartbeat that changes nothing therefore costs the core nothing but
 //! its share of the per-tick scan of every attached agent.
+//!
+//! The beat is also the core's link to the attached node ([`Link`]): its
+//! session, the sender of its stream's outbound queue and the last report
+//! the core accounted for live in the beat, and the core's table of
+//! attached nodes is a set of beats keyed by their node's name, so an
+//! attached node costs one record of ~100 bytes, its name held once
+//! (issue 14: a separate link record in a map keyed by a copy of the name
+//! cost ~130 bytes more per node).
 
+use std::borrow::Borrow;
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use proto::v1::NodeLoad;
 
 use crate::cluster::load::PackedLoad;
+use crate::outbound::AgentTx;
 
 /// The core applies queued beats at most this often (ms): a lease grant
 /// or a changed load waits at most this long plus one batch.
@@ -46,15 +57,22 @@ pub struct Pending {
     pub lease_seq: u64,
 }
 
-/// One agent stream's liveness and pending changes.
+/// One agent stream's liveness and pending changes, and the core's link
+/// to the stream.
 #[derive(Debug)]
 pub struct Beat {
     /// The node.
-    pub node: String,
-    /// The core's session of this stream.
-    pub session: u64,
+    pub node: Box<str>,
+    /// The core's end of the stream's outbound queue, tagged with the
+    /// core's session of the stream ([`Beat::session`]; read by the core
+    /// only).
+    pub tx: AgentTx,
     last_ms: AtomicI64,
     last_report_ms: AtomicI64,
+    /// The latest LoadReport time the core has accounted for (a later
+    /// one revives the node if it is DOWN). The core's alone: an atomic
+    /// only because the beat is shared.
+    applied_report_ms: AtomicI64,
     /// The core marked the node DOWN (set by the core after each tick).
     down: AtomicBool,
     /// In the queue of beats the core has still to apply.
@@ -66,6 +84,11 @@ pub struct Beat {
 }
 
 impl Beat {
+    /// The core's session of this stream.
+    pub fn session(&self) -> u64 {
+        self.tx.session()
+    }
+
     /// When the last message arrived (Unix ms).
     pub fn last_ms(&self) -> i64 {
         self.last_ms.load(Ordering::Acquire)
@@ -74,6 +97,16 @@ impl Beat {
     /// When the last LoadReport arrived (Unix ms; `i64::MIN` before any).
     pub fn last_report_ms(&self) -> i64 {
         self.last_report_ms.load(Ordering::Acquire)
+    }
+
+    /// The latest LoadReport time the core accounted for (the core).
+    pub fn applied_report_ms(&self) -> i64 {
+        self.applied_report_ms.load(Ordering::Relaxed)
+    }
+
+    /// The core accounted for the reports up to `ms`.
+    pub fn set_applied_report_ms(&self, ms: i64) {
+        self.applied_report_ms.store(ms, Ordering::Relaxed);
     }
 
     /// The core tells the stream whether its node is DOWN.
@@ -110,14 +143,49 @@ pub struct Beats {
     nonempty: AtomicBool,
 }
 
+/// An attached node's beat as the core's link to it: an entry of the
+/// core's set of attached nodes, found by the node's name (`&str`).
+#[derive(Clone, Debug)]
+pub struct Link(pub Arc<Beat>);
+
+impl std::ops::Deref for Link {
+    type Target = Beat;
+    fn deref(&self) -> &Beat {
+        &self.0
+    }
+}
+
+impl Borrow<str> for Link {
+    fn borrow(&self) -> &str {
+        &self.0.node
+    }
+}
+
+// Hashed and compared as its name, as `Borrow<str>` requires.
+impl Hash for Link {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.node.hash(state);
+    }
+}
+
+impl PartialEq for Link {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.node == other.0.node
+    }
+}
+
+impl Eq for Link {}
+
 impl Beats {
-    /// A beat for a stream attached at `now_ms`.
-    pub fn beat(&self, node: String, session: u64, now_ms: i64) -> Arc<Beat> {
+    /// A beat for a stream attached at `now_ms`, whose messages go out
+    /// through `tx` (tagged with `session`).
+    pub fn beat(&self, node: &str, session: u64, tx: AgentTx, now_ms: i64) -> Arc<Beat> {
         Arc::new(Beat {
-            node,
-            session,
+            node: node.into(),
+            tx: tx.in_session(session),
             last_ms: AtomicI64::new(now_ms),
             last_report_ms: AtomicI64::new(i64::MIN),
+            applied_report_ms: AtomicI64::new(i64::MIN),
             down: AtomicBool::new(false),
             queued: AtomicBool::new(false),
             ended: AtomicBool::new(false),
@@ -162,10 +230,10 @@ impl Beats {
 /// atomic. The last load is kept packed and shared with the core (which
 /// keeps it as the node's last load): one copy per node. The buffer each
 /// report is packed in is the stream reader's (one per stream, however
-/// many nodes it carries).
+/// many nodes it carries), and so is the queue of beats it reports to
+/// (passed in: two pointers a node, not three).
 #[derive(Debug)]
 pub struct Reporter {
-    beats: Arc<Beats>,
     beat: Arc<Beat>,
     /// The last load handed to the core (None before the first).
     last_load: Option<PackedLoad>,
@@ -173,9 +241,8 @@ pub struct Reporter {
 
 impl Reporter {
     /// The reader of `beat`'s stream.
-    pub fn new(beats: Arc<Beats>, beat: Arc<Beat>) -> Self {
+    pub fn new(beat: Arc<Beat>) -> Self {
         Self {
-            beats,
             beat,
             last_load: None,
         }
@@ -192,9 +259,16 @@ impl Reporter {
     }
 
     /// A LoadReport arrived at `now_ms` (packed in `scratch` to compare
-    /// it). Returns true when the core must be woken (the first beat of
-    /// an empty queue).
-    pub fn report(&mut self, load: NodeLoad, seq: u64, now_ms: i64, scratch: &mut Vec<u8>) -> bool {
+    /// it); a change is queued on `beats`. Returns true when the core must
+    /// be woken (the first beat of an empty queue).
+    pub fn report(
+        &mut self,
+        beats: &Beats,
+        load: NodeLoad,
+        seq: u64,
+        now_ms: i64,
+        scratch: &mut Vec<u8>,
+    ) -> bool {
         self.alive(now_ms);
         self.beat.last_report_ms.fetch_max(now_ms, Ordering::AcqRel);
         let changed = match &self.last_load {
@@ -215,7 +289,7 @@ impl Reporter {
                 p.lease_seq = seq;
             }
         }
-        self.beats.enqueue(&self.beat)
+        beats.enqueue(&self.beat)
     }
 }
 
@@ -238,14 +312,14 @@ mod tests {
     #[test]
     fn an_unchanged_heartbeat_only_moves_the_liveness_stamp() {
         let beats = Arc::new(Beats::default());
-        let beat = beats.beat("n1".into(), 1, 100);
-        let mut r = Reporter::new(beats.clone(), beat.clone());
+        let beat = beats.beat("n1", 1, crate::outbound::channel().0, 100);
+        let mut r = Reporter::new(beat.clone());
         assert!(
-            r.report(load(false), 0, 200, &mut Vec::new()),
+            r.report(&beats, load(false), 0, 200, &mut Vec::new()),
             "the first report wakes"
         );
         assert!(
-            !r.report(load(false), 0, 300, &mut Vec::new()),
+            !r.report(&beats, load(false), 0, 300, &mut Vec::new()),
             "queued already"
         );
         let drained = beats.drain();
@@ -256,7 +330,7 @@ mod tests {
         );
         assert!(!beats.pending());
         // The same load again: nothing queued, the stamps move.
-        assert!(!r.report(load(false), 0, 1_300, &mut Vec::new()));
+        assert!(!r.report(&beats, load(false), 0, 1_300, &mut Vec::new()));
         assert!(!beats.pending());
         assert_eq!(beat.last_ms(), 1_300);
         assert_eq!(beat.last_report_ms(), 1_300);
@@ -268,15 +342,15 @@ mod tests {
     #[test]
     fn a_change_a_lease_or_a_down_node_queue_the_beat_once() {
         let beats = Arc::new(Beats::default());
-        let beat = beats.beat("n1".into(), 1, 0);
-        let mut r = Reporter::new(beats.clone(), beat.clone());
-        r.report(load(false), 0, 1, &mut Vec::new());
+        let beat = beats.beat("n1", 1, crate::outbound::channel().0, 0);
+        let mut r = Reporter::new(beat.clone());
+        r.report(&beats, load(false), 0, 1, &mut Vec::new());
         beats.drain();
         let _ = beat.take();
         // Changed load, then a lease: one queue entry, the latest of each.
-        assert!(r.report(load(true), 0, 2, &mut Vec::new()));
-        assert!(!r.report(load(true), 7, 3, &mut Vec::new()));
-        assert!(!r.report(load(true), 8, 4, &mut Vec::new()));
+        assert!(r.report(&beats, load(true), 0, 2, &mut Vec::new()));
+        assert!(!r.report(&beats, load(true), 7, 3, &mut Vec::new()));
+        assert!(!r.report(&beats, load(true), 8, 4, &mut Vec::new()));
         let drained = beats.drain();
         assert_eq!(drained.len(), 1);
         let p = drained[0].take();
@@ -286,7 +360,7 @@ mod tests {
         );
         // The core marked the node down: an unchanged report is queued.
         beat.set_down(true);
-        assert!(r.report(load(true), 0, 5, &mut Vec::new()));
+        assert!(r.report(&beats, load(true), 0, 5, &mut Vec::new()));
         let p = beats.drain()[0].take();
         assert_eq!((p.load, p.lease_seq), (None, 0));
     }

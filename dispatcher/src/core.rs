@@ -45,7 +45,7 @@ use proto::v1::{
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tonic::Status;
 
-use crate::beats::{Beat, Beats, FLUSH_MS, Reporter};
+use crate::beats::{Beat, Beats, FLUSH_MS, Link, Reporter};
 use crate::cluster::listing::NodeCopy;
 use crate::cluster::{Cluster, Effects, JobChange, JobKey, JobRecord, ToAgent};
 use crate::list_worker::ListWorker;
@@ -248,7 +248,7 @@ impl CoreHandle {
     /// The reader of an attached stream's beat: its LoadReports and
     /// liveness reach the core through it, not as commands.
     pub fn reporter(&self, beat: Arc<Beat>) -> Reporter {
-        Reporter::new(self.beats.clone(), beat)
+        Reporter::new(beat)
     }
 
     /// A LoadReport read from an attached stream at `now_ms` (`scratch`:
@@ -260,7 +260,8 @@ impl CoreHandle {
         now_ms: i64,
         scratch: &mut Vec<u8>,
     ) {
-        if reporter.report(report.load.unwrap_or_default(), report.seq, now_ms, scratch) {
+        let load = report.load.unwrap_or_default();
+        if reporter.report(&self.beats, load, report.seq, now_ms, scratch) {
             self.send(Command::Beats);
         }
     }
@@ -330,21 +331,13 @@ pub fn spawn(
     (handle, thread)
 }
 
-struct AgentLink {
-    session: u64,
-    tx: AgentTx,
-    beat: Arc<Beat>,
-    /// The latest LoadReport time the core has accounted for (a later
-    /// one revives the node if it is DOWN).
-    applied_report_ms: i64,
-}
-
 struct Core {
     cluster: Cluster,
     /// The store, on its own thread.
     store: Committer,
     events: broadcast::Sender<JobEvent>,
-    agents: HashMap<String, AgentLink>,
+    /// The attached nodes' links (their beats), by node name.
+    agents: HashSet<Link>,
     next_session: u64,
     logs: HashMap<u64, (String, LogTx)>,
     next_log: u64,
@@ -426,7 +419,7 @@ impl Core {
             cluster,
             store,
             events,
-            agents: HashMap::new(),
+            agents: HashSet::new(),
             next_session: 1,
             logs: HashMap::new(),
             next_log: 1,
@@ -443,7 +436,7 @@ impl Core {
 
     /// Ends every agent and log stream with `status` (the core stops).
     fn close_streams(&mut self, status: &Status) {
-        for (_, link) in self.agents.drain() {
+        for link in self.agents.drain() {
             let _ = link.tx.send(Err(status.clone()));
         }
         for (_, (_, tx)) in self.logs.drain() {
@@ -666,7 +659,7 @@ impl Core {
         let to_agents = fx
             .to_agents
             .into_iter()
-            .filter_map(|(node, msg)| Some((self.agents.get(&node)?.tx.clone(), msg)))
+            .filter_map(|(node, msg)| Some((self.agents.get(node.as_str())?.tx.clone(), msg)))
             .collect();
         Release {
             replies,
@@ -848,15 +841,9 @@ impl Core {
                             })),
                         };
                         let _ = tx.send(Ok(hello));
-                        let beat = self.beats.beat(node.clone(), session, now);
-                        let link = AgentLink {
-                            session,
-                            tx,
-                            beat: beat.clone(),
-                            applied_report_ms: i64::MIN,
-                        };
-                        if let Some(old) = self.agents.insert(node.clone(), link) {
-                            old.beat.set_ended();
+                        let beat = self.beats.beat(&node, session, tx, now);
+                        if let Some(old) = self.agents.replace(Link(beat.clone())) {
+                            old.set_ended();
                             let _ = old.tx.send(Err(Status::aborted(
                                 "another agent registered with this node name",
                             )));
@@ -870,7 +857,7 @@ impl Core {
                 }
             }
             Command::FromAgent { node, session, msg } => {
-                if self.agents.get(&node).map(|l| l.session) != Some(session) {
+                if self.agents.get(node.as_str()).map(|l| l.session()) != Some(session) {
                     return;
                 }
                 match msg {
@@ -913,14 +900,14 @@ impl Core {
             }
             Command::Beats => {}
             Command::Detach { node, session } => {
-                if self.agents.get(&node).map(|l| l.session) == Some(session) {
+                if self.agents.get(node.as_str()).map(|l| l.session()) == Some(session) {
                     // What the stream said before it ended counts, as
                     // when every report was a command ahead of this one.
-                    if let Some(link) = self.agents.remove(&node) {
-                        if let Some(load) = link.beat.take().load {
+                    if let Some(link) = self.agents.take(node.as_str()) {
+                        if let Some(load) = link.take().load {
                             self.cluster.load_report(&node, load, now, fx);
                         }
-                        self.account_liveness(&node, link.beat.last_ms());
+                        self.account_liveness(&node, link.last_ms());
                     }
                     self.cluster.disconnected(&node);
                     tracing::info!(%node, session, "agent detached");
@@ -948,21 +935,21 @@ impl Core {
     fn apply_beats(&mut self, now: i64, fx: &mut Effects) {
         for beat in self.beats.drain() {
             let pending = beat.take();
-            let Some(link) = self.agents.get_mut(&beat.node) else {
+            let Some(link) = self.agents.get(&*beat.node) else {
                 continue;
             };
-            if link.session != beat.session {
+            if link.session() != beat.session() {
                 continue;
             }
             let report_ms = beat.last_report_ms();
             let Ok(n) = self.cluster.node(&beat.node) else {
                 continue;
             };
-            let revive = n.down && report_ms > link.applied_report_ms;
+            let revive = n.down && report_ms > link.applied_report_ms();
             if pending.load.is_some() || revive {
                 let load = pending.load.unwrap_or_else(|| n.load.clone());
                 self.cluster.load_report(&beat.node, load, now, fx);
-                link.applied_report_ms = report_ms;
+                link.set_applied_report_ms(report_ms);
             }
             // Renew the agent's lease; it goes out after this batch's
             // commit, so only a leader that can still write grants one.
@@ -972,7 +959,7 @@ impl Core {
                     lease_ms: self.cluster.config().agent_lease_ms(),
                 };
                 fx.to_agents.push((
-                    beat.node.clone(),
+                    beat.node.to_string(),
                     DispatcherMessage {
                         msg: Some(dispatcher_message::Msg::Lease(lease)),
                     }
@@ -1027,29 +1014,32 @@ impl Core {
     /// was DOWN).
     fn refresh_liveness(&mut self, now: i64, fx: &mut Effects) {
         for node in &self.told_down {
-            let Some(link) = self.agents.get_mut(node) else {
+            let Some(link) = self.agents.get(node.as_str()) else {
                 continue;
             };
-            let report_ms = link.beat.last_report_ms();
+            let report_ms = link.last_report_ms();
             let Ok(n) = self.cluster.node(node) else {
                 continue;
             };
-            if n.down && report_ms > link.applied_report_ms {
+            if n.down && report_ms > link.applied_report_ms() {
                 let load = n.load.clone();
                 self.cluster.load_report(node, load, now, fx);
             }
         }
-        let agents = &mut self.agents;
+        // A `Link` hashes and compares its node's name, which never
+        // changes; its interior mutability is the beat's atomics.
+        #[allow(clippy::mutable_key_type)]
+        let agents = &self.agents;
         self.cluster.heard_from(|node| {
-            let link = agents.get_mut(node)?;
+            let link = agents.get(node)?;
             // Every report so far is accounted for: only a later one
             // revives the node if this tick marks it DOWN. (Not for a node
             // DOWN already: a report read since the pass above revives it
             // when its queued beat is applied.)
-            if !link.beat.is_down() {
-                link.applied_report_ms = link.applied_report_ms.max(link.beat.last_report_ms());
+            if !link.is_down() {
+                link.set_applied_report_ms(link.applied_report_ms().max(link.last_report_ms()));
             }
-            Some(link.beat.last_ms())
+            Some(link.last_ms())
         });
     }
 
@@ -1061,17 +1051,17 @@ impl Core {
         let down: HashSet<String> = self
             .cluster
             .nodes()
-            .filter(|n| n.down && self.agents.contains_key(&n.name))
+            .filter(|n| n.down && self.agents.contains(n.name.as_str()))
             .map(|n| n.name.clone())
             .collect();
         for node in self.told_down.difference(&down) {
-            if let Some(link) = self.agents.get(node) {
-                link.beat.set_down(false);
+            if let Some(link) = self.agents.get(node.as_str()) {
+                link.set_down(false);
             }
         }
         for node in &down {
-            if let Some(link) = self.agents.get(node) {
-                link.beat.set_down(true);
+            if let Some(link) = self.agents.get(node.as_str()) {
+                link.set_down(true);
             }
         }
         self.told_down = down;
@@ -1087,7 +1077,7 @@ impl Core {
                 req.id
             )));
         }
-        let link = self.agents.get(&job.node).ok_or_else(|| {
+        let link = self.agents.get(job.node.as_str()).ok_or_else(|| {
             Status::unavailable(format!(
                 "node {} holding the logs of {} is not connected",
                 job.node, req.id

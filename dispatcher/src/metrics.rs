@@ -381,8 +381,8 @@ impl Metrics {
         for n in cluster.nodes() {
             let node = NodeSample {
                 name: c.text.push(&[&n.name]),
-                zone: c.text.push(&[&n.zone]),
-                rack: c.text.push(&[&n.rack]),
+                zone: c.text.push(&[n.zone()]),
+                rack: c.text.push(&[n.rack()]),
                 state: node_state(n),
                 busy: n.busy_cpus(),
                 cpus: n.cpu_topo().nr_leaves() as u32,
@@ -407,7 +407,7 @@ impl Metrics {
                 if std::mem::replace(&mut named[i], true) {
                     continue;
                 }
-                let label = c.text.push(&[&n.zone, "/", &n.rack]);
+                let label = c.text.push(&[n.zone(), "/", n.rack()]);
                 c.overload
                     .push((label, engine.overload_masks().weight(i) as i64));
             }

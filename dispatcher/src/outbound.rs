@@ -172,6 +172,11 @@ impl AgentTx {
     pub fn slot(&self) -> u32 {
         self.slot
     }
+
+    /// The core's session this sender tags (0: none).
+    pub fn session(&self) -> u64 {
+        self.session
+    }
 }
 
 impl AgentRx {

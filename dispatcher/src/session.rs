@@ -133,7 +133,7 @@ impl Session {
 
     /// The core's session number.
     pub fn id(&self) -> u64 {
-        self.reporter.beat().session
+        self.reporter.beat().session()
     }
 
     /// Whether the core ended the session by itself (the node registered

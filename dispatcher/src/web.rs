@@ -420,9 +420,9 @@ pub fn capture(
         }
         let node = NodeCopy {
             name: c.text.push(&[&n.name]),
-            zone: c.text.push(&[&n.zone]),
-            rack: c.text.push(&[&n.rack]),
-            hostgroup: c.text.push(&[&n.hostgroup]),
+            zone: c.text.push(&[n.zone()]),
+            rack: c.text.push(&[n.rack()]),
+            hostgroup: c.text.push(&[n.hostgroup()]),
             busy: (start, c.busy.len() as u32),
             cpu_topo: n.cpu_topo().clone(),
             state: node_state(n),

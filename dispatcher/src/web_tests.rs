@@ -100,7 +100,9 @@ fn big_cluster(zones: usize, racks: usize, per_rack: usize) -> Cluster {
 fn brute_force(c: &Cluster) -> BTreeMap<(String, String), (Totals, u32)> {
     let mut out: BTreeMap<(String, String), (Totals, u32)> = BTreeMap::new();
     for n in c.nodes() {
-        let e = out.entry((n.zone.clone(), n.rack.clone())).or_default();
+        let e = out
+            .entry((n.zone().to_string(), n.rack().to_string()))
+            .or_default();
         let busy = u64::from(n.busy_cpus());
         let cpus = n.topology.cpus.len() as u64;
         let ready = !n.down && n.connected && n.admin == NodeAdmin::Ready;

@@ -16,9 +16,17 @@
 //!   last one (the new path, off the core), and the core's per-tick
 //!   liveness scan divided by the nodes.
 //!
+//! With `--connections`, the agents attached to a server in this process
+//! are also measured in RSS: its growth, split by /proc/self/smaps_rollup
+//! (anonymous or not), with glibc's account of its free chunks, and after
+//! the allocator gave back what it could. `MEASURE_ALLOC=mimalloc` runs
+//! the process on mimalloc tuned as the release dispatcher tunes it (the
+//! heap figures are the same bytes requested either way).
+//!
 //! ```text
 //! cargo run --release -p dispatcher --bin core_costs -- --nodes 10000 --pending 10000
 //! cargo run -p dispatcher --bin core_costs -- --check     # small, verifies itself
+//! MEASURE_ALLOC=mimalloc target/release/core_costs --nodes 10000 --connections 10000 --nodes-per-stream 1000
 //! ```
 
 #[path = "shared/loadgen_nodes.rs"]
@@ -26,7 +34,7 @@ mod loadgen_nodes;
 use loadgen_nodes::{SHAPES, idle_load, register_msg, shapes};
 #[path = "shared/heap_count.rs"]
 mod heap_count;
-use heap_count::{in_use, live_classes};
+use heap_count::{in_use, is_mimalloc, live_classes};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -52,6 +60,128 @@ fn rss_bytes() -> Result<u64> {
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
         .context("no VmRSS in /proc/self/status")
+}
+
+/// glibc's `struct mallinfo2` (glibc >= 2.33): the malloc of this
+/// process (the counting allocator forwards to it unless
+/// `MEASURE_ALLOC=mimalloc`), summed over its arenas.
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct MallInfo2 {
+    arena: usize,
+    ordblks: usize,
+    smblks: usize,
+    hblks: usize,
+    hblkhd: usize,
+    usmblks: usize,
+    fsmblks: usize,
+    uordblks: usize,
+    fordblks: usize,
+    keepcost: usize,
+}
+
+unsafe extern "C" {
+    fn mallinfo2() -> MallInfo2;
+    fn malloc_trim(pad: usize) -> std::ffi::c_int;
+}
+
+/// Where this process's memory is, bytes: what [`rss_bytes`] sees split
+/// by /proc/self/smaps_rollup, and what malloc holds.
+#[derive(Default, Clone, Copy, Debug)]
+struct Memory {
+    /// Resident, all of it.
+    rss: i64,
+    /// Resident and anonymous (heap, stacks; not the binary or files).
+    anon: i64,
+    /// The allocator's memory from the OS: glibc's arenas and mmapped
+    /// chunks; mimalloc's committed memory.
+    malloc_held: i64,
+    /// Of it, in blocks handed out: glibc's chunks in use (the requested
+    /// bytes and malloc's per-chunk overhead); mimalloc: the requested
+    /// bytes (it does not tell the rest).
+    malloc_used: i64,
+    /// Of it, free memory the allocator keeps (glibc: free chunks;
+    /// mimalloc: committed minus requested).
+    malloc_free: i64,
+}
+
+/// The allocator gives back what it can: glibc's `malloc_trim(0)`,
+/// mimalloc's `mi_collect(true)`.
+fn trim() {
+    if is_mimalloc() {
+        // SAFETY: collects this thread's heap and purges the arenas.
+        unsafe { libmimalloc_sys::mi_collect(true) };
+    } else {
+        // SAFETY: malloc_trim gives free memory back; no pointer passed.
+        unsafe { malloc_trim(0) };
+    }
+}
+
+impl Memory {
+    /// Now; under mimalloc after the purges that are due (what the
+    /// dispatcher's upkeep thread asks for every 50 ms).
+    fn now() -> Result<Self> {
+        let mut commit = 0usize;
+        if is_mimalloc() {
+            let mut x = [0usize; 7];
+            // SAFETY: mi_collect(false) runs due purges; mi_process_info
+            // writes eight counters through valid pointers.
+            unsafe {
+                libmimalloc_sys::mi_collect(false);
+                libmimalloc_sys::mi_process_info(
+                    &mut x[0],
+                    &mut x[1],
+                    &mut x[2],
+                    &mut x[3],
+                    &mut x[4],
+                    &mut commit,
+                    &mut x[5],
+                    &mut x[6],
+                );
+            }
+        }
+        let rollup = std::fs::read_to_string("/proc/self/smaps_rollup")
+            .context("reading /proc/self/smaps_rollup")?;
+        let field = |name: &str| -> Result<i64> {
+            rollup
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().strip_suffix("kB"))
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .map(|kb| kb * 1024)
+                .with_context(|| format!("no {name} in smaps_rollup"))
+        };
+        let (rss, anon) = (field("Rss:")?, field("Anonymous:")?);
+        if is_mimalloc() {
+            let used = in_use() as i64;
+            return Ok(Self {
+                rss,
+                anon,
+                malloc_held: commit as i64,
+                malloc_used: used,
+                malloc_free: commit as i64 - used,
+            });
+        }
+        // SAFETY: mallinfo2 reads malloc's statistics into a plain struct.
+        let m = unsafe { mallinfo2() };
+        Ok(Self {
+            rss,
+            anon,
+            malloc_held: (m.arena + m.hblkhd) as i64,
+            malloc_used: (m.uordblks + m.hblkhd) as i64,
+            malloc_free: m.fordblks as i64,
+        })
+    }
+
+    fn minus(&self, o: &Self) -> Self {
+        Self {
+            rss: self.rss - o.rss,
+            anon: self.anon - o.anon,
+            malloc_held: self.malloc_held - o.malloc_held,
+            malloc_used: self.malloc_used - o.malloc_used,
+            malloc_free: self.malloc_free - o.malloc_free,
+        }
+    }
 }
 
 /// Heap bytes `f`'s result holds (what it allocated and kept).
@@ -345,6 +475,10 @@ struct ConnCosts {
     how: String,
     heap: isize,
     rss: i64,
+    /// The memory gained, by where it is.
+    mem: Memory,
+    /// The same after malloc gave back what it could (`malloc_trim`).
+    trimmed: Memory,
     /// Live allocations per size class gained (count, bytes).
     classes: Vec<(isize, isize)>,
 }
@@ -393,7 +527,11 @@ fn connection_costs(n: usize, per: usize, per_stream: usize) -> Result<ConnCosts
             },
         ));
         std::thread::sleep(Duration::from_millis(200));
+        // The baseline after the allocator gave back what it could, so
+        // that what it gives back after the agents is theirs.
+        trim();
         let (heap0, rss0, classes0) = (in_use(), rss_bytes()?, live_classes());
+        let mem0 = Memory::now()?;
         let mut child = std::process::Command::new(std::env::current_exe()?)
             .args(["--attach", &url, "--connections", &n.to_string()])
             .args(["--agents-per-connection", &per.to_string()])
@@ -426,6 +564,9 @@ fn connection_costs(n: usize, per: usize, per_stream: usize) -> Result<ConnCosts
         ensure!(loaded == n, "{loaded} of {n} nodes have their LoadReport");
         std::thread::sleep(Duration::from_millis(100));
         let (heap1, rss1, classes1) = (in_use(), rss_bytes()?, live_classes());
+        let mem1 = Memory::now()?;
+        trim();
+        let trimmed = Memory::now()?.minus(&mem0);
         drop(child.stdin.take());
         let _ = child.wait();
         let _ = stop.send(());
@@ -443,6 +584,8 @@ fn connection_costs(n: usize, per: usize, per_stream: usize) -> Result<ConnCosts
             how,
             heap: heap1 - heap0,
             rss: rss1 as i64 - rss0 as i64,
+            mem: mem1.minus(&mem0),
+            trimmed,
             classes: classes1
                 .iter()
                 .zip(&classes0)
@@ -595,8 +738,9 @@ fn main() -> Result<()> {
         .iter()
         .enumerate()
         .map(|(i, name)| {
-            let mut r = Reporter::new(beats.clone(), beats.beat(name.clone(), i as u64, now));
-            r.report(loads[i % loads.len()].clone(), 0, now, &mut scratch);
+            let tx = dispatcher::outbound::channel().0;
+            let mut r = Reporter::new(beats.beat(name, i as u64, tx, now));
+            r.report(&beats, loads[i % loads.len()].clone(), 0, now, &mut scratch);
             r
         })
         .collect();
@@ -611,7 +755,7 @@ fn main() -> Result<()> {
         let batch = reports.clone();
         let t = Instant::now();
         for (r, load) in readers.iter_mut().zip(batch) {
-            r.report(load, 0, now + 1, &mut scratch);
+            r.report(&beats, load, 0, now + 1, &mut scratch);
         }
         new_path = new_path.min(t.elapsed());
     }
@@ -708,10 +852,11 @@ fn main() -> Result<()> {
         // channel's first block is allocated with it) and its beat with
         // the reader's last load, after the core took the first report.
         let (_q, queue_bytes) = held(dispatcher::outbound::channel);
+        let tx = dispatcher::outbound::channel().0;
         let (_b, beat_bytes) = held(|| {
             let beats = Arc::new(Beats::default());
-            let mut r = Reporter::new(beats.clone(), beats.beat("lg-00000".into(), 1, now));
-            r.report(loads[0].clone(), 0, now, &mut Vec::new());
+            let mut r = Reporter::new(beats.beat("lg-00000", 1, tx, now));
+            r.report(&beats, loads[0].clone(), 0, now, &mut Vec::new());
             for b in beats.drain() {
                 drop(b.take());
             }
@@ -725,13 +870,31 @@ fn main() -> Result<()> {
              | of which ours: the stream's outbound queue, on a copy | {queue_bytes} |\n\
              | of which ours: the stream's beat and its reader's last load, on a copy | {beat_bytes} |\n\
              | of which ours: its codec's first buffers, both directions, on a copy | {} |\n\
-             | RSS per agent (VmRSS growth / agents) | {:.0} |\n",
+             | RSS per agent (VmRSS growth / agents) | {:.0} |\n\
+             | RSS per agent once the allocator's due purges ran (smaps_rollup Rss / of which anonymous) | {:.0} / {:.0} |\n\
+             | RSS per agent after the allocator gave back all it could (Rss / anonymous) | {:.0} / {:.0} |\n",
             c.n,
             c.how,
             per_agent - per_node,
             attach_codec_bytes(),
             c.rss as f64 / k,
+            c.mem.rss as f64 / k,
+            c.mem.anon as f64 / k,
+            c.trimmed.rss as f64 / k,
+            c.trimmed.anon as f64 / k,
         ));
+        // glibc tells what it holds; mimalloc's commit figure on Linux is
+        // its reserved memory, which says nothing of the agents.
+        if !is_mimalloc() {
+            out.push_str(&format!(
+                "| glibc malloc's memory from the OS per agent (arenas + mmapped) | {:.0} |\n\
+                 | of which in chunks handed out (the heap above and malloc's overhead) | {:.0} |\n\
+                 | of which free chunks malloc keeps | {:.0} |\n",
+                c.mem.malloc_held as f64 / k,
+                c.mem.malloc_used as f64 / k,
+                c.mem.malloc_free as f64 / k,
+            ));
+        }
         out.push_str(
             "\n| live allocations gained, by size (bytes) | allocations per agent | bytes per agent |\n|---|---:|---:|\n",
         );

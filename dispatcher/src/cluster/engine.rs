@@ -207,20 +207,18 @@ impl NodeEngine {
         let n = order.len();
         let (mut hg, mut rack, mut zone, mut region) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let has_hostgroups = order.iter().any(|x| !x.hostgroup.is_empty());
+        let has_hostgroups = order.iter().any(|x| !x.hostgroup().is_empty());
         for x in &order {
-            let hgname = if x.hostgroup.is_empty() {
+            let (xregion, xzone, xrack) = (x.region(), x.zone(), x.rack());
+            let hgname = if x.hostgroup().is_empty() {
                 format!("node:{}", x.name)
             } else {
-                x.hostgroup.clone()
+                x.hostgroup().to_string()
             };
-            hg.push(key(format!(
-                "h\0{}\0{}\0{}\0{}",
-                x.region, x.zone, x.rack, hgname
-            )));
-            rack.push(key(format!("r\0{}\0{}\0{}", x.region, x.zone, x.rack)));
-            zone.push(key(format!("z\0{}\0{}", x.region, x.zone)));
-            region.push(key(format!("g\0{}", x.region)));
+            hg.push(key(format!("h\0{xregion}\0{xzone}\0{xrack}\0{hgname}")));
+            rack.push(key(format!("r\0{xregion}\0{xzone}\0{xrack}")));
+            zone.push(key(format!("z\0{xregion}\0{xzone}")));
+            region.push(key(format!("g\0{xregion}")));
         }
         let mut b = TopologyBuilder::new((0..n as u64).collect());
         if has_hostgroups {

@@ -1128,8 +1128,12 @@ impl Cluster {
             }
             let domain = |node: &str| {
                 self.nodes.get(node).map(|n| match g.within {
-                    Align::Llc => (n.region.clone(), n.zone.clone(), n.rack.clone()),
-                    Align::Numa => (n.region.clone(), n.zone.clone(), String::new()),
+                    Align::Llc => (
+                        n.region().to_string(),
+                        n.zone().to_string(),
+                        n.rack().to_string(),
+                    ),
+                    Align::Numa => (n.region().to_string(), n.zone().to_string(), String::new()),
                     _ => Default::default(),
                 })
             };

@@ -80,7 +80,7 @@ fn node_of(c: &Cluster, id: &str) -> String {
 }
 
 fn rack_of(c: &Cluster, id: &str) -> String {
-    c.node(&node_of(c, id)).unwrap().rack.clone()
+    c.node(&node_of(c, id)).unwrap().rack().to_string()
 }
 
 fn kind(c: &Cluster, id: &str, now: i64) -> PendingReasonKind {

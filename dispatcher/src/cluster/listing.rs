@@ -79,8 +79,8 @@ impl Cluster {
         NodeCopy {
             name: n.name.clone(),
             labels: n.labels.clone(),
-            zone: n.zone.clone(),
-            rack: n.rack.clone(),
+            zone: n.zone().to_string(),
+            rack: n.rack().to_string(),
             topology: Arc::clone(&n.topology),
             load: n.load.clone(),
             state: n.state(),
@@ -179,7 +179,10 @@ mod tests {
                 view.threads_per_core as usize,
                 topo.cpus.len() / topo.smt.len()
             );
-            assert_eq!((&view.zone, &view.rack), (&n.zone, &n.rack));
+            assert_eq!(
+                (view.zone.as_str(), view.rack.as_str()),
+                (n.zone(), n.rack())
+            );
             assert_eq!((view.gpus, view.gpus_free), (n.gpus, c.gpus_free(&n.name)));
             assert_eq!(view, c.node_proto(n));
         }

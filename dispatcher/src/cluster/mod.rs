@@ -60,7 +60,7 @@ use tonic::Status;
 pub use crate::record::JobRecord;
 pub use engine::NodeEngine;
 pub use jobs::{End, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
-pub use nodes::NodeInfo;
+pub use nodes::{NodeInfo, Place};
 pub use steal::{Move, MoveKind, RECENT_MOVES};
 
 use crate::spec::SpecLimits;

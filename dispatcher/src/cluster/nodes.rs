@@ -10,7 +10,7 @@
 //! holds only trees some node uses (plus the one being registered): an
 //! agent that re-registers with ever-new topologies cannot grow it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use proto::v1::{JobSpec, NodeState};
@@ -35,14 +35,9 @@ pub struct NodeInfo {
     pub name: String,
     /// Labels (shared with the API views' copies: `listing.rs`).
     pub labels: Labels,
-    /// Zone, rack, host group and region derived from labels.
-    pub zone: String,
-    /// Rack.
-    pub rack: String,
-    /// Host group ("" when unlabelled: the node is its own group).
-    pub hostgroup: String,
-    /// Region.
-    pub region: String,
+    /// Region, zone, rack and host group derived from labels (shared by
+    /// the nodes of one place: [`Places`]).
+    place: Arc<Place>,
     /// The topology as reported (shared by nodes that report the same
     /// one: [`Shapes`]).
     pub topology: Arc<proto::v1::Topology>,
@@ -89,10 +84,7 @@ impl NodeInfo {
         Self {
             name,
             labels: Labels::default(),
-            zone: String::new(),
-            rack: String::new(),
-            hostgroup: String::new(),
-            region: String::new(),
+            place: Arc::default(),
             topology,
             busy: cpu.idle_bits(),
             idle: cpu.idle_counts(),
@@ -107,6 +99,36 @@ impl NodeInfo {
             down: false,
             last_heartbeat_ms: now,
         }
+    }
+
+    /// Its place: region, zone, rack, host group.
+    pub fn place(&self) -> &Arc<Place> {
+        &self.place
+    }
+
+    /// Set its place (interned: [`Places::intern`]).
+    pub fn set_place(&mut self, place: Arc<Place>) {
+        self.place = place;
+    }
+
+    /// Zone.
+    pub fn zone(&self) -> &str {
+        &self.place.zone
+    }
+
+    /// Rack.
+    pub fn rack(&self) -> &str {
+        &self.place.rack
+    }
+
+    /// Host group ("" when unlabelled: the node is its own group).
+    pub fn hostgroup(&self) -> &str {
+        &self.place.hostgroup
+    }
+
+    /// Region.
+    pub fn region(&self) -> &str {
+        &self.place.region
     }
 
     /// Number of CPUs.
@@ -192,10 +214,10 @@ impl NodeInfo {
     /// host group, name.
     pub fn order_key(&self) -> (&str, &str, &str, &str, &str) {
         (
-            &self.region,
-            &self.zone,
-            &self.rack,
-            &self.hostgroup,
+            self.region(),
+            self.zone(),
+            self.rack(),
+            self.hostgroup(),
             &self.name,
         )
     }
@@ -282,6 +304,57 @@ impl NodeSlot {
     }
 }
 
+/// A node's place in the cluster, from its labels: shared by the nodes of
+/// one place ([`Places`]), so a node holds a pointer where it held four
+/// strings (96 bytes and their copies, issue 14).
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
+pub struct Place {
+    /// Region.
+    pub region: String,
+    /// Zone.
+    pub zone: String,
+    /// Rack.
+    pub rack: String,
+    /// Host group ("" when unlabelled: the node is its own group).
+    pub hostgroup: String,
+}
+
+/// The nodes' places, each held once. Bounded as [`Strings`]: when the
+/// set has doubled since the last sweep, places no node holds any more
+/// are dropped.
+#[derive(Debug, Default)]
+pub struct Places {
+    set: HashSet<Arc<Place>>,
+    /// Places held after the last sweep.
+    swept: usize,
+}
+
+impl Places {
+    /// The shared copy of `place`.
+    pub fn intern(&mut self, place: Place) -> Arc<Place> {
+        if let Some(x) = self.set.get(&place) {
+            return x.clone();
+        }
+        if self.set.len() >= 2 * self.swept + 1024 {
+            self.set.retain(|x| Arc::strong_count(x) > 1);
+            self.swept = self.set.len();
+        }
+        let x = Arc::new(place);
+        self.set.insert(x.clone());
+        x
+    }
+
+    /// Places held.
+    pub fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    /// True when none is held.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+}
+
 /// All nodes, by name.
 #[derive(Default)]
 pub struct Nodes {
@@ -311,6 +384,8 @@ pub struct Nodes {
     pub(super) shapes: Shapes,
     /// Label keys and values, one copy each.
     pub(super) strings: Strings,
+    /// The nodes' places, one copy each.
+    pub(super) places: Places,
     /// Reported device lists, one copy per distinct list.
     pub(super) devices: Devices,
     /// A lower bound of the last heartbeat of every node that is not

@@ -18,7 +18,7 @@ use tonic::Status;
 use super::engine::engine_ns;
 use super::jobs::{End, JobKey, Phase, Via};
 use super::lifecycle::task_spec;
-use super::nodes::NodeInfo;
+use super::nodes::{NodeInfo, Place};
 use super::shapes::Labels;
 use super::{Cluster, Effects, cancel_on};
 
@@ -58,29 +58,25 @@ impl Cluster {
                 .cloned()
                 .unwrap_or_else(|| default.to_string())
         };
-        let zone = label(&reg.labels, &self.cfg.zone_label, "default");
-        let rack = label(&reg.labels, &self.cfg.rack_label, "default");
-        let hostgroup = label(&reg.labels, &self.cfg.hostgroup_label, "");
-        let region = label(&reg.labels, &self.cfg.region_label, "default");
+        let place = Place {
+            zone: label(&reg.labels, &self.cfg.zone_label, "default"),
+            rack: label(&reg.labels, &self.cfg.rack_label, "default"),
+            hostgroup: label(&reg.labels, &self.cfg.hostgroup_label, ""),
+            region: label(&reg.labels, &self.cfg.region_label, "default"),
+        };
         let gpus = super::nodes::count_gpus(&reg.devices);
         let changed = match self.nodes.get(&reg.node) {
             None => true,
             Some(old) => {
                 old.oversubscribe != reg.oversubscribe.max(1)
                     || *old.topology != *topology
-                    || old.zone != zone
-                    || old.rack != rack
-                    || old.hostgroup != hostgroup
-                    || old.region != region
+                    || **old.place() != place
                     || old.gpus != gpus
             }
         };
         let mut node = NodeInfo::new(reg.node.clone(), topology, cpu, now);
         node.labels = Labels::new(&reg.labels, &mut self.nodes.strings);
-        node.zone = zone;
-        node.rack = rack;
-        node.hostgroup = hostgroup;
-        node.region = region;
+        node.set_place(self.nodes.places.intern(place));
         node.memory_bytes = reg.memory_bytes;
         node.gpus = gpus;
         node.devices = self.nodes.devices.intern(&reg.devices);

@@ -152,8 +152,10 @@ impl Cluster {
     /// How far a move between two nodes goes.
     pub(super) fn steal_level(&self, from: &str, to: &str) -> StealLevel {
         match (self.nodes.get(from), self.nodes.get(to)) {
-            (Some(a), Some(b)) if a.zone == b.zone && a.rack == b.rack => StealLevel::SameRack,
-            (Some(a), Some(b)) if a.zone == b.zone => StealLevel::SameZone,
+            (Some(a), Some(b)) if a.zone() == b.zone() && a.rack() == b.rack() => {
+                StealLevel::SameRack
+            }
+            (Some(a), Some(b)) if a.zone() == b.zone() => StealLevel::SameZone,
             _ => StealLevel::OtherZone,
         }
     }
@@ -185,7 +187,7 @@ impl Cluster {
             let room = engine.rq(leaf).room(sched::Align::Any);
             if n.schedulable() && room > 0 {
                 idle_by_rack
-                    .entry((&n.zone, &n.rack))
+                    .entry((n.zone(), n.rack()))
                     .or_default()
                     .push(room);
             }
@@ -205,7 +207,7 @@ impl Cluster {
             let Some(n) = e.phase().node().and_then(|n| self.nodes.get(n)) else {
                 continue;
             };
-            let Some(rooms) = idle_by_rack.get_mut(&(n.zone.as_str(), n.rack.as_str())) else {
+            let Some(rooms) = idle_by_rack.get_mut(&(n.zone(), n.rack())) else {
                 continue;
             };
             if let Some(pos) = rooms.iter().position(|&r| r >= e.cpus()) {
