@@ -392,6 +392,48 @@ impl Pki {
     }
 }
 
+impl Pki {
+    /// A relay's client certificate (`dispatch-relay --tls-cert`): its
+    /// common name is `relay`, and it names every node in `nodes`, which
+    /// [`authorize_agent`] then lets the relay register on AttachMany
+    /// (and no other). Written to `out_dir/relay-RELAY.pem` and `.key`.
+    pub fn issue_relay(
+        &self,
+        relay: &str,
+        nodes: &[String],
+        validity: Validity,
+        out_dir: &Path,
+    ) -> Result<IssuedCert, TlsError> {
+        for name in std::iter::once(relay).chain(nodes.iter().map(String::as_str)) {
+            if name.is_empty() || name.contains(['/', '\0']) || name.starts_with('.') {
+                return Err(TlsError::Bad {
+                    what: "relay or node name",
+                    path: PathBuf::from(name),
+                    why: "want a host-name-like name".into(),
+                });
+            }
+        }
+        std::fs::create_dir_all(out_dir).map_err(|source| TlsError::Write {
+            path: out_dir.to_path_buf(),
+            source,
+        })?;
+        let out = IssuedCert {
+            cert: out_dir.join(format!("relay-{relay}.pem")),
+            key: out_dir.join(format!("relay-{relay}.key")),
+        };
+        let mut names = vec![relay.to_string()];
+        names.extend(nodes.iter().filter(|n| *n != relay).cloned());
+        self.issue(
+            &format!("client certificate for relay {relay}"),
+            &names,
+            ExtendedKeyUsagePurpose::ClientAuth,
+            validity,
+            &out,
+        )?;
+        Ok(out)
+    }
+}
+
 /// Where [`Pki::issue_agent`] writes node `node`'s certificate in `dir`.
 pub fn agent_cert_paths(dir: &Path, node: &str) -> IssuedCert {
     IssuedCert {
