@@ -578,9 +578,10 @@ async fn the_relay_follows_the_leader() -> Result<()> {
         .with_context(logs)?;
         ensure!(
             j.state == JobState::Succeeded as i32,
-            "job {id} ended {:?}: {}",
+            "job {id} ended {:?}: {}\n{}",
             JobState::try_from(j.state),
-            j.reason
+            j.reason,
+            logs()
         );
     }
     wait_nodes(&replicas[new], NODES.len(), T)

@@ -51,6 +51,11 @@ use tonic::{Code, Status};
 /// largest frame.
 pub const MAX_FRAME_BYTES: usize = 64 << 10;
 
+/// The longest wait between attempts to open the stream: a follower's
+/// hint may name a leader that just died, and the agents' registrations
+/// wait meanwhile (the new leader gives nodes only so long to come back).
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
 /// Slots one stream may use (the dispatcher's `MAX_SLOTS`).
 pub const MAX_SLOTS: usize = 65_536;
 
@@ -309,16 +314,11 @@ impl Runner {
                     tracing::warn!("{why}; reconnecting in {backoff:?}");
                 }
             }
-            // Drop what the old sessions had queued while waiting.
-            let deadline = tokio::time::Instant::now() + backoff;
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(deadline) => break,
-                    m = from_nodes.recv() => if m.is_none() { return },
-                    _ = detached.recv() => {}
-                }
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            // Sessions opened meanwhile keep what they queued (their
+            // Register goes on the next stream); what ended sessions had
+            // queued is dropped when the stream reads it (`frame`).
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
     }
 
