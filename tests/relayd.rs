@@ -25,9 +25,9 @@ use e2e::{
     Agent, Dispatcher, Etcd, Proc, bin_dir, dispatchctl_ok, eventually, gen_certs, is_terminal,
     wait_nodes,
 };
+use proto::client_security::ClientTls;
 use proto::v1::agent_service_client::AgentServiceClient;
 use proto::v1::job_service_client::JobServiceClient;
-use proto::client_security::ClientTls;
 use proto::v1::node_service_client::NodeServiceClient;
 use proto::v1::{
     AgentMessage, GetJobRequest, Job, JobSpec, JobState, ListNodesRequest, LoadReport, NodeState,
@@ -39,10 +39,10 @@ const T: Duration = Duration::from_secs(60);
 
 /// One test at a time: each starts several processes (the HA one an etcd
 /// and two replicas with 3 s leases), which starve each other on a
-/// 2-CPU machine. A test that failed holding it does not block the rest.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+/// 2-CPU machine (tokio's mutex: not poisoned by a failed test).
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
 }
 
 static BUILD: Once = Once::new();
@@ -139,7 +139,15 @@ async fn submit_on(url: &str, node: &str, cmd: &str) -> Result<String> {
     let selector = format!("node={node}");
     let out = dispatchctl_ok(
         url,
-        &["submit", "--selector", &selector, "--", "/bin/sh", "-c", cmd],
+        &[
+            "submit",
+            "--selector",
+            &selector,
+            "--",
+            "/bin/sh",
+            "-c",
+            cmd,
+        ],
         T,
     )
     .await?;
@@ -207,7 +215,7 @@ impl Setup {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_run_pinned_jobs_through_the_relay() -> Result<()> {
-    let _serial = serial();
+    let _serial = serial().await;
     let s = setup().await?;
     ensure!(
         s.attached_through_relay(&s.relay.proc.log_text()),
@@ -229,7 +237,10 @@ async fn agents_run_pinned_jobs_through_the_relay() -> Result<()> {
         ensure!(j.node == *node, "job {id} ran on {:?}, not {node}", j.node);
         ensure!(!j.cpus.is_empty(), "job {id} was given no CPUs");
         let out = dispatchctl_ok(&s.d.url, &["logs", id], T).await?;
-        ensure!(out.contains(&format!("{node}-")), "job {id}'s output: {out:?}");
+        ensure!(
+            out.contains(&format!("{node}-")),
+            "job {id}'s output: {out:?}"
+        );
     }
 
     // Bad input: a status naming the field.
@@ -270,7 +281,7 @@ async fn agents_run_pinned_jobs_through_the_relay() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_restart_mid_run_ends_every_job_visibly() -> Result<()> {
-    let _serial = serial();
+    let _serial = serial().await;
     let mut s = setup().await?;
     let jobs = s.d.jobs().await?;
     // Jobs that outlive the relay's restart.
@@ -304,7 +315,7 @@ async fn a_relay_restart_mid_run_ends_every_job_visibly() -> Result<()> {
     for (id, attempt) in ids.iter().zip(attempts) {
         let j = in_state(&jobs, id, JobState::Succeeded)
             .await
-            .with_context(|| relay_log())?;
+            .with_context(relay_log)?;
         ensure!(
             j.attempt == attempt,
             "job {id} was retried (attempt {} after {attempt}): its run was lost",
@@ -333,7 +344,7 @@ async fn a_relay_restart_mid_run_ends_every_job_visibly() -> Result<()> {
 ///   it: the dispatcher refuses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_through_the_relay() -> Result<()> {
-    let _serial = serial();
+    let _serial = serial().await;
     let dir = tempfile::tempdir()?;
     let p = |s: &str| dir.path().join(s).display().to_string();
     gen_certs(&[
@@ -390,7 +401,10 @@ async fn tls_through_the_relay() -> Result<()> {
     let relay_url = format!("https://localhost:{}", relay.port);
     let agent = |node: &str, cert: &str| {
         let ca = p("ca/ca.pem");
-        let (c, k) = (p(&format!("ca/agent-{cert}.pem")), p(&format!("ca/agent-{cert}.key")));
+        let (c, k) = (
+            p(&format!("ca/agent-{cert}.pem")),
+            p(&format!("ca/agent-{cert}.key")),
+        );
         let label = format!("node={node}");
         Agent::start(
             dir.path(),
@@ -436,7 +450,9 @@ async fn tls_through_the_relay() -> Result<()> {
         all
     };
     eventually(T, "ra and rb ready", || async {
-        ready().await.filter(|r| r.contains(&"ra".into()) && r.contains(&"rb".into()))
+        ready()
+            .await
+            .filter(|r| r.contains(&"ra".into()) && r.contains(&"rb".into()))
     })
     .await
     .with_context(logs)?;
@@ -471,7 +487,9 @@ async fn tls_through_the_relay() -> Result<()> {
         .context("no job")?
         .id
         .clone();
-    let j = in_state(&jobs, &id, JobState::Succeeded).await.with_context(logs)?;
+    let j = in_state(&jobs, &id, JobState::Succeeded)
+        .await
+        .with_context(logs)?;
     ensure!(j.node == "rb", "{id} ran on {}", j.node);
     Ok(())
 }
@@ -513,7 +531,7 @@ async fn leader_of(urls: &[String], except: Option<usize>) -> Result<usize> {
 /// and every job ends visibly (SUCCEEDED), a new one too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_follows_the_leader() -> Result<()> {
-    let _serial = serial();
+    let _serial = serial().await;
     let dir = tempfile::tempdir()?;
     let etcd = Etcd::start(dir.path())?;
     let mut replicas = (0..2)
@@ -558,7 +576,9 @@ async fn the_relay_follows_the_leader() -> Result<()> {
     }
     let jobs = replicas[leader].jobs().await?;
     for id in &ids {
-        in_state(&jobs, id, JobState::Running).await.with_context(logs)?;
+        in_state(&jobs, id, JobState::Running)
+            .await
+            .with_context(logs)?;
     }
     replicas[leader].proc.kill9();
     let new = leader_of(&urls, Some(leader)).await?;

@@ -59,10 +59,9 @@ impl Relay {
     ) -> Result<Response<BoxStream<DispatcherMessage>>, Status> {
         let peer_certs = crate::tls::peer_certs(&req);
         let mut inbound = req.into_inner();
-        let first = inbound
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("register: the stream ended before Register"))?;
+        let first = inbound.message().await?.ok_or_else(|| {
+            Status::invalid_argument("register: the stream ended before Register")
+        })?;
         let Some(agent_message::Msg::Register(register)) = first.msg else {
             return Err(Status::invalid_argument(
                 "register: the first message must be Register",
@@ -119,9 +118,8 @@ impl Relay {
         });
         let guard = Arc::new(AbortOnDrop(reader));
         // The dispatcher's messages; the first error ends the stream.
-        let down = tokio_stream::once(Ok(first)).chain(
-            tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|b| *b),
-        );
+        let down = tokio_stream::once(Ok(first))
+            .chain(tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(|b| *b));
         let mut ended = false;
         let down = down
             .take_while(move |r| {

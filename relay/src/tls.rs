@@ -30,7 +30,10 @@ pub fn server_config(
     ));
     if let Some(ca) = client_ca {
         cfg = cfg
-            .client_ca_root(Certificate::from_pem(read("client CA (--tls-client-ca)", ca)?))
+            .client_ca_root(Certificate::from_pem(read(
+                "client CA (--tls-client-ca)",
+                ca,
+            )?))
             .client_auth_optional(true);
     }
     Ok(cfg)

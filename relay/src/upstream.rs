@@ -98,9 +98,14 @@ pub enum OpenError {
 
 enum Slot {
     Free,
-    Live { generation: u64, tx: NodeTx },
+    Live {
+        generation: u64,
+        tx: NodeTx,
+    },
     /// Detached, awaiting the dispatcher's `ended`.
-    Draining { generation: u64 },
+    Draining {
+        generation: u64,
+    },
 }
 
 #[derive(Default)]

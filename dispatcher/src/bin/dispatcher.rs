@@ -315,7 +315,12 @@ struct GenCertsArgs {
     relay: Option<String>,
     /// A node the --relay certificate may register (repeatable, or
     /// comma-separated).
-    #[arg(long = "relay-node", value_name = "NODE", value_delimiter = ',', requires = "relay")]
+    #[arg(
+        long = "relay-node",
+        value_name = "NODE",
+        value_delimiter = ',',
+        requires = "relay"
+    )]
     relay_nodes: Vec<String>,
     /// Where agent and relay certificates go (default: the CA directory).
     #[arg(long, value_name = "DIR")]
