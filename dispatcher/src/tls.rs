@@ -595,6 +595,31 @@ mod tests {
     }
 
     #[test]
+    fn a_relays_certificate_names_its_nodes_and_only_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::open_or_create(dir.path()).unwrap();
+        let nodes = vec!["n1".to_string(), "n2".to_string()];
+        let issued = pki
+            .issue_relay("rack1", &nodes, Validity::default(), dir.path())
+            .unwrap();
+        let der = der_of(&issued.cert);
+        assert_eq!(cert_names(&der).unwrap(), vec!["rack1", "n1", "n2"]);
+        let chain = vec![tonic::transport::CertificateDer::from(der)];
+        assert!(authorize_agent(Some(&chain), "n2").is_ok());
+        let e = authorize_agent(Some(&chain), "n3").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(
+            pki.issue_relay(
+                "rack1",
+                &["../n".to_string()],
+                Validity::default(),
+                dir.path()
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
     fn bad_files_are_named() {
         let dir = tempfile::tempdir().unwrap();
         let junk = dir.path().join("junk.pem");
