@@ -103,6 +103,11 @@ impl Proc {
         })
     }
 
+    /// Start `cmd` (its own process group), stdout and stderr to `log`.
+    pub fn spawn_logged(name: &str, cmd: Command, log: PathBuf) -> Result<Self> {
+        Self::spawn(name, cmd, log)
+    }
+
     /// Process id.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, Child::id)

@@ -392,6 +392,48 @@ impl Pki {
     }
 }
 
+impl Pki {
+    /// A relay's client certificate (`dispatch-relay --tls-cert`): its
+    /// common name is `relay`, and it names every node in `nodes`, which
+    /// [`authorize_agent`] then lets the relay register on AttachMany
+    /// (and no other). Written to `out_dir/relay-RELAY.pem` and `.key`.
+    pub fn issue_relay(
+        &self,
+        relay: &str,
+        nodes: &[String],
+        validity: Validity,
+        out_dir: &Path,
+    ) -> Result<IssuedCert, TlsError> {
+        for name in std::iter::once(relay).chain(nodes.iter().map(String::as_str)) {
+            if name.is_empty() || name.contains(['/', '\0']) || name.starts_with('.') {
+                return Err(TlsError::Bad {
+                    what: "relay or node name",
+                    path: PathBuf::from(name),
+                    why: "want a host-name-like name".into(),
+                });
+            }
+        }
+        std::fs::create_dir_all(out_dir).map_err(|source| TlsError::Write {
+            path: out_dir.to_path_buf(),
+            source,
+        })?;
+        let out = IssuedCert {
+            cert: out_dir.join(format!("relay-{relay}.pem")),
+            key: out_dir.join(format!("relay-{relay}.key")),
+        };
+        let mut names = vec![relay.to_string()];
+        names.extend(nodes.iter().filter(|n| *n != relay).cloned());
+        self.issue(
+            &format!("client certificate for relay {relay}"),
+            &names,
+            ExtendedKeyUsagePurpose::ClientAuth,
+            validity,
+            &out,
+        )?;
+        Ok(out)
+    }
+}
+
 /// Where [`Pki::issue_agent`] writes node `node`'s certificate in `dir`.
 pub fn agent_cert_paths(dir: &Path, node: &str) -> IssuedCert {
     IssuedCert {
@@ -549,6 +591,31 @@ mod tests {
         assert!(
             pki.issue_agent("../x", Validity::default(), dir.path())
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn a_relays_certificate_names_its_nodes_and_only_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::open_or_create(dir.path()).unwrap();
+        let nodes = vec!["n1".to_string(), "n2".to_string()];
+        let issued = pki
+            .issue_relay("rack1", &nodes, Validity::default(), dir.path())
+            .unwrap();
+        let der = der_of(&issued.cert);
+        assert_eq!(cert_names(&der).unwrap(), vec!["rack1", "n1", "n2"]);
+        let chain = vec![tonic::transport::CertificateDer::from(der)];
+        assert!(authorize_agent(Some(&chain), "n2").is_ok());
+        let e = authorize_agent(Some(&chain), "n3").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(
+            pki.issue_relay(
+                "rack1",
+                &["../n".to_string()],
+                Validity::default(),
+                dir.path()
+            )
+            .is_err()
         );
     }
 

@@ -308,7 +308,21 @@ struct GenCertsArgs {
     /// names or addresses (repeatable).
     #[arg(long = "server-name", value_name = "NAME")]
     server_names: Vec<String>,
-    /// Where agent certificates go (default: the CA directory).
+    /// Issue a relay's client certificate (`dispatch-relay --tls-cert`)
+    /// named RELAY and naming every --relay-node: written to
+    /// OUT/relay-RELAY.pem and .key.
+    #[arg(long, value_name = "RELAY", requires = "relay_nodes")]
+    relay: Option<String>,
+    /// A node the --relay certificate may register (repeatable, or
+    /// comma-separated).
+    #[arg(
+        long = "relay-node",
+        value_name = "NODE",
+        value_delimiter = ',',
+        requires = "relay"
+    )]
+    relay_nodes: Vec<String>,
+    /// Where agent and relay certificates go (default: the CA directory).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Certificates are valid for this many days.
@@ -337,6 +351,15 @@ fn gen_certs(args: GenCertsArgs) -> Result<()> {
         );
     }
     let out = args.out.unwrap_or_else(|| args.ca_dir.clone());
+    if let Some(relay) = &args.relay {
+        let issued = pki.issue_relay(relay, &args.relay_nodes, validity, &out)?;
+        println!(
+            "relay certificate for {relay} ({} nodes): {} (key {})",
+            args.relay_nodes.len(),
+            issued.cert.display(),
+            issued.key.display()
+        );
+    }
     for node in &args.agents {
         let issued = pki.issue_agent(node, validity, &out)?;
         println!(

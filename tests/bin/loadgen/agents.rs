@@ -133,20 +133,20 @@ pub enum Connection {
     /// HTTP/2 connection).
     Shared(Channel),
     /// A node slot of a relay's AttachMany stream (`--nodes-per-stream`).
-    Relay(crate::relay::Relay),
+    Relay(relay::upstream::Upstream),
 }
 
 /// What a session reads: its Attach stream, or its slot of a relay.
 enum Inbound {
     Stream(Box<tonic::Streaming<proto::v1::DispatcherMessage>>),
-    Relay(crate::relay::NodeRx),
+    Relay(relay::upstream::NodeRx),
 }
 
 impl Inbound {
     async fn message(&mut self) -> Result<Option<proto::v1::DispatcherMessage>, tonic::Status> {
         match self {
             Inbound::Stream(s) => s.message().await,
-            Inbound::Relay(rx) => rx.recv().await.transpose(),
+            Inbound::Relay(rx) => rx.recv().await.map(|b| *b).transpose(),
         }
     }
 }
@@ -587,7 +587,7 @@ async fn session(
     let sent = Instant::now();
     let (tx, mut inbound) = match conn {
         Connection::Relay(relay) => {
-            let (tx, rx) = relay.attach();
+            let (tx, rx) = relay.attach()?;
             let _ = tx.send(register);
             (tx, Inbound::Relay(rx))
         }

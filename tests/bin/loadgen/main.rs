@@ -25,7 +25,6 @@
 mod agents;
 mod latency;
 mod procstat;
-mod relay;
 mod report;
 mod streams;
 
@@ -81,6 +80,11 @@ struct Args {
     /// own HTTP/2 connection); 0 = each agent its own Attach stream.
     #[arg(long, default_value_t = 0)]
     nodes_per_stream: usize,
+    /// The fake agents attach here instead of the dispatcher, each with
+    /// its own connection (e.g. a `dispatch-relay` of the dispatcher, to
+    /// measure the relay process).
+    #[arg(long, value_name = "URL", conflicts_with_all = ["nodes_per_stream", "agents_per_connection"])]
+    attach_url: Option<String>,
     /// Node shapes, cycled through (synthetic topology specs).
     #[arg(
         long,
@@ -437,10 +441,10 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
     let cpus: u64 = plans.iter().map(|p| p.shape.nr_cpus() as u64).sum();
     let per = args.agents_per_connection.max(1);
     let mut shared = Vec::new();
-    let relays: Vec<relay::Relay> = if args.nodes_per_stream > 0 {
+    let relays: Vec<relay::upstream::Upstream> = if args.nodes_per_stream > 0 {
         (0..args.agents.div_ceil(args.nodes_per_stream))
-            .map(|_| relay::Relay::start(url.clone()))
-            .collect()
+            .map(|_| relay::upstream::Upstream::start(relay::upstream::Config::plain(url.clone())))
+            .collect::<Result<_, _>>()?
     } else {
         Vec::new()
     };
@@ -457,7 +461,7 @@ async fn pass(args: &Args, shapes: &[Arc<Shape>], heartbeats: bool) -> Result<Pa
         } else if per > 1 {
             Connection::Shared(shared[i / per].clone())
         } else {
-            Connection::Own(url.clone())
+            Connection::Own(args.attach_url.clone().unwrap_or_else(|| url.clone()))
         };
         fleet_tasks.spawn(agents::run(plan, conn, fleet.clone(), stop_rx.clone()));
     }

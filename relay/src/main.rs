@@ -1,0 +1,116 @@
+//! `dispatch-relay`: agents attach to it as to a dispatcher; it carries
+//! their sessions on one AttachMany stream to the leading dispatcher (see
+//! the crate's documentation).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use proto::client_security::ClientTls;
+use proto::v1::agent_service_server::AgentServiceServer;
+use relay::upstream::{Config, Upstream};
+
+/// Messages larger than this are refused either way (the dispatcher's
+/// default agent-message limit).
+const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// A relay between agents and the dispatcher.
+#[derive(Parser, Debug)]
+#[command(name = "dispatch-relay", version)]
+struct Args {
+    /// Where agents attach (their --dispatcher).
+    #[arg(long, default_value = "0.0.0.0:50052", env = "DISPATCH_RELAY_LISTEN")]
+    listen: SocketAddr,
+    /// The dispatchers' URLs, comma-separated (replicas: the relay follows
+    /// the leader).
+    #[arg(long, env = "DISPATCH_RELAY_DISPATCHER", required = true)]
+    dispatcher: Vec<String>,
+    /// Messages of the agents that may wait for the dispatcher's stream
+    /// before the relay stops reading the agents (backpressure).
+    #[arg(long, default_value_t = 4096)]
+    queue: usize,
+    /// PEM CA certificate the dispatcher's certificate must chain to.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// The relay's PEM client certificate towards the dispatcher: it must
+    /// name every node the relay registers.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The name the dispatcher's certificate must carry, when it differs
+    /// from the URL's host.
+    #[arg(long)]
+    tls_domain: Option<String>,
+    /// Serve the agents over TLS with this PEM certificate.
+    #[arg(long, value_name = "FILE", requires = "serve_tls_key")]
+    serve_tls_cert: Option<PathBuf>,
+    /// The PEM private key of --serve-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "serve_tls_cert")]
+    serve_tls_key: Option<PathBuf>,
+    /// Agents must present a client certificate from this CA naming
+    /// their node (needs --serve-tls-cert).
+    #[arg(long, value_name = "FILE", requires = "serve_tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let upstream = Upstream::start(Config {
+        dispatchers: args.dispatcher.clone(),
+        tls: ClientTls {
+            ca: args.tls_ca.clone(),
+            cert: args.tls_cert.clone(),
+            key: args.tls_key.clone(),
+            domain: args.tls_domain.clone(),
+        },
+        queue: args.queue,
+    })
+    .context("--dispatcher")?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let mut builder = tonic::transport::Server::builder();
+    let scheme = match (&args.serve_tls_cert, &args.serve_tls_key) {
+        (Some(cert), Some(key)) => {
+            let cfg = relay::tls::server_config(cert, key, args.tls_client_ca.as_deref())?;
+            builder = builder.tls_config(cfg)?;
+            "https"
+        }
+        _ => "http",
+    };
+    let service = AgentServiceServer::new(relay::server::Relay::new(
+        upstream,
+        args.tls_client_ca.is_some(),
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    println!("dispatch-relay listening on {scheme}://{addr}");
+    tracing::info!(%addr, dispatchers = ?args.dispatcher, "relay started");
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("stopping: the agents reattach elsewhere or after the restart");
+    };
+    builder
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .context("serving")?;
+    Ok(())
+}

@@ -1,0 +1,484 @@
+//! The relay's side of `AgentService.AttachMany`: one stream to the
+//! leading dispatcher carrying many nodes' sessions, each on a *slot*
+//! (see `agent.proto`). Used by the `dispatch-relay` process
+//! ([`crate::server`]) and by the load generator's in-process relays
+//! (`--nodes-per-stream`).
+//!
+//! A node's session: [`Upstream::open`] gives it the lowest free slot and
+//! a [`NodeSender`] for its messages (Register first); what the dispatcher
+//! answers on that slot comes on its [`NodeRx`]. The stream task tags the
+//! messages with their slot and sends every message ready at once as one
+//! `RelayMessage` frame of at most [`MAX_FRAME_BYTES`] (the dispatcher
+//! reads a stream into a buffer that keeps the size of its largest
+//! frame), and hands each `NodeReply` to its slot's session: `ended` ends
+//! that session (its `NodeRx` yields the status, then nothing). Dropping
+//! the `NodeSender` detaches the node (Detach); the slot is reused once
+//! the dispatcher confirmed it with `ended`.
+//!
+//! Backpressure: the nodes' messages go through one bounded queue
+//! ([`Config::queue`] messages) that only the connected stream drains, so
+//! a slow or absent dispatcher makes [`NodeSender::send`] wait, and the
+//! relay stops reading its agents' streams (HTTP/2 flow control then
+//! holds the agents). The dispatcher's messages to a node are never held
+//! up by another node: each session's queue is unbounded, as the
+//! dispatcher's own per-agent queue is.
+//!
+//! Leader following: the stream goes to the first of
+//! [`Config::dispatchers`] that takes it; a follower's answer names the
+//! leader (`proto::endpoints`), which is tried at once. When the stream
+//! breaks, or the dispatcher ends a session with UNAVAILABLE (it stops
+//! or steps down), every session on the stream ends with UNAVAILABLE and
+//! the stream is opened again, to the leader: the agents see a clean
+//! disconnect, reconnect and register again listing the jobs they run
+//! (the dispatcher reconciles them), as after a broken Attach stream.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proto::client_security::ClientTls;
+use proto::endpoints::{Endpoints, NoEndpoints};
+use proto::v1::agent_service_client::AgentServiceClient;
+use proto::v1::{
+    AgentMessage, Detach, DispatcherMessage, NodeMessage, RelayMessage, node_message, node_reply,
+};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Code, Status};
+
+/// A frame takes no more messages once it is this large (encoded): the
+/// dispatcher reads a stream into a buffer that keeps the size of its
+/// largest frame.
+pub const MAX_FRAME_BYTES: usize = 64 << 10;
+
+/// The longest wait between attempts to open the stream: a follower's
+/// hint may name a leader that just died, and the agents' registrations
+/// wait meanwhile (the new leader gives nodes only so long to come back).
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// Slots one stream may use (the dispatcher's `MAX_SLOTS`).
+pub const MAX_SLOTS: usize = 65_536;
+
+/// What a node's session reads: the dispatcher's messages, or the status
+/// its session ended with (boxed: an idle session's queue then costs a
+/// block of pointers, not of messages).
+pub type NodeRx = mpsc::UnboundedReceiver<Box<Result<DispatcherMessage, Status>>>;
+type NodeTx = mpsc::UnboundedSender<Box<Result<DispatcherMessage, Status>>>;
+
+/// Where the relay's stream goes and how.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The dispatchers' URLs (replicas: the leader is followed).
+    pub dispatchers: Vec<String>,
+    /// TLS to the dispatchers (the relay's client certificate names the
+    /// nodes it may register, see the crate's documentation).
+    pub tls: ClientTls,
+    /// Messages from the nodes that may wait for the stream.
+    pub queue: usize,
+}
+
+impl Config {
+    /// Plain text to `url`, the default queue.
+    pub fn plain(url: impl Into<String>) -> Self {
+        Self {
+            dispatchers: vec![url.into()],
+            tls: ClientTls::default(),
+            queue: 4096,
+        }
+    }
+}
+
+/// Why a node could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// Every slot of the stream is taken.
+    #[error("the relay carries its maximum of {MAX_SLOTS} nodes")]
+    Full,
+}
+
+enum Slot {
+    Free,
+    Live {
+        generation: u64,
+        tx: NodeTx,
+    },
+    /// Detached, awaiting the dispatcher's `ended`.
+    Draining {
+        generation: u64,
+    },
+}
+
+#[derive(Default)]
+struct Slots {
+    slots: Vec<Slot>,
+    next_generation: u64,
+    live: usize,
+}
+
+impl Slots {
+    fn live(&self, slot: u32, generation: u64) -> bool {
+        matches!(self.slots.get(slot as usize), Some(Slot::Live { generation: g, .. }) if *g == generation)
+    }
+}
+
+fn lock(s: &Mutex<Slots>) -> std::sync::MutexGuard<'_, Slots> {
+    s.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One relay's stream (reopened when it breaks) and its nodes.
+#[derive(Clone)]
+pub struct Upstream {
+    slots: Arc<Mutex<Slots>>,
+    /// (slot, generation, message): the nodes' messages, bounded.
+    to_stream: mpsc::Sender<(u32, u64, AgentMessage)>,
+    /// Detaches (slot, generation): never waits, so a drop can send it.
+    detaches: mpsc::UnboundedSender<(u32, u64)>,
+    connected: watch::Receiver<Option<String>>,
+}
+
+/// A node's sender: its messages go up its slot while its session lives;
+/// dropping it detaches the node.
+pub struct NodeSender {
+    upstream: Upstream,
+    slot: u32,
+    generation: u64,
+}
+
+/// The node's session ended (the dispatcher ended it, or the stream broke).
+#[derive(Debug, thiserror::Error)]
+#[error("the node's session through the relay has ended")]
+pub struct Gone;
+
+impl NodeSender {
+    /// Queue `m` for the dispatcher, waiting while the relay's queue is
+    /// full (backpressure).
+    pub async fn send(&self, m: AgentMessage) -> Result<(), Gone> {
+        if !lock(&self.upstream.slots).live(self.slot, self.generation) {
+            return Err(Gone);
+        }
+        self.upstream
+            .to_stream
+            .send((self.slot, self.generation, m))
+            .await
+            .map_err(|_| Gone)
+    }
+
+    /// The node's slot on the stream.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+}
+
+impl Drop for NodeSender {
+    fn drop(&mut self) {
+        let mut s = lock(&self.upstream.slots);
+        if s.live(self.slot, self.generation) {
+            s.slots[self.slot as usize] = Slot::Draining {
+                generation: self.generation,
+            };
+            s.live -= 1;
+            let _ = self.upstream.detaches.send((self.slot, self.generation));
+        }
+    }
+}
+
+impl Upstream {
+    /// A relay to `config.dispatchers`, its stream opened now and again
+    /// whenever it breaks.
+    pub fn start(config: Config) -> Result<Self, NoEndpoints> {
+        let endpoints = Endpoints::new(config.dispatchers.clone())?;
+        let (to_stream, from_nodes) = mpsc::channel(config.queue.max(1));
+        let (detaches, detached) = mpsc::unbounded_channel();
+        let (connected_tx, connected) = watch::channel(None);
+        let up = Self {
+            slots: Arc::new(Mutex::new(Slots::default())),
+            to_stream,
+            detaches,
+            connected,
+        };
+        let runner = Runner {
+            up: up.clone(),
+            tls: config.tls,
+            endpoints,
+            connected: connected_tx,
+        };
+        tokio::spawn(runner.run(from_nodes, detached));
+        Ok(up)
+    }
+
+    /// The dispatcher the stream is open to, if it is.
+    pub fn connected(&self) -> watch::Receiver<Option<String>> {
+        self.connected.clone()
+    }
+
+    /// The nodes whose sessions are live (opened, not ended nor detached).
+    pub fn live_nodes(&self) -> usize {
+        lock(&self.slots).live
+    }
+
+    /// A node's session: the sender of its messages (Register first) and
+    /// what the dispatcher sends it.
+    pub fn open(&self) -> Result<(NodeSender, NodeRx), OpenError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut s = lock(&self.slots);
+        let slot = match s.slots.iter().position(|x| matches!(x, Slot::Free)) {
+            Some(i) => i,
+            None if s.slots.len() < MAX_SLOTS => {
+                s.slots.push(Slot::Free);
+                s.slots.len() - 1
+            }
+            None => return Err(OpenError::Full),
+        };
+        s.next_generation += 1;
+        let generation = s.next_generation;
+        s.slots[slot] = Slot::Live { generation, tx };
+        s.live += 1;
+        let sender = NodeSender {
+            upstream: self.clone(),
+            slot: slot as u32,
+            generation,
+        };
+        Ok((sender, rx))
+    }
+
+    /// [`Self::open`] with an unbounded sender (the load generator's fake
+    /// agents send without awaiting): a task forwards its messages, and
+    /// detaches the node when the sender is dropped.
+    pub fn attach(&self) -> Result<(mpsc::UnboundedSender<AgentMessage>, NodeRx), OpenError> {
+        let (sender, rx) = self.open()?;
+        let (out, mut from_agent) = mpsc::unbounded_channel::<AgentMessage>();
+        tokio::spawn(async move {
+            while let Some(m) = from_agent.recv().await {
+                if sender.send(m).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok((out, rx))
+    }
+
+    /// Every live session on a broken stream ends; every slot is free.
+    fn fail_all(&self, why: &str) {
+        let mut s = lock(&self.slots);
+        for slot in s.slots.iter_mut() {
+            if let Slot::Live { tx, .. } = slot {
+                let _ = tx.send(Box::new(Err(Status::unavailable(why.to_string()))));
+            }
+            *slot = Slot::Free;
+        }
+        s.live = 0;
+    }
+}
+
+/// The task that holds the stream.
+struct Runner {
+    up: Upstream,
+    tls: ClientTls,
+    endpoints: Endpoints,
+    connected: watch::Sender<Option<String>>,
+}
+
+/// How a stream ended.
+enum Ended {
+    /// Every sender is gone: the relay stops.
+    Done,
+    /// The stream broke or could not be opened.
+    Failed(anyhow::Error),
+}
+
+impl Runner {
+    async fn run(
+        mut self,
+        mut from_nodes: mpsc::Receiver<(u32, u64, AgentMessage)>,
+        mut detached: mpsc::UnboundedReceiver<(u32, u64)>,
+    ) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let url = self.endpoints.current().to_string();
+            let mut opened = false;
+            let err = match self
+                .stream(&url, &mut from_nodes, &mut detached, &mut opened)
+                .await
+            {
+                Ended::Done => return,
+                Ended::Failed(e) => e,
+            };
+            let _ = self.connected.send(None);
+            let why = format!("relay stream to {url}: {err:#}");
+            self.up.fail_all(&why);
+            if opened {
+                self.endpoints.succeeded();
+                backoff = Duration::from_millis(100);
+            }
+            match self.endpoints.failed(err.downcast_ref::<Status>()) {
+                proto::endpoints::Next::Redirected(leader) => {
+                    tracing::info!(%url, %leader, "not the leader; following the hint");
+                    continue;
+                }
+                proto::endpoints::Next::Rotated { .. } => {
+                    tracing::warn!("{why}; reconnecting in {backoff:?}");
+                }
+            }
+            // Sessions opened meanwhile keep what they queued (their
+            // Register goes on the next stream); what ended sessions had
+            // queued is dropped when the stream reads it (`frame`).
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// One AttachMany stream, until it breaks or every sender is gone.
+    async fn stream(
+        &mut self,
+        url: &str,
+        from_nodes: &mut mpsc::Receiver<(u32, u64, AgentMessage)>,
+        detached: &mut mpsc::UnboundedReceiver<(u32, u64)>,
+        opened: &mut bool,
+    ) -> Ended {
+        let result: anyhow::Result<()> = async {
+            let channel = proto::endpoints::endpoint(url, &self.tls)?
+                .connect()
+                .await
+                .map_err(|e| anyhow::anyhow!("connecting to {url}: {e}"))?;
+            let mut client = AgentServiceClient::new(channel)
+                .max_decoding_message_size(64 << 20)
+                .max_encoding_message_size(64 << 20);
+            let (frames, rx) = mpsc::unbounded_channel();
+            let mut inbound = client
+                .attach_many(UnboundedReceiverStream::new(rx))
+                .await?
+                .into_inner();
+            *opened = true;
+            let _ = self.connected.send(Some(url.to_string()));
+            tracing::info!(%url, "relay stream open");
+            loop {
+                tokio::select! {
+                    first = from_nodes.recv() => {
+                        let Some(first) = first else { return Ok(()) };
+                        let frame = self.frame(Some(first), from_nodes, detached);
+                        if !frame.nodes.is_empty() {
+                            frames.send(frame)?;
+                        }
+                    }
+                    d = detached.recv() => {
+                        let Some((slot, generation)) = d else { return Ok(()) };
+                        let mut frame = self.frame(None, from_nodes, detached);
+                        if matches!(lock(&self.up.slots).slots.get(slot as usize),
+                            Some(Slot::Draining { generation: g }) if *g == generation)
+                        {
+                            frame.nodes.push(NodeMessage {
+                                slot,
+                                msg: Some(node_message::Msg::Detach(Detach {})),
+                            });
+                        }
+                        if !frame.nodes.is_empty() {
+                            frames.send(frame)?;
+                        }
+                    }
+                    frame = inbound.next() => {
+                        let frame = match frame {
+                            Some(Ok(f)) => f,
+                            Some(Err(status)) => return Err(status.into()),
+                            None => anyhow::bail!("the dispatcher closed the stream"),
+                        };
+                        self.replies(frame)?;
+                    }
+                }
+            }
+        }
+        .await;
+        match result {
+            Ok(()) => Ended::Done,
+            Err(e) => Ended::Failed(e),
+        }
+    }
+
+    /// The messages ready now, at most [`MAX_FRAME_BYTES`], each only if
+    /// its session is current (a message of an ended session is dropped;
+    /// a Detach only for a slot draining that session).
+    fn frame(
+        &self,
+        mut next: Option<(u32, u64, AgentMessage)>,
+        from_nodes: &mut mpsc::Receiver<(u32, u64, AgentMessage)>,
+        detached: &mut mpsc::UnboundedReceiver<(u32, u64)>,
+    ) -> RelayMessage {
+        let mut nodes = Vec::new();
+        let mut bytes = 0;
+        if next.is_none() {
+            next = from_nodes.try_recv().ok();
+        }
+        let s = lock(&self.up.slots);
+        while let Some((slot, generation, m)) = next {
+            if s.live(slot, generation) {
+                let m = NodeMessage {
+                    slot,
+                    msg: Some(node_message::Msg::Message(m)),
+                };
+                bytes += prost::Message::encoded_len(&m) + 4;
+                nodes.push(m);
+            }
+            if bytes >= MAX_FRAME_BYTES {
+                return RelayMessage { nodes };
+            }
+            next = from_nodes.try_recv().ok();
+        }
+        // Detaches after the messages (a detached slot's messages were
+        // dropped above: it is no longer live).
+        while bytes < MAX_FRAME_BYTES {
+            let Ok((slot, generation)) = detached.try_recv() else {
+                break;
+            };
+            if matches!(s.slots.get(slot as usize), Some(Slot::Draining { generation: g }) if *g == generation)
+            {
+                bytes += 8;
+                nodes.push(NodeMessage {
+                    slot,
+                    msg: Some(node_message::Msg::Detach(Detach {})),
+                });
+            }
+        }
+        RelayMessage { nodes }
+    }
+
+    /// Hand each reply to its slot's session. A session ended UNAVAILABLE
+    /// means the dispatcher stops or steps down: the whole stream is
+    /// given up (Err), to be reopened to the leader.
+    fn replies(&self, frame: proto::v1::RelayReply) -> anyhow::Result<()> {
+        let mut s = lock(&self.up.slots);
+        let mut stepping_down = None;
+        for r in frame.nodes {
+            let Some(slot) = s.slots.get_mut(r.slot as usize) else {
+                continue;
+            };
+            let mut freed = false;
+            match (r.msg, &*slot) {
+                (Some(node_reply::Msg::Message(m)), Slot::Live { tx, .. }) => {
+                    let _ = tx.send(Box::new(Ok(m)));
+                }
+                (Some(node_reply::Msg::Ended(e)), Slot::Live { tx, .. }) => {
+                    let code = Code::from(e.code);
+                    if code == Code::Unavailable {
+                        stepping_down = Some(e.message.clone());
+                    }
+                    let _ = tx.send(Box::new(Err(Status::new(code, e.message))));
+                    *slot = Slot::Free;
+                    freed = true;
+                }
+                (Some(node_reply::Msg::Ended(e)), Slot::Draining { .. }) => {
+                    if Code::from(e.code) == Code::Unavailable {
+                        stepping_down = Some(e.message.clone());
+                    }
+                    *slot = Slot::Free;
+                }
+                _ => {}
+            }
+            if freed {
+                s.live -= 1;
+            }
+        }
+        match stepping_down {
+            Some(why) => anyhow::bail!("the dispatcher ended sessions UNAVAILABLE: {why}"),
+            None => Ok(()),
+        }
+    }
+}
