@@ -22,7 +22,6 @@ use rcgen::{
     KeyUsagePurpose,
 };
 use tonic::Status;
-use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 
 /// Why TLS material could not be read, parsed or made.
@@ -111,29 +110,10 @@ pub fn server_config(files: &ServerTlsFiles) -> Result<ServerTlsConfig, TlsError
 }
 
 /// The names a certificate is for: its subject common names, then its
-/// DNS subject alternative names.
+/// DNS subject alternative names (`proto::peer::cert_names`, which the
+/// relay applies too).
 pub fn cert_names(der: &[u8]) -> Result<Vec<String>, TlsError> {
-    let (_, cert) =
-        x509_parser::parse_x509_certificate(der).map_err(|e| TlsError::Parse(e.to_string()))?;
-    let mut names: Vec<String> = cert
-        .subject()
-        .iter_common_name()
-        .filter_map(|cn| cn.as_str().ok())
-        .map(str::to_string)
-        .collect();
-    if let Some(san) = cert
-        .subject_alternative_name()
-        .map_err(|e| TlsError::Parse(e.to_string()))?
-    {
-        for name in &san.value.general_names {
-            if let x509_parser::extensions::GeneralName::DNSName(dns) = name
-                && !names.iter().any(|n| n == dns)
-            {
-                names.push((*dns).to_string());
-            }
-        }
-    }
-    Ok(names)
+    proto::peer::cert_names(der).map_err(TlsError::Parse)
 }
 
 /// The AgentService's admission check, given the request's verified peer
@@ -143,32 +123,10 @@ pub fn authorize_agent(
     peer_certs: Option<&[tonic::transport::CertificateDer<'static>]>,
     node: &str,
 ) -> Result<(), Status> {
-    let leaf = peer_certs.and_then(|c| c.first()).ok_or_else(|| {
-        Status::unauthenticated(
-            "agents must present a client certificate signed by the dispatcher's \
-             client CA (agent --tls-cert/--tls-key)",
-        )
-    })?;
-    let names = cert_names(leaf)
-        .map_err(|e| Status::unauthenticated(format!("the client certificate: {e}")))?;
-    if names.iter().any(|n| n == node) {
-        Ok(())
-    } else {
-        Err(Status::permission_denied(format!(
-            "node: the client certificate is for {names:?}, not {node:?}; a node can only \
-             register as itself"
-        )))
-    }
+    proto::peer::authorize_node(peer_certs, node, "dispatcher's", "node")
 }
 
-/// The verified peer certificates of a request served over TLS.
-pub fn peer_certs<T>(
-    req: &tonic::Request<T>,
-) -> Option<std::sync::Arc<Vec<tonic::transport::CertificateDer<'static>>>> {
-    req.extensions()
-        .get::<TlsConnectInfo<TcpConnectInfo>>()
-        .and_then(|i| i.peer_certs())
-}
+pub use proto::peer::peer_certs;
 
 /// How long an issued certificate is valid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,6 +11,7 @@
 pub mod client_security;
 pub mod codec;
 pub mod endpoints;
+pub mod peer;
 pub mod pending;
 
 /// Package `dispatch.v1`: messages, clients and servers.
