@@ -25,6 +25,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
+use proto::v1::{GetJobRequest, Job, JobState};
 use tonic::transport::Channel;
 
 #[path = "faults_harness.rs"]
@@ -503,6 +504,63 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Job `id` as GetJob answers it.
+pub async fn get_job(c: &mut JobServiceClient<Channel>, id: &str) -> Result<Job> {
+    Ok(c.get_job(GetJobRequest { id: id.into() })
+        .await?
+        .into_inner())
+}
+
+/// Wait until job `id` is in `state` (failing after `timeout`): the job as
+/// then read.
+pub async fn job_in_state(
+    c: &JobServiceClient<Channel>,
+    id: &str,
+    state: JobState,
+    timeout: Duration,
+) -> Result<Job> {
+    eventually(timeout, &format!("{id} {state:?}"), || {
+        let mut c = c.clone();
+        let id = id.to_string();
+        async move {
+            let j = get_job(&mut c, &id).await.ok()?;
+            (j.state == state as i32).then_some(j)
+        }
+    })
+    .await
+}
+
+/// One GetJob("") on a fresh connection to `url`, bounded in time: `None`
+/// when the replica does not answer (dead or paused).
+pub async fn probe_job_service(
+    url: &str,
+    tls: &proto::client_security::ClientTls,
+) -> Option<Result<(), tonic::Status>> {
+    tokio::time::timeout(Duration::from_secs(2), async {
+        let ch = proto::endpoints::endpoint(url, tls)
+            .ok()?
+            .connect()
+            .await
+            .ok()?;
+        let r = JobServiceClient::new(ch)
+            .get_job(GetJobRequest { id: String::new() })
+            .await;
+        Some(r.map(|_| ()))
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+/// The replica at `url` answers a JobService call as the leader (any
+/// answer but UNAVAILABLE, which a follower gives with its leader hint;
+/// an empty id is simply not found on the leader).
+pub async fn answers_as_leader(url: &str, tls: &proto::client_security::ClientTls) -> bool {
+    probe_job_service(url, tls)
+        .await
+        .is_some_and(|r| r.err().is_none_or(|s| s.code() != tonic::Code::Unavailable))
 }
 
 /// Wait until `n` nodes are READY.

@@ -13,9 +13,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use e2e::get_job as get;
 use e2e::{Agent, Dispatcher, dispatchctl_ok, eventually, http_get, rendered_dom, wait_nodes};
 use proto::v1::job_service_client::JobServiceClient;
-use proto::v1::{GetJobRequest, Job, JobState, PendingReasonKind};
+use proto::v1::{Job, JobState, PendingReasonKind};
 use tonic::transport::Channel;
 
 /// How long anything may take before the test gives up (2 busy cores).
@@ -47,22 +48,8 @@ async fn submit(url: &str, args: &[&str]) -> Result<String> {
     Ok(ctl(url, &all).await?.trim().to_string())
 }
 
-async fn get(c: &mut JobServiceClient<Channel>, id: &str) -> Result<Job> {
-    Ok(c.get_job(GetJobRequest { id: id.into() })
-        .await?
-        .into_inner())
-}
-
 async fn in_state(c: &JobServiceClient<Channel>, id: &str, state: JobState) -> Result<Job> {
-    eventually(T, &format!("{id} {state:?}"), || {
-        let mut c = c.clone();
-        let id = id.to_string();
-        async move {
-            let j = get(&mut c, &id).await.ok()?;
-            (j.state == state as i32).then_some(j)
-        }
-    })
-    .await
+    e2e::job_in_state(c, id, state, T).await
 }
 
 /// The GPU column of the node's row in `dispatchctl nodes`.

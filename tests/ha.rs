@@ -45,9 +45,7 @@ use proto::client_security::ClientTls;
 use proto::endpoints::{Endpoints, LeaderChannel};
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
-use proto::v1::{
-    GetJobRequest, Job, JobSpec, JobState, ListNodesRequest, NodeState, SubmitJobsRequest,
-};
+use proto::v1::{Job, JobSpec, JobState, ListNodesRequest, NodeState, SubmitJobsRequest};
 use tonic::Code;
 
 /// The generous bound for anything that should take seconds.
@@ -352,32 +350,13 @@ async fn answers_as_leader(url: &str) -> bool {
 }
 
 async fn answers_as_leader_tls(url: &str, tls: &ClientTls) -> bool {
-    probe_tls(url, tls)
-        .await
-        .is_some_and(|r| r.err().is_none_or(|s| s.code() != Code::Unavailable))
+    e2e::answers_as_leader(url, tls).await
 }
 
 /// One GetJob("") on a fresh connection, bounded in time; None when the
 /// replica does not answer (dead or paused).
 async fn probe(url: &str) -> Option<Result<(), tonic::Status>> {
-    probe_tls(url, &ClientTls::default()).await
-}
-
-async fn probe_tls(url: &str, tls: &ClientTls) -> Option<Result<(), tonic::Status>> {
-    tokio::time::timeout(Duration::from_secs(2), async {
-        let ch = proto::endpoints::endpoint(url, tls)
-            .ok()?
-            .connect()
-            .await
-            .ok()?;
-        let r = JobServiceClient::new(ch)
-            .get_job(GetJobRequest { id: String::new() })
-            .await;
-        Some(r.map(|_| ()))
-    })
-    .await
-    .ok()
-    .flatten()
+    e2e::probe_job_service(url, &ClientTls::default()).await
 }
 
 const AGENTS: &[(&str, &str)] = &[("a1", "1s:4c:1t"), ("a2", "1s:4c:1t"), ("a3", "1s:4c:1t")];

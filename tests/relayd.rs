@@ -21,6 +21,7 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use e2e::get_job as get;
 use e2e::{
     Agent, Dispatcher, Etcd, Proc, bin_dir, dispatchctl_ok, eventually, gen_certs, is_terminal,
     wait_nodes,
@@ -30,7 +31,7 @@ use proto::v1::agent_service_client::AgentServiceClient;
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
 use proto::v1::{
-    AgentMessage, GetJobRequest, Job, JobSpec, JobState, ListNodesRequest, LoadReport, NodeState,
+    AgentMessage, Job, JobSpec, JobState, ListNodesRequest, LoadReport, NodeState,
     SubmitJobRequest, agent_message,
 };
 use tonic::transport::Channel;
@@ -116,22 +117,8 @@ impl Relay {
     }
 }
 
-async fn get(c: &mut JobServiceClient<Channel>, id: &str) -> Result<Job> {
-    Ok(c.get_job(GetJobRequest { id: id.into() })
-        .await?
-        .into_inner())
-}
-
 async fn in_state(c: &JobServiceClient<Channel>, id: &str, state: JobState) -> Result<Job> {
-    eventually(T, &format!("{id} {state:?}"), || {
-        let mut c = c.clone();
-        let id = id.to_string();
-        async move {
-            let j = get(&mut c, &id).await.ok()?;
-            (j.state == state as i32).then_some(j)
-        }
-    })
-    .await
+    e2e::job_in_state(c, id, state, T).await
 }
 
 /// Submit `cmd` pinned (by label) to `node`; its id.
@@ -497,19 +484,7 @@ async fn tls_through_the_relay() -> Result<()> {
 /// Whether the replica at `url` answers as the leader (a follower answers
 /// UNAVAILABLE with a hint).
 async fn is_leader(url: &str) -> bool {
-    let probe = tokio::time::timeout(Duration::from_secs(2), async {
-        let ch = proto::endpoints::endpoint(url, &ClientTls::default())
-            .ok()?
-            .connect()
-            .await
-            .ok()?;
-        let r = JobServiceClient::new(ch)
-            .get_job(GetJobRequest { id: String::new() })
-            .await;
-        Some(r.err().is_none_or(|s| s.code() != tonic::Code::Unavailable))
-    })
-    .await;
-    matches!(probe, Ok(Some(true)))
+    e2e::answers_as_leader(url, &ClientTls::default()).await
 }
 
 async fn leader_of(urls: &[String], except: Option<usize>) -> Result<usize> {
