@@ -482,3 +482,293 @@ impl Runner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The slot table and the framing without a dispatcher: an `Upstream`
+    //! whose stream task is not started, its `Runner` driven by hand.
+
+    use super::*;
+    use proptest::prelude::*;
+    use proto::v1::{
+        LogData, NodeReply, RelayReply, SessionEnded, agent_message, dispatcher_message,
+    };
+
+    type FromNodes = mpsc::Receiver<(u32, u64, AgentMessage)>;
+    type Detached = mpsc::UnboundedReceiver<(u32, u64)>;
+
+    /// An upstream with its runner not spawned: the test reads the nodes'
+    /// queue and makes frames itself.
+    fn unstarted(queue: usize) -> (Runner, FromNodes, Detached) {
+        let (to_stream, from_nodes) = mpsc::channel(queue);
+        let (detaches, detached) = mpsc::unbounded_channel();
+        let (connected_tx, connected) = watch::channel(None);
+        let up = Upstream {
+            slots: Arc::new(Mutex::new(Slots::default())),
+            to_stream,
+            detaches,
+            connected,
+        };
+        let runner = Runner {
+            up,
+            tls: ClientTls::default(),
+            endpoints: Endpoints::new(["http://127.0.0.1:1"]).expect("one URL"),
+            connected: connected_tx,
+        };
+        (runner, from_nodes, detached)
+    }
+
+    /// A message of about `n` bytes encoded.
+    fn log(n: usize, tag: u64) -> AgentMessage {
+        AgentMessage {
+            msg: Some(agent_message::Msg::Log(LogData {
+                request_id: tag,
+                data: vec![7; n],
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn tag_of(m: &NodeMessage) -> Option<u64> {
+        match &m.msg {
+            Some(node_message::Msg::Message(AgentMessage {
+                msg: Some(agent_message::Msg::Log(l)),
+            })) => Some(l.request_id),
+            _ => None,
+        }
+    }
+
+    fn ended(slot: u32, code: Code) -> RelayReply {
+        RelayReply {
+            nodes: vec![NodeReply {
+                slot,
+                msg: Some(node_reply::Msg::Ended(SessionEnded {
+                    code: code as i32,
+                    message: "bye".into(),
+                })),
+            }],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_detached_slot_is_reused_only_once_the_dispatcher_ended_it() {
+        let (r, _from, mut detached) = unstarted(16);
+        let (a, _arx) = r.up.open().expect("slot");
+        let (b, _brx) = r.up.open().expect("slot");
+        assert_eq!((a.slot(), b.slot(), r.up.live_nodes()), (0, 1, 2));
+        drop(a);
+        assert_eq!(r.up.live_nodes(), 1);
+        assert_eq!(detached.try_recv().ok(), Some((0, 1)));
+        // Draining: not free yet.
+        let (c, _crx) = r.up.open().expect("slot");
+        assert_eq!(c.slot(), 2);
+        r.replies(ended(0, Code::Ok)).expect("not stepping down");
+        let (d, _drx) = r.up.open().expect("slot");
+        assert_eq!(d.slot(), 0, "the lowest free slot, once confirmed");
+        assert_eq!(r.up.live_nodes(), 3);
+    }
+
+    #[tokio::test]
+    async fn replies_reach_their_slot_and_unavailable_gives_up_the_stream() {
+        let (r, _from, _detached) = unstarted(16);
+        let (a, mut arx) = r.up.open().expect("slot");
+        let (b, mut brx) = r.up.open().expect("slot");
+        let msg = DispatcherMessage {
+            msg: Some(dispatcher_message::Msg::Cancel(Default::default())),
+        };
+        let frame = RelayReply {
+            nodes: vec![
+                NodeReply {
+                    slot: b.slot(),
+                    msg: Some(node_reply::Msg::Message(msg.clone())),
+                },
+                // A slot nobody holds: ignored.
+                NodeReply {
+                    slot: 9,
+                    msg: Some(node_reply::Msg::Message(msg.clone())),
+                },
+            ],
+        };
+        r.replies(frame).expect("not stepping down");
+        assert_eq!(brx.try_recv().expect("b's message").ok(), Some(msg));
+        assert!(arx.try_recv().is_err(), "a got nothing");
+        // The dispatcher ends a's session with INVALID_ARGUMENT: a only.
+        r.replies(ended(a.slot(), Code::InvalidArgument))
+            .expect("not stepping down");
+        let got = arx.try_recv().expect("a's end");
+        assert_eq!(
+            got.as_ref().as_ref().err().map(|s| s.code()),
+            Some(Code::InvalidArgument)
+        );
+        assert!(
+            a.send(log(1, 1)).await.is_err(),
+            "an ended session sends nothing"
+        );
+        assert_eq!(r.up.live_nodes(), 1);
+        // UNAVAILABLE: the dispatcher steps down; the stream is given up.
+        assert!(r.replies(ended(b.slot(), Code::Unavailable)).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_frame_stops_at_the_limit_and_keeps_the_rest_in_order() {
+        let (r, mut from, mut detached) = unstarted(64);
+        let (a, _arx) = r.up.open().expect("slot");
+        for tag in 0..6 {
+            a.send(log(20_000, tag)).await.expect("live");
+        }
+        let first = r.frame(None, &mut from, &mut detached);
+        let bytes: usize = first
+            .nodes
+            .iter()
+            .map(|m| prost::Message::encoded_len(m) + 4)
+            .sum();
+        assert!(
+            bytes >= MAX_FRAME_BYTES && first.nodes.len() == 4,
+            "{bytes} B in {}",
+            first.nodes.len()
+        );
+        let second = r.frame(None, &mut from, &mut detached);
+        let tags: Vec<_> = first
+            .nodes
+            .iter()
+            .chain(&second.nodes)
+            .filter_map(tag_of)
+            .collect();
+        assert_eq!(tags, vec![0, 1, 2, 3, 4, 5]);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Open,
+        /// Node `i` (of those opened, modulo) sends a message of `n` bytes.
+        Send(usize, usize),
+        /// Node `i` is dropped (Detach).
+        Drop(usize),
+        /// The dispatcher ends node `i`'s session.
+        End(usize),
+        /// The stream task makes a frame.
+        Frame,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            1 => Just(Op::Open),
+            4 => (0usize..8, 0usize..30_000).prop_map(|(i, n)| Op::Send(i, n)),
+            1 => (0usize..8).prop_map(Op::Drop),
+            1 => (0usize..8).prop_map(Op::End),
+            2 => Just(Op::Frame),
+        ]
+    }
+
+    proptest! {
+        /// Oracle: a message goes up exactly when its session is live at
+        /// framing, in the order sent; a Detach exactly for a dropped node
+        /// the dispatcher had not ended, after that frame's messages; no
+        /// frame goes on past the limit by more than its last message; and
+        /// the table's live count is the live sessions'.
+        #[test]
+        fn frames_carry_exactly_the_live_sessions_messages(ops in prop::collection::vec(op(), 1..80)) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+            rt.block_on(async {
+                let (r, mut from, mut detached) = unstarted(1024);
+                // Per opened node: its sender (None once dropped), slot, and
+                // the oracle's state.
+                let mut nodes: Vec<(Option<NodeSender>, u32, NodeRx)> = Vec::new();
+                let mut live: Vec<bool> = Vec::new();
+                let mut ended_by_dispatcher: Vec<bool> = Vec::new();
+                // Oracle of what the next frames carry: (slot, tag) sent
+                // while live, and the Detaches due.
+                let mut queued: Vec<(usize, u64)> = Vec::new();
+                let mut detach_due: Vec<u32> = Vec::new();
+                let mut tag = 0u64;
+                for op in ops {
+                    match op {
+                        Op::Open => {
+                            let (s, rx) = r.up.open().expect("slot");
+                            let slot = s.slot();
+                            nodes.push((Some(s), slot, rx));
+                            live.push(true);
+                            ended_by_dispatcher.push(false);
+                        }
+                        Op::Send(i, n) if !nodes.is_empty() => {
+                            let i = i % nodes.len();
+                            if let Some(s) = &nodes[i].0 {
+                                tag += 1;
+                                let sent = s.send(log(n, tag)).await.is_ok();
+                                prop_assert_eq!(sent, live[i]);
+                                if sent {
+                                    queued.push((i, tag));
+                                }
+                            }
+                        }
+                        Op::Drop(i) if !nodes.is_empty() => {
+                            let i = i % nodes.len();
+                            if nodes[i].0.take().is_some() && live[i] {
+                                live[i] = false;
+                                detach_due.push(nodes[i].1);
+                            }
+                        }
+                        Op::End(i) if !nodes.is_empty() => {
+                            let i = i % nodes.len();
+                            // The dispatcher ends a session it holds: live,
+                            // or detached and not yet confirmed.
+                            let draining = detach_due.contains(&nodes[i].1);
+                            if (live[i] || draining) && !ended_by_dispatcher[i] {
+                                r.replies(ended(nodes[i].1, Code::InvalidArgument)).expect("not stepping down");
+                                ended_by_dispatcher[i] = true;
+                                live[i] = false;
+                                detach_due.retain(|&s| s != nodes[i].1);
+                            }
+                        }
+                        Op::Frame => {
+                            let f = r.frame(None, &mut from, &mut detached);
+                            let mut bytes = 0;
+                            let mut got_msgs = Vec::new();
+                            let mut got_detaches = Vec::new();
+                            for m in &f.nodes {
+                                prop_assert!(bytes < MAX_FRAME_BYTES, "a message after the limit");
+                                bytes += prost::Message::encoded_len(m) + 4;
+                                match (&m.msg, tag_of(m)) {
+                                    (_, Some(t)) => {
+                                        prop_assert!(got_detaches.is_empty(), "a message after a Detach");
+                                        got_msgs.push((m.slot, t));
+                                    }
+                                    (Some(node_message::Msg::Detach(_)), None) => got_detaches.push(m.slot),
+                                    _ => prop_assert!(false, "unexpected {:?}", m),
+                                }
+                            }
+                            // The messages: the oracle's queue, from the
+                            // front, dropping those whose session is over.
+                            let mut want = Vec::new();
+                            let mut k = 0;
+                            while k < queued.len() && want.len() < got_msgs.len() {
+                                let (i, t) = queued[k];
+                                if live[i] {
+                                    want.push((nodes[i].1, t));
+                                }
+                                k += 1;
+                            }
+                            prop_assert_eq!(&got_msgs, &want);
+                            if bytes < MAX_FRAME_BYTES {
+                                // Under the limit: everything ready went,
+                                // dead sessions' messages dropped, then
+                                // every Detach due.
+                                prop_assert!(queued[k..].iter().all(|&(i, _)| !live[i]), "a live message left behind");
+                                queued.clear();
+                                prop_assert_eq!(&got_detaches, &detach_due);
+                                detach_due.clear();
+                            } else {
+                                queued.drain(..k);
+                                prop_assert!(got_detaches.is_empty() || got_detaches.len() <= detach_due.len());
+                                detach_due.drain(..got_detaches.len());
+                            }
+                        }
+                        _ => {}
+                    }
+                    prop_assert_eq!(r.up.live_nodes(), live.iter().filter(|&&l| l).count());
+                }
+                Ok(())
+            })?;
+        }
+    }
+}
