@@ -266,6 +266,57 @@ async fn agents_run_pinned_jobs_through_the_relay() -> Result<()> {
     Ok(())
 }
 
+/// The relay's grpc.health.v1 status of the whole server ("") and of the
+/// agent service, if it answers.
+async fn relay_health(url: &str) -> Option<[i32; 2]> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let mut health = HealthClient::new(
+        Channel::from_shared(url.to_string())
+            .ok()?
+            .connect()
+            .await
+            .ok()?,
+    );
+    let mut out = [0; 2];
+    for (i, service) in ["", "dispatch.v1.AgentService"].into_iter().enumerate() {
+        out[i] = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .ok()?
+            .into_inner()
+            .status;
+    }
+    Some(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_is_healthy_only_while_it_reaches_a_dispatcher() -> Result<()> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let _serial = serial().await;
+    let dir = tempfile::tempdir()?;
+    let d = Dispatcher::start(dir.path(), &[])?;
+    let relay = Relay::start(dir.path(), &d.url, 0)?;
+    let serving = ServingStatus::Serving as i32;
+    let not_serving = ServingStatus::NotServing as i32;
+    eventually(T, "the relay SERVING", || async {
+        (relay_health(&relay.url).await == Some([serving; 2])).then_some(())
+    })
+    .await
+    .with_context(|| relay.proc.log_text())?;
+    // The dispatcher gone: the relay has no stream to carry agents on.
+    drop(d);
+    eventually(T, "the relay NOT_SERVING", || async {
+        (relay_health(&relay.url).await == Some([not_serving; 2])).then_some(())
+    })
+    .await
+    .with_context(|| relay.proc.log_text())?;
+    drop(dir);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_restart_mid_run_ends_every_job_visibly() -> Result<()> {
     let _serial = serial().await;

@@ -89,6 +89,33 @@ async fn main() -> Result<()> {
         }
         _ => "http",
     };
+    // Health (grpc.health.v1, as the dispatcher serves it): the agent
+    // service and the server as a whole are SERVING while the stream to a
+    // dispatcher is open, NOT_SERVING while the relay has none (a
+    // readiness probe then keeps agents away from a relay that cannot
+    // carry them).
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    let mut connected = upstream.connected();
+    tokio::spawn(async move {
+        loop {
+            let up = connected.borrow_and_update().is_some();
+            let status = if up {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            health_reporter.set_service_status("", status).await;
+            health_reporter
+                .set_service_status(
+                    <AgentServiceServer<relay::server::Relay> as tonic::server::NamedService>::NAME,
+                    status,
+                )
+                .await;
+            if connected.changed().await.is_err() {
+                break;
+            }
+        }
+    });
     let service = AgentServiceServer::new(relay::server::Relay::new(
         upstream,
         args.tls_client_ca.is_some(),
@@ -108,6 +135,7 @@ async fn main() -> Result<()> {
         tracing::info!("stopping: the agents reattach elsewhere or after the restart");
     };
     builder
+        .add_service(health)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
