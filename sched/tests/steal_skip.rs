@@ -25,10 +25,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+mod switches;
+
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use sched::topology::Topology;
-use sched::{Align, FreeSummary, LeafSet, Sched, SchedConfig, TaskId, TaskSpec, TaskState};
+use sched::{Align, FreeSummary, LeafSet, Sched, TaskId, TaskSpec, TaskState};
 
 const TOPOLOGIES: &[&str] = &[
     "2z:3r:3n",
@@ -143,22 +145,22 @@ fn build(sc: &Scenario, skip: bool) -> Sched {
         fifo,
         shortest,
     ] = sc.switches;
-    let mut config = if cluster {
-        SchedConfig::cluster()
-    } else {
-        SchedConfig::default()
-    };
-    config.backfill = backfill;
-    config.steal_cross_llc = cross;
+    // The shared mapping, with each preset's own preemption (this test
+    // does not draw it) and the longest-wait pull, which only this test
+    // varies.
+    let mut config = switches::config_of([
+        cluster,
+        !cluster,
+        backfill,
+        cross,
+        latency_pull,
+        domains,
+        fifo,
+        balance,
+        latency,
+        shortest,
+    ]);
     config.pull_longest_wait = longest;
-    config.latency_pull = latency_pull;
-    config.domain_reservation = domains;
-    config.domain_fifo = fifo;
-    config.shortest_limit_first = shortest;
-    config.idle_balance = balance;
-    config.latency = latency || latency_pull;
-    config.steal_cost = 0;
-    config.steal_node_limit = 8;
     let mut s = Sched::with_capacities(topo, &sc.capacities[..n], config);
     s.set_steal_skip(skip);
     for (i, j) in sc.jobs.iter().enumerate() {

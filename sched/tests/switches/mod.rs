@@ -1,7 +1,7 @@
 //! The engine configuration of the differential proptests (`lazy_tick`,
-//! `fast_start`): ten random switches, in this order, on the CPU or the
-//! cluster defaults, with stealing made free and the node limit fixed so
-//! that only the switches vary.
+//! `fast_start`, `steal_skip`): ten random switches, in this order, on the
+//! CPU or the cluster defaults, with stealing made free and the node limit
+//! fixed so that only the switches vary.
 
 use sched::SchedConfig;
 
