@@ -3,9 +3,9 @@
 //! tick), each checked on the jobs' phases, the `Assign`s sent and the
 //! `Move`s recorded.
 
-use proto::v1::JobSpec;
-
-use super::tests::{assigns, finish_on as finish, node_in_rack as node};
+use super::tests::{
+    assigns, finish_on as finish, job_with_limit as job, node_in_rack as node, node_of,
+};
 use super::*;
 
 fn cluster(steal: bool, idle_balance: bool, backfill: bool) -> Cluster {
@@ -15,22 +15,6 @@ fn cluster(steal: bool, idle_balance: bool, backfill: bool) -> Cluster {
     cfg.engine.idle_balance = idle_balance;
     cfg.engine.backfill = backfill;
     Cluster::new(cfg)
-}
-
-fn job(cpus: u32, timeout_s: u64) -> JobSpec {
-    JobSpec {
-        command: vec!["true".into()],
-        cpus,
-        timeout_ms: timeout_s * 1000,
-        ..Default::default()
-    }
-}
-
-fn node_of(c: &Cluster, id: &str) -> String {
-    c.phase(id)
-        .and_then(|p| p.node())
-        .unwrap_or_default()
-        .to_string()
 }
 
 /// Rack r1 holds a 4-CPU node, rack r2 a 2-CPU one. j-1 (4 CPUs) fills

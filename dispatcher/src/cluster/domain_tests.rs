@@ -3,9 +3,9 @@
 //! dispatcher drives them (register, submit, finish), checked on the
 //! jobs' phases and the `Assign`s sent.
 
-use proto::v1::JobSpec;
-
-use super::tests::{assigns, finish_on as finish, node_in_rack as node};
+use super::tests::{
+    assigns, finish_on as finish, job_with_limit as job, node_in_rack as node, node_of,
+};
 use super::*;
 
 fn cluster(domain_reservation: bool, domain_fifo: bool) -> Cluster {
@@ -22,22 +22,6 @@ fn cluster_ordered(domain_reservation: bool, domain_fifo: bool, shortest: bool) 
     cfg.engine.domain_fifo = domain_fifo;
     cfg.engine.shortest_limit_first = shortest;
     Cluster::new(cfg)
-}
-
-fn job(cpus: u32, timeout_s: u64) -> JobSpec {
-    JobSpec {
-        command: vec!["true".into()],
-        cpus,
-        timeout_ms: timeout_s * 1000,
-        ..Default::default()
-    }
-}
-
-fn node_of(c: &Cluster, id: &str) -> String {
-    c.phase(id)
-        .and_then(|p| p.node())
-        .unwrap_or_default()
-        .to_string()
 }
 
 fn running_on(c: &Cluster, id: &str) -> Option<String> {

@@ -13,7 +13,7 @@ use proto::v1::{
     dispatcher_message,
 };
 
-use super::tests::{assigns, register_node};
+use super::tests::{assigns, job_with_limit as single, register_node};
 use super::*;
 use crate::store::Snapshot;
 
@@ -25,15 +25,6 @@ fn node(c: &mut Cluster, name: &str, rack: &str, now: i64) {
     let mut fx = Effects::default();
     register_node(c, name, "1s:4c:1t", ("z1", rack), now, &mut fx);
     c.settle(now, &mut fx);
-}
-
-fn single(cpus: u32, timeout_s: u64) -> JobSpec {
-    JobSpec {
-        command: vec!["true".into()],
-        cpus,
-        timeout_ms: timeout_s * 1000,
-        ..Default::default()
-    }
 }
 
 fn gang(nodes: u32, within: Within, cpus: u32) -> JobSpec {

@@ -76,6 +76,26 @@ fn job(cpus: u32) -> JobSpec {
     }
 }
 
+/// A one-command job of `cpus` CPUs with a time limit of `timeout_s`
+/// seconds (0: none), the shape the work-conservation, domain and gang
+/// tests submit.
+pub(crate) fn job_with_limit(cpus: u32, timeout_s: u64) -> JobSpec {
+    JobSpec {
+        command: vec!["true".into()],
+        cpus,
+        timeout_ms: timeout_s * 1000,
+        ..Default::default()
+    }
+}
+
+/// The node job `id`'s phase holds or waits on ("" when none).
+pub(crate) fn node_of(c: &Cluster, id: &str) -> String {
+    c.phase(id)
+        .and_then(|p| p.node())
+        .unwrap_or_default()
+        .to_string()
+}
+
 pub(crate) fn assigns(fx: &Effects) -> Vec<(String, String)> {
     fx.to_agents
         .iter()
