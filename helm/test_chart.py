@@ -748,8 +748,9 @@ class ChartSystem:
         argv = []
         for a in self.agent["args"]:
             a = re.sub(r"^--metrics-listen=0\.0\.0\.0:\d+$", f"--metrics-listen=127.0.0.1:{self.metrics_port}", a)
-            # The relay's Service -> the relay on loopback.
-            a = re.sub(r"^--dispatcher=.*$", f"--dispatcher={self.relay_url}", a)
+            # The relay's Service (only it) -> the relay on loopback.
+            a = re.sub(rf"^--dispatcher=https?://{FULLNAME}-relay\.{NAMESPACE}\.svc:\d+$",
+                       f"--dispatcher={self.relay_url}", a)
             argv.append(self.path(a, "agent").replace("$(NODE_NAME)", self.NODE))
         caps = ",".join("+" + c.lower() for c in self.sc["capabilities"]["add"])
         confine = ["setpriv", "--bounding-set", "-all," + caps, "--inh-caps", "-all"]
