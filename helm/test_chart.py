@@ -15,7 +15,8 @@ binaries, as scripts/test does) that every flag the chart passes exists in
 the binaries' --help, and that the dispatcher and agent started from the
 chart's rendered arguments work: the agent with only the capabilities the
 chart grants it, TLS and tokens as the chart wires them, three replicas
-sharing a local etcd.
+sharing a local etcd, an agent through dispatch-relay (relay.enabled) with
+the relay's readiness probe answered.
 
 Run: helm/run-tests (makes the venv), or python3 helm/test_chart.py with
 helm-python-sdk, kubernetes-validate and pyyaml installed.
