@@ -1,6 +1,9 @@
 //! `dispatch-relay`: agents attach to it as to a dispatcher; it carries
 //! their sessions on one AttachMany stream to the leading dispatcher (see
-//! the crate's documentation).
+//! the crate's documentation). The process also serves grpc.health.v1
+//! (on the agents' port and, with `--health-listen`, alone in plain text
+//! for a Kubernetes gRPC probe) and its metrics (`--metrics-listen`,
+//! `--otlp-endpoint`, [`relay::metrics`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
