@@ -15,7 +15,8 @@ binaries, as scripts/test does) that every flag the chart passes exists in
 the binaries' --help, and that the dispatcher and agent started from the
 chart's rendered arguments work: the agent with only the capabilities the
 chart grants it, TLS and tokens as the chart wires them, three replicas
-sharing a local etcd.
+sharing a local etcd, an agent through dispatch-relay (relay.enabled) with
+the relay's readiness probe answered.
 
 Run: helm/run-tests (makes the venv), or python3 helm/test_chart.py with
 helm-python-sdk, kubernetes-validate and pyyaml installed.
@@ -43,6 +44,9 @@ CHART = Path(__file__).resolve().parent / "dispatch"
 KUBE_VERSION = "1.30.0"
 RELEASE, NAMESPACE = "rel", "jobs"
 FULLNAME = f"{RELEASE}-dispatch"
+
+# The kinds that make pods.
+WORKLOADS = ("StatefulSet", "DaemonSet", "Deployment")
 
 # Kinds outside Kubernetes' own schemas, checked by validate_custom_resource.
 CUSTOM_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
@@ -136,7 +140,7 @@ def check_references(doc: dict, docs: list[dict]) -> None:
     """What the schema cannot see: mounts name declared volumes, named probe
     ports exist, Services select pods that some workload makes, and
     StatefulSets' serviceName is a rendered headless Service."""
-    if doc["kind"] in ("StatefulSet", "DaemonSet"):
+    if doc["kind"] in WORKLOADS:
         pod = doc["spec"]["template"]
         assert doc["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
         volumes = {v["name"] for v in pod["spec"].get("volumes", [])}
@@ -160,12 +164,16 @@ def check_references(doc: dict, docs: list[dict]) -> None:
         if sa:
             one(docs, "ServiceAccount", sa)
     if doc["kind"] == "Service":
-        pods = [w["spec"]["template"] for w in docs if w["kind"] in ("StatefulSet", "DaemonSet")]
+        pods = [w["spec"]["template"] for w in docs if w["kind"] in WORKLOADS]
         matching = [p for p in pods if doc["spec"]["selector"].items() <= p["metadata"]["labels"].items()]
         assert matching, f"Service {doc['metadata']['name']} selects no pods"
         for port in doc["spec"]["ports"]:
             names = {p["name"] for m in matching for c in m["spec"]["containers"] for p in c.get("ports", [])}
             assert port["targetPort"] in names, f"Service {doc['metadata']['name']}: targetPort {port['targetPort']}"
+
+
+def workloads(docs: list[dict]) -> list[dict]:
+    return [d for d in docs if d["kind"] in WORKLOADS]
 
 
 def help_flags(argv: list[str]) -> set[str]:
@@ -177,7 +185,8 @@ class ChartTest(unittest.TestCase):
     maxDiff = None
 
     def test_the_scenarios_are_there(self):
-        self.assertEqual(set(SCENARIOS), {"default", "ha", "bundled-etcd", "tls", "tls-node-certs", "options"})
+        self.assertEqual(set(SCENARIOS), {"default", "ha", "bundled-etcd", "tls", "tls-node-certs", "options",
+                                          "relay"})
 
     def test_lint_strict_every_scenario(self):
         for name, values in SCENARIOS.items():
@@ -197,7 +206,7 @@ class ChartTest(unittest.TestCase):
                       file=sys.stderr)
                 self.assertGreaterEqual(n, 8)
                 self.assertIn("DISPATCH_SERVER", notes)
-                for w in find(docs, "StatefulSet") + find(docs, "DaemonSet"):
+                for w in workloads(docs):
                     for c in w["spec"]["template"]["spec"]["containers"]:
                         twice = {f for f, v in arg_map(c).items() if len(v) > 1 and f != "--label"}
                         self.assertEqual(twice, set(), f"{w['metadata']['name']} repeats flags")
@@ -369,6 +378,64 @@ class ChartTest(unittest.TestCase):
         svol = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"][0]
         self.assertEqual(svol["secret"]["secretName"], "dispatch-tls")
 
+    def test_no_relay_by_default(self):
+        docs, _ = render({})
+        self.assertEqual(find(docs, "Deployment") + find(docs, "Service", f"{FULLNAME}-relay"), [])
+        a = arg_map(container(one(docs, "DaemonSet", f"{FULLNAME}-agent"), "agent"))
+        self.assertNotIn("--dispatcher", a, "agents take every replica from DISPATCH_SERVER")
+
+    def test_relay_deployment_service_probe_and_agents_address(self):
+        docs, notes = render(SCENARIOS["relay"])
+        dep = one(docs, "Deployment", f"{FULLNAME}-relay")
+        self.assertEqual(dep["spec"]["replicas"], 2)
+        c = container(dep, "relay")
+        self.assertEqual(c["command"], ["dispatch-relay"])
+        r = arg_map(c)
+        # Upstream: every dispatcher replica (the relay follows the leader).
+        cm = one(docs, "ConfigMap", f"{FULLNAME}-config")["data"]
+        self.assertEqual(r["--dispatcher"], [cm["DISPATCH_SERVER"]])
+        self.assertEqual(r["--listen"], ["0.0.0.0:50052"])
+        # Readiness: the Kubernetes gRPC probe on the plain-text health port.
+        self.assertEqual(r["--health-listen"], ["0.0.0.0:50053"])
+        self.assertEqual(c["readinessProbe"]["grpc"], {"port": 50053})
+        self.assertEqual({p["name"]: p["containerPort"] for p in c["ports"]},
+                         {"grpc": 50052, "health": 50053, "metrics": 9102})
+        self.assertEqual(r["--metrics-listen"], ["0.0.0.0:9102"])
+        self.assertEqual(c["livenessProbe"]["httpGet"], {"path": "/metrics", "port": "metrics"})
+        sc = c["securityContext"]
+        self.assertEqual((sc["readOnlyRootFilesystem"], sc["allowPrivilegeEscalation"], sc["capabilities"]),
+                         (True, False, {"drop": ["ALL"]}))
+        self.assertTrue(dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"])
+        svc = one(docs, "Service", f"{FULLNAME}-relay")
+        self.assertEqual([(p["name"], p["port"], p["targetPort"]) for p in svc["spec"]["ports"]],
+                         [("grpc", 50052, "grpc"), ("metrics", 9102, "metrics")])
+        # The agents attach to the relay's Service, over TLS.
+        a = arg_map(container(one(docs, "DaemonSet", f"{FULLNAME}-agent"), "agent"))
+        self.assertEqual(a["--dispatcher"], [f"https://{FULLNAME}-relay.{NAMESPACE}.svc:50052"])
+        # TLS: the relay's client certificate (naming its nodes) towards
+        # the dispatcher, its server certificate and the client CA towards
+        # the agents, as the dispatcher has them.
+        self.assertEqual(r["--tls-ca"], ["/etc/dispatch/tls-client/ca.crt"])
+        self.assertEqual(r["--tls-cert"], ["/etc/dispatch/tls-client/tls.crt"])
+        self.assertEqual(r["--tls-key"], ["/etc/dispatch/tls-client/tls.key"])
+        self.assertEqual(r["--serve-tls-cert"], ["/etc/dispatch/tls/tls.crt"])
+        self.assertEqual(r["--serve-tls-key"], ["/etc/dispatch/tls/tls.key"])
+        self.assertEqual(r["--tls-client-ca"], ["/etc/dispatch/tls/ca.crt"])
+        vols = {v["name"]: v["secret"]["secretName"] for v in dep["spec"]["template"]["spec"]["volumes"]}
+        self.assertEqual(vols, {"tls": "dispatch-tls", "tls-client": "dispatch-relay-tls"})
+        one(docs, "PodDisruptionBudget", f"{FULLNAME}-relay")
+        sm = one(docs, "ServiceMonitor", f"{FULLNAME}-relay")
+        self.assertEqual(sm["spec"]["endpoints"][0]["port"], "metrics")
+        self.assertIn(f"{FULLNAME}-relay.{NAMESPACE}.svc", notes)
+        # Without TLS: plain URLs, no TLS flags or volumes.
+        docs, _ = render({"relay": {"enabled": True, "replicas": 1}})
+        c = container(one(docs, "Deployment", f"{FULLNAME}-relay"), "relay")
+        self.assertEqual([f for f in arg_map(c) if "tls" in f], [])
+        self.assertNotIn("volumes", one(docs, "Deployment", f"{FULLNAME}-relay")["spec"]["template"]["spec"])
+        a = arg_map(container(one(docs, "DaemonSet", f"{FULLNAME}-agent"), "agent"))
+        self.assertEqual(a["--dispatcher"], [f"http://{FULLNAME}-relay.{NAMESPACE}.svc:50052"])
+        self.assertEqual(find(docs, "PodDisruptionBudget", f"{FULLNAME}-relay"), [])
+
     def test_options(self):
         docs, _ = render(SCENARIOS["options"])
         ds = one(docs, "DaemonSet", f"{FULLNAME}-agent")
@@ -423,6 +490,13 @@ class ChartTest(unittest.TestCase):
     def test_tls_without_a_secret_fails(self):
         self.assert_rejected({"tls": {"enabled": True}}, "tls.enabled=true needs tls.secretName")
 
+    def test_relay_with_client_certificates_but_no_relay_certificate_fails(self):
+        self.assert_rejected({"relay": {"enabled": True}, "tls": {"enabled": True, "secretName": "s"}},
+                             "relay.enabled with tls.requireClientCerts needs relay.clientSecretName")
+        # Without client certificates the relay needs none of its own.
+        render({"relay": {"enabled": True},
+                "tls": {"enabled": True, "secretName": "s", "requireClientCerts": False}})
+
     def test_leave_running_without_host_pid_fails(self):
         self.assert_rejected({"agent": {"onShutdown": "leave"}}, "agent.onShutdown=leave needs agent.hostPID=true")
 
@@ -451,8 +525,10 @@ class ChartTest(unittest.TestCase):
             self.assertIn(member, copied, f"helm/Dockerfile does not COPY workspace member {member}")
         installed = re.search(r"(?m)^COPY --from=build (.*) /usr/local/bin/$", dockerfile).group(1).split()
         installed = {Path(p).name for p in installed}
-        docs, _ = render(SCENARIOS["options"])
-        for w in find(docs, "StatefulSet") + find(docs, "DaemonSet"):
+        docs = render(SCENARIOS["options"])[0] + render(SCENARIOS["relay"])[0]
+        self.assertIn("dispatch-relay", [w["spec"]["template"]["spec"]["containers"][0]["command"][0]
+                                         for w in find(docs, "Deployment")])
+        for w in workloads(docs):
             if w["metadata"]["name"].endswith("-etcd"):
                 continue
             for c in w["spec"]["template"]["spec"]["containers"]:
@@ -466,19 +542,24 @@ class ChartTest(unittest.TestCase):
         known = {
             "dispatcher": help_flags([f"{bin_dir}/dispatcher", "--help"]),
             "agent": help_flags([f"{bin_dir}/agent", "run", "--help"]),
+            "dispatch-relay": help_flags([f"{bin_dir}/dispatch-relay", "--help"]),
         }
         missing: dict[str, set[str]] = {}
-        for name, values in SCENARIOS.items():
+        checked: set[str] = set()
+        # The relay without TLS too (the relay scenario has it on).
+        for name, values in [*SCENARIOS.items(), ("relay-plain", {"relay": {"enabled": True}})]:
             docs, _ = render(values)
-            for w in find(docs, "StatefulSet") + find(docs, "DaemonSet"):
+            for w in workloads(docs):
                 for c in w["spec"]["template"]["spec"]["containers"]:
                     binary = c["command"][0]
                     if binary not in known:
                         continue  # etcd
+                    checked.add(binary)
                     for flag in arg_map(c):
                         if flag not in known[binary]:
                             missing.setdefault(binary, set()).add(flag)
         self.assertEqual(missing, {}, "flags the chart passes that the binaries do not have")
+        self.assertEqual(checked, set(known), "a binary the chart never runs")
 
 
 def free_port() -> int:
@@ -501,6 +582,49 @@ def wait_for(what: str, check, timeout: float = 30.0):
             return result
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def grpc_health(port: int, service: str = "") -> int | None:
+    """grpc.health.v1.Health/Check over plain-text HTTP/2, as the kubelet's
+    gRPC probe sends it: the status (1 SERVING, 2 NOT_SERVING), or None
+    when the call fails. A minimal client (no HPACK decoding: only the
+    response's DATA frame is read)."""
+    def frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+        return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+    def literal(name: str, value: str) -> bytes:  # literal without indexing, new name
+        n, v = name.encode(), value.encode()
+        return b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v
+
+    headers = b"".join(literal(k, v) for k, v in (
+        (":method", "POST"), (":scheme", "http"), (":path", "/grpc.health.v1.Health/Check"),
+        (":authority", "localhost"), ("content-type", "application/grpc"), ("te", "trailers")))
+    request = (b"\x0a" + bytes([len(service)]) + service.encode()) if service else b""
+    message = b"\x00" + len(request).to_bytes(4, "big") + request
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + frame(4, 0, 0, b"")
+                         + frame(1, 0x4, 1, headers) + frame(0, 0x1, 1, message))
+            buf = b""
+            while True:
+                while len(buf) < 9 or len(buf) < 9 + int.from_bytes(buf[:3], "big"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        return None
+                    buf += chunk
+                size = int.from_bytes(buf[:3], "big")
+                kind, flags, stream = buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+                payload, buf = buf[9:9 + size], buf[9 + size:]
+                if kind == 4 and not flags & 1:
+                    sock.sendall(frame(4, 1, 0, b""))  # SETTINGS ACK
+                elif kind == 0 and stream == 1 and len(payload) >= 5:
+                    body = payload[5:]
+                    # HealthCheckResponse: field 1 (status) as a varint; absent = UNKNOWN (0).
+                    return body[1] if body[:1] == b"\x08" else 0
+                elif kind in (3, 7) or (kind == 1 and stream == 1 and flags & 1):
+                    return None  # RST_STREAM, GOAWAY, or trailers only: the call failed
+    except OSError:
+        return None
 
 
 def processes_with(marker: str) -> list[tuple[int, int, str]]:
@@ -557,12 +681,18 @@ class ChartSystem:
         self.urls = [f"{scheme}://localhost:{p}" for p in self.ports]
         self.url = ",".join(self.urls)
         self.etcd_port = free_port() if "--etcd-endpoints" in arg_map(self.dispatcher) else None
+        relays = find(docs, "Deployment", f"{FULLNAME}-relay")
+        # One relay process stands for the Deployment's interchangeable replicas.
+        self.relay = container(relays[0], "relay") if relays else None
+        self.relay_port, self.relay_health_port, self.relay_metrics_port = free_port(), free_port(), free_port()
+        self.relay_url = f"{scheme}://localhost:{self.relay_port}"
         self.procs: list[subprocess.Popen] = []
         self.logs: list = []
 
     def path(self, arg: str, side: str) -> str:
         """A container path in an argument -> its place under tmp."""
         arg = arg.replace("/etc/dispatch/tls/", f"{self.tmp}/tls-{side}/")
+        arg = arg.replace("/etc/dispatch/tls-client/", f"{self.tmp}/tls-{side}-client/")
         arg = arg.replace("/etc/dispatch/auth/", f"{self.tmp}/auth/")
         arg = arg.replace("/var/lib/dispatch-agent", f"{self.tmp}/agent")
         arg = arg.replace("/var/lib/dispatch", f"{self.tmp}/data")
@@ -603,10 +733,25 @@ class ChartSystem:
                 return False
         wait_for("etcd to be healthy", healthy)
 
+    def relay_argv(self) -> list[str]:
+        argv = []
+        for a in self.relay["args"]:
+            a = re.sub(r"^--listen=0\.0\.0\.0:\d+$", f"--listen=127.0.0.1:{self.relay_port}", a)
+            a = re.sub(r"^--health-listen=0\.0\.0\.0:\d+$", f"--health-listen=127.0.0.1:{self.relay_health_port}", a)
+            a = re.sub(r"^--metrics-listen=0\.0\.0\.0:\d+$",
+                       f"--metrics-listen=127.0.0.1:{self.relay_metrics_port}", a)
+            # The in-cluster names of the replicas -> loopback.
+            a = re.sub(r"^--dispatcher=.*$", f"--dispatcher={self.url}", a)
+            argv.append(self.path(a, "relay"))
+        return [f"{self.bin_dir}/{self.relay['command'][0]}", *argv]
+
     def agent_argv(self) -> list[str]:
         argv = []
         for a in self.agent["args"]:
             a = re.sub(r"^--metrics-listen=0\.0\.0\.0:\d+$", f"--metrics-listen=127.0.0.1:{self.metrics_port}", a)
+            # The relay's Service (only it) -> the relay on loopback.
+            a = re.sub(rf"^--dispatcher=https?://{FULLNAME}-relay\.{NAMESPACE}\.svc:\d+$",
+                       f"--dispatcher={self.relay_url}", a)
             argv.append(self.path(a, "agent").replace("$(NODE_NAME)", self.NODE))
         caps = ",".join("+" + c.lower() for c in self.sc["capabilities"]["add"])
         confine = ["setpriv", "--bounding-set", "-all," + caps, "--inh-caps", "-all"]
@@ -623,10 +768,16 @@ class ChartSystem:
 
     def make_certificates(self, tokens: str) -> None:
         ca = f"{self.tmp}/ca"
+        relay = ["--relay", "relay", "--relay-node", self.NODE] if self.relay else []
         subprocess.run([f"{self.bin_dir}/dispatcher", "gen-certs", "--ca-dir", ca, "--server-name", "localhost",
-                        "--agent", self.NODE], check=True, capture_output=True, timeout=60)
-        for side, cert, key in (("dispatcher", "server.pem", "server.key"),
-                                ("agent", f"agent-{self.NODE}.pem", f"agent-{self.NODE}.key")):
+                        "--agent", self.NODE, *relay], check=True, capture_output=True, timeout=60)
+        sides = [("dispatcher", "server.pem", "server.key"),
+                 ("agent", f"agent-{self.NODE}.pem", f"agent-{self.NODE}.key")]
+        if self.relay:
+            # Its server certificate (the dispatcher's Secret, by default)
+            # and its client certificate naming the node.
+            sides += [("relay", "server.pem", "server.key"), ("relay-client", "relay-relay.pem", "relay-relay.key")]
+        for side, cert, key in sides:
             d = Path(self.tmp) / f"tls-{side}"
             d.mkdir()
             # The layout of a kubernetes.io/tls Secret with ca.crt.
@@ -642,6 +793,8 @@ class ChartSystem:
         runs = [(f"dispatcher{'' if i == 0 else f'-{i}'}", self.dispatcher_argv(i),
                  self.env(self.dispatcher, "dispatcher")) for i in range(self.replicas)]
         runs.append(("agent", self.agent_argv(), self.env(self.agent, "agent")))
+        if self.relay:
+            runs.append(("relay", self.relay_argv(), self.env(self.relay, "relay")))
         for name, argv, env in runs:
             log = open(Path(self.tmp) / f"{name}.log", "w")
             self.logs.append(log)
@@ -684,6 +837,8 @@ class ChartSystem:
         """The chart's liveness probes: GET /metrics on the named ports (on
         every replica: a follower that failed it would be restarted)."""
         targets = [(self.dispatcher, p) for p in self.http_ports] + [(self.agent, self.metrics_port)]
+        if self.relay:
+            targets.append((self.relay, self.relay_metrics_port))
         for c, port in targets:
             path = c["livenessProbe"]["httpGet"]["path"]
             self.test.assertEqual(self.http_get(port, path), 200, f"{c['name']} liveness {path} on {port}")
@@ -772,6 +927,40 @@ class ChartRuntimeTest(unittest.TestCase):
                 logs = "".join(p.read_text() for p in Path(tmp).glob("dispatcher*.log"))
                 for url in system.urls:
                     self.assertIn(url, logs)
+            finally:
+                system.stop()
+
+    def test_a_job_runs_through_the_relay_as_the_chart_wires_it(self):
+        """The relay scenario (TLS, the relay's own client certificate):
+        dispatcher, relay and agent from the rendered arguments; the agent
+        reaches the dispatcher only through the relay."""
+        token = "chart-test-token-0123456789"
+        with tempfile.TemporaryDirectory() as tmp:
+            system = ChartSystem(self, SCENARIOS["relay"], tmp, self.marker)
+            self.assertTrue(system.tls and system.relay)
+            system.make_certificates(f"{token} admin ops\n")
+            probe = system.relay["readinessProbe"]["grpc"]
+            self.assertEqual(f"--health-listen=0.0.0.0:{probe['port']}" in system.relay["args"], True)
+            try:
+                system.start()
+                # The chart's readiness probe: SERVING once its stream is open.
+                wait_for("the relay to be ready (grpc.health.v1 SERVING)",
+                         lambda: system.died() or grpc_health(system.relay_health_port, probe.get("service", "")) == 1)
+                system.wait_registered()
+                out = system.ctl("submit", "--wait", "--follow", "--", "sh", "-c", "echo through-the-relay").stdout
+                self.assertIn("through-the-relay", out)
+                relay_log = re.sub(r"\x1b\[[0-9;]*m", "", (Path(tmp) / "relay.log").read_text())
+                self.assertRegex(relay_log, f"agent attached through the relay node={system.NODE}", "the agent did not attach through the relay")
+                system.probe_paths_answer()
+                metrics = system.http_get_body(system.relay_metrics_port, "/metrics").decode()
+                self.assertRegex(metrics, r"(?m)^dispatch_relay_agents 1$")
+                self.assertRegex(metrics, r"(?m)^dispatch_relay_upstream_connected 1$")
+                # The dispatcher gone: the relay is no longer ready.
+                os.killpg(system.procs[0].pid, signal.SIGKILL)
+                system.procs[0].wait()
+                system.procs.pop(0)
+                wait_for("the relay to report NOT_SERVING",
+                         lambda: grpc_health(system.relay_health_port) == 2)
             finally:
                 system.stop()
 

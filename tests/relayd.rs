@@ -10,7 +10,11 @@
 //!   port: the agents see their streams break, reattach through the new
 //!   relay, re-register listing the jobs they run, and every job ends
 //!   visibly (SUCCEEDED, on its first attempt: nothing was lost or
-//!   retried), and a job submitted afterwards runs too.
+//!   retried), and a job submitted afterwards runs too;
+//! * the relay's `/metrics` counts what it carries (agents, frames,
+//!   messages and bytes each way, its stream, one reconnect after the
+//!   dispatcher's restart) and its plain-text health port answers
+//!   grpc.health.v1 as the Helm chart's readiness probe reads it.
 //!
 //! No timing is asserted: every wait is a generous deadline on a state
 //! the test can observe.
@@ -313,6 +317,136 @@ async fn the_relay_is_healthy_only_while_it_reaches_a_dispatcher() -> Result<()>
     })
     .await
     .with_context(|| relay.proc.log_text())?;
+    drop(dir);
+    Ok(())
+}
+
+/// The port the relay printed after `what` ("metrics on http://ADDR/metrics").
+fn printed(relay: &Relay, what: &str) -> Option<u16> {
+    relay.proc.log_text().lines().find_map(|l| {
+        let rest = l.split(what).nth(1)?.trim().trim_end_matches("/metrics");
+        rest.rsplit(':').next()?.parse().ok()
+    })
+}
+
+/// The value of the series `name` (with its labels) in a scrape.
+fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The relay's /metrics and its plain-text health port, as the Helm chart
+/// uses them: what it carries, counted both ways, its agents, its stream,
+/// a reconnect after the dispatcher's restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relays_metrics_count_what_it_carries() -> Result<()> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let _serial = serial().await;
+    let dir = tempfile::tempdir()?;
+    let mut d = Dispatcher::start(
+        dir.path(),
+        &["--heartbeat-ms", "1000", "--missed-heartbeats", "10"],
+    )?;
+    let extra = [
+        "--metrics-listen=127.0.0.1:0".to_string(),
+        "--health-listen=127.0.0.1:0".to_string(),
+    ];
+    let relay = Relay::start_with(dir.path(), &d.url, 0, &extra)?;
+    let metrics_port =
+        printed(&relay, "dispatch-relay metrics on ").context("no metrics address printed")?;
+    let health_port =
+        printed(&relay, "dispatch-relay health on ").context("no health address printed")?;
+    let health_url = format!("http://127.0.0.1:{health_port}");
+    let scrape = move || -> Result<String> {
+        let (status, body) = e2e::http_get(metrics_port, "/metrics")?;
+        ensure!(status == 200, "GET /metrics: {status}");
+        Ok(body)
+    };
+    let serving = ServingStatus::Serving as i32;
+    eventually(T, "the health port SERVING", || async {
+        (relay_health(&health_url).await == Some([serving; 2])).then_some(())
+    })
+    .await
+    .with_context(|| relay.proc.log_text())?;
+    let text = scrape()?;
+    ensure!(
+        series(&text, "dispatch_relay_upstream_connected") == Some(1.0)
+            && series(&text, "dispatch_relay_agents") == Some(0.0)
+            && series(&text, "dispatch_relay_queue_capacity") == Some(4096.0)
+            && series(&text, "dispatch_relay_queue_depth") == Some(0.0),
+        "before any agent:\n{text}"
+    );
+    let mut agents = Vec::new();
+    for node in NODES {
+        let label = format!("node={node}");
+        agents.push(Agent::start(
+            dir.path(),
+            &relay.url,
+            node,
+            "1s:2c:1t",
+            &[&label],
+            &[],
+        )?);
+    }
+    wait_nodes(&d, NODES.len(), T)
+        .await
+        .with_context(|| relay.proc.log_text())?;
+    let jobs = d.jobs().await?;
+    let id = submit_on(&d.url, NODES[0], "echo counted").await?;
+    in_state(&jobs, &id, JobState::Succeeded).await?;
+    let text = scrape()?;
+    let get = |name: &str| series(&text, name).unwrap_or(-1.0);
+    ensure!(
+        get("dispatch_relay_agents") == 2.0,
+        "two agents attached:\n{text}"
+    );
+    // Up: two Registers, load reports, the job's statuses; down: two
+    // Registereds, the Assign. Bytes at least a few per message.
+    for dir in ["up", "down"] {
+        let frames = get(&format!(
+            "dispatch_relay_frames_total{{direction=\"{dir}\"}}"
+        ));
+        let messages = get(&format!(
+            "dispatch_relay_messages_total{{direction=\"{dir}\"}}"
+        ));
+        let bytes = get(&format!(
+            "dispatch_relay_bytes_total{{direction=\"{dir}\"}}"
+        ));
+        ensure!(
+            frames >= 2.0 && messages >= frames && bytes >= 2.0 * messages,
+            "{dir}: {frames} frames, {messages} messages, {bytes} bytes\n{text}"
+        );
+    }
+    ensure!(
+        get("dispatch_relay_reconnects_total") == 0.0,
+        "no reconnect yet:\n{text}"
+    );
+    // The dispatcher restarts: the relay's stream breaks and reopens,
+    // and the agents come back through it.
+    d.kill9_and_restart(dir.path())?;
+    wait_nodes(&d, NODES.len(), T)
+        .await
+        .with_context(|| relay.proc.log_text())?;
+    let text = eventually(T, "one reconnect and both agents back", || async {
+        let text = scrape().ok()?;
+        (series(&text, "dispatch_relay_reconnects_total") == Some(1.0)
+            && series(&text, "dispatch_relay_agents") == Some(2.0)
+            && series(&text, "dispatch_relay_upstream_connected") == Some(1.0))
+        .then_some(text)
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "{}\n{}",
+            scrape().unwrap_or_default(),
+            relay.proc.log_text()
+        )
+    })?;
+    ensure!(
+        text.contains("# TYPE dispatch_relay_connect_failures_total counter"),
+        "{text}"
+    );
+    drop(agents);
     drop(dir);
     Ok(())
 }

@@ -236,12 +236,7 @@ fn load_topology(args: &TopologyArgs) -> Result<MachineTopology> {
 }
 
 fn cmd_run(args: RunArgs) -> Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    dispatch_telemetry::init_logging(dispatch_telemetry::LogFormat::Text);
     let reader = SysfsReader::new(
         args.sysfs_root
             .clone()

@@ -5,7 +5,8 @@
 //! `AgentService.AttachMany` stream to the leading dispatcher
 //! ([`upstream`]), so the dispatcher holds one HTTP/2 connection per
 //! relay instead of one per agent. [`tls`]: who may attach to it, and
-//! the relay's own identity.
+//! the relay's own identity. [`metrics`]: what it carries, for
+//! Prometheus and OTLP.
 //!
 //! Identity: the relay authenticates its agents as the dispatcher would
 //! (a client certificate naming the node, from the relay's client CA),
@@ -14,6 +15,7 @@
 //! a certificate listing the rack's nodes). A relay can thus register
 //! only the nodes it was issued for, and an agent only itself.
 
+pub mod metrics;
 pub mod server;
 pub mod tls;
 pub mod upstream;

@@ -1,6 +1,9 @@
 //! `dispatch-relay`: agents attach to it as to a dispatcher; it carries
 //! their sessions on one AttachMany stream to the leading dispatcher (see
-//! the crate's documentation).
+//! the crate's documentation). The process also serves grpc.health.v1
+//! (on the agents' port and, with `--health-listen`, alone in plain text
+//! for a Kubernetes gRPC probe) and its metrics (`--metrics-listen`,
+//! `--otlp-endpoint`, [`relay::metrics`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -54,17 +57,25 @@ struct Args {
     /// their node (needs --serve-tls-cert).
     #[arg(long, value_name = "FILE", requires = "serve_tls_cert")]
     tls_client_ca: Option<PathBuf>,
+    /// Also serve grpc.health.v1 alone, in plain text, on ADDR (e.g.
+    /// 0.0.0.0:50053): a Kubernetes gRPC readiness probe speaks no TLS.
+    #[arg(long, env = "DISPATCH_RELAY_HEALTH_LISTEN", value_name = "ADDR")]
+    health_listen: Option<SocketAddr>,
+    /// Serve Prometheus metrics on `GET http://ADDR/metrics` (off by
+    /// default), e.g. 0.0.0.0:9102.
+    #[arg(long, env = "DISPATCH_RELAY_METRICS_LISTEN", value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// Export the metrics over OTLP/gRPC to this collector (e.g.
+    /// http://otel-collector:4317). Off by default; the standard
+    /// OTEL_EXPORTER_OTLP_* variables also turn it on and configure it.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    dispatch_telemetry::init_logging(dispatch_telemetry::LogFormat::Text);
     let upstream = Upstream::start(Config {
         dispatchers: args.dispatcher.clone(),
         tls: ClientTls {
@@ -76,6 +87,33 @@ async fn main() -> Result<()> {
         queue: args.queue,
     })
     .context("--dispatcher")?;
+    let otlp = dispatch_telemetry::wanted(args.otlp_endpoint.as_deref());
+    let mut exporters = None;
+    if args.metrics_listen.is_some() || otlp {
+        let metrics = relay::metrics::RelayMetrics::new(upstream.clone(), args.queue.max(1))
+            .context("registering the metrics")?;
+        if let Some(addr) = args.metrics_listen {
+            let bound = dispatch_telemetry::prom::spawn_server(addr, metrics.registry.clone())
+                .await
+                .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+            println!("dispatch-relay metrics on http://{bound}/metrics");
+            tracing::info!(%bound, "serving Prometheus metrics on /metrics");
+        }
+        if otlp {
+            let e = dispatch_telemetry::Exporters::init(
+                "dispatch-relay",
+                args.otlp_endpoint.as_deref(),
+            )
+            .context("--otlp-endpoint")?;
+            dispatch_telemetry::bridge_prometheus(
+                &e.meter("dispatch-relay"),
+                &metrics.registry,
+                &metrics.families(),
+            );
+            tracing::info!(endpoint = ?args.otlp_endpoint, "exporting metrics over OTLP");
+            exporters = Some(e);
+        }
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -122,6 +160,24 @@ async fn main() -> Result<()> {
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    if let Some(addr) = args.health_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the health endpoint {addr}"))?;
+        let bound = listener.local_addr()?;
+        let health = health.clone();
+        tokio::spawn(async move {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener);
+            if let Err(err) = tonic::transport::Server::builder()
+                .add_service(health)
+                .serve_with_incoming(incoming)
+                .await
+            {
+                tracing::error!(%err, "the health endpoint stopped");
+            }
+        });
+        println!("dispatch-relay health on http://{bound}");
+    }
     println!("dispatch-relay listening on {scheme}://{addr}");
     tracing::info!(%addr, dispatchers = ?args.dispatcher, "relay started");
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
@@ -140,5 +196,8 @@ async fn main() -> Result<()> {
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .context("serving")?;
+    if let Some(e) = exporters {
+        e.shutdown().await;
+    }
     Ok(())
 }

@@ -32,6 +32,7 @@
 //! disconnect, reconnect and register again listing the jobs they run
 //! (the dispatcher reconciles them), as after a broken Attach stream.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -125,10 +126,55 @@ fn lock(s: &Mutex<Slots>) -> std::sync::MutexGuard<'_, Slots> {
     s.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What went through the relay's stream since it started: counters only
+/// the stream task writes (relaxed atomics, read by scrapes).
+#[derive(Default)]
+struct Counters {
+    frames_up: AtomicU64,
+    messages_up: AtomicU64,
+    bytes_up: AtomicU64,
+    frames_down: AtomicU64,
+    messages_down: AtomicU64,
+    bytes_down: AtomicU64,
+    reconnects: AtomicU64,
+    connect_failures: AtomicU64,
+}
+
+/// A reading of the relay's state and counters ([`Upstream::stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Nodes whose sessions are live ([`Upstream::live_nodes`]).
+    pub agents: u64,
+    /// The stream to a dispatcher is open.
+    pub connected: bool,
+    /// Messages of the nodes waiting for the stream (at most
+    /// [`Config::queue`]).
+    pub queue_depth: u64,
+    /// `RelayMessage` frames sent up, the node messages (Detaches
+    /// included) they carried and their encoded bytes.
+    pub frames_up: u64,
+    /// See `frames_up`.
+    pub messages_up: u64,
+    /// See `frames_up`.
+    pub bytes_up: u64,
+    /// `RelayReply` frames received, their node replies and encoded bytes.
+    pub frames_down: u64,
+    /// See `frames_down`.
+    pub messages_down: u64,
+    /// See `frames_down`.
+    pub bytes_down: u64,
+    /// Streams opened after an earlier one broke.
+    pub reconnects: u64,
+    /// Attempts to open the stream that failed (refused, unreachable, a
+    /// follower's redirect).
+    pub connect_failures: u64,
+}
+
 /// One relay's stream (reopened when it breaks) and its nodes.
 #[derive(Clone)]
 pub struct Upstream {
     slots: Arc<Mutex<Slots>>,
+    counters: Arc<Counters>,
     /// (slot, generation, message): the nodes' messages, bounded.
     to_stream: mpsc::Sender<(u32, u64, AgentMessage)>,
     /// Detaches (slot, generation): never waits, so a drop can send it.
@@ -182,28 +228,72 @@ impl Drop for NodeSender {
     }
 }
 
+/// The nodes' queue as the stream task reads it: (slot, generation,
+/// message).
+type FromNodes = mpsc::Receiver<(u32, u64, AgentMessage)>;
+/// Detaches (slot, generation) as the stream task reads them.
+type Detached = mpsc::UnboundedReceiver<(u32, u64)>;
+
 impl Upstream {
     /// A relay to `config.dispatchers`, its stream opened now and again
     /// whenever it breaks.
     pub fn start(config: Config) -> Result<Self, NoEndpoints> {
+        let (runner, from_nodes, detached) = Self::parts(config)?;
+        let up = runner.up.clone();
+        tokio::spawn(runner.run(from_nodes, detached));
+        Ok(up)
+    }
+
+    /// The relay and its stream task, not started: [`Self::start`] spawns
+    /// the task; the unit tests drive it by hand.
+    fn parts(config: Config) -> Result<(Runner, FromNodes, Detached), NoEndpoints> {
         let endpoints = Endpoints::new(config.dispatchers.clone())?;
         let (to_stream, from_nodes) = mpsc::channel(config.queue.max(1));
         let (detaches, detached) = mpsc::unbounded_channel();
         let (connected_tx, connected) = watch::channel(None);
         let up = Self {
             slots: Arc::new(Mutex::new(Slots::default())),
+            counters: Arc::default(),
             to_stream,
             detaches,
             connected,
         };
         let runner = Runner {
-            up: up.clone(),
+            up,
             tls: config.tls,
             endpoints,
             connected: connected_tx,
+            opened_before: false,
         };
-        tokio::spawn(runner.run(from_nodes, detached));
-        Ok(up)
+        Ok((runner, from_nodes, detached))
+    }
+
+    /// An upstream whose stream task is not started, for other modules'
+    /// unit tests: nothing drains its queue nor ends its sessions while
+    /// the returned guard lives.
+    #[cfg(test)]
+    pub(crate) fn unstarted(config: Config) -> (Self, Box<dyn std::any::Any>) {
+        let (runner, from_nodes, detached) = Self::parts(config).expect("a URL");
+        (runner.up.clone(), Box::new((runner, from_nodes, detached)))
+    }
+
+    /// The relay's state now and its counters since it started.
+    pub fn stats(&self) -> Stats {
+        let c = &*self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            agents: self.live_nodes() as u64,
+            connected: self.connected.borrow().is_some(),
+            queue_depth: (self.to_stream.max_capacity() - self.to_stream.capacity()) as u64,
+            frames_up: get(&c.frames_up),
+            messages_up: get(&c.messages_up),
+            bytes_up: get(&c.bytes_up),
+            frames_down: get(&c.frames_down),
+            messages_down: get(&c.messages_down),
+            bytes_down: get(&c.bytes_down),
+            reconnects: get(&c.reconnects),
+            connect_failures: get(&c.connect_failures),
+        }
     }
 
     /// The dispatcher the stream is open to, if it is.
@@ -276,6 +366,8 @@ struct Runner {
     tls: ClientTls,
     endpoints: Endpoints,
     connected: watch::Sender<Option<String>>,
+    /// A stream was open before (the next one is a reconnect).
+    opened_before: bool,
 }
 
 /// How a stream ended.
@@ -287,11 +379,7 @@ enum Ended {
 }
 
 impl Runner {
-    async fn run(
-        mut self,
-        mut from_nodes: mpsc::Receiver<(u32, u64, AgentMessage)>,
-        mut detached: mpsc::UnboundedReceiver<(u32, u64)>,
-    ) {
+    async fn run(mut self, mut from_nodes: FromNodes, mut detached: Detached) {
         let mut backoff = Duration::from_millis(100);
         loop {
             let url = self.endpoints.current().to_string();
@@ -309,6 +397,11 @@ impl Runner {
             if opened {
                 self.endpoints.succeeded();
                 backoff = Duration::from_millis(100);
+            } else {
+                self.up
+                    .counters
+                    .connect_failures
+                    .fetch_add(1, Ordering::Relaxed);
             }
             match self.endpoints.failed(err.downcast_ref::<Status>()) {
                 proto::endpoints::Next::Redirected(leader) => {
@@ -331,8 +424,8 @@ impl Runner {
     async fn stream(
         &mut self,
         url: &str,
-        from_nodes: &mut mpsc::Receiver<(u32, u64, AgentMessage)>,
-        detached: &mut mpsc::UnboundedReceiver<(u32, u64)>,
+        from_nodes: &mut FromNodes,
+        detached: &mut Detached,
         opened: &mut bool,
     ) -> Ended {
         let result: anyhow::Result<()> = async {
@@ -349,6 +442,9 @@ impl Runner {
                 .await?
                 .into_inner();
             *opened = true;
+            if std::mem::replace(&mut self.opened_before, true) {
+                self.up.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+            }
             let _ = self.connected.send(Some(url.to_string()));
             tracing::info!(%url, "relay stream open");
             loop {
@@ -356,9 +452,7 @@ impl Runner {
                     first = from_nodes.recv() => {
                         let Some(first) = first else { return Ok(()) };
                         let frame = self.frame(Some(first), from_nodes, detached);
-                        if !frame.nodes.is_empty() {
-                            frames.send(frame)?;
-                        }
+                        self.send_up(&frames, frame)?;
                     }
                     d = detached.recv() => {
                         let Some((slot, generation)) = d else { return Ok(()) };
@@ -371,9 +465,7 @@ impl Runner {
                                 msg: Some(node_message::Msg::Detach(Detach {})),
                             });
                         }
-                        if !frame.nodes.is_empty() {
-                            frames.send(frame)?;
-                        }
+                        self.send_up(&frames, frame)?;
                     }
                     frame = inbound.next() => {
                         let frame = match frame {
@@ -381,6 +473,10 @@ impl Runner {
                             Some(Err(status)) => return Err(status.into()),
                             None => anyhow::bail!("the dispatcher closed the stream"),
                         };
+                        let c = &self.up.counters;
+                        c.frames_down.fetch_add(1, Ordering::Relaxed);
+                        c.messages_down.fetch_add(frame.nodes.len() as u64, Ordering::Relaxed);
+                        c.bytes_down.fetch_add(prost::Message::encoded_len(&frame) as u64, Ordering::Relaxed);
                         self.replies(frame)?;
                     }
                 }
@@ -393,14 +489,35 @@ impl Runner {
         }
     }
 
+    /// Send `frame` up the stream unless it is empty, counting it.
+    fn send_up(
+        &self,
+        frames: &mpsc::UnboundedSender<RelayMessage>,
+        frame: RelayMessage,
+    ) -> anyhow::Result<()> {
+        if frame.nodes.is_empty() {
+            return Ok(());
+        }
+        let c = &self.up.counters;
+        c.frames_up.fetch_add(1, Ordering::Relaxed);
+        c.messages_up
+            .fetch_add(frame.nodes.len() as u64, Ordering::Relaxed);
+        c.bytes_up.fetch_add(
+            prost::Message::encoded_len(&frame) as u64,
+            Ordering::Relaxed,
+        );
+        frames.send(frame)?;
+        Ok(())
+    }
+
     /// The messages ready now, at most [`MAX_FRAME_BYTES`], each only if
     /// its session is current (a message of an ended session is dropped;
     /// a Detach only for a slot draining that session).
     fn frame(
         &self,
         mut next: Option<(u32, u64, AgentMessage)>,
-        from_nodes: &mut mpsc::Receiver<(u32, u64, AgentMessage)>,
-        detached: &mut mpsc::UnboundedReceiver<(u32, u64)>,
+        from_nodes: &mut FromNodes,
+        detached: &mut Detached,
     ) -> RelayMessage {
         let mut nodes = Vec::new();
         let mut bytes = 0;
@@ -494,28 +611,14 @@ mod tests {
         LogData, NodeReply, RelayReply, SessionEnded, agent_message, dispatcher_message,
     };
 
-    type FromNodes = mpsc::Receiver<(u32, u64, AgentMessage)>;
-    type Detached = mpsc::UnboundedReceiver<(u32, u64)>;
-
-    /// An upstream with its runner not spawned: the test reads the nodes'
-    /// queue and makes frames itself.
+    /// An upstream with its runner not spawned ([`Upstream::parts`]): the
+    /// test reads the nodes' queue and makes frames itself.
     fn unstarted(queue: usize) -> (Runner, FromNodes, Detached) {
-        let (to_stream, from_nodes) = mpsc::channel(queue);
-        let (detaches, detached) = mpsc::unbounded_channel();
-        let (connected_tx, connected) = watch::channel(None);
-        let up = Upstream {
-            slots: Arc::new(Mutex::new(Slots::default())),
-            to_stream,
-            detaches,
-            connected,
-        };
-        let runner = Runner {
-            up,
-            tls: ClientTls::default(),
-            endpoints: Endpoints::new(["http://127.0.0.1:1"]).expect("one URL"),
-            connected: connected_tx,
-        };
-        (runner, from_nodes, detached)
+        Upstream::parts(Config {
+            queue,
+            ..Config::plain("http://127.0.0.1:1")
+        })
+        .expect("one URL")
     }
 
     /// A message of about `n` bytes encoded.

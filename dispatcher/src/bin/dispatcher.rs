@@ -509,16 +509,11 @@ async fn serve_http(
 }
 
 fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
+    dispatch_telemetry::init_logging(if format == "json" {
+        dispatch_telemetry::LogFormat::Json
     } else {
-        builder.init();
-    }
+        dispatch_telemetry::LogFormat::Text
+    });
 }
 
 async fn run(args: Args) -> Result<()> {

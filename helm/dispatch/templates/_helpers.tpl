@@ -61,6 +61,15 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s-agent" (include "dispatch.fullname" .) }}
 {{- end }}
 
+{{- define "dispatch.relay.name" -}}
+{{- printf "%s-relay" (include "dispatch.fullname" .) }}
+{{- end }}
+
+{{/* The relay Service's URL: what agents are given when relay.enabled. */}}
+{{- define "dispatch.relay.url" -}}
+{{- printf "%s://%s.%s.svc:%d" (include "dispatch.scheme" .) (include "dispatch.relay.name" .) .Release.Namespace (int .Values.relay.grpcPort) }}
+{{- end }}
+
 {{- define "dispatch.etcd.name" -}}
 {{- printf "%s-etcd" (include "dispatch.fullname" .) }}
 {{- end }}
@@ -125,6 +134,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- if and (eq .Values.agent.onShutdown "leave") (not .Values.agent.hostPID) }}
 {{- fail "agent.onShutdown=leave needs agent.hostPID=true: jobs die with the agent container's PID namespace otherwise" }}
+{{- end }}
+{{- if and .Values.relay.enabled .Values.tls.enabled .Values.tls.requireClientCerts (not .Values.relay.clientSecretName) }}
+{{- fail "relay.enabled with tls.requireClientCerts needs relay.clientSecretName (the relay's client certificate naming its nodes, from dispatcher gen-certs --relay R --relay-node ...)" }}
 {{- end }}
 {{- if and .Values.etcd.bundled.enabled (eq (mod (int .Values.etcd.bundled.replicas) 2) 0) }}
 {{- fail "etcd.bundled.replicas must be odd (1, 3, 5) to keep a quorum" }}
