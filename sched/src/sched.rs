@@ -228,6 +228,9 @@ pub struct Sched {
 struct FastStart {
     on: bool,
     taken: u64,
+    /// The shortcuts that skip work whose outcome is known
+    /// ([`Sched::set_shortcuts`]).
+    shortcuts: bool,
 }
 
 impl Sched {
@@ -275,7 +278,11 @@ impl Sched {
             agg_defer: false,
             agg_pending: Vec::new(),
             agg_dirty: vec![false; n],
-            fast_start: FastStart { on: true, taken: 0 },
+            fast_start: FastStart {
+                on: true,
+                taken: 0,
+                shortcuts: true,
+            },
         };
         for leaf in 0..n {
             s.refresh_aggregates(leaf);
@@ -416,6 +423,22 @@ impl Sched {
     #[doc(hidden)]
     pub fn set_fast_start(&mut self, on: bool) {
         self.fast_start.on = on;
+    }
+
+    /// Turn off (or on, the default) the shortcuts that skip work whose
+    /// outcome is known: the latency pull with no overloaded leaf
+    /// anywhere (its only candidates), the domain queue's search with
+    /// nothing waiting in the domain, and the second `update_min_vruntime`
+    /// of a running task's dequeue ([`Sched::block`]). Values, events,
+    /// schedstats and state are the same either way; for tests that
+    /// compare the two.
+    #[doc(hidden)]
+    pub fn set_shortcuts(&mut self, on: bool) {
+        self.fast_start.shortcuts = on;
+    }
+
+    pub(crate) fn shortcuts(&self) -> bool {
+        self.fast_start.shortcuts
     }
 
     /// How many wakeups took the fast start.
@@ -768,8 +791,24 @@ impl Sched {
                 Ok(())
             }
             TaskState::Running(leaf) => {
-                self.update_curr(id, now);
-                self.dequeue_task(id, leaf, now);
+                // `update_curr` then the dequeue, with one
+                // `update_min_vruntime`: the dequeue's (after the task
+                // left the running set) makes the earlier one's moot, as
+                // the smallest vruntime of fewer tasks is no smaller;
+                // only when nothing is left does the task's own count.
+                if !self.shortcuts() {
+                    self.update_curr(id, now);
+                    self.dequeue_task(id, leaf, now);
+                    self.schedule(leaf, now);
+                    return Ok(());
+                }
+                self.settle(leaf);
+                let accounted = self
+                    .tasks
+                    .get_mut(&id)
+                    .and_then(|t| account_task(t, now))
+                    .is_some();
+                self.dequeue_task_from(id, leaf, now, accounted);
                 self.schedule(leaf, now);
                 Ok(())
             }
@@ -1020,6 +1059,14 @@ impl Sched {
 
     /// Take a task off its leaf (running or waiting) and make it sleep.
     fn dequeue_task(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        self.dequeue_task_from(id, leaf, now, false);
+    }
+
+    /// [`Sched::dequeue_task`]; with `accounted`, a running task's
+    /// `update_curr` just accounted time without updating `min_vruntime`
+    /// ([`Sched::block`]): its vruntime is the floor when no task is left
+    /// on the leaf, as that update would have set it.
+    fn dequeue_task_from(&mut self, id: TaskId, leaf: LeafId, now: u64, accounted: bool) {
         self.settle(leaf);
         if self
             .tasks
@@ -1059,8 +1106,9 @@ impl Sched {
         }
         rq.nr_running -= t.demand;
         rq.load_weight -= t.weight;
+        let floor = accounted.then_some(t.vruntime);
         t.state = TaskState::Sleeping;
-        self.update_min_vruntime(leaf);
+        self.update_min_vruntime_or(leaf, floor);
         self.rq_changed(leaf, now);
     }
 
@@ -1101,6 +1149,12 @@ impl Sched {
     }
 
     fn update_min_vruntime(&mut self, leaf: LeafId) {
+        self.update_min_vruntime_or(leaf, None);
+    }
+
+    /// `update_min_vruntime`, taking `floor` as the smallest vruntime when
+    /// nothing runs or waits on the leaf.
+    fn update_min_vruntime_or(&mut self, leaf: LeafId, floor: Option<i64>) {
         let rq = &self.rqs[leaf];
         let mut m: Option<i64> = rq.first_fair().map(|k| k.0);
         for id in &rq.running {
@@ -1108,7 +1162,7 @@ impl Sched {
                 m = Some(m.map_or(t.vruntime, |x| x.min(t.vruntime)));
             }
         }
-        if let Some(m) = m {
+        if let Some(m) = m.or(floor) {
             let rq = &mut self.rqs[leaf];
             rq.min_vruntime = rq.min_vruntime.max(m);
         }
