@@ -1816,10 +1816,11 @@ impl Sched {
     fn refresh_aggregates(&mut self, leaf: LeafId) {
         let rq = &self.rqs[leaf];
         let fit = rq.fit_free();
-        let mut max_room = [0; 5];
-        for align in Align::ALL {
-            max_room[align.index()] = rq.room(align);
-        }
+        // `rq.room(align)` per level, `fit_free` computed once.
+        let max_room = match &rq.align_free {
+            None => [fit; 5],
+            Some(s) => Align::ALL.map(|align| fit.min(s.get(align))),
+        };
         let mut new = NodeAgg {
             capacity: rq.capacity as u64,
             nr_running: rq.nr_running as u64,
@@ -1835,12 +1836,13 @@ impl Sched {
         // children (`IdlestIndex`, O(log fanout)), not recounted.
         let mut child = leaf;
         while old != new {
+            let Some((max_room, max_free)) = self.idlest.update(child, &new) else {
+                break;
+            };
             let Some(d) = self.topo.node(child).parent else {
                 break;
             };
-            self.idlest.update(&self.topo, child, &new);
             let prev = self.agg[d];
-            let (max_room, max_free) = self.idlest.maxima(d);
             let a = NodeAgg {
                 capacity: prev.capacity - old.capacity + new.capacity,
                 nr_running: prev.nr_running - old.nr_running + new.nr_running,
