@@ -1909,6 +1909,33 @@ mod tests {
         )
     }
 
+    /// A finish's single `update_min_vruntime` ([`Sched::block`]): a task
+    /// started and removed at the same instant (nothing accounted), last
+    /// on its leaf, with a vruntime above the leaf's `min_vruntime` (it
+    /// ran elsewhere) leaves `min_vruntime` as the full path does: not
+    /// raised to the task's vruntime.
+    #[test]
+    fn a_finish_that_accounted_nothing_leaves_min_vruntime() {
+        let run = |shortcuts: bool| {
+            let mut s = engine("1s:2c:1t");
+            s.set_shortcuts(shortcuts);
+            for i in 0..2 {
+                s.add_task(TaskSpec::new(TaskId(i))).unwrap();
+            }
+            s.wake_up_on(TaskId(0), 0, 0).unwrap();
+            s.wake_up_on(TaskId(1), 0, 0).unwrap();
+            // Task 0 runs 10 ms, task 1 waits behind it at vruntime 0.
+            s.block(TaskId(0), 10_000_000).unwrap();
+            assert_eq!(s.min_vruntime(0), 0);
+            s.wake_up_on(TaskId(0), 1, 10_000_000).unwrap();
+            assert_eq!(s.task(TaskId(0)).unwrap().vruntime, 10_000_000);
+            s.remove_task(TaskId(0), 10_000_000).unwrap();
+            s.min_vruntime(1)
+        };
+        assert_eq!(run(false), 0);
+        assert_eq!(run(true), run(false));
+    }
+
     #[test]
     fn wake_runs_then_queues_and_overloads() {
         let mut s = Sched::new(
