@@ -319,42 +319,49 @@ impl LeafMasks {
                     }
                 }
             }
-            Policy::Spread => {
-                // The free leaves of each core with one, whole cores
-                // first (at most 64 cores); `k` cores are enough (the
-                // first round takes one leaf of each of them).
-                let mut left = [0u64; 64];
-                let mut n = 0;
-                'collect: for whole_pass in [true, false] {
-                    for &c in &self.cores {
-                        let f = c & free;
-                        if f != 0 && (f == c) == whole_pass {
-                            left[n] = f;
-                            n += 1;
-                            if n == k {
-                                break 'collect;
-                            }
-                        }
-                    }
-                }
-                loop {
-                    let before = out.len();
-                    for f in &mut left[..n] {
-                        if *f != 0 {
-                            out.push(f.trailing_zeros() as LeafId);
-                            if out.len() == k {
-                                return Some(out);
-                            }
-                            *f &= *f - 1;
-                        }
-                    }
-                    if out.len() == before {
-                        break;
-                    }
+            // `k` cores are enough: a small job's round-robin keeps its
+            // cores in 8 words, not 64 zeroed on every claim.
+            Policy::Spread if k <= 8 => spread::<8>(&self.cores, free, k, &mut out),
+            Policy::Spread => spread::<64>(&self.cores, free, k, &mut out),
+        }
+        (out.len() == k).then_some(out)
+    }
+}
+
+/// [`LeafMasks::find_aligned`]'s spread within the chosen group (`free`,
+/// its free leaves): the free leaves of each core with one, whole cores
+/// first, the first `k` of them (the first round takes one leaf of each);
+/// then one leaf per core per round, in that order, until `out` holds
+/// `k`. `N` must be at least `k` or the number of cores (at most 64).
+fn spread<const N: usize>(cores: &[u64], free: u64, k: usize, out: &mut Vec<LeafId>) {
+    let mut left = [0u64; N];
+    let mut n = 0;
+    'collect: for whole_pass in [true, false] {
+        for &c in cores {
+            let f = c & free;
+            if f != 0 && (f == c) == whole_pass {
+                left[n] = f;
+                n += 1;
+                if n == k {
+                    break 'collect;
                 }
             }
         }
-        (out.len() == k).then_some(out)
+    }
+    loop {
+        let before = out.len();
+        for f in &mut left[..n] {
+            if *f != 0 {
+                out.push(f.trailing_zeros() as LeafId);
+                if out.len() == k {
+                    return;
+                }
+                *f &= *f - 1;
+            }
+        }
+        if out.len() == before {
+            return;
+        }
     }
 }
 

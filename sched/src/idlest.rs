@@ -6,134 +6,168 @@
 //! holds its demand (and that are not flagged fully busy), the one with
 //! the largest `sum_free / capacity` (32.32 fixed point), then the largest
 //! `sum_free`, then the first in child order. Scanning the children costs
-//! a rack's ~100 nodes per placement; [`IdlestIndex`] keeps, per domain, a
-//! tournament tree over its children (the way [`crate::pack::PackIndex`]
-//! keeps one over leaves for pack) whose every segment holds the child
-//! with the best key and the largest room per alignment level. A query
-//! descends best-first and prunes segments without room or whose best key
-//! cannot beat the child already found: O(log fanout) when the best child
-//! has room, never worse than the scan.
+//! a rack's ~100 nodes per placement; [`IdlestIndex`] keeps, per domain,
+//! two tournament trees over its children (the way
+//! [`crate::pack::PackIndex`] keeps one over leaves for pack): in the key
+//! tree every segment holds the best child's key, a single `u128` that
+//! orders children as `find_idlest` does, its position included
+//! ([`order_key`]); in the room tree every segment holds the largest room
+//! per alignment level. A query descends best-first and prunes segments
+//! without room or whose best key cannot beat the child already found:
+//! O(log fanout) when the best child has room, never worse than the scan.
 //!
-//! Invariant: every slot equals the combination of the children's
-//! aggregates as last given to [`IdlestIndex::update`], which the engine
-//! calls wherever an aggregate changes (`refresh_aggregates`).
+//! The two trees climb separately, each stopping at the first segment
+//! that stays the same: a placement changes its node's key up to the
+//! domain's root, but its maxima only where the node held one.
+//!
+//! Invariant: every slot of both trees equals the combination of the
+//! children's aggregates as last given to [`IdlestIndex::update`], which
+//! the engine calls wherever an aggregate changes (`refresh_aggregates`).
 
 use crate::alloc::Align;
 use crate::sched::NodeAgg;
 use crate::topology::{NodeId, Topology};
 
-/// No child in the segment (padding up to a power of two).
-const NONE: u32 = u32::MAX;
-
-/// One segment of a domain's children.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Slot {
-    /// The [`share_key`] of the best child (0 for an empty segment).
-    key: u128,
-    /// Position (in the domain's children) of the child with the best key,
-    /// the first one on ties; [`NONE`] for an empty segment.
-    best: u32,
-    /// Largest `max_room` per alignment level over the segment, then the
-    /// largest `max_free`.
-    room: [u32; 6],
-}
-
-const EMPTY: Slot = Slot {
-    key: 0,
-    best: NONE,
-    room: [0; 6],
-};
+/// A segment's maxima: the largest `max_room` per alignment level over
+/// its children, then the largest `max_free` (all 0 for padding).
+type Maxima = [u32; 6];
 
 /// A child's maxima as a slot holds them.
-fn maxima_of(a: &NodeAgg) -> [u32; 6] {
+fn maxima_of(a: &NodeAgg) -> Maxima {
     let r = a.max_room;
     [r[0], r[1], r[2], r[3], r[4], a.max_free]
 }
 
-/// Per domain, a tournament tree over its children keyed by free share.
+/// Where a tree node's slots are in its parent's trees: all that
+/// [`IdlestIndex::update`] looks up, in one place.
+#[derive(Clone, Copy, Debug, Default)]
+struct Up {
+    /// The parent's `base`.
+    tree: u32,
+    /// The parent's `width` (0: no parent).
+    width: u32,
+    /// The node's position among the parent's children.
+    pos: u32,
+}
+
+/// Per domain, tournament trees over its children keyed by free share.
 #[derive(Clone, Debug)]
 pub struct IdlestIndex {
-    /// Per tree node: its position among its parent's children.
-    pos: Vec<u32>,
-    /// Per tree node: where its tree starts in `slots` and its width (a
-    /// power of two, 0 for a leaf).
+    /// Per tree node: where it sits in its parent's trees ([`Up`]).
+    up: Vec<Up>,
+    /// Per tree node: where its trees start in `keys` and `rooms` and
+    /// their width (a power of two, 0 for a leaf).
     base: Vec<usize>,
     width: Vec<usize>,
-    /// All domains' trees; slot `base + 1` is a domain's root, `base + width
-    /// + i` its child `i`.
-    slots: Vec<Slot>,
+    /// All domains' key trees; slot `base + 1` is a domain's root, `base +
+    /// width + i` its child `i`. A segment holds the largest
+    /// [`order_key`] of its children (0, below every child's, for
+    /// padding up to a power of two).
+    keys: Vec<u128>,
+    /// All domains' room trees, laid out as `keys`.
+    rooms: Vec<Maxima>,
 }
 
 impl IdlestIndex {
     /// The index of `topo` with every aggregate 0 (as `Sched` starts).
     pub fn new(topo: &Topology) -> Self {
         let n = topo.nodes().len();
-        let mut pos = vec![0; n];
+        let mut up = vec![Up::default(); n];
         let mut base = vec![0; n];
         let mut width = vec![0; n];
-        let mut slots = Vec::new();
+        let mut keys = Vec::new();
         for (d, dom) in topo.nodes().iter().enumerate() {
             if dom.children.is_empty() {
                 continue;
             }
             let w = dom.children.len().next_power_of_two();
-            base[d] = slots.len();
+            base[d] = keys.len();
             width[d] = w;
-            slots.resize(slots.len() + 2 * w, EMPTY);
+            keys.resize(keys.len() + 2 * w, 0);
+            // Slots and positions in u32, as positions always were: a
+            // topology of 2^30 nodes would need tens of GB first.
+            debug_assert!(keys.len() < u32::MAX as usize, "index beyond u32 slots");
             for (i, &c) in dom.children.iter().enumerate() {
-                pos[c] = i as u32;
-                slots[base[d] + w + i].best = i as u32;
+                up[c] = Up {
+                    tree: base[d] as u32,
+                    width: w as u32,
+                    pos: i as u32,
+                };
+                keys[base[d] + w + i] = order_key(&NodeAgg::default(), i as u32);
             }
         }
+        let rooms = vec![[0; 6]; keys.len()];
         let mut ix = Self {
-            pos,
+            up,
             base,
             width,
-            slots,
+            keys,
+            rooms,
         };
         for d in 0..n {
-            for i in (1..ix.width[d]).rev() {
-                ix.combine(d, i);
+            let (b, w) = (ix.base[d], ix.width[d]);
+            for i in (1..w).rev() {
+                ix.keys[b + i] = ix.keys[b + 2 * i].max(ix.keys[b + 2 * i + 1]);
             }
         }
         ix
     }
 
-    /// Child `c`'s aggregate changed to `a`: re-key it in its parent's tree.
-    /// Stops climbing at the first segment that stays the same (each slot
-    /// carries its best child's key, so nothing above can change).
+    /// Child `c`'s aggregate changed to `a`: re-key it in its parent's
+    /// trees. Each tree climbs from the child's slot and stops at the
+    /// first segment that stays the same (nothing above it can change).
+    /// Returns the parent's maxima after the change ([`IdlestIndex::maxima`]),
+    /// `None` for the root.
     ///
-    /// Each level joins the pair of slots under the parent in place (left
-    /// `i & !1`, right `i | 1`: no branch on which side changed), and the
-    /// pair is read as one two-slot chunk (one bounds check).
-    pub fn update(&mut self, topo: &Topology, c: NodeId, a: &NodeAgg) {
-        let Some(d) = topo.node(c).parent else {
-            return;
-        };
-        let p = self.pos[c] as usize;
-        let (b, w) = (self.base[d], self.width[d]);
-        let tree = &mut self.slots[b..b + 2 * w];
-        let mut i = w + p;
-        let cur = Slot {
-            key: share_key(a),
-            best: p as u32,
-            room: maxima_of(a),
-        };
-        if tree[i] == cur {
-            return;
+    /// The trees are read as pairs of slots (slot `i` is pair `i / 2`,
+    /// side `i % 2`): each level joins the pair under the parent (a key
+    /// join is one `u128` maximum) and writes the parent's slot, one
+    /// bounds check per access.
+    pub fn update(&mut self, c: NodeId, a: &NodeAgg) -> Option<([u32; 5], u32)> {
+        let Up { tree, width, pos } = self.up[c];
+        if width == 0 {
+            return None;
         }
-        tree[i] = cur;
-        while i > 1 {
-            let parent = match &tree[i & !1..(i | 1) + 1] {
-                [l, r] => join(l, r),
-                _ => unreachable!("a pair of slots"),
-            };
-            i /= 2;
-            if tree[i] == parent {
-                break;
+        let (b, w) = (tree as usize, width as usize);
+        let leaf = w + pos as usize;
+
+        let (keys, _) = self.keys[b..b + 2 * w].as_chunks_mut::<2>();
+        let key = order_key(a, pos);
+        let slot = &mut keys[leaf / 2][leaf % 2];
+        if *slot != key {
+            *slot = key;
+            let mut i = leaf;
+            while i > 1 {
+                let [l, r] = keys[i / 2];
+                let parent = l.max(r);
+                i /= 2;
+                let slot = &mut keys[i / 2][i % 2];
+                if *slot == parent {
+                    break;
+                }
+                *slot = parent;
             }
-            tree[i] = parent;
         }
+
+        let (rooms, _) = self.rooms[b..b + 2 * w].as_chunks_mut::<2>();
+        let room = maxima_of(a);
+        let slot = &mut rooms[leaf / 2][leaf % 2];
+        if *slot != room {
+            *slot = room;
+            let mut i = leaf;
+            while i > 1 {
+                let [l, r] = &rooms[i / 2];
+                let parent = join_maxima(l, r);
+                i /= 2;
+                let slot = &mut rooms[i / 2][i % 2];
+                if *slot == parent {
+                    break;
+                }
+                *slot = parent;
+            }
+        }
+        let r = rooms[0][1];
+        Some(([r[0], r[1], r[2], r[3], r[4]], r[5]))
     }
 
     /// Domain `d`'s maxima over its children, as last updated: `max_room`
@@ -142,16 +176,8 @@ impl IdlestIndex {
         if self.width[d] == 0 {
             return ([0; 5], 0);
         }
-        let r = self.slots[self.base[d] + 1].room;
+        let r = self.rooms[self.base[d] + 1];
         ([r[0], r[1], r[2], r[3], r[4]], r[5])
-    }
-
-    /// Recompute slot `i` of domain `d`'s tree from its two halves.
-    fn combine(&mut self, d: NodeId, i: usize) -> Slot {
-        let b = self.base[d];
-        let s = join(&self.slots[b + 2 * i], &self.slots[b + 2 * i + 1]);
-        self.slots[b + i] = s;
-        s
     }
 
     /// `find_idlest`'s choice among domain `d`'s children: the best key
@@ -176,12 +202,12 @@ impl IdlestIndex {
         // The root's best child (best key, first on ties) qualifies: it is
         // the answer, and the search would examine it alone (best-first to
         // it, then every other segment pruned on its key).
-        let root = &self.slots[b + 1];
-        if root.best == NONE || root.room[align.index()] < demand {
+        let root = self.keys[b + 1];
+        if root == 0 || self.rooms[b + 1][align.index()] < demand {
             return None;
         }
-        let top = root.best as usize;
-        if self.slots[b + w + top].room[align.index()] >= demand && eligible(children[top]) {
+        let top = position_of(root);
+        if self.rooms[b + w + top][align.index()] >= demand && eligible(children[top]) {
             *visited += 1;
             return Some(children[top]);
         }
@@ -205,8 +231,8 @@ impl IdlestIndex {
         }
         let children = &topo.node(d).children;
         let b = self.base[d];
-        // The chosen child so far: (key, position).
-        let mut found: Option<(u128, u32)> = None;
+        // The chosen child so far, by its key (which names its position).
+        let mut found: Option<u128> = None;
         // Best-first, depth-first over the segments (depth <= 32).
         let mut stack = [0usize; 64];
         let mut top = 1;
@@ -214,61 +240,85 @@ impl IdlestIndex {
         while top > 0 {
             top -= 1;
             let i = stack[top];
-            let s = &self.slots[b + i];
-            if s.best == NONE || s.room[align.index()] < demand {
+            let key = self.keys[b + i];
+            if key == 0 || self.rooms[b + i][align.index()] < demand {
                 continue;
             }
             // Nothing in the segment beats the chosen child: a better key,
-            // or the same key earlier in child order.
-            if let Some((fk, fp)) = found
-                && !(s.key > fk || (s.key == fk && s.best < fp))
-            {
+            // or the same free share and sum earlier in child order (both
+            // in the key).
+            if found.is_some_and(|f| key <= f) {
                 continue;
             }
             if i >= w {
                 *visited += 1;
-                if eligible(children[s.best as usize]) {
-                    found = Some((s.key, s.best));
+                if eligible(children[position_of(key)]) {
+                    found = Some(key);
                 }
                 continue;
             }
             // Push the worse half first so the better one is searched first.
             let (l, r) = (2 * i, 2 * i + 1);
-            let (ls, rs) = (&self.slots[b + l], &self.slots[b + r]);
-            let right_first = rs.best != NONE && (ls.best == NONE || rs.key > ls.key);
+            let right_first = self.keys[b + r] > self.keys[b + l];
             let (first, second) = if right_first { (r, l) } else { (l, r) };
             stack[top] = second;
             stack[top + 1] = first;
             top += 2;
         }
-        found.map(|(_, p)| children[p as usize])
+        found.map(|k| children[position_of(k)])
+    }
+
+    /// Every slot of both trees recomputed from the children's slots, for
+    /// tests: equal to the index as updated.
+    #[cfg(test)]
+    fn rebuilt(&self) -> Self {
+        let mut ix = self.clone();
+        for d in 0..ix.width.len() {
+            let (b, w) = (ix.base[d], ix.width[d]);
+            for i in (1..w).rev() {
+                ix.keys[b + i] = ix.keys[b + 2 * i].max(ix.keys[b + 2 * i + 1]);
+                ix.rooms[b + i] = join_maxima(&ix.rooms[b + 2 * i], &ix.rooms[b + 2 * i + 1]);
+            }
+        }
+        ix
     }
 }
 
-/// The segment made of halves `l` (the earlier children) and `r`.
+/// The maxima of a segment made of halves `l` and `r`.
 #[inline]
-fn join(l: &Slot, r: &Slot) -> Slot {
-    let mut room = l.room;
-    for (m, x) in room.iter_mut().zip(r.room) {
-        *m = (*m).max(x);
+fn join_maxima(l: &Maxima, r: &Maxima) -> Maxima {
+    let mut m = *l;
+    for (m, x) in m.iter_mut().zip(r) {
+        *m = (*m).max(*x);
     }
-    // The left half holds the earlier children: it wins ties.
-    let (key, best) = if r.best != NONE && (l.best == NONE || r.key > l.key) {
-        (r.key, r.best)
-    } else {
-        (l.key, l.best)
-    };
-    Slot { key, best, room }
+    m
 }
 
-/// `find_idlest`'s order of children as one integer: the free share
-/// `sum_free / capacity` in 32.32 fixed point above `sum_free`. The share
-/// is at most `1 << 32` (a leaf's room never exceeds its capacity, and a
-/// capacity of 0 has no room), so it fits above the 64 bits of `sum_free`
-/// and comparing keys compares `(share, sum_free)` lexicographically.
-fn share_key(a: &NodeAgg) -> u128 {
+/// The largest `sum_free` a key holds exactly: `2^63 - 1`. A domain's
+/// `sum_free` is at most its capacity, a sum of `u32` leaf capacities,
+/// so it stays below this unless the topology has 2^31 leaves or more.
+const SUM_FREE_MAX: u64 = (1 << 63) - 1;
+
+/// `find_idlest`'s order of children as one integer, larger first: the
+/// free share `sum_free / capacity` in 32.32 fixed point (at most `1 <<
+/// 32`: a leaf's room never exceeds its capacity, and a capacity of 0 has
+/// no room; 33 bits, from bit 95), then `sum_free` (63 bits, from bit 32),
+/// then the child's position `p` in reverse (`!p`, 32 bits: the first in
+/// child order wins ties). Comparing keys compares `(share, sum_free,
+/// -p)` lexicographically. Every child's key is at least 1 (`!p > 0`, a
+/// position being below `u32::MAX`), above the padding's 0.
+fn order_key(a: &NodeAgg, p: u32) -> u128 {
     debug_assert!(a.sum_free <= a.capacity, "room beyond capacity: {a:?}");
-    (fixed_share(a.sum_free, a.capacity.max(1)) << 64) | a.sum_free as u128
+    debug_assert!(a.sum_free <= SUM_FREE_MAX, "sum_free beyond the key: {a:?}");
+    (fixed_share(a.sum_free, a.capacity.max(1)) << 95)
+        | ((a.sum_free.min(SUM_FREE_MAX) as u128) << 32)
+        | (!p) as u128
+}
+
+/// The child position a key names ([`order_key`]).
+#[inline]
+fn position_of(key: u128) -> usize {
+    (!(key as u32)) as usize
 }
 
 /// `(num << 32) / den` in u128 (a 32.32 fixed-point ratio), computed in
@@ -288,11 +338,11 @@ mod tests {
 
     use proptest::prelude::*;
 
-    use crate::alloc::{Align, FreeSummary};
+    use super::*;
+    use crate::alloc::FreeSummary;
     use crate::config::SchedConfig;
     use crate::sched::Sched;
     use crate::task::{TaskId, TaskSpec, TaskState};
-    use crate::topology::Topology;
 
     /// Fanouts that are and are not powers of two, several levels deep.
     const TOPOLOGIES: &[&str] = &[
@@ -353,7 +403,85 @@ mod tests {
         Ok(())
     }
 
+    /// A random aggregate with room at most its capacity (any `u32`
+    /// capacity up to the edges, so shares and sums tie and reach 1).
+    fn agg(cap: u32, free: u32, rooms: [u32; 6]) -> NodeAgg {
+        let cap = cap as u64;
+        let sum_free = (free as u64).min(cap);
+        let f = sum_free as u32;
+        NodeAgg {
+            capacity: cap,
+            nr_running: 0,
+            sum_free,
+            max_free: rooms[5].min(f),
+            max_room: [0, 1, 2, 3, 4].map(|i| rooms[i].min(f)),
+        }
+    }
+
+    /// Every domain's first child in key order by brute force: the largest
+    /// `(share, sum_free)`, the first on ties, as the u128 key of the
+    /// previous index had it (`share << 64 | sum_free`).
+    fn best_by_scan(aggs: &[NodeAgg], children: &[usize]) -> usize {
+        let key =
+            |a: &NodeAgg| (fixed_share(a.sum_free, a.capacity.max(1)) << 64) | a.sum_free as u128;
+        let mut best = 0;
+        for (i, &c) in children.iter().enumerate() {
+            if key(&aggs[c]) > key(&aggs[children[best]]) {
+                best = i;
+            }
+        }
+        best
+    }
+
     proptest! {
+        /// Random aggregates given to `update`, one child at a time: both
+        /// trees equal a rebuild of every segment from the children's
+        /// slots (each climb stopped early exactly where nothing above
+        /// changes), every domain's root names the child a scan of the
+        /// `(share, sum_free)` order picks (ties to the first), and its
+        /// maxima are the children's.
+        #[test]
+        fn trees_equal_their_rebuild(
+            topo in prop::sample::select(TOPOLOGIES),
+            values in prop::collection::vec(
+                (prop::sample::select(vec![0u32, 1, 2, 3, 7, 8, 64, u32::MAX - 1, u32::MAX]),
+                 prop::sample::select(vec![0u32, 1, 2, 3, 4, 7, 8, 64, u32::MAX]),
+                 prop::array::uniform6(0u32..10)),
+                1..120),
+            nodes in prop::collection::vec(0usize..1000, 120),
+        ) {
+            let t = Topology::from_spec(topo).unwrap();
+            let n = t.nodes().len();
+            let mut ix = IdlestIndex::new(&t);
+            let mut aggs = vec![NodeAgg::default(); n];
+            for (k, &(cap, free, rooms)) in values.iter().enumerate() {
+                let c = nodes[k] % n;
+                aggs[c] = agg(cap, free, rooms);
+                let maxima = ix.update(c, &aggs[c]);
+                if let Some(p) = t.node(c).parent {
+                    prop_assert_eq!(maxima, Some(ix.maxima(p)));
+                } else {
+                    prop_assert_eq!(maxima, None);
+                }
+                let re = ix.rebuilt();
+                prop_assert_eq!(&ix.keys, &re.keys);
+                prop_assert_eq!(&ix.rooms, &re.rooms);
+                for d in 0..n {
+                    let children = &t.node(d).children;
+                    if children.is_empty() {
+                        continue;
+                    }
+                    let root = ix.keys[ix.base[d] + 1];
+                    prop_assert_eq!(position_of(root), best_by_scan(&aggs, children));
+                    let (room, free) = ix.maxima(d);
+                    for (i, &r) in room.iter().enumerate() {
+                        prop_assert_eq!(r, children.iter().map(|&c| aggs[c].max_room[i]).max().unwrap());
+                    }
+                    prop_assert_eq!(free, children.iter().map(|&c| aggs[c].max_free).max().unwrap());
+                }
+            }
+        }
+
         /// Random wakes, blocks, ticks (busy flags) and free summaries
         /// (room per alignment) on random capacities, with and without
         /// backfill and busy skipping: the index always picks the child

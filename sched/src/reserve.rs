@@ -296,6 +296,11 @@ impl Sched {
     /// walked all of it on every call. Off with
     /// [`Sched::set_steal_skip`]`(false)` (the full walk, for tests).
     fn oldest_fitting(&self, dst: LeafId, now: u64) -> Option<(TaskId, LeafId)> {
+        // Nothing waits in the domain: no task to find (what follows only
+        // reads).
+        if self.domains.waiting[self.domains.dom_of[dst]].is_empty() && self.shortcuts() {
+            return None;
+        }
         let rq = &self.rqs[dst];
         // Every test below needs `can_start` on `dst`.
         let free = if self.steal_skip {

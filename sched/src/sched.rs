@@ -228,6 +228,9 @@ pub struct Sched {
 struct FastStart {
     on: bool,
     taken: u64,
+    /// The shortcuts that skip work whose outcome is known
+    /// ([`Sched::set_shortcuts`]).
+    shortcuts: bool,
 }
 
 impl Sched {
@@ -275,7 +278,11 @@ impl Sched {
             agg_defer: false,
             agg_pending: Vec::new(),
             agg_dirty: vec![false; n],
-            fast_start: FastStart { on: true, taken: 0 },
+            fast_start: FastStart {
+                on: true,
+                taken: 0,
+                shortcuts: true,
+            },
         };
         for leaf in 0..n {
             s.refresh_aggregates(leaf);
@@ -416,6 +423,22 @@ impl Sched {
     #[doc(hidden)]
     pub fn set_fast_start(&mut self, on: bool) {
         self.fast_start.on = on;
+    }
+
+    /// Turn off (or on, the default) the shortcuts that skip work whose
+    /// outcome is known: the latency pull with no overloaded leaf
+    /// anywhere (its only candidates), the domain queue's search with
+    /// nothing waiting in the domain, and the second `update_min_vruntime`
+    /// of a running task's dequeue ([`Sched::block`]). Values, events,
+    /// schedstats and state are the same either way; for tests that
+    /// compare the two.
+    #[doc(hidden)]
+    pub fn set_shortcuts(&mut self, on: bool) {
+        self.fast_start.shortcuts = on;
+    }
+
+    pub(crate) fn shortcuts(&self) -> bool {
+        self.fast_start.shortcuts
     }
 
     /// How many wakeups took the fast start.
@@ -768,8 +791,24 @@ impl Sched {
                 Ok(())
             }
             TaskState::Running(leaf) => {
-                self.update_curr(id, now);
-                self.dequeue_task(id, leaf, now);
+                // `update_curr` then the dequeue, with one
+                // `update_min_vruntime`: the dequeue's (after the task
+                // left the running set) makes the earlier one's moot, as
+                // the smallest vruntime of fewer tasks is no smaller;
+                // only when nothing is left does the task's own count.
+                if !self.shortcuts() {
+                    self.update_curr(id, now);
+                    self.dequeue_task(id, leaf, now);
+                    self.schedule(leaf, now);
+                    return Ok(());
+                }
+                self.settle(leaf);
+                let accounted = self
+                    .tasks
+                    .get_mut(&id)
+                    .and_then(|t| account_task(t, now))
+                    .is_some();
+                self.dequeue_task_from(id, leaf, now, accounted);
                 self.schedule(leaf, now);
                 Ok(())
             }
@@ -1020,6 +1059,14 @@ impl Sched {
 
     /// Take a task off its leaf (running or waiting) and make it sleep.
     fn dequeue_task(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        self.dequeue_task_from(id, leaf, now, false);
+    }
+
+    /// [`Sched::dequeue_task`]; with `accounted`, a running task's
+    /// `update_curr` just accounted time without updating `min_vruntime`
+    /// ([`Sched::block`]): its vruntime is the floor when no task is left
+    /// on the leaf, as that update would have set it.
+    fn dequeue_task_from(&mut self, id: TaskId, leaf: LeafId, now: u64, accounted: bool) {
         self.settle(leaf);
         if self
             .tasks
@@ -1059,8 +1106,9 @@ impl Sched {
         }
         rq.nr_running -= t.demand;
         rq.load_weight -= t.weight;
+        let floor = accounted.then_some(t.vruntime);
         t.state = TaskState::Sleeping;
-        self.update_min_vruntime(leaf);
+        self.update_min_vruntime_or(leaf, floor);
         self.rq_changed(leaf, now);
     }
 
@@ -1101,6 +1149,12 @@ impl Sched {
     }
 
     fn update_min_vruntime(&mut self, leaf: LeafId) {
+        self.update_min_vruntime_or(leaf, None);
+    }
+
+    /// `update_min_vruntime`, taking `floor` as the smallest vruntime when
+    /// nothing runs or waits on the leaf.
+    fn update_min_vruntime_or(&mut self, leaf: LeafId, floor: Option<i64>) {
         let rq = &self.rqs[leaf];
         let mut m: Option<i64> = rq.first_fair().map(|k| k.0);
         for id in &rq.running {
@@ -1108,7 +1162,7 @@ impl Sched {
                 m = Some(m.map_or(t.vruntime, |x| x.min(t.vruntime)));
             }
         }
-        if let Some(m) = m {
+        if let Some(m) = m.or(floor) {
             let rq = &mut self.rqs[leaf];
             rq.min_vruntime = rq.min_vruntime.max(m);
         }
@@ -1762,10 +1816,11 @@ impl Sched {
     fn refresh_aggregates(&mut self, leaf: LeafId) {
         let rq = &self.rqs[leaf];
         let fit = rq.fit_free();
-        let mut max_room = [0; 5];
-        for align in Align::ALL {
-            max_room[align.index()] = rq.room(align);
-        }
+        // `rq.room(align)` per level, `fit_free` computed once.
+        let max_room = match &rq.align_free {
+            None => [fit; 5],
+            Some(s) => Align::ALL.map(|align| fit.min(s.get(align))),
+        };
         let mut new = NodeAgg {
             capacity: rq.capacity as u64,
             nr_running: rq.nr_running as u64,
@@ -1781,12 +1836,13 @@ impl Sched {
         // children (`IdlestIndex`, O(log fanout)), not recounted.
         let mut child = leaf;
         while old != new {
+            let Some((max_room, max_free)) = self.idlest.update(child, &new) else {
+                break;
+            };
             let Some(d) = self.topo.node(child).parent else {
                 break;
             };
-            self.idlest.update(&self.topo, child, &new);
             let prev = self.agg[d];
-            let (max_room, max_free) = self.idlest.maxima(d);
             let a = NodeAgg {
                 capacity: prev.capacity - old.capacity + new.capacity,
                 nr_running: prev.nr_running - old.nr_running + new.nr_running,
@@ -1851,6 +1907,33 @@ mod tests {
             1,
             SchedConfig::default(),
         )
+    }
+
+    /// A finish's single `update_min_vruntime` ([`Sched::block`]): a task
+    /// started and removed at the same instant (nothing accounted), last
+    /// on its leaf, with a vruntime above the leaf's `min_vruntime` (it
+    /// ran elsewhere) leaves `min_vruntime` as the full path does: not
+    /// raised to the task's vruntime.
+    #[test]
+    fn a_finish_that_accounted_nothing_leaves_min_vruntime() {
+        let run = |shortcuts: bool| {
+            let mut s = engine("1s:2c:1t");
+            s.set_shortcuts(shortcuts);
+            for i in 0..2 {
+                s.add_task(TaskSpec::new(TaskId(i))).unwrap();
+            }
+            s.wake_up_on(TaskId(0), 0, 0).unwrap();
+            s.wake_up_on(TaskId(1), 0, 0).unwrap();
+            // Task 0 runs 10 ms, task 1 waits behind it at vruntime 0.
+            s.block(TaskId(0), 10_000_000).unwrap();
+            assert_eq!(s.min_vruntime(0), 0);
+            s.wake_up_on(TaskId(0), 1, 10_000_000).unwrap();
+            assert_eq!(s.task(TaskId(0)).unwrap().vruntime, 10_000_000);
+            s.remove_task(TaskId(0), 10_000_000).unwrap();
+            s.min_vruntime(1)
+        };
+        assert_eq!(run(false), 0);
+        assert_eq!(run(true), run(false));
     }
 
     #[test]

@@ -387,6 +387,12 @@ impl Sched {
         if !(c.latency_pull && c.latency && c.steal && self.steal_llc_allowed) {
             return 0;
         }
+        // Every candidate of the search is an overloaded leaf (and all it
+        // counts as scanned): with none anywhere it finds and counts
+        // nothing.
+        if self.overload.total() == 0 && self.shortcuts() {
+            return 0;
+        }
         let mut started = 0;
         while self.rqs[dst].has_spare() {
             let Some((p, src)) = self.latency_pull_search(dst) else {
