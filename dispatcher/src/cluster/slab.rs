@@ -10,13 +10,20 @@
 //! The node registry (`cluster::nodes`) keeps its nodes the same way: a
 //! slab, a hashed index by name and a B-tree for the order.
 //!
+//! A lookup tries the slot of the last key found first (`hint`): the
+//! lookups of one operation mostly ask for the same job again (a submit's
+//! place, start, record and persist; a finish's release, phase and
+//! persist), and a hit costs a compare with the key the slot holds, where
+//! the hashed index cost ~59 instructions.
+//!
 //! Invariant: `index` and `order` hold exactly the keys of the occupied
-//! slots, each with its slot (`Slab::check`, and the proptest against a
-//! `BTreeMap`).
+//! slots, each with its slot, and each occupied slot holds its own key
+//! (`Slab::check`, and the proptest against a `BTreeMap`).
 
 use std::collections::{BTreeMap, btree_map};
 use std::hash::Hash;
 use std::ops::{Bound, RangeBounds};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use sched::idhash::IdMap;
 
@@ -25,13 +32,19 @@ const CHUNK: usize = 1024;
 
 /// Values by key, in slots.
 pub struct Slab<K, V> {
-    chunks: Vec<Vec<Option<V>>>,
+    /// Each slot holds its key with its value: a hinted lookup checks it.
+    chunks: Vec<Vec<Option<(K, V)>>>,
     /// Slots freed by removals, reused first.
     free: Vec<u32>,
     /// Each key's slot, hashed.
     index: IdMap<K, u32>,
     /// Each key's slot, in key order.
     order: Order<K>,
+    /// The slot of the last key looked up or inserted: a hint only (a
+    /// lookup compares the key the slot holds), so a stale one is merely
+    /// a miss. Atomic (relaxed: plain loads and stores) so that shared
+    /// readers may update it.
+    hint: AtomicU32,
 }
 
 impl<K, V> Default for Slab<K, V> {
@@ -41,19 +54,33 @@ impl<K, V> Default for Slab<K, V> {
             free: Vec::new(),
             index: IdMap::default(),
             order: Order::default(),
+            hint: AtomicU32::new(0),
         }
     }
 }
 
 impl<K: Copy + Ord + Hash, V> Slab<K, V> {
     fn slot(&self, i: u32) -> Option<&V> {
+        self.entry(i).map(|(_, v)| v)
+    }
+
+    fn entry(&self, i: u32) -> Option<&(K, V)> {
         let i = i as usize;
         self.chunks.get(i / CHUNK)?.get(i % CHUNK)?.as_ref()
     }
 
-    fn slot_mut(&mut self, i: u32) -> Option<&mut Option<V>> {
+    fn slot_mut(&mut self, i: u32) -> Option<&mut Option<(K, V)>> {
         let i = i as usize;
         self.chunks.get_mut(i / CHUNK)?.get_mut(i % CHUNK)
+    }
+
+    /// The slot of `key` from the hashed index, which becomes the hint
+    /// (the lookups try the hinted slot first, inline).
+    #[inline(never)]
+    fn find(&self, key: &K) -> Option<u32> {
+        let i = *self.index.get(key)?;
+        self.hint.store(i, Ordering::Relaxed);
+        Some(i)
     }
 
     /// Number of values.
@@ -62,14 +89,26 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
     }
 
     /// One value.
+    #[inline]
     pub fn get(&self, key: &K) -> Option<&V> {
-        self.slot(*self.index.get(key)?)
+        if let Some((k, v)) = self.entry(self.hint.load(Ordering::Relaxed))
+            && k == key
+        {
+            return Some(v);
+        }
+        self.slot(self.find(key)?)
     }
 
     /// One value, to change.
+    #[inline]
     pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        let i = *self.index.get(key)?;
-        self.slot_mut(i)?.as_mut()
+        let h = *self.hint.get_mut();
+        let i = if self.entry(h).is_some_and(|(k, _)| k == key) {
+            h
+        } else {
+            self.find(key)?
+        };
+        self.slot_mut(i)?.as_mut().map(|(_, v)| v)
     }
 
     /// True when `key` has a value.
@@ -79,15 +118,29 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
 
     /// Insert or replace; returns the value replaced.
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
-        if let Some(&i) = self.index.get(&key) {
-            return self.slot_mut(i).and_then(|s| s.replace(value));
-        }
+        use std::collections::hash_map::Entry;
+        // One hash of the key for the lookup and the insert.
+        let vacant = match self.index.entry(key) {
+            Entry::Occupied(o) => {
+                let i = *o.get();
+                return self
+                    .slot_mut(i)
+                    .and_then(|s| s.replace((key, value)))
+                    .map(|(_, v)| v);
+            }
+            Entry::Vacant(v) => v,
+        };
         let i = match self.free.pop() {
             Some(i) => {
-                if let Some(s) = self.slot_mut(i) {
-                    *s = Some(value);
+                let i = i as usize;
+                if let Some(s) = self
+                    .chunks
+                    .get_mut(i / CHUNK)
+                    .and_then(|c| c.get_mut(i % CHUNK))
+                {
+                    *s = Some((key, value));
                 }
-                i
+                i as u32
             }
             None => {
                 if self.chunks.last().is_none_or(|c| c.len() == CHUNK) {
@@ -95,12 +148,13 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
                 }
                 let n = self.chunks.len() - 1;
                 let chunk = &mut self.chunks[n];
-                chunk.push(Some(value));
+                chunk.push(Some((key, value)));
                 (n * CHUNK + chunk.len() - 1) as u32
             }
         };
-        self.index.insert(key, i);
+        vacant.insert(i);
         self.order.insert(key, i);
+        *self.hint.get_mut() = i;
         None
     }
 
@@ -110,7 +164,7 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
         self.order.remove(key);
         let v = self.slot_mut(i)?.take();
         self.free.push(i);
-        v
+        v.map(|(_, v)| v)
     }
 
     /// All values in key order.
@@ -141,7 +195,7 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
         }
         self.order.check()?;
         for (k, i) in self.order.range(..) {
-            if self.index.get(k) != Some(&i) || self.slot(i).is_none() {
+            if self.index.get(k) != Some(&i) || self.entry(i).is_none_or(|(own, _)| own != k) {
                 return Err(format!("slab: slot {i} of a key is not its own"));
             }
         }
@@ -321,6 +375,8 @@ mod tests {
         Insert(u16, u32),
         Remove(u16),
         Change(u16, u32),
+        /// Look a key up (through the hint left by the ops before).
+        Get(u16),
         /// Insert the next key of a growing counter from 3000, above the
         /// other keys (a new job's).
         Append(u32),
@@ -335,6 +391,7 @@ mod tests {
             4 => (0u16..3000, any::<u32>()).prop_map(|(k, v)| Op::Insert(k, v)),
             2 => (0u16..3000).prop_map(Op::Remove),
             1 => (0u16..3000, any::<u32>()).prop_map(|(k, v)| Op::Change(k, v)),
+            3 => (0u16..3300).prop_map(Op::Get),
             4 => any::<u32>().prop_map(Op::Append),
             1 => (0u16..2000).prop_map(Op::Drain),
         ]
@@ -366,6 +423,10 @@ mod tests {
                     }
                     Op::Insert(k, v) => prop_assert_eq!(slab.insert(k, v), oracle.insert(k, v)),
                     Op::Remove(k) => prop_assert_eq!(slab.remove(&k), oracle.remove(&k)),
+                    Op::Get(k) => {
+                        prop_assert_eq!(slab.get(&k), oracle.get(&k));
+                        prop_assert_eq!(slab.get_mut(&k).map(|v| *v), oracle.get(&k).copied());
+                    }
                     Op::Change(k, v) => {
                         if let Some(x) = slab.get_mut(&k) { *x = v; }
                         if let Some(x) = oracle.get_mut(&k) { *x = v; }
