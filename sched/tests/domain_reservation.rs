@@ -589,3 +589,46 @@ fn an_unknown_reservation_holds_its_leaf_until_the_head_starts() {
         }
     }
 }
+
+/// The domain spans the zones within the node limit (the seed's third
+/// level of reach, `steal_node_limit`): two zones of two racks of two
+/// nodes (rack = LLC, its parent = the zone), every node full; a job
+/// waits on node 0 (zone 0). When node 4 (zone 1) empties, it starts
+/// that job if the limit allows two zones (one domain, one queue for both
+/// zones); with the limit at one zone each zone is its own domain and the
+/// job waits for a node of its own zone.
+#[test]
+fn a_freed_node_starts_a_job_of_the_other_zone_within_the_node_limit() {
+    for limit in [1, 2] {
+        let mut s = Sched::new(
+            Arc::new(Topology::from_spec("2z:2r:2n").unwrap()),
+            4,
+            SchedConfig {
+                steal_node_limit: limit,
+                ..config(true, true, false)
+            },
+        );
+        for leaf in 0..8 {
+            let limit = if leaf == 4 { 50 } else { 100 };
+            let t = add(&mut s, 1 + leaf as u64, 4, Some(limit));
+            s.wake_up_on(t, leaf, 0).unwrap();
+        }
+        let waiting = add(&mut s, 20, 4, Some(10));
+        s.wake_up_on(waiting, 0, 1).unwrap();
+        let state = |s: &Sched, id| s.task(id).unwrap().state;
+        assert_eq!(state(&s, waiting), TaskState::Queued(0));
+        // Node 4, in the other zone, frees first.
+        s.block(TaskId(5), 50).unwrap();
+        if limit == 2 {
+            assert_eq!(
+                state(&s, waiting),
+                TaskState::Running(4),
+                "the other zone's freed node takes the job"
+            );
+        } else {
+            assert_eq!(state(&s, waiting), TaskState::Queued(0), "zones apart");
+            s.block(TaskId(1), 100).unwrap();
+            assert_eq!(state(&s, waiting), TaskState::Running(0));
+        }
+    }
+}
