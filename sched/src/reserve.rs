@@ -77,6 +77,22 @@ pub(crate) struct DomainHeads {
 impl DomainHeads {
     /// The domains of `topo` under `config` (empty state; keys are filled
     /// by the engine's `rq_changed`).
+    ///
+    /// A leaf's domain is the widest group of leaves that steal from one
+    /// another under node-limit gating (seed 000, patch 9:
+    /// `sched_steal_node_limit`): the leaf alone when stealing is off or
+    /// gated; the LLC when cross-LLC stealing is off or gated for it;
+    /// otherwise the LLC's parent (cluster: the zone) and, from there, each
+    /// further ancestor while it spans no more than `steal_node_limit` NUMA
+    /// nodes (cluster: zones). That is the seed's order of reach, same
+    /// rack, the other racks of the zone, then the zones within the node
+    /// limit, as one queue and one reservation: with the domain stopped at
+    /// the zone, two zones under the limit were two queues and no mechanism
+    /// moved waiting work between them, so one zone idled while the other
+    /// queued (NASA-iPSC at time-scale 1.6 on two zones of 16 nodes: 10%
+    /// worse mean response than a central least-loaded queue, 0 cross-zone
+    /// moves; docs/bench/notes-quality.md). Beyond the limit the domains
+    /// stay apart, as the seed's stealing does.
     pub(crate) fn new(
         topo: &Topology,
         config: &SchedConfig,
@@ -92,6 +108,9 @@ impl DomainHeads {
         let mut dense = vec![usize::MAX; topo.nodes().len()];
         let mut next = 0;
         let mut dom_of = Vec::with_capacity(n);
+        // NUMA span of each ancestor looked at, computed once per ancestor
+        // (a span walks the ancestor's leaves).
+        let mut span: BTreeMap<usize, usize> = BTreeMap::new();
         for leaf in 0..n {
             let llc = topo.llc_of(leaf);
             let node = if !(config.steal && steal_llc_allowed) {
@@ -99,7 +118,16 @@ impl DomainHeads {
             } else {
                 let llc_node = topo.llcs()[llc].node;
                 match topo.node(llc_node).parent {
-                    Some(p) if config.steal_cross_llc && steal_cross_allowed[llc] => p,
+                    Some(p) if config.steal_cross_llc && steal_cross_allowed[llc] => {
+                        let mut d = p;
+                        while let Some(g) = topo.node(d).parent
+                            && *span.entry(g).or_insert_with(|| topo.numa_span(g))
+                                <= config.steal_node_limit
+                        {
+                            d = g;
+                        }
+                        d
+                    }
                     _ => llc_node,
                 }
             };
