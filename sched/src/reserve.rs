@@ -8,9 +8,10 @@
 //! wherever it fits without delaying that one. Here the queue is spread
 //! over the leaves of a steal domain, so the oldest job is the head that
 //! has waited longest (`queued_at`, then enqueue order) among the leaves
-//! that can steal from one another: the LLC, or its parent domain when
-//! cross-LLC stealing is on and node-limit gating allows it (the leaf
-//! alone when stealing is off, which is per-leaf EASY again). Only that
+//! that can steal from one another: the LLC, or, when cross-LLC stealing
+//! is on and node-limit gating allows it, its parent domain widened to
+//! the zones within the node limit (`DomainHeads::new`; the leaf alone
+//! when stealing is off, which is per-leaf EASY again). Only that
 //! leaf keeps its reservation; the others start any waiting task that
 //! fits now, past their own blocked heads, and take newcomers into all
 //! of their free capacity. No starvation: a head passed over waits until
