@@ -155,6 +155,18 @@ struct Setup {
 
 const NODES: [&str; 2] = ["ra", "rb"];
 
+/// One agent per node of `NODES` (2 CPUs, labelled `node=NAME`),
+/// attached to the relay at `url`.
+fn agents_through(dir: &std::path::Path, url: &str) -> Result<Vec<Agent>> {
+    NODES
+        .iter()
+        .map(|node| {
+            let label = format!("node={node}");
+            Agent::start(dir, url, node, "1s:2c:1t", &[&label], &[])
+        })
+        .collect()
+}
+
 async fn setup() -> Result<Setup> {
     let dir = tempfile::tempdir()?;
     // A 1 s heartbeat, 10 missed before a node is lost: a loaded machine
@@ -164,18 +176,7 @@ async fn setup() -> Result<Setup> {
         &["--heartbeat-ms", "1000", "--missed-heartbeats", "10"],
     )?;
     let relay = Relay::start(dir.path(), &d.url, 0)?;
-    let mut agents = Vec::new();
-    for node in NODES {
-        let label = format!("node={node}");
-        agents.push(Agent::start(
-            dir.path(),
-            &relay.url,
-            node,
-            "1s:2c:1t",
-            &[&label],
-            &[],
-        )?);
-    }
+    let agents = agents_through(dir.path(), &relay.url)?;
     let logs = || {
         agents
             .iter()
@@ -376,18 +377,7 @@ async fn the_relays_metrics_count_what_it_carries() -> Result<()> {
             && series(&text, "dispatch_relay_queue_depth") == Some(0.0),
         "before any agent:\n{text}"
     );
-    let mut agents = Vec::new();
-    for node in NODES {
-        let label = format!("node={node}");
-        agents.push(Agent::start(
-            dir.path(),
-            &relay.url,
-            node,
-            "1s:2c:1t",
-            &[&label],
-            &[],
-        )?);
-    }
+    let agents = agents_through(dir.path(), &relay.url)?;
     wait_nodes(&d, NODES.len(), T)
         .await
         .with_context(|| relay.proc.log_text())?;
