@@ -185,6 +185,16 @@ impl RunQueue {
         }
     }
 
+    /// [`Rq::room`] at every alignment (indexed by `Align::index`), with
+    /// `fit_free` computed once.
+    pub fn rooms(&self) -> [u32; 5] {
+        let f = self.fit_free();
+        match &self.align_free {
+            None => [f; 5],
+            Some(s) => Align::ALL.map(|align| f.min(s.get(align))),
+        }
+    }
+
     /// True when a task of `demand` and `align` can start now, ignoring
     /// the queue (used when picking the queue's own next task).
     pub fn can_start(&self, demand: u32, align: Align) -> bool {

@@ -1816,11 +1816,7 @@ impl Sched {
     fn refresh_aggregates(&mut self, leaf: LeafId) {
         let rq = &self.rqs[leaf];
         let fit = rq.fit_free();
-        // `rq.room(align)` per level, `fit_free` computed once.
-        let max_room = match &rq.align_free {
-            None => [fit; 5],
-            Some(s) => Align::ALL.map(|align| fit.min(s.get(align))),
-        };
+        let max_room = rq.rooms();
         let mut new = NodeAgg {
             capacity: rq.capacity as u64,
             nr_running: rq.nr_running as u64,
