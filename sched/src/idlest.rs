@@ -328,7 +328,7 @@ impl IdlestIndex {
 /// number of levels above them.
 #[inline]
 fn stored(i: usize, w: usize) -> bool {
-    i == 1 || (w.trailing_zeros() - i.ilog2()) % 2 == 0
+    i == 1 || (w.trailing_zeros() - i.ilog2()).is_multiple_of(2)
 }
 
 /// The join of a stored segment `i < w` from the stored slots below it:
