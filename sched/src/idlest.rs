@@ -20,6 +20,14 @@
 //! that stays the same: a placement changes its node's key up to the
 //! domain's root, but its maxima only where the node held one.
 //!
+//! Only every other level of the binary trees is stored: the children's
+//! level, the levels two, four, ... above it, and the root. A stored
+//! segment is the join of its four grandchildren (contiguous slots), so
+//! a climb takes half the steps; a level between is read, by the search
+//! alone, as the join of its two stored children ([`IdlestIndex::search`]
+//! walks the same binary tree, and examines the same children, as when
+//! every level was stored).
+//!
 //! Invariant: every slot of both trees equals the combination of the
 //! children's aggregates as last given to [`IdlestIndex::update`], which
 //! the engine calls wherever an aggregate changes (`refresh_aggregates`).
@@ -29,13 +37,46 @@ use crate::sched::NodeAgg;
 use crate::topology::{NodeId, Topology};
 
 /// A segment's maxima: the largest `max_room` per alignment level over
-/// its children, then the largest `max_free` (all 0 for padding).
-type Maxima = [u32; 6];
+/// its children, then the largest `max_free` (all 0 for padding), each
+/// held as [`lane`] of the value: a join is then a signed maximum, which
+/// SSE2 has (an unsigned one costs two sign flips more per lane group).
+type Maxima = [i32; 6];
+
+/// A `u32` as a lane of [`Maxima`]: the sign bit flipped, so the signed
+/// order of lanes is the unsigned order of values.
+#[inline]
+fn lane(x: u32) -> i32 {
+    (x ^ (1 << 31)) as i32
+}
+
+/// The `u32` a lane of [`Maxima`] holds.
+#[inline]
+fn value(l: i32) -> u32 {
+    (l as u32) ^ (1 << 31)
+}
+
+/// The maxima of a padding slot (and of a child with no room).
+const NO_MAXIMA: Maxima = [i32::MIN; 6];
 
 /// A child's maxima as a slot holds them.
 fn maxima_of(a: &NodeAgg) -> Maxima {
     let r = a.max_room;
-    [r[0], r[1], r[2], r[3], r[4], a.max_free]
+    [r[0], r[1], r[2], r[3], r[4], a.max_free].map(lane)
+}
+
+/// The maxima as `max_room` per alignment level and `max_free`.
+#[inline]
+fn values(m: &Maxima) -> ([u32; 5], u32) {
+    (
+        [
+            value(m[0]),
+            value(m[1]),
+            value(m[2]),
+            value(m[3]),
+            value(m[4]),
+        ],
+        value(m[5]),
+    )
 }
 
 /// Where a tree node's slots are in its parent's trees: all that
@@ -62,7 +103,8 @@ pub struct IdlestIndex {
     /// All domains' key trees; slot `base + 1` is a domain's root, `base +
     /// width + i` its child `i`. A segment holds the largest
     /// [`order_key`] of its children (0, below every child's, for
-    /// padding up to a power of two).
+    /// padding up to a power of two). Only the [`stored`] slots are kept
+    /// (the others stay 0): read them through [`Tree::key`].
     keys: Vec<u128>,
     /// All domains' room trees, laid out as `keys`.
     rooms: Vec<Maxima>,
@@ -80,7 +122,10 @@ impl IdlestIndex {
             if dom.children.is_empty() {
                 continue;
             }
-            let w = dom.children.len().next_power_of_two();
+            // At least two slots of children, so that a domain's trees
+            // are whole groups of four slots (`update`); a lone child's
+            // padding sibling is never examined (its key is 0).
+            let w = dom.children.len().next_power_of_two().max(2);
             base[d] = keys.len();
             width[d] = w;
             keys.resize(keys.len() + 2 * w, 0);
@@ -96,7 +141,7 @@ impl IdlestIndex {
                 keys[base[d] + w + i] = order_key(&NodeAgg::default(), i as u32);
             }
         }
-        let rooms = vec![[0; 6]; keys.len()];
+        let rooms = vec![NO_MAXIMA; keys.len()];
         let mut ix = Self {
             up,
             base,
@@ -107,22 +152,27 @@ impl IdlestIndex {
         for d in 0..n {
             let (b, w) = (ix.base[d], ix.width[d]);
             for i in (1..w).rev() {
-                ix.keys[b + i] = ix.keys[b + 2 * i].max(ix.keys[b + 2 * i + 1]);
+                if stored(i, w) {
+                    let (k, r) = join_below(&ix.keys[b..b + 2 * w], &ix.rooms[b..b + 2 * w], i, w);
+                    ix.keys[b + i] = k;
+                    ix.rooms[b + i] = r;
+                }
             }
         }
         ix
     }
 
     /// Child `c`'s aggregate changed to `a`: re-key it in its parent's
-    /// trees. Each tree climbs from the child's slot and stops at the
+    /// trees. Each tree climbs from the child's slot, two levels a step
+    /// (a stored segment joins its four grandchildren; the root, when
+    /// one level above a stored one, its two children), and stops at the
     /// first segment that stays the same (nothing above it can change).
     /// Returns the parent's maxima after the change ([`IdlestIndex::maxima`]),
     /// `None` for the root.
     ///
-    /// The trees are read as pairs of slots (slot `i` is pair `i / 2`,
-    /// side `i % 2`): each level joins the pair under the parent (a key
-    /// join is one `u128` maximum) and writes the parent's slot, one
-    /// bounds check per access.
+    /// The trees are read as groups of four slots (slot `i` is group `i /
+    /// 4`, place `i % 4`; the grandchildren of slot `p` are group `p`),
+    /// one bounds check per access.
     pub fn update(&mut self, c: NodeId, a: &NodeAgg) -> Option<([u32; 5], u32)> {
         let Up { tree, width, pos } = self.up[c];
         if width == 0 {
@@ -131,17 +181,25 @@ impl IdlestIndex {
         let (b, w) = (tree as usize, width as usize);
         let leaf = w + pos as usize;
 
-        let (keys, _) = self.keys[b..b + 2 * w].as_chunks_mut::<2>();
+        let (keys, _) = self.keys[b..b + 2 * w].as_chunks_mut::<4>();
         let key = order_key(a, pos);
-        let slot = &mut keys[leaf / 2][leaf % 2];
+        let slot = &mut keys[leaf / 4][leaf % 4];
         if *slot != key {
             *slot = key;
             let mut i = leaf;
-            while i > 1 {
-                let [l, r] = keys[i / 2];
-                let parent = l.max(r);
-                i /= 2;
-                let slot = &mut keys[i / 2][i % 2];
+            loop {
+                if i < 4 {
+                    if i >= 2 {
+                        // Slots 2 and 3 are stored: the root is their join.
+                        let [_, _, l, r] = keys[0];
+                        keys[0][1] = l.max(r);
+                    }
+                    break;
+                }
+                let [g0, g1, g2, g3] = keys[i / 4];
+                let parent = g0.max(g1).max(g2.max(g3));
+                i /= 4;
+                let slot = &mut keys[i / 4][i % 4];
                 if *slot == parent {
                     break;
                 }
@@ -149,25 +207,31 @@ impl IdlestIndex {
             }
         }
 
-        let (rooms, _) = self.rooms[b..b + 2 * w].as_chunks_mut::<2>();
+        let (rooms, _) = self.rooms[b..b + 2 * w].as_chunks_mut::<4>();
         let room = maxima_of(a);
-        let slot = &mut rooms[leaf / 2][leaf % 2];
+        let slot = &mut rooms[leaf / 4][leaf % 4];
         if *slot != room {
             *slot = room;
             let mut i = leaf;
-            while i > 1 {
-                let [l, r] = &rooms[i / 2];
-                let parent = join_maxima(l, r);
-                i /= 2;
-                let slot = &mut rooms[i / 2][i % 2];
+            loop {
+                if i < 4 {
+                    if i >= 2 {
+                        let [_, _, l, r] = &rooms[0];
+                        rooms[0][1] = join_maxima(l, r);
+                    }
+                    break;
+                }
+                let [g0, g1, g2, g3] = &rooms[i / 4];
+                let parent = join_maxima(&join_maxima(g0, g1), &join_maxima(g2, g3));
+                i /= 4;
+                let slot = &mut rooms[i / 4][i % 4];
                 if *slot == parent {
                     break;
                 }
                 *slot = parent;
             }
         }
-        let r = rooms[0][1];
-        Some(([r[0], r[1], r[2], r[3], r[4]], r[5]))
+        Some(values(&rooms[0][1]))
     }
 
     /// Domain `d`'s maxima over its children, as last updated: `max_room`
@@ -176,8 +240,7 @@ impl IdlestIndex {
         if self.width[d] == 0 {
             return ([0; 5], 0);
         }
-        let r = self.rooms[self.base[d] + 1];
-        ([r[0], r[1], r[2], r[3], r[4]], r[5])
+        values(&self.rooms[self.base[d] + 1])
     }
 
     /// `find_idlest`'s choice among domain `d`'s children: the best key
@@ -203,11 +266,11 @@ impl IdlestIndex {
         // the answer, and the search would examine it alone (best-first to
         // it, then every other segment pruned on its key).
         let root = self.keys[b + 1];
-        if root == 0 || self.rooms[b + 1][align.index()] < demand {
+        if root == 0 || value(self.rooms[b + 1][align.index()]) < demand {
             return None;
         }
         let top = position_of(root);
-        if self.rooms[b + w + top][align.index()] >= demand && eligible(children[top]) {
+        if value(self.rooms[b + w + top][align.index()]) >= demand && eligible(children[top]) {
             *visited += 1;
             return Some(children[top]);
         }
@@ -231,6 +294,11 @@ impl IdlestIndex {
         }
         let children = &topo.node(d).children;
         let b = self.base[d];
+        let tree = Tree {
+            keys: &self.keys[b..b + 2 * w],
+            rooms: &self.rooms[b..b + 2 * w],
+            width: w,
+        };
         // The chosen child so far, by its key (which names its position).
         let mut found: Option<u128> = None;
         // Best-first, depth-first over the segments (depth <= 32).
@@ -240,8 +308,8 @@ impl IdlestIndex {
         while top > 0 {
             top -= 1;
             let i = stack[top];
-            let key = self.keys[b + i];
-            if key == 0 || self.rooms[b + i][align.index()] < demand {
+            let (key, room) = tree.segment(i, align);
+            if key == 0 || room < demand {
                 continue;
             }
             // Nothing in the segment beats the chosen child: a better key,
@@ -259,7 +327,7 @@ impl IdlestIndex {
             }
             // Push the worse half first so the better one is searched first.
             let (l, r) = (2 * i, 2 * i + 1);
-            let right_first = self.keys[b + r] > self.keys[b + l];
+            let right_first = tree.key(r) > tree.key(l);
             let (first, second) = if right_first { (r, l) } else { (l, r) };
             stack[top] = second;
             stack[top + 1] = first;
@@ -268,19 +336,82 @@ impl IdlestIndex {
         found.map(|k| children[position_of(k)])
     }
 
-    /// Every slot of both trees recomputed from the children's slots, for
-    /// tests: equal to the index as updated.
+    /// Both trees of every domain with every level computed from the
+    /// children's slots, the binary join at each segment (as when every
+    /// level was stored), for tests: `(keys, rooms)` laid out as the
+    /// index's.
     #[cfg(test)]
-    fn rebuilt(&self) -> Self {
-        let mut ix = self.clone();
-        for d in 0..ix.width.len() {
-            let (b, w) = (ix.base[d], ix.width[d]);
+    fn full_trees(&self) -> (Vec<u128>, Vec<Maxima>) {
+        let (mut keys, mut rooms) = (self.keys.clone(), self.rooms.clone());
+        for d in 0..self.width.len() {
+            let (b, w) = (self.base[d], self.width[d]);
             for i in (1..w).rev() {
-                ix.keys[b + i] = ix.keys[b + 2 * i].max(ix.keys[b + 2 * i + 1]);
-                ix.rooms[b + i] = join_maxima(&ix.rooms[b + 2 * i], &ix.rooms[b + 2 * i + 1]);
+                keys[b + i] = keys[b + 2 * i].max(keys[b + 2 * i + 1]);
+                rooms[b + i] = join_maxima(&rooms[b + 2 * i], &rooms[b + 2 * i + 1]);
             }
         }
-        ix
+        (keys, rooms)
+    }
+}
+
+/// Whether a domain's trees of `w` children slots keep slot `i` (`1 <= i
+/// < 2 * w`): the root, the children's slots and every segment an even
+/// number of levels above them.
+#[inline]
+fn stored(i: usize, w: usize) -> bool {
+    i == 1 || (w.trailing_zeros() - i.ilog2()).is_multiple_of(2)
+}
+
+/// The join of a stored segment `i < w` from the stored slots below it:
+/// its four grandchildren, or for the root one level above stored slots,
+/// its two children.
+fn join_below(keys: &[u128], rooms: &[Maxima], i: usize, w: usize) -> (u128, Maxima) {
+    if i == 1 && w.trailing_zeros() % 2 == 1 {
+        (keys[2].max(keys[3]), join_maxima(&rooms[2], &rooms[3]))
+    } else {
+        let g = 4 * i;
+        (
+            keys[g].max(keys[g + 1]).max(keys[g + 2].max(keys[g + 3])),
+            join_maxima(
+                &join_maxima(&rooms[g], &rooms[g + 1]),
+                &join_maxima(&rooms[g + 2], &rooms[g + 3]),
+            ),
+        )
+    }
+}
+
+/// One domain's trees as the search reads them: every binary segment,
+/// a level that is not stored joined from its two (stored) children.
+struct Tree<'a> {
+    keys: &'a [u128],
+    rooms: &'a [Maxima],
+    width: usize,
+}
+
+impl Tree<'_> {
+    /// Segment `i`'s best key.
+    #[inline]
+    fn key(&self, i: usize) -> u128 {
+        if stored(i, self.width) {
+            self.keys[i]
+        } else {
+            self.keys[2 * i].max(self.keys[2 * i + 1])
+        }
+    }
+
+    /// Segment `i`'s best key and its largest room at `align`.
+    #[inline]
+    fn segment(&self, i: usize, align: Align) -> (u128, u32) {
+        let a = align.index();
+        if stored(i, self.width) {
+            (self.keys[i], value(self.rooms[i][a]))
+        } else {
+            let (l, r) = (2 * i, 2 * i + 1);
+            (
+                self.keys[l].max(self.keys[r]),
+                value(self.rooms[l][a].max(self.rooms[r][a])),
+            )
+        }
     }
 }
 
@@ -352,6 +483,8 @@ mod tests {
         "1s:2c:2t",
         "1z:1r:17n",
     ];
+    /// Wider domains for the trees alone: 7 and 6 levels of children.
+    const WIDE: &[&str] = &["1z:1r:70n", "2z:2r:33n"];
     const TASKS: u64 = 24;
 
     /// Every domain's choice from the index equals the scan it replaced
@@ -360,6 +493,7 @@ mod tests {
     fn check_all(s: &Sched, max_cap: u32) -> Result<(), TestCaseError> {
         let topo = s.topology().clone();
         let skip_busy = s.config().busy_skip;
+        let (full_keys, full_rooms) = s.idlest.full_trees();
         for d in 0..topo.nodes().len() {
             if topo.node(d).children.is_empty() {
                 continue;
@@ -396,11 +530,77 @@ mod tests {
                         align,
                         demand
                     );
+                    // The search over every other level examines what the
+                    // search over every level examined (schedstats).
+                    let mut binary = 0;
+                    let oracle = binary_search(
+                        &full_keys,
+                        &full_rooms,
+                        s.idlest.base[d],
+                        s.idlest.width[d],
+                        &topo.node(d).children,
+                        align,
+                        demand,
+                        |c| !(skip_busy && s.busy_flags().is_busy(c)),
+                        &mut binary,
+                    );
+                    prop_assert_eq!(oracle, want);
+                    prop_assert_eq!(
+                        searched,
+                        binary,
+                        "domain {} {:?} demand {}",
+                        d,
+                        align,
+                        demand
+                    );
                     prop_assert!(visited <= topo.node(d).children.len() as u64);
                 }
             }
         }
         Ok(())
+    }
+
+    /// The best-first search over a binary tree with every level stored
+    /// (`full`, from [`IdlestIndex::full_trees`]), as the index searched
+    /// before it kept every other level: the oracle of the children the
+    /// search examines.
+    #[allow(clippy::too_many_arguments)]
+    fn binary_search(
+        keys: &[u128],
+        rooms: &[Maxima],
+        b: usize,
+        w: usize,
+        children: &[NodeId],
+        align: Align,
+        demand: u32,
+        eligible: impl Fn(NodeId) -> bool,
+        visited: &mut u64,
+    ) -> Option<NodeId> {
+        let mut found: Option<u128> = None;
+        let mut stack = vec![1usize];
+        while let Some(i) = stack.pop() {
+            let key = keys[b + i];
+            if key == 0 || value(rooms[b + i][align.index()]) < demand {
+                continue;
+            }
+            if found.is_some_and(|f| key <= f) {
+                continue;
+            }
+            if i >= w {
+                *visited += 1;
+                if eligible(children[position_of(key)]) {
+                    found = Some(key);
+                }
+                continue;
+            }
+            let (l, r) = (2 * i, 2 * i + 1);
+            if keys[b + r] > keys[b + l] {
+                stack.extend([l, r]);
+            } else {
+                stack.extend([r, l]);
+            }
+        }
+        found.map(|k| children[position_of(k)])
     }
 
     /// A random aggregate with room at most its capacity (any `u32`
@@ -442,11 +642,14 @@ mod tests {
         /// maxima are the children's.
         #[test]
         fn trees_equal_their_rebuild(
-            topo in prop::sample::select(TOPOLOGIES),
+            topo in prop::sample::select([TOPOLOGIES, WIDE].concat()),
             values in prop::collection::vec(
                 (prop::sample::select(vec![0u32, 1, 2, 3, 7, 8, 64, u32::MAX - 1, u32::MAX]),
                  prop::sample::select(vec![0u32, 1, 2, 3, 4, 7, 8, 64, u32::MAX]),
-                 prop::array::uniform6(0u32..10)),
+                 // Rooms on both sides of 2^31, where a lane's sign flips.
+                 prop::array::uniform6(prop::sample::select(vec![
+                     0u32, 1, 2, 3, 7, 9, (1 << 31) - 1, 1 << 31, u32::MAX - 1, u32::MAX,
+                 ]))),
                 1..120),
             nodes in prop::collection::vec(0usize..1000, 120),
         ) {
@@ -463,9 +666,23 @@ mod tests {
                 } else {
                     prop_assert_eq!(maxima, None);
                 }
-                let re = ix.rebuilt();
-                prop_assert_eq!(&ix.keys, &re.keys);
-                prop_assert_eq!(&ix.rooms, &re.rooms);
+                // Every segment as the search reads it equals the binary
+                // join of the children (every level computed), and every
+                // stored slot holds it.
+                let (keys, rooms) = ix.full_trees();
+                for d in 0..n {
+                    let (b, w) = (ix.base[d], ix.width[d]);
+                    let tree = Tree { keys: &ix.keys[b..b + 2 * w], rooms: &ix.rooms[b..b + 2 * w], width: w };
+                    for i in 1..2 * w {
+                        prop_assert_eq!(tree.key(i), keys[b + i], "domain {} slot {}", d, i);
+                        for align in Align::ALL {
+                            prop_assert_eq!(tree.segment(i, align), (keys[b + i], value(rooms[b + i][align.index()])));
+                        }
+                        if stored(i, w) {
+                            prop_assert_eq!(ix.rooms[b + i], rooms[b + i], "domain {} slot {}", d, i);
+                        }
+                    }
+                }
                 for d in 0..n {
                     let children = &t.node(d).children;
                     if children.is_empty() {

@@ -183,6 +183,10 @@ pub struct Sched {
     /// The latest `now` a call passed in (to recompute reservations when
     /// the configuration changes between calls).
     last_now: u64,
+    /// Tasks waiting on all leaves (the sum of the `tasks_timeline`
+    /// lengths): with none and no leaf overloaded, `schedule` has nothing
+    /// to start or pull ([`Sched::schedule_one`]).
+    nr_waiting: usize,
     /// One reservation per steal domain (`SchedConfig::domain_reservation`).
     pub(crate) domains: DomainHeads,
     /// Per LLC, the demands of its waiting tasks (the steal search's
@@ -269,6 +273,7 @@ impl Sched {
             steal_llc_allowed,
             steal_cross_allowed,
             last_now: 0,
+            nr_waiting: 0,
             domains,
             tick_pending: vec![None; n],
             nr_reweighted: vec![0; n],
@@ -988,7 +993,9 @@ impl Sched {
             return;
         };
         let rq = &mut self.rqs[leaf];
-        rq.tasks_timeline.insert((t.vruntime, seq, id));
+        if rq.tasks_timeline.insert((t.vruntime, seq, id)) {
+            self.nr_waiting += 1;
+        }
         rq.wait_demands.insert(t.demand);
         self.llc_demands.wait_insert(llc, t.demand);
         self.domains.wait_insert(leaf, t);
@@ -1090,7 +1097,9 @@ impl Sched {
                 rq.running_demand -= t.demand;
             }
             TaskState::Queued(_) => {
-                rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id));
+                if rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id)) {
+                    self.nr_waiting -= 1;
+                }
                 rq.wait_demands.remove(t.demand);
                 self.llc_demands.wait_remove(llc, t.demand);
                 self.domains.wait_remove(leaf, t);
@@ -1264,7 +1273,9 @@ impl Sched {
             return;
         };
         let rq = &mut self.rqs[leaf];
-        rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id));
+        if rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id)) {
+            self.nr_waiting -= 1;
+        }
         rq.wait_demands.remove(t.demand);
         self.llc_demands.wait_remove(llc, t.demand);
         self.domains.wait_remove(leaf, t);
@@ -1338,7 +1349,9 @@ impl Sched {
         t.state = TaskState::Queued(leaf);
         t.enqueue_seq = seq;
         t.queued_at = now;
-        rq.tasks_timeline.insert((t.vruntime, seq, id));
+        if rq.tasks_timeline.insert((t.vruntime, seq, id)) {
+            self.nr_waiting += 1;
+        }
         rq.wait_demands.insert(t.demand);
         self.llc_demands.wait_insert(llc, t.demand);
         self.domains.wait_insert(leaf, t);
@@ -1456,6 +1469,24 @@ impl Sched {
     }
 
     fn schedule_one(&mut self, leaf: LeafId, now: u64, in_fifo_pull: bool) {
+        // Nothing waits anywhere and no leaf is overloaded: the latency
+        // pull returns at once (its shortcut), the domain queue has no task
+        // to find, the leaf has none to start or backfill, and the steal
+        // search finds nothing; what is left is the steal attempt's gates,
+        // which count in schedstats, reached as the loop below reaches it.
+        if self.nr_waiting == 0 && self.overload.total() == 0 && self.shortcuts() {
+            let rq = &self.rqs[leaf];
+            let steals = if self.config.backfill {
+                rq.has_spare()
+            } else {
+                rq.is_idle()
+            };
+            if steals {
+                let stolen = self.try_steal(leaf, now);
+                debug_assert!(stolen.is_none(), "a steal with nothing waiting");
+            }
+            return;
+        }
         let mut stolen = None;
         let mut skip_latency_pull = in_fifo_pull;
         loop {

@@ -178,10 +178,24 @@ fn spec(sc: &Scenario, i: usize, n: usize) -> TaskSpec {
     spec
 }
 
-fn build(sc: &Scenario, fast: bool) -> Sched {
+/// The steal attempt's gates that count in schedstats, live or not: 0
+/// leaves stealing free and the node limit wide (`switches::config_of`);
+/// 1 makes every attempt too costly for `avg_idle`; 2 and 3 gate stealing
+/// across LLCs (cluster: racks), and 3 within them too, by node limit.
+fn gated(mut config: sched::SchedConfig, gates: u8) -> sched::SchedConfig {
+    match gates {
+        1 => config.steal_cost = u64::MAX,
+        2 => config.steal_node_limit = 1,
+        3 => config.steal_node_limit = 0,
+        _ => {}
+    }
+    config
+}
+
+fn build(sc: &Scenario, fast: bool, gates: u8) -> Sched {
     let topo = Arc::new(Topology::from_spec(TOPOLOGIES[sc.topo]).unwrap());
     let n = topo.nr_leaves();
-    let config = switches::config_of(sc.switches);
+    let config = gated(switches::config_of(sc.switches), gates);
     let mut s = Sched::with_capacities(topo, &sc.capacities[..n], config);
     s.set_fast_start(fast);
     s.set_shortcuts(fast);
@@ -221,9 +235,11 @@ struct Seen {
     slow_at_once: u64,
 }
 
-fn run(sc: &Scenario, seen: &mut Seen) -> Result<(), TestCaseError> {
-    let mut slow = build(sc, false);
-    let mut fast = build(sc, true);
+/// Returns the steal gates' counts (`steal_skip_avg_idle`,
+/// `steal_skip_node_limit`) at the end.
+fn run(sc: &Scenario, seen: &mut Seen, gates: u8) -> Result<[u64; 2], TestCaseError> {
+    let mut slow = build(sc, false, gates);
+    let mut fast = build(sc, true, gates);
     let n = slow.topology().nr_leaves();
     let mut now = 0u64;
     for op in &sc.ops {
@@ -333,7 +349,8 @@ fn run(sc: &Scenario, seen: &mut Seen) -> Result<(), TestCaseError> {
             seen.slow_at_once += 1;
         }
     }
-    Ok(())
+    let st = fast.stats();
+    Ok([st.steal_skip_avg_idle, st.steal_skip_node_limit])
 }
 
 #[test]
@@ -344,7 +361,9 @@ fn the_fast_start_matches_the_enqueue_then_pick_path() {
     });
     let seen = std::cell::RefCell::new(Seen::default());
     runner
-        .run(&scenario(), |sc| run(&sc, &mut seen.borrow_mut()))
+        .run(&scenario(), |sc| {
+            run(&sc, &mut seen.borrow_mut(), 0).map(|_| ())
+        })
         .unwrap();
     let seen = seen.into_inner();
     assert!(
@@ -406,6 +425,37 @@ fn a_wakeup_dated_before_the_protected_heads_wait_is_not_fast() {
         switches: DISPATCHER,
     };
     let mut seen = Seen::default();
-    run(&sc, &mut seen).unwrap();
+    run(&sc, &mut seen, 0).unwrap();
     assert_eq!((seen.fast, seen.slow_at_once), (2, 1));
+}
+
+/// The same with the steal attempt's gates live ([`gated`]): a `schedule`
+/// with nothing waiting anywhere and no leaf overloaded skips to the steal
+/// attempt (`Sched::schedule_one`), whose gates count in schedstats as on
+/// the full path. Each gate must have counted in some runs.
+#[test]
+fn the_shortcuts_count_the_steal_gates() {
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        ..Config::default()
+    });
+    let counted = std::cell::RefCell::new([0u64; 2]);
+    runner
+        .run(&(scenario(), 1u8..4), |(sc, gates)| {
+            let [avg_idle, node_limit] = run(&sc, &mut Seen::default(), gates)?;
+            let mut c = counted.borrow_mut();
+            c[0] += avg_idle;
+            c[1] += node_limit;
+            Ok(())
+        })
+        .unwrap();
+    let [avg_idle, node_limit] = counted.into_inner();
+    assert!(
+        avg_idle >= 100,
+        "the avg_idle gate counted {avg_idle} times"
+    );
+    assert!(
+        node_limit >= 100,
+        "the node-limit gate counted {node_limit} times"
+    );
 }
