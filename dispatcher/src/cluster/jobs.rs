@@ -720,10 +720,34 @@ impl PhaseLog {
         keys
     }
 
-    /// Keep only the keys in the phase, once each.
+    /// Keep only the keys in the phase, once each. With none in the
+    /// phase (`live` counts them exactly) every key is stale: the log is
+    /// emptied in place, keeping its buffer (a job passes through these
+    /// phases within one operation, so this is the usual case).
     fn compact(&mut self, is_in: impl Fn(JobKey) -> bool) {
+        if self.live == 0 {
+            self.keys.clear();
+            return;
+        }
         self.keys = self.live_keys(is_in);
         debug_assert_eq!(self.keys.len(), self.live, "a phase log's live count");
+    }
+}
+
+/// Add `key` to the jobs holding `node` (`Jobs::by_node`), kept sorted.
+fn hold(by_node: &mut IdMap<String, Vec<JobKey>>, node: &str, key: JobKey) {
+    // The node's name is copied only for its first job.
+    match by_node.get_mut(node) {
+        Some(s) => {
+            if s.last().is_none_or(|&l| l < key) {
+                s.push(key);
+            } else if let Err(at) = s.binary_search(&key) {
+                s.insert(at, key);
+            }
+        }
+        None => {
+            by_node.insert(node.to_string(), vec![key]);
+        }
     }
 }
 
@@ -1355,19 +1379,7 @@ impl Jobs {
         }
         if let Some(node) = phase.holds() {
             if add {
-                // The node's name is copied only for its first job.
-                match self.by_node.get_mut(node) {
-                    Some(s) => {
-                        if s.last().is_none_or(|&l| l < key) {
-                            s.push(key);
-                        } else if let Err(at) = s.binary_search(&key) {
-                            s.insert(at, key);
-                        }
-                    }
-                    None => {
-                        self.by_node.insert(node.to_string(), vec![key]);
-                    }
-                }
+                hold(&mut self.by_node, node, key);
             } else if let Some(s) = self.by_node.get_mut(node) {
                 if let Ok(at) = s.binary_search(&key) {
                     s.remove(at);
@@ -1377,6 +1389,60 @@ impl Jobs {
                 }
             }
         }
+    }
+
+    /// The engine started `key`'s job where it was queued to be sent
+    /// (`Queued` on `node`, not waiting): it becomes `Assigned` there
+    /// since `now`, not asked back, with its Queued phase's way, exactly
+    /// as [`Jobs::set_phase`] makes it, but in place: the Queued phase's
+    /// node name and way move into the new phase, and only what differs
+    /// is touched (the starting log, the unasked log, `by_node`, the
+    /// record's state). Its reason text stays (the same inputs and no
+    /// requeue since: [`text_inputs`]), and so does the record's node
+    /// (the Queued phase's). Every placement that starts at once passes
+    /// here, where the general path replaced, compared and re-derived
+    /// everything. False, nothing done: the job is not in that phase, or
+    /// its text must be generated again (a requeue was recorded since):
+    /// the caller takes the general path.
+    pub fn assign_started(&mut self, key: JobKey, node: &str, now: i64) -> bool {
+        let Some(e) = self.table.get_mut(&key) else {
+            return false;
+        };
+        let Phase::Queued {
+            node: queued_on,
+            via,
+            waiting: false,
+        } = &mut e.phase
+        else {
+            return false;
+        };
+        if queued_on != node || e.text_requeues != e.requeues.len() {
+            return false;
+        }
+        e.phase = Phase::Assigned {
+            node: std::mem::take(queued_on),
+            since: now,
+            steal_asked: None,
+            via: std::mem::replace(via, Via::Restored),
+        };
+        let state = JobState::Assigned as i32;
+        if e.job.state != state {
+            Arc::make_mut(&mut e.job).state = state;
+        }
+        debug_assert_eq!(e.job.node, node, "{key}: the record's node");
+        #[cfg(debug_assertions)]
+        if let Some(t) = gang_text(&e.phase, &e.job, e.requeues.last())
+            .or_else(|| reason_of(&e.phase, e.requeues.last()))
+        {
+            debug_assert_eq!(e.job.reason, t, "{key}: a kept reason text changed");
+        }
+        // Out of `starting` (its log counts down), into `unasked` and
+        // `by_node`; `gpus_by_node` names the same node before and after.
+        self.starting.remove();
+        self.unasked.add(now, key);
+        hold(&mut self.by_node, node, key);
+        self.compact_logs();
+        true
     }
 
     fn index(&mut self, key: JobKey, phase: &Phase, gpus: u32) {
