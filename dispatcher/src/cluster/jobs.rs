@@ -751,6 +751,17 @@ fn hold(by_node: &mut IdMap<String, Vec<JobKey>>, node: &str, key: JobKey) {
     }
 }
 
+/// True when an entry of the unasked log counts: its job, in the slot
+/// it names, is ASSIGNED since its `since` and not asked back.
+fn is_unasked_in(table: &Slab<JobKey, JobEntry>, u: &Unasked) -> bool {
+    table.get_at(u.slot, &u.key).is_some_and(|e| {
+        matches!(
+            e.phase,
+            Phase::Assigned { since, steal_asked: None, .. } if since == u.since
+        )
+    })
+}
+
 /// `Unplaced::New`: the phase of [`Jobs::fresh`].
 fn is_fresh(p: &Phase) -> bool {
     matches!(p, Phase::Unplaced { why: Unplaced::New })
@@ -761,24 +772,43 @@ fn is_starting(p: &Phase) -> bool {
     matches!(p, Phase::Queued { waiting: false, .. })
 }
 
+/// One entry of [`UnaskedLog`]: a job sent at `since`, and its slot in
+/// the job table when it was (checked against the key before use).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Unasked {
+    since: i64,
+    key: JobKey,
+    slot: u32,
+}
+
+impl Unasked {
+    /// The order of the log.
+    fn at(&self) -> (i64, JobKey) {
+        (self.since, self.key)
+    }
+}
+
 /// The ASSIGNED jobs not asked back, as `(since, key)` in order, kept by
 /// lazy deletion like [`PhaseLog`]: a job sent appends (its `since` is
 /// the latest, but for a restored or out-of-order time, inserted in
 /// place), a job leaving only counts down `live`; an entry counts while
-/// its job is still `Assigned` with that `since` and not asked back.
+/// its job is still `Assigned` with that `since` and not asked back. An
+/// entry carries its job's slot in the table, so that compaction checks
+/// each entry with an index and a key compare ([`Slab::get_at`]), where
+/// a hashed lookup per entry cost ~250 instructions per job sent.
 #[derive(Default)]
 struct UnaskedLog {
-    entries: VecDeque<(i64, JobKey)>,
+    entries: VecDeque<Unasked>,
     live: usize,
 }
 
 impl UnaskedLog {
-    fn add(&mut self, since: i64, key: JobKey) {
-        let e = (since, key);
-        if self.entries.back().is_none_or(|&b| b <= e) {
+    fn add(&mut self, since: i64, key: JobKey, slot: u32) {
+        let e = Unasked { since, key, slot };
+        if self.entries.back().is_none_or(|b| b.at() <= e.at()) {
             self.entries.push_back(e);
         } else {
-            let at = self.entries.partition_point(|&x| x <= e);
+            let at = self.entries.partition_point(|x| x.at() <= e.at());
             self.entries.insert(at, e);
         }
         self.live += 1;
@@ -793,12 +823,13 @@ impl UnaskedLog {
     }
 
     /// Keep only the entries that count (`is_in`), once each.
-    fn compact(&mut self, is_in: impl Fn(i64, JobKey) -> bool) {
-        self.entries.retain(|&(t, k)| is_in(t, k));
+    fn compact(&mut self, is_in: impl Fn(&Unasked) -> bool) {
+        self.entries.retain(|e| is_in(e));
         // Sorted: a duplicate (a job asked back and cleared again) is
         // next to its twin.
         let mut last = None;
-        self.entries.retain(|&e| last.replace(e) != Some(e));
+        self.entries
+            .retain(|e| last.replace(e.at()) != Some(e.at()));
         debug_assert_eq!(
             self.entries.len(),
             self.live,
@@ -965,23 +996,19 @@ impl Jobs {
             .unasked
             .entries
             .iter()
-            .take_while(|(since, _)| *since <= since_at_most)
-            .filter(|&&(since, k)| self.is_unasked(since, k))
-            .map(|&(_, k)| k)
+            .take_while(|e| e.since <= since_at_most)
+            .filter(|e| self.is_unasked(e))
+            .map(|e| e.key)
             .collect();
         keys.sort_unstable();
         keys.dedup();
         keys
     }
 
-    /// True when `key`'s job is ASSIGNED since `since` and not asked back.
-    fn is_unasked(&self, since: i64, key: JobKey) -> bool {
-        self.table.get(&key).is_some_and(|e| {
-            matches!(
-                e.phase,
-                Phase::Assigned { since: s, steal_asked: None, .. } if s == since
-            )
-        })
+    /// True when an entry of the unasked log counts: its job (in its
+    /// slot) is ASSIGNED since `since` and not asked back.
+    fn is_unasked(&self, u: &Unasked) -> bool {
+        is_unasked_in(&self.table, u)
     }
 
     /// Restored jobs whose node has not reported them.
@@ -1073,14 +1100,7 @@ impl Jobs {
         }
         if self.unasked.needs_compaction() {
             let table = &self.table;
-            self.unasked.compact(|since, k| {
-                table.get(&k).is_some_and(|e| {
-                    matches!(
-                        e.phase,
-                        Phase::Assigned { since: s, steal_asked: None, .. } if s == since
-                    )
-                })
-            });
+            self.unasked.compact(|u| is_unasked_in(table, u));
         }
     }
 
@@ -1230,14 +1250,15 @@ impl Jobs {
 
     /// Mark an ASSIGNED job as asked back (`Steal`) at `now`, or clear it.
     pub fn set_steal_asked(&mut self, key: JobKey, at: Option<i64>) {
-        if let Some(e) = self.table.get_mut(&key)
+        if let Some(slot) = self.table.slot_of(&key)
+            && let Some(e) = self.table.get_mut(&key)
             && let Phase::Assigned {
                 steal_asked, since, ..
             } = &mut e.phase
         {
             match (steal_asked.is_some(), at.is_some()) {
                 (false, true) => self.unasked.remove(),
-                (true, false) => self.unasked.add(*since, key),
+                (true, false) => self.unasked.add(*since, key, slot),
                 _ => {}
             }
             *steal_asked = at;
@@ -1305,9 +1326,15 @@ impl Jobs {
             let job = Arc::make_mut(&mut e.job);
             job.state = state;
             if let Some(n) = node {
-                // In place: the record keeps its buffer.
-                job.node.clear();
-                job.node.push_str(n);
+                // In place when it fits (the record keeps its buffer);
+                // else a copy of the name's size (a new job's empty name
+                // grew through `reserve`'s amortized path).
+                if job.node.capacity() >= n.len() {
+                    job.node.clear();
+                    job.node.push_str(n);
+                } else {
+                    job.node = n.to_owned();
+                }
             }
             if let Some(text) = text {
                 job.reason = text;
@@ -1355,7 +1382,9 @@ impl Jobs {
         } = phase
         {
             if add {
-                self.unasked.add(*since, key);
+                if let Some(slot) = self.table.slot_of(&key) {
+                    self.unasked.add(*since, key, slot);
+                }
             } else {
                 self.unasked.remove();
             }
@@ -1405,6 +1434,9 @@ impl Jobs {
     /// its text must be generated again (a requeue was recorded since):
     /// the caller takes the general path.
     pub fn assign_started(&mut self, key: JobKey, node: &str, now: i64) -> bool {
+        let Some(slot) = self.table.slot_of(&key) else {
+            return false;
+        };
         let Some(e) = self.table.get_mut(&key) else {
             return false;
         };
@@ -1439,7 +1471,7 @@ impl Jobs {
         // Out of `starting` (its log counts down), into `unasked` and
         // `by_node`; `gpus_by_node` names the same node before and after.
         self.starting.remove();
-        self.unasked.add(now, key);
+        self.unasked.add(now, key, slot);
         hold(&mut self.by_node, node, key);
         self.compact_logs();
         true
@@ -1544,7 +1576,8 @@ impl Jobs {
             .entries
             .iter()
             .copied()
-            .filter(|&(t, k)| self.is_unasked(t, k))
+            .filter(|u| self.is_unasked(u))
+            .map(|u| u.at())
             .collect();
         if unasked != listed || self.unasked.live != unasked.len() {
             return Err(format!(
@@ -1552,7 +1585,7 @@ impl Jobs {
                 self.unasked.live
             ));
         }
-        if !self.unasked.entries.iter().is_sorted()
+        if !self.unasked.entries.iter().map(Unasked::at).is_sorted()
             || self.unasked.entries.len() > 2 * self.unasked.live + PhaseLog::SLACK
         {
             return Err(format!(

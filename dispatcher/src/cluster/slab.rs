@@ -111,6 +111,26 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
         self.slot_mut(i)?.as_mut().map(|(_, v)| v)
     }
 
+    /// The slot of `key` (the hint first, as [`Slab::get`]), for
+    /// [`Slab::get_at`] later.
+    #[inline]
+    pub fn slot_of(&self, key: &K) -> Option<u32> {
+        let h = self.hint.load(Ordering::Relaxed);
+        if self.entry(h).is_some_and(|(k, _)| k == key) {
+            return Some(h);
+        }
+        self.find(key)
+    }
+
+    /// The value of `key` if slot `slot` holds it (a slot from
+    /// [`Slab::slot_of`]: once the key is removed its slot may hold
+    /// another key, or none): an index and a compare, no hashing, and the
+    /// hint is left alone.
+    #[inline]
+    pub fn get_at(&self, slot: u32, key: &K) -> Option<&V> {
+        self.entry(slot).filter(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
     /// True when `key` has a value.
     pub fn contains_key(&self, key: &K) -> bool {
         self.index.contains_key(key)
