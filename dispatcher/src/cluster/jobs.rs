@@ -1736,6 +1736,84 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// `assign_started` leaves a job as `set_phase` to the same
+        /// Assigned phase does: two tables take the same random steps
+        /// (jobs queued to be sent or waiting on one of two nodes,
+        /// requeues recorded, steal requests, ends), one starting jobs in
+        /// place, the other through the general path; after every step
+        /// each job's phase and record are equal, both tables pass
+        /// `check`, and their indexes answer the same.
+        #[test]
+        fn assign_started_is_set_phase_in_place(
+            steps in prop::collection::vec((0usize..20, 0u8..7, 0u8..2, 0i64..50), 1..200),
+        ) {
+            let (mut fast, mut slow) = (Jobs::new(true), Jobs::new(true));
+            let mut keys: Vec<JobKey> = Vec::new();
+            for (pick, kind, node, t) in steps {
+                let node = ["n1", "n2"][node as usize].to_string();
+                let how = Placement { wake: WakeChoice::None, path: PlacePath::Target };
+                let key = match keys.get(pick) {
+                    Some(&k) if kind != 0 => k,
+                    _ => {
+                        let k = JobKey::single(fast.take_number());
+                        slow.take_number();
+                        for jobs in [&mut fast, &mut slow] {
+                            let job = JobRecord::new(k, Default::default(), Arc::from(""), 0, 0);
+                            jobs.insert(k, job, Phase::Unplaced { why: Unplaced::New });
+                        }
+                        keys.push(k);
+                        k
+                    }
+                };
+                match kind {
+                    1 | 2 => {
+                        for jobs in [&mut fast, &mut slow] {
+                            jobs.set_phase(key, Phase::Queued { node: node.clone(), via: Via::Placed(how), waiting: t % 4 == 0 });
+                        }
+                    }
+                    3 => {
+                        for jobs in [&mut fast, &mut slow] {
+                            jobs.push_requeue(key, Requeue::GivenBack(node.clone()));
+                        }
+                    }
+                    4 => {
+                        let via = match slow.get(key).map(|e| e.phase().clone()) {
+                            Some(Phase::Queued { node: n, via, waiting: false }) if n == node => Some(via),
+                            _ => None,
+                        };
+                        if fast.assign_started(key, &node, t) {
+                            let via = via.ok_or_else(|| TestCaseError::fail("started in place from another phase"))?;
+                            slow.set_phase(key, Phase::Assigned { node: node.clone(), since: t, steal_asked: None, via });
+                        }
+                    }
+                    5 => {
+                        for jobs in [&mut fast, &mut slow] {
+                            jobs.set_steal_asked(key, (t % 2 == 0).then_some(t));
+                        }
+                    }
+                    _ => {
+                        for jobs in [&mut fast, &mut slow] {
+                            jobs.set_phase(key, Phase::Done { state: JobState::Succeeded, end: End::Reported(String::new()) });
+                        }
+                    }
+                }
+                fast.check().map_err(TestCaseError::fail)?;
+                slow.check().map_err(TestCaseError::fail)?;
+                for &k in &keys {
+                    let (a, b) = (fast.get(k).unwrap(), slow.get(k).unwrap());
+                    prop_assert_eq!(a.phase(), b.phase());
+                    prop_assert_eq!(a.job(), b.job());
+                }
+                prop_assert_eq!(fast.unasked_since(t), slow.unasked_since(t));
+                prop_assert_eq!(fast.queued(), slow.queued());
+                for n in ["n1", "n2"] {
+                    prop_assert_eq!(fast.on(n), slow.on(n));
+                }
+            }
+        }
+    }
+
     /// The agent-level steal's candidates: ASSIGNED jobs sent long
     /// enough ago and not asked back yet, in key order; asking one back
     /// takes it out, clearing the request puts it back, and the index

@@ -422,12 +422,17 @@ mod tests {
         /// The slab behaves as a `BTreeMap` (the oracle) under any
         /// sequence of inserts (in and out of key order), replaces,
         /// removals (of the oldest keys in bulk, too) and changes in
-        /// place: the same answers, the same key order, the same ranges.
+        /// place: the same answers, the same key order, the same ranges;
+        /// a slot from `slot_of` answers for its key only while it holds it.
         #[test]
         fn a_slab_is_a_map(ops in prop::collection::vec(op(), 1..4000), lo in 0u16..3000, hi in 0u16..3000) {
             let mut slab: Slab<u16, u32> = Slab::default();
             let mut oracle: BTreeMap<u16, u32> = BTreeMap::new();
             let mut next = 3000u16;
+            // The slots `slot_of` gave, kept across later ops (as the
+            // unasked log keeps them): `get_at` of a stale one answers
+            // nothing, never another key's value.
+            let mut slots: BTreeMap<u16, u32> = BTreeMap::new();
             for op in ops {
                 match op {
                     Op::Append(v) => {
@@ -444,6 +449,17 @@ mod tests {
                     Op::Insert(k, v) => prop_assert_eq!(slab.insert(k, v), oracle.insert(k, v)),
                     Op::Remove(k) => prop_assert_eq!(slab.remove(&k), oracle.remove(&k)),
                     Op::Get(k) => {
+                        if let Some(&old) = slots.get(&k) {
+                            let at = slab.get_at(old, &k);
+                            prop_assert!(at.is_none() || at == oracle.get(&k), "slot {} of {}", old, k);
+                        }
+                        match slab.slot_of(&k) {
+                            Some(i) => {
+                                prop_assert_eq!(slab.get_at(i, &k), oracle.get(&k));
+                                slots.insert(k, i);
+                            }
+                            None => prop_assert!(!oracle.contains_key(&k)),
+                        }
                         prop_assert_eq!(slab.get(&k), oracle.get(&k));
                         prop_assert_eq!(slab.get_mut(&k).map(|v| *v), oracle.get(&k).copied());
                     }
