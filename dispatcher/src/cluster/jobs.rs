@@ -762,6 +762,28 @@ fn is_unasked_in(table: &Slab<JobKey, JobEntry>, u: &Unasked) -> bool {
     })
 }
 
+/// Take `key` out of the jobs holding `node` (`Jobs::by_node`).
+fn unhold(by_node: &mut IdMap<String, Vec<JobKey>>, node: &str, key: JobKey) {
+    if let Some(s) = by_node.get_mut(node) {
+        if let Ok(at) = s.binary_search(&key) {
+            s.remove(at);
+        }
+        if s.is_empty() {
+            by_node.remove(node);
+        }
+    }
+}
+
+/// `gpus` GPUs of a job leave `node` (`Jobs::gpus_by_node`).
+fn untake_gpus(gpus_by_node: &mut IdMap<String, u32>, node: &str, gpus: u32) {
+    if let Some(n) = gpus_by_node.get_mut(node) {
+        *n = n.saturating_sub(gpus);
+        if *n == 0 {
+            gpus_by_node.remove(node);
+        }
+    }
+}
+
 /// `Unplaced::New`: the phase of [`Jobs::fresh`].
 fn is_fresh(p: &Phase) -> bool {
     matches!(p, Phase::Unplaced { why: Unplaced::New })
@@ -1189,7 +1211,72 @@ impl Jobs {
 
     /// [`Jobs::set_phase`], returning the phase it had (None: no such
     /// job), whose strings the caller may reuse.
-    pub fn replace_phase(&mut self, key: JobKey, mut phase: Phase) -> Option<Phase> {
+    pub fn replace_phase(&mut self, key: JobKey, phase: Phase) -> Option<Phase> {
+        match self.end_in_place(key, phase) {
+            Ok(previous) => Some(previous),
+            Err(phase) => self.replace_phase_general(key, phase),
+        }
+    }
+
+    /// A job ASSIGNED or RUNNING on its node ends with no message
+    /// (`Done` with an empty `End::Reported`, an agent's usual report):
+    /// [`Jobs::replace_phase`] in place. The new phase has no node and no
+    /// text (the record keeps its node and reason), and no index holds a
+    /// terminal job, so only the previous phase's entries go (`by_node`,
+    /// `gpus_by_node`, the unasked log's count), the record's state is
+    /// set and the retention queue takes the job. `Err(phase)`, nothing
+    /// done: another change, for the general path.
+    fn end_in_place(&mut self, key: JobKey, phase: Phase) -> Result<Phase, Phase> {
+        let Phase::Done {
+            end: End::Reported(message),
+            ..
+        } = &phase
+        else {
+            return Err(phase);
+        };
+        if !message.is_empty() {
+            return Err(phase);
+        }
+        let Some(e) = self.table.get_mut(&key) else {
+            return Err(phase);
+        };
+        if !matches!(e.phase, Phase::Assigned { .. } | Phase::Running { .. }) {
+            return Err(phase);
+        }
+        let state = phase.state() as i32;
+        let gpus = e.gpus();
+        let previous = std::mem::replace(&mut e.phase, phase);
+        // As the general path's text step: generated (to nothing) now.
+        e.text_requeues = e.requeues.len();
+        if e.job.state != state {
+            Arc::make_mut(&mut e.job).state = state;
+        }
+        if matches!(
+            previous,
+            Phase::Assigned {
+                steal_asked: None,
+                ..
+            }
+        ) {
+            self.unasked.remove();
+        }
+        if let Some(node) = previous.holds() {
+            if gpus > 0 {
+                self.gpus_freed = true;
+                untake_gpus(&mut self.gpus_by_node, node, gpus);
+            }
+            unhold(&mut self.by_node, node, key);
+        }
+        if self.retained {
+            self.done_new.push(key);
+        }
+        self.compact_logs();
+        Ok(previous)
+    }
+
+    /// [`Jobs::replace_phase`] for any change: the previous phase's
+    /// indexes out, the new one's in, the record derived again.
+    fn replace_phase_general(&mut self, key: JobKey, mut phase: Phase) -> Option<Phase> {
         if let Phase::Unplaced {
             why: Unplaced::NoMatch { selector, .. },
         } = &mut phase
@@ -1399,23 +1486,15 @@ impl Jobs {
                         self.gpus_by_node.insert(node.to_string(), gpus);
                     }
                 }
-            } else if let Some(n) = self.gpus_by_node.get_mut(node) {
-                *n = n.saturating_sub(gpus);
-                if *n == 0 {
-                    self.gpus_by_node.remove(node);
-                }
+            } else {
+                untake_gpus(&mut self.gpus_by_node, node, gpus);
             }
         }
         if let Some(node) = phase.holds() {
             if add {
                 hold(&mut self.by_node, node, key);
-            } else if let Some(s) = self.by_node.get_mut(node) {
-                if let Ok(at) = s.binary_search(&key) {
-                    s.remove(at);
-                }
-                if s.is_empty() {
-                    self.by_node.remove(node);
-                }
+            } else {
+                unhold(&mut self.by_node, node, key);
             }
         }
     }
@@ -1738,15 +1817,17 @@ mod tests {
 
     proptest! {
         /// `assign_started` leaves a job as `set_phase` to the same
-        /// Assigned phase does: two tables take the same random steps
-        /// (jobs queued to be sent or waiting on one of two nodes,
-        /// requeues recorded, steal requests, ends), one starting jobs in
-        /// place, the other through the general path; after every step
+        /// Assigned phase does, and an end in place (`end_in_place`) as
+        /// the general path: two tables take the same random steps (jobs
+        /// queued to be sent or waiting on one of two nodes, requeues
+        /// recorded, steal requests, running, ends with and without a
+        /// message), one starting and ending jobs in place, the other
+        /// through the general path; after every step
         /// each job's phase and record are equal, both tables pass
         /// `check`, and their indexes answer the same.
         #[test]
         fn assign_started_is_set_phase_in_place(
-            steps in prop::collection::vec((0usize..20, 0u8..7, 0u8..2, 0i64..50), 1..200),
+            steps in prop::collection::vec((0usize..20, 0u8..8, 0u8..2, 0i64..50), 1..200),
         ) {
             let (mut fast, mut slow) = (Jobs::new(true), Jobs::new(true));
             let mut keys: Vec<JobKey> = Vec::new();
@@ -1758,8 +1839,10 @@ mod tests {
                     _ => {
                         let k = JobKey::single(fast.take_number());
                         slow.take_number();
+                        // Every other job asks for a GPU (`gpus_by_node`).
+                        let spec = Arc::new(proto::v1::JobSpec { gpus: (t % 2) as u32, ..Default::default() });
                         for jobs in [&mut fast, &mut slow] {
-                            let job = JobRecord::new(k, Default::default(), Arc::from(""), 0, 0);
+                            let job = JobRecord::new(k, spec.clone(), Arc::from(""), 0, 0);
                             jobs.insert(k, job, Phase::Unplaced { why: Unplaced::New });
                         }
                         keys.push(k);
@@ -1792,10 +1875,18 @@ mod tests {
                             jobs.set_steal_asked(key, (t % 2 == 0).then_some(t));
                         }
                     }
-                    _ => {
+                    6 => {
                         for jobs in [&mut fast, &mut slow] {
-                            jobs.set_phase(key, Phase::Done { state: JobState::Succeeded, end: End::Reported(String::new()) });
+                            jobs.set_phase(key, Phase::Running { node: node.clone(), via: Via::Placed(how) });
                         }
+                    }
+                    _ => {
+                        // Ends: in place where `end_in_place` takes them
+                        // (no message), the general path on the twin.
+                        let end = End::Reported(if t % 5 == 0 { "m".into() } else { String::new() });
+                        let done = Phase::Done { state: JobState::Succeeded, end };
+                        fast.set_phase(key, done.clone());
+                        slow.replace_phase_general(key, done);
                     }
                 }
                 fast.check().map_err(TestCaseError::fail)?;
@@ -1806,6 +1897,8 @@ mod tests {
                     prop_assert_eq!(a.job(), b.job());
                 }
                 prop_assert_eq!(fast.unasked_since(t), slow.unasked_since(t));
+                prop_assert_eq!(fast.take_gpus_freed(), slow.take_gpus_freed());
+                prop_assert_eq!(&fast.done_new, &slow.done_new);
                 prop_assert_eq!(fast.queued(), slow.queued());
                 for n in ["n1", "n2"] {
                     prop_assert_eq!(fast.on(n), slow.on(n));
