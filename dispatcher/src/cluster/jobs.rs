@@ -911,6 +911,8 @@ pub struct Jobs {
     recent_texts: [Text; RECENT_TEXTS],
     /// The ring's next slot.
     next_text: usize,
+    /// The text of every new job ([`Unplaced::NEW`]), made once.
+    fresh_text: Option<Text>,
     /// The buffer a phase change writes its reason text into (kept: a
     /// placement's text was a new `String`, copied into the record's
     /// `Text` and freed).
@@ -1384,6 +1386,15 @@ impl Jobs {
                 debug_assert_eq!(e.job.reason, t, "{key}: a kept reason text changed");
             }
             None
+        } else if is_fresh(&phase) {
+            // A new job's text, "submitted" (no history, no gang text):
+            // one shared copy, not generated and looked up in the ring.
+            e.text_requeues = e.requeues.len();
+            (e.job.reason != *Unplaced::NEW).then(|| {
+                self.fresh_text
+                    .get_or_insert_with(|| Text::from(Unplaced::NEW))
+                    .clone()
+            })
         } else {
             e.text_requeues = e.requeues.len();
             let t = &mut self.scratch;

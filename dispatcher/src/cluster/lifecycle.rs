@@ -208,6 +208,9 @@ impl Cluster {
                 why: Unplaced::New | Unplaced::Requeued
             }
         );
+        // A new job's task (a fresh id from `Jobs::insert`) was never in
+        // the engine.
+        let fresh = matches!(e.phase(), Phase::Unplaced { why: Unplaced::New });
         let flips = match &waker {
             Some(w) if woken => self.wakers.record(w, task.0, engine_ns(now)),
             Some(w) => self.wakers.flips(w, engine_ns(now)),
@@ -281,7 +284,7 @@ impl Cluster {
             }
             _ => None,
         };
-        if engine.task(task).is_some() {
+        if !fresh && engine.task(task).is_some() {
             let _ = engine.remove_task(task, engine_ns(now));
         }
         let placed = engine.add_task(tspec).and_then(|()| match outer {
