@@ -720,10 +720,67 @@ impl PhaseLog {
         keys
     }
 
-    /// Keep only the keys in the phase, once each.
+    /// Keep only the keys in the phase, once each. With none in the
+    /// phase (`live` counts them exactly) every key is stale: the log is
+    /// emptied in place, keeping its buffer (a job passes through these
+    /// phases within one operation, so this is the usual case).
     fn compact(&mut self, is_in: impl Fn(JobKey) -> bool) {
+        if self.live == 0 {
+            self.keys.clear();
+            return;
+        }
         self.keys = self.live_keys(is_in);
         debug_assert_eq!(self.keys.len(), self.live, "a phase log's live count");
+    }
+}
+
+/// Add `key` to the jobs holding `node` (`Jobs::by_node`), kept sorted.
+fn hold(by_node: &mut IdMap<String, Vec<JobKey>>, node: &str, key: JobKey) {
+    // The node's name is copied only for its first job.
+    match by_node.get_mut(node) {
+        Some(s) => {
+            if s.last().is_none_or(|&l| l < key) {
+                s.push(key);
+            } else if let Err(at) = s.binary_search(&key) {
+                s.insert(at, key);
+            }
+        }
+        None => {
+            by_node.insert(node.to_string(), vec![key]);
+        }
+    }
+}
+
+/// True when an entry of the unasked log counts: its job, in the slot
+/// it names, is ASSIGNED since its `since` and not asked back.
+fn is_unasked_in(table: &Slab<JobKey, JobEntry>, u: &Unasked) -> bool {
+    table.get_at(u.slot, &u.key).is_some_and(|e| {
+        matches!(
+            e.phase,
+            Phase::Assigned { since, steal_asked: None, .. } if since == u.since
+        )
+    })
+}
+
+/// Take `key` out of the jobs holding `node` (`Jobs::by_node`).
+fn unhold(by_node: &mut IdMap<String, Vec<JobKey>>, node: &str, key: JobKey) {
+    if let Some(s) = by_node.get_mut(node) {
+        if let Ok(at) = s.binary_search(&key) {
+            s.remove(at);
+        }
+        if s.is_empty() {
+            by_node.remove(node);
+        }
+    }
+}
+
+/// `gpus` GPUs of a job leave `node` (`Jobs::gpus_by_node`).
+fn untake_gpus(gpus_by_node: &mut IdMap<String, u32>, node: &str, gpus: u32) {
+    if let Some(n) = gpus_by_node.get_mut(node) {
+        *n = n.saturating_sub(gpus);
+        if *n == 0 {
+            gpus_by_node.remove(node);
+        }
     }
 }
 
@@ -737,24 +794,43 @@ fn is_starting(p: &Phase) -> bool {
     matches!(p, Phase::Queued { waiting: false, .. })
 }
 
+/// One entry of [`UnaskedLog`]: a job sent at `since`, and its slot in
+/// the job table when it was (checked against the key before use).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Unasked {
+    since: i64,
+    key: JobKey,
+    slot: u32,
+}
+
+impl Unasked {
+    /// The order of the log.
+    fn at(&self) -> (i64, JobKey) {
+        (self.since, self.key)
+    }
+}
+
 /// The ASSIGNED jobs not asked back, as `(since, key)` in order, kept by
 /// lazy deletion like [`PhaseLog`]: a job sent appends (its `since` is
 /// the latest, but for a restored or out-of-order time, inserted in
 /// place), a job leaving only counts down `live`; an entry counts while
-/// its job is still `Assigned` with that `since` and not asked back.
+/// its job is still `Assigned` with that `since` and not asked back. An
+/// entry carries its job's slot in the table, so that compaction checks
+/// each entry with an index and a key compare ([`Slab::get_at`]), where
+/// a hashed lookup per entry cost ~250 instructions per job sent.
 #[derive(Default)]
 struct UnaskedLog {
-    entries: VecDeque<(i64, JobKey)>,
+    entries: VecDeque<Unasked>,
     live: usize,
 }
 
 impl UnaskedLog {
-    fn add(&mut self, since: i64, key: JobKey) {
-        let e = (since, key);
-        if self.entries.back().is_none_or(|&b| b <= e) {
+    fn add(&mut self, since: i64, key: JobKey, slot: u32) {
+        let e = Unasked { since, key, slot };
+        if self.entries.back().is_none_or(|b| b.at() <= e.at()) {
             self.entries.push_back(e);
         } else {
-            let at = self.entries.partition_point(|&x| x <= e);
+            let at = self.entries.partition_point(|x| x.at() <= e.at());
             self.entries.insert(at, e);
         }
         self.live += 1;
@@ -769,12 +845,13 @@ impl UnaskedLog {
     }
 
     /// Keep only the entries that count (`is_in`), once each.
-    fn compact(&mut self, is_in: impl Fn(i64, JobKey) -> bool) {
-        self.entries.retain(|&(t, k)| is_in(t, k));
+    fn compact(&mut self, is_in: impl Fn(&Unasked) -> bool) {
+        self.entries.retain(|e| is_in(e));
         // Sorted: a duplicate (a job asked back and cleared again) is
         // next to its twin.
         let mut last = None;
-        self.entries.retain(|&e| last.replace(e) != Some(e));
+        self.entries
+            .retain(|e| last.replace(e.at()) != Some(e.at()));
         debug_assert_eq!(
             self.entries.len(),
             self.live,
@@ -834,6 +911,8 @@ pub struct Jobs {
     recent_texts: [Text; RECENT_TEXTS],
     /// The ring's next slot.
     next_text: usize,
+    /// The text of every new job ([`Unplaced::NEW`]), made once.
+    fresh_text: Option<Text>,
     /// The buffer a phase change writes its reason text into (kept: a
     /// placement's text was a new `String`, copied into the record's
     /// `Text` and freed).
@@ -941,23 +1020,19 @@ impl Jobs {
             .unasked
             .entries
             .iter()
-            .take_while(|(since, _)| *since <= since_at_most)
-            .filter(|&&(since, k)| self.is_unasked(since, k))
-            .map(|&(_, k)| k)
+            .take_while(|e| e.since <= since_at_most)
+            .filter(|e| self.is_unasked(e))
+            .map(|e| e.key)
             .collect();
         keys.sort_unstable();
         keys.dedup();
         keys
     }
 
-    /// True when `key`'s job is ASSIGNED since `since` and not asked back.
-    fn is_unasked(&self, since: i64, key: JobKey) -> bool {
-        self.table.get(&key).is_some_and(|e| {
-            matches!(
-                e.phase,
-                Phase::Assigned { since: s, steal_asked: None, .. } if s == since
-            )
-        })
+    /// True when an entry of the unasked log counts: its job (in its
+    /// slot) is ASSIGNED since `since` and not asked back.
+    fn is_unasked(&self, u: &Unasked) -> bool {
+        is_unasked_in(&self.table, u)
     }
 
     /// Restored jobs whose node has not reported them.
@@ -1049,14 +1124,7 @@ impl Jobs {
         }
         if self.unasked.needs_compaction() {
             let table = &self.table;
-            self.unasked.compact(|since, k| {
-                table.get(&k).is_some_and(|e| {
-                    matches!(
-                        e.phase,
-                        Phase::Assigned { since: s, steal_asked: None, .. } if s == since
-                    )
-                })
-            });
+            self.unasked.compact(|u| is_unasked_in(table, u));
         }
     }
 
@@ -1145,7 +1213,72 @@ impl Jobs {
 
     /// [`Jobs::set_phase`], returning the phase it had (None: no such
     /// job), whose strings the caller may reuse.
-    pub fn replace_phase(&mut self, key: JobKey, mut phase: Phase) -> Option<Phase> {
+    pub fn replace_phase(&mut self, key: JobKey, phase: Phase) -> Option<Phase> {
+        match self.end_in_place(key, phase) {
+            Ok(previous) => Some(previous),
+            Err(phase) => self.replace_phase_general(key, phase),
+        }
+    }
+
+    /// A job ASSIGNED or RUNNING on its node ends with no message
+    /// (`Done` with an empty `End::Reported`, an agent's usual report):
+    /// [`Jobs::replace_phase`] in place. The new phase has no node and no
+    /// text (the record keeps its node and reason), and no index holds a
+    /// terminal job, so only the previous phase's entries go (`by_node`,
+    /// `gpus_by_node`, the unasked log's count), the record's state is
+    /// set and the retention queue takes the job. `Err(phase)`, nothing
+    /// done: another change, for the general path.
+    fn end_in_place(&mut self, key: JobKey, phase: Phase) -> Result<Phase, Phase> {
+        let Phase::Done {
+            end: End::Reported(message),
+            ..
+        } = &phase
+        else {
+            return Err(phase);
+        };
+        if !message.is_empty() {
+            return Err(phase);
+        }
+        let Some(e) = self.table.get_mut(&key) else {
+            return Err(phase);
+        };
+        if !matches!(e.phase, Phase::Assigned { .. } | Phase::Running { .. }) {
+            return Err(phase);
+        }
+        let state = phase.state() as i32;
+        let gpus = e.gpus();
+        let previous = std::mem::replace(&mut e.phase, phase);
+        // As the general path's text step: generated (to nothing) now.
+        e.text_requeues = e.requeues.len();
+        if e.job.state != state {
+            Arc::make_mut(&mut e.job).state = state;
+        }
+        if matches!(
+            previous,
+            Phase::Assigned {
+                steal_asked: None,
+                ..
+            }
+        ) {
+            self.unasked.remove();
+        }
+        if let Some(node) = previous.holds() {
+            if gpus > 0 {
+                self.gpus_freed = true;
+                untake_gpus(&mut self.gpus_by_node, node, gpus);
+            }
+            unhold(&mut self.by_node, node, key);
+        }
+        if self.retained {
+            self.done_new.push(key);
+        }
+        self.compact_logs();
+        Ok(previous)
+    }
+
+    /// [`Jobs::replace_phase`] for any change: the previous phase's
+    /// indexes out, the new one's in, the record derived again.
+    fn replace_phase_general(&mut self, key: JobKey, mut phase: Phase) -> Option<Phase> {
         if let Phase::Unplaced {
             why: Unplaced::NoMatch { selector, .. },
         } = &mut phase
@@ -1206,14 +1339,15 @@ impl Jobs {
 
     /// Mark an ASSIGNED job as asked back (`Steal`) at `now`, or clear it.
     pub fn set_steal_asked(&mut self, key: JobKey, at: Option<i64>) {
-        if let Some(e) = self.table.get_mut(&key)
+        if let Some(slot) = self.table.slot_of(&key)
+            && let Some(e) = self.table.get_mut(&key)
             && let Phase::Assigned {
                 steal_asked, since, ..
             } = &mut e.phase
         {
             match (steal_asked.is_some(), at.is_some()) {
                 (false, true) => self.unasked.remove(),
-                (true, false) => self.unasked.add(*since, key),
+                (true, false) => self.unasked.add(*since, key, slot),
                 _ => {}
             }
             *steal_asked = at;
@@ -1252,6 +1386,15 @@ impl Jobs {
                 debug_assert_eq!(e.job.reason, t, "{key}: a kept reason text changed");
             }
             None
+        } else if is_fresh(&phase) {
+            // A new job's text, "submitted" (no history, no gang text):
+            // one shared copy, not generated and looked up in the ring.
+            e.text_requeues = e.requeues.len();
+            (e.job.reason != *Unplaced::NEW).then(|| {
+                self.fresh_text
+                    .get_or_insert_with(|| Text::from(Unplaced::NEW))
+                    .clone()
+            })
         } else {
             e.text_requeues = e.requeues.len();
             let t = &mut self.scratch;
@@ -1281,9 +1424,15 @@ impl Jobs {
             let job = Arc::make_mut(&mut e.job);
             job.state = state;
             if let Some(n) = node {
-                // In place: the record keeps its buffer.
-                job.node.clear();
-                job.node.push_str(n);
+                // In place when it fits (the record keeps its buffer);
+                // else a copy of the name's size (a new job's empty name
+                // grew through `reserve`'s amortized path).
+                if job.node.capacity() >= n.len() {
+                    job.node.clear();
+                    job.node.push_str(n);
+                } else {
+                    job.node = n.to_owned();
+                }
             }
             if let Some(text) = text {
                 job.reason = text;
@@ -1331,7 +1480,9 @@ impl Jobs {
         } = phase
         {
             if add {
-                self.unasked.add(*since, key);
+                if let Some(slot) = self.table.slot_of(&key) {
+                    self.unasked.add(*since, key, slot);
+                }
             } else {
                 self.unasked.remove();
             }
@@ -1346,37 +1497,74 @@ impl Jobs {
                         self.gpus_by_node.insert(node.to_string(), gpus);
                     }
                 }
-            } else if let Some(n) = self.gpus_by_node.get_mut(node) {
-                *n = n.saturating_sub(gpus);
-                if *n == 0 {
-                    self.gpus_by_node.remove(node);
-                }
+            } else {
+                untake_gpus(&mut self.gpus_by_node, node, gpus);
             }
         }
         if let Some(node) = phase.holds() {
             if add {
-                // The node's name is copied only for its first job.
-                match self.by_node.get_mut(node) {
-                    Some(s) => {
-                        if s.last().is_none_or(|&l| l < key) {
-                            s.push(key);
-                        } else if let Err(at) = s.binary_search(&key) {
-                            s.insert(at, key);
-                        }
-                    }
-                    None => {
-                        self.by_node.insert(node.to_string(), vec![key]);
-                    }
-                }
-            } else if let Some(s) = self.by_node.get_mut(node) {
-                if let Ok(at) = s.binary_search(&key) {
-                    s.remove(at);
-                }
-                if s.is_empty() {
-                    self.by_node.remove(node);
-                }
+                hold(&mut self.by_node, node, key);
+            } else {
+                unhold(&mut self.by_node, node, key);
             }
         }
+    }
+
+    /// The engine started `key`'s job where it was queued to be sent
+    /// (`Queued` on `node`, not waiting): it becomes `Assigned` there
+    /// since `now`, not asked back, with its Queued phase's way, exactly
+    /// as [`Jobs::set_phase`] makes it, but in place: the Queued phase's
+    /// node name and way move into the new phase, and only what differs
+    /// is touched (the starting log, the unasked log, `by_node`, the
+    /// record's state). Its reason text stays (the same inputs and no
+    /// requeue since: [`text_inputs`]), and so does the record's node
+    /// (the Queued phase's). Every placement that starts at once passes
+    /// here, where the general path replaced, compared and re-derived
+    /// everything. False, nothing done: the job is not in that phase, or
+    /// its text must be generated again (a requeue was recorded since):
+    /// the caller takes the general path.
+    pub fn assign_started(&mut self, key: JobKey, node: &str, now: i64) -> bool {
+        let Some(slot) = self.table.slot_of(&key) else {
+            return false;
+        };
+        let Some(e) = self.table.get_mut(&key) else {
+            return false;
+        };
+        let Phase::Queued {
+            node: queued_on,
+            via,
+            waiting: false,
+        } = &mut e.phase
+        else {
+            return false;
+        };
+        if queued_on != node || e.text_requeues != e.requeues.len() {
+            return false;
+        }
+        e.phase = Phase::Assigned {
+            node: std::mem::take(queued_on),
+            since: now,
+            steal_asked: None,
+            via: std::mem::replace(via, Via::Restored),
+        };
+        let state = JobState::Assigned as i32;
+        if e.job.state != state {
+            Arc::make_mut(&mut e.job).state = state;
+        }
+        debug_assert_eq!(e.job.node, node, "{key}: the record's node");
+        #[cfg(debug_assertions)]
+        if let Some(t) = gang_text(&e.phase, &e.job, e.requeues.last())
+            .or_else(|| reason_of(&e.phase, e.requeues.last()))
+        {
+            debug_assert_eq!(e.job.reason, t, "{key}: a kept reason text changed");
+        }
+        // Out of `starting` (its log counts down), into `unasked` and
+        // `by_node`; `gpus_by_node` names the same node before and after.
+        self.starting.remove();
+        self.unasked.add(now, key, slot);
+        hold(&mut self.by_node, node, key);
+        self.compact_logs();
+        true
     }
 
     fn index(&mut self, key: JobKey, phase: &Phase, gpus: u32) {
@@ -1478,7 +1666,8 @@ impl Jobs {
             .entries
             .iter()
             .copied()
-            .filter(|&(t, k)| self.is_unasked(t, k))
+            .filter(|u| self.is_unasked(u))
+            .map(|u| u.at())
             .collect();
         if unasked != listed || self.unasked.live != unasked.len() {
             return Err(format!(
@@ -1486,7 +1675,7 @@ impl Jobs {
                 self.unasked.live
             ));
         }
-        if !self.unasked.entries.iter().is_sorted()
+        if !self.unasked.entries.iter().map(Unasked::at).is_sorted()
             || self.unasked.entries.len() > 2 * self.unasked.live + PhaseLog::SLACK
         {
             return Err(format!(
@@ -1632,6 +1821,98 @@ mod tests {
                 prop_assert_eq!(jobs.unasked_since(t), unasked);
                 for n in ["n1", "n2", "n3"] {
                     prop_assert_eq!(jobs.on(n), of(&|p| p.holds() == Some(n)));
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// `assign_started` leaves a job as `set_phase` to the same
+        /// Assigned phase does, and an end in place (`end_in_place`) as
+        /// the general path: two tables take the same random steps (jobs
+        /// queued to be sent or waiting on one of two nodes, requeues
+        /// recorded, steal requests, running, ends with and without a
+        /// message), one starting and ending jobs in place, the other
+        /// through the general path; after every step
+        /// each job's phase and record are equal, both tables pass
+        /// `check`, and their indexes answer the same.
+        #[test]
+        fn assign_started_is_set_phase_in_place(
+            steps in prop::collection::vec((0usize..20, 0u8..8, 0u8..2, 0i64..50), 1..200),
+        ) {
+            let (mut fast, mut slow) = (Jobs::new(true), Jobs::new(true));
+            let mut keys: Vec<JobKey> = Vec::new();
+            for (pick, kind, node, t) in steps {
+                let node = ["n1", "n2"][node as usize].to_string();
+                let how = Placement { wake: WakeChoice::None, path: PlacePath::Target };
+                let key = match keys.get(pick) {
+                    Some(&k) if kind != 0 => k,
+                    _ => {
+                        let k = JobKey::single(fast.take_number());
+                        slow.take_number();
+                        // Every other job asks for a GPU (`gpus_by_node`).
+                        let spec = Arc::new(proto::v1::JobSpec { gpus: (t % 2) as u32, ..Default::default() });
+                        for jobs in [&mut fast, &mut slow] {
+                            let job = JobRecord::new(k, spec.clone(), Arc::from(""), 0, 0);
+                            jobs.insert(k, job, Phase::Unplaced { why: Unplaced::New });
+                        }
+                        keys.push(k);
+                        k
+                    }
+                };
+                match kind {
+                    1 | 2 => {
+                        for jobs in [&mut fast, &mut slow] {
+                            jobs.set_phase(key, Phase::Queued { node: node.clone(), via: Via::Placed(how), waiting: t % 4 == 0 });
+                        }
+                    }
+                    3 => {
+                        for jobs in [&mut fast, &mut slow] {
+                            jobs.push_requeue(key, Requeue::GivenBack(node.clone()));
+                        }
+                    }
+                    4 => {
+                        let via = match slow.get(key).map(|e| e.phase().clone()) {
+                            Some(Phase::Queued { node: n, via, waiting: false }) if n == node => Some(via),
+                            _ => None,
+                        };
+                        if fast.assign_started(key, &node, t) {
+                            let via = via.ok_or_else(|| TestCaseError::fail("started in place from another phase"))?;
+                            slow.set_phase(key, Phase::Assigned { node: node.clone(), since: t, steal_asked: None, via });
+                        }
+                    }
+                    5 => {
+                        for jobs in [&mut fast, &mut slow] {
+                            jobs.set_steal_asked(key, (t % 2 == 0).then_some(t));
+                        }
+                    }
+                    6 => {
+                        for jobs in [&mut fast, &mut slow] {
+                            jobs.set_phase(key, Phase::Running { node: node.clone(), via: Via::Placed(how) });
+                        }
+                    }
+                    _ => {
+                        // Ends: in place where `end_in_place` takes them
+                        // (no message), the general path on the twin.
+                        let end = End::Reported(if t % 5 == 0 { "m".into() } else { String::new() });
+                        let done = Phase::Done { state: JobState::Succeeded, end };
+                        fast.set_phase(key, done.clone());
+                        slow.replace_phase_general(key, done);
+                    }
+                }
+                fast.check().map_err(TestCaseError::fail)?;
+                slow.check().map_err(TestCaseError::fail)?;
+                for &k in &keys {
+                    let (a, b) = (fast.get(k).unwrap(), slow.get(k).unwrap());
+                    prop_assert_eq!(a.phase(), b.phase());
+                    prop_assert_eq!(a.job(), b.job());
+                }
+                prop_assert_eq!(fast.unasked_since(t), slow.unasked_since(t));
+                prop_assert_eq!(fast.take_gpus_freed(), slow.take_gpus_freed());
+                prop_assert_eq!(&fast.done_new, &slow.done_new);
+                prop_assert_eq!(fast.queued(), slow.queued());
+                for n in ["n1", "n2"] {
+                    prop_assert_eq!(fast.on(n), slow.on(n));
                 }
             }
         }

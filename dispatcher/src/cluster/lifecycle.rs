@@ -208,6 +208,9 @@ impl Cluster {
                 why: Unplaced::New | Unplaced::Requeued
             }
         );
+        // A new job's task (a fresh id from `Jobs::insert`) was never in
+        // the engine.
+        let fresh = matches!(e.phase(), Phase::Unplaced { why: Unplaced::New });
         let flips = match &waker {
             Some(w) if woken => self.wakers.record(w, task.0, engine_ns(now)),
             Some(w) => self.wakers.flips(w, engine_ns(now)),
@@ -281,7 +284,7 @@ impl Cluster {
             }
             _ => None,
         };
-        if engine.task(task).is_some() {
+        if !fresh && engine.task(task).is_some() {
             let _ = engine.remove_task(task, engine_ns(now));
         }
         let placed = engine.add_task(tspec).and_then(|()| match outer {
@@ -531,22 +534,29 @@ impl Cluster {
             *m = cpus;
             *on = slot;
         }
-        let previous = self.jobs.replace_phase(
-            key,
-            Phase::Assigned {
-                node: name.clone(),
-                since: now,
-                steal_asked: None,
-                via: via.clone(),
-            },
-        );
+        // A job queued to be sent becomes Assigned in place (its Queued
+        // phase's name and way move into the new phase); the general path
+        // takes the others (a job that waited, was stolen or requeued).
+        let to_agent = if self.jobs.assign_started(key, &name, now) {
+            name.clone()
+        } else {
+            let previous = self.jobs.replace_phase(
+                key,
+                Phase::Assigned {
+                    node: name.clone(),
+                    since: now,
+                    steal_asked: None,
+                    via: via.clone(),
+                },
+            );
+            // The queued phase's copy of the node's name, reused.
+            match previous {
+                Some(Phase::Queued { node, .. }) if node == name => node,
+                _ => name.clone(),
+            }
+        };
         let Some(assign) = self.assign_msg(key) else {
             return;
-        };
-        // The queued phase's copy of the node's name, reused.
-        let to_agent = match previous {
-            Some(Phase::Queued { node, .. }) if node == name => node,
-            _ => name.clone(),
         };
         fx.to_agents.push((to_agent, assign));
         let m = Move {

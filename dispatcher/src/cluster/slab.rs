@@ -111,6 +111,26 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
         self.slot_mut(i)?.as_mut().map(|(_, v)| v)
     }
 
+    /// The slot of `key` (the hint first, as [`Slab::get`]), for
+    /// [`Slab::get_at`] later.
+    #[inline]
+    pub fn slot_of(&self, key: &K) -> Option<u32> {
+        let h = self.hint.load(Ordering::Relaxed);
+        if self.entry(h).is_some_and(|(k, _)| k == key) {
+            return Some(h);
+        }
+        self.find(key)
+    }
+
+    /// The value of `key` if slot `slot` holds it (a slot from
+    /// [`Slab::slot_of`]: once the key is removed its slot may hold
+    /// another key, or none): an index and a compare, no hashing, and the
+    /// hint is left alone.
+    #[inline]
+    pub fn get_at(&self, slot: u32, key: &K) -> Option<&V> {
+        self.entry(slot).filter(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
     /// True when `key` has a value.
     pub fn contains_key(&self, key: &K) -> bool {
         self.index.contains_key(key)
@@ -402,12 +422,17 @@ mod tests {
         /// The slab behaves as a `BTreeMap` (the oracle) under any
         /// sequence of inserts (in and out of key order), replaces,
         /// removals (of the oldest keys in bulk, too) and changes in
-        /// place: the same answers, the same key order, the same ranges.
+        /// place: the same answers, the same key order, the same ranges;
+        /// a slot from `slot_of` answers for its key only while it holds it.
         #[test]
         fn a_slab_is_a_map(ops in prop::collection::vec(op(), 1..4000), lo in 0u16..3000, hi in 0u16..3000) {
             let mut slab: Slab<u16, u32> = Slab::default();
             let mut oracle: BTreeMap<u16, u32> = BTreeMap::new();
             let mut next = 3000u16;
+            // The slots `slot_of` gave, kept across later ops (as the
+            // unasked log keeps them): `get_at` of a stale one answers
+            // nothing, never another key's value.
+            let mut slots: BTreeMap<u16, u32> = BTreeMap::new();
             for op in ops {
                 match op {
                     Op::Append(v) => {
@@ -424,6 +449,17 @@ mod tests {
                     Op::Insert(k, v) => prop_assert_eq!(slab.insert(k, v), oracle.insert(k, v)),
                     Op::Remove(k) => prop_assert_eq!(slab.remove(&k), oracle.remove(&k)),
                     Op::Get(k) => {
+                        if let Some(&old) = slots.get(&k) {
+                            let at = slab.get_at(old, &k);
+                            prop_assert!(at.is_none() || at == oracle.get(&k), "slot {} of {}", old, k);
+                        }
+                        match slab.slot_of(&k) {
+                            Some(i) => {
+                                prop_assert_eq!(slab.get_at(i, &k), oracle.get(&k));
+                                slots.insert(k, i);
+                            }
+                            None => prop_assert!(!oracle.contains_key(&k)),
+                        }
                         prop_assert_eq!(slab.get(&k), oracle.get(&k));
                         prop_assert_eq!(slab.get_mut(&k).map(|v| *v), oracle.get(&k).copied());
                     }
