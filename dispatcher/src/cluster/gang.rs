@@ -133,6 +133,26 @@ pub struct Gangs {
     waiting: BTreeSet<u64>,
     /// The reservation (EASY: one, the oldest gang that cannot start).
     reservation: Option<Held>,
+    /// Buffers the pass reuses, so that a pass allocates nothing per gang
+    /// or per node (the simulator runs one per tick, millions of them).
+    scratch: Scratch,
+}
+
+/// The gang pass's reusable buffers (empty between passes).
+#[derive(Default)]
+struct Scratch {
+    numbers: Vec<u64>,
+    waiting: Vec<JobKey>,
+    holding: Vec<JobKey>,
+    free_cpus: Vec<u32>,
+    ready: ReadyBufs,
+}
+
+/// [`Cluster::ready_at`]'s buffers: a node's CPU model and its jobs' ends.
+#[derive(Default)]
+struct ReadyBufs {
+    busy: Vec<bool>,
+    ends: Vec<(Option<i64>, JobKey)>,
 }
 
 impl Gangs {
@@ -314,7 +334,9 @@ impl Cluster {
             return;
         }
         let before = self.gangs.reservation.take();
-        let numbers: Vec<u64> = self.gangs.waiting.iter().copied().collect();
+        let mut sc = std::mem::take(&mut self.gangs.scratch);
+        sc.numbers.clear();
+        sc.numbers.extend(self.gangs.waiting.iter().copied());
         // An upper bound of the nodes a member could start on, by free
         // CPUs alone, ascending; it stays an upper bound while gangs start
         // during the pass (they only take CPUs). A gang with more members
@@ -322,25 +344,26 @@ impl Cluster {
         // is given, a gang already waiting for nodes goes on waiting
         // without the O(nodes) search (a gang waiting for another reason
         // still gets the full pass, which says why).
-        let mut free_cpus: Vec<u32> = self.schedulable_free_cpus();
-        free_cpus.sort_unstable();
-        for n in numbers {
-            let (waiting, holding) = self.members_by_phase(n);
+        self.schedulable_free_cpus(&mut sc.free_cpus);
+        sc.free_cpus.sort_unstable();
+        for &n in &sc.numbers {
+            self.members_by_phase_into(n, &mut sc.waiting, &mut sc.holding);
+            let waiting = &sc.waiting;
             if waiting.is_empty() || self.gangs.map.get(&n).is_none_or(|g| g.ending) {
                 self.gangs.waiting.remove(&n);
                 continue;
             }
-            if !holding.is_empty() {
+            if !sc.holding.is_empty() {
                 // Members wait while others hold nodes (restored, or
                 // given back): replace them, else restart the gang.
-                if !self.replace_members(n, &waiting, now, fx) {
+                if !self.replace_members(n, waiting, now, fx) {
                     self.restart_gang(n, None, now, fx);
                 }
                 continue;
             }
             if self.gangs.reservation.is_some()
                 && let Some(cpus) = self.gang_cpus(n)
-                && free_cpus.len() - free_cpus.partition_point(|&f| f < cpus) < waiting.len()
+                && sc.free_cpus.len() - sc.free_cpus.partition_point(|&f| f < cpus) < waiting.len()
                 && waiting.iter().all(|&k| {
                     matches!(
                         self.jobs.get(k).map(|e| e.phase()),
@@ -353,10 +376,13 @@ impl Cluster {
                 // Already waiting for nodes, and still no room for it.
                 continue;
             }
-            if self.try_start_gang(n, &waiting, now, fx) {
+            if self.try_start_gang(n, waiting, now, &mut sc.ready, fx) {
                 self.gangs.waiting.remove(&n);
             }
         }
+        sc.waiting.clear();
+        sc.holding.clear();
+        self.gangs.scratch = sc;
         let key = |h: &Held| (h.gang, h.nodes.clone());
         if before.as_ref().map(key) != self.gangs.reservation.as_ref().map(key) {
             self.enforce_reservation(before.as_ref(), now, fx);
@@ -367,6 +393,15 @@ impl Cluster {
     /// holding a node; ended members are in neither.
     fn members_by_phase(&self, n: u64) -> (Vec<JobKey>, Vec<JobKey>) {
         let (mut waiting, mut holding) = (Vec::new(), Vec::new());
+        self.members_by_phase_into(n, &mut waiting, &mut holding);
+        (waiting, holding)
+    }
+
+    /// [`Self::members_by_phase`] into the caller's buffers (cleared
+    /// first).
+    fn members_by_phase_into(&self, n: u64, waiting: &mut Vec<JobKey>, holding: &mut Vec<JobKey>) {
+        waiting.clear();
+        holding.clear();
         for k in self.jobs.elements(JobKey::single(n)) {
             match self.jobs.get(k).map(|e| e.phase()) {
                 Some(Phase::Unplaced { .. } | Phase::Queued { .. }) => waiting.push(k),
@@ -374,23 +409,30 @@ impl Cluster {
                 _ => {}
             }
         }
-        (waiting, holding)
     }
 
-    /// Free CPUs of each schedulable node in the engine (any order).
-    fn schedulable_free_cpus(&self) -> Vec<u32> {
+    /// The node of an engine leaf, through its registry slot (no name
+    /// hashing: leaves, names and slots are one-to-one while the engine
+    /// is not dirty, which the gang pass checks first).
+    fn leaf_node(&self, leaf: LeafId) -> Option<&super::NodeInfo> {
+        self.nodes.at(self.engine.slot_at(leaf)?)
+    }
+
+    /// Free CPUs of each schedulable node in the engine (any order), into
+    /// `out` (cleared first).
+    fn schedulable_free_cpus(&self, out: &mut Vec<u32>) {
+        out.clear();
         let Some(engine) = self.engine.sched() else {
-            return Vec::new();
+            return;
         };
-        (0..engine.topology().nr_leaves())
-            .filter(|&leaf| {
-                self.engine
-                    .node_at(leaf)
-                    .and_then(|name| self.nodes.get(name))
-                    .is_some_and(super::NodeInfo::schedulable)
-            })
-            .map(|leaf| engine.rq(leaf).free())
-            .collect()
+        out.extend(
+            (0..engine.topology().nr_leaves())
+                .filter(|&leaf| {
+                    self.leaf_node(leaf)
+                        .is_some_and(super::NodeInfo::schedulable)
+                })
+                .map(|leaf| engine.rq(leaf).free()),
+        );
     }
 
     /// CPUs per member of gang `n` (its spec's, at least 1).
@@ -421,19 +463,28 @@ impl Cluster {
     }
 
     /// The spec members share (the first member's).
-    fn gang_spec(&self, n: u64) -> Option<JobSpec> {
+    fn gang_spec(&self, n: u64) -> Option<Arc<JobSpec>> {
         let first = self.jobs.elements(JobKey::single(n)).next()?;
-        self.jobs.get(first)?.job().spec().cloned()
+        self.jobs.get(first)?.job().spec.clone()
     }
 
     /// Start a waiting gang if one domain has room for every member now;
     /// else mark its members waiting and, if no gang holds it yet, take the
     /// reservation. True when it started.
-    fn try_start_gang(&mut self, n: u64, waiting: &[JobKey], now: i64, fx: &mut Effects) -> bool {
-        let (Some(spec), Some(gang)) = (self.gang_spec(n), self.gangs.map.get(&n).cloned()) else {
+    fn try_start_gang(
+        &mut self,
+        n: u64,
+        waiting: &[JobKey],
+        now: i64,
+        bufs: &mut ReadyBufs,
+        fx: &mut Effects,
+    ) -> bool {
+        let (Some(spec), Some(level)) = (
+            self.gang_spec(n),
+            self.gangs.map.get(&n).map(|g| g.level_at(now)),
+        ) else {
             return false;
         };
-        let level = gang.level_at(now);
         let allowed = match self
             .engine
             .allowed_leaves(&spec, &self.nodes, |n| self.gpus_free_for(n, None))
@@ -450,23 +501,28 @@ impl Cluster {
                 return false;
             }
         };
-        let Some(topo) = self.engine.sched().map(|e| e.topology().clone()) else {
+        let Some(engine) = self.engine.sched() else {
             return false;
         };
-        let held = self.gangs.reservation.clone();
         let ends = ends_by(&spec, now);
         let none = HashSet::new();
-        let found = find_gang_in(&topo, waiting.len(), level, policy_of(&spec), |leaf| {
-            self.member_room(
-                leaf,
-                &spec,
-                allowed.as_deref(),
-                held.as_ref(),
-                n,
-                ends,
-                &none,
-            )
-        });
+        let found = find_gang_in(
+            engine.topology(),
+            waiting.len(),
+            level,
+            policy_of(&spec),
+            |leaf| {
+                self.member_room(
+                    leaf,
+                    &spec,
+                    allowed.as_deref(),
+                    self.gangs.reservation.as_ref(),
+                    n,
+                    ends,
+                    &none,
+                )
+            },
+        );
         if let Some(leaves) = found {
             let pairs: Vec<(JobKey, LeafId)> = waiting.iter().copied().zip(leaves).collect();
             if self.start_members(&pairs, now) {
@@ -478,9 +534,13 @@ impl Cluster {
             }
         }
         self.mark_gang_waiting(waiting, fx);
-        if self.gangs.reservation.is_none() {
-            let res = gang_reservation_in(&topo, waiting.len(), level, |leaf| {
-                self.ready_at(leaf, &spec, allowed.as_deref(), now)
+        if self.gangs.reservation.is_none()
+            && let Some(engine) = self.engine.sched()
+        {
+            let topo = engine.topology();
+            let (busy, ends) = (&mut bufs.busy, &mut bufs.ends);
+            let res = gang_reservation_in(topo, waiting.len(), level, |leaf| {
+                self.ready_at(leaf, &spec, allowed.as_deref(), now, busy, ends)
                     .map(|ms| ms.max(0) as u64)
             });
             if let Some(r) = res {
@@ -489,11 +549,12 @@ impl Cluster {
                     .iter()
                     .filter_map(|&l| self.engine.node_at(l).map(str::to_string))
                     .collect();
+                let leaves = Arc::new(LeafSet::from_leaves(topo.nr_leaves(), r.leaves));
                 self.gangs.reservation = Some(Held {
                     gang: n,
                     start_ms: i64::try_from(r.start).unwrap_or(i64::MAX),
                     nodes,
-                    leaves: Arc::new(LeafSet::from_leaves(topo.nr_leaves(), r.leaves)),
+                    leaves,
                 });
             }
         }
@@ -515,7 +576,7 @@ impl Cluster {
         exclude: &HashSet<LeafId>,
     ) -> Option<u32> {
         let engine = self.engine.sched()?;
-        let node = self.nodes.get(self.engine.node_at(leaf)?)?;
+        let node = self.leaf_node(leaf)?;
         if !node.schedulable() || exclude.contains(&leaf) {
             return None;
         }
@@ -541,48 +602,50 @@ impl Cluster {
     /// when enough of the node's jobs have ended by their timeouts for its
     /// aligned CPUs (the node's CPU model with their CPUs freed, earliest
     /// end first); None when that needs a job without a timeout, or never.
+    #[allow(clippy::too_many_arguments)]
     fn ready_at(
         &self,
         leaf: LeafId,
         spec: &JobSpec,
         allowed: Option<&LeafSet>,
         now: i64,
+        busy: &mut Vec<bool>,
+        ends: &mut Vec<(Option<i64>, JobKey)>,
     ) -> Option<i64> {
         let engine = self.engine.sched()?;
-        let name = self.engine.node_at(leaf)?;
-        let node = self.nodes.get(name)?;
+        let node = self.leaf_node(leaf)?;
         if !node.schedulable() || allowed.is_some_and(|a| !a.contains(leaf)) {
             return None;
         }
         let (cpus, align) = (spec.cpus.max(1), align_of(spec));
         let rq = engine.rq(leaf);
-        let mut busy: Vec<bool> = node.busy_flags().collect();
+        if rq.room(align) >= cpus {
+            return Some(now);
+        }
+        busy.clear();
+        busy.extend(node.busy_flags());
         let mut free = rq.free();
         let fits = |busy: &[bool], free: u32| {
             free >= cpus && free_summary_of(node.cpu_topo(), |l| !busy[l]).get(align) >= cpus
         };
-        if rq.room(align) >= cpus || fits(&busy, free) {
+        if fits(busy, free) {
             return Some(now);
         }
-        let mut ends: Vec<(Option<i64>, JobKey)> = self
-            .jobs
-            .on(name)
-            .into_iter()
-            .filter_map(|k| {
-                let e = self.jobs.get(k)?;
-                let timeout = e.job().spec.as_ref().map_or(0, |s| s.timeout_ms);
-                let start = match (e.job().start_time_ms, e.phase()) {
-                    (s, _) if s > 0 => s,
-                    (_, Phase::Assigned { since, .. }) => *since,
-                    _ => now,
-                };
-                let end = (timeout > 0)
-                    .then(|| start.saturating_add(timeout.min(i64::MAX as u64) as i64));
-                Some((end, k))
-            })
-            .collect();
+        ends.clear();
+        ends.extend(self.jobs.keys_on(&node.name).iter().filter_map(|&k| {
+            let e = self.jobs.get(k)?;
+            let timeout = e.job().spec.as_ref().map_or(0, |s| s.timeout_ms);
+            let start = match (e.job().start_time_ms, e.phase()) {
+                (s, _) if s > 0 => s,
+                (_, Phase::Assigned { since, .. }) => *since,
+                _ => now,
+            };
+            let end =
+                (timeout > 0).then(|| start.saturating_add(timeout.min(i64::MAX as u64) as i64));
+            Some((end, k))
+        }));
         ends.sort_by_key(|&(end, k)| (end.is_none(), end, k));
-        for (end, k) in ends {
+        for &(end, k) in ends.iter() {
             let end = end?;
             let e = self.jobs.get(k)?;
             for &c in &e.model_cpus {
@@ -591,7 +654,7 @@ impl Cluster {
                 }
             }
             free = free.saturating_add(e.cpus());
-            if fits(&busy, free) {
+            if fits(busy, free) {
                 return Some(end.max(now));
             }
         }

@@ -914,6 +914,11 @@ impl Jobs {
         self.by_node.get(node).map_or(Vec::new(), |s| s.to_vec())
     }
 
+    /// [`Jobs::on`] borrowed (nothing allocated).
+    pub fn keys_on(&self, node: &str) -> &[JobKey] {
+        self.by_node.get(node).map_or(&[], Vec::as_slice)
+    }
+
     /// CPUs held on `node` by its ASSIGNED and RUNNING jobs.
     pub fn cpus_held(&self, node: &str) -> u32 {
         self.by_node.get(node).map_or(0, |s| {
