@@ -136,6 +136,36 @@ pub struct Gangs {
     /// Buffers the pass reuses, so that a pass allocates nothing per gang
     /// or per node (the simulator runs one per tick, millions of them).
     scratch: Scratch,
+    /// Bumped by every change to the gangs made outside a pass's own
+    /// reservation bookkeeping ([`Gangs::touch`]).
+    changes: u64,
+    /// What the last pass read, when it changed nothing: the next pass
+    /// with the same inputs, before any of its time limits, is skipped.
+    quiet: Option<Quiet>,
+    /// Never skip a pass (the differential test's reference run).
+    no_skip: bool,
+    /// Passes skipped so far.
+    skipped: u64,
+    /// The pass running now: the first time at which one of its
+    /// decisions may differ (a preferred level relaxes, a reservation's
+    /// ready time or backfill limit passes), and whether it changed
+    /// anything (then it is not quiet).
+    until: i64,
+    acted: bool,
+}
+
+/// A quiet pass's inputs ([`Cluster::schedule_gangs`]): the change
+/// counters of the jobs, the nodes, the engine's builds and the gangs,
+/// each leaf's free CPUs and room at every alignment in the engine (the
+/// engine's queues change without a counter: a tick may move the
+/// backfill room), and the time window over which its decisions hold.
+#[derive(Debug, PartialEq, Eq)]
+struct Quiet {
+    counters: [u64; 4],
+    rooms: Vec<[u32; 6]>,
+    /// The pass ran at `since`; it decides the same before `until`.
+    since: i64,
+    until: i64,
 }
 
 /// The gang pass's reusable buffers (empty between passes).
@@ -156,14 +186,34 @@ struct ReadyBufs {
 }
 
 impl Gangs {
+    /// Something a pass reads changed here.
+    fn touch(&mut self) {
+        self.changes += 1;
+    }
+
+    /// Whether a gang pass whose inputs did not change since the last
+    /// quiet one is skipped (the default; off for the differential test,
+    /// which checks that both decide the same).
+    pub fn set_skip_unchanged(&mut self, on: bool) {
+        self.no_skip = !on;
+        self.quiet = None;
+    }
+
+    /// Gang passes skipped so far because their inputs had not changed.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
     /// Add a gang.
     pub fn insert(&mut self, number: u64, gang: Gang) {
+        self.touch();
         self.map.insert(number, gang);
         self.waiting.insert(number);
     }
 
     /// Forget a gang (its last member was forgotten).
     pub(super) fn remove(&mut self, number: u64) {
+        self.touch();
         self.map.remove(&number);
         self.waiting.remove(&number);
         if self.reservation.as_ref().is_some_and(|h| h.gang == number) {
@@ -188,6 +238,7 @@ impl Gangs {
 
     /// Drop the reservation (its leaves are stale after a rebuild).
     pub(super) fn drop_reservation(&mut self) {
+        self.touch();
         self.reservation = None;
     }
 
@@ -195,6 +246,7 @@ impl Gangs {
     /// gang once, waiting since its submission, ending if a member ended
     /// other than SUCCEEDED.
     pub fn restore<'a>(&mut self, jobs: impl Iterator<Item = (JobKey, &'a JobRecord)>) {
+        self.touch();
         for (key, job) in jobs {
             if !job.is_gang() {
                 continue;
@@ -229,6 +281,13 @@ fn level_name(a: Align) -> &'static str {
         Align::Package => "region",
         Align::Any => "cluster",
     }
+}
+
+/// A leaf's free CPUs and its room at every alignment: what the gang pass
+/// reads of the engine's queue.
+fn room_key(rq: &sched::rq::RunQueue) -> [u32; 6] {
+    let r = rq.rooms();
+    [rq.free(), r[0], r[1], r[2], r[3], r[4]]
 }
 
 /// When a job that starts now would end by its timeout (None: no timeout).
@@ -319,6 +378,7 @@ impl Cluster {
                 },
             );
         }
+        self.gangs.touch();
         self.gangs.waiting.insert(number);
     }
 
@@ -333,6 +393,25 @@ impl Cluster {
         if self.engine.sched().is_none() || self.engine.is_dirty() {
             return;
         }
+        let counters = self.gang_counters();
+        let mut quiet = self.gangs.quiet.take();
+        if let Some(q) = quiet.as_mut() {
+            if !self.gangs.no_skip
+                && q.counters == counters
+                && q.since <= now
+                && now < q.until
+                && self.same_rooms(&q.rooms)
+            {
+                self.gangs.quiet = quiet;
+                self.gangs.skipped += 1;
+                return;
+            }
+            q.rooms.clear();
+        }
+        let mut rooms = quiet.map(|q| q.rooms).unwrap_or_default();
+        self.rooms_into(&mut rooms);
+        self.gangs.until = i64::MAX;
+        self.gangs.acted = false;
         let before = self.gangs.reservation.take();
         let mut sc = std::mem::take(&mut self.gangs.scratch);
         sc.numbers.clear();
@@ -350,10 +429,12 @@ impl Cluster {
             self.members_by_phase_into(n, &mut sc.waiting, &mut sc.holding);
             let waiting = &sc.waiting;
             if waiting.is_empty() || self.gangs.map.get(&n).is_none_or(|g| g.ending) {
+                self.gangs.touch();
                 self.gangs.waiting.remove(&n);
                 continue;
             }
             if !sc.holding.is_empty() {
+                self.gangs.acted = true;
                 // Members wait while others hold nodes (restored, or
                 // given back): replace them, else restart the gang.
                 if !self.replace_members(n, waiting, now, fx) {
@@ -383,10 +464,57 @@ impl Cluster {
         sc.waiting.clear();
         sc.holding.clear();
         self.gangs.scratch = sc;
+        let same = before == self.gangs.reservation;
         let key = |h: &Held| (h.gang, h.nodes.clone());
         if before.as_ref().map(key) != self.gangs.reservation.as_ref().map(key) {
             self.enforce_reservation(before.as_ref(), now, fx);
         }
+        // Quiet: the pass changed nothing (no start tried, no member
+        // moved, the same reservation), so the same inputs give the same
+        // pass until one of its time limits.
+        if same && !self.gangs.acted && self.gang_counters() == counters {
+            self.gangs.quiet = Some(Quiet {
+                counters,
+                rooms,
+                since: now,
+                until: self.gangs.until,
+            });
+        }
+    }
+
+    /// The change counters a gang pass depends on: the jobs, the nodes,
+    /// the engine's builds, the gangs.
+    fn gang_counters(&self) -> [u64; 4] {
+        [
+            self.jobs.changes(),
+            self.nodes.changes(),
+            self.engine.builds(),
+            self.gangs.changes,
+        ]
+    }
+
+    /// Each leaf's free CPUs and room at every alignment, into `out`
+    /// (cleared first).
+    fn rooms_into(&self, out: &mut Vec<[u32; 6]>) {
+        out.clear();
+        if let Some(engine) = self.engine.sched() {
+            out.extend((0..engine.topology().nr_leaves()).map(|leaf| room_key(engine.rq(leaf))));
+        }
+    }
+
+    /// True when every leaf's free CPUs and rooms are `rooms`.
+    fn same_rooms(&self, rooms: &[[u32; 6]]) -> bool {
+        let Some(engine) = self.engine.sched() else {
+            return false;
+        };
+        let nr = engine.topology().nr_leaves();
+        nr == rooms.len() && (0..nr).all(|leaf| room_key(engine.rq(leaf)) == rooms[leaf])
+    }
+
+    /// A time limit of the running pass: its decisions may differ from
+    /// `at` on.
+    fn pass_until(&mut self, at: i64) {
+        self.gangs.until = self.gangs.until.min(at);
     }
 
     /// A gang's members split into the waiting (`Unplaced`) and those
@@ -479,12 +607,16 @@ impl Cluster {
         bufs: &mut ReadyBufs,
         fx: &mut Effects,
     ) -> bool {
-        let (Some(spec), Some(level)) = (
-            self.gang_spec(n),
-            self.gangs.map.get(&n).map(|g| g.level_at(now)),
-        ) else {
+        let (Some(spec), Some(gang)) = (self.gang_spec(n), self.gangs.map.get(&n)) else {
             return false;
         };
+        let (level, preferred) = (gang.level_at(now), gang.preferred);
+        let relax = gang.relax_after_ms.min(i64::MAX as u64) as i64;
+        let relaxes_at = gang.waiting_since.saturating_add(relax);
+        if preferred && level != Align::Any {
+            // The level relaxes when the wait reaches `relax_after_ms`.
+            self.pass_until(relaxes_at);
+        }
         let allowed = match self
             .engine
             .allowed_leaves(&spec, &self.nodes, |n| self.gpus_free_for(n, None))
@@ -501,10 +633,22 @@ impl Cluster {
                 return false;
             }
         };
+        let ends = ends_by(&spec, now);
+        if let Some(h) = self.gangs.reservation.as_ref()
+            && h.gang != n
+            && let Some(e) = ends
+            && e <= h.start_ms
+        {
+            // A member ends in time for the reservation while `now`
+            // stays at most `start_ms - timeout`.
+            let at = now
+                .saturating_add(h.start_ms.saturating_sub(e))
+                .saturating_add(1);
+            self.pass_until(at);
+        }
         let Some(engine) = self.engine.sched() else {
             return false;
         };
-        let ends = ends_by(&spec, now);
         let none = HashSet::new();
         let found = find_gang_in(
             engine.topology(),
@@ -524,8 +668,10 @@ impl Cluster {
             },
         );
         if let Some(leaves) = found {
+            self.gangs.acted = true;
             let pairs: Vec<(JobKey, LeafId)> = waiting.iter().copied().zip(leaves).collect();
             if self.start_members(&pairs, now) {
+                self.gangs.touch();
                 if let Some(g) = self.gangs.map.get_mut(&n) {
                     g.level = level;
                 }
@@ -539,17 +685,27 @@ impl Cluster {
         {
             let topo = engine.topology();
             let (busy, ends) = (&mut bufs.busy, &mut bufs.ends);
+            // The ready times are `max(end, now)`: the pass's choice
+            // holds until `now` reaches the earliest one still ahead (or
+            // not at all when one moves with `now`, `until` = now).
+            let mut until = i64::MAX;
             let res = gang_reservation_in(topo, waiting.len(), level, |leaf| {
-                self.ready_at(leaf, &spec, allowed.as_deref(), now, busy, ends)
+                self.ready_at(leaf, &spec, allowed.as_deref(), now, busy, ends, &mut until)
                     .map(|ms| ms.max(0) as u64)
             });
+            let nr = topo.nr_leaves();
+            self.pass_until(until);
             if let Some(r) = res {
+                if i64::try_from(r.start).is_ok_and(|s| s <= now) {
+                    // It starts "now": the next pass's start is later.
+                    self.pass_until(now);
+                }
                 let nodes = r
                     .leaves
                     .iter()
                     .filter_map(|&l| self.engine.node_at(l).map(str::to_string))
                     .collect();
-                let leaves = Arc::new(LeafSet::from_leaves(topo.nr_leaves(), r.leaves));
+                let leaves = Arc::new(LeafSet::from_leaves(nr, r.leaves));
                 self.gangs.reservation = Some(Held {
                     gang: n,
                     start_ms: i64::try_from(r.start).unwrap_or(i64::MAX),
@@ -611,6 +767,7 @@ impl Cluster {
         now: i64,
         busy: &mut Vec<bool>,
         ends: &mut Vec<(Option<i64>, JobKey)>,
+        until: &mut i64,
     ) -> Option<i64> {
         let engine = self.engine.sched()?;
         let node = self.leaf_node(leaf)?;
@@ -638,7 +795,11 @@ impl Cluster {
             let start = match (e.job().start_time_ms, e.phase()) {
                 (s, _) if s > 0 => s,
                 (_, Phase::Assigned { since, .. }) => *since,
-                _ => now,
+                _ => {
+                    // An end that moves with `now`.
+                    *until = (*until).min(now);
+                    now
+                }
             };
             let end =
                 (timeout > 0).then(|| start.saturating_add(timeout.min(i64::MAX as u64) as i64));
@@ -655,6 +816,9 @@ impl Cluster {
             }
             free = free.saturating_add(e.cpus());
             if fits(busy, free) {
+                if end > now {
+                    *until = (*until).min(end);
+                }
                 return Some(end.max(now));
             }
         }
@@ -826,6 +990,7 @@ impl Cluster {
                 why: Unplaced::Gang,
             },
         );
+        self.gangs.touch();
         self.gangs.waiting.insert(key.number());
         self.persist_emit(key, previous, now, fx);
     }
@@ -865,6 +1030,7 @@ impl Cluster {
                 self.refresh_capacity(&node, now, fx);
             }
         }
+        self.gangs.touch();
         if let Some(g) = self.gangs.map.get_mut(&n) {
             g.waiting_since = now;
             g.level = g.within;
@@ -936,6 +1102,7 @@ impl Cluster {
             Some(g) if !g.ending => g.ending = true,
             _ => return,
         }
+        self.gangs.touch();
         self.gangs.waiting.remove(&n);
         if self.gangs.reservation.as_ref().is_some_and(|h| h.gang == n) {
             let old = self.gangs.reservation.take();

@@ -820,6 +820,8 @@ pub struct Jobs {
     gpus_freed: bool,
     /// Terminal jobs are queued for [`Jobs::expired`].
     retained: bool,
+    /// Bumped by every change to the table or an entry ([`Jobs::changes`]).
+    changes: u64,
     /// Jobs that became terminal since the last [`Jobs::expired`] call,
     /// not stamped yet.
     done_new: Vec<JobKey>,
@@ -860,6 +862,13 @@ impl Jobs {
     /// True without jobs.
     pub fn is_empty(&self) -> bool {
         self.table.len() == 0
+    }
+
+    /// A counter bumped by every change to the table or to an entry (its
+    /// phase, facts, modelled CPUs, requeues): equal counters, no change
+    /// in between (the gang pass skips on it).
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// The next job number.
@@ -1014,6 +1023,7 @@ impl Jobs {
 
     /// Add a job in `phase` with a fresh engine task.
     pub fn insert(&mut self, key: JobKey, job: JobRecord, phase: Phase) {
+        self.changes += 1;
         let task = TaskId(self.next_task);
         self.next_task += 1;
         self.task_job.insert(task, key);
@@ -1133,6 +1143,7 @@ impl Jobs {
     /// Forget a job: its record, its indexes and its engine task's
     /// mapping (the caller has taken the task out of the engine).
     pub fn remove(&mut self, key: JobKey) -> Option<JobEntry> {
+        self.changes += 1;
         let e = self.table.remove(&key)?;
         let gpus = e.gpus();
         self.unindex(key, &e.phase, gpus);
@@ -1151,6 +1162,7 @@ impl Jobs {
     /// [`Jobs::set_phase`], returning the phase it had (None: no such
     /// job), whose strings the caller may reuse.
     pub fn replace_phase(&mut self, key: JobKey, mut phase: Phase) -> Option<Phase> {
+        self.changes += 1;
         if let Phase::Unplaced {
             why: Unplaced::NoMatch { selector, .. },
         } = &mut phase
@@ -1190,6 +1202,7 @@ impl Jobs {
 
     /// The proto fields that do not follow from the phase.
     pub fn facts(&mut self, key: JobKey) -> Option<Facts<'_>> {
+        self.changes += 1;
         self.table
             .get_mut(&key)
             .map(|e| Facts(Arc::make_mut(&mut e.job)))
@@ -1197,6 +1210,7 @@ impl Jobs {
 
     /// Its modelled CPUs and the slot of their node, to change.
     pub fn model_mut(&mut self, key: JobKey) -> Option<(&mut Vec<LeafId>, &mut Option<NodeSlot>)> {
+        self.changes += 1;
         self.table
             .get_mut(&key)
             .map(|e| (&mut e.model_cpus, &mut e.model_node))
@@ -1204,6 +1218,7 @@ impl Jobs {
 
     /// Record why a job goes back to PENDING.
     pub fn push_requeue(&mut self, key: JobKey, r: Requeue) {
+        self.changes += 1;
         if let Some(e) = self.table.get_mut(&key) {
             e.requeues.push(r);
         }
@@ -1211,6 +1226,7 @@ impl Jobs {
 
     /// Mark an ASSIGNED job as asked back (`Steal`) at `now`, or clear it.
     pub fn set_steal_asked(&mut self, key: JobKey, at: Option<i64>) {
+        self.changes += 1;
         if let Some(e) = self.table.get_mut(&key)
             && let Phase::Assigned {
                 steal_asked, since, ..
