@@ -45,6 +45,17 @@
 //!   they run on their node (running tasks are never stolen), with their
 //!   node as their only affinity, and agent-level steals skip them.
 //!
+//! - **an unchanged pass is skipped**: a pass that changed nothing
+//!   records what it read (the change counters of the jobs, the nodes,
+//!   the engine's builds and the gangs, each leaf's free CPUs and rooms
+//!   in the engine) and the time window its decisions hold for (until a
+//!   preferred gang relaxes, a reservation's ready time is reached, or a
+//!   member would no longer end before another gang's reservation); the
+//!   next pass with the same inputs inside that window is left out. A
+//!   simulated replay ticks millions of times with nothing changed in
+//!   between; a differential proptest runs the gang steps with and
+//!   without the skip.
+//!
 //! Invariant (checked by brute force in [`Cluster::check_gangs`]): the
 //! live (not ended) members of a gang either all hold a node, each a
 //! different one and, for a required level, inside one domain of it, or

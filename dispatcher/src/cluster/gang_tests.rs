@@ -746,7 +746,6 @@ fn run_skip_diff(ops: Vec<Op>) -> Result<u64, TestCaseError> {
         now_e += 1_000;
         let fx_f = apply_op(&mut fast, op.clone(), &mut now_f, &mut alive_f);
         let fx_e = apply_op(&mut every, op, &mut now_e, &mut alive_e);
-        prop_assert_eq!(fast.check(), Ok(()), "after {:?}", op_shown);
         prop_assert_eq!(
             seen(&fast, &fx_f),
             seen(&every, &fx_e),
