@@ -148,17 +148,18 @@ pub fn gang_reservation_in(
     topo: &Topology,
     members: usize,
     within: Align,
-    ready_at: impl Fn(LeafId) -> Option<u64>,
+    mut ready_at: impl FnMut(LeafId) -> Option<u64>,
 ) -> Option<GangReservation> {
     if members == 0 {
         return None;
     }
     let mut best: Option<(GangReservation, usize)> = None;
+    // One buffer for every domain (a pass over the whole cluster runs
+    // once per dispatcher tick).
+    let mut ready: Vec<(u64, LeafId)> = Vec::new();
     for group in align_groups(topo, within) {
-        let mut ready: Vec<(u64, LeafId)> = group
-            .iter()
-            .filter_map(|&l| ready_at(l).map(|t| (t, l)))
-            .collect();
+        ready.clear();
+        ready.extend(group.iter().filter_map(|&l| ready_at(l).map(|t| (t, l))));
         if ready.len() < members {
             continue;
         }

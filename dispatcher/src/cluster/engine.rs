@@ -51,6 +51,8 @@ pub struct NodeEngine {
     /// The buffer events are drained into, kept between drains
     /// ([`NodeEngine::take_event_buf`]).
     event_buf: Vec<SchedEvent>,
+    /// Bumped by every rebuild and mark_dirty ([`NodeEngine::builds`]).
+    builds: u64,
 }
 
 impl NodeEngine {
@@ -68,6 +70,7 @@ impl NodeEngine {
             leaf_shape_min: (FreeSummary::default(), 0),
             steals_before: 0,
             event_buf: Vec::new(),
+            builds: 0,
         }
     }
 
@@ -81,6 +84,13 @@ impl NodeEngine {
     /// Keep `buf` for the next drain.
     pub(super) fn put_event_buf(&mut self, buf: Vec<SchedEvent>) {
         self.event_buf = buf;
+    }
+
+    /// A counter bumped by every rebuild (and [`NodeEngine::mark_dirty`]):
+    /// the leaf order, the node shapes and the engine's tree change only
+    /// then (the engine's queues change without it).
+    pub fn builds(&self) -> u64 {
+        self.builds
     }
 
     /// The engine (None until a node registers).
@@ -160,6 +170,7 @@ impl NodeEngine {
 
     /// The node set changed: rebuild before the next use.
     pub fn mark_dirty(&mut self) {
+        self.builds += 1;
         self.dirty = true;
     }
 
@@ -187,6 +198,7 @@ impl NodeEngine {
     /// nodes; the old engine stays if the tree cannot be built). Returns
     /// true when an engine was built.
     pub(super) fn rebuild(&mut self, nodes: &Nodes) -> bool {
+        self.builds += 1;
         if nodes.is_empty() {
             self.steals_before = self.steals();
             self.sched = None;

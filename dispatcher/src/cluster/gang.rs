@@ -45,6 +45,17 @@
 //!   they run on their node (running tasks are never stolen), with their
 //!   node as their only affinity, and agent-level steals skip them.
 //!
+//! - **an unchanged pass is skipped**: a pass that changed nothing
+//!   records what it read (the change counters of the jobs, the nodes,
+//!   the engine's builds and the gangs, each leaf's free CPUs and rooms
+//!   in the engine) and the time window its decisions hold for (until a
+//!   preferred gang relaxes, a reservation's ready time is reached, or a
+//!   member would no longer end before another gang's reservation); the
+//!   next pass with the same inputs inside that window is left out. A
+//!   simulated replay ticks millions of times with nothing changed in
+//!   between; a differential proptest runs the gang steps with and
+//!   without the skip.
+//!
 //! Invariant (checked by brute force in [`Cluster::check_gangs`]): the
 //! live (not ended) members of a gang either all hold a node, each a
 //! different one and, for a required level, inside one domain of it, or
@@ -133,17 +144,87 @@ pub struct Gangs {
     waiting: BTreeSet<u64>,
     /// The reservation (EASY: one, the oldest gang that cannot start).
     reservation: Option<Held>,
+    /// Buffers the pass reuses, so that a pass allocates nothing per gang
+    /// or per node (the simulator runs one per tick, millions of them).
+    scratch: Scratch,
+    /// Bumped by every change to the gangs made outside a pass's own
+    /// reservation bookkeeping ([`Gangs::touch`]).
+    changes: u64,
+    /// What the last pass read, when it changed nothing: the next pass
+    /// with the same inputs, before any of its time limits, is skipped.
+    quiet: Option<Quiet>,
+    /// Never skip a pass (the differential test's reference run).
+    no_skip: bool,
+    /// Passes skipped so far.
+    skipped: u64,
+    /// The pass running now: the first time at which one of its
+    /// decisions may differ (a preferred level relaxes, a reservation's
+    /// ready time or backfill limit passes), and whether it changed
+    /// anything (then it is not quiet).
+    until: i64,
+    acted: bool,
+}
+
+/// A quiet pass's inputs ([`Cluster::schedule_gangs`]): the change
+/// counters of the jobs, the nodes, the engine's builds and the gangs,
+/// each leaf's free CPUs and room at every alignment in the engine (the
+/// engine's queues change without a counter: a tick may move the
+/// backfill room), and the time window over which its decisions hold.
+#[derive(Debug, PartialEq, Eq)]
+struct Quiet {
+    counters: [u64; 4],
+    rooms: Vec<[u32; 6]>,
+    /// The pass ran at `since`; it decides the same before `until`.
+    since: i64,
+    until: i64,
+}
+
+/// The gang pass's reusable buffers (empty between passes).
+#[derive(Default)]
+struct Scratch {
+    numbers: Vec<u64>,
+    waiting: Vec<JobKey>,
+    holding: Vec<JobKey>,
+    free_cpus: Vec<u32>,
+    ready: ReadyBufs,
+}
+
+/// [`Cluster::ready_at`]'s buffers: a node's CPU model and its jobs' ends.
+#[derive(Default)]
+struct ReadyBufs {
+    busy: Vec<bool>,
+    ends: Vec<(Option<i64>, JobKey)>,
 }
 
 impl Gangs {
+    /// Something a pass reads changed here.
+    fn touch(&mut self) {
+        self.changes += 1;
+    }
+
+    /// Whether a gang pass whose inputs did not change since the last
+    /// quiet one is skipped (the default; off for the differential test,
+    /// which checks that both decide the same).
+    pub fn set_skip_unchanged(&mut self, on: bool) {
+        self.no_skip = !on;
+        self.quiet = None;
+    }
+
+    /// Gang passes skipped so far because their inputs had not changed.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
     /// Add a gang.
     pub fn insert(&mut self, number: u64, gang: Gang) {
+        self.touch();
         self.map.insert(number, gang);
         self.waiting.insert(number);
     }
 
     /// Forget a gang (its last member was forgotten).
     pub(super) fn remove(&mut self, number: u64) {
+        self.touch();
         self.map.remove(&number);
         self.waiting.remove(&number);
         if self.reservation.as_ref().is_some_and(|h| h.gang == number) {
@@ -168,6 +249,7 @@ impl Gangs {
 
     /// Drop the reservation (its leaves are stale after a rebuild).
     pub(super) fn drop_reservation(&mut self) {
+        self.touch();
         self.reservation = None;
     }
 
@@ -175,6 +257,7 @@ impl Gangs {
     /// gang once, waiting since its submission, ending if a member ended
     /// other than SUCCEEDED.
     pub fn restore<'a>(&mut self, jobs: impl Iterator<Item = (JobKey, &'a JobRecord)>) {
+        self.touch();
         for (key, job) in jobs {
             if !job.is_gang() {
                 continue;
@@ -209,6 +292,13 @@ fn level_name(a: Align) -> &'static str {
         Align::Package => "region",
         Align::Any => "cluster",
     }
+}
+
+/// A leaf's free CPUs and its room at every alignment: what the gang pass
+/// reads of the engine's queue.
+fn room_key(rq: &sched::rq::RunQueue) -> [u32; 6] {
+    let r = rq.rooms();
+    [rq.free(), r[0], r[1], r[2], r[3], r[4]]
 }
 
 /// When a job that starts now would end by its timeout (None: no timeout).
@@ -299,6 +389,7 @@ impl Cluster {
                 },
             );
         }
+        self.gangs.touch();
         self.gangs.waiting.insert(number);
     }
 
@@ -313,8 +404,29 @@ impl Cluster {
         if self.engine.sched().is_none() || self.engine.is_dirty() {
             return;
         }
+        let counters = self.gang_counters();
+        let mut quiet = self.gangs.quiet.take();
+        if let Some(q) = quiet.as_mut() {
+            if !self.gangs.no_skip
+                && q.counters == counters
+                && q.since <= now
+                && now < q.until
+                && self.same_rooms(&q.rooms)
+            {
+                self.gangs.quiet = quiet;
+                self.gangs.skipped += 1;
+                return;
+            }
+            q.rooms.clear();
+        }
+        let mut rooms = quiet.map(|q| q.rooms).unwrap_or_default();
+        self.rooms_into(&mut rooms);
+        self.gangs.until = i64::MAX;
+        self.gangs.acted = false;
         let before = self.gangs.reservation.take();
-        let numbers: Vec<u64> = self.gangs.waiting.iter().copied().collect();
+        let mut sc = std::mem::take(&mut self.gangs.scratch);
+        sc.numbers.clear();
+        sc.numbers.extend(self.gangs.waiting.iter().copied());
         // An upper bound of the nodes a member could start on, by free
         // CPUs alone, ascending; it stays an upper bound while gangs start
         // during the pass (they only take CPUs). A gang with more members
@@ -322,25 +434,28 @@ impl Cluster {
         // is given, a gang already waiting for nodes goes on waiting
         // without the O(nodes) search (a gang waiting for another reason
         // still gets the full pass, which says why).
-        let mut free_cpus: Vec<u32> = self.schedulable_free_cpus();
-        free_cpus.sort_unstable();
-        for n in numbers {
-            let (waiting, holding) = self.members_by_phase(n);
+        self.schedulable_free_cpus(&mut sc.free_cpus);
+        sc.free_cpus.sort_unstable();
+        for &n in &sc.numbers {
+            self.members_by_phase_into(n, &mut sc.waiting, &mut sc.holding);
+            let waiting = &sc.waiting;
             if waiting.is_empty() || self.gangs.map.get(&n).is_none_or(|g| g.ending) {
+                self.gangs.touch();
                 self.gangs.waiting.remove(&n);
                 continue;
             }
-            if !holding.is_empty() {
+            if !sc.holding.is_empty() {
+                self.gangs.acted = true;
                 // Members wait while others hold nodes (restored, or
                 // given back): replace them, else restart the gang.
-                if !self.replace_members(n, &waiting, now, fx) {
+                if !self.replace_members(n, waiting, now, fx) {
                     self.restart_gang(n, None, now, fx);
                 }
                 continue;
             }
             if self.gangs.reservation.is_some()
                 && let Some(cpus) = self.gang_cpus(n)
-                && free_cpus.len() - free_cpus.partition_point(|&f| f < cpus) < waiting.len()
+                && sc.free_cpus.len() - sc.free_cpus.partition_point(|&f| f < cpus) < waiting.len()
                 && waiting.iter().all(|&k| {
                     matches!(
                         self.jobs.get(k).map(|e| e.phase()),
@@ -353,20 +468,79 @@ impl Cluster {
                 // Already waiting for nodes, and still no room for it.
                 continue;
             }
-            if self.try_start_gang(n, &waiting, now, fx) {
+            if self.try_start_gang(n, waiting, now, &mut sc.ready, fx) {
                 self.gangs.waiting.remove(&n);
             }
         }
+        sc.waiting.clear();
+        sc.holding.clear();
+        self.gangs.scratch = sc;
+        let same = before == self.gangs.reservation;
         let key = |h: &Held| (h.gang, h.nodes.clone());
         if before.as_ref().map(key) != self.gangs.reservation.as_ref().map(key) {
             self.enforce_reservation(before.as_ref(), now, fx);
         }
+        // Quiet: the pass changed nothing (no start tried, no member
+        // moved, the same reservation), so the same inputs give the same
+        // pass until one of its time limits.
+        if same && !self.gangs.acted && self.gang_counters() == counters {
+            self.gangs.quiet = Some(Quiet {
+                counters,
+                rooms,
+                since: now,
+                until: self.gangs.until,
+            });
+        }
+    }
+
+    /// The change counters a gang pass depends on: the jobs, the nodes,
+    /// the engine's builds, the gangs.
+    fn gang_counters(&self) -> [u64; 4] {
+        [
+            self.jobs.changes(),
+            self.nodes.changes(),
+            self.engine.builds(),
+            self.gangs.changes,
+        ]
+    }
+
+    /// Each leaf's free CPUs and room at every alignment, into `out`
+    /// (cleared first).
+    fn rooms_into(&self, out: &mut Vec<[u32; 6]>) {
+        out.clear();
+        if let Some(engine) = self.engine.sched() {
+            out.extend((0..engine.topology().nr_leaves()).map(|leaf| room_key(engine.rq(leaf))));
+        }
+    }
+
+    /// True when every leaf's free CPUs and rooms are `rooms`.
+    fn same_rooms(&self, rooms: &[[u32; 6]]) -> bool {
+        let Some(engine) = self.engine.sched() else {
+            return false;
+        };
+        let nr = engine.topology().nr_leaves();
+        nr == rooms.len() && (0..nr).all(|leaf| room_key(engine.rq(leaf)) == rooms[leaf])
+    }
+
+    /// A time limit of the running pass: its decisions may differ from
+    /// `at` on.
+    fn pass_until(&mut self, at: i64) {
+        self.gangs.until = self.gangs.until.min(at);
     }
 
     /// A gang's members split into the waiting (`Unplaced`) and those
     /// holding a node; ended members are in neither.
     fn members_by_phase(&self, n: u64) -> (Vec<JobKey>, Vec<JobKey>) {
         let (mut waiting, mut holding) = (Vec::new(), Vec::new());
+        self.members_by_phase_into(n, &mut waiting, &mut holding);
+        (waiting, holding)
+    }
+
+    /// [`Self::members_by_phase`] into the caller's buffers (cleared
+    /// first).
+    fn members_by_phase_into(&self, n: u64, waiting: &mut Vec<JobKey>, holding: &mut Vec<JobKey>) {
+        waiting.clear();
+        holding.clear();
         for k in self.jobs.elements(JobKey::single(n)) {
             match self.jobs.get(k).map(|e| e.phase()) {
                 Some(Phase::Unplaced { .. } | Phase::Queued { .. }) => waiting.push(k),
@@ -374,23 +548,30 @@ impl Cluster {
                 _ => {}
             }
         }
-        (waiting, holding)
     }
 
-    /// Free CPUs of each schedulable node in the engine (any order).
-    fn schedulable_free_cpus(&self) -> Vec<u32> {
+    /// The node of an engine leaf, through its registry slot (no name
+    /// hashing: leaves, names and slots are one-to-one while the engine
+    /// is not dirty, which the gang pass checks first).
+    fn leaf_node(&self, leaf: LeafId) -> Option<&super::NodeInfo> {
+        self.nodes.at(self.engine.slot_at(leaf)?)
+    }
+
+    /// Free CPUs of each schedulable node in the engine (any order), into
+    /// `out` (cleared first).
+    fn schedulable_free_cpus(&self, out: &mut Vec<u32>) {
+        out.clear();
         let Some(engine) = self.engine.sched() else {
-            return Vec::new();
+            return;
         };
-        (0..engine.topology().nr_leaves())
-            .filter(|&leaf| {
-                self.engine
-                    .node_at(leaf)
-                    .and_then(|name| self.nodes.get(name))
-                    .is_some_and(super::NodeInfo::schedulable)
-            })
-            .map(|leaf| engine.rq(leaf).free())
-            .collect()
+        out.extend(
+            (0..engine.topology().nr_leaves())
+                .filter(|&leaf| {
+                    self.leaf_node(leaf)
+                        .is_some_and(super::NodeInfo::schedulable)
+                })
+                .map(|leaf| engine.rq(leaf).free()),
+        );
     }
 
     /// CPUs per member of gang `n` (its spec's, at least 1).
@@ -421,19 +602,32 @@ impl Cluster {
     }
 
     /// The spec members share (the first member's).
-    fn gang_spec(&self, n: u64) -> Option<JobSpec> {
+    fn gang_spec(&self, n: u64) -> Option<Arc<JobSpec>> {
         let first = self.jobs.elements(JobKey::single(n)).next()?;
-        self.jobs.get(first)?.job().spec().cloned()
+        self.jobs.get(first)?.job().spec.clone()
     }
 
     /// Start a waiting gang if one domain has room for every member now;
     /// else mark its members waiting and, if no gang holds it yet, take the
     /// reservation. True when it started.
-    fn try_start_gang(&mut self, n: u64, waiting: &[JobKey], now: i64, fx: &mut Effects) -> bool {
-        let (Some(spec), Some(gang)) = (self.gang_spec(n), self.gangs.map.get(&n).cloned()) else {
+    fn try_start_gang(
+        &mut self,
+        n: u64,
+        waiting: &[JobKey],
+        now: i64,
+        bufs: &mut ReadyBufs,
+        fx: &mut Effects,
+    ) -> bool {
+        let (Some(spec), Some(gang)) = (self.gang_spec(n), self.gangs.map.get(&n)) else {
             return false;
         };
-        let level = gang.level_at(now);
+        let (level, preferred) = (gang.level_at(now), gang.preferred);
+        let relax = gang.relax_after_ms.min(i64::MAX as u64) as i64;
+        let relaxes_at = gang.waiting_since.saturating_add(relax);
+        if preferred && level != Align::Any {
+            // The level relaxes when the wait reaches `relax_after_ms`.
+            self.pass_until(relaxes_at);
+        }
         let allowed = match self
             .engine
             .allowed_leaves(&spec, &self.nodes, |n| self.gpus_free_for(n, None))
@@ -450,26 +644,45 @@ impl Cluster {
                 return false;
             }
         };
-        let Some(topo) = self.engine.sched().map(|e| e.topology().clone()) else {
+        let ends = ends_by(&spec, now);
+        if let Some(h) = self.gangs.reservation.as_ref()
+            && h.gang != n
+            && let Some(e) = ends
+            && e <= h.start_ms
+        {
+            // A member ends in time for the reservation while `now`
+            // stays at most `start_ms - timeout`.
+            let at = now
+                .saturating_add(h.start_ms.saturating_sub(e))
+                .saturating_add(1);
+            self.pass_until(at);
+        }
+        let Some(engine) = self.engine.sched() else {
             return false;
         };
-        let held = self.gangs.reservation.clone();
-        let ends = ends_by(&spec, now);
         let none = HashSet::new();
-        let found = find_gang_in(&topo, waiting.len(), level, policy_of(&spec), |leaf| {
-            self.member_room(
-                leaf,
-                &spec,
-                allowed.as_deref(),
-                held.as_ref(),
-                n,
-                ends,
-                &none,
-            )
-        });
+        let found = find_gang_in(
+            engine.topology(),
+            waiting.len(),
+            level,
+            policy_of(&spec),
+            |leaf| {
+                self.member_room(
+                    leaf,
+                    &spec,
+                    allowed.as_deref(),
+                    self.gangs.reservation.as_ref(),
+                    n,
+                    ends,
+                    &none,
+                )
+            },
+        );
         if let Some(leaves) = found {
+            self.gangs.acted = true;
             let pairs: Vec<(JobKey, LeafId)> = waiting.iter().copied().zip(leaves).collect();
             if self.start_members(&pairs, now) {
+                self.gangs.touch();
                 if let Some(g) = self.gangs.map.get_mut(&n) {
                     g.level = level;
                 }
@@ -478,22 +691,37 @@ impl Cluster {
             }
         }
         self.mark_gang_waiting(waiting, fx);
-        if self.gangs.reservation.is_none() {
-            let res = gang_reservation_in(&topo, waiting.len(), level, |leaf| {
-                self.ready_at(leaf, &spec, allowed.as_deref(), now)
+        if self.gangs.reservation.is_none()
+            && let Some(engine) = self.engine.sched()
+        {
+            let topo = engine.topology();
+            let (busy, ends) = (&mut bufs.busy, &mut bufs.ends);
+            // The ready times are `max(end, now)`: the pass's choice
+            // holds until `now` reaches the earliest one still ahead (or
+            // not at all when one moves with `now`, `until` = now).
+            let mut until = i64::MAX;
+            let res = gang_reservation_in(topo, waiting.len(), level, |leaf| {
+                self.ready_at(leaf, &spec, allowed.as_deref(), now, busy, ends, &mut until)
                     .map(|ms| ms.max(0) as u64)
             });
+            let nr = topo.nr_leaves();
+            self.pass_until(until);
             if let Some(r) = res {
+                if i64::try_from(r.start).is_ok_and(|s| s <= now) {
+                    // It starts "now": the next pass's start is later.
+                    self.pass_until(now);
+                }
                 let nodes = r
                     .leaves
                     .iter()
                     .filter_map(|&l| self.engine.node_at(l).map(str::to_string))
                     .collect();
+                let leaves = Arc::new(LeafSet::from_leaves(nr, r.leaves));
                 self.gangs.reservation = Some(Held {
                     gang: n,
                     start_ms: i64::try_from(r.start).unwrap_or(i64::MAX),
                     nodes,
-                    leaves: Arc::new(LeafSet::from_leaves(topo.nr_leaves(), r.leaves)),
+                    leaves,
                 });
             }
         }
@@ -515,7 +743,7 @@ impl Cluster {
         exclude: &HashSet<LeafId>,
     ) -> Option<u32> {
         let engine = self.engine.sched()?;
-        let node = self.nodes.get(self.engine.node_at(leaf)?)?;
+        let node = self.leaf_node(leaf)?;
         if !node.schedulable() || exclude.contains(&leaf) {
             return None;
         }
@@ -541,48 +769,55 @@ impl Cluster {
     /// when enough of the node's jobs have ended by their timeouts for its
     /// aligned CPUs (the node's CPU model with their CPUs freed, earliest
     /// end first); None when that needs a job without a timeout, or never.
+    #[allow(clippy::too_many_arguments)]
     fn ready_at(
         &self,
         leaf: LeafId,
         spec: &JobSpec,
         allowed: Option<&LeafSet>,
         now: i64,
+        busy: &mut Vec<bool>,
+        ends: &mut Vec<(Option<i64>, JobKey)>,
+        until: &mut i64,
     ) -> Option<i64> {
         let engine = self.engine.sched()?;
-        let name = self.engine.node_at(leaf)?;
-        let node = self.nodes.get(name)?;
+        let node = self.leaf_node(leaf)?;
         if !node.schedulable() || allowed.is_some_and(|a| !a.contains(leaf)) {
             return None;
         }
         let (cpus, align) = (spec.cpus.max(1), align_of(spec));
         let rq = engine.rq(leaf);
-        let mut busy: Vec<bool> = node.busy_flags().collect();
+        if rq.room(align) >= cpus {
+            return Some(now);
+        }
+        busy.clear();
+        busy.extend(node.busy_flags());
         let mut free = rq.free();
         let fits = |busy: &[bool], free: u32| {
             free >= cpus && free_summary_of(node.cpu_topo(), |l| !busy[l]).get(align) >= cpus
         };
-        if rq.room(align) >= cpus || fits(&busy, free) {
+        if fits(busy, free) {
             return Some(now);
         }
-        let mut ends: Vec<(Option<i64>, JobKey)> = self
-            .jobs
-            .on(name)
-            .into_iter()
-            .filter_map(|k| {
-                let e = self.jobs.get(k)?;
-                let timeout = e.job().spec.as_ref().map_or(0, |s| s.timeout_ms);
-                let start = match (e.job().start_time_ms, e.phase()) {
-                    (s, _) if s > 0 => s,
-                    (_, Phase::Assigned { since, .. }) => *since,
-                    _ => now,
-                };
-                let end = (timeout > 0)
-                    .then(|| start.saturating_add(timeout.min(i64::MAX as u64) as i64));
-                Some((end, k))
-            })
-            .collect();
+        ends.clear();
+        ends.extend(self.jobs.keys_on(&node.name).iter().filter_map(|&k| {
+            let e = self.jobs.get(k)?;
+            let timeout = e.job().spec.as_ref().map_or(0, |s| s.timeout_ms);
+            let start = match (e.job().start_time_ms, e.phase()) {
+                (s, _) if s > 0 => s,
+                (_, Phase::Assigned { since, .. }) => *since,
+                _ => {
+                    // An end that moves with `now`.
+                    *until = (*until).min(now);
+                    now
+                }
+            };
+            let end =
+                (timeout > 0).then(|| start.saturating_add(timeout.min(i64::MAX as u64) as i64));
+            Some((end, k))
+        }));
         ends.sort_by_key(|&(end, k)| (end.is_none(), end, k));
-        for (end, k) in ends {
+        for &(end, k) in ends.iter() {
             let end = end?;
             let e = self.jobs.get(k)?;
             for &c in &e.model_cpus {
@@ -591,7 +826,10 @@ impl Cluster {
                 }
             }
             free = free.saturating_add(e.cpus());
-            if fits(&busy, free) {
+            if fits(busy, free) {
+                if end > now {
+                    *until = (*until).min(end);
+                }
                 return Some(end.max(now));
             }
         }
@@ -763,6 +1001,7 @@ impl Cluster {
                 why: Unplaced::Gang,
             },
         );
+        self.gangs.touch();
         self.gangs.waiting.insert(key.number());
         self.persist_emit(key, previous, now, fx);
     }
@@ -802,6 +1041,7 @@ impl Cluster {
                 self.refresh_capacity(&node, now, fx);
             }
         }
+        self.gangs.touch();
         if let Some(g) = self.gangs.map.get_mut(&n) {
             g.waiting_since = now;
             g.level = g.within;
@@ -873,6 +1113,7 @@ impl Cluster {
             Some(g) if !g.ending => g.ending = true,
             _ => return,
         }
+        self.gangs.touch();
         self.gangs.waiting.remove(&n);
         if self.gangs.reservation.as_ref().is_some_and(|h| h.gang == n) {
             let old = self.gangs.reservation.take();

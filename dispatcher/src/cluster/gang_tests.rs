@@ -540,6 +540,11 @@ enum Op {
     Lose(usize),
     /// Everyone reports and a tick passes.
     Tick,
+    /// A preferred gang within a rack: members, CPUs, relax after (s),
+    /// timeout (s).
+    Preferred(u32, u32, u64, u64),
+    /// Nobody reports; a tick this many ms later.
+    Idle(u64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -553,82 +558,109 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The body of `no_partial_gang_ever_holds_cpus`: apply `ops` and check
-/// every invariant after each step.
-fn run_gang_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
+/// The nodes of the property tests: racks r1 (a1-a3), r2 (b1, b2) in
+/// zone z1, r3 (c1) in z2.
+const NAMES: [&str; 6] = ["a1", "a2", "a3", "b1", "b2", "c1"];
+
+/// A cluster of [`NAMES`], 4 CPUs each.
+fn gang_cluster() -> Cluster {
     let mut c = cluster();
-    let names = ["a1", "a2", "a3", "b1", "b2", "c1"];
     let racks = ["r1", "r1", "r1", "r2", "r2", "r3"];
-    for (n, r) in names.iter().zip(racks) {
+    for (n, r) in NAMES.iter().zip(racks) {
         let mut fx = Effects::default();
         let zone = if r == "r3" { "z2" } else { "z1" };
         register_node(&mut c, n, "1s:4c:1t", (zone, r), 0, &mut fx);
         c.settle(0, &mut fx);
     }
+    c
+}
+
+/// Apply one step at `now` (moved on by the steps that wait), with the
+/// nodes that still report in `alive`.
+fn apply_op(c: &mut Cluster, op: Op, now: &mut i64, alive: &mut [bool; 6]) -> Effects {
+    let mut fx = Effects::default();
+    match op {
+        Op::Single(cpus, t) => {
+            c.submit(vec![single(cpus, t)], false, *now, &mut fx)
+                .unwrap();
+        }
+        Op::Gang(n, rack, cpus, replace) => {
+            let mut spec = gang(n, if rack { Within::Rack } else { Within::Zone }, cpus);
+            spec.retries = 2;
+            if replace {
+                spec.gang_retry = GangRetry::ReplaceMember as i32;
+            }
+            c.submit(vec![spec], false, *now, &mut fx).unwrap();
+        }
+        Op::Preferred(n, cpus, relax_s, timeout_s) => {
+            let mut spec = gang(n, Within::Rack, cpus);
+            spec.within_preferred = true;
+            spec.relax_after_ms = relax_s * 1_000;
+            spec.timeout_ms = timeout_s * 1_000;
+            c.submit(vec![spec], false, *now, &mut fx).unwrap();
+        }
+        Op::Finish(i, ok) => {
+            let holding: Vec<Job> = c
+                .jobs_matching(&[])
+                .into_iter()
+                .filter(|j| {
+                    matches!(
+                        JobState::try_from(j.state),
+                        Ok(JobState::Assigned | JobState::Running)
+                    )
+                })
+                .collect();
+            if let Some(j) = holding.get(i % holding.len().max(1)) {
+                let state = if ok {
+                    JobState::Succeeded
+                } else {
+                    JobState::Failed
+                };
+                let status = JobStatus {
+                    job_id: j.id.clone(),
+                    attempt: j.attempt,
+                    state: state as i32,
+                    ..Default::default()
+                };
+                c.job_status(&j.node.clone(), status, *now, &mut fx);
+            }
+        }
+        Op::Lose(i) => {
+            alive[i] = false;
+            *now += 4_000;
+            for (k, n) in NAMES.iter().enumerate() {
+                if alive[k] {
+                    c.load_report(n, NodeLoad::default(), *now, &mut fx);
+                }
+            }
+            c.tick(*now, &mut fx);
+        }
+        Op::Tick => {
+            for (k, n) in NAMES.iter().enumerate() {
+                if alive[k] {
+                    c.load_report(n, NodeLoad::default(), *now, &mut fx);
+                }
+            }
+            c.tick(*now, &mut fx);
+        }
+        Op::Idle(ms) => {
+            *now += ms as i64;
+            c.tick(*now, &mut fx);
+        }
+    }
+    fx
+}
+
+/// The body of `no_partial_gang_ever_holds_cpus`: apply `ops` and check
+/// every invariant after each step.
+fn run_gang_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let mut c = gang_cluster();
     let mut alive = [true; 6];
     let mut now = 0i64;
     for op in ops {
         let op_shown = op.clone();
         now += 1_000;
-        let mut fx = Effects::default();
-        match op {
-            Op::Single(cpus, t) => {
-                c.submit(vec![single(cpus, t)], false, now, &mut fx)
-                    .unwrap();
-            }
-            Op::Gang(n, rack, cpus, replace) => {
-                let mut spec = gang(n, if rack { Within::Rack } else { Within::Zone }, cpus);
-                spec.retries = 2;
-                if replace {
-                    spec.gang_retry = GangRetry::ReplaceMember as i32;
-                }
-                c.submit(vec![spec], false, now, &mut fx).unwrap();
-            }
-            Op::Finish(i, ok) => {
-                let holding: Vec<Job> = c
-                    .jobs_matching(&[])
-                    .into_iter()
-                    .filter(|j| {
-                        matches!(
-                            JobState::try_from(j.state),
-                            Ok(JobState::Assigned | JobState::Running)
-                        )
-                    })
-                    .collect();
-                if let Some(j) = holding.get(i % holding.len().max(1)) {
-                    let state = if ok {
-                        JobState::Succeeded
-                    } else {
-                        JobState::Failed
-                    };
-                    let status = JobStatus {
-                        job_id: j.id.clone(),
-                        attempt: j.attempt,
-                        state: state as i32,
-                        ..Default::default()
-                    };
-                    c.job_status(&j.node.clone(), status, now, &mut fx);
-                }
-            }
-            Op::Lose(i) => {
-                alive[i] = false;
-                now += 4_000;
-                for (k, n) in names.iter().enumerate() {
-                    if alive[k] {
-                        c.load_report(n, NodeLoad::default(), now, &mut fx);
-                    }
-                }
-                c.tick(now, &mut fx);
-            }
-            Op::Tick => {
-                for (k, n) in names.iter().enumerate() {
-                    if alive[k] {
-                        c.load_report(n, NodeLoad::default(), now, &mut fx);
-                    }
-                }
-                c.tick(now, &mut fx);
-            }
-        }
+        apply_op(&mut c, op, &mut now, &mut alive);
         prop_assert_eq!(c.check(), Ok(()), "after {:?}", op_shown);
         // Oracle for the CPUs: the model's busy CPUs are the CPUs of
         // the jobs holding each node.
@@ -656,8 +688,90 @@ fn run_gang_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// The steps of the differential test: [`op`]'s, preferred gangs with
+/// time limits, and ticks with nothing reported in between (the passes a
+/// skip may leave out), over from a tick to a few minutes.
+fn skip_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => op(),
+        1 => (2u32..=4, 1u32..=4, 1u64..30, prop::option::of(1u64..200))
+            .prop_map(|(n, c, r, t)| Op::Preferred(n, c, r, t.unwrap_or(0))),
+        3 => prop_oneof![Just(1_000u64), 1u64..20_000, 20_000u64..200_000].prop_map(Op::Idle),
+    ]
+}
+
+/// What a step did, comparably: its moves and job events, the nodes told
+/// something, and every job's state, node, reason and times after it.
+fn seen(c: &Cluster, fx: &Effects) -> String {
+    let told: Vec<&str> = fx.to_agents.iter().map(|(n, _)| n.as_str()).collect();
+    let jobs: Vec<String> = c
+        .jobs_matching(&[])
+        .into_iter()
+        .map(|j| {
+            format!(
+                "{} {} {} {:?} {} {:?} {} {} {}",
+                j.id,
+                j.state,
+                j.node,
+                j.cpus,
+                j.attempt,
+                j.pending_reason,
+                j.start_time_ms,
+                j.end_time_ms,
+                j.reason
+            )
+        })
+        .collect();
+    format!(
+        "moves {:?}\nevents {:?}\ntold {told:?}\njobs {jobs:#?}\nreservation {:?}",
+        fx.moves,
+        fx.events,
+        c.gangs.reservation()
+    )
+}
+
+/// The body of `skipping_unchanged_passes_decides_the_same`: the same
+/// steps on a cluster that skips gang passes whose inputs did not change
+/// and on one that runs every pass; every step's effects must match.
+/// Returns the passes skipped.
+fn run_skip_diff(ops: Vec<Op>) -> Result<u64, TestCaseError> {
+    let mut fast = gang_cluster();
+    let mut every = gang_cluster();
+    every.gangs.set_skip_unchanged(false);
+    let (mut now_f, mut now_e) = (0i64, 0i64);
+    let (mut alive_f, mut alive_e) = ([true; 6], [true; 6]);
+    for op in ops {
+        let op_shown = op.clone();
+        now_f += 1_000;
+        now_e += 1_000;
+        let fx_f = apply_op(&mut fast, op.clone(), &mut now_f, &mut alive_f);
+        let fx_e = apply_op(&mut every, op, &mut now_e, &mut alive_e);
+        prop_assert_eq!(
+            seen(&fast, &fx_f),
+            seen(&every, &fx_e),
+            "after {:?} at {}",
+            op_shown,
+            now_f
+        );
+    }
+    prop_assert_eq!(every.gangs.skipped(), 0);
+    Ok(fast.gangs.skipped())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A gang pass is skipped only when it would decide what the last
+    /// one did: with the skip and without it, every step (submissions,
+    /// ends, lost nodes, preferred gangs relaxing, reservations whose
+    /// ready times and backfill limits pass, idle ticks) has the same
+    /// effects and leaves every job the same.
+    #[test]
+    fn skipping_unchanged_passes_decides_the_same(
+        ops in prop::collection::vec(skip_op(), 1..60)
+    ) {
+        run_skip_diff(ops)?;
+    }
 
     /// Whatever is submitted, finished or lost, no gang ever holds CPUs
     /// with only part of its live members (checked after every step by
@@ -691,4 +805,23 @@ fn the_engine_keeps_a_nodes_room_after_a_lost_gang_member() {
         Single(1, 0),
     ])
     .unwrap();
+}
+
+/// The skip does skip: idle ticks over a waiting gang that cannot start
+/// leave its passes out until something changes, and the result is the
+/// same as running them.
+#[test]
+fn idle_ticks_over_a_waiting_gang_skip_its_passes() {
+    use Op::*;
+    let mut ops = vec![
+        Single(4, 100),
+        Single(4, 100),
+        Single(4, 100),
+        Gang(3, true, 2, false),
+    ];
+    ops.extend(std::iter::repeat_n(Idle(1_000), 20));
+    ops.push(Finish(0, true));
+    ops.extend(std::iter::repeat_n(Idle(1_000), 5));
+    let skipped = run_skip_diff(ops).unwrap();
+    assert!(skipped >= 15, "{skipped} passes skipped");
 }

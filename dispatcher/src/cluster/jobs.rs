@@ -897,6 +897,8 @@ pub struct Jobs {
     gpus_freed: bool,
     /// Terminal jobs are queued for [`Jobs::expired`].
     retained: bool,
+    /// Bumped by every change to the table or an entry ([`Jobs::changes`]).
+    changes: u64,
     /// Jobs that became terminal since the last [`Jobs::expired`] call,
     /// not stamped yet.
     done_new: Vec<JobKey>,
@@ -939,6 +941,13 @@ impl Jobs {
     /// True without jobs.
     pub fn is_empty(&self) -> bool {
         self.table.len() == 0
+    }
+
+    /// A counter bumped by every change to the table or to an entry (its
+    /// phase, facts, modelled CPUs, requeues): equal counters, no change
+    /// in between (the gang pass skips on it).
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// The next job number.
@@ -991,6 +1000,11 @@ impl Jobs {
     /// Jobs holding `node` (ASSIGNED or RUNNING, restored or not).
     pub fn on(&self, node: &str) -> Vec<JobKey> {
         self.by_node.get(node).map_or(Vec::new(), |s| s.to_vec())
+    }
+
+    /// [`Jobs::on`] borrowed (nothing allocated).
+    pub fn keys_on(&self, node: &str) -> &[JobKey] {
+        self.by_node.get(node).map_or(&[], Vec::as_slice)
     }
 
     /// CPUs held on `node` by its ASSIGNED and RUNNING jobs.
@@ -1084,6 +1098,7 @@ impl Jobs {
 
     /// Add a job in `phase` with a fresh engine task.
     pub fn insert(&mut self, key: JobKey, job: JobRecord, phase: Phase) {
+        self.changes += 1;
         let task = TaskId(self.next_task);
         self.next_task += 1;
         self.task_job.insert(task, key);
@@ -1196,6 +1211,7 @@ impl Jobs {
     /// Forget a job: its record, its indexes and its engine task's
     /// mapping (the caller has taken the task out of the engine).
     pub fn remove(&mut self, key: JobKey) -> Option<JobEntry> {
+        self.changes += 1;
         let e = self.table.remove(&key)?;
         let gpus = e.gpus();
         self.unindex(key, &e.phase, gpus);
@@ -1214,6 +1230,7 @@ impl Jobs {
     /// [`Jobs::set_phase`], returning the phase it had (None: no such
     /// job), whose strings the caller may reuse.
     pub fn replace_phase(&mut self, key: JobKey, phase: Phase) -> Option<Phase> {
+        self.changes += 1;
         match self.end_in_place(key, phase) {
             Ok(previous) => Some(previous),
             Err(phase) => self.replace_phase_general(key, phase),
@@ -1318,6 +1335,7 @@ impl Jobs {
 
     /// The proto fields that do not follow from the phase.
     pub fn facts(&mut self, key: JobKey) -> Option<Facts<'_>> {
+        self.changes += 1;
         self.table
             .get_mut(&key)
             .map(|e| Facts(Arc::make_mut(&mut e.job)))
@@ -1325,6 +1343,7 @@ impl Jobs {
 
     /// Its modelled CPUs and the slot of their node, to change.
     pub fn model_mut(&mut self, key: JobKey) -> Option<(&mut Vec<LeafId>, &mut Option<NodeSlot>)> {
+        self.changes += 1;
         self.table
             .get_mut(&key)
             .map(|e| (&mut e.model_cpus, &mut e.model_node))
@@ -1332,6 +1351,7 @@ impl Jobs {
 
     /// Record why a job goes back to PENDING.
     pub fn push_requeue(&mut self, key: JobKey, r: Requeue) {
+        self.changes += 1;
         if let Some(e) = self.table.get_mut(&key) {
             e.requeues.push(r);
         }
@@ -1339,6 +1359,7 @@ impl Jobs {
 
     /// Mark an ASSIGNED job as asked back (`Steal`) at `now`, or clear it.
     pub fn set_steal_asked(&mut self, key: JobKey, at: Option<i64>) {
+        self.changes += 1;
         if let Some(slot) = self.table.slot_of(&key)
             && let Some(e) = self.table.get_mut(&key)
             && let Phase::Assigned {
@@ -1524,6 +1545,7 @@ impl Jobs {
     /// its text must be generated again (a requeue was recorded since):
     /// the caller takes the general path.
     pub fn assign_started(&mut self, key: JobKey, node: &str, now: i64) -> bool {
+        self.changes += 1;
         let Some(slot) = self.table.slot_of(&key) else {
             return false;
         };

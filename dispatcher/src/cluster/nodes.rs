@@ -382,6 +382,8 @@ pub struct Nodes {
     topo_cache: HashMap<Box<[u8]>, Arc<CpuShape>>,
     /// The reported topologies, one copy per distinct shape.
     pub(super) shapes: Shapes,
+    /// Bumped by every change that may reach a node ([`Nodes::changes`]).
+    changes: u64,
     /// Label keys and values, one copy each.
     pub(super) strings: Strings,
     /// The nodes' places, one copy each.
@@ -398,8 +400,16 @@ pub struct Nodes {
 }
 
 impl Nodes {
+    /// A counter bumped by every access that may change a node (or the
+    /// set): equal counters, no change in between (the gang pass skips
+    /// on it).
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
     /// Remember administrative states from the store.
     pub fn restore_admin(&mut self, admin: HashMap<String, NodeAdmin>) {
+        self.changes += 1;
         self.restored_admin = admin;
     }
 
@@ -431,6 +441,7 @@ impl Nodes {
     /// liveness scan, which updates each node from its own link: the order
     /// does not matter).
     pub(super) fn iter_mut(&mut self) -> impl Iterator<Item = &mut NodeInfo> {
+        self.changes += 1;
         self.slab.iter_mut().map(|n| &mut **n)
     }
 
@@ -446,6 +457,7 @@ impl Nodes {
 
     /// One node, to change.
     pub fn get_mut(&mut self, name: &str) -> Option<&mut NodeInfo> {
+        self.changes += 1;
         self.index.get(name).map(|&i| &mut *self.slab[i])
     }
 
@@ -461,6 +473,7 @@ impl Nodes {
 
     /// The node in `slot`, to change.
     pub fn at_mut(&mut self, slot: NodeSlot) -> Option<&mut NodeInfo> {
+        self.changes += 1;
         self.slab.get_mut(slot.index()).map(|n| &mut **n)
     }
 
@@ -507,6 +520,7 @@ impl Nodes {
 
     /// Insert or replace a node; returns the one it replaced.
     pub fn insert(&mut self, node: NodeInfo) -> Option<NodeInfo> {
+        self.changes += 1;
         if let Some((floor, _)) = self.heartbeat_floor.as_mut()
             && !node.down
         {
