@@ -34,11 +34,13 @@ use crate::task::{Task, TaskId};
 use crate::topology::{LeafId, Topology};
 
 /// A waiting task's place in its domain's queue: (not latency class,
-/// remaining time limit, queued_at, enqueue sequence, task): the latency
-/// class first, as in the latency timeline (seed 004), then, with
+/// order, queued_at, enqueue sequence, task): the latency class first, as
+/// in the latency timeline (seed 004), then, with
 /// [`crate::SchedConfig::shortest_limit_first`], the shortest remaining
 /// limit (`u64::MAX` for a task without a limit; 0 for every task with
-/// the switch off), then the longest wait.
+/// the switch off), or with [`crate::SchedConfig::deadline_order`] the
+/// earliest `queued_at` + remaining limit (saturating), then the longest
+/// wait.
 pub(crate) type WaitKey = (bool, u64, u64, u64, TaskId);
 
 /// A head's place in its domain: (queued_at, enqueue sequence, leaf).
@@ -56,6 +58,9 @@ pub(crate) struct DomainHeads {
     /// Shortest remaining time limit first (`fifo` and
     /// [`crate::SchedConfig::shortest_limit_first`] set).
     shortest: bool,
+    /// With `shortest`, the order is `queued_at` + remaining limit
+    /// ([`crate::SchedConfig::deadline_order`]).
+    deadline: bool,
     /// Per domain, its waiting tasks by demand, each bucket in queue order
     /// ([`WaitKey`]; kept only with `fifo`).
     waiting: Vec<BTreeMap<u32, BTreeSet<WaitKey>>>,
@@ -143,6 +148,7 @@ impl DomainHeads {
             fifo,
             latency: config.latency,
             shortest: fifo && config.shortest_limit_first,
+            deadline: fifo && config.shortest_limit_first && config.deadline_order,
             waiting: if fifo {
                 vec![BTreeMap::new(); next]
             } else {
@@ -176,19 +182,39 @@ impl DomainHeads {
     /// `t`'s key in its domain's queue. Stable while it waits: its
     /// executed time changes only while it runs.
     fn wait_key(&self, t: &Task) -> WaitKey {
+        self.wait_key_at(t, t.queued_at, t.enqueue_seq)
+    }
+
+    /// `t`'s key were it queued at `queued_at` with enqueue sequence `seq`.
+    fn wait_key_at(&self, t: &Task, queued_at: u64, seq: u64) -> WaitKey {
         let remaining = if self.shortest {
             t.time_limit
                 .map_or(u64::MAX, |l| l.saturating_sub(t.sum_exec_runtime))
         } else {
             0
         };
-        (
-            !t.latency_class(self.latency),
-            remaining,
-            t.queued_at,
-            t.enqueue_seq,
-            t.id,
-        )
+        let order = if self.deadline {
+            queued_at.saturating_add(remaining)
+        } else {
+            remaining
+        };
+        (!t.latency_class(self.latency), order, queued_at, seq, t.id)
+    }
+
+    /// True when the task of `key`, and every task after it of its class
+    /// in its demand bucket, would end after `shadow` if started at `now`
+    /// on its limit. Shortest first, the key's order is the remaining
+    /// limit, and later keys have one as long or longer. By deadline, a
+    /// later key has a deadline `d' >= d` and was queued at or before
+    /// `now`, so it ends at `now` + remaining `>= d'`: all end after
+    /// `shadow` once `d` does (a task with `d <= shadow` is judged on its
+    /// own).
+    fn ends_after(&self, key: &WaitKey, now: u64, shadow: u64) -> bool {
+        if self.deadline {
+            key.1 > shadow
+        } else {
+            now.saturating_add(key.1) > shadow
+        }
     }
 
     /// Task `t` starts waiting on `leaf` (its `queued_at` and
@@ -317,7 +343,8 @@ impl Sched {
     /// reservation's extra capacity, once a task's key says it would end
     /// after that start (`now` + remaining limit, the key's second field),
     /// every later task of its class in the bucket would too (a longer or
-    /// equal remaining limit, or none), so `backfill_ok` refuses them all:
+    /// equal remaining limit, or none; by deadline, see
+    /// [`DomainHeads::ends_after`]), so `backfill_ok` refuses them all:
     /// the walk jumps to the next class (latency class, then batch) or
     /// bucket. The reservation's own task, judged by `can_start` instead,
     /// is looked at on its own if it lies in the skipped block. At a
@@ -385,7 +412,7 @@ impl Sched {
                 if let Some((r, shadow, head)) = &skip
                     && demand > r.extra
                     && key.4 != r.task
-                    && now.saturating_add(key.1) > *shadow
+                    && self.domains.ends_after(&key, now, *shadow)
                 {
                     // This task and the rest of its class in the bucket
                     // end after the reservation's start: refused. Only
@@ -438,8 +465,7 @@ impl Sched {
     /// which only refuses more tasks, never fewer, and `t` itself can
     /// start: so `t` would be the first.
     pub(crate) fn fifo_starts_first(&self, dst: LeafId, t: &Task, now: u64, seq: u64) -> bool {
-        let mut key = self.domains.wait_key(t);
-        (key.2, key.3) = (now, seq);
+        let key = self.domains.wait_key_at(t, now, seq);
         match self.oldest_fitting(dst, now) {
             None => true,
             Some((p, _)) => self

@@ -336,6 +336,7 @@ impl Sched {
         let domains_changed = config.domain_reservation != self.config.domain_reservation
             || config.domain_fifo != self.config.domain_fifo
             || config.shortest_limit_first != self.config.shortest_limit_first
+            || config.deadline_order != self.config.deadline_order
             || config.latency != self.config.latency
             || config.steal != self.config.steal
             || config.steal_cross_llc != self.config.steal_cross_llc

@@ -7,8 +7,8 @@
 //! topologies, with capacities, alignments with per-level room,
 //! affinities, time limits, predictions, nice values, latency-nice, time
 //! slices (`preempt`) and every switch that moves tasks (backfill, one
-//! reservation and one queue per domain, shortest limit first, cross-LLC
-//! stealing, the latency pull, the idle-balance pass). Wakeups come at
+//! reservation and one queue per domain, shortest limit first or by
+//! deadline, cross-LLC stealing, the latency pull, the idle-balance pass). Wakeups come at
 //! the current time and, sometimes, earlier than earlier operations
 //! (a head that waits since later than the wakeup), tasks exit and come
 //! back, leaves report their room.
@@ -133,6 +133,8 @@ struct Scenario {
     jobs: Vec<Job>,
     ops: Vec<Op>,
     switches: [bool; 10],
+    /// `SchedConfig::deadline_order` (with `shortest_limit_first`).
+    deadline: bool,
 }
 
 /// The dispatcher's switches (`ClusterConfig::default`).
@@ -151,14 +153,18 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         proptest::collection::vec(job(), NR_TASKS),
         proptest::collection::vec(op(), 1..160),
         switches(),
+        any::<bool>(),
     )
-        .prop_map(|(topo, capacities, jobs, ops, switches)| Scenario {
-            topo,
-            capacities,
-            jobs,
-            ops,
-            switches,
-        })
+        .prop_map(
+            |(topo, capacities, jobs, ops, switches, deadline)| Scenario {
+                topo,
+                capacities,
+                jobs,
+                ops,
+                switches,
+                deadline,
+            },
+        )
 }
 
 fn spec(sc: &Scenario, i: usize, n: usize) -> TaskSpec {
@@ -195,7 +201,8 @@ fn gated(mut config: sched::SchedConfig, gates: u8) -> sched::SchedConfig {
 fn build(sc: &Scenario, fast: bool, gates: u8) -> Sched {
     let topo = Arc::new(Topology::from_spec(TOPOLOGIES[sc.topo]).unwrap());
     let n = topo.nr_leaves();
-    let config = gated(switches::config_of(sc.switches), gates);
+    let mut config = gated(switches::config_of(sc.switches), gates);
+    config.deadline_order = sc.deadline;
     let mut s = Sched::with_capacities(topo, &sc.capacities[..n], config);
     s.set_fast_start(fast);
     s.set_shortcuts(fast);
@@ -423,6 +430,7 @@ fn a_wakeup_dated_before_the_protected_heads_wait_is_not_fast() {
             Op::WakeEarlier(2, 1, 1_500),
         ],
         switches: DISPATCHER,
+        deadline: false,
     };
     let mut seen = Seen::default();
     run(&sc, &mut seen, 0).unwrap();

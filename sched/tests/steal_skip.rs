@@ -10,7 +10,8 @@
 //! predictions, latency-nice,
 //! and every switch that changes what "fits" (backfill, one reservation
 //! and one queue per domain, cross-LLC stealing, longest-wait pulls, the
-//! latency pull, the idle-balance pass). After every operation: the same
+//! latency pull, the idle-balance pass, the deadline order of the domain's
+//! queue). After every operation: the same
 //! return values, events, schedstats (`steal_scanned` included: a skipped
 //! leaf counts as visited) and whole engine state (Debug form).
 //!
@@ -111,6 +112,8 @@ struct Scenario {
     jobs: Vec<Job>,
     ops: Vec<Op>,
     switches: [bool; 10],
+    /// `SchedConfig::deadline_order` (with `shortest_limit_first`).
+    deadline: bool,
 }
 
 fn scenario() -> impl Strategy<Value = Scenario> {
@@ -120,14 +123,18 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         proptest::collection::vec(job(), NR_TASKS),
         proptest::collection::vec(op(), 1..160),
         any::<[bool; 10]>(),
+        any::<bool>(),
     )
-        .prop_map(|(topo, capacities, jobs, ops, switches)| Scenario {
-            topo,
-            capacities,
-            jobs,
-            ops,
-            switches,
-        })
+        .prop_map(
+            |(topo, capacities, jobs, ops, switches, deadline)| Scenario {
+                topo,
+                capacities,
+                jobs,
+                ops,
+                switches,
+                deadline,
+            },
+        )
 }
 
 fn build(sc: &Scenario, skip: bool) -> Sched {
@@ -161,6 +168,7 @@ fn build(sc: &Scenario, skip: bool) -> Sched {
         shortest,
     ]);
     config.pull_longest_wait = longest;
+    config.deadline_order = sc.deadline;
     let mut s = Sched::with_capacities(topo, &sc.capacities[..n], config);
     s.set_steal_skip(skip);
     for (i, j) in sc.jobs.iter().enumerate() {

@@ -121,6 +121,65 @@ fn a_freed_node_starts_the_shortest_job_of_its_rack() {
     }
 }
 
+/// The domain's queue by deadline (`SchedConfig::deadline_order`:
+/// `queued_at` + remaining limit), against shortest limit first and
+/// arrival order. Nodes a and b (4 CPUs, one rack) each run a whole-node
+/// job; j-3 (1,000 s) waits from 1 s and holds the domain's reservation;
+/// j-4 (300 s) waits from 2 s; j-5 (50 s) arrives at 400 s. When the
+/// node j-3 does not wait on frees at 500 s, it starts, by deadline, j-4
+/// (302 s, before j-5's 450 s and j-3's 1,001 s): a long job passed over
+/// while shorter ones arrive later than its deadline starts ahead of them;
+/// shortest first, j-5 (the shortest limit) and j-4 keeps waiting; in
+/// arrival order, j-3 (moved from its node as a steal).
+#[test]
+fn by_deadline_a_long_job_starts_before_a_shorter_later_one() {
+    for (shortest, deadline, started) in [
+        (true, true, "j-4"),
+        (true, false, "j-5"),
+        (false, false, "j-3"),
+    ] {
+        let mut cfg = ClusterConfig::default();
+        cfg.engine.backfill = true;
+        cfg.engine.domain_reservation = true;
+        cfg.engine.domain_fifo = true;
+        cfg.engine.shortest_limit_first = shortest;
+        cfg.engine.deadline_order = deadline;
+        let mut c = Cluster::new(cfg);
+        node(&mut c, "a", "1s:4c:1t", "r1");
+        node(&mut c, "b", "1s:4c:1t", "r1");
+        let mut fx = Effects::default();
+        c.submit(vec![job(4, 100), job(4, 100)], true, 0, &mut fx)
+            .unwrap();
+        c.submit(vec![job(4, 1_000)], false, 1_000, &mut fx)
+            .unwrap();
+        c.submit(vec![job(4, 300)], false, 2_000, &mut fx).unwrap();
+        c.submit(vec![job(4, 50)], false, 400_000, &mut fx).unwrap();
+        for j in ["j-3", "j-4", "j-5"] {
+            assert!(running_on(&c, j).is_none(), "{j} waits");
+        }
+        let held = node_of(&c, "j-3");
+        let other = if held == "a" { "b" } else { "a" };
+        let leaf = c.engine.leaf(&held);
+        assert_eq!(
+            c.engine.sched().and_then(|s| s.domain_protected(leaf?)),
+            leaf,
+            "j-3 holds the reservation"
+        );
+        let running = if running_on(&c, "j-1").as_deref() == Some(other) {
+            "j-1"
+        } else {
+            "j-2"
+        };
+        let fx = finish(&mut c, other, running, 500_000);
+        assert_eq!(
+            assigns(&fx),
+            vec![(other.to_string(), started.to_string())],
+            "shortest {shortest} deadline {deadline}"
+        );
+        c.check().unwrap();
+    }
+}
+
 /// The pending reason follows the protection: with one reservation per
 /// domain the older head (j-3) is told when running jobs' timeouts free
 /// its CPUs, the younger (j-4) that it holds no reservation, and by whom
