@@ -182,6 +182,13 @@ struct Args {
     /// longest keeps the reservation, so none starves.
     #[arg(long, default_value_t = ClusterConfig::default().engine.shortest_limit_first, action = clap::ArgAction::Set)]
     shortest_limit_first: bool,
+    /// With the domain's queue, order it by deadline (when the job began
+    /// to wait plus its remaining time limit) instead of the remaining
+    /// limit alone: a job is passed over only by jobs that arrived before
+    /// its deadline. Lower tail waits and higher utilization under load,
+    /// a higher mean response (docs/BENCHMARKS.md, quality2's notes).
+    #[arg(long, default_value_t = ClusterConfig::default().engine.deadline_order, action = clap::ArgAction::Set)]
+    deadline_order: bool,
     /// Run-time predictions from each user's last two run times (EASY++),
     /// which backfill counts on: `off`; `unlimited`, for jobs without a
     /// timeout (a waiting head gets a date where it had none); `all`, for
@@ -555,6 +562,7 @@ async fn run(args: Args) -> Result<()> {
     cfg.engine.domain_reservation = args.domain_reservation;
     cfg.engine.domain_fifo = args.domain_fifo;
     cfg.engine.shortest_limit_first = args.shortest_limit_first;
+    cfg.engine.deadline_order = args.deadline_order;
     cfg.predict = dispatcher::cluster::runtimes::Predict::parse(&args.predict_runtimes)
         .ok_or_else(|| anyhow::anyhow!("--predict-runtimes: want off, unlimited or all"))?;
     cfg.owner_wake = dispatcher::cluster::wakers::OwnerWake::parse(&args.owner_wake)
