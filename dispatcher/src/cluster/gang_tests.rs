@@ -807,6 +807,29 @@ fn the_engine_keeps_a_nodes_room_after_a_lost_gang_member() {
     .unwrap();
 }
 
+/// The sequence `no_partial_gang_ever_holds_cpus` found at 1,500 cases
+/// (seed `cc c7ca7262...`): after the last single job, node a1's room in
+/// the engine was 1 CPU below what its model said was free.
+#[test]
+fn the_engine_keeps_a_nodes_room_after_gangs_wait_and_start() {
+    use Op::*;
+    run_gang_ops(vec![
+        Lose(5),
+        Gang(2, false, 1, false),
+        Finish(0, false),
+        Gang(4, false, 1, false),
+        Gang(3, false, 1, false),
+        Finish(12, false),
+        Finish(1, false),
+        Single(2, 0),
+        Single(4, 0),
+        Gang(3, false, 2, false),
+        Gang(2, false, 2, false),
+        Single(1, 0),
+    ])
+    .unwrap();
+}
+
 /// The skip does skip: idle ticks over a waiting gang that cannot start
 /// leave its passes out until something changes, and the result is the
 /// same as running them.
