@@ -450,6 +450,12 @@ impl Cluster {
                 // given back): replace them, else restart the gang.
                 if !self.replace_members(n, waiting, now, fx) {
                     self.restart_gang(n, None, now, fx);
+                    // Each member's node given back reschedules that node
+                    // (`requeue_member`'s room push): a job waiting there
+                    // may start. The pass is its operation's last step, so
+                    // claim those starts here (else they stay unsent, and
+                    // the engine's room below the model's).
+                    self.process_events(now, fx);
                 }
                 continue;
             }

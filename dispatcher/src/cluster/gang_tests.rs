@@ -807,6 +807,65 @@ fn the_engine_keeps_a_nodes_room_after_a_lost_gang_member() {
     .unwrap();
 }
 
+/// The sequence `no_partial_gang_ever_holds_cpus` found at 1,500 cases
+/// (seed `cc c7ca7262...`): after the last single job, node a1's room in
+/// the engine was 1 CPU below what its model said was free.
+#[test]
+fn the_engine_keeps_a_nodes_room_after_gangs_wait_and_start() {
+    use Op::*;
+    run_gang_ops(vec![
+        Lose(5),
+        Gang(2, false, 1, false),
+        Finish(0, false),
+        Gang(4, false, 1, false),
+        Gang(3, false, 1, false),
+        Finish(12, false),
+        Finish(1, false),
+        Single(2, 0),
+        Single(4, 0),
+        Gang(3, false, 2, false),
+        Gang(2, false, 2, false),
+        Single(1, 0),
+    ])
+    .unwrap();
+}
+
+/// A member given back while the nodes are full: the next gang pass
+/// cannot replace it and restarts the gang, freeing the other member's
+/// node, where a waiting job then starts; that start is claimed (sent,
+/// and the node's room in the engine is the model's) in the same pass.
+#[test]
+fn a_gang_restarted_by_its_pass_claims_the_starts_it_allows() {
+    let mut c = cluster();
+    node(&mut c, "a", "r1", 0);
+    node(&mut c, "b", "r1", 0);
+    let (ids, fx) = submit(&mut c, gang(2, Within::Rack, 4), 1);
+    assert_eq!(assigns(&fx).len(), 2);
+    // One 4-CPU job waits on each node.
+    submit(&mut c, single(4, 0), 2);
+    submit(&mut c, single(4, 0), 3);
+    let given = &ids[0];
+    let on = node_of(&c, given);
+    let mut fx = Effects::default();
+    c.steal_reply(
+        &on,
+        proto::v1::StealReply {
+            job_id: given.clone(),
+            attempt: 1,
+            released: true,
+        },
+        4,
+        &mut fx,
+    );
+    let mut fx = Effects::default();
+    c.tick(5, &mut fx);
+    c.check().unwrap();
+    // Both singles hold a node, and were sent.
+    for id in ["j-2", "j-3"] {
+        assert_eq!(state(&c, id), JobState::Assigned, "{id}");
+    }
+}
+
 /// The skip does skip: idle ticks over a waiting gang that cannot start
 /// leave its passes out until something changes, and the result is the
 /// same as running them.

@@ -364,7 +364,21 @@ impl Cluster {
                 None => break,
             }
             if events.is_empty() {
-                break;
+                if stale_starts.is_empty() {
+                    break;
+                }
+                // Every start the engine made is now claimed in the model
+                // (or undone), so the model's room is the node's room.
+                // Pushing it reschedules the leaf (`set_free_summary`): a
+                // job queued there may start, and the next round claims
+                // that start (left undrained, the job would not be sent
+                // and the engine's room would stay below the model's).
+                for leaf in std::mem::take(&mut stale_starts) {
+                    if let Some(name) = self.engine.node_at(leaf).map(str::to_owned) {
+                        self.sync_summary(&name, now);
+                    }
+                }
+                continue;
             }
             for ev in events.drain(..) {
                 match ev {
@@ -379,13 +393,6 @@ impl Cluster {
             }
         }
         self.engine.put_event_buf(events);
-        // Every start the engine made is now claimed in the model (or
-        // undone), so the model's room is the node's room.
-        for leaf in stale_starts {
-            if let Some(name) = self.engine.node_at(leaf).map(str::to_owned) {
-                self.sync_summary(&name, now);
-            }
-        }
     }
 
     /// A node with room took a queued job (a newidle steal, or a pull of
