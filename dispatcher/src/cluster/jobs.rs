@@ -860,6 +860,26 @@ impl UnaskedLog {
     }
 }
 
+/// The text of the last placement made on an engine leaf
+/// ([`Jobs::queue_new`]): "{how} -> {node}", with no history.
+#[derive(Clone, Debug)]
+struct PlacedText {
+    how: Placement,
+    text: Text,
+    /// The length of the part before the node's name.
+    prefix: usize,
+}
+
+impl PlacedText {
+    /// True when it is the text of `how` on `node`: the same `how` makes
+    /// the same `prefix` bytes, so the text is for `node` when the rest
+    /// is `node`.
+    fn is_for(&self, how: Placement, node: &str) -> bool {
+        let t = self.text.as_str();
+        self.how == how && t.len() == self.prefix + node.len() && t.ends_with(node)
+    }
+}
+
 /// Reason texts [`Jobs`] keeps to share: a few, since the elements of an
 /// array take turns ("submitted" for each, then each is placed).
 const RECENT_TEXTS: usize = 4;
@@ -915,6 +935,9 @@ pub struct Jobs {
     next_text: usize,
     /// The text of every new job ([`Unplaced::NEW`]), made once.
     fresh_text: Option<Text>,
+    /// Per engine leaf, the text of the last placement made there
+    /// ([`Jobs::queue_new`]).
+    placed_texts: Vec<Option<PlacedText>>,
     /// The buffer a phase change writes its reason text into (kept: a
     /// placement's text was a new `String`, copied into the record's
     /// `Text` and freed).
@@ -1098,6 +1121,54 @@ impl Jobs {
 
     /// Add a job in `phase` with a fresh engine task.
     pub fn insert(&mut self, key: JobKey, job: JobRecord, phase: Phase) {
+        if is_fresh(&phase) {
+            self.insert_new(key, job);
+        } else {
+            self.insert_general(key, job, phase);
+        }
+    }
+
+    /// [`Jobs::insert`] of a new job (`Unplaced::New`, every submitted
+    /// job): its record gets the phase's state and shared text before it
+    /// is shared, and the entry its phase at once, where the general path
+    /// inserted a placeholder, then replaced it through `write_phase`
+    /// (~300 instructions per job). Same entry, record and indexes.
+    fn insert_new(&mut self, key: JobKey, mut job: JobRecord) {
+        self.changes += 1;
+        let task = TaskId(self.next_task);
+        self.next_task += 1;
+        self.task_job.insert(task, key);
+        // As `write_phase_as` sets them: the state, the node of an
+        // unplaced job (none) and the shared "submitted".
+        job.state = JobState::Pending as i32;
+        if !job.node.is_empty() {
+            job.node.clear();
+        }
+        if job.reason != *Unplaced::NEW {
+            job.reason = self
+                .fresh_text
+                .get_or_insert_with(|| Text::from(Unplaced::NEW))
+                .clone();
+        }
+        self.table.insert(
+            key,
+            JobEntry {
+                job: Arc::new(job),
+                phase: Phase::Unplaced { why: Unplaced::New },
+                task,
+                model_cpus: Vec::new(),
+                model_node: None,
+                requeues: Vec::new(),
+                text_requeues: 0,
+            },
+        );
+        self.fresh.add(key);
+        self.compact_logs();
+    }
+
+    /// [`Jobs::insert`] in any phase: the entry in a placeholder phase,
+    /// then `phase` written as a phase change writes it.
+    fn insert_general(&mut self, key: JobKey, job: JobRecord, phase: Phase) {
         self.changes += 1;
         let task = TaskId(self.next_task);
         self.next_task += 1;
@@ -1589,6 +1660,132 @@ impl Jobs {
         true
     }
 
+    /// A new job (`Unplaced::New`) placed by the engine on `node`:
+    /// `Queued { node, via: Placed(how), waiting }`, exactly as
+    /// [`Jobs::set_phase`] makes it, but in place: out of `fresh` (its log
+    /// counts down), into `starting` (or `queued` when it waits) and
+    /// `gpus_by_node`; the record takes the node and the reason text.
+    /// Every placement of a new job passes here, where the general path
+    /// swapped in a placeholder, took the job out of every index and put
+    /// it back, and compared the phases' text inputs. The text of a
+    /// placement that starts at once, with no history, is "{how} ->
+    /// {node}", which the placements on one node share: the last one made
+    /// for the engine leaf `leaf` is reused when it is for the same `how`
+    /// and node (checked on the text itself, so a stale `leaf` after an
+    /// engine rebuild only misses), where it was generated, looked up in
+    /// the ring of recent texts and allocated each time (~250
+    /// instructions). `Err(node)`, nothing done: not a new job, or a gang
+    /// member (the gang's text): the caller takes the general path.
+    pub fn queue_new(
+        &mut self,
+        key: JobKey,
+        node: String,
+        how: Placement,
+        waiting: bool,
+        leaf: usize,
+    ) -> Result<(), String> {
+        let Some(e) = self.table.get_mut(&key) else {
+            return Err(node);
+        };
+        if !is_fresh(&e.phase) || e.job.is_gang() {
+            return Err(node);
+        }
+        self.changes += 1;
+        let gpus = e.gpus();
+        // The reason text, as `write_phase_as` derives it (`reason_into`
+        // of the Queued phase).
+        e.text_requeues = e.requeues.len();
+        let last = e.requeues.last();
+        let cached = match last {
+            None if !waiting => self
+                .placed_texts
+                .get(leaf)
+                .and_then(Option::as_ref)
+                .filter(|c| c.is_for(how, &node))
+                .map(|c| c.text.clone()),
+            _ => None,
+        };
+        let text = match cached {
+            Some(text) => text,
+            None => {
+                let t = &mut self.scratch;
+                t.clear();
+                if waiting {
+                    if let Some(r) = last {
+                        use fmt::Write as _;
+                        let _ = write!(t, "{r} | ");
+                    }
+                    push_queued(t, how, &node);
+                } else {
+                    via_text_into(t, &Via::Placed(how), &node, last);
+                }
+                if e.job.reason == *t.as_str() {
+                    e.job.reason.clone()
+                } else if last.is_none() && !waiting {
+                    // The leaf's text from now on.
+                    let text = Text::from(t.as_str());
+                    if self.placed_texts.len() <= leaf {
+                        self.placed_texts.resize(leaf + 1, None);
+                    }
+                    self.placed_texts[leaf] = Some(PlacedText {
+                        how,
+                        text: text.clone(),
+                        prefix: t.len() - node.len(),
+                    });
+                    text
+                } else {
+                    match self.recent_texts.iter().find(|r| **r == *t.as_str()) {
+                        Some(r) => r.clone(),
+                        None => {
+                            let text = Text::from(t.as_str());
+                            self.recent_texts[self.next_text] = text.clone();
+                            self.next_text = (self.next_text + 1) % RECENT_TEXTS;
+                            text
+                        }
+                    }
+                }
+            }
+        };
+        let text = (e.job.reason != text).then_some(text);
+        let renode = e.job.node != node;
+        if e.job.state != JobState::Pending as i32 || renode || text.is_some() {
+            let job = Arc::make_mut(&mut e.job);
+            job.state = JobState::Pending as i32;
+            if renode {
+                if job.node.capacity() >= node.len() {
+                    job.node.clear();
+                    job.node.push_str(&node);
+                } else {
+                    job.node = node.clone();
+                }
+            }
+            if let Some(text) = text {
+                job.reason = text;
+            }
+        }
+        self.fresh.remove();
+        if waiting {
+            self.queued.insert(key);
+        } else {
+            self.starting.add(key);
+        }
+        if gpus > 0 {
+            match self.gpus_by_node.get_mut(node.as_str()) {
+                Some(n) => *n += gpus,
+                None => {
+                    self.gpus_by_node.insert(node.clone(), gpus);
+                }
+            }
+        }
+        e.phase = Phase::Queued {
+            node,
+            via: Via::Placed(how),
+            waiting,
+        };
+        self.compact_logs();
+        Ok(())
+    }
+
     fn index(&mut self, key: JobKey, phase: &Phase, gpus: u32) {
         self.sets(key, phase, true, gpus);
     }
@@ -1843,6 +2040,107 @@ mod tests {
                 prop_assert_eq!(jobs.unasked_since(t), unasked);
                 for n in ["n1", "n2", "n3"] {
                     prop_assert_eq!(jobs.on(n), of(&|p| p.holds() == Some(n)));
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// A new job's insert (`insert_new`) and its placement in place
+        /// (`queue_new`) leave it as the general path does
+        /// (`insert_general`, `set_phase` to the same Queued phase): two
+        /// tables take the same random steps (new jobs, some gang members
+        /// and some with a GPU, placed on one of three nodes (one name the end of another) with three
+        /// ways, to be sent or waiting, with random engine leaves so
+        /// that the per-leaf text is hit, missed and stale; requeues,
+        /// jobs set back to new, starts and ends); after every step each
+        /// job's phase and record are equal, both pass `check`, and their
+        /// indexes answer the same.
+        #[test]
+        fn new_jobs_in_place_are_the_general_path(
+            steps in prop::collection::vec((0usize..20, 0u8..7, 0u8..3, 0i64..60, 0usize..4), 1..200),
+        ) {
+            let (mut fast, mut slow) = (Jobs::new(true), Jobs::new(true));
+            let mut keys: Vec<JobKey> = Vec::new();
+            let nodes = ["n1", "an1", "n22"];
+            for (pick, kind, node, t, leaf) in steps {
+                let node = nodes[node as usize].to_string();
+                let how = match t % 3 {
+                    0 => Placement { wake: WakeChoice::None, path: PlacePath::Idlest },
+                    1 => Placement { wake: WakeChoice::Affine, path: PlacePath::Target },
+                    _ => Placement { wake: WakeChoice::None, path: PlacePath::Target },
+                };
+                let key = match keys.get(pick) {
+                    Some(&k) if kind != 0 => k,
+                    _ => {
+                        let n = fast.take_number();
+                        slow.take_number();
+                        // Every fifth a gang member (its own text: the
+                        // general path), every other one with a GPU.
+                        let gang = n % 5 == 0;
+                        let k = if gang { JobKey::element(n, 0) } else { JobKey::single(n) };
+                        let spec = Arc::new(proto::v1::JobSpec { gpus: (t % 2) as u32, ..Default::default() });
+                        let job = JobRecord::new(k, spec, Arc::from(""), if gang { 2 } else { 0 }, 0);
+                        fast.insert(k, job.clone(), Phase::Unplaced { why: Unplaced::New });
+                        slow.insert_general(k, job, Phase::Unplaced { why: Unplaced::New });
+                        keys.push(k);
+                        k
+                    }
+                };
+                match kind {
+                    1 | 2 => {
+                        let waiting = t % 4 == 0;
+                        if let Err(node) = fast.queue_new(key, node.clone(), how, waiting, leaf) {
+                            let fresh = fast.get(key).is_some_and(|e| is_fresh(e.phase()) && !e.job().is_gang());
+                            prop_assert!(!fresh, "a new job declined");
+                            fast.set_phase(key, Phase::Queued { node, via: Via::Placed(how), waiting });
+                        }
+                        slow.set_phase(key, Phase::Queued { node: node.clone(), via: Via::Placed(how), waiting });
+                    }
+                    3 => {
+                        for jobs in [&mut fast, &mut slow] {
+                            jobs.push_requeue(key, Requeue::GivenBack(node.clone()));
+                        }
+                    }
+                    4 => {
+                        for jobs in [&mut fast, &mut slow] {
+                            jobs.set_phase(key, Phase::Unplaced { why: Unplaced::New });
+                        }
+                    }
+                    5 => {
+                        let via = match slow.get(key).map(|e| e.phase().clone()) {
+                            Some(Phase::Queued { node: n, via, waiting: false }) if n == node => Some(via),
+                            _ => None,
+                        };
+                        if fast.assign_started(key, &node, t) {
+                            let via = via.ok_or_else(|| TestCaseError::fail("started in place from another phase"))?;
+                            slow.set_phase(key, Phase::Assigned { node: node.clone(), since: t, steal_asked: None, via });
+                        }
+                    }
+                    _ => {
+                        let done = Phase::Done { state: JobState::Succeeded, end: End::Reported(String::new()) };
+                        for jobs in [&mut fast, &mut slow] {
+                            jobs.set_phase(key, done.clone());
+                        }
+                    }
+                }
+                fast.check().map_err(TestCaseError::fail)?;
+                slow.check().map_err(TestCaseError::fail)?;
+                for &k in &keys {
+                    let (a, b) = (fast.get(k).unwrap(), slow.get(k).unwrap());
+                    prop_assert_eq!(a.phase(), b.phase());
+                    prop_assert_eq!(a.job(), b.job());
+                    prop_assert_eq!(a.task, b.task);
+                }
+                prop_assert_eq!(fast.take_gpus_freed(), slow.take_gpus_freed());
+                prop_assert_eq!(&fast.done_new, &slow.done_new);
+                prop_assert_eq!(fast.unplaced(), slow.unplaced());
+                prop_assert_eq!(fast.queued(), slow.queued());
+                prop_assert_eq!(fast.oldest_pending(50), slow.oldest_pending(50));
+                prop_assert_eq!(fast.changes() > 0, slow.changes() > 0);
+                for n in nodes {
+                    prop_assert_eq!(fast.on(n), slow.on(n));
+                    prop_assert_eq!(fast.gpus_on(n), slow.gpus_on(n));
                 }
             }
         }

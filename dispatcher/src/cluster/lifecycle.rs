@@ -328,6 +328,16 @@ impl Cluster {
         if let Some(w) = &waker {
             self.wakers.placed(w, &node, engine_ns(now));
         }
+        // A new job's Queued phase is written in place (the general path
+        // takes the others: a retry, a job placed again).
+        let node = if fresh {
+            match self.jobs.queue_new(key, node, how, waiting, leaf) {
+                Ok(()) => return,
+                Err(node) => node,
+            }
+        } else {
+            node
+        };
         self.jobs.set_phase(
             key,
             Phase::Queued {

@@ -8,7 +8,7 @@
 //! it, and in the matching ring; at most one `Steal` request is
 //! outstanding per ASSIGNED job (`Phase::Assigned::steal_asked`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use proto::v1::{DispatcherMessage, StealReply, dispatcher_message};
 
@@ -80,31 +80,54 @@ impl Move {
 /// The last placements and steals, newest last.
 #[derive(Default)]
 pub struct RecentMoves {
-    placements: VecDeque<Move>,
-    steals: VecDeque<Move>,
+    placements: Ring,
+    steals: Ring,
+}
+
+/// Up to [`RECENT_MOVES`] moves; once full, a new move overwrites the
+/// oldest in place, its node names' buffers reused (a placement's copy
+/// then allocates nothing), and `next` turns: the ring was a `VecDeque`
+/// whose oldest entry was popped and pushed back, two moves of a `Move`
+/// per placement.
+#[derive(Default)]
+struct Ring {
+    moves: Vec<Move>,
+    /// The oldest entry once full (else 0).
+    next: usize,
+}
+
+impl Ring {
+    fn push(&mut self, m: &Move) {
+        let full = self.moves.len() == RECENT_MOVES;
+        match self.moves.get_mut(self.next) {
+            Some(old) if full => {
+                old.at_ms = m.at_ms;
+                old.job = m.job;
+                old.from.clone_from(&m.from);
+                old.to.clone_from(&m.to);
+                if old.kind != m.kind {
+                    old.kind.clone_from(&m.kind);
+                }
+                self.next = (self.next + 1) % RECENT_MOVES;
+            }
+            _ => self.moves.push(m.clone()),
+        }
+    }
+
+    /// Oldest first.
+    fn iter(&self) -> impl DoubleEndedIterator<Item = &Move> {
+        let (newer, older) = self.moves.split_at(self.next);
+        older.iter().chain(newer)
+    }
 }
 
 impl RecentMoves {
-    /// Keep a copy of `m`. A full ring's oldest entry is overwritten in
-    /// place, its node names' buffers reused (a placement's copy then
-    /// allocates nothing).
+    /// Keep a copy of `m`.
     fn push(&mut self, m: &Move) {
-        let ring = if m.is_steal() {
-            &mut self.steals
+        if m.is_steal() {
+            self.steals.push(m);
         } else {
-            &mut self.placements
-        };
-        if ring.len() == RECENT_MOVES
-            && let Some(mut old) = ring.pop_front()
-        {
-            old.at_ms = m.at_ms;
-            old.job = m.job;
-            old.from.clone_from(&m.from);
-            old.to.clone_from(&m.to);
-            old.kind.clone_from(&m.kind);
-            ring.push_back(old);
-        } else {
-            ring.push_back(m.clone());
+            self.placements.push(m);
         }
     }
 
@@ -288,5 +311,50 @@ impl Cluster {
             kind: MoveKind::GivenBack,
         };
         self.record_move(m, fx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The rings keep what a plain queue of the last
+        /// [`RECENT_MOVES`] placements and steals keeps, oldest first,
+        /// forwards and backwards, whatever their kinds and names.
+        #[test]
+        fn recent_moves_are_the_last_ones(
+            moves in prop::collection::vec((0u8..4, 0u8..3, 0u8..3), 0..350),
+        ) {
+            let mut recent = RecentMoves::default();
+            let (mut placements, mut steals) = (std::collections::VecDeque::new(), std::collections::VecDeque::new());
+            let names = ["", "n1", "a-longer-node-name"];
+            for (i, (kind, from, to)) in moves.into_iter().enumerate() {
+                let kind = match kind {
+                    0 => MoveKind::Placed { via: Via::Restored, after: None },
+                    1 => MoveKind::Placed { via: Via::Restored, after: Some(Requeue::GivenBack("n9".into())) },
+                    2 => MoveKind::Stolen(StealLevel::SameRack),
+                    _ => MoveKind::GivenBack,
+                };
+                let m = Move {
+                    at_ms: i as i64,
+                    job: JobKey::single(i as u64 + 1),
+                    from: names[from as usize].into(),
+                    to: names[to as usize].into(),
+                    kind,
+                };
+                recent.push(&m);
+                let ring = if m.is_steal() { &mut steals } else { &mut placements };
+                if ring.len() == RECENT_MOVES {
+                    ring.pop_front();
+                }
+                ring.push_back(m);
+                prop_assert!(recent.placements().eq(placements.iter()));
+                prop_assert!(recent.steals().eq(steals.iter()));
+                prop_assert!(recent.placements().rev().eq(placements.iter().rev()));
+                prop_assert!(recent.steals().rev().eq(steals.iter().rev()));
+            }
+        }
     }
 }
