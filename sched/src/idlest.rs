@@ -28,6 +28,10 @@
 //! walks the same binary tree, and examines the same children, as when
 //! every level was stored).
 //!
+//! The room trees are held in 16-bit lanes while every value fits (a
+//! node's CPUs), one vector joined by one signed maximum per segment, and
+//! in 32-bit lanes from the first value that does not ([`Rooms`]).
+//!
 //! Invariant: every slot of both trees equals the combination of the
 //! children's aggregates as last given to [`IdlestIndex::update`], which
 //! the engine calls wherever an aggregate changes (`refresh_aggregates`).
