@@ -256,6 +256,98 @@ pub struct LeafMasks {
     /// Per level in [`Align::ALL`] order: its groups, in `align_groups`
     /// order.
     groups: [Vec<u64>; 5],
+    /// `Some(t)` when the cores are regular: core `c` is the `t` leaves
+    /// from `c * t` (as a spec-built machine's are), so the spread finds
+    /// the whole free cores and the partly free ones by shifts of the
+    /// free mask instead of a test per core ([`Regular`]).
+    regular: Option<Regular>,
+}
+
+/// The cores of a machine laid out regularly: core `c` is core 0's
+/// leaves shifted by `c * step`, and core 0 is the `t` leaves `j *
+/// stride` (`j < t`). Both usual numberings are: a spec-built machine's
+/// (Linux's, the threads of core `c` are `c`, `c + ncores`, ...: `step`
+/// 1, `stride` the number of cores) and runs of consecutive leaves
+/// (`step` `t`, `stride` 1). See [`LeafMasks::regular`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Regular {
+    /// Leaves per core (1 to 64).
+    t: u32,
+    /// Distance between a core's consecutive leaves.
+    stride: u32,
+    /// Core 0's leaves.
+    first: u64,
+    /// The first leaf of every core, one bit each.
+    starts: u64,
+}
+
+impl Regular {
+    /// Whether `cores` (masks, in core order) are laid out regularly.
+    fn of(cores: &[u64]) -> Option<Self> {
+        let first = *cores.first()?;
+        let t = first.count_ones();
+        if first & 1 == 0 {
+            return None;
+        }
+        let rest = first & (first - 1);
+        let stride = if rest == 0 { 1 } else { rest.trailing_zeros() };
+        let mut run = 0u64;
+        for j in 0..t {
+            let at = j * stride;
+            if at >= 64 {
+                return None;
+            }
+            run |= 1 << at;
+        }
+        if run != first {
+            return None;
+        }
+        let step = cores.get(1).map_or(1, |c| c.trailing_zeros());
+        let mut starts = 0;
+        for (c, &m) in cores.iter().enumerate() {
+            let s = c as u64 * step as u64;
+            if s >= 64 || m != first << s || (first << s).count_ones() != t {
+                return None;
+            }
+            starts |= 1 << s;
+        }
+        Some(Self {
+            t,
+            stride,
+            first,
+            starts,
+        })
+    }
+
+    /// The spread's first step on regular cores: the free leaves (of
+    /// `free`) of each core that has some, whole free cores first, each
+    /// kind in core order, the first `k` (at most `N`) of them into
+    /// `left`; returns how many. What the test per core finds
+    /// ([`collect_cores`]) by shifts of the free mask: a core's first
+    /// leaf is set in `whole` when all its leaves are free, in `some`
+    /// when any is.
+    fn collect<const N: usize>(&self, free: u64, k: usize, left: &mut [u64; N]) -> usize {
+        let (mut whole, mut some) = (free, free);
+        for j in 1..self.t {
+            let f = free >> (j * self.stride);
+            whole &= f;
+            some |= f;
+        }
+        whole &= self.starts;
+        some &= self.starts & !whole;
+        let mut n = 0;
+        for mut m in [whole, some] {
+            while m != 0 {
+                if n == k || n == N {
+                    return n;
+                }
+                left[n] = free & (self.first << m.trailing_zeros());
+                n += 1;
+                m &= m - 1;
+            }
+        }
+        n
+    }
 }
 
 impl LeafMasks {
@@ -268,6 +360,11 @@ impl LeafMasks {
         Some(Self {
             cores: topo.cores().iter().map(|c| mask(c)).collect(),
             groups: Align::ALL.map(|a| groups(topo, a).map(mask).collect()),
+            regular: None,
+        })
+        .map(|mut m| {
+            m.regular = Regular::of(&m.cores);
+            m
         })
     }
 
@@ -321,36 +418,56 @@ impl LeafMasks {
             }
             // `k` cores are enough: a small job's round-robin keeps its
             // cores in 8 words, not 64 zeroed on every claim.
-            Policy::Spread if k <= 8 => spread::<8>(&self.cores, free, k, &mut out),
-            Policy::Spread => spread::<64>(&self.cores, free, k, &mut out),
+            Policy::Spread if k <= 8 => self.spread::<8>(free, k, &mut out),
+            Policy::Spread => self.spread::<64>(free, k, &mut out),
         }
         (out.len() == k).then_some(out)
     }
 }
 
-/// [`LeafMasks::find_aligned`]'s spread within the chosen group (`free`,
-/// its free leaves): the free leaves of each core with one, whole cores
-/// first, the first `k` of them (the first round takes one leaf of each);
-/// then one leaf per core per round, in that order, until `out` holds
-/// `k`. `N` must be at least `k` or the number of cores (at most 64).
-fn spread<const N: usize>(cores: &[u64], free: u64, k: usize, out: &mut Vec<LeafId>) {
-    let mut left = [0u64; N];
+impl LeafMasks {
+    /// [`LeafMasks::find_aligned`]'s spread within the chosen group
+    /// (`free`, its free leaves): the free leaves of each core with one,
+    /// whole cores first, the first `k` of them (the first round takes one
+    /// leaf of each); then one leaf per core per round, in that order,
+    /// until `out` holds `k`. `N` must be at least `k` or the number of
+    /// cores (at most 64).
+    fn spread<const N: usize>(&self, free: u64, k: usize, out: &mut Vec<LeafId>) {
+        let mut left = [0u64; N];
+        let n = match self.regular {
+            Some(r) => r.collect(free, k, &mut left),
+            None => collect_cores(&self.cores, free, k, &mut left),
+        };
+        take_rounds(&mut left[..n], k, out);
+    }
+}
+
+/// The spread's first step on any cores ([`LeafMasks::spread`]): a test
+/// per core, whole free cores in a first pass, partly free ones in a
+/// second, until `k` (at most `N`).
+fn collect_cores<const N: usize>(cores: &[u64], free: u64, k: usize, left: &mut [u64; N]) -> usize {
     let mut n = 0;
-    'collect: for whole_pass in [true, false] {
+    for whole_pass in [true, false] {
         for &c in cores {
             let f = c & free;
             if f != 0 && (f == c) == whole_pass {
+                if n == k || n == N {
+                    return n;
+                }
                 left[n] = f;
                 n += 1;
-                if n == k {
-                    break 'collect;
-                }
             }
         }
     }
+    n
+}
+
+/// The spread's rounds ([`LeafMasks::spread`]): one leaf of each core of
+/// `left` per round, the lowest left, until `out` holds `k`.
+fn take_rounds(left: &mut [u64], k: usize, out: &mut Vec<LeafId>) {
     loop {
         let before = out.len();
-        for f in &mut left[..n] {
+        for f in left.iter_mut() {
             if *f != 0 {
                 out.push(f.trailing_zeros() as LeafId);
                 if out.len() == k {
@@ -708,7 +825,96 @@ mod tests {
         (out.len() == k).then_some(out)
     }
 
+    /// A spec-built machine's cores are regular runs, so the spread takes
+    /// the shift path; cores laid out otherwise (threads of a core apart)
+    /// are not.
+    #[test]
+    fn spec_cores_are_regular_runs() {
+        let topo = Topology::from_spec("2s:8c:2t").unwrap();
+        let masks = topo.leaf_masks().unwrap();
+        assert_eq!(
+            masks.regular,
+            Some(Regular {
+                t: 2,
+                stride: 16,
+                first: 1 | 1 << 16,
+                starts: 0xffff
+            })
+        );
+        let runs = |t: u32, n: u32| {
+            (0..n)
+                .map(|c| (u64::MAX >> (64 - t)) << (c * t))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            Regular::of(&runs(2, 3)),
+            Some(Regular {
+                t: 2,
+                stride: 1,
+                first: 0b11,
+                starts: 0b01_0101
+            })
+        );
+        assert_eq!(
+            Regular::of(&runs(64, 1)),
+            Some(Regular {
+                t: 64,
+                stride: 1,
+                first: u64::MAX,
+                starts: 1
+            })
+        );
+        // Not regular: a core of another width, out of order, a gap
+        // inside core 0, a core beyond 64 leaves, none.
+        assert_eq!(Regular::of(&[0b0011, 0b1100, 0b1_0000]), None);
+        assert_eq!(Regular::of(&[0b1100, 0b0011]), None);
+        assert_eq!(Regular::of(&[0b1011, 0b1_0000]), None);
+        assert_eq!(
+            Regular::of(&[1 << 0 | 1 << 32, 1 << 1 | 1 << 33]),
+            Some(Regular {
+                t: 2,
+                stride: 32,
+                first: 1 | 1 << 32,
+                starts: 0b11
+            })
+        );
+        assert_eq!(Regular::of(&[1 | 1 << 40, 1 << 30]), None);
+        assert_eq!(Regular::of(&[]), None);
+    }
+
     proptest::proptest! {
+        /// The shift path of the spread's first step
+        /// ([`Regular::collect`]) takes the cores the test per core
+        /// ([`collect_cores`], the path of any layout) takes, in the same
+        /// order, on regular cores of 1 to 8 leaves, for every `k`.
+        #[test]
+        fn regular_collect_matches_the_test_per_core(
+            t in 1u32..9, ncores in 1u32..65, interleaved in proptest::bool::ANY,
+            free in proptest::num::u64::ANY, k in 1usize..70,
+        ) {
+            let ncores = ncores.min(64 / t);
+            // Runs of `t` leaves, or Linux's numbering (core `c`'s leaves
+            // `c + j * ncores`).
+            let (step, stride) = if interleaved { (1, ncores) } else { (t, 1) };
+            let cores: Vec<u64> = (0..ncores)
+                .map(|c| (0..t).fold(0u64, |m, j| m | 1 << (c * step + j * stride)))
+                .collect();
+            let r = Regular::of(&cores);
+            proptest::prop_assert!(r.is_some());
+            let r = r.unwrap();
+            // A free mask with whole cores, partly free ones and bits
+            // beyond the cores (the group's mask removes them in use).
+            let (mut a, mut b) = ([0u64; 64], [0u64; 64]);
+            let n = r.collect(free, k, &mut a);
+            proptest::prop_assert_eq!(n, collect_cores(&cores, free, k, &mut b));
+            proptest::prop_assert_eq!(&a[..n], &b[..n]);
+            let (mut a, mut b) = ([0u64; 8], [0u64; 8]);
+            let k8 = k.min(8);
+            let n = r.collect(free, k8, &mut a);
+            proptest::prop_assert_eq!(n, collect_cores(&cores, free, k8, &mut b));
+            proptest::prop_assert_eq!(&a[..n], &b[..n]);
+        }
+
         /// The allocation and the free summary give the oracle's answers
         /// (the previous implementation; the summary recomputed group by
         /// group from `align_groups`) on random machines and busy sets.

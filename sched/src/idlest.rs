@@ -28,6 +28,10 @@
 //! walks the same binary tree, and examines the same children, as when
 //! every level was stored).
 //!
+//! The room trees are held in 16-bit lanes while every value fits (a
+//! node's CPUs), one vector joined by one signed maximum per segment, and
+//! in 32-bit lanes from the first value that does not ([`Rooms`]).
+//!
 //! Invariant: every slot of both trees equals the combination of the
 //! children's aggregates as last given to [`IdlestIndex::update`], which
 //! the engine calls wherever an aggregate changes (`refresh_aggregates`).
@@ -38,8 +42,27 @@ use crate::topology::{NodeId, Topology};
 
 /// A segment's maxima: the largest `max_room` per alignment level over
 /// its children, then the largest `max_free` (all 0 for padding), each
-/// held as [`lane`] of the value: a join is then a signed maximum, which
-/// SSE2 has (an unsigned one costs two sign flips more per lane group).
+/// held as a lane of the value with its sign bit flipped: the signed
+/// order of lanes is the unsigned order of values, so a join is a signed
+/// maximum, which SSE2 has (an unsigned one costs two sign flips more
+/// per lane group). Two widths ([`Rooms`]): 16-bit lanes, the six in one
+/// 16-byte vector joined by one `pmaxsw`, while every value fits 16 bits
+/// (a leaf's room is at most its capacity: a node's CPUs); 32-bit lanes
+/// otherwise, a join of two vectors of four by compare and blend.
+trait Lanes: Copy + PartialEq + std::fmt::Debug {
+    /// The maxima of a padding slot (and of a child with no room).
+    const NONE: Self;
+    /// A child's maxima as a slot holds them (the values must fit).
+    fn of(a: &NodeAgg) -> Self;
+    /// The maxima of a segment made of halves `self` and `r`.
+    fn join(&self, r: &Self) -> Self;
+    /// Lane `i`'s value (`Align::index`, 5 for `max_free`).
+    fn get(&self, i: usize) -> u32;
+    /// `self == r`, in the form that compiles to one vector compare.
+    fn same(&self, r: &Self) -> bool;
+}
+
+/// 32-bit lanes: any `u32`.
 type Maxima = [i32; 6];
 
 /// A `u32` as a lane of [`Maxima`]: the sign bit flipped, so the signed
@@ -55,28 +78,102 @@ fn value(l: i32) -> u32 {
     (l as u32) ^ (1 << 31)
 }
 
-/// The maxima of a padding slot (and of a child with no room).
-const NO_MAXIMA: Maxima = [i32::MIN; 6];
+impl Lanes for Maxima {
+    const NONE: Self = [i32::MIN; 6];
 
-/// A child's maxima as a slot holds them.
-fn maxima_of(a: &NodeAgg) -> Maxima {
+    #[inline]
+    fn of(a: &NodeAgg) -> Self {
+        let r = a.max_room;
+        [r[0], r[1], r[2], r[3], r[4], a.max_free].map(lane)
+    }
+
+    #[inline]
+    fn join(&self, r: &Self) -> Self {
+        let mut m = *self;
+        for (m, x) in m.iter_mut().zip(r) {
+            *m = (*m).max(*x);
+        }
+        m
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> u32 {
+        value(self[i])
+    }
+
+    #[inline]
+    fn same(&self, r: &Self) -> bool {
+        self == r
+    }
+}
+
+/// 16-bit lanes, the six of [`Maxima`] and two of padding (`i16::MIN`,
+/// never read), for values below 2^16.
+type Narrow = [i16; 8];
+
+impl Lanes for Narrow {
+    const NONE: Self = [i16::MIN; 8];
+
+    #[inline]
+    fn of(a: &NodeAgg) -> Self {
+        debug_assert!(fits_narrow(a), "maxima beyond 16 bits: {a:?}");
+        let r = a.max_room;
+        let l = |x: u32| (x as u16 ^ (1 << 15)) as i16;
+        [
+            l(r[0]),
+            l(r[1]),
+            l(r[2]),
+            l(r[3]),
+            l(r[4]),
+            l(a.max_free),
+            i16::MIN,
+            i16::MIN,
+        ]
+    }
+
+    #[inline]
+    fn join(&self, r: &Self) -> Self {
+        let mut m = *self;
+        for (m, x) in m.iter_mut().zip(r) {
+            *m = (*m).max(*x);
+        }
+        m
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> u32 {
+        ((self[i] as u16) ^ (1 << 15)) as u32
+    }
+
+    /// Lane by lane without a branch (`pcmpeqw`, `pmovmskb`): the array's
+    /// `==` compiles to a byte compare of two 64-bit halves, each first
+    /// moved out of the vector register lane by lane.
+    #[inline]
+    fn same(&self, r: &Self) -> bool {
+        self.iter().zip(r).fold(true, |all, (a, b)| all & (a == b))
+    }
+}
+
+/// Whether an aggregate's maxima fit [`Narrow`] lanes.
+#[inline]
+fn fits_narrow(a: &NodeAgg) -> bool {
     let r = a.max_room;
-    [r[0], r[1], r[2], r[3], r[4], a.max_free].map(lane)
+    (r[0] | r[1] | r[2] | r[3] | r[4] | a.max_free) >> 16 == 0
 }
 
 /// The maxima as `max_room` per alignment level and `max_free`.
 #[inline]
-fn values(m: &Maxima) -> ([u32; 5], u32) {
-    (
-        [
-            value(m[0]),
-            value(m[1]),
-            value(m[2]),
-            value(m[3]),
-            value(m[4]),
-        ],
-        value(m[5]),
-    )
+fn values<L: Lanes>(m: &L) -> ([u32; 5], u32) {
+    ([m.get(0), m.get(1), m.get(2), m.get(3), m.get(4)], m.get(5))
+}
+
+/// All domains' room trees, laid out as the key trees: in 16-bit lanes
+/// until a value needs more, then in 32-bit lanes for good
+/// ([`IdlestIndex::widen`]).
+#[derive(Clone, Debug)]
+enum Rooms {
+    Narrow(Vec<Narrow>),
+    Wide(Vec<Maxima>),
 }
 
 /// Where a tree node's slots are in its parent's trees: all that
@@ -106,8 +203,8 @@ pub struct IdlestIndex {
     /// padding up to a power of two). Only the [`stored`] slots are kept
     /// (the others stay 0): read them through [`Tree::key`].
     keys: Vec<u128>,
-    /// All domains' room trees, laid out as `keys`.
-    rooms: Vec<Maxima>,
+    /// All domains' room trees, laid out as `keys` ([`Rooms`]).
+    rooms: Rooms,
 }
 
 impl IdlestIndex {
@@ -141,25 +238,38 @@ impl IdlestIndex {
                 keys[base[d] + w + i] = order_key(&NodeAgg::default(), i as u32);
             }
         }
-        let rooms = vec![NO_MAXIMA; keys.len()];
-        let mut ix = Self {
+        let mut rooms = vec![Narrow::NONE; keys.len()];
+        for d in 0..n {
+            let (b, w) = (base[d], width[d]);
+            for i in (1..w).rev() {
+                if stored(i, w) {
+                    let (k, r) = join_below(&keys[b..b + 2 * w], &rooms[b..b + 2 * w], i, w);
+                    keys[b + i] = k;
+                    rooms[b + i] = r;
+                }
+            }
+        }
+        Self {
             up,
             base,
             width,
             keys,
-            rooms,
-        };
-        for d in 0..n {
-            let (b, w) = (ix.base[d], ix.width[d]);
-            for i in (1..w).rev() {
-                if stored(i, w) {
-                    let (k, r) = join_below(&ix.keys[b..b + 2 * w], &ix.rooms[b..b + 2 * w], i, w);
-                    ix.keys[b + i] = k;
-                    ix.rooms[b + i] = r;
-                }
-            }
+            rooms: Rooms::Narrow(rooms),
         }
-        ix
+    }
+
+    /// Hold the room trees in 32-bit lanes from now on (the same values).
+    fn widen(&mut self) {
+        if let Rooms::Narrow(r) = &self.rooms {
+            let wide = r
+                .iter()
+                .map(|m| {
+                    let (room, free) = values(m);
+                    [room[0], room[1], room[2], room[3], room[4], free].map(lane)
+                })
+                .collect();
+            self.rooms = Rooms::Wide(wide);
+        }
     }
 
     /// Child `c`'s aggregate changed to `a`: re-key it in its parent's
@@ -173,6 +283,11 @@ impl IdlestIndex {
     /// The trees are read as groups of four slots (slot `i` is group `i /
     /// 4`, place `i % 4`; the grandchildren of slot `p` are group `p`),
     /// one bounds check per access.
+    ///
+    /// Inlined into its one caller's climb (`refresh_aggregates`, one
+    /// call per level of the tree): the call's own cost (saved registers,
+    /// the answer through memory) was a fifth of a call.
+    #[inline(always)]
     pub fn update(&mut self, c: NodeId, a: &NodeAgg) -> Option<([u32; 5], u32)> {
         let Up { tree, width, pos } = self.up[c];
         if width == 0 {
@@ -207,31 +322,14 @@ impl IdlestIndex {
             }
         }
 
-        let (rooms, _) = self.rooms[b..b + 2 * w].as_chunks_mut::<4>();
-        let room = maxima_of(a);
-        let slot = &mut rooms[leaf / 4][leaf % 4];
-        if *slot != room {
-            *slot = room;
-            let mut i = leaf;
-            loop {
-                if i < 4 {
-                    if i >= 2 {
-                        let [_, _, l, r] = &rooms[0];
-                        rooms[0][1] = join_maxima(l, r);
-                    }
-                    break;
-                }
-                let [g0, g1, g2, g3] = &rooms[i / 4];
-                let parent = join_maxima(&join_maxima(g0, g1), &join_maxima(g2, g3));
-                i /= 4;
-                let slot = &mut rooms[i / 4][i % 4];
-                if *slot == parent {
-                    break;
-                }
-                *slot = parent;
-            }
+        if !fits_narrow(a) {
+            self.widen();
         }
-        Some(values(&rooms[0][1]))
+        let r = b..b + 2 * w;
+        Some(match &mut self.rooms {
+            Rooms::Narrow(rooms) => climb_rooms(&mut rooms[r], leaf, Narrow::of(a)),
+            Rooms::Wide(rooms) => climb_rooms(&mut rooms[r], leaf, Maxima::of(a)),
+        })
     }
 
     /// Domain `d`'s maxima over its children, as last updated: `max_room`
@@ -240,7 +338,19 @@ impl IdlestIndex {
         if self.width[d] == 0 {
             return ([0; 5], 0);
         }
-        values(&self.rooms[self.base[d] + 1])
+        match &self.rooms {
+            Rooms::Narrow(r) => values(&r[self.base[d] + 1]),
+            Rooms::Wide(r) => values(&r[self.base[d] + 1]),
+        }
+    }
+
+    /// The room at alignment `a` of slot `i` of the room trees.
+    #[inline]
+    fn room(&self, i: usize, a: usize) -> u32 {
+        match &self.rooms {
+            Rooms::Narrow(r) => r[i].get(a),
+            Rooms::Wide(r) => r[i].get(a),
+        }
     }
 
     /// `find_idlest`'s choice among domain `d`'s children: the best key
@@ -266,11 +376,11 @@ impl IdlestIndex {
         // the answer, and the search would examine it alone (best-first to
         // it, then every other segment pruned on its key).
         let root = self.keys[b + 1];
-        if root == 0 || value(self.rooms[b + 1][align.index()]) < demand {
+        if root == 0 || self.room(b + 1, align.index()) < demand {
             return None;
         }
         let top = position_of(root);
-        if value(self.rooms[b + w + top][align.index()]) >= demand && eligible(children[top]) {
+        if self.room(b + w + top, align.index()) >= demand && eligible(children[top]) {
             *visited += 1;
             return Some(children[top]);
         }
@@ -294,46 +404,25 @@ impl IdlestIndex {
         }
         let children = &topo.node(d).children;
         let b = self.base[d];
-        let tree = Tree {
-            keys: &self.keys[b..b + 2 * w],
-            rooms: &self.rooms[b..b + 2 * w],
-            width: w,
-        };
-        // The chosen child so far, by its key (which names its position).
-        let mut found: Option<u128> = None;
-        // Best-first, depth-first over the segments (depth <= 32).
-        let mut stack = [0usize; 64];
-        let mut top = 1;
-        stack[0] = 1;
-        while top > 0 {
-            top -= 1;
-            let i = stack[top];
-            let (key, room) = tree.segment(i, align);
-            if key == 0 || room < demand {
-                continue;
+        let keys = &self.keys[b..b + 2 * w];
+        match &self.rooms {
+            Rooms::Narrow(r) => {
+                let tree = Tree {
+                    keys,
+                    rooms: &r[b..b + 2 * w],
+                    width: w,
+                };
+                search_tree(&tree, children, align, demand, eligible, visited)
             }
-            // Nothing in the segment beats the chosen child: a better key,
-            // or the same free share and sum earlier in child order (both
-            // in the key).
-            if found.is_some_and(|f| key <= f) {
-                continue;
+            Rooms::Wide(r) => {
+                let tree = Tree {
+                    keys,
+                    rooms: &r[b..b + 2 * w],
+                    width: w,
+                };
+                search_tree(&tree, children, align, demand, eligible, visited)
             }
-            if i >= w {
-                *visited += 1;
-                if eligible(children[position_of(key)]) {
-                    found = Some(key);
-                }
-                continue;
-            }
-            // Push the worse half first so the better one is searched first.
-            let (l, r) = (2 * i, 2 * i + 1);
-            let right_first = tree.key(r) > tree.key(l);
-            let (first, second) = if right_first { (r, l) } else { (l, r) };
-            stack[top] = second;
-            stack[top + 1] = first;
-            top += 2;
         }
-        found.map(|k| children[position_of(k)])
     }
 
     /// Both trees of every domain with every level computed from the
@@ -342,16 +431,104 @@ impl IdlestIndex {
     /// index's.
     #[cfg(test)]
     fn full_trees(&self) -> (Vec<u128>, Vec<Maxima>) {
-        let (mut keys, mut rooms) = (self.keys.clone(), self.rooms.clone());
+        let (mut keys, mut rooms) = (self.keys.clone(), self.wide_rooms());
         for d in 0..self.width.len() {
             let (b, w) = (self.base[d], self.width[d]);
             for i in (1..w).rev() {
                 keys[b + i] = keys[b + 2 * i].max(keys[b + 2 * i + 1]);
-                rooms[b + i] = join_maxima(&rooms[b + 2 * i], &rooms[b + 2 * i + 1]);
+                rooms[b + i] = rooms[b + 2 * i].join(&rooms[b + 2 * i + 1]);
             }
         }
         (keys, rooms)
     }
+
+    /// The room trees in 32-bit lanes, whichever width holds them (tests).
+    #[cfg(test)]
+    fn wide_rooms(&self) -> Vec<Maxima> {
+        let mut ix = self.clone();
+        ix.widen();
+        match ix.rooms {
+            Rooms::Wide(r) => r,
+            Rooms::Narrow(_) => unreachable!("widened"),
+        }
+    }
+}
+
+/// [`IdlestIndex::search`] over one domain's trees.
+fn search_tree<L: Lanes>(
+    tree: &Tree<'_, L>,
+    children: &[NodeId],
+    align: Align,
+    demand: u32,
+    eligible: impl Fn(NodeId) -> bool,
+    visited: &mut u64,
+) -> Option<NodeId> {
+    let w = tree.width;
+    // The chosen child so far, by its key (which names its position).
+    let mut found: Option<u128> = None;
+    // Best-first, depth-first over the segments (depth <= 32).
+    let mut stack = [0usize; 64];
+    let mut top = 1;
+    stack[0] = 1;
+    while top > 0 {
+        top -= 1;
+        let i = stack[top];
+        let (key, room) = tree.segment(i, align);
+        if key == 0 || room < demand {
+            continue;
+        }
+        // Nothing in the segment beats the chosen child: a better key,
+        // or the same free share and sum earlier in child order (both
+        // in the key).
+        if found.is_some_and(|f| key <= f) {
+            continue;
+        }
+        if i >= w {
+            *visited += 1;
+            if eligible(children[position_of(key)]) {
+                found = Some(key);
+            }
+            continue;
+        }
+        // Push the worse half first so the better one is searched first.
+        let (l, r) = (2 * i, 2 * i + 1);
+        let right_first = tree.key(r) > tree.key(l);
+        let (first, second) = if right_first { (r, l) } else { (l, r) };
+        stack[top] = second;
+        stack[top + 1] = first;
+        top += 2;
+    }
+    found.map(|k| children[position_of(k)])
+}
+
+/// Put `room` in child slot `leaf` of one domain's room trees and climb
+/// as [`IdlestIndex::update`] says; returns the domain's maxima.
+#[inline]
+fn climb_rooms<L: Lanes>(rooms: &mut [L], leaf: usize, room: L) -> ([u32; 5], u32) {
+    let (rooms, _) = rooms.as_chunks_mut::<4>();
+    let slot = &mut rooms[leaf / 4][leaf % 4];
+    if !slot.same(&room) {
+        *slot = room;
+        let mut i = leaf;
+        loop {
+            if i < 4 {
+                if i >= 2 {
+                    let [_, _, l, r] = &rooms[0];
+                    rooms[0][1] = l.join(r);
+                }
+                break;
+            }
+            let [g0, g1, g2, g3] = &rooms[i / 4];
+            let parent = g0.join(g1).join(&g2.join(g3));
+            i /= 4;
+            let slot = &mut rooms[i / 4][i % 4];
+            if slot.same(&parent) {
+                break;
+            }
+            *slot = parent;
+        }
+    }
+    values(&rooms[0][1])
 }
 
 /// Whether a domain's trees of `w` children slots keep slot `i` (`1 <= i
@@ -365,30 +542,29 @@ fn stored(i: usize, w: usize) -> bool {
 /// The join of a stored segment `i < w` from the stored slots below it:
 /// its four grandchildren, or for the root one level above stored slots,
 /// its two children.
-fn join_below(keys: &[u128], rooms: &[Maxima], i: usize, w: usize) -> (u128, Maxima) {
+fn join_below<L: Lanes>(keys: &[u128], rooms: &[L], i: usize, w: usize) -> (u128, L) {
     if i == 1 && w.trailing_zeros() % 2 == 1 {
-        (keys[2].max(keys[3]), join_maxima(&rooms[2], &rooms[3]))
+        (keys[2].max(keys[3]), rooms[2].join(&rooms[3]))
     } else {
         let g = 4 * i;
         (
             keys[g].max(keys[g + 1]).max(keys[g + 2].max(keys[g + 3])),
-            join_maxima(
-                &join_maxima(&rooms[g], &rooms[g + 1]),
-                &join_maxima(&rooms[g + 2], &rooms[g + 3]),
-            ),
+            rooms[g]
+                .join(&rooms[g + 1])
+                .join(&rooms[g + 2].join(&rooms[g + 3])),
         )
     }
 }
 
 /// One domain's trees as the search reads them: every binary segment,
 /// a level that is not stored joined from its two (stored) children.
-struct Tree<'a> {
+struct Tree<'a, L> {
     keys: &'a [u128],
-    rooms: &'a [Maxima],
+    rooms: &'a [L],
     width: usize,
 }
 
-impl Tree<'_> {
+impl<L: Lanes> Tree<'_, L> {
     /// Segment `i`'s best key.
     #[inline]
     fn key(&self, i: usize) -> u128 {
@@ -404,25 +580,15 @@ impl Tree<'_> {
     fn segment(&self, i: usize, align: Align) -> (u128, u32) {
         let a = align.index();
         if stored(i, self.width) {
-            (self.keys[i], value(self.rooms[i][a]))
+            (self.keys[i], self.rooms[i].get(a))
         } else {
             let (l, r) = (2 * i, 2 * i + 1);
             (
                 self.keys[l].max(self.keys[r]),
-                value(self.rooms[l][a].max(self.rooms[r][a])),
+                self.rooms[l].get(a).max(self.rooms[r].get(a)),
             )
         }
     }
-}
-
-/// The maxima of a segment made of halves `l` and `r`.
-#[inline]
-fn join_maxima(l: &Maxima, r: &Maxima) -> Maxima {
-    let mut m = *l;
-    for (m, x) in m.iter_mut().zip(r) {
-        *m = (*m).max(*x);
-    }
-    m
 }
 
 /// The largest `sum_free` a key holds exactly: `2^63 - 1`. A domain's
@@ -633,7 +799,110 @@ mod tests {
         best
     }
 
+    /// Every segment of every domain as the search reads it equals the
+    /// binary join of the children (every level computed, `full_trees`),
+    /// and every stored slot holds it, in whichever lanes the index holds
+    /// its rooms.
+    fn check_segments(ix: &IdlestIndex) -> Result<(), TestCaseError> {
+        match &ix.rooms {
+            Rooms::Narrow(r) => check_segments_in(ix, r),
+            Rooms::Wide(r) => check_segments_in(ix, r),
+        }
+    }
+
+    fn check_segments_in<L: Lanes>(ix: &IdlestIndex, rooms_of: &[L]) -> Result<(), TestCaseError> {
+        let (keys, rooms) = ix.full_trees();
+        for d in 0..ix.width.len() {
+            let (b, w) = (ix.base[d], ix.width[d]);
+            let tree = Tree {
+                keys: &ix.keys[b..b + 2 * w],
+                rooms: &rooms_of[b..b + 2 * w],
+                width: w,
+            };
+            for i in 1..2 * w {
+                prop_assert_eq!(tree.key(i), keys[b + i], "domain {} slot {}", d, i);
+                for align in Align::ALL {
+                    prop_assert_eq!(
+                        tree.segment(i, align),
+                        (keys[b + i], value(rooms[b + i][align.index()]))
+                    );
+                }
+                if stored(i, w) {
+                    prop_assert_eq!(
+                        values(&rooms_of[b + i]),
+                        values(&rooms[b + i]),
+                        "domain {} slot {}",
+                        d,
+                        i
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     proptest! {
+        /// The room trees in 16-bit lanes ([`Narrow`]) against the same
+        /// trees held in 32-bit lanes from the start (`widen`): random
+        /// aggregates with maxima up to and across 2^16 given to both, one
+        /// child at a time; after each, the same maxima returned, the
+        /// same slots (as values), the same choice and the same children
+        /// examined for every domain, alignment and demand around the
+        /// values; the index widens exactly when a value needs 17 bits.
+        #[test]
+        fn narrow_rooms_match_wide_rooms(
+            topo in prop::sample::select([TOPOLOGIES, WIDE].concat()),
+            values_in in prop::collection::vec(
+                (prop::sample::select(vec![0u32, 1, 2, 8, 64, 65_535, 65_536, 200_000]),
+                 prop::sample::select(vec![0u32, 1, 2, 3, 7, 8, 64, 65_535, 65_536]),
+                 prop::array::uniform6(prop::sample::select(vec![
+                     0u32, 1, 2, 3, 7, 9, 64, 32_767, 32_768, 65_534, 65_535,
+                 ])),
+                 prop::sample::select(vec![false, false, false, true])),
+                1..80),
+            nodes in prop::collection::vec(0usize..1000, 80),
+        ) {
+            let t = Topology::from_spec(topo).unwrap();
+            let n = t.nodes().len();
+            let mut ix = IdlestIndex::new(&t);
+            let mut wide = IdlestIndex::new(&t);
+            wide.widen();
+            let mut big = false;
+            for (k, &(cap, free, mut rooms, beyond)) in values_in.iter().enumerate() {
+                let c = nodes[k] % n;
+                if beyond {
+                    // One lane past 16 bits (when the room allows it).
+                    rooms[k % 6] = 65_536;
+                }
+                let a = agg(cap, free, rooms);
+                // A root is in no trees (`update` returns at once).
+                big |= t.node(c).parent.is_some() && !fits_narrow(&a);
+                prop_assert_eq!(ix.update(c, &a), wide.update(c, &a));
+                prop_assert_eq!(matches!(ix.rooms, Rooms::Wide(_)), big);
+                prop_assert_eq!(&ix.keys, &wide.keys);
+                prop_assert_eq!(ix.wide_rooms(), wide.wide_rooms());
+                check_segments(&ix)?;
+                for d in 0..n {
+                    prop_assert_eq!(ix.maxima(d), wide.maxima(d));
+                    for align in Align::ALL {
+                        for demand in [0, 1, 2, 8, 9, 64, 65, 65_535, 65_536, 65_537] {
+                            let (mut v1, mut v2) = (0, 0);
+                            let even = |c: NodeId| c.is_multiple_of(2);
+                            prop_assert_eq!(
+                                ix.idlest_child(&t, d, align, demand, |_| true, &mut v1),
+                                wide.idlest_child(&t, d, align, demand, |_| true, &mut v2)
+                            );
+                            prop_assert_eq!(
+                                ix.search(&t, d, align, demand, even, &mut v1),
+                                wide.search(&t, d, align, demand, even, &mut v2)
+                            );
+                            prop_assert_eq!(v1, v2);
+                        }
+                    }
+                }
+            }
+        }
+
         /// Random aggregates given to `update`, one child at a time: both
         /// trees equal a rebuild of every segment from the children's
         /// slots (each climb stopped early exactly where nothing above
@@ -669,20 +938,7 @@ mod tests {
                 // Every segment as the search reads it equals the binary
                 // join of the children (every level computed), and every
                 // stored slot holds it.
-                let (keys, rooms) = ix.full_trees();
-                for d in 0..n {
-                    let (b, w) = (ix.base[d], ix.width[d]);
-                    let tree = Tree { keys: &ix.keys[b..b + 2 * w], rooms: &ix.rooms[b..b + 2 * w], width: w };
-                    for i in 1..2 * w {
-                        prop_assert_eq!(tree.key(i), keys[b + i], "domain {} slot {}", d, i);
-                        for align in Align::ALL {
-                            prop_assert_eq!(tree.segment(i, align), (keys[b + i], value(rooms[b + i][align.index()])));
-                        }
-                        if stored(i, w) {
-                            prop_assert_eq!(ix.rooms[b + i], rooms[b + i], "domain {} slot {}", d, i);
-                        }
-                    }
-                }
+                check_segments(&ix)?;
                 for d in 0..n {
                     let children = &t.node(d).children;
                     if children.is_empty() {

@@ -516,9 +516,11 @@ impl Sched {
 
     /// Register a sleeping task.
     pub fn add_task(&mut self, spec: TaskSpec) -> Result<(), SchedError> {
-        if self.tasks.contains_key(&spec.id) {
+        // One probe of the map for the duplicate test and the insert (a
+        // task is added on every placement).
+        let std::collections::hash_map::Entry::Vacant(slot) = self.tasks.entry(spec.id) else {
             return Err(SchedError::DuplicateTask(spec.id));
-        }
+        };
         if !nice_in_range(spec.nice) {
             return Err(SchedError::BadNice {
                 field: "nice",
@@ -539,8 +541,11 @@ impl Sched {
         {
             return Err(SchedError::EmptyAffinity(spec.id));
         }
-        let task = Task::new(spec, self.config.default_policy, self.config.sched_latency);
-        self.tasks.insert(task.id, task);
+        slot.insert(Task::new(
+            spec,
+            self.config.default_policy,
+            self.config.sched_latency,
+        ));
         Ok(())
     }
 
