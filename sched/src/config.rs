@@ -160,6 +160,17 @@ pub struct SchedConfig {
     /// while work waits, a higher mean response and bounded slowdown.
     /// Off by default.
     pub deadline_order: bool,
+    /// With `shortest_limit_first` (and not `deadline_order`): aging
+    /// bounded by each task's own limit. A task that has waited longer
+    /// than its remaining limit (overdue: `queued_at` + remaining limit
+    /// <= now, its bounded slowdown already above 2) goes before every
+    /// task that is not, and the overdue tasks among themselves by that
+    /// deadline, earliest first; the others stay shortest remaining limit
+    /// first (the latency class first in both). Shortest first alone has
+    /// no aging: a long or large task is passed over by every shorter one
+    /// until it is the oldest head of its domain. No tunable: the wait is
+    /// compared with the task's own limit. Off by default.
+    pub limit_aging: bool,
 }
 
 impl Default for SchedConfig {
@@ -189,6 +200,7 @@ impl Default for SchedConfig {
             domain_fifo: false,
             shortest_limit_first: false,
             deadline_order: false,
+            limit_aging: false,
         }
     }
 }

@@ -25,6 +25,13 @@
 //! reservation has its room recomputed and is scheduled after the current
 //! operation (`deferred`), so that the work it may now start is not
 //! stranded, and the leaf that gained one has its room recomputed at once.
+//!
+//! With [`crate::SchedConfig::limit_aging`] the domain's queue has two
+//! tiers: a task that has waited as long as its remaining limit (its
+//! deadline, `queued_at` + remaining limit, is past) is overdue and moves
+//! to the first tier; each tier is served shortest remaining limit first.
+//! The move is made when the queue is served (`fifo_pull`), from a set of
+//! the waiting tasks by deadline: O(log n) per task that becomes overdue.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -42,6 +49,20 @@ use crate::topology::{LeafId, Topology};
 /// earliest `queued_at` + remaining limit (saturating), then the longest
 /// wait.
 pub(crate) type WaitKey = (bool, u64, u64, u64, TaskId);
+
+/// A waiting task's place in the order `fifo_pull` serves: (not latency
+/// class, not overdue, its [`WaitKey`]). Without
+/// [`crate::SchedConfig::limit_aging`] no task is overdue and ranks sort
+/// as their wait keys.
+pub(crate) type Rank = (bool, bool, WaitKey);
+
+/// The block skip's data in `oldest_fitting`: the reservation, its start,
+/// and its task with that task's key.
+type BlockSkip<'a> = (
+    &'a crate::sched::Reservation,
+    u64,
+    Option<(WaitKey, &'a Task)>,
+);
 
 /// A head's place in its domain: (queued_at, enqueue sequence, leaf).
 pub(crate) type HeadKey = (u64, u64, LeafId);
@@ -61,9 +82,21 @@ pub(crate) struct DomainHeads {
     /// With `shortest`, the order is `queued_at` + remaining limit
     /// ([`crate::SchedConfig::deadline_order`]).
     deadline: bool,
+    /// With `shortest` (not `deadline`): aging bounded by each task's own
+    /// limit ([`crate::SchedConfig::limit_aging`]).
+    aging: bool,
     /// Per domain, its waiting tasks by demand, each bucket in queue order
-    /// ([`WaitKey`]; kept only with `fifo`).
+    /// ([`WaitKey`]; kept only with `fifo`); with `aging`, those not
+    /// overdue.
     waiting: Vec<BTreeMap<u32, BTreeSet<WaitKey>>>,
+    /// With `aging`, per domain, its overdue waiting tasks by demand, each
+    /// bucket in queue order: served before `waiting`.
+    overdue: Vec<BTreeMap<u32, BTreeSet<WaitKey>>>,
+    /// With `aging`, per domain, the tasks of `waiting` that have a limit,
+    /// by deadline (`queued_at` + remaining limit), with their demand: the
+    /// first ones move to `overdue` when their deadline passes
+    /// ([`DomainHeads::promote`]).
+    deadlines: Vec<BTreeSet<(u64, u32, WaitKey)>>,
     /// Per domain, how many of its waiting tasks carry a run-time
     /// prediction (kept only with `fifo`): while any does, a reservation
     /// that counts on predictions judges every task on its own (the
@@ -117,6 +150,8 @@ impl DomainHeads {
         // NUMA span of each ancestor looked at, computed once per ancestor
         // (a span walks the ancestor's leaves).
         let mut span: BTreeMap<usize, usize> = BTreeMap::new();
+        let aging =
+            fifo && config.shortest_limit_first && config.limit_aging && !config.deadline_order;
         for leaf in 0..n {
             let llc = topo.llc_of(leaf);
             let node = if !(config.steal && steal_llc_allowed) {
@@ -149,8 +184,19 @@ impl DomainHeads {
             latency: config.latency,
             shortest: fifo && config.shortest_limit_first,
             deadline: fifo && config.shortest_limit_first && config.deadline_order,
+            aging,
             waiting: if fifo {
                 vec![BTreeMap::new(); next]
+            } else {
+                Vec::new()
+            },
+            overdue: if aging {
+                vec![BTreeMap::new(); next]
+            } else {
+                Vec::new()
+            },
+            deadlines: if aging {
+                vec![BTreeSet::new(); next]
             } else {
                 Vec::new()
             },
@@ -201,6 +247,49 @@ impl DomainHeads {
         (!t.latency_class(self.latency), order, queued_at, seq, t.id)
     }
 
+    /// The deadline of the task of `key` under `aging`: `queued_at` +
+    /// remaining limit (`u64::MAX`, never, without a limit).
+    fn deadline_of(key: &WaitKey) -> u64 {
+        if key.1 == u64::MAX {
+            u64::MAX
+        } else {
+            key.2.saturating_add(key.1)
+        }
+    }
+
+    /// With `aging`: move the tasks of domain `dom` whose deadline is at
+    /// or before `now` to the overdue tier.
+    fn promote(&mut self, dom: usize, now: u64) {
+        while let Some(&(d, demand, key)) = self.deadlines[dom].first()
+            && d <= now
+        {
+            self.deadlines[dom].pop_first();
+            if let Some(set) = self.waiting[dom].get_mut(&demand) {
+                set.remove(&key);
+                if set.is_empty() {
+                    self.waiting[dom].remove(&demand);
+                }
+            }
+            self.overdue[dom].entry(demand).or_default().insert(key);
+        }
+    }
+
+    /// With `aging`: true when a task of domain `dom` is due to move to
+    /// the overdue tier at `now` and has not moved yet.
+    fn promotion_due(&self, dom: usize, now: u64) -> bool {
+        self.aging && self.deadlines[dom].first().is_some_and(|e| e.0 <= now)
+    }
+
+    /// The rank of `t`, waiting in domain `dom` ([`Rank`]).
+    fn rank_of(&self, dom: usize, t: &Task) -> Rank {
+        let key = self.wait_key(t);
+        let overdue = self.aging
+            && self.overdue[dom]
+                .get(&t.demand)
+                .is_some_and(|s| s.contains(&key));
+        (key.0, !overdue, key)
+    }
+
     /// True when the task of `key`, and every task after it of its class
     /// in its demand bucket, would end after `shadow` if started at `now`
     /// on its limit. Shortest first, the key's order is the remaining
@@ -226,6 +315,9 @@ impl DomainHeads {
             if self.waiting[dom].entry(t.demand).or_default().insert(key) && t.predicted.is_some() {
                 self.predicted_waiting[dom] += 1;
             }
+            if self.aging && key.1 != u64::MAX {
+                self.deadlines[dom].insert((Self::deadline_of(&key), t.demand, key));
+            }
         }
     }
 
@@ -234,14 +326,29 @@ impl DomainHeads {
         if self.fifo {
             let key = self.wait_key(t);
             let dom = self.dom_of[leaf];
-            let d = &mut self.waiting[dom];
-            if let Some(set) = d.get_mut(&t.demand) {
-                if set.remove(&key) && t.predicted.is_some() {
-                    self.predicted_waiting[dom] -= 1;
+            let mut removed = false;
+            let tiers = if self.aging { 2 } else { 1 };
+            for tier in 0..tiers {
+                let d = if tier == 0 {
+                    &mut self.waiting[dom]
+                } else {
+                    &mut self.overdue[dom]
+                };
+                if let Some(set) = d.get_mut(&t.demand) {
+                    removed |= set.remove(&key);
+                    if set.is_empty() {
+                        d.remove(&t.demand);
+                    }
                 }
-                if set.is_empty() {
-                    d.remove(&t.demand);
+                if removed {
+                    break;
                 }
+            }
+            if removed && t.predicted.is_some() {
+                self.predicted_waiting[dom] -= 1;
+            }
+            if self.aging && key.1 != u64::MAX {
+                self.deadlines[dom].remove(&(Self::deadline_of(&key), t.demand, key));
             }
         }
     }
@@ -316,6 +423,10 @@ impl Sched {
         if !self.domains.fifo {
             return 0;
         }
+        if self.domains.aging {
+            let dom = self.domains.dom_of[dst];
+            self.domains.promote(dom, now);
+        }
         let mut started = 0;
         while self.rqs[dst].has_spare() {
             let Some((p, src)) = self.oldest_fitting(dst, now) else {
@@ -333,7 +444,10 @@ impl Sched {
     }
 
     /// The first task in the queue order of `dst`'s domain that can start
-    /// on `dst` now, and the leaf it waits on. The domain's protected head
+    /// on `dst` now, and the leaf it waits on. With
+    /// [`crate::SchedConfig::limit_aging`] the order is the [`Rank`]: each
+    /// tier is walked as one queue (the overdue tier first, as moved by
+    /// the last `fifo_pull`), the best rank found wins. The domain's protected head
     /// takes its turn in that order like any task; its reservation is
     /// what bounds its wait (its own leaf holds room for it).
     ///
@@ -354,7 +468,11 @@ impl Sched {
     fn oldest_fitting(&self, dst: LeafId, now: u64) -> Option<(TaskId, LeafId)> {
         // Nothing waits in the domain: no task to find (what follows only
         // reads).
-        if self.domains.waiting[self.domains.dom_of[dst]].is_empty() && self.shortcuts() {
+        let dom = self.domains.dom_of[dst];
+        if self.domains.waiting[dom].is_empty()
+            && (!self.domains.aging || self.domains.overdue[dom].is_empty())
+            && self.shortcuts()
+        {
             return None;
         }
         let rq = &self.rqs[dst];
@@ -402,14 +520,49 @@ impl Sched {
             }
             _ => None,
         };
-        let mut best: Option<(WaitKey, LeafId)> = None;
-        for (&demand, set) in self.domains.waiting[self.domains.dom_of[dst]].range(..=free) {
+        let mut best: Option<(Rank, LeafId)> = None;
+        if self.domains.aging {
+            self.walk_tier(
+                &self.domains.overdue[dom],
+                false,
+                (dst, free, now),
+                res.as_ref(),
+                skip.as_ref(),
+                &mut best,
+            );
+        }
+        self.walk_tier(
+            &self.domains.waiting[dom],
+            true,
+            (dst, free, now),
+            res.as_ref(),
+            skip.as_ref(),
+            &mut best,
+        );
+        best.map(|((_, _, (_, _, _, _, p)), src)| (p, src))
+    }
+
+    /// One tier of `oldest_fitting`'s walk (`fresh`: not overdue): in each
+    /// demand bucket that fits `free`, the first task in queue order that
+    /// can start on `dst` now replaces `best` if it ranks before it.
+    fn walk_tier(
+        &self,
+        tier: &BTreeMap<u32, BTreeSet<WaitKey>>,
+        fresh: bool,
+        (dst, free, now): (LeafId, u32, u64),
+        res: Option<&crate::sched::Reservation>,
+        skip: Option<&BlockSkip<'_>>,
+        best: &mut Option<(Rank, LeafId)>,
+    ) {
+        let rq = &self.rqs[dst];
+        for (&demand, set) in tier.range(..=free) {
             let mut keys = set.range(..);
             while let Some(&key) = keys.next() {
-                if best.is_some_and(|(b, _)| key >= b) {
+                let rank = (key.0, fresh, key);
+                if best.is_some_and(|(b, _)| rank >= b) {
                     break;
                 }
-                if let Some((r, shadow, head)) = &skip
+                if let Some((r, shadow, head)) = skip
                     && demand > r.extra
                     && key.4 != r.task
                     && self.domains.ends_after(&key, now, *shadow)
@@ -421,12 +574,13 @@ impl Sched {
                         && h.demand == demand
                         && hk.0 == key.0
                         && *hk > key
-                        && best.is_none_or(|(b, _)| *hk < b)
+                        && (!self.domains.aging || set.contains(hk))
+                        && best.is_none_or(|(b, _)| (hk.0, fresh, *hk) < b)
                         && let crate::task::TaskState::Queued(src) = h.state
                         && h.allowed(dst)
                         && rq.can_start(h.demand, h.align)
                     {
-                        best = Some((*hk, src));
+                        *best = Some(((hk.0, fresh, *hk), src));
                         break;
                     }
                     if key.0 {
@@ -442,17 +596,16 @@ impl Sched {
                     continue;
                 };
                 let ok = t.allowed(dst)
-                    && match &res {
+                    && match res {
                         Some(r) if r.task != t.id => self.backfill_ok(dst, r, t, now),
                         _ => rq.can_start(t.demand, t.align),
                     };
                 if ok {
-                    best = Some((key, src));
+                    *best = Some((rank, src));
                     break;
                 }
             }
         }
-        best.map(|((_, _, _, _, p), src)| (p, src))
     }
 
     /// With one queue per domain: true when `fifo_pull` on `dst` would
@@ -466,12 +619,21 @@ impl Sched {
     /// start: so `t` would be the first.
     pub(crate) fn fifo_starts_first(&self, dst: LeafId, t: &Task, now: u64, seq: u64) -> bool {
         let key = self.domains.wait_key_at(t, now, seq);
+        // Aging: a task due to become overdue moves when the queue is
+        // served; and `t` would be overdue at once with no limit left.
+        // Left to the slow path.
+        let dom = self.domains.dom_of[dst];
+        if self.domains.aging
+            && (self.domains.promotion_due(dom, now) || DomainHeads::deadline_of(&key) <= now)
+        {
+            return false;
+        }
         match self.oldest_fitting(dst, now) {
             None => true,
             Some((p, _)) => self
                 .tasks
                 .get(&p)
-                .is_some_and(|o| self.domains.wait_key(o) > key),
+                .is_some_and(|o| self.domains.rank_of(dom, o) > (key.0, true, key)),
         }
     }
 

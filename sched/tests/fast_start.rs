@@ -7,8 +7,8 @@
 //! topologies, with capacities, alignments with per-level room,
 //! affinities, time limits, predictions, nice values, latency-nice, time
 //! slices (`preempt`) and every switch that moves tasks (backfill, one
-//! reservation and one queue per domain, shortest limit first or by
-//! deadline, cross-LLC stealing, the latency pull, the idle-balance pass). Wakeups come at
+//! reservation and one queue per domain, shortest limit first, by
+//! deadline or with aging, cross-LLC stealing, the latency pull, the idle-balance pass). Wakeups come at
 //! the current time and, sometimes, earlier than earlier operations
 //! (a head that waits since later than the wakeup), tasks exit and come
 //! back, leaves report their room.
@@ -135,6 +135,9 @@ struct Scenario {
     switches: [bool; 10],
     /// `SchedConfig::deadline_order` (with `shortest_limit_first`).
     deadline: bool,
+    /// `SchedConfig::limit_aging` (with `shortest_limit_first`, without
+    /// `deadline_order`).
+    aging: bool,
 }
 
 /// The dispatcher's switches (`ClusterConfig::default`).
@@ -154,15 +157,17 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         proptest::collection::vec(op(), 1..160),
         switches(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(topo, capacities, jobs, ops, switches, deadline)| Scenario {
+            |(topo, capacities, jobs, ops, switches, deadline, aging)| Scenario {
                 topo,
                 capacities,
                 jobs,
                 ops,
                 switches,
                 deadline,
+                aging,
             },
         )
 }
@@ -203,6 +208,7 @@ fn build(sc: &Scenario, fast: bool, gates: u8) -> Sched {
     let n = topo.nr_leaves();
     let mut config = gated(switches::config_of(sc.switches), gates);
     config.deadline_order = sc.deadline;
+    config.limit_aging = sc.aging;
     let mut s = Sched::with_capacities(topo, &sc.capacities[..n], config);
     s.set_fast_start(fast);
     s.set_shortcuts(fast);
@@ -431,6 +437,7 @@ fn a_wakeup_dated_before_the_protected_heads_wait_is_not_fast() {
         ],
         switches: DISPATCHER,
         deadline: false,
+        aging: false,
     };
     let mut seen = Seen::default();
     run(&sc, &mut seen, 0).unwrap();

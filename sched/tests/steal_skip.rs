@@ -11,7 +11,7 @@
 //! and every switch that changes what "fits" (backfill, one reservation
 //! and one queue per domain, cross-LLC stealing, longest-wait pulls, the
 //! latency pull, the idle-balance pass, the deadline order of the domain's
-//! queue). After every operation: the same
+//! queue, its aging bounded by each task's limit). After every operation: the same
 //! return values, events, schedstats (`steal_scanned` included: a skipped
 //! leaf counts as visited) and whole engine state (Debug form).
 //!
@@ -114,6 +114,9 @@ struct Scenario {
     switches: [bool; 10],
     /// `SchedConfig::deadline_order` (with `shortest_limit_first`).
     deadline: bool,
+    /// `SchedConfig::limit_aging` (with `shortest_limit_first`, without
+    /// `deadline_order`).
+    aging: bool,
 }
 
 fn scenario() -> impl Strategy<Value = Scenario> {
@@ -124,15 +127,17 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         proptest::collection::vec(op(), 1..160),
         any::<[bool; 10]>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(topo, capacities, jobs, ops, switches, deadline)| Scenario {
+            |(topo, capacities, jobs, ops, switches, deadline, aging)| Scenario {
                 topo,
                 capacities,
                 jobs,
                 ops,
                 switches,
                 deadline,
+                aging,
             },
         )
 }
@@ -169,6 +174,7 @@ fn build(sc: &Scenario, skip: bool) -> Sched {
     ]);
     config.pull_longest_wait = longest;
     config.deadline_order = sc.deadline;
+    config.limit_aging = sc.aging;
     let mut s = Sched::with_capacities(topo, &sc.capacities[..n], config);
     s.set_steal_skip(skip);
     for (i, j) in sc.jobs.iter().enumerate() {

@@ -180,6 +180,65 @@ fn by_deadline_a_long_job_starts_before_a_shorter_later_one() {
     }
 }
 
+/// Aging bounded by each job's own limit (`SchedConfig::limit_aging`),
+/// against the deadline order, shortest limit first and arrival order.
+/// Nodes a and b (4 CPUs, one rack) each run a whole-node job; j-3
+/// (1,000 s) waits from 1 s and holds the domain's reservation, j-4
+/// (300 s) from 2 s, j-5 (200 s) from 150 s, j-6 (50 s) from 480 s. When
+/// the node j-3 does not wait on frees at 500 s, j-4 and j-5 have waited
+/// longer than their limits (overdue), j-6 and j-3 have not: with aging
+/// the shortest overdue job, j-5, starts; by deadline j-4 (302 s, before
+/// j-5's 350 s); shortest first j-6; in arrival order j-3.
+#[test]
+fn with_aging_an_overdue_job_starts_before_a_shorter_fresh_one() {
+    for (deadline, aging, shortest, started) in [
+        (false, true, true, "j-5"),
+        (true, false, true, "j-4"),
+        (false, false, true, "j-6"),
+        (false, false, false, "j-3"),
+    ] {
+        let mut cfg = ClusterConfig::default();
+        cfg.engine.backfill = true;
+        cfg.engine.domain_reservation = true;
+        cfg.engine.domain_fifo = true;
+        cfg.engine.shortest_limit_first = shortest;
+        cfg.engine.deadline_order = deadline;
+        cfg.engine.limit_aging = aging;
+        let mut c = Cluster::new(cfg);
+        node(&mut c, "a", "1s:4c:1t", "r1");
+        node(&mut c, "b", "1s:4c:1t", "r1");
+        let mut fx = Effects::default();
+        c.submit(vec![job(4, 100), job(4, 100)], true, 0, &mut fx)
+            .unwrap();
+        for (limit, at) in [(1_000, 1_000), (300, 2_000), (200, 150_000), (50, 480_000)] {
+            c.submit(vec![job(4, limit)], false, at, &mut fx).unwrap();
+        }
+        for j in ["j-3", "j-4", "j-5", "j-6"] {
+            assert!(running_on(&c, j).is_none(), "{j} waits");
+        }
+        let held = node_of(&c, "j-3");
+        let other = if held == "a" { "b" } else { "a" };
+        let leaf = c.engine.leaf(&held);
+        assert_eq!(
+            c.engine.sched().and_then(|s| s.domain_protected(leaf?)),
+            leaf,
+            "j-3 holds the reservation"
+        );
+        let running = if running_on(&c, "j-1").as_deref() == Some(other) {
+            "j-1"
+        } else {
+            "j-2"
+        };
+        let fx = finish(&mut c, other, running, 500_000);
+        assert_eq!(
+            assigns(&fx),
+            vec![(other.to_string(), started.to_string())],
+            "deadline {deadline} aging {aging} shortest {shortest}"
+        );
+        c.check().unwrap();
+    }
+}
+
 /// The pending reason follows the protection: with one reservation per
 /// domain the older head (j-3) is told when running jobs' timeouts free
 /// its CPUs, the younger (j-4) that it holds no reservation, and by whom

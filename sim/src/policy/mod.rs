@@ -18,6 +18,7 @@
 //! | `ours+domfifo` / `ours-domfifo` | with backfill, one queue per steal domain: a node with room starts the domain's longest-waiting job that fits (`SchedConfig::domain_fifo`) |
 //! | `ours+sjbf` / `ours-sjbf` | with the domain's queue, shortest remaining time limit first after the domain's protected head (`SchedConfig::shortest_limit_first`) |
 //! | `ours+deadline` / `ours-deadline` | with shortest limit first, the domain's queue by `queued_at` + remaining limit, earliest first (`SchedConfig::deadline_order`) |
+//! | `ours+aging` / `ours-aging` | with shortest limit first, a job that has waited longer than its remaining limit goes first, by `queued_at` + remaining limit (`SchedConfig::limit_aging`) |
 //! | `ours+latpull` / `ours-latpull` | latency-class jobs waiting in a node's steal domain start first where room opens (`SchedConfig::latency_pull`) |
 //! | `ours+predict` / `ours+predictall` / `ours-predict` | run-time predictions from each user's last two run times (EASY++) for jobs without a time limit / for every job, capped by its limit / none (`ClusterConfig::predict`); SWF jobs are submitted as their trace's user |
 //! | `ours+ownaffine` / `ours+ownfork` / `ours+ownidlest` | a job whose only waker is its owner (SWF jobs with a user) is placed wake-affine toward its owner's last node / by the fork path from that node's zone / on the idlest node, as an anonymous job (`ClusterConfig::owner_wake`) |
@@ -95,6 +96,9 @@ pub struct OursFlags {
     /// With `shortest_limit_first`, the queue by `queued_at` + remaining
     /// limit (`SchedConfig::deadline_order`).
     pub deadline_order: bool,
+    /// With `shortest_limit_first`, a job that has waited longer than its
+    /// remaining limit goes first, by deadline (`SchedConfig::limit_aging`).
+    pub limit_aging: bool,
     /// Which jobs get a run-time prediction from their user's history
     /// (`ClusterConfig::predict`, EASY++).
     pub predict: dispatcher::cluster::runtimes::Predict,
@@ -126,6 +130,7 @@ impl Default for OursFlags {
             domain_fifo: e.domain_fifo,
             shortest_limit_first: e.shortest_limit_first,
             deadline_order: e.deadline_order,
+            limit_aging: e.limit_aging,
             predict: cfg.predict,
             owner_wake: cfg.owner_wake,
         }
@@ -280,6 +285,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
             ("domfifo", _) => flags.domain_fifo = on,
             ("sjbf", _) => flags.shortest_limit_first = on,
             ("deadline", _) => flags.deadline_order = on,
+            ("aging", _) => flags.limit_aging = on,
             ("predict", true) => flags.predict = Predict::Unlimited,
             ("predictall", true) => flags.predict = Predict::All,
             ("predict" | "predictall", false) => flags.predict = Predict::Off,
@@ -299,7 +305,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
                     W,
                     name,
                     format!(
-                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo, sjbf, deadline, predict, predictall, ownaffine, ownfork, ownidlest, rack, rackpref)"
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo, sjbf, deadline, aging, predict, predictall, ownaffine, ownfork, ownidlest, rack, rackpref)"
                     ),
                 ));
             }

@@ -87,6 +87,7 @@ impl OursPlacer {
         cfg.engine.domain_fifo = flags.domain_fifo;
         cfg.engine.shortest_limit_first = flags.shortest_limit_first;
         cfg.engine.deadline_order = flags.deadline_order;
+        cfg.engine.limit_aging = flags.limit_aging;
         cfg.predict = flags.predict;
         cfg.owner_wake = flags.owner_wake;
         if let Some(limit) = flags.node_limit {
