@@ -156,17 +156,18 @@ pub struct SchedConfig {
     /// By deadline, a task is passed over only by tasks that arrived
     /// before its deadline: shortest first among tasks that arrive
     /// together, arrival order among tasks of one limit. A trade, measured
-    /// in docs/bench/notes-quality2.md: lower p99 and higher utilization
-    /// while work waits, a higher mean response and bounded slowdown.
-    /// Off by default.
+    /// in docs/BENCHMARKS.md (quality2's notes): lower p99 and higher
+    /// utilization while work waits, a higher mean response and bounded
+    /// slowdown. Off by default.
     pub deadline_order: bool,
     /// With `shortest_limit_first` (and not `deadline_order`): aging
     /// bounded by each task's own limit. A task that has waited longer
     /// than its remaining limit (overdue: `queued_at` + remaining limit
     /// <= now, its bounded slowdown already above 2) goes before every
-    /// task that is not, and the overdue tasks among themselves by that
-    /// deadline, earliest first; the others stay shortest remaining limit
-    /// first (the latency class first in both). Shortest first alone has
+    /// task that is not; each of the two tiers is served shortest
+    /// remaining limit first (the latency class first in both; ordering
+    /// the overdue tier by deadline behaved like `deadline_order`, as at
+    /// saturation nearly every task is overdue). Shortest first alone has
     /// no aging: a long or large task is passed over by every shorter one
     /// until it is the oldest head of its domain. No tunable: the wait is
     /// compared with the task's own limit. Off by default.

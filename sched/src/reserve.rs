@@ -130,7 +130,7 @@ impl DomainHeads {
     /// moved waiting work between them, so one zone idled while the other
     /// queued (NASA-iPSC at time-scale 1.6 on two zones of 16 nodes: 10%
     /// worse mean response than a central least-loaded queue, 0 cross-zone
-    /// moves; docs/bench/notes-quality.md). Beyond the limit the domains
+    /// moves; docs/BENCHMARKS.md, quality's notes of session 15). Beyond the limit the domains
     /// stay apart, as the seed's stealing does.
     pub(crate) fn new(
         topo: &Topology,

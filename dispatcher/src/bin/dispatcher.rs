@@ -67,7 +67,8 @@ const PURGE_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 /// encoded message, the store's transaction) stayed resident until the
 /// next burst, on an idle dispatcher indefinitely: ~0.1-0.2 KB per
 /// pending job of `loadgen`'s figure at 10,000 jobs
-/// (docs/bench/notes-mem2.md). This thread asks for them every
+/// (docs/BENCHMARKS.md, "Memory per pending job: the last burst's freed
+/// pages"). This thread asks for them every
 /// `PURGE_EVERY`: a clock read and an atomic load when none is due, and
 /// a due purge is done once, here or by the thread that frees next.
 fn start_allocator_upkeep() -> std::io::Result<()> {
@@ -189,6 +190,13 @@ struct Args {
     /// a higher mean response (docs/BENCHMARKS.md, quality2's notes).
     #[arg(long, default_value_t = ClusterConfig::default().engine.deadline_order, action = clap::ArgAction::Set)]
     deadline_order: bool,
+    /// With shortest limit first (and no deadline order): a job that has
+    /// waited as long as its own remaining time limit goes ahead of every
+    /// job that has not, so large, long jobs are not passed over without
+    /// end (docs/BENCHMARKS.md, "The limit_aging default"). Off: shortest
+    /// limit first alone, only the domain's reservation bounding a wait.
+    #[arg(long, default_value_t = ClusterConfig::default().engine.limit_aging, action = clap::ArgAction::Set)]
+    limit_aging: bool,
     /// Run-time predictions from each user's last two run times (EASY++),
     /// which backfill counts on: `off`; `unlimited`, for jobs without a
     /// timeout (a waiting head gets a date where it had none); `all`, for
@@ -563,6 +571,7 @@ async fn run(args: Args) -> Result<()> {
     cfg.engine.domain_fifo = args.domain_fifo;
     cfg.engine.shortest_limit_first = args.shortest_limit_first;
     cfg.engine.deadline_order = args.deadline_order;
+    cfg.engine.limit_aging = args.limit_aging;
     cfg.predict = dispatcher::cluster::runtimes::Predict::parse(&args.predict_runtimes)
         .ok_or_else(|| anyhow::anyhow!("--predict-runtimes: want off, unlimited or all"))?;
     cfg.owner_wake = dispatcher::cluster::wakers::OwnerWake::parse(&args.owner_wake)

@@ -12,13 +12,13 @@
 //! | `pod[:D]` | power of D choices (default 2): probe D random nodes, join the least loaded ((running + queued CPUs) / capacity); FIFO node queues |
 //! | `first-fit` (`slurm`) | Slurm-like: priority FIFO, first-fit nodes with topology/tree's fewest-racks best fit, EASY backfill from time limits ([`firstfit`]) |
 //! | `sparrow[:D]` | Sparrow batch sampling: a batch of m jobs probes D x m nodes and places its jobs on the least loaded probes |
-//! | `ours` | the dispatcher (steal, cross-rack steal, wake_wide, latency classes, busy-skip on; spread) |
+//! | `ours` | the dispatcher with its defaults (`ClusterConfig::default()`: steal, cross-rack steal, wake_wide, latency classes, busy-skip, backfill, latency pull, the domain's reservation and queue, shortest limit first with limit aging; spread) |
 //! | `ours-steal`, `ours-crossrack`, `ours-wakewide`, `ours-latency`, `ours-busyskip` | one mechanism off |
 //! | `ours+domres` / `ours-domres` | with backfill, one reservation per steal domain, held by its oldest waiting head (`SchedConfig::domain_reservation`) |
 //! | `ours+domfifo` / `ours-domfifo` | with backfill, one queue per steal domain: a node with room starts the domain's longest-waiting job that fits (`SchedConfig::domain_fifo`) |
 //! | `ours+sjbf` / `ours-sjbf` | with the domain's queue, shortest remaining time limit first after the domain's protected head (`SchedConfig::shortest_limit_first`) |
 //! | `ours+deadline` / `ours-deadline` | with shortest limit first, the domain's queue by `queued_at` + remaining limit, earliest first (`SchedConfig::deadline_order`) |
-//! | `ours+aging` / `ours-aging` | with shortest limit first, a job that has waited longer than its remaining limit goes first, by `queued_at` + remaining limit (`SchedConfig::limit_aging`) |
+//! | `ours+aging` / `ours-aging` | with shortest limit first, a job that has waited longer than its remaining limit goes first, shortest limit first among those (`SchedConfig::limit_aging`; on in the dispatcher's default) |
 //! | `ours+latpull` / `ours-latpull` | latency-class jobs waiting in a node's steal domain start first where room opens (`SchedConfig::latency_pull`) |
 //! | `ours+predict` / `ours+predictall` / `ours-predict` | run-time predictions from each user's last two run times (EASY++) for jobs without a time limit / for every job, capped by its limit / none (`ClusterConfig::predict`); SWF jobs are submitted as their trace's user |
 //! | `ours+ownaffine` / `ours+ownfork` / `ours+ownidlest` | a job whose only waker is its owner (SWF jobs with a user) is placed wake-affine toward its owner's last node / by the fork path from that node's zone / on the idlest node, as an anonymous job (`ClusterConfig::owner_wake`) |
@@ -97,7 +97,7 @@ pub struct OursFlags {
     /// limit (`SchedConfig::deadline_order`).
     pub deadline_order: bool,
     /// With `shortest_limit_first`, a job that has waited longer than its
-    /// remaining limit goes first, by deadline (`SchedConfig::limit_aging`).
+    /// remaining limit goes first (`SchedConfig::limit_aging`).
     pub limit_aging: bool,
     /// Which jobs get a run-time prediction from their user's history
     /// (`ClusterConfig::predict`, EASY++).
