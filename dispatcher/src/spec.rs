@@ -103,20 +103,37 @@ fn err(prefix: &str, field: &str, message: impl Into<String>) -> SpecError {
     }
 }
 
-/// `field` has `n` entries where at most `max` are allowed.
+/// `field` has `n` entries where at most `max` are allowed. Inline (a
+/// compare at each of validation's checks, where a call passed four
+/// arguments); the error is built out of line.
+#[inline]
 fn too_many(prefix: &str, field: &str, n: usize, max: usize) -> Result<(), SpecError> {
     if n > max {
-        return Err(err(prefix, field, format!("{n} entries, at most {max}")));
+        return Err(too_many_error(prefix, field, n, max));
     }
     Ok(())
 }
 
-/// `field` is `n` bytes long where at most `max` are allowed.
+#[cold]
+#[inline(never)]
+fn too_many_error(prefix: &str, field: &str, n: usize, max: usize) -> SpecError {
+    err(prefix, field, format!("{n} entries, at most {max}"))
+}
+
+/// `field` is `n` bytes long where at most `max` are allowed (inline, as
+/// [`too_many`]).
+#[inline]
 fn too_long(prefix: &str, field: &str, n: usize, max: usize) -> Result<(), SpecError> {
     if n > max {
-        return Err(err(prefix, field, format!("{n} bytes, at most {max}")));
+        return Err(too_long_error(prefix, field, n, max));
     }
     Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn too_long_error(prefix: &str, field: &str, n: usize, max: usize) -> SpecError {
+    err(prefix, field, format!("{n} bytes, at most {max}"))
 }
 
 /// A short, printable form of a user-supplied key for a field path.

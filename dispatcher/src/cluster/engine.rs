@@ -396,12 +396,14 @@ impl NodeEngine {
         summary: Option<FreeSummary>,
         now: i64,
     ) -> bool {
-        match self.sched.as_mut() {
-            Some(engine) if engine.task(task).is_some() => engine
+        // No `task(task)` check first (a lookup, and a copy of the task
+        // when a tick is pending): `remove_task_freeing` refuses an
+        // unknown task (or leaf) before it changes anything.
+        self.sched.as_mut().is_some_and(|engine| {
+            engine
                 .remove_task_freeing(task, leaf, summary, engine_ns(now))
-                .is_ok(),
-            _ => false,
-        }
+                .is_ok()
+        })
     }
 
     /// Remove a task if the engine has it.

@@ -1119,7 +1119,9 @@ impl Jobs {
         keys
     }
 
-    /// Add a job in `phase` with a fresh engine task.
+    /// Add a job in `phase` with a fresh engine task. Inline: the record
+    /// is passed by value, and a call copied it once more.
+    #[inline]
     pub fn insert(&mut self, key: JobKey, job: JobRecord, phase: Phase) {
         if is_fresh(&phase) {
             self.insert_new(key, job);

@@ -894,3 +894,77 @@ fn an_assign_sends_the_attempt_its_start_made() {
     };
     assert_eq!(assign_of(&lost_fx), vec![("b".to_string(), second)]);
 }
+
+/// A reported end (`job_status`: one access of the record for the
+/// report's facts and the end time, then `finish_ended`) leaves the job,
+/// the effects and the next start exactly as the general path: the
+/// report's facts set on their own, then `finish`, which sets the end
+/// time. Both clusters run the same jobs; the second is driven through
+/// the general path by hand.
+#[test]
+fn reported_end_is_finish_with_the_facts() {
+    let setup = || {
+        let mut c = Cluster::new(ClusterConfig::default());
+        register(&mut c, "n1", "1s:2c:1t", "z1", "r1", 0);
+        let mut fx = Effects::default();
+        c.submit(vec![job(2), job(2)], true, 1, &mut fx).unwrap();
+        c
+    };
+    let report = JobStatus {
+        job_id: "j-1".into(),
+        attempt: 1,
+        state: JobState::Failed as i32,
+        exit_code: 3,
+        signal: 9,
+        cpus: vec![0, 1],
+        time_ms: 2,
+        message: String::new(),
+        ..Default::default()
+    };
+    let mut fast = setup();
+    let mut fast_fx = Effects::default();
+    fast.job_status("n1", report.clone(), 5, &mut fast_fx);
+    let mut general = setup();
+    let mut general_fx = Effects::default();
+    let key = JobKey::parse("j-1").unwrap();
+    if let Some(mut f) = general.jobs.facts(key) {
+        f.set_exit(report.exit_code, report.signal);
+        f.set_cpus(&report.cpus);
+        f.set_start(report.time_ms);
+    }
+    general.finish(
+        key,
+        Phase::Done {
+            state: JobState::Failed,
+            end: End::Reported(String::new()),
+        },
+        5,
+        &mut general_fx,
+    );
+    for id in ["j-1", "j-2"] {
+        assert_eq!(
+            fast.get_job(id).unwrap(),
+            general.get_job(id).unwrap(),
+            "{id}"
+        );
+    }
+    let j1 = fast.get_job("j-1").unwrap();
+    assert_eq!((j1.end_time_ms, j1.exit_code, j1.signal), (5, 3, 9));
+    assert_eq!(assigns(&fast_fx), assigns(&general_fx));
+    assert_eq!(
+        assigns(&fast_fx),
+        vec![("n1".to_string(), "j-2".to_string())]
+    );
+    let events = |fx: &Effects| -> Vec<_> {
+        fx.events
+            .iter()
+            .map(|e| (e.job.to_proto(), e.previous_state, e.time_ms))
+            .collect()
+    };
+    assert_eq!(events(&fast_fx), events(&general_fx));
+    // A report for the ended job changes nothing (`finish`'s own check).
+    let before = fast.get_job("j-1").unwrap();
+    let mut fx = Effects::default();
+    fast.job_status("n1", report, 9, &mut fx);
+    assert_eq!(fast.get_job("j-1").unwrap(), before);
+}
