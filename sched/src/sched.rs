@@ -781,7 +781,6 @@ impl Sched {
         if self.make_runnable(id, leaf, true, now).is_none() {
             return;
         }
-        self.count_reweighted(id, leaf, true);
         self.run_on(id, leaf, now);
         self.rq_changed(leaf, now);
         self.fast_start.taken += 1;
@@ -1303,7 +1302,6 @@ impl Sched {
     /// Start a waiting task (`set_next_entity`).
     pub(crate) fn set_next(&mut self, id: TaskId, leaf: LeafId, now: u64) {
         self.settle(leaf);
-        self.count_reweighted(id, leaf, true);
         // A latency pick: the latency timeline's first, not the fair one's
         // (a backfilled task is neither).
         let latency_first = self.rqs[leaf].first_fair().map(|k| k.2) != Some(id)
@@ -1340,6 +1338,11 @@ impl Sched {
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
+        // `count_reweighted(id, leaf, true)`, on the lookup made here
+        // (only the tick reads the count, never between a start's steps).
+        if t.weight != NICE_0_LOAD {
+            self.nr_reweighted[leaf] += 1;
+        }
         let rq = &mut self.rqs[leaf];
         rq.running.push(id);
         rq.running_demand += t.demand;
