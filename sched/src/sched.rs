@@ -781,7 +781,6 @@ impl Sched {
         if self.make_runnable(id, leaf, true, now).is_none() {
             return;
         }
-        self.count_reweighted(id, leaf, true);
         self.run_on(id, leaf, now);
         self.rq_changed(leaf, now);
         self.fast_start.taken += 1;
@@ -1082,25 +1081,28 @@ impl Sched {
     /// on the leaf, as that update would have set it.
     fn dequeue_task_from(&mut self, id: TaskId, leaf: LeafId, now: u64, accounted: bool) {
         self.settle(leaf);
-        if self
-            .tasks
-            .get(&id)
-            .is_some_and(|t| matches!(t.state, TaskState::Running(_)))
-        {
-            self.count_reweighted(id, leaf, false);
-        }
         let llc = self.topo.llc_of(leaf);
+        // One lookup of the task for the whole dequeue.
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
         let rq = &mut self.rqs[leaf];
         match t.state {
             TaskState::Running(_) => {
+                // `count_reweighted(id, leaf, false)`.
+                if t.weight != NICE_0_LOAD {
+                    self.nr_reweighted[leaf] -= 1;
+                }
                 if let Some(m) = t.prediction_missed_at(now) {
                     let slot = &mut self.pred_missed[leaf];
                     *slot = Some(slot.map_or(m, |x| x.max(m)));
                 }
-                rq.running.retain(|&x| x != id);
+                // A running task is in `running` once: removing it where
+                // it is keeps the others' order, as `retain` did.
+                if let Some(p) = rq.running.iter().position(|&x| x == id) {
+                    rq.running.remove(p);
+                }
+                debug_assert!(!rq.running.contains(&id), "task {id:?} ran twice");
                 rq.running_demand -= t.demand;
             }
             TaskState::Queued(_) => {
@@ -1171,6 +1173,38 @@ impl Sched {
     /// `update_min_vruntime`, taking `floor` as the smallest vruntime when
     /// nothing runs or waits on the leaf.
     fn update_min_vruntime_or(&mut self, leaf: LeafId, floor: Option<i64>) {
+        let next = self.next_min_vruntime(leaf, floor);
+        debug_assert_eq!(next, self.min_vruntime_scan(leaf, floor), "leaf {leaf}");
+        self.rqs[leaf].min_vruntime = next;
+    }
+
+    /// The leaf's `min_vruntime` after `update_min_vruntime_or`. It only
+    /// rises (the larger of itself and the smallest vruntime): once one
+    /// candidate is at or below it, nothing changes, so the walk over the
+    /// running tasks (a map lookup each) stops there, and does not start
+    /// when the leftmost waiting task is. Equal to
+    /// [`Sched::min_vruntime_scan`], which debug builds check on every call.
+    fn next_min_vruntime(&self, leaf: LeafId, floor: Option<i64>) -> i64 {
+        let rq = &self.rqs[leaf];
+        let cur = rq.min_vruntime;
+        let mut m: Option<i64> = rq.first_fair().map(|k| k.0);
+        if m.is_some_and(|x| x <= cur) {
+            return cur;
+        }
+        for id in &rq.running {
+            if let Some(t) = self.tasks.get(id) {
+                if t.vruntime <= cur {
+                    return cur;
+                }
+                m = Some(m.map_or(t.vruntime, |x| x.min(t.vruntime)));
+            }
+        }
+        m.or(floor).map_or(cur, |m| cur.max(m))
+    }
+
+    /// [`Sched::next_min_vruntime`] by the full walk (the kernel's
+    /// `update_min_vruntime` over every candidate): the oracle.
+    fn min_vruntime_scan(&self, leaf: LeafId, floor: Option<i64>) -> i64 {
         let rq = &self.rqs[leaf];
         let mut m: Option<i64> = rq.first_fair().map(|k| k.0);
         for id in &rq.running {
@@ -1178,10 +1212,8 @@ impl Sched {
                 m = Some(m.map_or(t.vruntime, |x| x.min(t.vruntime)));
             }
         }
-        if let Some(m) = m.or(floor) {
-            let rq = &mut self.rqs[leaf];
-            rq.min_vruntime = rq.min_vruntime.max(m);
-        }
+        m.or(floor)
+            .map_or(rq.min_vruntime, |m| rq.min_vruntime.max(m))
     }
 
     /// `wakeup_gran(se)`: the wakeup granularity in `se`'s virtual time.
@@ -1270,7 +1302,6 @@ impl Sched {
     /// Start a waiting task (`set_next_entity`).
     pub(crate) fn set_next(&mut self, id: TaskId, leaf: LeafId, now: u64) {
         self.settle(leaf);
-        self.count_reweighted(id, leaf, true);
         // A latency pick: the latency timeline's first, not the fair one's
         // (a backfilled task is neither).
         let latency_first = self.rqs[leaf].first_fair().map(|k| k.2) != Some(id)
@@ -1307,6 +1338,11 @@ impl Sched {
         let Some(t) = self.tasks.get_mut(&id) else {
             return;
         };
+        // `count_reweighted(id, leaf, true)`, on the lookup made here
+        // (only the tick reads the count, never between a start's steps).
+        if t.weight != NICE_0_LOAD {
+            self.nr_reweighted[leaf] += 1;
+        }
         let rq = &mut self.rqs[leaf];
         rq.running.push(id);
         rq.running_demand += t.demand;
