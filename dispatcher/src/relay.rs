@@ -38,6 +38,17 @@ use crate::session::{Opening, Refused, Session};
 /// indexed by slot, so a relay keeps its slots small.
 pub const MAX_SLOTS: u32 = 65_536;
 
+/// Registers of one stream awaiting the core's answer before the stream
+/// reads its next frame. Each holds its decoded message, and what its
+/// node sent meanwhile (its first LoadReport), ~4 KB, until the core has
+/// it: without a bound a relay that attaches thousands of nodes at once
+/// has them all decoded and waiting on the core at once, and the
+/// allocator's pages they filled stay resident under the long-lived
+/// records allocated among them (RSS ~2x the heap per relayed node).
+/// The bound leaves a frame's worth and more in flight, which is all the
+/// core's batched commit takes at a time.
+const MAX_OPENING: usize = 128;
+
 /// A slot of the stream: 24 bytes (the live session's two pointers and
 /// the tag; an opening slot's state is boxed, for the moment it lasts).
 #[derive(Default)]
@@ -103,7 +114,9 @@ impl Relay {
     ) {
         let end = loop {
             tokio::select! {
-                msg = inbound.next() => match msg {
+                // With MAX_OPENING Registers awaiting the core, the
+                // next frame waits for their answers.
+                msg = inbound.next(), if self.opening.len() < MAX_OPENING => match msg {
                     Some(Ok(frame)) => {
                         if let Err(status) = self.frame(frame) {
                             break Some(status);
