@@ -595,6 +595,104 @@ mod tests {
         assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
     }
 
+    /// A store whose commits wait until the test opens its gate: the
+    /// core's answers to Registers (sent after their commit) wait too.
+    struct GatedStore {
+        inner: EmbeddedStore,
+        gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    }
+
+    impl crate::store::Store for GatedStore {
+        fn load(&self) -> Result<crate::store::Snapshot, crate::store::StoreError> {
+            self.inner.load()
+        }
+
+        fn commit(
+            &mut self,
+            writes: &[crate::store::Write],
+        ) -> Result<(), crate::store::StoreError> {
+            let (open, cv) = &*self.gate;
+            let mut open = open.lock().unwrap();
+            while !*open {
+                open = cv.wait(open).unwrap();
+            }
+            drop(open);
+            self.inner.commit(writes)
+        }
+    }
+
+    /// With MAX_OPENING Registers awaiting the core, the stream's reader
+    /// takes no further frame (what a relay sends waits in the
+    /// transport, not decoded in the dispatcher); once the core answers
+    /// it reads on and every node registers.
+    #[tokio::test]
+    async fn no_frame_is_read_while_max_opening_registers_await_the_core() {
+        let dir = tempfile::tempdir().unwrap();
+        let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let store = GatedStore {
+            inner: EmbeddedStore::open(dir.path()).unwrap(),
+            gate: gate.clone(),
+        };
+        let (core, thread) = spawn(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            Observers::none(),
+        );
+        let (tx, rx) = crate::outbound::channel();
+        let relay = Relay::new(core.clone(), tx, None, false);
+        let mut replies = Replies {
+            frames: Box::pin(rx.into_relay_stream()),
+            buf: VecDeque::new(),
+        };
+        let frames = 3;
+        let per = MAX_OPENING as u32;
+        let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = read.clone();
+        let inbound = tokio_stream::iter((0..frames).map(move |f| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(frame(
+                (0..per)
+                    .map(|k| {
+                        let slot = f * per + k;
+                        reg(slot, &format!("n{slot}"))
+                    })
+                    .collect(),
+            ))
+        }))
+        .chain(tokio_stream::pending());
+        let served = tokio::spawn(relay.serve(inbound));
+        // The first frame is read; then time for more to be, if they were.
+        while read.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            read.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "frames read while {per} Registers await the core"
+        );
+        {
+            let (open, cv) = &*gate;
+            *open.lock().unwrap() = true;
+            cv.notify_all();
+        }
+        let mut registered = std::collections::HashSet::new();
+        while registered.len() < (frames * per) as usize {
+            let (slot, m) = replies.next().await;
+            if is_registered(&m) {
+                registered.insert(slot);
+            }
+        }
+        assert_eq!(
+            read.load(std::sync::atomic::Ordering::SeqCst),
+            frames as usize
+        );
+        served.abort();
+        core.send(Command::Shutdown);
+        assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
+    }
+
     /// What a node sends before the core answered its Register waits on
     /// its slot and is handled in order once it is attached; the other
     /// nodes' messages do not wait.
