@@ -38,6 +38,17 @@ use crate::session::{Opening, Refused, Session};
 /// indexed by slot, so a relay keeps its slots small.
 pub const MAX_SLOTS: u32 = 65_536;
 
+/// Registers of one stream awaiting the core's answer before the stream
+/// reads its next frame. Each holds its decoded message, and what its
+/// node sent meanwhile (its first LoadReport), ~4 KB, until the core has
+/// it: without a bound a relay that attaches thousands of nodes at once
+/// has them all decoded and waiting on the core at once, and the
+/// allocator's pages they filled stay resident under the long-lived
+/// records allocated among them (RSS ~2x the heap per relayed node).
+/// The bound leaves a frame's worth and more in flight, which is all the
+/// core's batched commit takes at a time.
+const MAX_OPENING: usize = 128;
+
 /// A slot of the stream: 24 bytes (the live session's two pointers and
 /// the tag; an opening slot's state is boxed, for the moment it lasts).
 #[derive(Default)]
@@ -103,7 +114,9 @@ impl Relay {
     ) {
         let end = loop {
             tokio::select! {
-                msg = inbound.next() => match msg {
+                // With MAX_OPENING Registers awaiting the core, the
+                // next frame waits for their answers.
+                msg = inbound.next(), if self.opening.len() < MAX_OPENING => match msg {
                     Some(Ok(frame)) => {
                         if let Err(status) = self.frame(frame) {
                             break Some(status);
@@ -578,6 +591,104 @@ mod tests {
             slot_of[&job.node], slot,
             "the Assign of {job:?} came on slot {slot}"
         );
+        core.send(Command::Shutdown);
+        assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
+    }
+
+    /// A store whose commits wait until the test opens its gate: the
+    /// core's answers to Registers (sent after their commit) wait too.
+    struct GatedStore {
+        inner: EmbeddedStore,
+        gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    }
+
+    impl crate::store::Store for GatedStore {
+        fn load(&self) -> Result<crate::store::Snapshot, crate::store::StoreError> {
+            self.inner.load()
+        }
+
+        fn commit(
+            &mut self,
+            writes: &[crate::store::Write],
+        ) -> Result<(), crate::store::StoreError> {
+            let (open, cv) = &*self.gate;
+            let mut open = open.lock().unwrap();
+            while !*open {
+                open = cv.wait(open).unwrap();
+            }
+            drop(open);
+            self.inner.commit(writes)
+        }
+    }
+
+    /// With MAX_OPENING Registers awaiting the core, the stream's reader
+    /// takes no further frame (what a relay sends waits in the
+    /// transport, not decoded in the dispatcher); once the core answers
+    /// it reads on and every node registers.
+    #[tokio::test]
+    async fn no_frame_is_read_while_max_opening_registers_await_the_core() {
+        let dir = tempfile::tempdir().unwrap();
+        let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let store = GatedStore {
+            inner: EmbeddedStore::open(dir.path()).unwrap(),
+            gate: gate.clone(),
+        };
+        let (core, thread) = spawn(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            Observers::none(),
+        );
+        let (tx, rx) = crate::outbound::channel();
+        let relay = Relay::new(core.clone(), tx, None, false);
+        let mut replies = Replies {
+            frames: Box::pin(rx.into_relay_stream()),
+            buf: VecDeque::new(),
+        };
+        let frames = 3;
+        let per = MAX_OPENING as u32;
+        let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = read.clone();
+        let inbound = tokio_stream::iter((0..frames).map(move |f| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(frame(
+                (0..per)
+                    .map(|k| {
+                        let slot = f * per + k;
+                        reg(slot, &format!("n{slot}"))
+                    })
+                    .collect(),
+            ))
+        }))
+        .chain(tokio_stream::pending());
+        let served = tokio::spawn(relay.serve(inbound));
+        // The first frame is read; then time for more to be, if they were.
+        while read.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            read.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "frames read while {per} Registers await the core"
+        );
+        {
+            let (open, cv) = &*gate;
+            *open.lock().unwrap() = true;
+            cv.notify_all();
+        }
+        let mut registered = std::collections::HashSet::new();
+        while registered.len() < (frames * per) as usize {
+            let (slot, m) = replies.next().await;
+            if is_registered(&m) {
+                registered.insert(slot);
+            }
+        }
+        assert_eq!(
+            read.load(std::sync::atomic::Ordering::SeqCst),
+            frames as usize
+        );
+        served.abort();
         core.send(Command::Shutdown);
         assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
     }

@@ -238,6 +238,8 @@ impl IdlestIndex {
                 keys[base[d] + w + i] = order_key(&NodeAgg::default(), i as u32);
             }
         }
+        // The trees live as long as the engine: no spare room from growth.
+        keys.shrink_to_fit();
         let mut rooms = vec![Narrow::NONE; keys.len()];
         for d in 0..n {
             let (b, w) = (base[d], width[d]);

@@ -741,6 +741,13 @@ fn rank_groups(gid: &[usize]) -> (Vec<Vec<LeafId>>, Vec<usize>) {
         groups[r].push(leaf);
         of[leaf] = r;
     }
+    // The groups live as long as the topology: give back the growth's
+    // spare room (a one-leaf core pushed once holds room for four, 32
+    // bytes for 8; a cluster's node is such a core).
+    for g in &mut groups {
+        g.shrink_to_fit();
+    }
+    groups.shrink_to_fit();
     (groups, of)
 }
 

@@ -13,12 +13,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use proto::v1::JobSpec;
-use sched::idhash::IdMap;
 use sched::topology::{DomainFlags, TopologyBuilder};
 use sched::{FreeSummary, LeafId, LeafSet, Sched, SchedConfig, SchedEvent, TaskId};
 
 use super::jobs::Unplaced;
-use super::nodes::{NodeInfo, NodeSlot, Nodes};
+use super::nodes::{NameIndex, NodeInfo, NodeSlot, Nodes};
 use crate::spec::align_of;
 
 /// The engine's clock: nanoseconds (the dispatcher's is milliseconds), so
@@ -27,19 +26,23 @@ pub fn engine_ns(now_ms: i64) -> u64 {
     (now_ms.max(0) as u64).saturating_mul(1_000_000)
 }
 
+/// `NodeEngine::slot_leaf`'s mark of a slot without a leaf.
+const NO_LEAF: u32 = u32::MAX;
+
 /// The node-level engine and its leaf order.
 pub struct NodeEngine {
     config: SchedConfig,
     sched: Option<Sched>,
     dirty: bool,
-    /// Leaf -> node name, and back.
+    /// Leaf -> node name, and back (the leaves hashed by their names in
+    /// `leaf_node`: no second copy of each name).
     leaf_node: Vec<String>,
-    node_leaf: IdMap<String, LeafId>,
-    /// Leaf -> the node's registry slot, and back (by slot number; None
-    /// for a node registered since the build): the start and the finish
-    /// reach the node and its leaf without hashing its name.
+    node_leaf: NameIndex,
+    /// Leaf -> the node's registry slot, and back (by slot number;
+    /// [`NO_LEAF`] for a node registered since the build): the start and
+    /// the finish reach the node and its leaf without hashing its name.
     leaf_slot: Vec<NodeSlot>,
-    slot_leaf: Vec<Option<LeafId>>,
+    slot_leaf: Vec<u32>,
     /// Per leaf: the largest aligned room of the whole (empty) node, its
     /// memory (u64::MAX when unknown) and its GPUs.
     leaf_shape: Vec<(FreeSummary, u64, u32)>,
@@ -63,7 +66,7 @@ impl NodeEngine {
             sched: None,
             dirty: false,
             leaf_node: Vec::new(),
-            node_leaf: IdMap::default(),
+            node_leaf: NameIndex::default(),
             leaf_slot: Vec::new(),
             slot_leaf: Vec::new(),
             leaf_shape: Vec::new(),
@@ -118,12 +121,12 @@ impl NodeEngine {
         if self.dirty {
             return None;
         }
-        self.node_leaf.get(node).copied()
+        self.node_leaf.get(node, |l| &self.leaf_node[l])
     }
 
     /// The node's leaf in the engine as built, stale or not.
     pub(super) fn built_leaf(&self, node: &str) -> Option<LeafId> {
-        self.node_leaf.get(node).copied()
+        self.node_leaf.get(node, |l| &self.leaf_node[l])
     }
 
     /// Push node `n`'s modelled free summary into the engine, at its leaf
@@ -149,7 +152,10 @@ impl NodeEngine {
 
     /// [`NodeEngine::built_leaf`] of the node in `slot`.
     pub(super) fn built_leaf_at(&self, slot: NodeSlot) -> Option<LeafId> {
-        self.slot_leaf.get(slot.index()).copied().flatten()
+        match self.slot_leaf.get(slot.index()) {
+            Some(&l) if l != NO_LEAF => Some(l as LeafId),
+            _ => None,
+        }
     }
 
     /// Each node of the engine with its largest aligned room, memory and
@@ -211,27 +217,47 @@ impl NodeEngine {
         let mut slotted: Vec<(NodeSlot, &NodeInfo)> = nodes.iter_slots().collect();
         slotted.sort_by(|a, b| a.1.order_key().cmp(&b.1.order_key()));
         let (slots, order): (Vec<NodeSlot>, Vec<&NodeInfo>) = slotted.into_iter().unzip();
-        let mut intern: HashMap<String, u64> = HashMap::new();
-        let mut key = |s: String| -> u64 {
+        // A level's key of a node: equal keys, one group (the builder
+        // numbers groups by their first leaf, not by key). The keys are
+        // interned from the places' strings, borrowed: a rebuild
+        // allocates nothing per node for them.
+        fn key<K: std::hash::Hash + Eq>(intern: &mut HashMap<K, u64>, k: K) -> u64 {
             let next = intern.len() as u64;
-            *intern.entry(s).or_insert(next)
-        };
+            *intern.entry(k).or_insert(next)
+        }
         let n = order.len();
-        let (mut hg, mut rack, mut zone, mut region) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let has_hostgroups = order.iter().any(|x| !x.hostgroup().is_empty());
+        let (mut rack, mut zone, mut region) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        let (mut racks, mut zones, mut regions) = (HashMap::new(), HashMap::new(), HashMap::new());
         for x in &order {
             let (xregion, xzone, xrack) = (x.region(), x.zone(), x.rack());
-            let hgname = if x.hostgroup().is_empty() {
-                format!("node:{}", x.name)
-            } else {
-                x.hostgroup().to_string()
-            };
-            hg.push(key(format!("h\0{xregion}\0{xzone}\0{xrack}\0{hgname}")));
-            rack.push(key(format!("r\0{xregion}\0{xzone}\0{xrack}")));
-            zone.push(key(format!("z\0{xregion}\0{xzone}")));
-            region.push(key(format!("g\0{xregion}")));
+            rack.push(key(&mut racks, (xregion, xzone, xrack)));
+            zone.push(key(&mut zones, (xregion, xzone)));
+            region.push(key(&mut regions, xregion));
         }
+        // Host groups only when some node has one (the level is left out
+        // otherwise); a node without one is a group of its own.
+        let has_hostgroups = order.iter().any(|x| !x.hostgroup().is_empty());
+        let hg: Vec<u64> = if has_hostgroups {
+            let mut hgs = HashMap::new();
+            order
+                .iter()
+                .map(|x| {
+                    let (xregion, xzone, xrack) = (x.region(), x.zone(), x.rack());
+                    let hgname = if x.hostgroup().is_empty() {
+                        format!("node:{}", x.name)
+                    } else {
+                        x.hostgroup().to_string()
+                    };
+                    key(&mut hgs, format!("{xregion}\0{xzone}\0{xrack}\0{hgname}"))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut b = TopologyBuilder::new((0..n as u64).collect());
         if has_hostgroups {
             b = b.level("hostgroup", DomainFlags::SMT, hg);
@@ -249,19 +275,12 @@ impl NodeEngine {
             }
         };
         self.leaf_node = order.iter().map(|x| x.name.clone()).collect();
-        self.node_leaf = self
-            .leaf_node
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.clone(), i))
-            .collect();
+        self.node_leaf = NameIndex::of(&self.leaf_node);
         self.leaf_slot = slots;
-        self.slot_leaf.clear();
+        let slot_end = self.leaf_slot.iter().map(|s| s.index() + 1).max();
+        self.slot_leaf = vec![NO_LEAF; slot_end.unwrap_or(0)];
         for (leaf, s) in self.leaf_slot.iter().enumerate() {
-            if self.slot_leaf.len() <= s.index() {
-                self.slot_leaf.resize(s.index() + 1, None);
-            }
-            self.slot_leaf[s.index()] = Some(leaf);
+            self.slot_leaf[s.index()] = leaf as u32;
         }
         self.leaf_shape = order.iter().map(|n| n.shape()).collect();
         let mut min = (

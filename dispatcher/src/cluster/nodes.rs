@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use proto::v1::{JobSpec, NodeState};
 use sched::alloc::find_aligned_in_bits;
-use sched::idhash::IdMap;
+use sched::idhash::IdHasher;
 use sched::{FreeSummary, LeafId, Topology};
 use tonic::Status;
 
@@ -355,6 +355,54 @@ impl Places {
     }
 }
 
+/// Positions (in a table of named things: the registry's slab, the
+/// engine's leaves) hashed by the name at the position: a lookup by name
+/// without a copy of the name. 4 bytes a bucket (and hashbrown's control
+/// byte) where a map from a `String` copy was 32 and the copy; the names
+/// are read from the table the caller passes (`name_of`), which must be
+/// the one the positions were inserted with.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct NameIndex(hashbrown::HashTable<u32>);
+
+impl NameIndex {
+    fn hash(name: &str) -> u64 {
+        use std::hash::BuildHasher;
+        std::hash::BuildHasherDefault::<IdHasher>::default().hash_one(name)
+    }
+
+    /// The position of `name` (`name_of(position)` is the name there).
+    #[inline]
+    pub(crate) fn get<'a>(&self, name: &str, name_of: impl Fn(usize) -> &'a str) -> Option<usize> {
+        self.0
+            .find(Self::hash(name), |&i| name_of(i as usize) == name)
+            .map(|&i| i as usize)
+    }
+
+    /// Index a name not indexed yet at position `at`.
+    pub(crate) fn insert<'a>(&mut self, name: &str, at: usize, name_of: impl Fn(usize) -> &'a str) {
+        debug_assert!(u32::try_from(at).is_ok(), "a position beyond u32");
+        self.0.insert_unique(Self::hash(name), at as u32, |&i| {
+            Self::hash(name_of(i as usize))
+        });
+    }
+
+    /// Index `names` at their positions, in a table sized for them once.
+    pub(crate) fn of(names: &[impl AsRef<str>]) -> Self {
+        let mut t = hashbrown::HashTable::with_capacity(names.len());
+        for (i, n) in names.iter().enumerate() {
+            t.insert_unique(Self::hash(n.as_ref()), i as u32, |&j| {
+                Self::hash(names[j as usize].as_ref())
+            });
+        }
+        Self(t)
+    }
+
+    /// Forget every position.
+    pub(crate) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 /// All nodes, by name.
 #[derive(Default)]
 pub struct Nodes {
@@ -372,7 +420,7 @@ pub struct Nodes {
     /// The same positions, hashed: the lookups by name that every
     /// placement, start and finish makes (a B-tree of names compares
     /// ~log2(nodes) strings per lookup).
-    index: IdMap<String, usize>,
+    index: NameIndex,
     /// Administrative states restored from the store for nodes that have
     /// not registered yet.
     restored_admin: HashMap<String, NodeAdmin>,
@@ -452,18 +500,23 @@ impl Nodes {
 
     /// One node.
     pub fn get(&self, name: &str) -> Option<&NodeInfo> {
-        self.index.get(name).map(|&i| &*self.slab[i])
+        self.index
+            .get(name, |i| &self.slab[i].name)
+            .map(|i| &*self.slab[i])
     }
 
     /// One node, to change.
     pub fn get_mut(&mut self, name: &str) -> Option<&mut NodeInfo> {
         self.changes += 1;
-        self.index.get(name).map(|&i| &mut *self.slab[i])
+        let i = self.index.get(name, |i| &self.slab[i].name)?;
+        Some(&mut *self.slab[i])
     }
 
     /// A node's slot.
     pub fn slot(&self, name: &str) -> Option<NodeSlot> {
-        self.index.get(name).map(|&i| NodeSlot(i as u32))
+        self.index
+            .get(name, |i| &self.slab[i].name)
+            .map(|i| NodeSlot(i as u32))
     }
 
     /// The node in `slot`.
@@ -526,11 +579,12 @@ impl Nodes {
         {
             *floor = (*floor).min(node.last_heartbeat_ms);
         }
-        match self.index.get(&node.name) {
-            Some(&i) => Some(std::mem::replace(&mut *self.slab[i], node)),
+        match self.index.get(&node.name, |i| &self.slab[i].name) {
+            Some(i) => Some(std::mem::replace(&mut *self.slab[i], node)),
             None => {
                 let i = self.slab.len();
-                self.index.insert(node.name.clone(), i);
+                let slab = &self.slab;
+                self.index.insert(&node.name, i, |j| &slab[j].name);
                 let at = self
                     .order
                     .partition_point(|&j| self.slab[j as usize].name < node.name);
@@ -723,6 +777,36 @@ mod tests {
         "4s:6c:2t:numa=2",
         "1s:1c:1t",
     ];
+
+    proptest! {
+        /// A [`NameIndex`] answers as a map from name to position (the
+        /// oracle, a `HashMap` of name copies): built whole
+        /// (`NameIndex::of`) or one name at a time (through the growth's
+        /// rehashes), every indexed name is found at its position and no
+        /// other name is found; names that share prefixes, lengths and
+        /// 8-byte words included.
+        #[test]
+        fn a_name_index_answers_as_a_map_of_names(
+            names in proptest::collection::hash_set("[ab]{0,3}[a-c0-9-]{0,12}", 0..200),
+            probes in proptest::collection::vec("[ab]{0,3}[a-c0-9-]{0,12}", 0..50),
+        ) {
+            let names: Vec<String> = names.into_iter().collect();
+            let oracle: HashMap<&str, usize> =
+                names.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
+            let whole = NameIndex::of(&names);
+            let mut grown = NameIndex::default();
+            for (i, n) in names.iter().enumerate() {
+                grown.insert(n, i, |j| &names[j]);
+            }
+            for n in names.iter().chain(&probes) {
+                let want = oracle.get(n.as_str()).copied();
+                prop_assert_eq!(whole.get(n, |j| &names[j]), want, "built whole: {:?}", n);
+                prop_assert_eq!(grown.get(n, |j| &names[j]), want, "grown: {:?}", n);
+            }
+            grown.clear();
+            prop_assert_eq!(grown.get("a", |j| &names[j]), None);
+        }
+    }
 
     proptest! {
         /// Nodes that share one CPU shape (got from the registry's cache,
