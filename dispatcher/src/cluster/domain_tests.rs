@@ -121,16 +121,66 @@ fn a_freed_node_starts_the_shortest_job_of_its_rack() {
     }
 }
 
+/// Nodes a and b (4 CPUs, one rack) each run a whole-node job (j-1,
+/// j-2); the `waiting` jobs (time limit in s, submitted at ms) queue
+/// behind them as j-3, j-4, ..., j-3 holding the domain's reservation.
+/// At 500 s the node j-3 does not wait on frees: returns the `Assign`s
+/// sent then and the one expected for `started` on that node.
+#[allow(clippy::type_complexity)]
+fn assigned_when_the_other_node_frees(
+    shortest: bool,
+    deadline: bool,
+    aging: bool,
+    waiting: &[(u64, i64)],
+    started: &str,
+) -> (Vec<(String, String)>, Vec<(String, String)>) {
+    let mut cfg = ClusterConfig::default();
+    cfg.engine.backfill = true;
+    cfg.engine.domain_reservation = true;
+    cfg.engine.domain_fifo = true;
+    cfg.engine.shortest_limit_first = shortest;
+    cfg.engine.deadline_order = deadline;
+    cfg.engine.limit_aging = aging;
+    let mut c = Cluster::new(cfg);
+    node(&mut c, "a", "1s:4c:1t", "r1");
+    node(&mut c, "b", "1s:4c:1t", "r1");
+    let mut fx = Effects::default();
+    c.submit(vec![job(4, 100), job(4, 100)], true, 0, &mut fx)
+        .unwrap();
+    for &(limit, at) in waiting {
+        c.submit(vec![job(4, limit)], false, at, &mut fx).unwrap();
+    }
+    for n in 0..waiting.len() {
+        let j = format!("j-{}", n + 3);
+        assert!(running_on(&c, &j).is_none(), "{j} waits");
+    }
+    let held = node_of(&c, "j-3");
+    let other = if held == "a" { "b" } else { "a" };
+    let leaf = c.engine.leaf(&held);
+    assert_eq!(
+        c.engine.sched().and_then(|s| s.domain_protected(leaf?)),
+        leaf,
+        "j-3 holds the reservation"
+    );
+    let running = if running_on(&c, "j-1").as_deref() == Some(other) {
+        "j-1"
+    } else {
+        "j-2"
+    };
+    let fx = finish(&mut c, other, running, 500_000);
+    c.check().unwrap();
+    (assigns(&fx), vec![(other.to_string(), started.to_string())])
+}
+
 /// The domain's queue by deadline (`SchedConfig::deadline_order`:
 /// `queued_at` + remaining limit), against shortest limit first and
-/// arrival order. Nodes a and b (4 CPUs, one rack) each run a whole-node
-/// job; j-3 (1,000 s) waits from 1 s and holds the domain's reservation;
-/// j-4 (300 s) waits from 2 s; j-5 (50 s) arrives at 400 s. When the
-/// node j-3 does not wait on frees at 500 s, it starts, by deadline, j-4
-/// (302 s, before j-5's 450 s and j-3's 1,001 s): a long job passed over
-/// while shorter ones arrive later than its deadline starts ahead of them;
-/// shortest first, j-5 (the shortest limit) and j-4 keeps waiting; in
-/// arrival order, j-3 (moved from its node as a steal).
+/// arrival order (aging off). j-3 (1,000 s) waits from 1 s; j-4 (300 s)
+/// waits from 2 s; j-5 (50 s) arrives at 400 s. At 500 s it starts, by
+/// deadline, j-4 (302 s, before j-5's 450 s and j-3's 1,001 s): a long
+/// job passed over while shorter ones arrive later than its deadline
+/// starts ahead of them; shortest first, j-5 (the shortest limit) and
+/// j-4 keeps waiting; in arrival order, j-3 (moved from its node as a
+/// steal).
 #[test]
 fn by_deadline_a_long_job_starts_before_a_shorter_later_one() {
     for (shortest, deadline, started) in [
@@ -138,54 +188,17 @@ fn by_deadline_a_long_job_starts_before_a_shorter_later_one() {
         (true, false, "j-5"),
         (false, false, "j-3"),
     ] {
-        let mut cfg = ClusterConfig::default();
-        cfg.engine.backfill = true;
-        cfg.engine.domain_reservation = true;
-        cfg.engine.domain_fifo = true;
-        cfg.engine.shortest_limit_first = shortest;
-        cfg.engine.deadline_order = deadline;
-        let mut c = Cluster::new(cfg);
-        node(&mut c, "a", "1s:4c:1t", "r1");
-        node(&mut c, "b", "1s:4c:1t", "r1");
-        let mut fx = Effects::default();
-        c.submit(vec![job(4, 100), job(4, 100)], true, 0, &mut fx)
-            .unwrap();
-        c.submit(vec![job(4, 1_000)], false, 1_000, &mut fx)
-            .unwrap();
-        c.submit(vec![job(4, 300)], false, 2_000, &mut fx).unwrap();
-        c.submit(vec![job(4, 50)], false, 400_000, &mut fx).unwrap();
-        for j in ["j-3", "j-4", "j-5"] {
-            assert!(running_on(&c, j).is_none(), "{j} waits");
-        }
-        let held = node_of(&c, "j-3");
-        let other = if held == "a" { "b" } else { "a" };
-        let leaf = c.engine.leaf(&held);
-        assert_eq!(
-            c.engine.sched().and_then(|s| s.domain_protected(leaf?)),
-            leaf,
-            "j-3 holds the reservation"
-        );
-        let running = if running_on(&c, "j-1").as_deref() == Some(other) {
-            "j-1"
-        } else {
-            "j-2"
-        };
-        let fx = finish(&mut c, other, running, 500_000);
-        assert_eq!(
-            assigns(&fx),
-            vec![(other.to_string(), started.to_string())],
-            "shortest {shortest} deadline {deadline}"
-        );
-        c.check().unwrap();
+        let waiting = [(1_000, 1_000), (300, 2_000), (50, 400_000)];
+        let (got, want) =
+            assigned_when_the_other_node_frees(shortest, deadline, false, &waiting, started);
+        assert_eq!(got, want, "shortest {shortest} deadline {deadline}");
     }
 }
 
 /// Aging bounded by each job's own limit (`SchedConfig::limit_aging`),
 /// against the deadline order, shortest limit first and arrival order.
-/// Nodes a and b (4 CPUs, one rack) each run a whole-node job; j-3
-/// (1,000 s) waits from 1 s and holds the domain's reservation, j-4
-/// (300 s) from 2 s, j-5 (200 s) from 150 s, j-6 (50 s) from 480 s. When
-/// the node j-3 does not wait on frees at 500 s, j-4 and j-5 have waited
+/// j-3 (1,000 s) waits from 1 s, j-4 (300 s) from 2 s, j-5 (200 s) from
+/// 150 s, j-6 (50 s) from 480 s. At 500 s, j-4 and j-5 have waited
 /// longer than their limits (overdue), j-6 and j-3 have not: with aging
 /// the shortest overdue job, j-5, starts; by deadline j-4 (302 s, before
 /// j-5's 350 s); shortest first j-6; in arrival order j-3.
@@ -197,45 +210,13 @@ fn with_aging_an_overdue_job_starts_before_a_shorter_fresh_one() {
         (false, false, true, "j-6"),
         (false, false, false, "j-3"),
     ] {
-        let mut cfg = ClusterConfig::default();
-        cfg.engine.backfill = true;
-        cfg.engine.domain_reservation = true;
-        cfg.engine.domain_fifo = true;
-        cfg.engine.shortest_limit_first = shortest;
-        cfg.engine.deadline_order = deadline;
-        cfg.engine.limit_aging = aging;
-        let mut c = Cluster::new(cfg);
-        node(&mut c, "a", "1s:4c:1t", "r1");
-        node(&mut c, "b", "1s:4c:1t", "r1");
-        let mut fx = Effects::default();
-        c.submit(vec![job(4, 100), job(4, 100)], true, 0, &mut fx)
-            .unwrap();
-        for (limit, at) in [(1_000, 1_000), (300, 2_000), (200, 150_000), (50, 480_000)] {
-            c.submit(vec![job(4, limit)], false, at, &mut fx).unwrap();
-        }
-        for j in ["j-3", "j-4", "j-5", "j-6"] {
-            assert!(running_on(&c, j).is_none(), "{j} waits");
-        }
-        let held = node_of(&c, "j-3");
-        let other = if held == "a" { "b" } else { "a" };
-        let leaf = c.engine.leaf(&held);
+        let waiting = [(1_000, 1_000), (300, 2_000), (200, 150_000), (50, 480_000)];
+        let (got, want) =
+            assigned_when_the_other_node_frees(shortest, deadline, aging, &waiting, started);
         assert_eq!(
-            c.engine.sched().and_then(|s| s.domain_protected(leaf?)),
-            leaf,
-            "j-3 holds the reservation"
-        );
-        let running = if running_on(&c, "j-1").as_deref() == Some(other) {
-            "j-1"
-        } else {
-            "j-2"
-        };
-        let fx = finish(&mut c, other, running, 500_000);
-        assert_eq!(
-            assigns(&fx),
-            vec![(other.to_string(), started.to_string())],
+            got, want,
             "deadline {deadline} aging {aging} shortest {shortest}"
         );
-        c.check().unwrap();
     }
 }
 
