@@ -503,7 +503,18 @@ mod tests {
         Relay,
         Replies,
     ) {
-        let store = EmbeddedStore::open(dir).unwrap();
+        setup_with(EmbeddedStore::open(dir).unwrap())
+    }
+
+    /// A core on `store` and a relay attached to it, with its replies.
+    fn setup_with(
+        store: impl crate::store::Store,
+    ) -> (
+        CoreHandle,
+        std::thread::JoinHandle<CoreExit>,
+        Relay,
+        Replies,
+    ) {
         let (core, thread) = spawn(
             Cluster::new(ClusterConfig::default()),
             Box::new(store),
@@ -633,18 +644,7 @@ mod tests {
             inner: EmbeddedStore::open(dir.path()).unwrap(),
             gate: gate.clone(),
         };
-        let (core, thread) = spawn(
-            Cluster::new(ClusterConfig::default()),
-            Box::new(store),
-            OnStoreFailure::Stop,
-            Observers::none(),
-        );
-        let (tx, rx) = crate::outbound::channel();
-        let relay = Relay::new(core.clone(), tx, None, false);
-        let mut replies = Replies {
-            frames: Box::pin(rx.into_relay_stream()),
-            buf: VecDeque::new(),
-        };
+        let (core, thread, relay, mut replies) = setup_with(store);
         let frames = 3;
         let per = MAX_OPENING as u32;
         let read = Arc::new(std::sync::atomic::AtomicUsize::new(0));
