@@ -1935,6 +1935,40 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// `Jobs::assign_started` on `fast` and, when it accepts, the general
+    /// path's phase change on `slow`: it must accept exactly a job queued
+    /// and not waiting on `node`.
+    fn assign_started_both(
+        fast: &mut Jobs,
+        slow: &mut Jobs,
+        key: JobKey,
+        node: &str,
+        t: i64,
+    ) -> Result<(), TestCaseError> {
+        let via = match slow.get(key).map(|e| e.phase().clone()) {
+            Some(Phase::Queued {
+                node: n,
+                via,
+                waiting: false,
+            }) if n == node => Some(via),
+            _ => None,
+        };
+        if fast.assign_started(key, node, t) {
+            let via =
+                via.ok_or_else(|| TestCaseError::fail("started in place from another phase"))?;
+            slow.set_phase(
+                key,
+                Phase::Assigned {
+                    node: node.to_string(),
+                    since: t,
+                    steal_asked: None,
+                    via,
+                },
+            );
+        }
+        Ok(())
+    }
+
     proptest! {
         /// A reason text kept across a phase change with the same inputs
         /// (`text_inputs`, no requeue since) is the text generating it
@@ -2110,14 +2144,7 @@ mod tests {
                         }
                     }
                     5 => {
-                        let via = match slow.get(key).map(|e| e.phase().clone()) {
-                            Some(Phase::Queued { node: n, via, waiting: false }) if n == node => Some(via),
-                            _ => None,
-                        };
-                        if fast.assign_started(key, &node, t) {
-                            let via = via.ok_or_else(|| TestCaseError::fail("started in place from another phase"))?;
-                            slow.set_phase(key, Phase::Assigned { node: node.clone(), since: t, steal_asked: None, via });
-                        }
+                        assign_started_both(&mut fast, &mut slow, key, &node, t)?;
                     }
                     _ => {
                         let done = Phase::Done { state: JobState::Succeeded, end: End::Reported(String::new()) };
@@ -2194,14 +2221,7 @@ mod tests {
                         }
                     }
                     4 => {
-                        let via = match slow.get(key).map(|e| e.phase().clone()) {
-                            Some(Phase::Queued { node: n, via, waiting: false }) if n == node => Some(via),
-                            _ => None,
-                        };
-                        if fast.assign_started(key, &node, t) {
-                            let via = via.ok_or_else(|| TestCaseError::fail("started in place from another phase"))?;
-                            slow.set_phase(key, Phase::Assigned { node: node.clone(), since: t, steal_asked: None, via });
-                        }
+                        assign_started_both(&mut fast, &mut slow, key, &node, t)?;
                     }
                     5 => {
                         for jobs in [&mut fast, &mut slow] {
