@@ -884,6 +884,30 @@ impl PlacedText {
 /// array take turns ("submitted" for each, then each is placed).
 const RECENT_TEXTS: usize = 4;
 
+/// The last reason texts set (a ring): a job given one of the same texts
+/// (an array's elements, placed one after the other) shares it.
+#[derive(Default)]
+struct RecentTexts {
+    texts: [Text; RECENT_TEXTS],
+    /// The ring's next slot.
+    next: usize,
+}
+
+impl RecentTexts {
+    /// The shared copy of `t`: one in the ring, else a new one put there.
+    fn share(&mut self, t: &str) -> Text {
+        match self.texts.iter().find(|r| **r == *t) {
+            Some(r) => r.clone(),
+            None => {
+                let text = Text::from(t);
+                self.texts[self.next] = text.clone();
+                self.next = (self.next + 1) % RECENT_TEXTS;
+                text
+            }
+        }
+    }
+}
+
 /// The job table and its indexes.
 #[derive(Default)]
 pub struct Jobs {
@@ -928,11 +952,8 @@ pub struct Jobs {
     /// The selector of the last `NoMatch` phase set: the jobs of an
     /// array (or of one workload) that no node matches share it.
     no_match: Option<Arc<BTreeMap<String, String>>>,
-    /// The last reason texts set (a ring): a job given one of the same
-    /// texts (an array's elements, placed one after the other) shares it.
-    recent_texts: [Text; RECENT_TEXTS],
-    /// The ring's next slot.
-    next_text: usize,
+    /// The last reason texts set, shared by the jobs given the same one.
+    recent_texts: RecentTexts,
     /// The text of every new job ([`Unplaced::NEW`]), made once.
     fresh_text: Option<Text>,
     /// Per engine leaf, the text of the last placement made there
@@ -1500,17 +1521,7 @@ impl Jobs {
                 }
                 None => reason_into(t, &phase, e.requeues.last()),
             };
-            (some && e.job.reason != *t.as_str()).then(|| {
-                match self.recent_texts.iter().find(|r| **r == *t.as_str()) {
-                    Some(r) => r.clone(),
-                    None => {
-                        let text = Text::from(t.as_str());
-                        self.recent_texts[self.next_text] = text.clone();
-                        self.next_text = (self.next_text + 1) % RECENT_TEXTS;
-                        text
-                    }
-                }
-            })
+            (some && e.job.reason != *t.as_str()).then(|| self.recent_texts.share(t))
         };
         // The record is copied (when an effect shares it) only if it
         // changes.
@@ -1736,15 +1747,7 @@ impl Jobs {
                     });
                     text
                 } else {
-                    match self.recent_texts.iter().find(|r| **r == *t.as_str()) {
-                        Some(r) => r.clone(),
-                        None => {
-                            let text = Text::from(t.as_str());
-                            self.recent_texts[self.next_text] = text.clone();
-                            self.next_text = (self.next_text + 1) % RECENT_TEXTS;
-                            text
-                        }
-                    }
+                    self.recent_texts.share(t)
                 }
             }
         };
