@@ -24,9 +24,12 @@
 mod leaf_model;
 mod oracle;
 
+mod limited;
+
 use std::sync::Arc;
 
 use leaf_model::{Known, Model, UNIT};
+use limited::add;
 use proptest::prelude::*;
 use sched::topology::Topology;
 use sched::{Align, FreeSummary, Sched, SchedConfig, TaskId, TaskSpec, TaskState};
@@ -54,14 +57,6 @@ proptest! {
 
 fn cluster(spec: &str, cap: u32, config: SchedConfig) -> Sched {
     Sched::new(Arc::new(Topology::from_spec(spec).unwrap()), cap, config)
-}
-
-fn add(s: &mut Sched, id: u64, demand: u32, limit: Option<u64>) -> TaskId {
-    let mut spec = TaskSpec::new(TaskId(id));
-    spec.demand = demand;
-    spec.time_limit = limit;
-    s.add_task(spec).unwrap();
-    TaskId(id)
 }
 
 /// The case: a node with free CPUs behind a big job. Off (today),

@@ -21,9 +21,12 @@
 
 mod oracle;
 
+mod limited;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use limited::add;
 use oracle::oracle_start;
 use proptest::prelude::*;
 use sched::topology::Topology;
@@ -306,14 +309,6 @@ proptest! {
             m.apply(op)?;
         }
     }
-}
-
-fn add(s: &mut Sched, id: u64, demand: u32, limit: Option<u64>) -> TaskId {
-    let mut spec = TaskSpec::new(TaskId(id));
-    spec.demand = demand;
-    spec.time_limit = limit;
-    s.add_task(spec).unwrap();
-    TaskId(id)
 }
 
 /// Two nodes of one rack, each with a blocked head behind a long job.

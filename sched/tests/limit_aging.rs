@@ -15,8 +15,11 @@
 //!   than the reservation it had when it became protected, under a
 //!   stream of shorter tasks, some of them overdue.
 
+mod limited;
+
 use std::sync::Arc;
 
+use limited::add;
 use proptest::prelude::*;
 use sched::topology::Topology;
 use sched::{Sched, SchedConfig, SchedEvent, TaskId, TaskSpec, TaskState};
@@ -33,14 +36,6 @@ fn config() -> SchedConfig {
         steal_cost: 0,
         ..SchedConfig::cluster()
     }
-}
-
-fn add(s: &mut Sched, id: u64, demand: u32, limit: Option<u64>) -> TaskId {
-    let mut spec = TaskSpec::new(TaskId(id));
-    spec.demand = demand;
-    spec.time_limit = limit;
-    s.add_task(spec).unwrap();
-    TaskId(id)
 }
 
 fn started_on(s: &mut Sched, leaf: usize) -> Vec<TaskId> {
