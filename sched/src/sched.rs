@@ -389,6 +389,20 @@ impl Sched {
         Some(Cow::Borrowed(t))
     }
 
+    /// Whether the engine holds task `id`: [`Sched::task`]`.is_some()`
+    /// without bringing a lazily ticked task's accounting up to date.
+    #[inline]
+    pub fn has_task(&self, id: TaskId) -> bool {
+        self.tasks.contains_key(&id)
+    }
+
+    /// Where task `id` is: [`Sched::task`]'s `state`, which the deferred
+    /// accounting of a lazy tick never changes, read without a copy.
+    #[inline]
+    pub fn task_state(&self, id: TaskId) -> Option<TaskState> {
+        self.tasks.get(&id).map(|t| t.state)
+    }
+
     /// A leaf's `min_vruntime`, as the eager tick would have left it.
     pub fn min_vruntime(&self, leaf: LeafId) -> i64 {
         let rq = &self.rqs[leaf];

@@ -197,6 +197,9 @@ fn check_reads(
             i,
             op
         );
+        // The reads without the accounting: existence and place.
+        prop_assert_eq!(lazy.has_task(id), l.is_some());
+        prop_assert_eq!(lazy.task_state(id), eager.task(id).map(|t| t.state));
     }
     for leaf in 0..eager.topology().nr_leaves() {
         prop_assert!(eager.tick_pending(leaf).is_none());

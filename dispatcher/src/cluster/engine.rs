@@ -428,7 +428,7 @@ impl NodeEngine {
     /// Remove a task if the engine has it.
     pub(super) fn remove(&mut self, task: TaskId, now: i64) {
         if let Some(engine) = self.sched.as_mut()
-            && engine.task(task).is_some()
+            && engine.has_task(task)
         {
             let _ = engine.remove_task(task, engine_ns(now));
         }

@@ -872,7 +872,7 @@ impl Cluster {
             let Some(engine) = self.engine.sched_mut() else {
                 return false;
             };
-            if engine.task(task).is_some() {
+            if engine.has_task(task) {
                 let _ = engine.remove_task(task, engine_ns(now));
             }
             if engine.add_task(tspec).is_err() {
@@ -900,8 +900,8 @@ impl Cluster {
             ok && pairs.iter().zip(&added).all(|(&(_, leaf), &(_, task))| {
                 self.engine
                     .sched()
-                    .and_then(|en| en.task(task))
-                    .is_some_and(|t| t.state == TaskState::Running(leaf))
+                    .and_then(|en| en.task_state(task))
+                    .is_some_and(|s| s == TaskState::Running(leaf))
             }) && added.len() == pairs.len();
         if !ok {
             for (key, task) in added {
@@ -1252,7 +1252,7 @@ impl Cluster {
         for key in again {
             if let Some(task) = self.jobs.get(key).map(|e| e.task)
                 && let Some(engine) = self.engine.sched_mut()
-                && engine.task(task).is_some()
+                && engine.has_task(task)
             {
                 let _ = engine.block(task, engine_ns(now));
             }

@@ -284,7 +284,7 @@ impl Cluster {
             }
             _ => None,
         };
-        if !fresh && engine.task(task).is_some() {
+        if !fresh && engine.has_task(task) {
             let _ = engine.remove_task(task, engine_ns(now));
         }
         let placed = engine.add_task(tspec).and_then(|()| match outer {
@@ -314,16 +314,12 @@ impl Cluster {
         // it to a node whose GPUs were taken since its affinity was
         // computed (`gpus.rs`).
         if holds_gpus
-            && let Some(TaskState::Queued(at) | TaskState::Running(at)) =
-                engine.task(task).map(|t| t.state)
+            && let Some(TaskState::Queued(at) | TaskState::Running(at)) = engine.task_state(task)
         {
             let here = Arc::new(LeafSet::from_leaves(engine.topology().nr_leaves(), [at]));
             let _ = engine.set_cpus_allowed_ptr(task, Some(here));
         }
-        let waiting = matches!(
-            engine.task(task).map(|t| t.state),
-            Some(TaskState::Queued(_))
-        );
+        let waiting = matches!(engine.task_state(task), Some(TaskState::Queued(_)));
         let node = self.engine.node_at(leaf).unwrap_or_default().to_string();
         if let Some(w) = &waker {
             self.wakers.placed(w, &node, engine_ns(now));
@@ -434,10 +430,7 @@ impl Cluster {
         // counts.
         let (to_leaf, now_state) = (
             self.engine.built_leaf(&to),
-            self.engine
-                .sched()
-                .and_then(|e| e.task(task))
-                .map(|t| t.state),
+            self.engine.sched().and_then(|e| e.task_state(task)),
         );
         let waiting = match now_state {
             Some(TaskState::Queued(l)) if Some(l) == to_leaf => true,
@@ -503,8 +496,8 @@ impl Cluster {
         let running_here = self
             .engine
             .sched()
-            .and_then(|en| en.task(task))
-            .is_some_and(|t| t.state == TaskState::Running(leaf));
+            .and_then(|en| en.task_state(task))
+            .is_some_and(|s| s == TaskState::Running(leaf));
         if !running_here {
             // The engine counted this start in the leaf's room, and the
             // model never claimed it: the drain's end gives the node the

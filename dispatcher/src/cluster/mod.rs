@@ -428,7 +428,7 @@ impl Cluster {
             return Ok(());
         }
         for (key, e) in self.jobs.iter() {
-            let task = engine.task(e.task).map(|t| t.state);
+            let task = engine.task_state(e.task);
             let leaf = |n: &str| self.engine.leaf(n);
             let ok = match (e.phase(), task) {
                 (Phase::Queued { node, .. }, Some(sched::TaskState::Queued(l)))

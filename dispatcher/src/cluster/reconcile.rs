@@ -236,7 +236,7 @@ impl Cluster {
         let tspec = task_spec(e, None, self.predicted_ns(e));
         let task = e.task;
         if let Some(engine) = self.engine.sched_mut() {
-            if engine.task(task).is_none() && engine.add_task(tspec).is_err() {
+            if !engine.has_task(task) && engine.add_task(tspec).is_err() {
                 return;
             }
             if engine
