@@ -219,8 +219,8 @@ impl NodeEngine {
         let (slots, order): (Vec<NodeSlot>, Vec<&NodeInfo>) = slotted.into_iter().unzip();
         // A level's key of a node: equal keys, one group (the builder
         // numbers groups by their first leaf, not by key). The keys are
-        // interned from the places' strings, borrowed: a rebuild
-        // allocates nothing per node for them.
+        // interned from the places' and names' strings, borrowed: a
+        // rebuild allocates nothing per node for them.
         fn key<K: std::hash::Hash + Eq>(intern: &mut HashMap<K, u64>, k: K) -> u64 {
             let next = intern.len() as u64;
             *intern.entry(k).or_insert(next)
@@ -246,13 +246,10 @@ impl NodeEngine {
             order
                 .iter()
                 .map(|x| {
-                    let (xregion, xzone, xrack) = (x.region(), x.zone(), x.rack());
-                    let hgname = if x.hostgroup().is_empty() {
-                        format!("node:{}", x.name)
-                    } else {
-                        x.hostgroup().to_string()
-                    };
-                    key(&mut hgs, format!("{xregion}\0{xzone}\0{xrack}\0{hgname}"))
+                    // (place, own group?, the host group's or the node's name)
+                    let own = x.hostgroup().is_empty();
+                    let name = if own { x.name.as_str() } else { x.hostgroup() };
+                    key(&mut hgs, (x.region(), x.zone(), x.rack(), own, name))
                 })
                 .collect()
         } else {

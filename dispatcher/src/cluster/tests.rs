@@ -968,3 +968,46 @@ fn reported_end_is_finish_with_the_facts() {
     fast.job_status("n1", report, 9, &mut fx);
     assert_eq!(fast.get_job("j-1").unwrap(), before);
 }
+
+/// The engine's host-group level (`NodeEngine::rebuild`): nodes sharing a
+/// host group label in one rack are one group, and a node without the
+/// label is a group of its own, whatever its name.
+#[test]
+fn nodes_of_a_host_group_share_its_domain_and_unlabelled_ones_stand_alone() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    let mut fx = Effects::default();
+    for (name, hostgroup) in [("a", "g1"), ("b", "g1"), ("c", ""), ("d", "g2"), ("e", "")] {
+        let mut labels = HashMap::new();
+        labels.insert("topology.kubernetes.io/zone".to_string(), "z1".to_string());
+        labels.insert("dispatch.io/rack".to_string(), "r1".to_string());
+        if !hostgroup.is_empty() {
+            labels.insert("dispatch.io/hostgroup".to_string(), hostgroup.to_string());
+        }
+        c.register(
+            Register {
+                node: name.into(),
+                labels,
+                topology: Some(machine("1s:2c:1t")),
+                ..Default::default()
+            },
+            0,
+            &mut fx,
+        )
+        .unwrap();
+    }
+    c.settle(0, &mut fx);
+    let leaf = |n: &str| c.engine.leaf(n).unwrap();
+    let topo = c.engine.sched().unwrap().topology().clone();
+    let group = |n: &str| {
+        let mut g: Vec<LeafId> = topo.smt_siblings(leaf(n)).to_vec();
+        g.sort_unstable();
+        g
+    };
+    let mut ab = vec![leaf("a"), leaf("b")];
+    ab.sort_unstable();
+    assert_eq!(group("a"), ab);
+    assert_eq!(group("b"), ab);
+    for alone in ["c", "d", "e"] {
+        assert_eq!(group(alone), vec![leaf(alone)], "{alone}");
+    }
+}
