@@ -110,6 +110,24 @@ impl Fixture {
     fn executor(&self) -> Executor {
         Executor::new(config(self.path())).expect("Executor::new")
     }
+    /// Print what the state directory holds that tells why a test failed
+    /// (its supervisor's log, each job's record and shim log): a failure
+    /// seen once in CI is then readable from its output.
+    fn dump(&self) {
+        let show = |path: &Path| {
+            if let Ok(text) = fs::read_to_string(path) {
+                eprintln!("--- {}:\n{text}", path.display());
+            }
+        };
+        show(&self.path().join("supervisor.log"));
+        let Ok(entries) = fs::read_dir(self.path().join("jobs")) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            show(&entry.path().join("record"));
+            show(&entry.path().join("shim.log"));
+        }
+    }
     fn executor_with(&self, f: impl FnOnce(&mut ExecConfig)) -> Executor {
         let mut cfg = config(self.path());
         f(&mut cfg);
@@ -119,6 +137,9 @@ impl Fixture {
 
 impl Drop for Fixture {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump();
+        }
         let Ok(entries) = fs::read_dir(self.path().join("jobs")) else {
             return;
         };

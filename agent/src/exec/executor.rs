@@ -373,6 +373,12 @@ pub struct Executor {
     _lock: File,
 }
 
+/// How long [`Executor::new`] waits for the state directory's lock before
+/// it reports [`ExecError::StateDirLocked`].
+const LOCK_PATIENCE: Duration = Duration::from_secs(1);
+/// How often it tries the lock meanwhile.
+const LOCK_RETRY: Duration = Duration::from_millis(5);
+
 impl Executor {
     /// Open (create) the state directory, lock it, probe cgroups. Needs no
     /// runtime; `spawn` and `readopt` run on tokio.
@@ -390,12 +396,24 @@ impl Executor {
             .write(true)
             .open(&lock_path)
             .map_err(|e| ExecError::io("open", &lock_path, e))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                return Err(ExecError::StateDirLocked(cfg.state_dir.clone()));
+        // An flock belongs to the open file, and a child forked anywhere in
+        // this process holds a copy of every descriptor until its exec: an
+        // executor dropped just before this one may leave its lock held for
+        // those few milliseconds. Only a lock held for longer is another
+        // executor's.
+        let mut patience = LOCK_PATIENCE;
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) if !patience.is_zero() => {
+                    std::thread::sleep(LOCK_RETRY);
+                    patience = patience.saturating_sub(LOCK_RETRY);
+                }
+                Err(TryLockError::WouldBlock) => {
+                    return Err(ExecError::StateDirLocked(cfg.state_dir.clone()));
+                }
+                Err(TryLockError::Error(e)) => return Err(ExecError::io("flock", &lock_path, e)),
             }
-            Err(TryLockError::Error(e)) => return Err(ExecError::io("flock", &lock_path, e)),
         }
         let jobs_dir = cfg.state_dir.join("jobs");
         fs::create_dir_all(&jobs_dir).map_err(|e| ExecError::io("create", &jobs_dir, e))?;
