@@ -1424,6 +1424,10 @@ struct Link {
     pending: Pending,
     /// False once the supervisor's side closed.
     alive: Arc<AtomicBool>,
+    /// True once this side let go of the link (the executor dropped or
+    /// shut down): an end of the connection after that is ours, not the
+    /// supervisor's.
+    closed: Arc<AtomicBool>,
     reader: JoinHandle<()>,
 }
 
@@ -1433,25 +1437,35 @@ impl Link {
         let tx = LineSender::new(wr);
         let pending: Pending = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
+        let closed = Arc::new(AtomicBool::new(false));
         let reader = tokio::spawn(read_link(
             shared,
             rd,
             pid,
             Arc::clone(&pending),
             Arc::clone(&alive),
+            Arc::clone(&closed),
         ));
         Link {
             pid,
             tx,
             pending,
             alive,
+            closed,
             reader,
         }
     }
 }
 
 impl Drop for Link {
+    /// The flag first, then the abort, and only then (the fields dropped
+    /// after this) the write half's close: an abort cannot stop a reader
+    /// that is inside its poll, and a reader thread that loses its CPU
+    /// there can come back to the end of the connection this close
+    /// causes. It must not take that end for the supervisor's death and
+    /// kill the jobs that are meant to outlive this executor.
     fn drop(&mut self) {
+        self.closed.store(true, Ordering::SeqCst);
         self.reader.abort();
     }
 }
@@ -1490,6 +1504,7 @@ async fn read_link(
     sup_pid: i32,
     pending: Pending,
     alive: Arc<AtomicBool>,
+    closed: Arc<AtomicBool>,
 ) {
     let mut lines = rd.lines();
     while let Ok(Some(line)) = lines.next_line().await {
@@ -1535,6 +1550,11 @@ async fn read_link(
         }
     }
     alive.store(false, Ordering::SeqCst);
+    if closed.load(Ordering::SeqCst) {
+        // This side closed the link: the supervisor goes on with its
+        // jobs, for the next executor to readopt.
+        return;
+    }
     for (_, p) in lock(&pending).drain() {
         let _ = p.reply.send(Err("the supervisor exited".into()));
     }
