@@ -16,6 +16,8 @@ use std::time::Duration;
 use agent::exec::{ExecConfig, ShutdownMode};
 use agent::local::LocalConfig;
 use agent::runtime::{AgentOptions, run};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use proto::v1::agent_service_server::{AgentService, AgentServiceServer};
 use proto::v1::{
     AgentMessage, Assign, Cancel, DispatcherMessage, JobSpec, JobState, JobStatus, Registered,
@@ -35,6 +37,8 @@ struct Seen {
     statuses: Vec<JobStatus>,
     single: usize,
     batches: usize,
+    /// The number of the last LoadReport that asked for a lease.
+    lease_seq: u64,
 }
 
 /// The scripted dispatcher: one agent stream at a time.
@@ -43,6 +47,9 @@ struct Scripted {
     to_agent: Mutex<Option<mpsc::UnboundedReceiver<DispatcherMessage>>>,
     seen: std::sync::Arc<std::sync::Mutex<Seen>>,
     batches: bool,
+    /// The lease granted with `Registered` (0: none); renewed only when
+    /// the script sends a `Lease`.
+    lease_ms: u64,
 }
 
 type BoxStream = Pin<Box<dyn Stream<Item = Result<DispatcherMessage, Status>> + Send>>;
@@ -78,7 +85,7 @@ impl AgentService for Scripted {
         let _ = tx.send(Ok(DispatcherMessage {
             msg: Some(dispatcher_message::Msg::Registered(Registered {
                 heartbeat_interval_ms: 1000,
-                lease_ms: 0,
+                lease_ms: self.lease_ms,
                 status_batches: self.batches,
             })),
         }));
@@ -103,6 +110,7 @@ impl AgentService for Scripted {
                         seen.batches += 1;
                         seen.statuses.extend(b.statuses);
                     }
+                    Some(agent_message::Msg::Load(l)) if l.seq != 0 => seen.lease_seq = l.seq,
                     _ => {}
                 }
             }
@@ -168,6 +176,21 @@ async fn start(
     watch::Sender<bool>,
     tokio::task::JoinHandle<anyhow::Result<()>>,
 ) {
+    start_with_lease(dir, batches, hold, 0).await
+}
+
+/// [`start`], with a lease of `lease_ms` granted at registration.
+async fn start_with_lease(
+    dir: &Path,
+    batches: bool,
+    hold: &str,
+    lease_ms: u64,
+) -> (
+    mpsc::UnboundedSender<DispatcherMessage>,
+    std::sync::Arc<std::sync::Mutex<Seen>>,
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (script, to_agent) = mpsc::unbounded_channel();
@@ -176,6 +199,7 @@ async fn start(
         to_agent: Mutex::new(Some(to_agent)),
         seen: seen.clone(),
         batches,
+        lease_ms,
     };
     tokio::spawn(
         tonic::transport::Server::builder()
@@ -323,4 +347,119 @@ async fn sends_batches_only_to_a_dispatcher_that_takes_them() {
             );
         }
     }
+}
+
+/// The state letter of `/proc/<pid>/stat` (`T`: stopped).
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// A job fenced by a lapsed lease, then cancelled, with a renewal right
+/// behind the Cancel (a stale copy the dispatcher retried elsewhere while
+/// its node was cut off, when the node comes back): the agent must not
+/// continue it. Its termination continues it, SIGTERM first, so the job's
+/// SIGCONT trap never runs; a continue of the agent's own, which comes
+/// before the shim has read the cancel request, would run it. The shim is
+/// held stopped from before the Cancel until after the renewal, so that
+/// a continue of the agent's cannot lose the race to the shim's SIGTERM
+/// (CI lost it the other way once, in `faults_stall`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_job_is_not_continued_when_the_lease_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks");
+    fs::create_dir(&marks).unwrap();
+    fs::set_permissions(&marks, fs::Permissions::from_mode(0o777)).unwrap();
+    let mark = marks.join("continued");
+    let (script, seen, stop, task) = start_with_lease(dir.path(), true, "0", 300).await;
+    let body = format!(
+        "trap 'echo cont >> {}' CONT; while :; do sleep 0.05; done",
+        mark.display()
+    );
+    script
+        .send(assign("j-1", &["/bin/sh", "-c", &body]))
+        .unwrap();
+    wait_for(&seen, "j-1 running", |s| {
+        s.statuses.iter().any(|s| s.job_id == "j-1")
+    })
+    .await;
+    // The lease (300 ms, never renewed so far) runs out: the shim stops
+    // the job.
+    let record = dir.path().join("state/jobs/j-1_a1/record");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let record_pid = |key: &str| {
+        fs::read_to_string(&record).ok().and_then(|r| {
+            r.lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+                .and_then(|l| l.split(' ').next()?.parse::<i32>().ok())
+        })
+    };
+    let pid = loop {
+        if let Some(pid) = record_pid("job")
+            && proc_state(pid) == Some('T')
+        {
+            break pid;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "j-1 never fenced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    wait_for(&seen, "a LoadReport asking for a lease", |s| {
+        s.lease_seq != 0
+    })
+    .await;
+    let seq = seen.lock().unwrap().lease_seq;
+    let shim = Pid::from_raw(record_pid("shim").expect("the shim's pid in the record"));
+    kill(shim, Signal::SIGSTOP).unwrap();
+    let lease_file = dir.path().join("state/lease");
+    let lapsed = fs::read_to_string(&lease_file).unwrap();
+    script
+        .send(DispatcherMessage {
+            msg: Some(dispatcher_message::Msg::Cancel(Cancel {
+                job_id: "j-1".into(),
+                attempt: 1,
+            })),
+        })
+        .unwrap();
+    script
+        .send(DispatcherMessage {
+            msg: Some(dispatcher_message::Msg::Lease(proto::v1::Lease {
+                seq,
+                lease_ms: 60_000,
+            })),
+        })
+        .unwrap();
+    // The renewal is in the file before any continue of the agent's.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while fs::read_to_string(&lease_file).is_ok_and(|l| l == lapsed) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease never renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Time for a wrongly continued job to run its trap.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    kill(shim, Signal::SIGCONT).unwrap();
+    wait_for(&seen, "j-1 ended", |s| {
+        s.statuses
+            .iter()
+            .any(|s| s.job_id == "j-1" && is_terminal(s))
+    })
+    .await;
+    let _ = stop.send(true);
+    task.await.unwrap().unwrap();
+    let jobs = by_job(&seen.lock().unwrap());
+    assert_eq!(
+        jobs["j-1"],
+        vec![JobState::Running as i32, JobState::Cancelled as i32]
+    );
+    assert!(
+        proc_state(pid).is_none_or(|s| s == 'Z'),
+        "j-1 outlived its end"
+    );
+    assert!(
+        !mark.exists(),
+        "the cancelled job was continued before its SIGTERM: {:?}",
+        fs::read_to_string(&mark)
+    );
 }
