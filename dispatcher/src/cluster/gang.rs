@@ -854,11 +854,11 @@ impl Cluster {
         let mut added = Vec::new();
         let mut ok = true;
         for &(key, leaf) in pairs {
-            let (Some(e), Some(node)) = (self.jobs.get(key), self.engine.node_at(leaf)) else {
+            let (Some(e), Some(node)) = (self.jobs.get(key), self.engine.name_at(leaf)) else {
                 ok = false;
                 break;
             };
-            let node = node.to_string();
+            let node = node.clone();
             let only_here = Arc::new(LeafSet::from_leaves(nr, [leaf]));
             let tspec = task_spec(e, Some(only_here), self.predicted_ns(e));
             let task = e.task;
@@ -1076,7 +1076,10 @@ impl Cluster {
             }
             let done = Phase::Done {
                 state: JobState::Lost,
-                end: End::Lost { node, why },
+                end: End::Lost {
+                    node: node.to_string(),
+                    why,
+                },
             };
             self.finish(key, done, now, fx);
             return;
@@ -1086,7 +1089,7 @@ impl Cluster {
             let retry = Requeue::Retry {
                 n: attempt,
                 of: retries,
-                node: node.clone(),
+                node: node.to_string(),
                 why,
             };
             self.requeue_member(key, retry, now, fx);

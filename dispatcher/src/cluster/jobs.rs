@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use proto::v1::JobState;
 
-pub use crate::record::{JobKey, JobRecord, Text};
+pub use crate::record::{JobKey, JobRecord, NodeName, Text};
 use sched::idhash::IdMap;
 
 use super::nodes::NodeSlot;
@@ -112,7 +112,7 @@ pub enum Via {
     /// An idle node stole it from an overloaded one's queue.
     Stolen {
         /// The node it was queued on.
-        from: String,
+        from: NodeName,
         /// How far it moved.
         level: StealLevel,
     },
@@ -187,7 +187,7 @@ pub enum Phase {
     /// (`waiting == false`) or waiting in its queue (stealable).
     Queued {
         /// The node.
-        node: String,
+        node: NodeName,
         /// How it got there.
         via: Via,
         /// Waiting in the node's queue (no node had room).
@@ -196,7 +196,7 @@ pub enum Phase {
     /// ASSIGNED: sent to `node`'s agent, not reported started.
     Assigned {
         /// The node.
-        node: String,
+        node: NodeName,
         /// When it was sent (ms).
         since: i64,
         /// When the agent was asked to give it back (`Steal`), if it was.
@@ -207,7 +207,7 @@ pub enum Phase {
     /// RUNNING on `node`.
     Running {
         /// The node.
-        node: String,
+        node: NodeName,
         /// How it got there.
         via: Via,
     },
@@ -215,7 +215,7 @@ pub enum Phase {
     /// reported it since. Lost at `deadline` (ms).
     AwaitingNode {
         /// The node.
-        node: String,
+        node: NodeName,
         /// When it counts as lost.
         deadline: i64,
         /// It was RUNNING (else ASSIGNED).
@@ -250,6 +250,17 @@ impl Phase {
 
     /// The node the job is on or queued on.
     pub fn node(&self) -> Option<&str> {
+        match self {
+            Phase::Queued { node, .. }
+            | Phase::Assigned { node, .. }
+            | Phase::Running { node, .. }
+            | Phase::AwaitingNode { node, .. } => Some(node),
+            Phase::Unplaced { .. } | Phase::Done { .. } => None,
+        }
+    }
+
+    /// [`Phase::node`], its name shared.
+    pub fn node_name(&self) -> Option<&NodeName> {
         match self {
             Phase::Queued { node, .. }
             | Phase::Assigned { node, .. }
@@ -1165,7 +1176,7 @@ impl Jobs {
         // unplaced job (none) and the shared "submitted".
         job.state = JobState::Pending as i32;
         if !job.node.is_empty() {
-            job.node.clear();
+            job.node = NodeName::default();
         }
         if job.reason != *Unplaced::NEW {
             job.reason = self
@@ -1484,15 +1495,16 @@ impl Jobs {
         };
         let keep_text = same_text && e.text_requeues == e.requeues.len();
         let state = phase.state() as i32;
+        let none = NodeName::default();
         let node = match &phase {
             Phase::Unplaced {
                 why: Unplaced::Restored,
             }
             | Phase::Done { .. } => None,
-            Phase::Unplaced { .. } => Some(""),
-            p => p.node(),
+            Phase::Unplaced { .. } => Some(&none),
+            p => p.node_name(),
         }
-        .filter(|n| e.job.node != *n);
+        .filter(|n| e.job.node != **n);
         let text = if keep_text {
             #[cfg(debug_assertions)]
             if let Some(t) = gang_text(&phase, &e.job, e.requeues.last())
@@ -1529,15 +1541,7 @@ impl Jobs {
             let job = Arc::make_mut(&mut e.job);
             job.state = state;
             if let Some(n) = node {
-                // In place when it fits (the record keeps its buffer);
-                // else a copy of the name's size (a new job's empty name
-                // grew through `reserve`'s amortized path).
-                if job.node.capacity() >= n.len() {
-                    job.node.clear();
-                    job.node.push_str(n);
-                } else {
-                    job.node = n.to_owned();
-                }
+                job.node = n.clone();
             }
             if let Some(text) = text {
                 job.reason = text;
@@ -1692,11 +1696,11 @@ impl Jobs {
     pub fn queue_new(
         &mut self,
         key: JobKey,
-        node: String,
+        node: NodeName,
         how: Placement,
         waiting: bool,
         leaf: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), NodeName> {
         let Some(e) = self.table.get_mut(&key) else {
             return Err(node);
         };
@@ -1757,12 +1761,7 @@ impl Jobs {
             let job = Arc::make_mut(&mut e.job);
             job.state = JobState::Pending as i32;
             if renode {
-                if job.node.capacity() >= node.len() {
-                    job.node.clear();
-                    job.node.push_str(&node);
-                } else {
-                    job.node = node.clone();
-                }
+                job.node = node.clone();
             }
             if let Some(text) = text {
                 job.reason = text;
@@ -1778,7 +1777,7 @@ impl Jobs {
             match self.gpus_by_node.get_mut(node.as_str()) {
                 Some(n) => *n += gpus,
                 None => {
-                    self.gpus_by_node.insert(node.clone(), gpus);
+                    self.gpus_by_node.insert(node.to_string(), gpus);
                 }
             }
         }
@@ -1962,7 +1961,7 @@ mod tests {
             slow.set_phase(
                 key,
                 Phase::Assigned {
-                    node: node.to_string(),
+                    node: node.into(),
                     since: t,
                     steal_asked: None,
                     via,
@@ -2003,9 +2002,9 @@ mod tests {
                     (_, false) => Via::Waited(how),
                 };
                 let phase = match kind {
-                    0 | 1 => Phase::Queued { node, via, waiting: flag },
-                    2 | 3 => Phase::Assigned { node, since: 1, steal_asked: None, via },
-                    4 => Phase::Running { node, via },
+                    0 | 1 => Phase::Queued { node: node.into(), via, waiting: flag },
+                    2 | 3 => Phase::Assigned { node: node.into(), since: 1, steal_asked: None, via },
+                    4 => Phase::Running { node: node.into(), via },
                     5 => Phase::Unplaced { why: Unplaced::Requeued },
                     _ => {
                         jobs.push_requeue(key, Requeue::GivenBack(node));
@@ -2052,11 +2051,11 @@ mod tests {
                     }
                 };
                 match kind {
-                    1 => { jobs.set_phase(key, Phase::Queued { node, via: Via::Placed(how), waiting: false }); }
-                    2 => { jobs.set_phase(key, Phase::Queued { node, via: Via::Placed(how), waiting: true }); }
-                    3 | 4 => { jobs.set_phase(key, Phase::Assigned { node, since: t, steal_asked: None, via: Via::Placed(how) }); }
+                    1 => { jobs.set_phase(key, Phase::Queued { node: node.into(), via: Via::Placed(how), waiting: false }); }
+                    2 => { jobs.set_phase(key, Phase::Queued { node: node.into(), via: Via::Placed(how), waiting: true }); }
+                    3 | 4 => { jobs.set_phase(key, Phase::Assigned { node: node.into(), since: t, steal_asked: None, via: Via::Placed(how) }); }
                     5 => jobs.set_steal_asked(key, (t % 2 == 0).then_some(t)),
-                    6 => { jobs.set_phase(key, Phase::Running { node, via: Via::Placed(how) }); }
+                    6 => { jobs.set_phase(key, Phase::Running { node: node.into(), via: Via::Placed(how) }); }
                     7 => { jobs.set_phase(key, Phase::Unplaced { why: if t % 2 == 0 { Unplaced::Requeued } else { Unplaced::New } }); }
                     8 if t % 3 == 0 => { jobs.remove(key); }
                     _ => { jobs.set_phase(key, Phase::Done { state: JobState::Succeeded, end: End::Reported(String::new()) }); }
@@ -2129,12 +2128,12 @@ mod tests {
                 match kind {
                     1 | 2 => {
                         let waiting = t % 4 == 0;
-                        if let Err(node) = fast.queue_new(key, node.clone(), how, waiting, leaf) {
+                        if let Err(node) = fast.queue_new(key, node.as_str().into(), how, waiting, leaf) {
                             let fresh = fast.get(key).is_some_and(|e| is_fresh(e.phase()) && !e.job().is_gang());
                             prop_assert!(!fresh, "a new job declined");
                             fast.set_phase(key, Phase::Queued { node, via: Via::Placed(how), waiting });
                         }
-                        slow.set_phase(key, Phase::Queued { node: node.clone(), via: Via::Placed(how), waiting });
+                        slow.set_phase(key, Phase::Queued { node: node.as_str().into(), via: Via::Placed(how), waiting });
                     }
                     3 => {
                         for jobs in [&mut fast, &mut slow] {
@@ -2215,7 +2214,7 @@ mod tests {
                 match kind {
                     1 | 2 => {
                         for jobs in [&mut fast, &mut slow] {
-                            jobs.set_phase(key, Phase::Queued { node: node.clone(), via: Via::Placed(how), waiting: t % 4 == 0 });
+                            jobs.set_phase(key, Phase::Queued { node: node.as_str().into(), via: Via::Placed(how), waiting: t % 4 == 0 });
                         }
                     }
                     3 => {
@@ -2233,7 +2232,7 @@ mod tests {
                     }
                     6 => {
                         for jobs in [&mut fast, &mut slow] {
-                            jobs.set_phase(key, Phase::Running { node: node.clone(), via: Via::Placed(how) });
+                            jobs.set_phase(key, Phase::Running { node: node.as_str().into(), via: Via::Placed(how) });
                         }
                     }
                     _ => {

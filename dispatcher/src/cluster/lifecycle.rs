@@ -17,7 +17,7 @@ use sched::{LeafId, LeafSet, TaskId, TaskSpec, TaskState};
 use tonic::Status;
 
 use super::engine::engine_ns;
-use super::jobs::{End, JobEntry, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
+use super::jobs::{End, JobEntry, JobKey, NodeName, Phase, Requeue, StealLevel, Unplaced, Via};
 use super::load::PackedLoad;
 use super::nodes::{NodeInfo, NodeSlot};
 use super::steal::{Move, MoveKind};
@@ -320,7 +320,7 @@ impl Cluster {
             let _ = engine.set_cpus_allowed_ptr(task, Some(here));
         }
         let waiting = matches!(engine.task_state(task), Some(TaskState::Queued(_)));
-        let node = self.engine.node_at(leaf).unwrap_or_default().to_string();
+        let node = self.engine.name_at(leaf).cloned().unwrap_or_default();
         if let Some(w) = &waker {
             self.wakers.placed(w, &node, engine_ns(now));
         }
@@ -412,10 +412,10 @@ impl Cluster {
         pulled: fn(StealLevel) -> MoveKind,
         fx: &mut Effects,
     ) {
-        let (Some(from), Some(to)) = (self.engine.node_at(from), self.engine.node_at(to)) else {
+        let (Some(from), Some(to)) = (self.engine.name_at(from), self.engine.name_at(to)) else {
             return;
         };
-        let (from, to) = (from.to_string(), to.to_string());
+        let (from, to) = (from.clone(), to.clone());
         let Some(key) = self.jobs.of_task(task) else {
             return;
         };
@@ -473,7 +473,7 @@ impl Cluster {
         let Some(key) = self.jobs.of_task(task) else {
             return;
         };
-        let Some(name) = self.engine.node_at(leaf).map(str::to_string) else {
+        let Some(name) = self.engine.name_at(leaf).cloned() else {
             return;
         };
         let Some(e) = self.jobs.get(key) else {
@@ -572,7 +572,7 @@ impl Cluster {
         let m = Move {
             at_ms: now,
             job: key,
-            from: String::new(),
+            from: NodeName::default(),
             to: name,
             kind: MoveKind::Placed { via, after },
         };
@@ -714,7 +714,7 @@ impl Cluster {
             self.process_events(now, fx);
             self.engine.settle_aggregates(outer);
         } else if matches!(JobState::try_from(status.state), Ok(JobState::Running)) {
-            cancel_on(node.to_string(), status.job_id, status.attempt, fx);
+            cancel_on(NodeName::from(node), status.job_id, status.attempt, fx);
         }
     }
 
@@ -749,10 +749,17 @@ impl Cluster {
                     | Phase::Running { via, .. } => via.clone(),
                     _ => Via::Restored,
                 };
+                // The record's copy of the name when it is this node's
+                // (a count, not an allocation).
+                let node_name = if e.job().node == node {
+                    e.job().node.clone()
+                } else {
+                    NodeName::from(node)
+                };
                 let previous = self.jobs.set_phase(
                     key,
                     Phase::Running {
-                        node: node.to_string(),
+                        node: node_name,
                         via,
                     },
                 );
@@ -913,7 +920,10 @@ impl Cluster {
         if attempt > retries {
             let done = Phase::Done {
                 state: JobState::Lost,
-                end: End::Lost { node, why },
+                end: End::Lost {
+                    node: node.to_string(),
+                    why,
+                },
             };
             self.finish(key, done, now, fx);
             return;
@@ -928,7 +938,7 @@ impl Cluster {
         let retry = Requeue::Retry {
             n: attempt,
             of: retries,
-            node: node.clone(),
+            node: node.to_string(),
             why,
         };
         self.jobs.push_requeue(key, retry);
@@ -1088,7 +1098,12 @@ impl Cluster {
                     self.persist(key, fx);
                     cancel_on(node, key.to_string(), attempt, fx);
                 } else {
-                    self.finish(key, cancelled(End::CancelledUnreachable(node)), now, fx);
+                    self.finish(
+                        key,
+                        cancelled(End::CancelledUnreachable(node.to_string())),
+                        now,
+                        fx,
+                    );
                 }
             }
             Phase::Done { .. } => {}

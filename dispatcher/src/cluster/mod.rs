@@ -57,7 +57,7 @@ use proto::v1::{
 use sched::{LeafId, Sched, SchedConfig};
 use tonic::Status;
 
-pub use crate::record::JobRecord;
+pub use crate::record::{JobRecord, NodeName};
 pub use engine::NodeEngine;
 pub use jobs::{End, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
 pub use nodes::{NodeInfo, Place};
@@ -212,7 +212,7 @@ pub struct Effects {
     /// Store writes, committed before anything else is released.
     pub writes: Vec<Write>,
     /// Messages to agents, by node name.
-    pub to_agents: Vec<(String, ToAgent)>,
+    pub to_agents: Vec<(NodeName, ToAgent)>,
     /// Job state changes for watchers and observers.
     pub events: Vec<JobChange>,
     /// Placements and steals, in the order they happened.
@@ -643,7 +643,7 @@ impl Cluster {
         self.nodes
             .iter()
             .filter(|n| n.connected)
-            .map(|n| n.name.clone())
+            .map(|n| n.name.to_string())
             .collect()
     }
 
@@ -672,7 +672,7 @@ impl Cluster {
 
 /// Tells `node` to cancel attempt `attempt` of job `job_id` (a no-op
 /// there when that attempt no longer runs).
-fn cancel_on(node: String, job_id: String, attempt: u32, fx: &mut Effects) {
+fn cancel_on(node: NodeName, job_id: String, attempt: u32, fx: &mut Effects) {
     fx.to_agents.push((
         node,
         ToAgent::Msg(DispatcherMessage {

@@ -21,6 +21,7 @@ use tonic::Status;
 
 use super::load::PackedLoad;
 use super::shapes::{CpuShape, Devices, IdleCounts, Labels, Shapes, Strings};
+use crate::record::NodeName;
 use crate::spec::{align_of, policy_of};
 use crate::store::NodeAdmin;
 
@@ -31,8 +32,9 @@ use crate::store::NodeAdmin;
 /// the registry, so that the registry's slab grows by pointers.
 #[derive(Clone, Debug)]
 pub struct NodeInfo {
-    /// Unique name.
-    pub name: String,
+    /// Unique name (shared with the job phases, records, agent messages
+    /// and moves that name the node).
+    pub name: NodeName,
     /// Labels (shared with the API views' copies: `listing.rs`).
     pub labels: Labels,
     /// Region, zone, rack and host group derived from labels (shared by
@@ -76,13 +78,13 @@ impl NodeInfo {
     /// A ready, connected node `name` of CPU shape `cpu` with every CPU
     /// idle, reported at `now`; the rest empty (the caller fills it).
     pub fn new(
-        name: String,
+        name: impl Into<NodeName>,
         topology: Arc<proto::v1::Topology>,
         cpu: Arc<CpuShape>,
         now: i64,
     ) -> Self {
         Self {
-            name,
+            name: name.into(),
             labels: Labels::default(),
             place: Arc::default(),
             topology,
@@ -619,7 +621,7 @@ impl Nodes {
             .filter(|n| !n.down)
         {
             if now - n.last_heartbeat_ms > deadline_ms {
-                out.push(n.name.clone());
+                out.push(n.name.to_string());
             }
             floor = floor.min(n.last_heartbeat_ms);
         }
@@ -720,7 +722,7 @@ mod tests {
             let want: Vec<String> = oracle
                 .values()
                 .filter(|n| !n.down && now - n.last_heartbeat_ms > 50)
-                .map(|n| n.name.clone())
+                .map(|n| n.name.to_string())
                 .collect();
             prop_assert_eq!(nodes.overdue(now, 50), want);
         }

@@ -100,7 +100,7 @@ pub(crate) fn assigns(fx: &Effects) -> Vec<(String, String)> {
     fx.to_agents
         .iter()
         .filter_map(|(n, m)| match &m.message().msg {
-            Some(dispatcher_message::Msg::Assign(a)) => Some((n.clone(), a.job_id.clone())),
+            Some(dispatcher_message::Msg::Assign(a)) => Some((n.to_string(), a.job_id.clone())),
             _ => None,
         })
         .collect()
@@ -563,7 +563,7 @@ fn agent_held_jobs_are_stolen_by_idle_rack_peers() {
         .to_agents
         .iter()
         .filter_map(|(n, m)| match &m.message().msg {
-            Some(dispatcher_message::Msg::Steal(s)) => Some((n.clone(), s.job_id.clone())),
+            Some(dispatcher_message::Msg::Steal(s)) => Some((n.to_string(), s.job_id.clone())),
             _ => None,
         })
         .collect();
@@ -729,7 +729,7 @@ fn a_lost_attempt_is_cancelled_on_its_stalled_node() {
             .iter()
             .filter_map(|(n, m)| match &m.message().msg {
                 Some(dispatcher_message::Msg::Cancel(c)) => {
-                    Some((n.clone(), c.job_id.clone(), c.attempt))
+                    Some((n.to_string(), c.job_id.clone(), c.attempt))
                 }
                 _ => None,
             })
@@ -852,7 +852,7 @@ fn an_assign_sends_the_attempt_its_start_made() {
         fx.to_agents
             .iter()
             .filter_map(|(n, m)| match m.message().msg {
-                Some(dispatcher_message::Msg::Assign(a)) => Some((n.clone(), a)),
+                Some(dispatcher_message::Msg::Assign(a)) => Some((n.to_string(), a)),
                 _ => None,
             })
             .collect()
