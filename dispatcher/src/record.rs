@@ -229,8 +229,24 @@ impl fmt::Display for Text {
 /// and frees per job). An `Arc<str>`; none for the empty name (no node).
 /// Compares, orders and hashes as its text, so it keys maps looked up by
 /// `&str`.
-#[derive(Clone, Default)]
-pub struct NodeName(Option<Arc<str>>);
+///
+/// A name the node registry handed out also carries the node's registry
+/// slot ([`NodeName::slot`]; set only by `Nodes::insert`, and a node is
+/// never removed, so the slot names that node for the registry's life):
+/// the job table's per-node index reaches the node's jobs by it without
+/// hashing the name. A name made from text (an agent's message, the
+/// store) has none.
+#[derive(Clone)]
+pub struct NodeName(Option<Arc<str>>, u32);
+
+/// [`NodeName`]'s slot when it has none.
+const NO_SLOT: u32 = u32::MAX;
+
+impl Default for NodeName {
+    fn default() -> Self {
+        Self(None, NO_SLOT)
+    }
+}
 
 impl NodeName {
     /// The name.
@@ -238,23 +254,36 @@ impl NodeName {
     pub fn as_str(&self) -> &str {
         self.0.as_deref().unwrap_or("")
     }
+
+    /// The registry slot of the node it names, when the registry made it.
+    #[inline]
+    pub fn slot(&self) -> Option<u32> {
+        (self.1 != NO_SLOT).then_some(self.1)
+    }
+
+    /// The same name, for the registry slot `slot` (`Nodes::insert`).
+    pub(crate) fn in_slot(mut self, slot: u32) -> Self {
+        debug_assert!(slot != NO_SLOT, "a slot beyond u32");
+        self.1 = slot;
+        self
+    }
 }
 
 impl From<String> for NodeName {
     fn from(s: String) -> Self {
-        Self((!s.is_empty()).then(|| Arc::from(s)))
+        Self((!s.is_empty()).then(|| Arc::from(s)), NO_SLOT)
     }
 }
 
 impl From<&str> for NodeName {
     fn from(s: &str) -> Self {
-        Self((!s.is_empty()).then(|| Arc::from(s)))
+        Self((!s.is_empty()).then(|| Arc::from(s)), NO_SLOT)
     }
 }
 
 impl From<Box<str>> for NodeName {
     fn from(s: Box<str>) -> Self {
-        Self((!s.is_empty()).then(|| Arc::from(s)))
+        Self((!s.is_empty()).then(|| Arc::from(s)), NO_SLOT)
     }
 }
 

@@ -457,7 +457,7 @@ impl super::Cluster {
         self.gangs.drop_reservation();
         let mut on_nodes = Vec::new();
         for node in self.engine.order().to_vec() {
-            for key in self.jobs.on(&node) {
+            for key in self.jobs.on(&node, NodeSlot::of(&node)) {
                 if let Some(e) = self.jobs.get(key)
                     && e.phase().on_node().is_some()
                 {
@@ -514,7 +514,7 @@ impl super::Cluster {
         match self.nodes.get(name) {
             None => 0,
             Some(n) if n.schedulable() => n.slots(),
-            Some(_) => self.jobs.cpus_held(name),
+            Some(n) => self.jobs.cpus_held(name, NodeSlot::of(&n.name)),
         }
     }
 

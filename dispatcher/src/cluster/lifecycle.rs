@@ -977,7 +977,7 @@ impl Cluster {
             self.shrink_capacity(name, now);
         }
         for name in overdue {
-            for key in self.jobs.on(&name) {
+            for key in self.jobs.on(&name, self.nodes.slot(&name)) {
                 self.job_lost_on_node(key, "missed heartbeats", now, fx);
             }
             self.refresh_capacity(&name, now, fx);

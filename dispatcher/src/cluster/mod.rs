@@ -66,7 +66,7 @@ pub use steal::{Move, MoveKind, RECENT_MOVES};
 use crate::spec::SpecLimits;
 use crate::store::{Snapshot, Write};
 use jobs::Jobs;
-use nodes::Nodes;
+use nodes::{NodeSlot, Nodes};
 use steal::RecentMoves;
 
 /// Labels and timings of the cluster.
@@ -404,6 +404,21 @@ impl Cluster {
         // on its node's slot, and the engine's leaves map to their nodes'
         // slots and back.
         for (key, e) in self.jobs.iter() {
+            // A name's slot is its node's (the job table lists the job's
+            // node by it).
+            for name in [Some(&e.job().node), e.phase().node_name()]
+                .into_iter()
+                .flatten()
+            {
+                if let Some(s) = NodeSlot::of(name)
+                    && self.nodes.at(s).is_none_or(|n| n.name != *name)
+                {
+                    return Err(format!(
+                        "{key}: node {name:?} carries slot {s:?}, which holds {:?}",
+                        self.nodes.at(s).map(|n| &n.name)
+                    ));
+                }
+            }
             if !e.model_cpus.is_empty() && e.model_node != self.nodes.slot(&e.job().node) {
                 return Err(format!(
                     "{key}: CPUs modelled in slot {:?}, its node {:?} is in {:?}",

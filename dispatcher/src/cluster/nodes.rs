@@ -304,6 +304,12 @@ impl NodeSlot {
     pub fn index(self) -> usize {
         self.0 as usize
     }
+
+    /// The slot a name carries: the registry's slot of the node it names
+    /// when the registry made it ([`NodeName::slot`]).
+    pub fn of(name: &NodeName) -> Option<NodeSlot> {
+        name.slot().map(NodeSlot)
+    }
 }
 
 /// A node's place in the cluster, from its labels: shared by the nodes of
@@ -573,8 +579,9 @@ impl Nodes {
             .unwrap_or(NodeAdmin::Ready)
     }
 
-    /// Insert or replace a node; returns the one it replaced.
-    pub fn insert(&mut self, node: NodeInfo) -> Option<NodeInfo> {
+    /// Insert or replace a node; returns the one it replaced. Its name
+    /// takes its slot ([`NodeName::slot`]).
+    pub fn insert(&mut self, mut node: NodeInfo) -> Option<NodeInfo> {
         self.changes += 1;
         if let Some((floor, _)) = self.heartbeat_floor.as_mut()
             && !node.down
@@ -582,9 +589,13 @@ impl Nodes {
             *floor = (*floor).min(node.last_heartbeat_ms);
         }
         match self.index.get(&node.name, |i| &self.slab[i].name) {
-            Some(i) => Some(std::mem::replace(&mut *self.slab[i], node)),
+            Some(i) => {
+                node.name = std::mem::take(&mut node.name).in_slot(i as u32);
+                Some(std::mem::replace(&mut *self.slab[i], node))
+            }
             None => {
                 let i = self.slab.len();
+                node.name = std::mem::take(&mut node.name).in_slot(i as u32);
                 let slab = &self.slab;
                 self.index.insert(&node.name, i, |j| &slab[j].name);
                 let at = self

@@ -84,7 +84,7 @@ impl Cluster {
         node.admin = self.nodes.admin_of(&reg.node);
         let old = self.nodes.insert(node);
         // Re-mark CPUs held by jobs the dispatcher has on this node.
-        let held = self.jobs.on(&reg.node);
+        let held = self.jobs.on(&reg.node, self.nodes.slot(&reg.node));
         for &key in &held {
             self.remodel_cpus(key);
         }
