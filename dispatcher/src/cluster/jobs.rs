@@ -10,7 +10,7 @@
 //! - the indexes hold exactly the keys of the jobs in the phases they
 //!   name: `by_node[n]` the jobs that hold node `n` (Assigned, Running,
 //!   AwaitingNode; listed by the registry slot the phase's name carries,
-//!   else by the name: [`ByNode`]), `awaiting`, `unplaced`, `queued`, and `unasked` the
+//!   else by the name: `ByNode`), `awaiting`, `unplaced`, `queued`, and `unasked` the
 //!   Assigned ones not asked back yet, by (`since`, key), so that the tick
 //!   finds the jobs due for an agent-level steal without visiting every
 //!   ASSIGNED job (no index of all ASSIGNED jobs: nothing reads one, and
@@ -1698,7 +1698,7 @@ impl Jobs {
     /// everything. False, nothing done: the job is not in that phase, or
     /// its text must be generated again (a requeue was recorded since):
     /// the caller takes the general path.
-    pub fn assign_started(&mut self, key: JobKey, node: &str, now: i64) -> bool {
+    pub fn assign_started(&mut self, key: JobKey, node: &NodeName, now: i64) -> bool {
         self.changes += 1;
         let Some(slot) = self.table.slot_of(&key) else {
             return false;
@@ -1714,7 +1714,8 @@ impl Jobs {
         else {
             return false;
         };
-        if queued_on != node || e.text_requeues != e.requeues.len() {
+        // One node's names are one allocation: no text compared.
+        if *queued_on != *node || e.text_requeues != e.requeues.len() {
             return false;
         }
         e.phase = Phase::Assigned {
@@ -1727,7 +1728,7 @@ impl Jobs {
         if e.job.state != state {
             Arc::make_mut(&mut e.job).state = state;
         }
-        debug_assert_eq!(e.job.node, node, "{key}: the record's node");
+        debug_assert_eq!(e.job.node, *node, "{key}: the record's node");
         #[cfg(debug_assertions)]
         if let Some(t) = gang_text(&e.phase, &e.job, e.requeues.last())
             .or_else(|| reason_of(&e.phase, e.requeues.last()))
@@ -2025,7 +2026,7 @@ mod tests {
             }) if n == node => Some(via),
             _ => None,
         };
-        if fast.assign_started(key, node, t) {
+        if fast.assign_started(key, &NodeName::from(node), t) {
             let via =
                 via.ok_or_else(|| TestCaseError::fail("started in place from another phase"))?;
             slow.set_phase(

@@ -22,7 +22,7 @@ use super::load::PackedLoad;
 use super::nodes::{NodeInfo, NodeSlot};
 use super::steal::{Move, MoveKind};
 use super::wakers::{OwnerWake, WakerKey};
-use super::{Cluster, Effects, cancel_on};
+use super::{Cluster, Effects, ToAgent, cancel_on};
 use crate::record::JobRecord;
 use crate::spec::{align_of, check_submission, policy_of};
 use crate::store::{NodeAdmin, Write};
@@ -565,10 +565,19 @@ impl Cluster {
                 _ => name.clone(),
             }
         };
-        let Some(assign) = self.assign_msg(key) else {
-            return;
-        };
-        fx.to_agents.push((to_agent, assign));
+        // A plain job's Assign (its record) pushed as built: through
+        // `assign_msg`'s return the whole message enum was copied.
+        match self.jobs.get(key) {
+            Some(e) if !e.job().is_gang() => {
+                fx.to_agents.push((to_agent, ToAgent::Assign(e.record())));
+            }
+            _ => {
+                let Some(assign) = self.assign_msg(key) else {
+                    return;
+                };
+                fx.to_agents.push((to_agent, assign));
+            }
+        }
         let m = Move {
             at_ms: now,
             job: key,
@@ -609,9 +618,9 @@ impl Cluster {
         // The node its CPUs were claimed on, when that is still its node
         // (a name compare); else found by name. The job table and the
         // node model are separate fields: the name is borrowed.
-        let name = e.job().node.as_str();
+        let name = &e.job().node;
         let slot = on
-            .filter(|&s| self.nodes.at(s).is_some_and(|n| n.name == name))
+            .filter(|&s| self.nodes.at(s).is_some_and(|n| n.name == *name))
             .or_else(|| self.nodes.slot(name));
         if let Some(n) = slot.and_then(|s| self.nodes.at_mut(s)) {
             n.release(&cpus);
