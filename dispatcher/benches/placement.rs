@@ -177,7 +177,7 @@ fn run_ours(nodes: usize, ops: usize, check: &mut Check) -> (f64, f64) {
         for j in jobs {
             if j.state == JobState::Assigned as i32 {
                 used += cpus as u64;
-                running.push((j.id(), j.node.clone(), cpus));
+                running.push((j.id(), j.node.to_string(), cpus));
             } else {
                 check.queued(&c, &running, cpus);
             }
@@ -193,7 +193,7 @@ fn run_ours(nodes: usize, ops: usize, check: &mut Check) -> (f64, f64) {
             .unwrap_or_else(|e| panic!("{e}"));
         for j in jobs {
             if j.state == JobState::Assigned as i32 {
-                running.push((j.id(), j.node.clone(), cpus));
+                running.push((j.id(), j.node.to_string(), cpus));
             } else {
                 check.queued(&c, &running, cpus);
             }

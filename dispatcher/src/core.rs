@@ -47,7 +47,7 @@ use tonic::Status;
 
 use crate::beats::{Beat, Beats, FLUSH_MS, Link, Reporter};
 use crate::cluster::listing::NodeCopy;
-use crate::cluster::{Cluster, Effects, JobChange, JobKey, JobRecord, ToAgent};
+use crate::cluster::{Cluster, Effects, JobChange, JobKey, JobRecord, NodeName, ToAgent};
 use crate::list_worker::ListWorker;
 use crate::observe::Observers;
 use crate::store::committer::Committer;
@@ -874,7 +874,7 @@ impl Core {
                                 lease_ms: self.cluster.config().agent_lease_ms(),
                             };
                             fx.to_agents.push((
-                                node,
+                                node.into(),
                                 DispatcherMessage {
                                     msg: Some(dispatcher_message::Msg::Lease(lease)),
                                 }
@@ -959,7 +959,7 @@ impl Core {
                     lease_ms: self.cluster.config().agent_lease_ms(),
                 };
                 fx.to_agents.push((
-                    beat.node.to_string(),
+                    NodeName::from(&*beat.node),
                     DispatcherMessage {
                         msg: Some(dispatcher_message::Msg::Lease(lease)),
                     }
@@ -1052,7 +1052,7 @@ impl Core {
             .cluster
             .nodes()
             .filter(|n| n.down && self.agents.contains(n.name.as_str()))
-            .map(|n| n.name.clone())
+            .map(|n| n.name.to_string())
             .collect();
         for node in self.told_down.difference(&down) {
             if let Some(link) = self.agents.get(node.as_str()) {

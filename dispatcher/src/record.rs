@@ -222,6 +222,177 @@ impl fmt::Display for Text {
     }
 }
 
+/// A node's name as the job table, the effects and the registry carry
+/// it: one allocation per node, made when it registers, shared by every
+/// job phase, record, agent message and move that names the node (a
+/// `String` copy per placement, start and message was four allocations
+/// and frees per job). An `Arc<str>`; none for the empty name (no node).
+/// Compares, orders and hashes as its text, so it keys maps looked up by
+/// `&str`.
+///
+/// A name the node registry handed out also carries the node's registry
+/// slot ([`NodeName::slot`]; set only by `Nodes::insert`, and a node is
+/// never removed, so the slot names that node for the registry's life):
+/// the job table's per-node index reaches the node's jobs by it without
+/// hashing the name. A name made from text (an agent's message, the
+/// store) has none.
+#[derive(Clone)]
+pub struct NodeName(Option<Arc<str>>, u32);
+
+/// [`NodeName`]'s slot when it has none.
+const NO_SLOT: u32 = u32::MAX;
+
+impl Default for NodeName {
+    fn default() -> Self {
+        Self(None, NO_SLOT)
+    }
+}
+
+impl NodeName {
+    /// The name.
+    #[inline]
+    pub fn as_str(&self) -> &str {
+        self.0.as_deref().unwrap_or("")
+    }
+
+    /// The registry slot of the node it names, when the registry made it.
+    #[inline]
+    pub fn slot(&self) -> Option<u32> {
+        (self.1 != NO_SLOT).then_some(self.1)
+    }
+
+    /// The same name, for the registry slot `slot` (`Nodes::insert`).
+    pub(crate) fn in_slot(mut self, slot: u32) -> Self {
+        debug_assert!(slot != NO_SLOT, "a slot beyond u32");
+        self.1 = slot;
+        self
+    }
+}
+
+impl From<String> for NodeName {
+    fn from(s: String) -> Self {
+        Self((!s.is_empty()).then(|| Arc::from(s)), NO_SLOT)
+    }
+}
+
+impl From<&str> for NodeName {
+    fn from(s: &str) -> Self {
+        Self((!s.is_empty()).then(|| Arc::from(s)), NO_SLOT)
+    }
+}
+
+impl From<Box<str>> for NodeName {
+    fn from(s: Box<str>) -> Self {
+        Self((!s.is_empty()).then(|| Arc::from(s)), NO_SLOT)
+    }
+}
+
+impl From<&String> for NodeName {
+    fn from(s: &String) -> Self {
+        Self::from(s.as_str())
+    }
+}
+
+impl std::ops::Deref for NodeName {
+    type Target = str;
+    #[inline]
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl AsRef<str> for NodeName {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::borrow::Borrow<str> for NodeName {
+    fn borrow(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl PartialEq for NodeName {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            // One node's names are one allocation: equal at once.
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || **a == **b,
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for NodeName {}
+
+impl std::hash::Hash for NodeName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state)
+    }
+}
+
+impl PartialOrd for NodeName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for NodeName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl PartialEq<str> for NodeName {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for NodeName {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+impl PartialEq<String> for NodeName {
+    fn eq(&self, other: &String) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<NodeName> for str {
+    fn eq(&self, other: &NodeName) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl PartialEq<NodeName> for &str {
+    fn eq(&self, other: &NodeName) -> bool {
+        *self == other.as_str()
+    }
+}
+
+impl PartialEq<NodeName> for String {
+    fn eq(&self, other: &NodeName) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl fmt::Debug for NodeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for NodeName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a job is a member of.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Member {
@@ -246,7 +417,7 @@ pub struct JobRecord {
     /// What was asked, shared by an array's or a gang's elements.
     pub spec: Option<Arc<JobSpec>>,
     /// The node it is on (empty: none).
-    pub node: String,
+    pub node: NodeName,
     /// Display text (see `cluster::jobs`), shared by the jobs showing
     /// the same.
     pub reason: Text,
@@ -294,7 +465,7 @@ impl JobRecord {
             cancel_requested: false,
             state: 0,
             spec: Some(spec),
-            node: String::new(),
+            node: NodeName::default(),
             reason: Text::default(),
             owner,
             cpus: Box::default(),
@@ -327,7 +498,7 @@ impl JobRecord {
             cancel_requested: job.cancel_requested,
             state: job.state,
             spec: job.spec.map(Arc::new),
-            node: job.node,
+            node: NodeName::from(job.node),
             reason: Text::from(job.reason),
             owner: Arc::from(job.owner),
             cpus: job.cpus.into_boxed_slice(),
@@ -363,7 +534,7 @@ impl JobRecord {
     fn state_proto(&self) -> Job {
         Job {
             state: self.state,
-            node: self.node.clone(),
+            node: self.node.to_string(),
             cpus: self.cpus.to_vec(),
             exit_code: self.exit_code,
             signal: self.signal,
@@ -484,6 +655,26 @@ mod tests {
     use std::collections::HashMap;
 
     proptest! {
+        /// A node name compares, orders and hashes as its text (so a map
+        /// keyed by names is looked up by `&str`), whether two names share
+        /// one allocation or not; the empty name is no allocation.
+        #[test]
+        fn node_names_behave_as_their_text(a in "[ab]{0,3}", b in "[ab]{0,3}") {
+            use std::hash::BuildHasher;
+            let (na, nb) = (NodeName::from(a.as_str()), NodeName::from(b.clone()));
+            let shared = na.clone();
+            prop_assert_eq!(na == nb, a == b);
+            prop_assert_eq!(na.cmp(&nb), a.cmp(&b));
+            prop_assert!(shared == na);
+            prop_assert_eq!(na.as_str(), a.as_str());
+            prop_assert_eq!(na.is_empty(), a.is_empty());
+            prop_assert_eq!(na.0.is_none(), a.is_empty());
+            let h = std::hash::RandomState::new();
+            prop_assert_eq!(h.hash_one(&na), h.hash_one(a.as_str()));
+            let map: HashMap<NodeName, u32> = [(na.clone(), 1)].into_iter().collect();
+            prop_assert_eq!(map.get(b.as_str()).copied(), (a == b).then_some(1));
+        }
+
         /// The id text is what `write!` gave (`j-N`, `j-N.i`), and
         /// parses back to its key.
         #[test]

@@ -165,8 +165,8 @@ impl From<&Move> for MoveView {
         Self {
             at_ms: m.at_ms,
             job: m.job.to_string(),
-            from: m.from.clone(),
-            to: m.to.clone(),
+            from: m.from.to_string(),
+            to: m.to.to_string(),
             why: m.why(),
         }
     }

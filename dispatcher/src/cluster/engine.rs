@@ -16,7 +16,7 @@ use proto::v1::JobSpec;
 use sched::topology::{DomainFlags, TopologyBuilder};
 use sched::{FreeSummary, LeafId, LeafSet, Sched, SchedConfig, SchedEvent, TaskId};
 
-use super::jobs::Unplaced;
+use super::jobs::{NodeName, Unplaced};
 use super::nodes::{NameIndex, NodeInfo, NodeSlot, Nodes};
 use crate::spec::align_of;
 
@@ -36,7 +36,7 @@ pub struct NodeEngine {
     dirty: bool,
     /// Leaf -> node name, and back (the leaves hashed by their names in
     /// `leaf_node`: no second copy of each name).
-    leaf_node: Vec<String>,
+    leaf_node: Vec<NodeName>,
     node_leaf: NameIndex,
     /// Leaf -> the node's registry slot, and back (by slot number;
     /// [`NO_LEAF`] for a node registered since the build): the start and
@@ -107,12 +107,12 @@ impl NodeEngine {
     }
 
     /// Node names by leaf (empty while stale).
-    pub fn order(&self) -> &[String] {
+    pub fn order(&self) -> &[NodeName] {
         if self.dirty { &[] } else { &self.leaf_node }
     }
 
     /// Node names by leaf, as built (stale or not).
-    pub(super) fn built_order(&self) -> &[String] {
+    pub(super) fn built_order(&self) -> &[NodeName] {
         &self.leaf_node
     }
 
@@ -141,7 +141,12 @@ impl NodeEngine {
 
     /// The node of a leaf.
     pub fn node_at(&self, leaf: LeafId) -> Option<&str> {
-        self.leaf_node.get(leaf).map(String::as_str)
+        self.leaf_node.get(leaf).map(NodeName::as_str)
+    }
+
+    /// The node of a leaf, its name shared (a copy is a count).
+    pub fn name_at(&self, leaf: LeafId) -> Option<&NodeName> {
+        self.leaf_node.get(leaf)
     }
 
     /// The registry slot of a leaf's node ([`NodeEngine::node_at`]'s
@@ -164,7 +169,7 @@ impl NodeEngine {
     pub(super) fn shapes(&self) -> impl Iterator<Item = (&str, &(FreeSummary, u64, u32))> + '_ {
         self.leaf_node
             .iter()
-            .map(String::as_str)
+            .map(NodeName::as_str)
             .zip(&self.leaf_shape)
     }
 
@@ -452,7 +457,7 @@ impl super::Cluster {
         self.gangs.drop_reservation();
         let mut on_nodes = Vec::new();
         for node in self.engine.order().to_vec() {
-            for key in self.jobs.on(&node) {
+            for key in self.jobs.on(&node, NodeSlot::of(&node)) {
                 if let Some(e) = self.jobs.get(key)
                     && e.phase().on_node().is_some()
                 {
@@ -509,7 +514,7 @@ impl super::Cluster {
         match self.nodes.get(name) {
             None => 0,
             Some(n) if n.schedulable() => n.slots(),
-            Some(_) => self.jobs.cpus_held(name),
+            Some(n) => self.jobs.cpus_held(name, NodeSlot::of(&n.name)),
         }
     }
 

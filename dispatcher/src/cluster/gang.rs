@@ -72,6 +72,7 @@ use sched::{Align, LeafId, LeafSet, PlacePath, Placement, TaskState};
 use super::engine::engine_ns;
 use super::jobs::{End, JobKey, Phase, Requeue, Unplaced, Via};
 use super::lifecycle::{TaskAfter, task_spec};
+use super::nodes::NodeSlot;
 use super::pending::in_time;
 use super::{Cluster, Effects, ToAgent, cancel_on};
 use crate::record::JobRecord;
@@ -358,7 +359,7 @@ impl Cluster {
     pub fn gangs_on(&self, node: &str) -> Vec<u64> {
         let mut gangs: Vec<u64> = self
             .jobs
-            .on(node)
+            .on(node, self.nodes.slot(node))
             .into_iter()
             .filter_map(|k| self.gang_of(k))
             .collect();
@@ -806,22 +807,26 @@ impl Cluster {
             return Some(now);
         }
         ends.clear();
-        ends.extend(self.jobs.keys_on(&node.name).iter().filter_map(|&k| {
-            let e = self.jobs.get(k)?;
-            let timeout = e.job().spec.as_ref().map_or(0, |s| s.timeout_ms);
-            let start = match (e.job().start_time_ms, e.phase()) {
-                (s, _) if s > 0 => s,
-                (_, Phase::Assigned { since, .. }) => *since,
-                _ => {
-                    // An end that moves with `now`.
-                    *until = (*until).min(now);
-                    now
-                }
-            };
-            let end =
-                (timeout > 0).then(|| start.saturating_add(timeout.min(i64::MAX as u64) as i64));
-            Some((end, k))
-        }));
+        ends.extend(
+            self.jobs
+                .keys_on(&node.name, NodeSlot::of(&node.name))
+                .filter_map(|k| {
+                    let e = self.jobs.get(k)?;
+                    let timeout = e.job().spec.as_ref().map_or(0, |s| s.timeout_ms);
+                    let start = match (e.job().start_time_ms, e.phase()) {
+                        (s, _) if s > 0 => s,
+                        (_, Phase::Assigned { since, .. }) => *since,
+                        _ => {
+                            // An end that moves with `now`.
+                            *until = (*until).min(now);
+                            now
+                        }
+                    };
+                    let end = (timeout > 0)
+                        .then(|| start.saturating_add(timeout.min(i64::MAX as u64) as i64));
+                    Some((end, k))
+                }),
+        );
         ends.sort_by_key(|&(end, k)| (end.is_none(), end, k));
         for &(end, k) in ends.iter() {
             let end = end?;
@@ -854,11 +859,11 @@ impl Cluster {
         let mut added = Vec::new();
         let mut ok = true;
         for &(key, leaf) in pairs {
-            let (Some(e), Some(node)) = (self.jobs.get(key), self.engine.node_at(leaf)) else {
+            let (Some(e), Some(node)) = (self.jobs.get(key), self.engine.name_at(leaf)) else {
                 ok = false;
                 break;
             };
-            let node = node.to_string();
+            let node = node.clone();
             let only_here = Arc::new(LeafSet::from_leaves(nr, [leaf]));
             let tspec = task_spec(e, Some(only_here), self.predicted_ns(e));
             let task = e.task;
@@ -1076,7 +1081,10 @@ impl Cluster {
             }
             let done = Phase::Done {
                 state: JobState::Lost,
-                end: End::Lost { node, why },
+                end: End::Lost {
+                    node: node.to_string(),
+                    why,
+                },
             };
             self.finish(key, done, now, fx);
             return;
@@ -1086,7 +1094,7 @@ impl Cluster {
             let retry = Requeue::Retry {
                 n: attempt,
                 of: retries,
-                node: node.clone(),
+                node: node.to_string(),
                 why,
             };
             self.requeue_member(key, retry, now, fx);

@@ -84,7 +84,7 @@ fn cancels(fx: &Effects) -> Vec<(String, String, u32)> {
         .iter()
         .filter_map(|(n, m)| match &m.message().msg {
             Some(dispatcher_message::Msg::Cancel(x)) => {
-                Some((n.clone(), x.job_id.clone(), x.attempt))
+                Some((n.to_string(), x.job_id.clone(), x.attempt))
             }
             _ => None,
         })
@@ -679,7 +679,7 @@ fn run_gang_ops(ops: Vec<Op>) -> Result<(), TestCaseError> {
             let busy = n.busy_cpus();
             prop_assert_eq!(
                 busy,
-                held.get(&n.name).copied().unwrap_or(0),
+                held.get(n.name.as_str()).copied().unwrap_or(0),
                 "node {}",
                 n.name
             );

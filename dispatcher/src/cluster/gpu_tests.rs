@@ -239,7 +239,7 @@ mod prop {
                 prop_assert!(c.check().is_ok(), "{:?}", c.check());
                 let taken = taken(&c);
                 for n in c.nodes() {
-                    let t = taken.get(&n.name).copied().unwrap_or(0);
+                    let t = taken.get(n.name.as_str()).copied().unwrap_or(0);
                     prop_assert!(t <= n.gpus, "{}: {t} GPUs taken of {}", n.name, n.gpus);
                 }
                 for id in &ids {
@@ -252,7 +252,7 @@ mod prop {
                     }
                     if matches!(e.phase(), Phase::Unplaced { why: Unplaced::GpusBusy { .. } }) {
                         for n in c.nodes() {
-                            let free = n.gpus - taken.get(&n.name).copied().unwrap_or(0);
+                            let free = n.gpus - taken.get(n.name.as_str()).copied().unwrap_or(0);
                             prop_assert!(
                                 n.gpus < want || free < want,
                                 "{id} waits for {want} GPUs but {} has {free} free",

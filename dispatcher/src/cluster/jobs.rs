@@ -9,7 +9,8 @@
 //!   phase: it is written only by [`Jobs::set_phase`];
 //! - the indexes hold exactly the keys of the jobs in the phases they
 //!   name: `by_node[n]` the jobs that hold node `n` (Assigned, Running,
-//!   AwaitingNode), `awaiting`, `unplaced`, `queued`, and `unasked` the
+//!   AwaitingNode; listed by the registry slot the phase's name carries,
+//!   else by the name: `ByNode`), `awaiting`, `unplaced`, `queued`, and `unasked` the
 //!   Assigned ones not asked back yet, by (`since`, key), so that the tick
 //!   finds the jobs due for an agent-level steal without visiting every
 //!   ASSIGNED job (no index of all ASSIGNED jobs: nothing reads one, and
@@ -25,7 +26,7 @@ use std::sync::Arc;
 
 use proto::v1::JobState;
 
-pub use crate::record::{JobKey, JobRecord, Text};
+pub use crate::record::{JobKey, JobRecord, NodeName, Text};
 use sched::idhash::IdMap;
 
 use super::nodes::NodeSlot;
@@ -112,7 +113,7 @@ pub enum Via {
     /// An idle node stole it from an overloaded one's queue.
     Stolen {
         /// The node it was queued on.
-        from: String,
+        from: NodeName,
         /// How far it moved.
         level: StealLevel,
     },
@@ -187,7 +188,7 @@ pub enum Phase {
     /// (`waiting == false`) or waiting in its queue (stealable).
     Queued {
         /// The node.
-        node: String,
+        node: NodeName,
         /// How it got there.
         via: Via,
         /// Waiting in the node's queue (no node had room).
@@ -196,7 +197,7 @@ pub enum Phase {
     /// ASSIGNED: sent to `node`'s agent, not reported started.
     Assigned {
         /// The node.
-        node: String,
+        node: NodeName,
         /// When it was sent (ms).
         since: i64,
         /// When the agent was asked to give it back (`Steal`), if it was.
@@ -207,7 +208,7 @@ pub enum Phase {
     /// RUNNING on `node`.
     Running {
         /// The node.
-        node: String,
+        node: NodeName,
         /// How it got there.
         via: Via,
     },
@@ -215,7 +216,7 @@ pub enum Phase {
     /// reported it since. Lost at `deadline` (ms).
     AwaitingNode {
         /// The node.
-        node: String,
+        node: NodeName,
         /// When it counts as lost.
         deadline: i64,
         /// It was RUNNING (else ASSIGNED).
@@ -256,6 +257,27 @@ impl Phase {
             | Phase::Running { node, .. }
             | Phase::AwaitingNode { node, .. } => Some(node),
             Phase::Unplaced { .. } | Phase::Done { .. } => None,
+        }
+    }
+
+    /// [`Phase::node`], its name shared.
+    pub fn node_name(&self) -> Option<&NodeName> {
+        match self {
+            Phase::Queued { node, .. }
+            | Phase::Assigned { node, .. }
+            | Phase::Running { node, .. }
+            | Phase::AwaitingNode { node, .. } => Some(node),
+            Phase::Unplaced { .. } | Phase::Done { .. } => None,
+        }
+    }
+
+    /// [`Phase::holds`], its name shared.
+    fn holds_name(&self) -> Option<&NodeName> {
+        match self {
+            Phase::Assigned { node, .. }
+            | Phase::Running { node, .. }
+            | Phase::AwaitingNode { node, .. } => Some(node),
+            _ => None,
         }
     }
 
@@ -734,20 +756,87 @@ impl PhaseLog {
     }
 }
 
-/// Add `key` to the jobs holding `node` (`Jobs::by_node`), kept sorted.
-fn hold(by_node: &mut IdMap<String, Vec<JobKey>>, node: &str, key: JobKey) {
-    // The node's name is copied only for its first job.
-    match by_node.get_mut(node) {
-        Some(s) => {
-            if s.last().is_none_or(|&l| l < key) {
-                s.push(key);
-            } else if let Err(at) = s.binary_search(&key) {
-                s.insert(at, key);
+/// Per node, the keys of the jobs holding it, sorted: a node holds a
+/// few jobs to a few hundred, and a new job's key is the largest, so an
+/// insert is a push and a removal a binary search and a short move, where
+/// a B-tree node cost ~300 instructions each way. A job is listed under
+/// the name its phase holds: by the name's registry slot when it has one
+/// ([`NodeName::slot`]: every name the registry, the engine and so the
+/// placements hand out), with no hashing of the name (its lookup by name
+/// was ~120 instructions at each start and end); else (a name restored
+/// from the store, or reported by an agent before its node registered)
+/// by the name. One node's jobs may be in both: the readers take both
+/// ([`ByNode::on`]).
+#[derive(Debug, Default)]
+struct ByNode {
+    /// By slot (empty where a node holds nothing).
+    slots: Vec<Vec<JobKey>>,
+    /// By name, for names without a slot.
+    names: IdMap<String, Vec<JobKey>>,
+}
+
+/// Add `key` to a sorted list.
+fn add_sorted(s: &mut Vec<JobKey>, key: JobKey) {
+    if s.last().is_none_or(|&l| l < key) {
+        s.push(key);
+    } else if let Err(at) = s.binary_search(&key) {
+        s.insert(at, key);
+    }
+}
+
+impl ByNode {
+    /// Add `key` to the jobs holding `node`.
+    fn hold(&mut self, node: &NodeName, key: JobKey) {
+        match node.slot() {
+            Some(slot) => {
+                let i = slot as usize;
+                if self.slots.len() <= i {
+                    self.slots.resize_with(i + 1, Vec::new);
+                }
+                add_sorted(&mut self.slots[i], key);
+            }
+            // The node's name is copied only for its first job.
+            None => match self.names.get_mut(node.as_str()) {
+                Some(s) => add_sorted(s, key),
+                None => {
+                    self.names.insert(node.to_string(), vec![key]);
+                }
+            },
+        }
+    }
+
+    /// Take `key` out of the jobs holding `node` (the name it was held
+    /// under).
+    fn unhold(&mut self, node: &NodeName, key: JobKey) {
+        match node.slot() {
+            Some(slot) => {
+                if let Some(s) = self.slots.get_mut(slot as usize)
+                    && let Ok(at) = s.binary_search(&key)
+                {
+                    s.remove(at);
+                }
+            }
+            None => {
+                if let Some(s) = self.names.get_mut(node.as_str()) {
+                    if let Ok(at) = s.binary_search(&key) {
+                        s.remove(at);
+                    }
+                    if s.is_empty() {
+                        self.names.remove(node.as_str());
+                    }
+                }
             }
         }
-        None => {
-            by_node.insert(node.to_string(), vec![key]);
-        }
+    }
+
+    /// The jobs holding the node `name` in registry slot `slot` (None:
+    /// not registered), unordered.
+    fn on(&self, name: &str, slot: Option<NodeSlot>) -> impl Iterator<Item = JobKey> + '_ {
+        let by_slot = slot
+            .and_then(|s| self.slots.get(s.index()))
+            .map_or(&[][..], Vec::as_slice);
+        let by_name = self.names.get(name).map_or(&[][..], Vec::as_slice);
+        by_slot.iter().chain(by_name).copied()
     }
 }
 
@@ -760,18 +849,6 @@ fn is_unasked_in(table: &Slab<JobKey, JobEntry>, u: &Unasked) -> bool {
             Phase::Assigned { since, steal_asked: None, .. } if since == u.since
         )
     })
-}
-
-/// Take `key` out of the jobs holding `node` (`Jobs::by_node`).
-fn unhold(by_node: &mut IdMap<String, Vec<JobKey>>, node: &str, key: JobKey) {
-    if let Some(s) = by_node.get_mut(node) {
-        if let Ok(at) = s.binary_search(&key) {
-            s.remove(at);
-        }
-        if s.is_empty() {
-            by_node.remove(node);
-        }
-    }
 }
 
 /// `gpus` GPUs of a job leave `node` (`Jobs::gpus_by_node`).
@@ -916,11 +993,8 @@ pub struct Jobs {
     task_job: IdMap<TaskId, JobKey>,
     next_job: u64,
     next_task: u64,
-    /// Per node, the keys of the jobs holding it, sorted: a node holds a
-    /// few jobs to a few hundred, and a new job's key is the largest, so
-    /// an insert is a push and a removal a binary search and a short
-    /// move, where a B-tree node cost ~300 instructions each way.
-    by_node: IdMap<String, Vec<JobKey>>,
+    /// Per node, the keys of the jobs holding it ([`ByNode`]).
+    by_node: ByNode,
     awaiting: BTreeSet<JobKey>,
     /// Unplaced jobs but the new ones (`Unplaced::New`, in `fresh`).
     unplaced: BTreeSet<JobKey>,
@@ -1041,24 +1115,27 @@ impl Jobs {
         self.table.range(key.elements()).map(|(k, _)| *k)
     }
 
-    /// Jobs holding `node` (ASSIGNED or RUNNING, restored or not).
-    pub fn on(&self, node: &str) -> Vec<JobKey> {
-        self.by_node.get(node).map_or(Vec::new(), |s| s.to_vec())
+    /// Jobs holding `node` (ASSIGNED or RUNNING, restored or not), in key
+    /// order; `slot`: the node's registry slot (None: not registered).
+    pub fn on(&self, node: &str, slot: Option<NodeSlot>) -> Vec<JobKey> {
+        let mut keys: Vec<JobKey> = self.by_node.on(node, slot).collect();
+        keys.sort_unstable();
+        keys
     }
 
-    /// [`Jobs::on`] borrowed (nothing allocated).
-    pub fn keys_on(&self, node: &str) -> &[JobKey] {
-        self.by_node.get(node).map_or(&[], Vec::as_slice)
+    /// [`Jobs::on`], unordered and borrowed (nothing allocated).
+    pub fn keys_on(&self, node: &str, slot: Option<NodeSlot>) -> impl Iterator<Item = JobKey> + '_ {
+        self.by_node.on(node, slot)
     }
 
-    /// CPUs held on `node` by its ASSIGNED and RUNNING jobs.
-    pub fn cpus_held(&self, node: &str) -> u32 {
-        self.by_node.get(node).map_or(0, |s| {
-            s.iter()
-                .filter_map(|k| self.table.get(k))
-                .map(JobEntry::cpus)
-                .sum()
-        })
+    /// CPUs held on `node` (in registry slot `slot`) by its ASSIGNED and
+    /// RUNNING jobs.
+    pub fn cpus_held(&self, node: &str, slot: Option<NodeSlot>) -> u32 {
+        self.by_node
+            .on(node, slot)
+            .filter_map(|k| self.table.get(&k))
+            .map(JobEntry::cpus)
+            .sum()
     }
 
     /// GPUs taken on `node` by the jobs queued, assigned or running there.
@@ -1165,7 +1242,7 @@ impl Jobs {
         // unplaced job (none) and the shared "submitted".
         job.state = JobState::Pending as i32;
         if !job.node.is_empty() {
-            job.node.clear();
+            job.node = NodeName::default();
         }
         if job.reason != *Unplaced::NEW {
             job.reason = self
@@ -1373,12 +1450,12 @@ impl Jobs {
         ) {
             self.unasked.remove();
         }
-        if let Some(node) = previous.holds() {
+        if let Some(node) = previous.holds_name() {
             if gpus > 0 {
                 self.gpus_freed = true;
                 untake_gpus(&mut self.gpus_by_node, node, gpus);
             }
-            unhold(&mut self.by_node, node, key);
+            self.by_node.unhold(node, key);
         }
         if self.retained {
             self.done_new.push(key);
@@ -1484,15 +1561,16 @@ impl Jobs {
         };
         let keep_text = same_text && e.text_requeues == e.requeues.len();
         let state = phase.state() as i32;
+        let none = NodeName::default();
         let node = match &phase {
             Phase::Unplaced {
                 why: Unplaced::Restored,
             }
             | Phase::Done { .. } => None,
-            Phase::Unplaced { .. } => Some(""),
-            p => p.node(),
+            Phase::Unplaced { .. } => Some(&none),
+            p => p.node_name(),
         }
-        .filter(|n| e.job.node != *n);
+        .filter(|n| e.job.node != **n);
         let text = if keep_text {
             #[cfg(debug_assertions)]
             if let Some(t) = gang_text(&phase, &e.job, e.requeues.last())
@@ -1529,15 +1607,7 @@ impl Jobs {
             let job = Arc::make_mut(&mut e.job);
             job.state = state;
             if let Some(n) = node {
-                // In place when it fits (the record keeps its buffer);
-                // else a copy of the name's size (a new job's empty name
-                // grew through `reserve`'s amortized path).
-                if job.node.capacity() >= n.len() {
-                    job.node.clear();
-                    job.node.push_str(n);
-                } else {
-                    job.node = n.to_owned();
-                }
+                job.node = n.clone();
             }
             if let Some(text) = text {
                 job.reason = text;
@@ -1606,11 +1676,11 @@ impl Jobs {
                 untake_gpus(&mut self.gpus_by_node, node, gpus);
             }
         }
-        if let Some(node) = phase.holds() {
+        if let Some(node) = phase.holds_name() {
             if add {
-                hold(&mut self.by_node, node, key);
+                self.by_node.hold(node, key);
             } else {
-                unhold(&mut self.by_node, node, key);
+                self.by_node.unhold(node, key);
             }
         }
     }
@@ -1628,7 +1698,7 @@ impl Jobs {
     /// everything. False, nothing done: the job is not in that phase, or
     /// its text must be generated again (a requeue was recorded since):
     /// the caller takes the general path.
-    pub fn assign_started(&mut self, key: JobKey, node: &str, now: i64) -> bool {
+    pub fn assign_started(&mut self, key: JobKey, node: &NodeName, now: i64) -> bool {
         self.changes += 1;
         let Some(slot) = self.table.slot_of(&key) else {
             return false;
@@ -1644,7 +1714,8 @@ impl Jobs {
         else {
             return false;
         };
-        if queued_on != node || e.text_requeues != e.requeues.len() {
+        // One node's names are one allocation: no text compared.
+        if *queued_on != *node || e.text_requeues != e.requeues.len() {
             return false;
         }
         e.phase = Phase::Assigned {
@@ -1657,7 +1728,7 @@ impl Jobs {
         if e.job.state != state {
             Arc::make_mut(&mut e.job).state = state;
         }
-        debug_assert_eq!(e.job.node, node, "{key}: the record's node");
+        debug_assert_eq!(e.job.node, *node, "{key}: the record's node");
         #[cfg(debug_assertions)]
         if let Some(t) = gang_text(&e.phase, &e.job, e.requeues.last())
             .or_else(|| reason_of(&e.phase, e.requeues.last()))
@@ -1668,7 +1739,9 @@ impl Jobs {
         // `by_node`; `gpus_by_node` names the same node before and after.
         self.starting.remove();
         self.unasked.add(now, key, slot);
-        hold(&mut self.by_node, node, key);
+        if let Phase::Assigned { node, .. } = &e.phase {
+            self.by_node.hold(node, key);
+        }
         self.compact_logs();
         true
     }
@@ -1692,11 +1765,11 @@ impl Jobs {
     pub fn queue_new(
         &mut self,
         key: JobKey,
-        node: String,
+        node: NodeName,
         how: Placement,
         waiting: bool,
         leaf: usize,
-    ) -> Result<(), String> {
+    ) -> Result<(), NodeName> {
         let Some(e) = self.table.get_mut(&key) else {
             return Err(node);
         };
@@ -1757,12 +1830,7 @@ impl Jobs {
             let job = Arc::make_mut(&mut e.job);
             job.state = JobState::Pending as i32;
             if renode {
-                if job.node.capacity() >= node.len() {
-                    job.node.clear();
-                    job.node.push_str(&node);
-                } else {
-                    job.node = node.clone();
-                }
+                job.node = node.clone();
             }
             if let Some(text) = text {
                 job.reason = text;
@@ -1778,7 +1846,7 @@ impl Jobs {
             match self.gpus_by_node.get_mut(node.as_str()) {
                 Some(n) => *n += gpus,
                 None => {
-                    self.gpus_by_node.insert(node.clone(), gpus);
+                    self.gpus_by_node.insert(node.to_string(), gpus);
                 }
             }
         }
@@ -1803,7 +1871,7 @@ impl Jobs {
     /// whole table: each index holds exactly the jobs of its phases, and
     /// each proto record agrees with its phase.
     pub fn check(&self) -> Result<(), String> {
-        let mut by_node: HashMap<String, BTreeSet<JobKey>> = HashMap::new();
+        let mut by_node: BTreeMap<Result<u32, String>, Vec<JobKey>> = BTreeMap::new();
         let (mut awaiting, mut unplaced, mut queued) =
             (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
         let mut unasked = BTreeSet::new();
@@ -1830,8 +1898,9 @@ impl Jobs {
                 Phase::AwaitingNode { .. } => awaiting.insert(key),
                 _ => false,
             };
-            if let Some(n) = p.holds() {
-                by_node.entry(n.to_string()).or_default().insert(key);
+            if let Some(n) = p.holds_name() {
+                let at = n.slot().ok_or_else(|| n.to_string());
+                by_node.entry(at).or_default().push(key);
             }
             if e.job.state != p.state() as i32 {
                 return Err(format!("{key}: state {} but phase {p:?}", e.job.state));
@@ -1917,13 +1986,14 @@ impl Jobs {
                 self.gpus_by_node
             ));
         }
-        if by_node.len() != self.by_node.len()
-            || by_node.iter().any(|(n, s)| {
-                self.by_node
-                    .get(n)
-                    .is_none_or(|v| !v.iter().eq(s.iter()) || !v.is_sorted_by(|a, b| a < b))
-            })
-        {
+        // The table iterates in key order: each list sorted as built.
+        let index: BTreeMap<Result<u32, String>, Vec<JobKey>> = (self.by_node.slots.iter())
+            .enumerate()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(s, v)| (Ok(s as u32), v.clone()))
+            .chain((self.by_node.names.iter()).map(|(n, v)| (Err(n.clone()), v.clone())))
+            .collect();
+        if index != by_node {
             return Err(format!(
                 "index by_node: {:?}, the phases say {by_node:?}",
                 self.by_node
@@ -1956,13 +2026,13 @@ mod tests {
             }) if n == node => Some(via),
             _ => None,
         };
-        if fast.assign_started(key, node, t) {
+        if fast.assign_started(key, &NodeName::from(node), t) {
             let via =
                 via.ok_or_else(|| TestCaseError::fail("started in place from another phase"))?;
             slow.set_phase(
                 key,
                 Phase::Assigned {
-                    node: node.to_string(),
+                    node: node.into(),
                     since: t,
                     steal_asked: None,
                     via,
@@ -2003,9 +2073,9 @@ mod tests {
                     (_, false) => Via::Waited(how),
                 };
                 let phase = match kind {
-                    0 | 1 => Phase::Queued { node, via, waiting: flag },
-                    2 | 3 => Phase::Assigned { node, since: 1, steal_asked: None, via },
-                    4 => Phase::Running { node, via },
+                    0 | 1 => Phase::Queued { node: node.into(), via, waiting: flag },
+                    2 | 3 => Phase::Assigned { node: node.into(), since: 1, steal_asked: None, via },
+                    4 => Phase::Running { node: node.into(), via },
                     5 => Phase::Unplaced { why: Unplaced::Requeued },
                     _ => {
                         jobs.push_requeue(key, Requeue::GivenBack(node));
@@ -2039,7 +2109,13 @@ mod tests {
             let mut jobs = Jobs::new(true);
             let mut keys: Vec<JobKey> = Vec::new();
             for (pick, kind, node, t) in steps {
-                let node = ["n1", "n2", "n3"][node as usize].to_string();
+                // The registry's names carry their slots; "n3" is also
+                // named without one (restored from the store, or reported
+                // by its agent before it registered), so its jobs are
+                // listed under both.
+                let slotted = node < 2 || t % 2 == 0;
+                let name = NodeName::from(["n1", "n2", "n3"][node as usize]);
+                let node = if slotted { name.in_slot(u32::from(node)) } else { name };
                 let how = Placement { wake: WakeChoice::None, path: PlacePath::Idlest };
                 let key = match keys.get(pick) {
                     Some(&k) if jobs.contains(k) && kind != 0 => k,
@@ -2052,11 +2128,11 @@ mod tests {
                     }
                 };
                 match kind {
-                    1 => { jobs.set_phase(key, Phase::Queued { node, via: Via::Placed(how), waiting: false }); }
-                    2 => { jobs.set_phase(key, Phase::Queued { node, via: Via::Placed(how), waiting: true }); }
-                    3 | 4 => { jobs.set_phase(key, Phase::Assigned { node, since: t, steal_asked: None, via: Via::Placed(how) }); }
+                    1 => { jobs.set_phase(key, Phase::Queued { node: node.clone(), via: Via::Placed(how), waiting: false }); }
+                    2 => { jobs.set_phase(key, Phase::Queued { node: node.clone(), via: Via::Placed(how), waiting: true }); }
+                    3 | 4 => { jobs.set_phase(key, Phase::Assigned { node: node.clone(), since: t, steal_asked: None, via: Via::Placed(how) }); }
                     5 => jobs.set_steal_asked(key, (t % 2 == 0).then_some(t)),
-                    6 => { jobs.set_phase(key, Phase::Running { node, via: Via::Placed(how) }); }
+                    6 => { jobs.set_phase(key, Phase::Running { node: node.clone(), via: Via::Placed(how) }); }
                     7 => { jobs.set_phase(key, Phase::Unplaced { why: if t % 2 == 0 { Unplaced::Requeued } else { Unplaced::New } }); }
                     8 if t % 3 == 0 => { jobs.remove(key); }
                     _ => { jobs.set_phase(key, Phase::Done { state: JobState::Succeeded, end: End::Reported(String::new()) }); }
@@ -2077,8 +2153,9 @@ mod tests {
                 prop_assert_eq!(jobs.oldest_pending(5), pending);
                 let unasked = of(&|p| matches!(p, Phase::Assigned { since, steal_asked: None, .. } if *since <= t));
                 prop_assert_eq!(jobs.unasked_since(t), unasked);
-                for n in ["n1", "n2", "n3"] {
-                    prop_assert_eq!(jobs.on(n), of(&|p| p.holds() == Some(n)));
+                for (i, n) in ["n1", "n2", "n3"].into_iter().enumerate() {
+                    let slot = NodeSlot::of(&NodeName::from(n).in_slot(i as u32));
+                    prop_assert_eq!(jobs.on(n, slot), of(&|p| p.holds() == Some(n)));
                 }
             }
         }
@@ -2129,12 +2206,12 @@ mod tests {
                 match kind {
                     1 | 2 => {
                         let waiting = t % 4 == 0;
-                        if let Err(node) = fast.queue_new(key, node.clone(), how, waiting, leaf) {
+                        if let Err(node) = fast.queue_new(key, node.as_str().into(), how, waiting, leaf) {
                             let fresh = fast.get(key).is_some_and(|e| is_fresh(e.phase()) && !e.job().is_gang());
                             prop_assert!(!fresh, "a new job declined");
                             fast.set_phase(key, Phase::Queued { node, via: Via::Placed(how), waiting });
                         }
-                        slow.set_phase(key, Phase::Queued { node: node.clone(), via: Via::Placed(how), waiting });
+                        slow.set_phase(key, Phase::Queued { node: node.as_str().into(), via: Via::Placed(how), waiting });
                     }
                     3 => {
                         for jobs in [&mut fast, &mut slow] {
@@ -2171,7 +2248,7 @@ mod tests {
                 prop_assert_eq!(fast.oldest_pending(50), slow.oldest_pending(50));
                 prop_assert_eq!(fast.changes() > 0, slow.changes() > 0);
                 for n in nodes {
-                    prop_assert_eq!(fast.on(n), slow.on(n));
+                    prop_assert_eq!(fast.on(n, None), slow.on(n, None));
                     prop_assert_eq!(fast.gpus_on(n), slow.gpus_on(n));
                 }
             }
@@ -2215,7 +2292,7 @@ mod tests {
                 match kind {
                     1 | 2 => {
                         for jobs in [&mut fast, &mut slow] {
-                            jobs.set_phase(key, Phase::Queued { node: node.clone(), via: Via::Placed(how), waiting: t % 4 == 0 });
+                            jobs.set_phase(key, Phase::Queued { node: node.as_str().into(), via: Via::Placed(how), waiting: t % 4 == 0 });
                         }
                     }
                     3 => {
@@ -2233,7 +2310,7 @@ mod tests {
                     }
                     6 => {
                         for jobs in [&mut fast, &mut slow] {
-                            jobs.set_phase(key, Phase::Running { node: node.clone(), via: Via::Placed(how) });
+                            jobs.set_phase(key, Phase::Running { node: node.as_str().into(), via: Via::Placed(how) });
                         }
                     }
                     _ => {
@@ -2257,7 +2334,7 @@ mod tests {
                 prop_assert_eq!(&fast.done_new, &slow.done_new);
                 prop_assert_eq!(fast.queued(), slow.queued());
                 for n in ["n1", "n2"] {
-                    prop_assert_eq!(fast.on(n), slow.on(n));
+                    prop_assert_eq!(fast.on(n, None), slow.on(n, None));
                 }
             }
         }
@@ -2321,7 +2398,7 @@ mod tests {
         jobs.remove(keys[0]);
         jobs.check().unwrap();
         assert_eq!(jobs.of_task(task), None);
-        assert_eq!(jobs.on("n1"), vec![keys[2]]);
+        assert_eq!(jobs.on("n1", None), vec![keys[2]]);
         assert_eq!(jobs.unplaced(), vec![keys[3]]);
         let order: Vec<JobKey> = jobs.iter().rev().map(|(k, _)| k).collect();
         assert_eq!(order, vec![keys[3], keys[2]]);

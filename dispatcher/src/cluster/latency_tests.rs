@@ -60,7 +60,7 @@ fn waiting_on(c: &Cluster, id: &str) -> Option<String> {
             node,
             waiting: true,
             ..
-        }) => Some(node.clone()),
+        }) => Some(node.to_string()),
         _ => None,
     }
 }
@@ -172,7 +172,7 @@ fn pack_fills_the_lowest_node_first() {
     node(&mut c, "a2", "1s:4c:1t", "r1");
     node(&mut c, "b1", "1s:4c:1t", "r2");
     node(&mut c, "a1", "1s:4c:1t", "r1");
-    let order: Vec<String> = c.engine.order().to_vec();
+    let order: Vec<String> = c.engine.order().iter().map(|n| n.to_string()).collect();
     let mut packed = job(1, 0, None);
     packed.policy = PlacementPolicy::Pack as i32;
     // A spread job first: it takes an idle node, not necessarily the

@@ -17,12 +17,12 @@ use sched::{LeafId, LeafSet, TaskId, TaskSpec, TaskState};
 use tonic::Status;
 
 use super::engine::engine_ns;
-use super::jobs::{End, JobEntry, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
+use super::jobs::{End, JobEntry, JobKey, NodeName, Phase, Requeue, StealLevel, Unplaced, Via};
 use super::load::PackedLoad;
 use super::nodes::{NodeInfo, NodeSlot};
 use super::steal::{Move, MoveKind};
 use super::wakers::{OwnerWake, WakerKey};
-use super::{Cluster, Effects, cancel_on};
+use super::{Cluster, Effects, ToAgent, cancel_on};
 use crate::record::JobRecord;
 use crate::spec::{align_of, check_submission, policy_of};
 use crate::store::{NodeAdmin, Write};
@@ -320,7 +320,7 @@ impl Cluster {
             let _ = engine.set_cpus_allowed_ptr(task, Some(here));
         }
         let waiting = matches!(engine.task_state(task), Some(TaskState::Queued(_)));
-        let node = self.engine.node_at(leaf).unwrap_or_default().to_string();
+        let node = self.engine.name_at(leaf).cloned().unwrap_or_default();
         if let Some(w) = &waker {
             self.wakers.placed(w, &node, engine_ns(now));
         }
@@ -412,10 +412,10 @@ impl Cluster {
         pulled: fn(StealLevel) -> MoveKind,
         fx: &mut Effects,
     ) {
-        let (Some(from), Some(to)) = (self.engine.node_at(from), self.engine.node_at(to)) else {
+        let (Some(from), Some(to)) = (self.engine.name_at(from), self.engine.name_at(to)) else {
             return;
         };
-        let (from, to) = (from.to_string(), to.to_string());
+        let (from, to) = (from.clone(), to.clone());
         let Some(key) = self.jobs.of_task(task) else {
             return;
         };
@@ -473,7 +473,7 @@ impl Cluster {
         let Some(key) = self.jobs.of_task(task) else {
             return;
         };
-        let Some(name) = self.engine.node_at(leaf).map(str::to_string) else {
+        let Some(name) = self.engine.name_at(leaf).cloned() else {
             return;
         };
         let Some(e) = self.jobs.get(key) else {
@@ -565,14 +565,23 @@ impl Cluster {
                 _ => name.clone(),
             }
         };
-        let Some(assign) = self.assign_msg(key) else {
-            return;
-        };
-        fx.to_agents.push((to_agent, assign));
+        // A plain job's Assign (its record) pushed as built: through
+        // `assign_msg`'s return the whole message enum was copied.
+        match self.jobs.get(key) {
+            Some(e) if !e.job().is_gang() => {
+                fx.to_agents.push((to_agent, ToAgent::Assign(e.record())));
+            }
+            _ => {
+                let Some(assign) = self.assign_msg(key) else {
+                    return;
+                };
+                fx.to_agents.push((to_agent, assign));
+            }
+        }
         let m = Move {
             at_ms: now,
             job: key,
-            from: String::new(),
+            from: NodeName::default(),
             to: name,
             kind: MoveKind::Placed { via, after },
         };
@@ -609,9 +618,9 @@ impl Cluster {
         // The node its CPUs were claimed on, when that is still its node
         // (a name compare); else found by name. The job table and the
         // node model are separate fields: the name is borrowed.
-        let name = e.job().node.as_str();
+        let name = &e.job().node;
         let slot = on
-            .filter(|&s| self.nodes.at(s).is_some_and(|n| n.name == name))
+            .filter(|&s| self.nodes.at(s).is_some_and(|n| n.name == *name))
             .or_else(|| self.nodes.slot(name));
         if let Some(n) = slot.and_then(|s| self.nodes.at_mut(s)) {
             n.release(&cpus);
@@ -714,7 +723,7 @@ impl Cluster {
             self.process_events(now, fx);
             self.engine.settle_aggregates(outer);
         } else if matches!(JobState::try_from(status.state), Ok(JobState::Running)) {
-            cancel_on(node.to_string(), status.job_id, status.attempt, fx);
+            cancel_on(NodeName::from(node), status.job_id, status.attempt, fx);
         }
     }
 
@@ -749,10 +758,17 @@ impl Cluster {
                     | Phase::Running { via, .. } => via.clone(),
                     _ => Via::Restored,
                 };
+                // The record's copy of the name when it is this node's
+                // (a count, not an allocation).
+                let node_name = if e.job().node == node {
+                    e.job().node.clone()
+                } else {
+                    NodeName::from(node)
+                };
                 let previous = self.jobs.set_phase(
                     key,
                     Phase::Running {
-                        node: node.to_string(),
+                        node: node_name,
                         via,
                     },
                 );
@@ -913,7 +929,10 @@ impl Cluster {
         if attempt > retries {
             let done = Phase::Done {
                 state: JobState::Lost,
-                end: End::Lost { node, why },
+                end: End::Lost {
+                    node: node.to_string(),
+                    why,
+                },
             };
             self.finish(key, done, now, fx);
             return;
@@ -928,7 +947,7 @@ impl Cluster {
         let retry = Requeue::Retry {
             n: attempt,
             of: retries,
-            node: node.clone(),
+            node: node.to_string(),
             why,
         };
         self.jobs.push_requeue(key, retry);
@@ -967,7 +986,7 @@ impl Cluster {
             self.shrink_capacity(name, now);
         }
         for name in overdue {
-            for key in self.jobs.on(&name) {
+            for key in self.jobs.on(&name, self.nodes.slot(&name)) {
                 self.job_lost_on_node(key, "missed heartbeats", now, fx);
             }
             self.refresh_capacity(&name, now, fx);
@@ -1088,7 +1107,12 @@ impl Cluster {
                     self.persist(key, fx);
                     cancel_on(node, key.to_string(), attempt, fx);
                 } else {
-                    self.finish(key, cancelled(End::CancelledUnreachable(node)), now, fx);
+                    self.finish(
+                        key,
+                        cancelled(End::CancelledUnreachable(node.to_string())),
+                        now,
+                        fx,
+                    );
                 }
             }
             Phase::Done { .. } => {}

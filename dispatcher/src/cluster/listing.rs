@@ -77,7 +77,7 @@ impl Cluster {
     /// that hold it.
     pub fn node_copy(&self, n: &NodeInfo) -> NodeCopy {
         NodeCopy {
-            name: n.name.clone(),
+            name: n.name.to_string(),
             labels: n.labels.clone(),
             zone: n.zone().to_string(),
             rack: n.rack().to_string(),

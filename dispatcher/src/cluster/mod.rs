@@ -57,7 +57,7 @@ use proto::v1::{
 use sched::{LeafId, Sched, SchedConfig};
 use tonic::Status;
 
-pub use crate::record::JobRecord;
+pub use crate::record::{JobRecord, NodeName};
 pub use engine::NodeEngine;
 pub use jobs::{End, JobKey, Phase, Requeue, StealLevel, Unplaced, Via};
 pub use nodes::{NodeInfo, Place};
@@ -66,7 +66,7 @@ pub use steal::{Move, MoveKind, RECENT_MOVES};
 use crate::spec::SpecLimits;
 use crate::store::{Snapshot, Write};
 use jobs::Jobs;
-use nodes::Nodes;
+use nodes::{NodeSlot, Nodes};
 use steal::RecentMoves;
 
 /// Labels and timings of the cluster.
@@ -212,7 +212,7 @@ pub struct Effects {
     /// Store writes, committed before anything else is released.
     pub writes: Vec<Write>,
     /// Messages to agents, by node name.
-    pub to_agents: Vec<(String, ToAgent)>,
+    pub to_agents: Vec<(NodeName, ToAgent)>,
     /// Job state changes for watchers and observers.
     pub events: Vec<JobChange>,
     /// Placements and steals, in the order they happened.
@@ -404,6 +404,21 @@ impl Cluster {
         // on its node's slot, and the engine's leaves map to their nodes'
         // slots and back.
         for (key, e) in self.jobs.iter() {
+            // A name's slot is its node's (the job table lists the job's
+            // node by it).
+            for name in [Some(&e.job().node), e.phase().node_name()]
+                .into_iter()
+                .flatten()
+            {
+                if let Some(s) = NodeSlot::of(name)
+                    && self.nodes.at(s).is_none_or(|n| n.name != *name)
+                {
+                    return Err(format!(
+                        "{key}: node {name:?} carries slot {s:?}, which holds {:?}",
+                        self.nodes.at(s).map(|n| &n.name)
+                    ));
+                }
+            }
             if !e.model_cpus.is_empty() && e.model_node != self.nodes.slot(&e.job().node) {
                 return Err(format!(
                     "{key}: CPUs modelled in slot {:?}, its node {:?} is in {:?}",
@@ -643,7 +658,7 @@ impl Cluster {
         self.nodes
             .iter()
             .filter(|n| n.connected)
-            .map(|n| n.name.clone())
+            .map(|n| n.name.to_string())
             .collect()
     }
 
@@ -672,7 +687,7 @@ impl Cluster {
 
 /// Tells `node` to cancel attempt `attempt` of job `job_id` (a no-op
 /// there when that attempt no longer runs).
-fn cancel_on(node: String, job_id: String, attempt: u32, fx: &mut Effects) {
+fn cancel_on(node: NodeName, job_id: String, attempt: u32, fx: &mut Effects) {
     fx.to_agents.push((
         node,
         ToAgent::Msg(DispatcherMessage {

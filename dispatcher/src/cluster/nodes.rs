@@ -21,6 +21,7 @@ use tonic::Status;
 
 use super::load::PackedLoad;
 use super::shapes::{CpuShape, Devices, IdleCounts, Labels, Shapes, Strings};
+use crate::record::NodeName;
 use crate::spec::{align_of, policy_of};
 use crate::store::NodeAdmin;
 
@@ -31,8 +32,9 @@ use crate::store::NodeAdmin;
 /// the registry, so that the registry's slab grows by pointers.
 #[derive(Clone, Debug)]
 pub struct NodeInfo {
-    /// Unique name.
-    pub name: String,
+    /// Unique name (shared with the job phases, records, agent messages
+    /// and moves that name the node).
+    pub name: NodeName,
     /// Labels (shared with the API views' copies: `listing.rs`).
     pub labels: Labels,
     /// Region, zone, rack and host group derived from labels (shared by
@@ -76,13 +78,13 @@ impl NodeInfo {
     /// A ready, connected node `name` of CPU shape `cpu` with every CPU
     /// idle, reported at `now`; the rest empty (the caller fills it).
     pub fn new(
-        name: String,
+        name: impl Into<NodeName>,
         topology: Arc<proto::v1::Topology>,
         cpu: Arc<CpuShape>,
         now: i64,
     ) -> Self {
         Self {
-            name,
+            name: name.into(),
             labels: Labels::default(),
             place: Arc::default(),
             topology,
@@ -301,6 +303,12 @@ impl NodeSlot {
     /// Its number (the registry's position of the node).
     pub fn index(self) -> usize {
         self.0 as usize
+    }
+
+    /// The slot a name carries: the registry's slot of the node it names
+    /// when the registry made it ([`NodeName::slot`]).
+    pub fn of(name: &NodeName) -> Option<NodeSlot> {
+        name.slot().map(NodeSlot)
     }
 }
 
@@ -571,8 +579,9 @@ impl Nodes {
             .unwrap_or(NodeAdmin::Ready)
     }
 
-    /// Insert or replace a node; returns the one it replaced.
-    pub fn insert(&mut self, node: NodeInfo) -> Option<NodeInfo> {
+    /// Insert or replace a node; returns the one it replaced. Its name
+    /// takes its slot ([`NodeName::slot`]).
+    pub fn insert(&mut self, mut node: NodeInfo) -> Option<NodeInfo> {
         self.changes += 1;
         if let Some((floor, _)) = self.heartbeat_floor.as_mut()
             && !node.down
@@ -580,9 +589,13 @@ impl Nodes {
             *floor = (*floor).min(node.last_heartbeat_ms);
         }
         match self.index.get(&node.name, |i| &self.slab[i].name) {
-            Some(i) => Some(std::mem::replace(&mut *self.slab[i], node)),
+            Some(i) => {
+                node.name = std::mem::take(&mut node.name).in_slot(i as u32);
+                Some(std::mem::replace(&mut *self.slab[i], node))
+            }
             None => {
                 let i = self.slab.len();
+                node.name = std::mem::take(&mut node.name).in_slot(i as u32);
                 let slab = &self.slab;
                 self.index.insert(&node.name, i, |j| &slab[j].name);
                 let at = self
@@ -619,7 +632,7 @@ impl Nodes {
             .filter(|n| !n.down)
         {
             if now - n.last_heartbeat_ms > deadline_ms {
-                out.push(n.name.clone());
+                out.push(n.name.to_string());
             }
             floor = floor.min(n.last_heartbeat_ms);
         }
@@ -720,7 +733,7 @@ mod tests {
             let want: Vec<String> = oracle
                 .values()
                 .filter(|n| !n.down && now - n.last_heartbeat_ms > 50)
-                .map(|n| n.name.clone())
+                .map(|n| n.name.to_string())
                 .collect();
             prop_assert_eq!(nodes.overdue(now, 50), want);
         }

@@ -20,7 +20,7 @@ use super::jobs::{End, JobKey, Phase, Via};
 use super::lifecycle::task_spec;
 use super::nodes::{NodeInfo, Place};
 use super::shapes::Labels;
-use super::{Cluster, Effects, cancel_on};
+use super::{Cluster, Effects, NodeName, cancel_on};
 
 fn is_terminal(state: i32) -> bool {
     matches!(
@@ -84,7 +84,7 @@ impl Cluster {
         node.admin = self.nodes.admin_of(&reg.node);
         let old = self.nodes.insert(node);
         // Re-mark CPUs held by jobs the dispatcher has on this node.
-        let held = self.jobs.on(&reg.node);
+        let held = self.jobs.on(&reg.node, self.nodes.slot(&reg.node));
         for &key in &held {
             self.remodel_cpus(key);
         }
@@ -117,7 +117,12 @@ impl Cluster {
                     // a dispatcher crash: send it again.
                     let cancel = self.jobs.get(k).is_some_and(|e| e.cancel_requested());
                     if cancel && !is_terminal(status.state) {
-                        cancel_on(reg.node.clone(), status.job_id.clone(), status.attempt, fx);
+                        cancel_on(
+                            NodeName::from(&reg.node),
+                            status.job_id.clone(),
+                            status.attempt,
+                            fx,
+                        );
                     }
                     self.apply_status(&reg.node, status, now, fx);
                 }
@@ -128,7 +133,12 @@ impl Cluster {
                         JobState::try_from(status.state),
                         Ok(JobState::Running | JobState::Assigned)
                     ) {
-                        cancel_on(reg.node.clone(), status.job_id.clone(), status.attempt, fx);
+                        cancel_on(
+                            NodeName::from(&reg.node),
+                            status.job_id.clone(),
+                            status.attempt,
+                            fx,
+                        );
                     }
                 }
             }
@@ -186,7 +196,7 @@ impl Cluster {
                 }
             }
             if let Some(assign) = self.assign_msg(key) {
-                fx.to_agents.push((node.to_string(), assign));
+                fx.to_agents.push((NodeName::from(node), assign));
             }
         } else {
             self.job_lost_on_node(key, "its agent restarted without it", now, fx);

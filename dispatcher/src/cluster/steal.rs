@@ -15,7 +15,7 @@ use proto::v1::{DispatcherMessage, StealReply, dispatcher_message};
 use super::engine::engine_ns;
 use super::jobs::{End, JobKey, Phase, Requeue, StealLevel, Unplaced, Via, via_text};
 use super::lifecycle::TaskAfter;
-use super::{Cluster, Effects};
+use super::{Cluster, Effects, NodeName};
 
 /// How many placements and steals [`Cluster`] keeps for observers.
 pub const RECENT_MOVES: usize = 100;
@@ -49,10 +49,10 @@ pub struct Move {
     /// The job.
     pub job: JobKey,
     /// The node it left ("" for a placement).
-    pub from: String,
+    pub from: NodeName,
     /// The node it went to (for a job given back: where it was placed or
     /// queued again; "" when no node matches it now).
-    pub to: String,
+    pub to: NodeName,
     /// What it was.
     pub kind: MoveKind,
 }
@@ -301,12 +301,12 @@ impl Cluster {
         let to = self
             .jobs
             .get(key)
-            .and_then(|e| e.phase().node().map(str::to_string))
+            .and_then(|e| e.phase().node_name().cloned())
             .unwrap_or_default();
         let m = Move {
             at_ms: now,
             job: key,
-            from: node.to_string(),
+            from: NodeName::from(node),
             to,
             kind: MoveKind::GivenBack,
         };

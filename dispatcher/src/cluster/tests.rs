@@ -100,7 +100,7 @@ pub(crate) fn assigns(fx: &Effects) -> Vec<(String, String)> {
     fx.to_agents
         .iter()
         .filter_map(|(n, m)| match &m.message().msg {
-            Some(dispatcher_message::Msg::Assign(a)) => Some((n.clone(), a.job_id.clone())),
+            Some(dispatcher_message::Msg::Assign(a)) => Some((n.to_string(), a.job_id.clone())),
             _ => None,
         })
         .collect()
@@ -456,6 +456,89 @@ fn restore_reconciles_with_agents() {
     assert_eq!(j[0].id(), "j-4", "ids continue after a restart");
 }
 
+/// The job table lists a node's jobs under the registry slot its name
+/// carries (names the registry handed out: placements), or under the
+/// name when it has none (restored from the store before the node
+/// registered); a node's jobs may be under both, and every reader takes
+/// both. After a restart the nodes register in another order, so their
+/// slots differ from the first dispatcher's: a slot only ever names the
+/// node whose registration made it (`Cluster::check`).
+#[test]
+fn a_nodes_jobs_are_found_by_its_slot_and_by_its_name() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    register(&mut c, "b", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    c.submit(vec![job(1); 4], true, 1, &mut fx).unwrap();
+    let on = |c: &Cluster, n: &str| -> Vec<String> {
+        ["j-1", "j-2", "j-3", "j-4", "j-5"]
+            .into_iter()
+            .filter(|id| c.get_job(id).is_ok() && node_of(c, id) == n)
+            .map(str::to_string)
+            .collect()
+    };
+    let (on_a, on_b) = (on(&c, "a"), on(&c, "b"));
+    assert_eq!((on_a.len(), on_b.len()), (2, 2), "{on_a:?} {on_b:?}");
+    let snap = Snapshot {
+        jobs: c.jobs_matching(&[]),
+        node_admin: HashMap::new(),
+        next_job: 5,
+    };
+    let mut d = Cluster::new(ClusterConfig::default());
+    d.restore(snap, 100, 5_000);
+    let mut fx = Effects::default();
+    // "b" registers first: it takes the slot "a" had.
+    for (name, ids) in [("b", &on_b), ("a", &on_a)] {
+        let mut labels = HashMap::new();
+        labels.insert("topology.kubernetes.io/zone".to_string(), "z1".to_string());
+        labels.insert("dispatch.io/rack".to_string(), "r1".to_string());
+        d.register(
+            Register {
+                node: name.into(),
+                labels,
+                topology: Some(machine("1s:2c:1t")),
+                jobs: ids
+                    .iter()
+                    .map(|id| status(id, 1, JobState::Running))
+                    .collect(),
+                ..Default::default()
+            },
+            200,
+            &mut fx,
+        )
+        .unwrap();
+        d.settle(200, &mut fx);
+        d.check().unwrap();
+    }
+    assert_eq!(d.nodes.slot("b").map(NodeSlot::index), Some(0));
+    let keys = |ids: &[String]| -> Vec<JobKey> {
+        let mut k: Vec<JobKey> = ids.iter().filter_map(|id| JobKey::parse(id)).collect();
+        k.sort_unstable();
+        k
+    };
+    assert_eq!(d.jobs.on("a", d.nodes.slot("a")), keys(&on_a));
+    // One of a's jobs ends; the next job is placed there (b is full),
+    // under a's slot, beside the restored one listed by name.
+    let mut fx = Effects::default();
+    d.job_status("a", status(&on_a[0], 1, JobState::Succeeded), 300, &mut fx);
+    let j = d.submit(vec![job(1)], false, 300, &mut fx).unwrap();
+    d.settle(300, &mut fx);
+    d.check().unwrap();
+    let now_on_a = vec![on_a[1].clone(), j[0].id()];
+    assert_eq!(on(&d, "a"), now_on_a);
+    assert_eq!(d.jobs.on("a", d.nodes.slot("a")), keys(&now_on_a));
+    assert_eq!(d.jobs.on("b", d.nodes.slot("b")), keys(&on_b));
+    // "a" misses its heartbeats: both of its jobs are found and leave it.
+    let mut fx = Effects::default();
+    d.load_report("b", NodeLoad::default(), 20_000, &mut fx);
+    d.tick(20_000, &mut fx);
+    d.check().unwrap();
+    assert_eq!(d.jobs.on("a", d.nodes.slot("a")), Vec::<JobKey>::new());
+    for id in &now_on_a {
+        assert_ne!(state_of(&d, id), JobState::Running, "{id}");
+    }
+}
+
 /// A lost node's capacity shrinks to what its remaining jobs hold before
 /// any of its jobs is retried: no retry is ASSIGNED to the DOWN node.
 #[test]
@@ -563,7 +646,7 @@ fn agent_held_jobs_are_stolen_by_idle_rack_peers() {
         .to_agents
         .iter()
         .filter_map(|(n, m)| match &m.message().msg {
-            Some(dispatcher_message::Msg::Steal(s)) => Some((n.clone(), s.job_id.clone())),
+            Some(dispatcher_message::Msg::Steal(s)) => Some((n.to_string(), s.job_id.clone())),
             _ => None,
         })
         .collect();
@@ -729,7 +812,7 @@ fn a_lost_attempt_is_cancelled_on_its_stalled_node() {
             .iter()
             .filter_map(|(n, m)| match &m.message().msg {
                 Some(dispatcher_message::Msg::Cancel(c)) => {
-                    Some((n.clone(), c.job_id.clone(), c.attempt))
+                    Some((n.to_string(), c.job_id.clone(), c.attempt))
                 }
                 _ => None,
             })
@@ -852,7 +935,7 @@ fn an_assign_sends_the_attempt_its_start_made() {
         fx.to_agents
             .iter()
             .filter_map(|(n, m)| match m.message().msg {
-                Some(dispatcher_message::Msg::Assign(a)) => Some((n.clone(), a)),
+                Some(dispatcher_message::Msg::Assign(a)) => Some((n.to_string(), a)),
                 _ => None,
             })
             .collect()
