@@ -885,9 +885,11 @@ impl Sched {
         {
             // The schedule after the start, with the room the start left
             // (`run_on`'s conservative one): nothing waits and nothing is
-            // overloaded, so it only counts the steal attempt's gates,
-            // which read the room but nothing the refresh writes.
-            self.schedule_after_start(leaf, now, self.domains.fifo);
+            // overloaded, so it takes its shortcut and only counts the
+            // steal attempt's gates, which read the room but nothing the
+            // refresh writes (and no leaf that lost its domain's
+            // reservation waits for its schedule).
+            self.steal_gates_only(leaf, now);
             debug_assert!(
                 self.nr_waiting == 0 && self.overload.total() == 0,
                 "the start's schedule changed the queues"
@@ -917,6 +919,8 @@ impl Sched {
     ///   make it so): the schedule takes its shortcut (with
     ///   [`Sched::set_shortcuts`] on), which starts, pulls and steals
     ///   nothing and reads the leaf's room, not what the refresh writes;
+    ///   and no leaf that lost its domain's reservation waits for the
+    ///   schedule that follows it (`domains.deferred`);
     /// - the leaf's head key stays none (nothing waits on it, before or
     ///   after), so no domain reservation moves;
     /// - the refresh's other writes are functions of the leaf's state,
@@ -929,7 +933,10 @@ impl Sched {
     ///   domain above it is flagged busy and marking it idle clears
     ///   nothing.
     fn start_claimable(&self) -> bool {
-        self.nr_waiting == 0 && self.overload.total() == 0 && self.shortcuts()
+        self.nr_waiting == 0
+            && self.overload.total() == 0
+            && self.shortcuts()
+            && self.domains.deferred.is_empty()
     }
 
     /// The task stops being runnable (sleeps on I/O, a message, a
@@ -1657,6 +1664,23 @@ impl Sched {
         }
     }
 
+    /// [`Sched::schedule_one`] when nothing waits anywhere and no leaf is
+    /// overloaded: the steal attempt of a leaf with room, which steals
+    /// nothing and only counts its gates in schedstats.
+    #[inline]
+    fn steal_gates_only(&mut self, leaf: LeafId, now: u64) {
+        let rq = &self.rqs[leaf];
+        let steals = if self.config.backfill {
+            rq.has_spare()
+        } else {
+            rq.is_idle()
+        };
+        if steals {
+            let stolen = self.try_steal(leaf, now);
+            debug_assert!(stolen.is_none(), "a steal with nothing waiting");
+        }
+    }
+
     fn schedule_one(&mut self, leaf: LeafId, now: u64, in_fifo_pull: bool) {
         // Nothing waits anywhere and no leaf is overloaded: the latency
         // pull returns at once (its shortcut), the domain queue has no task
@@ -1664,16 +1688,7 @@ impl Sched {
         // search finds nothing; what is left is the steal attempt's gates,
         // which count in schedstats, reached as the loop below reaches it.
         if self.nr_waiting == 0 && self.overload.total() == 0 && self.shortcuts() {
-            let rq = &self.rqs[leaf];
-            let steals = if self.config.backfill {
-                rq.has_spare()
-            } else {
-                rq.is_idle()
-            };
-            if steals {
-                let stolen = self.try_steal(leaf, now);
-                debug_assert!(stolen.is_none(), "a steal with nothing waiting");
-            }
+            self.steal_gates_only(leaf, now);
             return;
         }
         let mut stolen = None;
