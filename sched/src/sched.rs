@@ -673,6 +673,57 @@ impl Sched {
         Ok((leaf, how))
     }
 
+    /// [`Sched::wake_up_placed`] for a caller that models the leaf's room
+    /// and reports it after a start ([`Sched::set_free_summary`], e.g. the
+    /// dispatcher's claim of the job's CPUs): when the task starts at once
+    /// and the leaf's refresh after the start could do nothing that the
+    /// report's refresh does not redo ([`Sched::start_claimable`]),
+    /// `claim(leaf)` is called at the start; the room it returns
+    /// (`Some(summary)`, as `set_free_summary` takes it) is set then, and
+    /// the leaf is refreshed and rescheduled once instead of twice. The
+    /// state, events and schedstats are those of `wake_up_placed`
+    /// followed at once by `set_free_summary(leaf, summary, now)`. When
+    /// `claim` is not called, or returns `None`, this is `wake_up_placed`
+    /// and the caller reports the room as before. Returns also whether
+    /// the room was set.
+    pub fn wake_up_placed_claiming(
+        &mut self,
+        id: TaskId,
+        waker: Option<TaskId>,
+        sync: bool,
+        now: u64,
+        claim: impl FnOnce(LeafId) -> Option<Option<FreeSummary>>,
+    ) -> Result<(LeafId, Placement, bool), SchedError> {
+        let task = self.tasks.get(&id).ok_or(SchedError::UnknownTask(id))?;
+        if task.state != TaskState::Sleeping {
+            return Err(SchedError::AlreadyRunnable(id));
+        }
+        let (leaf, how) = self.select_task_rq_placed(id, waker, sync, now);
+        let claimed = self.coalesced(|s| s.activate_with(id, leaf, now, Some(claim)));
+        Ok((leaf, how, claimed))
+    }
+
+    /// [`Sched::wake_up_on`] with the claim of
+    /// [`Sched::wake_up_placed_claiming`]; returns whether the room was
+    /// set.
+    pub fn wake_up_on_claiming(
+        &mut self,
+        id: TaskId,
+        leaf: LeafId,
+        now: u64,
+        claim: impl FnOnce(LeafId) -> Option<Option<FreeSummary>>,
+    ) -> Result<bool, SchedError> {
+        self.check_leaf(leaf)?;
+        let task = self.tasks.get(&id).ok_or(SchedError::UnknownTask(id))?;
+        if task.state != TaskState::Sleeping {
+            return Err(SchedError::AlreadyRunnable(id));
+        }
+        if !task.allowed(leaf) {
+            return Err(SchedError::NotAllowed { task: id, leaf });
+        }
+        Ok(self.coalesced(|s| s.activate_with(id, leaf, now, Some(claim))))
+    }
+
     /// Wake a sleeping task on a leaf chosen by the caller.
     pub fn wake_up_on(&mut self, id: TaskId, leaf: LeafId, now: u64) -> Result<(), SchedError> {
         self.check_leaf(leaf)?;
@@ -688,6 +739,24 @@ impl Sched {
     }
 
     fn activate(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+        self.activate_with(
+            id,
+            leaf,
+            now,
+            None::<fn(LeafId) -> Option<Option<FreeSummary>>>,
+        );
+    }
+
+    /// [`Sched::activate`]; with `claim`, a fast start may take the
+    /// caller's room report at once ([`Sched::wake_up_placed_claiming`]).
+    /// Returns whether it did.
+    fn activate_with(
+        &mut self,
+        id: TaskId,
+        leaf: LeafId,
+        now: u64,
+        claim: Option<impl FnOnce(LeafId) -> Option<Option<FreeSummary>>>,
+    ) -> bool {
         let prev = self.tasks[&id].prev_leaf;
         if let Some(prev) = prev
             && prev != leaf
@@ -700,12 +769,12 @@ impl Sched {
         }
         self.place_entity(id, leaf);
         if self.fast_start.on && self.starts_at_once(id, leaf, now) {
-            self.start_at_once(id, leaf, now);
-            return;
+            return self.start_at_once(id, leaf, now, claim);
         }
         self.enqueue_task(id, leaf, true, now);
         self.check_preempt_wakeup(leaf, id, now);
         self.schedule(leaf, now);
+        false
     }
 
     /// True when the wakeup of `id` on `leaf` (placed, not yet enqueued)
@@ -730,6 +799,7 @@ impl Sched {
     ///   it may run on the leaf and no task of the domain's queue that
     ///   sorts before it could start on the leaf
     ///   ([`Sched::fifo_starts_first`]).
+    #[inline]
     fn starts_at_once(&self, id: TaskId, leaf: LeafId, now: u64) -> bool {
         let rq = &self.rqs[leaf];
         if !rq.tasks_timeline.is_empty() || !rq.latency_timeline.is_empty() {
@@ -778,7 +848,19 @@ impl Sched {
     /// it: inside `fifo_pull` with one queue per domain (the latency pull
     /// not run again before it), after `set_next` in the pick loop
     /// otherwise.
-    fn start_at_once(&mut self, id: TaskId, leaf: LeafId, now: u64) {
+    ///
+    /// With `claim` ([`Sched::wake_up_placed_claiming`]), when
+    /// [`Sched::start_claimable`] holds after the start, the caller's room
+    /// is taken there and the refresh and schedule run once, as the
+    /// room report's (`set_free_summary`) would after them. Returns
+    /// whether the room was taken.
+    fn start_at_once(
+        &mut self,
+        id: TaskId,
+        leaf: LeafId,
+        now: u64,
+        claim: Option<impl FnOnce(LeafId) -> Option<Option<FreeSummary>>>,
+    ) -> bool {
         // The latency pull `schedule` runs first on the slow path, with the
         // task waiting: nothing in its reach (`starts_at_once`), it only
         // counts what it scans. It reads nothing `make_runnable` changes.
@@ -790,15 +872,71 @@ impl Sched {
             self.enqueue_task(id, leaf, true, now);
             self.check_preempt_wakeup(leaf, id, now);
             self.schedule(leaf, now);
-            return;
+            return false;
         }
         if self.make_runnable(id, leaf, true, now).is_none() {
-            return;
+            return false;
         }
         self.run_on(id, leaf, now);
-        self.rq_changed(leaf, now);
         self.fast_start.taken += 1;
+        if let Some(claim) = claim
+            && self.start_claimable()
+            && let Some(summary) = claim(leaf)
+        {
+            // The schedule after the start, with the room the start left
+            // (`run_on`'s conservative one): nothing waits and nothing is
+            // overloaded, so it takes its shortcut and only counts the
+            // steal attempt's gates, which read the room but nothing the
+            // refresh writes (and no leaf that lost its domain's
+            // reservation waits for its schedule).
+            self.steal_gates_only(leaf, now);
+            debug_assert!(
+                self.nr_waiting == 0 && self.overload.total() == 0,
+                "the start's schedule changed the queues"
+            );
+            // Then the report: `set_free_summary`'s refresh and schedule,
+            // which overwrite everything the start's refresh would have
+            // written (`start_claimable`).
+            self.rqs[leaf].align_free = summary.map(FreeSummary::normalized);
+            self.rq_changed(leaf, now);
+            self.schedule(leaf, now);
+            return true;
+        }
+        self.rq_changed(leaf, now);
         self.schedule_after_start(leaf, now, self.domains.fifo);
+        false
+    }
+
+    /// After a fast start ([`Sched::start_at_once`], before the leaf's
+    /// refresh): true when that refresh and the schedule after it, made
+    /// with the start's conservative room, leave nothing that a room
+    /// report's refresh and schedule made at once after them
+    /// (`set_free_summary` at the same `now`) do not overwrite, but the
+    /// schedstats of the steal attempt's gates. Then the two refreshes
+    /// are one. What makes each part certain:
+    /// - nothing waits anywhere and no leaf is overloaded (the leaf was
+    ///   not before, with nothing waiting on it, and the start does not
+    ///   make it so): the schedule takes its shortcut (with
+    ///   [`Sched::set_shortcuts`] on), which starts, pulls and steals
+    ///   nothing and reads the leaf's room, not what the refresh writes;
+    ///   and no leaf that lost its domain's reservation waits for the
+    ///   schedule that follows it (`domains.deferred`);
+    /// - the leaf's head key stays none (nothing waits on it, before or
+    ///   after), so no domain reservation moves;
+    /// - the refresh's other writes are functions of the leaf's state,
+    ///   which the report's refresh writes again: its room for
+    ///   newcomers (none waiting), overload bit (unchanged), tick mask,
+    ///   the aggregates (deferred to the operation's end), and the idle
+    ///   stamp and busy flag: the start took the stamp (it is `now` if
+    ///   either refresh sees the leaf idle with the same `now`), and the
+    ///   leaf was idle before the start (room for the task), so no
+    ///   domain above it is flagged busy and marking it idle clears
+    ///   nothing.
+    fn start_claimable(&self) -> bool {
+        self.nr_waiting == 0
+            && self.overload.total() == 0
+            && self.shortcuts()
+            && self.domains.deferred.is_empty()
     }
 
     /// The task stops being runnable (sleeps on I/O, a message, a
@@ -990,6 +1128,7 @@ impl Sched {
     /// `place_entity` on wakeup: a sleeper gets at most half a latency
     /// period of credit (GENTLE_FAIR_SLEEPERS); a new task starts at
     /// `min_vruntime`.
+    #[inline]
     fn place_entity(&mut self, id: TaskId, leaf: LeafId) {
         let min_vruntime = self.min_vruntime(leaf);
         let thresh = (self.config.sched_latency / 2) as i64;
@@ -1525,6 +1664,23 @@ impl Sched {
         }
     }
 
+    /// [`Sched::schedule_one`] when nothing waits anywhere and no leaf is
+    /// overloaded: the steal attempt of a leaf with room, which steals
+    /// nothing and only counts its gates in schedstats.
+    #[inline]
+    fn steal_gates_only(&mut self, leaf: LeafId, now: u64) {
+        let rq = &self.rqs[leaf];
+        let steals = if self.config.backfill {
+            rq.has_spare()
+        } else {
+            rq.is_idle()
+        };
+        if steals {
+            let stolen = self.try_steal(leaf, now);
+            debug_assert!(stolen.is_none(), "a steal with nothing waiting");
+        }
+    }
+
     fn schedule_one(&mut self, leaf: LeafId, now: u64, in_fifo_pull: bool) {
         // Nothing waits anywhere and no leaf is overloaded: the latency
         // pull returns at once (its shortcut), the domain queue has no task
@@ -1532,16 +1688,7 @@ impl Sched {
         // search finds nothing; what is left is the steal attempt's gates,
         // which count in schedstats, reached as the loop below reaches it.
         if self.nr_waiting == 0 && self.overload.total() == 0 && self.shortcuts() {
-            let rq = &self.rqs[leaf];
-            let steals = if self.config.backfill {
-                rq.has_spare()
-            } else {
-                rq.is_idle()
-            };
-            if steals {
-                let stolen = self.try_steal(leaf, now);
-                debug_assert!(stolen.is_none(), "a steal with nothing waiting");
-            }
+            self.steal_gates_only(leaf, now);
             return;
         }
         let mut stolen = None;

@@ -149,6 +149,13 @@ impl NodeEngine {
         self.leaf_node.get(leaf)
     }
 
+    /// The engine, to drive, with the registry slots of its leaves' nodes
+    /// ([`NodeEngine::slot_at`]), borrowed together.
+    pub(super) fn sched_and_slots(&mut self) -> Option<(&mut Sched, &[NodeSlot])> {
+        let slots = &self.leaf_slot;
+        self.sched.as_mut().map(|s| (s, slots.as_slice()))
+    }
+
     /// The registry slot of a leaf's node ([`NodeEngine::node_at`]'s
     /// node).
     pub(super) fn slot_at(&self, leaf: LeafId) -> Option<NodeSlot> {

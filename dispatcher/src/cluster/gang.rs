@@ -1191,6 +1191,13 @@ impl Cluster {
         Ok(Some(Arc::new(LeafSet::from_leaves(nr, leaves))))
     }
 
+    /// Whether a gang holds a reservation: without one no start breaks
+    /// it ([`Cluster::breaks_reservation`] is false for every job and
+    /// leaf).
+    pub(super) fn holds_reservation(&self) -> bool {
+        self.gangs.reservation.is_some()
+    }
+
     /// True when job `key` starting on `leaf` now would break the
     /// reservation: the leaf is reserved for another gang and the job
     /// (not a gang member: the gang pass checks those) would not end by

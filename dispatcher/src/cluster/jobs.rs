@@ -1143,6 +1143,12 @@ impl Jobs {
         self.gpus_by_node.get(node).copied().unwrap_or(0)
     }
 
+    /// Whether [`Jobs::take_gpus_freed`] would answer true, without
+    /// taking it.
+    pub fn gpus_freed(&self) -> bool {
+        self.gpus_freed
+    }
+
     /// True (once) when some job's GPUs left a node since the last call.
     pub fn take_gpus_freed(&mut self) -> bool {
         std::mem::take(&mut self.gpus_freed)

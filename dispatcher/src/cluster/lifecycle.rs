@@ -162,9 +162,12 @@ impl Cluster {
         // A placement and its start's room report refresh the node's
         // aggregates once (readers flush what is pending first).
         let outer = self.engine.defer_aggregates();
+        // One job: its start's claim is the next thing the events drain
+        // does, so the start may take it at once (`place_as`).
+        let single = created.len() == 1;
         for &key in &created {
             self.persist_emit(key, JobState::Unspecified, now, fx);
-            self.place(key, now, fx);
+            self.place_as(key, now, fx, single);
         }
         self.process_events(now, fx);
         self.schedule_gangs(now, fx);
@@ -180,6 +183,21 @@ impl Cluster {
     /// Place a PENDING job: into the engine (which runs it on a node with
     /// room or queues it on one), or `Unplaced` when no node can take it.
     pub(super) fn place(&mut self, key: JobKey, now: i64, fx: &mut Effects) {
+        self.place_as(key, now, fx, false);
+    }
+
+    /// [`Cluster::place`]. With `next_drained`, the caller drains the
+    /// engine's events next ([`Cluster::process_events`]) and changes
+    /// nothing before: when the job starts at once, the claim of its CPUs
+    /// that `on_started` would make first thing is made at the start
+    /// ([`sched::Sched::wake_up_placed_claiming`]), and the node's room
+    /// after it goes into the engine with the start, which refreshes the
+    /// node's leaf once instead of at the start and again at the room
+    /// report. Only when nothing can come between the two: no gang
+    /// reservation (`on_started` would check the start against it first)
+    /// and no freed GPUs (the drain would place GPU waiters first).
+    pub(super) fn place_as(&mut self, key: JobKey, now: i64, fx: &mut Effects, next_drained: bool) {
+        let claim_now = next_drained && !self.jobs.gpus_freed() && !self.holds_reservation();
         if let Some(gang) = self.gang_of(key) {
             // Never alone in the engine: the gang pass places all members.
             self.gang_member_waits(key, gang);
@@ -259,7 +277,7 @@ impl Cluster {
             Some(w) if w.is_owner_only() => self.cfg.owner_wake,
             _ => OwnerWake::Affine,
         };
-        let Some(engine) = self.engine.sched_mut() else {
+        let Some((engine, slots)) = self.engine.sched_and_slots() else {
             return;
         };
         let outer = match (&waker, waker_leaf) {
@@ -287,20 +305,35 @@ impl Cluster {
         if !fresh && engine.has_task(task) {
             let _ = engine.remove_task(task, engine_ns(now));
         }
+        // `on_started`'s claim, made at the start (`claim_now`).
+        let nodes = &mut self.nodes;
+        let mut claimed: Option<(Vec<LeafId>, NodeSlot)> = None;
+        let claim = |leaf: LeafId| {
+            if !claim_now {
+                return None;
+            }
+            let slot = *slots.get(leaf)?;
+            let n = nodes.at_mut(slot)?;
+            let cpus = n.claim(spec, Vec::new());
+            claimed = Some((cpus, slot));
+            Some(n.engine_room())
+        };
         let placed = engine.add_task(tspec).and_then(|()| match outer {
             Some(Outer::Fork(from)) => {
                 let (leaf, how) = engine.select_task_rq_fork(task, from);
                 engine
-                    .wake_up_on(task, leaf, engine_ns(now))
-                    .map(|()| (leaf, how))
+                    .wake_up_on_claiming(task, leaf, engine_ns(now), claim)
+                    .map(|_| (leaf, how))
             }
             Some(Outer::Waker(w)) => {
                 let (leaf, how) = engine.select_task_rq_outer(task, w);
                 engine
-                    .wake_up_on(task, leaf, engine_ns(now))
-                    .map(|()| (leaf, how))
+                    .wake_up_on_claiming(task, leaf, engine_ns(now), claim)
+                    .map(|_| (leaf, how))
             }
-            None => engine.wake_up_placed(task, None, false, engine_ns(now)),
+            None => engine
+                .wake_up_placed_claiming(task, None, false, engine_ns(now), claim)
+                .map(|(leaf, how, _)| (leaf, how)),
         });
         let (leaf, how) = match placed {
             Ok(p) => p,
@@ -320,6 +353,12 @@ impl Cluster {
             let _ = engine.set_cpus_allowed_ptr(task, Some(here));
         }
         let waiting = matches!(engine.task_state(task), Some(TaskState::Queued(_)));
+        if let Some((cpus, slot)) = claimed
+            && let Some((m, on)) = self.jobs.model_mut(key)
+        {
+            *m = cpus;
+            *on = Some(slot);
+        }
         let node = self.engine.name_at(leaf).cloned().unwrap_or_default();
         if let Some(w) = &waker {
             self.wakers.placed(w, &node, engine_ns(now));
@@ -529,20 +568,25 @@ impl Cluster {
         debug_assert_eq!(self.engine.built_leaf(&name), Some(leaf), "{name}");
         let slot = self.engine.slot_at(leaf);
         debug_assert_eq!(slot, self.nodes.slot(&name), "{name}");
-        let cpus = match slot.and_then(|s| self.nodes.at_mut(s)) {
-            Some(n) => {
-                let cpus = match e.job().spec.as_ref() {
-                    Some(spec) => n.claim(spec, Vec::new()),
-                    None => n.claim(&JobSpec::default(), Vec::new()),
-                };
-                self.engine.report_summary(leaf, n, now);
-                cpus
+        // Claimed at the start already, the room reported with it
+        // (`place_as`): the model holds the claim on this node.
+        let claimed = slot.is_some() && e.model_node == slot;
+        if !claimed {
+            let cpus = match slot.and_then(|s| self.nodes.at_mut(s)) {
+                Some(n) => {
+                    let cpus = match e.job().spec.as_ref() {
+                        Some(spec) => n.claim(spec, Vec::new()),
+                        None => n.claim(&JobSpec::default(), Vec::new()),
+                    };
+                    self.engine.report_summary(leaf, n, now);
+                    cpus
+                }
+                None => Vec::new(),
+            };
+            if let Some((m, on)) = self.jobs.model_mut(key) {
+                *m = cpus;
+                *on = slot;
             }
-            None => Vec::new(),
-        };
-        if let Some((m, on)) = self.jobs.model_mut(key) {
-            *m = cpus;
-            *on = slot;
         }
         // A job queued to be sent becomes Assigned in place (its Queued
         // phase's name and way move into the new phase); the general path
