@@ -471,7 +471,7 @@ fn attach_relayed(url: &str, n: usize, per_stream: usize) -> Result<()> {
 }
 
 /// The release dispatcher's `collect_when_idle`: this thread collects its
-/// mimalloc heap, at most every 100 ms.
+/// mimalloc heap (forced: full pages too), at most every second.
 fn collect_when_idle() {
     thread_local! {
         static LAST: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
@@ -479,13 +479,13 @@ fn collect_when_idle() {
     let now = Instant::now();
     if LAST
         .get()
-        .is_some_and(|t| now.duration_since(t) < Duration::from_millis(100))
+        .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
     {
         return;
     }
     LAST.set(Some(now));
     // SAFETY: collects this thread's heap; no pointer is passed.
-    unsafe { libmimalloc_sys::mi_collect(false) };
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
 /// What `n` attached agents cost the dispatcher's process.

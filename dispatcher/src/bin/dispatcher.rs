@@ -88,18 +88,26 @@ fn start_allocator_upkeep() -> std::io::Result<()> {
         .map(drop)
 }
 
-/// How often at most an async worker collects its allocator heap when it
-/// goes idle.
-const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+/// How often at most a thread collects its allocator heap as it goes idle.
+const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A worker thread about to park (nothing to run) collects its mimalloc
-/// heap, at most every `COLLECT_EVERY`: the blocks other threads freed
-/// into its pages are taken back and the pages left empty go back to the
-/// arena (to be purged). A worker's pages are reclaimed only by the
-/// worker: ... (measured)
+/// A thread about to wait (an async worker parking, the core waiting for
+/// commands, the store after a commit: `dispatcher::idle`) collects its
+/// mimalloc heap, at most every `COLLECT_EVERY`. mimalloc gives back a
+/// page only once its owner thread has taken back the blocks other
+/// threads freed into it, which the owner does when it allocates there
+/// again or collects, and a normal collect skips the pages that were full:
+/// after a relay attached 10,000 nodes the workers' and the core's pages
+/// held freed Registers, LoadReports and replies, resident, until the
+/// thread next allocated in their size. The forced collect visits the
+/// full pages too (and runs the arenas' purges at once, as the upkeep
+/// thread would within 50 ms). -300 to -500 B of RSS per relayed node
+/// (docs/bench/notes-mem3.md); once a second a thread is idle, so no cost
+/// under load.
 fn collect_when_idle() {
     thread_local! {
-        static LAST: std::cell::Cell<Option<std::time::Instant>> = const { std::cell::Cell::new(None) };
+        static LAST: std::cell::Cell<Option<std::time::Instant>> =
+            const { std::cell::Cell::new(None) };
     }
     let now = std::time::Instant::now();
     if LAST
@@ -110,7 +118,7 @@ fn collect_when_idle() {
     }
     LAST.set(Some(now));
     // SAFETY: collects this thread's heap; no pointer is passed.
-    unsafe { libmimalloc_sys::mi_collect(false) };
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
