@@ -488,6 +488,9 @@ fn collect_when_idle() {
     unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
+/// mimalloc's pages by block size ([`mimalloc_pages`]).
+type Census = Vec<(usize, PageClass)>;
+
 /// What `n` attached agents cost the dispatcher's process.
 struct ConnCosts {
     n: usize,
@@ -502,7 +505,7 @@ struct ConnCosts {
     /// Live allocations per size class gained (count, bytes).
     classes: Vec<(isize, isize)>,
     /// mimalloc's pages by block size, before the agents and after.
-    pages: (Vec<(usize, PageClass)>, Vec<(usize, PageClass)>),
+    pages: (Census, Census),
     /// With `MEASURE_TRACE_MIN`: the large blocks' places (live blocks,
     /// live bytes, allocated while the agents attached, those bytes).
     traces: Vec<(usize, usize, usize, usize, String)>,

@@ -128,7 +128,7 @@ pub fn trace_report() -> Vec<(usize, usize, usize, usize, String)> {
         .into_iter()
         .map(|(k, (a, b, c, d))| (a, b, c, d, k))
         .collect();
-    v.sort_by(|a, b| (b.1, b.3).cmp(&(a.1, a.3)));
+    v.sort_by_key(|e| std::cmp::Reverse((e.1, e.3)));
     IN_TRACE.with(|t| t.set(false));
     v
 }
