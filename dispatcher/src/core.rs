@@ -479,6 +479,9 @@ impl Core {
                     next_tick
                 };
                 let wait = until.saturating_duration_since(Instant::now());
+                if !wait.is_zero() {
+                    crate::idle::idle();
+                }
                 match rx.recv_timeout(wait) {
                     Ok(cmd) => Some(cmd),
                     Err(std_mpsc::RecvTimeoutError::Timeout) => None,

@@ -26,6 +26,7 @@ pub mod cluster;
 pub mod core;
 pub mod gate;
 pub mod ha;
+pub mod idle;
 pub mod limits;
 pub mod list_worker;
 pub mod metrics;

@@ -34,7 +34,9 @@ mod loadgen_nodes;
 use loadgen_nodes::{SHAPES, idle_load, register_msg, shapes};
 #[path = "shared/heap_count.rs"]
 mod heap_count;
-use heap_count::{in_use, is_mimalloc, live_classes};
+use heap_count::{
+    PageClass, in_use, is_mimalloc, live_classes, mimalloc_pages, trace_report, trace_reset,
+};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -468,6 +470,27 @@ fn attach_relayed(url: &str, n: usize, per_stream: usize) -> Result<()> {
     Ok(())
 }
 
+/// The release dispatcher's `collect_when_idle`: this thread collects its
+/// mimalloc heap (forced: full pages too), at most every second.
+fn collect_when_idle() {
+    thread_local! {
+        static LAST: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    }
+    let now = Instant::now();
+    if LAST
+        .get()
+        .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+    {
+        return;
+    }
+    LAST.set(Some(now));
+    // SAFETY: collects this thread's heap; no pointer is passed.
+    unsafe { libmimalloc_sys::mi_collect(true) };
+}
+
+/// mimalloc's pages by block size ([`mimalloc_pages`]).
+type Census = Vec<(usize, PageClass)>;
+
 /// What `n` attached agents cost the dispatcher's process.
 struct ConnCosts {
     n: usize,
@@ -481,6 +504,11 @@ struct ConnCosts {
     trimmed: Memory,
     /// Live allocations per size class gained (count, bytes).
     classes: Vec<(isize, isize)>,
+    /// mimalloc's pages by block size, before the agents and after.
+    pages: (Census, Census),
+    /// With `MEASURE_TRACE_MIN`: the large blocks' places (live blocks,
+    /// live bytes, allocated while the agents attached, those bytes).
+    traces: Vec<(usize, usize, usize, usize, String)>,
 }
 
 /// A dispatcher in this process (its core, the gRPC server on a loopback
@@ -497,9 +525,19 @@ fn connection_costs(n: usize, per: usize, per_stream: usize) -> Result<ConnCosts
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let result = (|| {
+        // Under mimalloc, the threads collect their heaps as they go idle,
+        // as in the release dispatcher (`src/bin/dispatcher.rs`).
+        if is_mimalloc() {
+            dispatcher::idle::set_hook(collect_when_idle);
+        }
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
+            .on_thread_park(|| {
+                if is_mimalloc() {
+                    collect_when_idle()
+                }
+            })
             .build()
             .context("starting the server's runtime")?;
         let store = EmbeddedStore::open(&dir).context("opening the store")?;
@@ -532,6 +570,8 @@ fn connection_costs(n: usize, per: usize, per_stream: usize) -> Result<ConnCosts
         trim();
         let (heap0, rss0, classes0) = (in_use(), rss_bytes()?, live_classes());
         let mem0 = Memory::now()?;
+        let pages0 = mimalloc_pages();
+        trace_reset();
         let mut child = std::process::Command::new(std::env::current_exe()?)
             .args(["--attach", &url, "--connections", &n.to_string()])
             .args(["--agents-per-connection", &per.to_string()])
@@ -565,6 +605,8 @@ fn connection_costs(n: usize, per: usize, per_stream: usize) -> Result<ConnCosts
         std::thread::sleep(Duration::from_millis(100));
         let (heap1, rss1, classes1) = (in_use(), rss_bytes()?, live_classes());
         let mem1 = Memory::now()?;
+        let pages1 = mimalloc_pages();
+        let traces = trace_report();
         trim();
         let trimmed = Memory::now()?.minus(&mem0);
         drop(child.stdin.take());
@@ -591,10 +633,59 @@ fn connection_costs(n: usize, per: usize, per_stream: usize) -> Result<ConnCosts
                 .zip(&classes0)
                 .map(|(a, b)| (a.0 - b.0, a.1 - b.1))
                 .collect(),
+            pages: (pages0, pages1),
+            traces,
         })
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// mimalloc's pages gained per agent, by block size: the bytes their
+/// blocks span (touched: resident unless purged) against the bytes in use,
+/// so what the allocator holds idle beside the agents' blocks shows by
+/// size.
+fn page_census(c: &ConnCosts) -> String {
+    let k = c.n as f64;
+    let (before, after) = &c.pages;
+    let find = |v: &[(usize, PageClass)], b: usize| {
+        v.iter()
+            .find(|(s, _)| *s == b)
+            .map(|(_, p)| *p)
+            .unwrap_or_default()
+    };
+    let mut out = String::from(
+        "\n| mimalloc pages gained, by block size (bytes) | pages | empty pages | spanned bytes per agent | in use per agent | idle per agent | resident per agent | resident, not in use |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    let mut sizes: Vec<usize> = before.iter().chain(after).map(|(b, _)| *b).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let (mut span, mut used, mut res) = (0.0, 0.0, 0.0);
+    for b in sizes {
+        let (p0, p1) = (find(before, b), find(after, b));
+        let dspan = (p1.capacity as f64 - p0.capacity as f64) / k;
+        let dused = (p1.used as f64 - p0.used as f64) / k;
+        let dres = (p1.resident as f64 - p0.resident as f64) / k;
+        span += dspan;
+        used += dused;
+        res += dres;
+        if dspan.abs() < 8.0 && dused.abs() < 8.0 && dres.abs() < 8.0 {
+            continue;
+        }
+        out.push_str(&format!(
+            "| {b} | {:+} | {:+} | {dspan:.0} | {dused:.0} | {:.0} | {dres:.0} | {:.0} |\n",
+            p1.pages as isize - p0.pages as isize,
+            p1.empty as isize - p0.empty as isize,
+            dspan - dused,
+            dres - dused,
+        ));
+    }
+    out.push_str(&format!(
+        "| all pages | | | {span:.0} | {used:.0} | {:.0} | {res:.0} | {:.0} |\n",
+        span - used,
+        res - used
+    ));
+    out
 }
 
 fn main() -> Result<()> {
@@ -912,6 +1003,19 @@ fn main() -> Result<()> {
                 1usize << class,
                 count as f64 / k,
                 bytes as f64 / k
+            ));
+        }
+    }
+    if let Some(c) = conn.as_ref().filter(|_| is_mimalloc()) {
+        out.push_str(&page_census(c));
+    }
+    if let Some(c) = conn.as_ref().filter(|c| !c.traces.is_empty()) {
+        out.push_str(
+            "\n| large blocks by place | live | live bytes | allocated while attaching | bytes |\n|---|---:|---:|---:|---:|\n",
+        );
+        for (live, bytes, made, made_bytes, place) in &c.traces {
+            out.push_str(&format!(
+                "| {place} | {live} | {bytes} | {made} | {made_bytes} |\n"
             ));
         }
     }

@@ -283,6 +283,13 @@ impl NodeEngine {
                 return false;
             }
         };
+        // The old engine goes before the new one is built, so the new one
+        // reuses its freed blocks rather than spreading over fresh
+        // allocator pages that the old one's blocks then leave partly
+        // empty and resident (a registration burst rebuilds ~150 times:
+        // docs/bench/notes-mem3.md).
+        self.steals_before = self.steals();
+        self.sched = None;
         self.leaf_node = order.iter().map(|x| x.name.clone()).collect();
         self.node_leaf = NameIndex::of(&self.leaf_node);
         self.leaf_slot = slots;
@@ -314,7 +321,6 @@ impl NodeEngine {
         }
         self.leaf_shape_min = min;
         let caps: Vec<u32> = order.iter().map(|n| n.slots()).collect();
-        self.steals_before = self.steals();
         self.sched = Some(Sched::with_capacities(topo, &caps, self.config.clone()));
         true
     }

@@ -50,6 +50,7 @@ impl Committer {
                     if results.send(r).is_err() {
                         return;
                     }
+                    crate::idle::idle();
                 }
             })
             .map_err(|e| StoreError::Backend(format!("cannot start the store's thread: {e}")))?;
