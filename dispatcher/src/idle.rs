@@ -11,7 +11,7 @@
 //! first LoadReport), the workers free what the core sent; a thread that
 //! goes quiet after a burst (a relay attaching thousands of nodes) left
 //! those pages resident, ~0.3 KB per relayed node
-//! (docs/bench/notes-mem3.md).
+//! (docs/BENCHMARKS.md, section "mem3").
 
 use std::sync::OnceLock;
 

@@ -102,7 +102,7 @@ const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// thread next allocated in their size. The forced collect visits the
 /// full pages too (and runs the arenas' purges at once, as the upkeep
 /// thread would within 50 ms). -300 to -500 B of RSS per relayed node
-/// (docs/bench/notes-mem3.md); once a second a thread is idle, so no cost
+/// (docs/BENCHMARKS.md, section "mem3"); once a second a thread is idle, so no cost
 /// under load.
 fn collect_when_idle() {
     thread_local! {

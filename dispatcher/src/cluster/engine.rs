@@ -287,7 +287,7 @@ impl NodeEngine {
         // reuses its freed blocks rather than spreading over fresh
         // allocator pages that the old one's blocks then leave partly
         // empty and resident (a registration burst rebuilds ~150 times:
-        // docs/bench/notes-mem3.md).
+        // docs/BENCHMARKS.md, section "mem3").
         self.steals_before = self.steals();
         self.sched = None;
         self.leaf_node = order.iter().map(|x| x.name.clone()).collect();
