@@ -713,19 +713,20 @@ impl Sched {
         now: u64,
         claim: impl FnOnce(LeafId) -> Option<Option<FreeSummary>>,
     ) -> Result<bool, SchedError> {
-        self.check_leaf(leaf)?;
-        let task = self.tasks.get(&id).ok_or(SchedError::UnknownTask(id))?;
-        if task.state != TaskState::Sleeping {
-            return Err(SchedError::AlreadyRunnable(id));
-        }
-        if !task.allowed(leaf) {
-            return Err(SchedError::NotAllowed { task: id, leaf });
-        }
+        self.check_wake_on(id, leaf)?;
         Ok(self.coalesced(|s| s.activate_with(id, leaf, now, Some(claim))))
     }
 
     /// Wake a sleeping task on a leaf chosen by the caller.
     pub fn wake_up_on(&mut self, id: TaskId, leaf: LeafId, now: u64) -> Result<(), SchedError> {
+        self.check_wake_on(id, leaf)?;
+        self.coalesced(|s| s.activate(id, leaf, now));
+        Ok(())
+    }
+
+    /// Whether sleeping task `id` may be woken on `leaf` (the checks of
+    /// [`Sched::wake_up_on`]).
+    fn check_wake_on(&self, id: TaskId, leaf: LeafId) -> Result<(), SchedError> {
         self.check_leaf(leaf)?;
         let task = self.tasks.get(&id).ok_or(SchedError::UnknownTask(id))?;
         if task.state != TaskState::Sleeping {
@@ -734,7 +735,6 @@ impl Sched {
         if !task.allowed(leaf) {
             return Err(SchedError::NotAllowed { task: id, leaf });
         }
-        self.coalesced(|s| s.activate(id, leaf, now));
         Ok(())
     }
 

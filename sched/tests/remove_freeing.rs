@@ -15,9 +15,12 @@
 //! its real room where the other first ran and stole against the stale
 //! one), and only the invariants are checked.
 
+mod room;
+
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use room::summary;
 use sched::topology::Topology;
 use sched::{FreeSummary, Sched, SchedConfig, TaskId, TaskSpec, TaskState};
 
@@ -41,16 +44,6 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..NR_TASKS, room).prop_map(|(t, r)| Op::End(t, r)),
         1 => (1u64..50_000_000).prop_map(Op::Advance),
     ]
-}
-
-fn summary(r: Option<[u32; 5]>) -> Option<FreeSummary> {
-    r.map(|f| FreeSummary {
-        core: f[0],
-        llc: f[1],
-        numa: f[2],
-        package: f[3],
-        any: f[4],
-    })
 }
 
 fn engine(topo: usize, demands: &[u32]) -> Sched {

@@ -10,9 +10,12 @@
 //! queues, aggregates, flags, schedstats), their events and their
 //! placements after every operation.
 
+mod room;
+
 use std::sync::Arc;
 
 use proptest::prelude::*;
+use room::summary;
 use sched::topology::Topology;
 use sched::{FreeSummary, Sched, SchedConfig, TaskId, TaskSpec, TaskState};
 
@@ -44,16 +47,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Tick),
         1 => (1u64..50_000_000).prop_map(Op::Advance),
     ]
-}
-
-fn summary(r: Option<[u32; 5]>) -> Option<FreeSummary> {
-    r.map(|f| FreeSummary {
-        core: f[0],
-        llc: f[1],
-        numa: f[2],
-        package: f[3],
-        any: f[4],
-    })
 }
 
 fn config(c: usize) -> SchedConfig {

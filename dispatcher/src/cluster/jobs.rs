@@ -251,13 +251,7 @@ impl Phase {
 
     /// The node the job is on or queued on.
     pub fn node(&self) -> Option<&str> {
-        match self {
-            Phase::Queued { node, .. }
-            | Phase::Assigned { node, .. }
-            | Phase::Running { node, .. }
-            | Phase::AwaitingNode { node, .. } => Some(node),
-            Phase::Unplaced { .. } | Phase::Done { .. } => None,
-        }
+        self.node_name().map(NodeName::as_str)
     }
 
     /// [`Phase::node`], its name shared.
