@@ -474,9 +474,6 @@ fn gangs_survive_a_restart() {
     assert_eq!(d.gangs().get(2).map(|g| g.size), Some(2));
     let mut fx = Effects::default();
     for n in ["a1", "a2"] {
-        let mut labels = HashMap::new();
-        labels.insert("topology.kubernetes.io/zone".to_string(), "z1".to_string());
-        labels.insert("dispatch.io/rack".to_string(), "r1".to_string());
         let jobs = running
             .iter()
             .filter(|id| node_of(&c, id) == n)
@@ -487,18 +484,15 @@ fn gangs_survive_a_restart() {
                 ..Default::default()
             })
             .collect();
-        d.register(
-            proto::v1::Register {
-                node: n.into(),
-                labels,
-                topology: Some(super::tests::machine("1s:4c:1t")),
-                jobs,
-                ..Default::default()
-            },
+        super::tests::register_node_with_jobs(
+            &mut d,
+            n,
+            "1s:4c:1t",
+            ("z1", "r1"),
+            jobs,
             200,
             &mut fx,
-        )
-        .unwrap();
+        );
     }
     d.settle(200, &mut fx);
     d.check().unwrap();

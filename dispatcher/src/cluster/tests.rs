@@ -45,6 +45,19 @@ pub(crate) fn register_node(
     now: i64,
     fx: &mut Effects,
 ) {
+    register_node_with_jobs(c, name, spec, (zone, rack), Vec::new(), now, fx);
+}
+
+/// [`register_node`], the agent reporting `jobs` (a restart's re-adoption).
+pub(crate) fn register_node_with_jobs(
+    c: &mut Cluster,
+    name: &str,
+    spec: &str,
+    (zone, rack): (&str, &str),
+    jobs: Vec<JobStatus>,
+    now: i64,
+    fx: &mut Effects,
+) {
     let mut labels = HashMap::new();
     labels.insert("topology.kubernetes.io/zone".to_string(), zone.to_string());
     labels.insert("dispatch.io/rack".to_string(), rack.to_string());
@@ -53,6 +66,7 @@ pub(crate) fn register_node(
             node: name.into(),
             labels,
             topology: Some(machine(spec)),
+            jobs,
             ..Default::default()
         },
         now,
@@ -489,24 +503,11 @@ fn a_nodes_jobs_are_found_by_its_slot_and_by_its_name() {
     let mut fx = Effects::default();
     // "b" registers first: it takes the slot "a" had.
     for (name, ids) in [("b", &on_b), ("a", &on_a)] {
-        let mut labels = HashMap::new();
-        labels.insert("topology.kubernetes.io/zone".to_string(), "z1".to_string());
-        labels.insert("dispatch.io/rack".to_string(), "r1".to_string());
-        d.register(
-            Register {
-                node: name.into(),
-                labels,
-                topology: Some(machine("1s:2c:1t")),
-                jobs: ids
-                    .iter()
-                    .map(|id| status(id, 1, JobState::Running))
-                    .collect(),
-                ..Default::default()
-            },
-            200,
-            &mut fx,
-        )
-        .unwrap();
+        let jobs = ids
+            .iter()
+            .map(|id| status(id, 1, JobState::Running))
+            .collect();
+        register_node_with_jobs(&mut d, name, "1s:2c:1t", ("z1", "r1"), jobs, 200, &mut fx);
         d.settle(200, &mut fx);
         d.check().unwrap();
     }
