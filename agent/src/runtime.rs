@@ -154,6 +154,12 @@ struct Lease {
     seq: u64,
     /// Reports awaiting their grant: (seq, send time).
     sent: VecDeque<(u64, u64)>,
+    /// The jobs were fenced when a new stream's `Registered` renewed the
+    /// lease: they stay stopped until the first grant on that stream. The
+    /// dispatcher sends `Registered` before it reconciles the jobs the
+    /// registration reported, so the Cancels of the attempts it retried
+    /// elsewhere meanwhile come after it, and before any grant.
+    fenced_until_grant: bool,
 }
 
 impl Lease {
@@ -163,6 +169,12 @@ impl Lease {
 
     fn expired(&self) -> bool {
         self.deadline.is_some_and(|d| lease::now_ns() >= d)
+    }
+
+    /// Whether the agent keeps its started jobs stopped: the lease ran
+    /// out, or a new stream has not yet had its first grant.
+    fn fenced(&self) -> bool {
+        self.expired() || self.fenced_until_grant
     }
 }
 
@@ -366,7 +378,7 @@ impl Agent {
                     }
                     // Fenced: the job continues when the lease is renewed;
                     // a cancelled one by its termination only.
-                    if !self.lease.expired()
+                    if !self.lease.fenced()
                         && !self.cancelled.contains(&id)
                         && let Err(err) = self.exec.cont(&id)
                     {
@@ -465,7 +477,7 @@ impl Agent {
                     }
                 } else if starting.unfence
                     && !starting.cancel
-                    && !self.lease.expired()
+                    && !self.lease.fenced()
                     && let Err(err) = self.exec.cont(&id)
                 {
                     tracing::warn!(%id, %err, "cannot continue job");
@@ -654,18 +666,24 @@ impl Agent {
     fn lease_registered(&mut self, lease_ms: u64, sent_ns: u64) {
         self.lease.sent.clear();
         self.lease.len_ns = lease_ms.saturating_mul(1_000_000);
+        let was_fenced = self.lease.fenced();
+        self.lease.fenced_until_grant = false;
         if lease_ms == 0 {
-            let was_expired = self.lease.expired();
+            // No grants will come: nothing to wait for.
             self.lease.deadline = None;
             if let Err(err) = self.lease.file.clear() {
                 tracing::warn!(%err, "cannot remove the lease file");
             }
-            if was_expired {
+            if was_fenced {
                 self.unfence();
             }
             return;
         }
-        self.renew(sent_ns.saturating_add(self.lease.len_ns));
+        self.extend(sent_ns.saturating_add(self.lease.len_ns));
+        // Fenced jobs wait for the first grant (see `fenced_until_grant`):
+        // a job the dispatcher retried elsewhere while this node was cut
+        // off gets its Cancel first and is never continued.
+        self.lease.fenced_until_grant = was_fenced;
     }
 
     /// A grant: the report it names was sent at most this long ago.
@@ -676,22 +694,24 @@ impl Agent {
         let (_, sent_ns) = self.lease.sent[pos];
         self.lease.sent.drain(..=pos);
         self.lease.len_ns = grant.lease_ms.saturating_mul(1_000_000);
-        self.renew(sent_ns.saturating_add(self.lease.len_ns));
+        let was_fenced = self.lease.fenced();
+        self.lease.fenced_until_grant = false;
+        self.extend(sent_ns.saturating_add(self.lease.len_ns));
+        if was_fenced && !self.lease.fenced() {
+            self.unfence();
+        }
     }
 
-    fn renew(&mut self, deadline: u64) {
+    /// Move the deadline to `deadline` if that is later. The file first,
+    /// then (the caller's) SIGCONTs: a shim that stops its job after
+    /// reading the old deadline reads again and sees this one.
+    fn extend(&mut self, deadline: u64) {
         if self.lease.deadline.is_some_and(|d| d >= deadline) {
             return;
         }
-        let was_expired = self.lease.expired();
         self.lease.deadline = Some(deadline);
-        // The file first, then the SIGCONTs: a shim that stops its job
-        // after reading the old deadline reads again and sees this one.
         if let Err(err) = self.lease.file.write(deadline) {
             tracing::warn!(%err, path = %self.lease.file.path().display(), "cannot write the lease file");
-        }
-        if was_expired && !self.lease.expired() {
-            self.unfence();
         }
     }
 
@@ -955,6 +975,7 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
             logged: None,
             seq: 0,
             sent: VecDeque::new(),
+            fenced_until_grant: false,
         },
         sliced_out: HashSet::new(),
         cancelled: HashSet::new(),

@@ -39,12 +39,16 @@ struct Seen {
     batches: usize,
     /// The number of the last LoadReport that asked for a lease.
     lease_seq: u64,
+    /// Streams the agent attached.
+    registers: usize,
 }
 
 /// The scripted dispatcher: one agent stream at a time.
 struct Scripted {
-    /// Messages to the agent, taken by the first Attach.
-    to_agent: Mutex<Option<mpsc::UnboundedReceiver<DispatcherMessage>>>,
+    /// Messages to the agent, one script per Attach in order; a stream
+    /// ends (an error, as a cut connection) when its script's sender is
+    /// dropped.
+    to_agent: Mutex<std::collections::VecDeque<mpsc::UnboundedReceiver<DispatcherMessage>>>,
     seen: std::sync::Arc<std::sync::Mutex<Seen>>,
     batches: bool,
     /// The lease granted with `Registered` (0: none); renewed only when
@@ -78,9 +82,10 @@ impl AgentService for Scripted {
             }) => {}
             _ => return Err(Status::invalid_argument("Register first")),
         }
-        let Some(mut script) = self.to_agent.lock().await.take() else {
-            return Err(Status::unavailable("one stream only"));
+        let Some(mut script) = self.to_agent.lock().await.pop_front() else {
+            return Err(Status::unavailable("no script left for another stream"));
         };
+        self.seen.lock().unwrap().registers += 1;
         let (tx, rx) = mpsc::unbounded_channel();
         let _ = tx.send(Ok(DispatcherMessage {
             msg: Some(dispatcher_message::Msg::Registered(Registered {
@@ -93,9 +98,10 @@ impl AgentService for Scripted {
         tokio::spawn(async move {
             while let Some(msg) = script.recv().await {
                 if out.send(Ok(msg)).is_err() {
-                    break;
+                    return;
                 }
             }
+            let _ = out.send(Err(Status::unavailable("the script cut the stream")));
         });
         let seen = self.seen.clone();
         tokio::spawn(async move {
@@ -191,12 +197,30 @@ async fn start_with_lease(
     watch::Sender<bool>,
     tokio::task::JoinHandle<anyhow::Result<()>>,
 ) {
+    let (mut scripts, seen, stop, task) = start_streams(dir, batches, hold, lease_ms, 1).await;
+    (scripts.remove(0), seen, stop, task)
+}
+
+/// [`start_with_lease`], with a script for each of `streams` attaches:
+/// dropping one's sender cuts its stream, and the agent attaches again.
+async fn start_streams(
+    dir: &Path,
+    batches: bool,
+    hold: &str,
+    lease_ms: u64,
+    streams: usize,
+) -> (
+    Vec<mpsc::UnboundedSender<DispatcherMessage>>,
+    std::sync::Arc<std::sync::Mutex<Seen>>,
+    watch::Sender<bool>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let (script, to_agent) = mpsc::unbounded_channel();
+    let (scripts, to_agent): (Vec<_>, _) = (0..streams).map(|_| mpsc::unbounded_channel()).unzip();
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Seen::default()));
     let service = Scripted {
-        to_agent: Mutex::new(Some(to_agent)),
+        to_agent: Mutex::new(to_agent),
         seen: seen.clone(),
         batches,
         lease_ms,
@@ -230,7 +254,7 @@ async fn start_with_lease(
     };
     let (stop, stop_rx) = watch::channel(false);
     let task = tokio::spawn(run(opts, stop_rx));
-    (script, seen, stop, task)
+    (scripts, seen, stop, task)
 }
 
 /// Wait until `done` holds for what the dispatcher saw.
@@ -355,23 +379,41 @@ fn proc_state(pid: i32) -> Option<char> {
     stat.rsplit_once(')')?.1.trim_start().chars().next()
 }
 
-/// A job fenced by a lapsed lease, then cancelled, with a renewal right
-/// behind the Cancel (a stale copy the dispatcher retried elsewhere while
-/// its node was cut off, when the node comes back): the agent must not
-/// continue it. Its termination continues it, SIGTERM first, so the job's
-/// SIGCONT trap never runs; a continue of the agent's own, which comes
-/// before the shim has read the cancel request, would run it. The shim is
-/// held stopped from before the Cancel until after the renewal, so that
-/// a continue of the agent's cannot lose the race to the shim's SIGTERM
-/// (CI lost it the other way once, in `faults_stall`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_job_is_not_continued_when_the_lease_comes_back() {
-    let dir = tempfile::tempdir().unwrap();
-    let marks = dir.path().join("marks");
+/// A job `j-1` whose shell appends to `mark` each time it is continued
+/// (a SIGCONT trap), once its shim has stopped it for the lapsed lease.
+struct FencedJob {
+    record: PathBuf,
+    pid: i32,
+    mark: PathBuf,
+}
+
+impl FencedJob {
+    /// The pid on the record's `key` line (`job`, `shim`).
+    fn record_pid(&self, key: &str) -> Option<i32> {
+        record_pid(&self.record, key)
+    }
+}
+
+fn record_pid(record: &Path, key: &str) -> Option<i32> {
+    fs::read_to_string(record).ok().and_then(|r| {
+        r.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+            .and_then(|l| l.split(' ').next()?.parse::<i32>().ok())
+    })
+}
+
+/// Assign `j-1` with its SIGCONT trap and wait until the lease (granted
+/// at registration, never renewed by the script so far) has run out and
+/// the shim has stopped it.
+async fn fenced_trap_job(
+    dir: &Path,
+    script: &mpsc::UnboundedSender<DispatcherMessage>,
+    seen: &std::sync::Mutex<Seen>,
+) -> FencedJob {
+    let marks = dir.join("marks");
     fs::create_dir(&marks).unwrap();
     fs::set_permissions(&marks, fs::Permissions::from_mode(0o777)).unwrap();
     let mark = marks.join("continued");
-    let (script, seen, stop, task) = start_with_lease(dir.path(), true, "0", 300).await;
     let body = format!(
         "trap 'echo cont >> {}' CONT; while :; do sleep 0.05; done",
         mark.display()
@@ -379,23 +421,14 @@ async fn a_cancelled_job_is_not_continued_when_the_lease_comes_back() {
     script
         .send(assign("j-1", &["/bin/sh", "-c", &body]))
         .unwrap();
-    wait_for(&seen, "j-1 running", |s| {
+    wait_for(seen, "j-1 running", |s| {
         s.statuses.iter().any(|s| s.job_id == "j-1")
     })
     .await;
-    // The lease (300 ms, never renewed so far) runs out: the shim stops
-    // the job.
-    let record = dir.path().join("state/jobs/j-1_a1/record");
+    let record = dir.join("state/jobs/j-1_a1/record");
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    let record_pid = |key: &str| {
-        fs::read_to_string(&record).ok().and_then(|r| {
-            r.lines()
-                .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
-                .and_then(|l| l.split(' ').next()?.parse::<i32>().ok())
-        })
-    };
     let pid = loop {
-        if let Some(pid) = record_pid("job")
+        if let Some(pid) = record_pid(&record, "job")
             && proc_state(pid) == Some('T')
         {
             break pid;
@@ -403,15 +436,11 @@ async fn a_cancelled_job_is_not_continued_when_the_lease_comes_back() {
         assert!(tokio::time::Instant::now() < deadline, "j-1 never fenced");
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    wait_for(&seen, "a LoadReport asking for a lease", |s| {
-        s.lease_seq != 0
-    })
-    .await;
-    let seq = seen.lock().unwrap().lease_seq;
-    let shim = Pid::from_raw(record_pid("shim").expect("the shim's pid in the record"));
-    kill(shim, Signal::SIGSTOP).unwrap();
-    let lease_file = dir.path().join("state/lease");
-    let lapsed = fs::read_to_string(&lease_file).unwrap();
+    FencedJob { record, pid, mark }
+}
+
+/// Cancel `j-1` attempt 1 and grant the lease for report `seq` (60 s).
+fn cancel_then_grant(script: &mpsc::UnboundedSender<DispatcherMessage>, seq: u64) {
     script
         .send(DispatcherMessage {
             msg: Some(dispatcher_message::Msg::Cancel(Cancel {
@@ -428,6 +457,61 @@ async fn a_cancelled_job_is_not_continued_when_the_lease_comes_back() {
             })),
         })
         .unwrap();
+}
+
+/// Wait for `j-1`'s end; it must have been Cancelled, its processes gone
+/// and its SIGCONT trap never run.
+async fn cancelled_and_never_continued(seen: &std::sync::Mutex<Seen>, fenced: &FencedJob) {
+    wait_for(seen, "j-1 ended", |s| {
+        s.statuses
+            .iter()
+            .any(|s| s.job_id == "j-1" && is_terminal(s))
+    })
+    .await;
+    let jobs = by_job(&seen.lock().unwrap());
+    assert_eq!(
+        jobs["j-1"],
+        vec![JobState::Running as i32, JobState::Cancelled as i32]
+    );
+    assert!(
+        proc_state(fenced.pid).is_none_or(|s| s == 'Z'),
+        "j-1 outlived its end"
+    );
+    assert!(
+        !fenced.mark.exists(),
+        "the cancelled job was continued before its SIGTERM: {:?}",
+        fs::read_to_string(&fenced.mark)
+    );
+}
+
+/// A job fenced by a lapsed lease, then cancelled, with a renewal right
+/// behind the Cancel (a stale copy the dispatcher retried elsewhere while
+/// its node was cut off, when the node comes back): the agent must not
+/// continue it. Its termination continues it, SIGTERM first, so the job's
+/// SIGCONT trap never runs; a continue of the agent's own, which comes
+/// before the shim has read the cancel request, would run it. The shim is
+/// held stopped from before the Cancel until after the renewal, so that
+/// a continue of the agent's cannot lose the race to the shim's SIGTERM
+/// (CI lost it the other way once, in `faults_stall`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_job_is_not_continued_when_the_lease_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (script, seen, stop, task) = start_with_lease(dir.path(), true, "0", 300).await;
+    let fenced = fenced_trap_job(dir.path(), &script, &seen).await;
+    wait_for(&seen, "a LoadReport asking for a lease", |s| {
+        s.lease_seq != 0
+    })
+    .await;
+    let seq = seen.lock().unwrap().lease_seq;
+    let shim = Pid::from_raw(
+        fenced
+            .record_pid("shim")
+            .expect("the shim's pid in the record"),
+    );
+    kill(shim, Signal::SIGSTOP).unwrap();
+    let lease_file = dir.path().join("state/lease");
+    let lapsed = fs::read_to_string(&lease_file).unwrap();
+    cancel_then_grant(&script, seq);
     // The renewal is in the file before any continue of the agent's.
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while fs::read_to_string(&lease_file).is_ok_and(|l| l == lapsed) {
@@ -440,26 +524,38 @@ async fn a_cancelled_job_is_not_continued_when_the_lease_comes_back() {
     // Time for a wrongly continued job to run its trap.
     tokio::time::sleep(Duration::from_millis(300)).await;
     kill(shim, Signal::SIGCONT).unwrap();
-    wait_for(&seen, "j-1 ended", |s| {
-        s.statuses
-            .iter()
-            .any(|s| s.job_id == "j-1" && is_terminal(s))
-    })
-    .await;
+    cancelled_and_never_continued(&seen, &fenced).await;
     let _ = stop.send(true);
     task.await.unwrap().unwrap();
-    let jobs = by_job(&seen.lock().unwrap());
-    assert_eq!(
-        jobs["j-1"],
-        vec![JobState::Running as i32, JobState::Cancelled as i32]
-    );
-    assert!(
-        proc_state(pid).is_none_or(|s| s == 'Z'),
-        "j-1 outlived its end"
-    );
-    assert!(
-        !mark.exists(),
-        "the cancelled job was continued before its SIGTERM: {:?}",
-        fs::read_to_string(&mark)
-    );
+}
+
+/// A job fenced while the agent's stream was down, which the dispatcher
+/// retried elsewhere meanwhile: the new stream's `Registered` renews the
+/// lease, but the jobs stay stopped until the first grant on that stream,
+/// and the Cancel the dispatcher sends after `Registered` (it reconciles
+/// the jobs the registration reported) comes before any grant. A continue
+/// at `Registered` would run the job's SIGCONT trap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_jobs_wait_for_a_grant_after_a_new_registration() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut scripts, seen, stop, task) = start_streams(dir.path(), true, "0", 300, 2).await;
+    let second = scripts.pop().unwrap();
+    let first = scripts.pop().unwrap();
+    let fenced = fenced_trap_job(dir.path(), &first, &seen).await;
+    let before = seen.lock().unwrap().lease_seq;
+    // Cut the stream: the agent attaches again and gets a 300 ms lease
+    // with `Registered`.
+    drop(first);
+    wait_for(&seen, "a second registration", |s| s.registers == 2).await;
+    wait_for(&seen, "a LoadReport on the new stream", |s| {
+        s.lease_seq > before
+    })
+    .await;
+    // Time for a wrongly continued job to run its trap.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let seq = seen.lock().unwrap().lease_seq;
+    cancel_then_grant(&second, seq);
+    cancelled_and_never_continued(&seen, &fenced).await;
+    let _ = stop.send(true);
+    task.await.unwrap().unwrap();
 }
