@@ -234,14 +234,6 @@ struct Agent {
     lease: Lease,
     /// Started jobs the local scheduler has stopped (time-sliced out).
     sliced_out: HashSet<String>,
-    /// Jobs a Cancel was asked for, until their exit. The agent never
-    /// continues them (after a lease lapse or a time slice): the
-    /// executor's termination does, SIGTERM first, but only once the
-    /// supervisor or shim has read the request; a stopped job continued
-    /// before that can run its next step (a stale copy, fenced while its
-    /// node was cut off and retried elsewhere, would leave its output
-    /// twice).
-    cancelled: HashSet<String>,
     /// Jobs whose shims are starting (see [`Starting`]).
     starting: HashMap<String, Starting>,
     /// Where the start tasks answer.
@@ -376,10 +368,10 @@ impl Agent {
                         }
                         self.pinned.insert(id.clone(), real);
                     }
-                    // Fenced: the job continues when the lease is renewed;
-                    // a cancelled one by its termination only.
+                    // Fenced: the job continues when the lease is renewed
+                    // (a cancelled one by its termination only: the
+                    // executor's `cont` leaves it).
                     if !self.lease.fenced()
-                        && !self.cancelled.contains(&id)
                         && let Err(err) = self.exec.cont(&id)
                     {
                         tracing::warn!(%id, %err, "cannot continue job");
@@ -499,7 +491,6 @@ impl Agent {
                 self.jobs.remove(&id);
                 self.pinned.remove(&id);
                 self.sliced_out.remove(&id);
-                self.cancelled.remove(&id);
                 self.send_status(
                     &id,
                     JobState::Failed,
@@ -553,9 +544,7 @@ impl Agent {
             // The shim installs its cancel handler before it answers:
             // signal it then.
             starting.cancel = true;
-            self.cancelled.insert(id);
         } else if self.local.is_started(&id) {
-            self.cancelled.insert(id.clone());
             if let Err(err) = self.exec.cancel(&id, crate::exec::DEFAULT_KILL_GRACE) {
                 tracing::warn!(%id, %err, "cannot cancel job");
             }
@@ -600,7 +589,6 @@ impl Agent {
         self.jobs.remove(&id);
         self.pinned.remove(&id);
         self.sliced_out.remove(&id);
-        self.cancelled.remove(&id);
         let (state, message) = match &exit.outcome {
             JobOutcome::Exited(0) => (JobState::Succeeded, String::new()),
             JobOutcome::Exited(code) => (JobState::Failed, format!("exited with status {code}")),
@@ -721,11 +709,7 @@ impl Agent {
         let ids: Vec<String> = self
             .jobs
             .keys()
-            .filter(|id| {
-                self.local.is_started(id)
-                    && !self.sliced_out.contains(*id)
-                    && !self.cancelled.contains(*id)
-            })
+            .filter(|id| self.local.is_started(id) && !self.sliced_out.contains(*id))
             .cloned()
             .collect();
         tracing::info!(jobs = ids.len(), "lease renewed: continuing fenced jobs");
@@ -978,7 +962,6 @@ pub async fn run(opts: AgentOptions, mut stop: watch::Receiver<bool>) -> Result<
             fenced_until_grant: false,
         },
         sliced_out: HashSet::new(),
-        cancelled: HashSet::new(),
         starting: HashMap::new(),
         started_tx,
         outbox: Vec::new(),

@@ -244,6 +244,13 @@ struct Job {
     /// to the pool when the job ends (`None`: removed).
     slot: Option<Limits>,
     stopped: bool,
+    /// A cancel was asked for ([`Executor::cancel`]): [`Executor::cont`]
+    /// leaves the job as it is. Its termination continues it, SIGTERM
+    /// first, once the shim or supervisor has read the request; a stopped
+    /// job continued before that could run its next step (a stale copy,
+    /// fenced while its node was cut off and retried elsewhere, would
+    /// leave its output twice).
+    cancelling: bool,
     exit_tx: watch::Sender<Option<JobExit>>,
     monitor: Option<JoinHandle<()>>,
     /// Run by the supervisor (`shim_pid` is the supervisor's, shared with
@@ -733,6 +740,7 @@ impl Executor {
                 cgroup: cgroup.clone(),
                 slot,
                 stopped: false,
+                cancelling: false,
                 exit_tx,
                 monitor: None,
                 supervised: false,
@@ -908,6 +916,10 @@ impl Executor {
 
     fn signal(&self, id: &str, sig: Signal) -> Result<()> {
         self.with_job(id, |job| {
+            if sig == Signal::SIGCONT && job.cancelling {
+                job.running_procs(id)?;
+                return Ok(());
+            }
             let n = job.running_procs(id)?.signal(sig)?;
             if n == 0 {
                 return Err(ExecError::NotRunning(id.to_owned()));
@@ -931,7 +943,8 @@ impl Executor {
         self.signal(id, Signal::SIGSTOP)
     }
 
-    /// SIGCONT the whole job.
+    /// SIGCONT the whole job; nothing for a job being cancelled (see
+    /// `Job::cancelling`).
     pub fn cont(&self, id: &str) -> Result<()> {
         self.signal(id, Signal::SIGCONT)
     }
@@ -968,6 +981,7 @@ impl Executor {
             };
             let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
             write_json(&job.dir.cancel(), &CancelRequest { grace_ms })?;
+            job.cancelling = true;
             kill(Pid::from_raw(shim), Signal::SIGUSR1)
                 .map_err(|e| ExecError::sys("kill(SIGUSR1)", format!("shim {shim} of job {id}"), e))
         })
@@ -1157,6 +1171,8 @@ impl Executor {
             }
             let stopped = running && pid.is_some_and(procfs::is_stopped);
             let cpus = record.cpus.unwrap_or_else(|| spec.job.cpus.clone());
+            // A cancel asked for before the agent restarted.
+            let cancelling = dir.cancel().exists();
             let (exit_tx, _) = watch::channel(None);
             self.shared.jobs().insert(
                 id.clone(),
@@ -1169,6 +1185,7 @@ impl Executor {
                     // Its limits are not known: removed at its end.
                     slot: None,
                     stopped,
+                    cancelling,
                     exit_tx,
                     monitor: None,
                     supervised: spec.supervised,
@@ -1533,6 +1550,7 @@ async fn read_link(
                         cgroup: p.cgroup,
                         slot: p.slot,
                         stopped: false,
+                        cancelling: false,
                         exit_tx,
                         monitor: None,
                         supervised: true,
