@@ -152,6 +152,7 @@ pub struct Text(Option<Arc<str>>);
 
 impl Text {
     /// The text.
+    #[inline]
     pub fn as_str(&self) -> &str {
         self.0.as_deref().unwrap_or("")
     }
@@ -173,6 +174,12 @@ impl From<String> for Text {
 
 impl From<&str> for Text {
     fn from(s: &str) -> Self {
+        Self((!s.is_empty()).then(|| Arc::from(s)))
+    }
+}
+
+impl From<Box<str>> for Text {
+    fn from(s: Box<str>) -> Self {
         Self((!s.is_empty()).then(|| Arc::from(s)))
     }
 }
@@ -226,9 +233,9 @@ impl fmt::Display for Text {
 /// it: one allocation per node, made when it registers, shared by every
 /// job phase, record, agent message and move that names the node (a
 /// `String` copy per placement, start and message was four allocations
-/// and frees per job). An `Arc<str>`; none for the empty name (no node).
-/// Compares, orders and hashes as its text, so it keys maps looked up by
-/// `&str`.
+/// and frees per job). A shared [`Text`]; none for the empty name (no
+/// node). Compares, orders and hashes as its text, so it keys maps looked
+/// up by `&str`.
 ///
 /// A name the node registry handed out also carries the node's registry
 /// slot ([`NodeName::slot`]; set only by `Nodes::insert`, and a node is
@@ -237,14 +244,14 @@ impl fmt::Display for Text {
 /// hashing the name. A name made from text (an agent's message, the
 /// store) has none.
 #[derive(Clone)]
-pub struct NodeName(Option<Arc<str>>, u32);
+pub struct NodeName(Text, u32);
 
 /// [`NodeName`]'s slot when it has none.
 const NO_SLOT: u32 = u32::MAX;
 
 impl Default for NodeName {
     fn default() -> Self {
-        Self(None, NO_SLOT)
+        Self(Text::default(), NO_SLOT)
     }
 }
 
@@ -252,7 +259,7 @@ impl NodeName {
     /// The name.
     #[inline]
     pub fn as_str(&self) -> &str {
-        self.0.as_deref().unwrap_or("")
+        self.0.as_str()
     }
 
     /// The registry slot of the node it names, when the registry made it.
@@ -269,25 +276,13 @@ impl NodeName {
     }
 }
 
-impl From<String> for NodeName {
-    fn from(s: String) -> Self {
-        Self((!s.is_empty()).then(|| Arc::from(s)), NO_SLOT)
+impl<T: Into<Text>> From<T> for NodeName {
+    fn from(s: T) -> Self {
+        Self(s.into(), NO_SLOT)
     }
 }
 
-impl From<&str> for NodeName {
-    fn from(s: &str) -> Self {
-        Self((!s.is_empty()).then(|| Arc::from(s)), NO_SLOT)
-    }
-}
-
-impl From<Box<str>> for NodeName {
-    fn from(s: Box<str>) -> Self {
-        Self((!s.is_empty()).then(|| Arc::from(s)), NO_SLOT)
-    }
-}
-
-impl From<&String> for NodeName {
+impl From<&String> for Text {
     fn from(s: &String) -> Self {
         Self::from(s.as_str())
     }
@@ -316,12 +311,8 @@ impl std::borrow::Borrow<str> for NodeName {
 impl PartialEq for NodeName {
     #[inline]
     fn eq(&self, other: &Self) -> bool {
-        match (&self.0, &other.0) {
-            // One node's names are one allocation: equal at once.
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b) || **a == **b,
-            (None, None) => true,
-            _ => false,
-        }
+        // One node's names are one allocation: equal at once.
+        self.0.is_shared_with(&other.0) || self.0 == other.0
     }
 }
 
@@ -668,7 +659,7 @@ mod tests {
             prop_assert!(shared == na);
             prop_assert_eq!(na.as_str(), a.as_str());
             prop_assert_eq!(na.is_empty(), a.is_empty());
-            prop_assert_eq!(na.0.is_none(), a.is_empty());
+            prop_assert_eq!(na.0.0.is_none(), a.is_empty());
             let h = std::hash::RandomState::new();
             prop_assert_eq!(h.hash_one(&na), h.hash_one(a.as_str()));
             let map: HashMap<NodeName, u32> = [(na.clone(), 1)].into_iter().collect();
