@@ -186,22 +186,39 @@ fn run_ours(nodes: usize, ops: usize, check: &mut Check) -> (f64, f64) {
         check.verify(&c, &running);
     }
     let start = Instant::now();
+    steady_ours(&mut c, &mut rng, &mut running, &mut fx, ops, check);
+    (ops as f64 / start.elapsed().as_secs_f64(), setup)
+}
+
+/// Ours' measured loop: `ops` times, submit one job and finish a random
+/// running one. Never inlined, so that a profile can count it alone
+/// (`valgrind --tool=callgrind --toggle-collect='*steady_ours*'`), whatever
+/// the compiler inlines inside it.
+#[inline(never)]
+fn steady_ours(
+    c: &mut Cluster,
+    rng: &mut Rng,
+    running: &mut Vec<(String, String, u32)>,
+    fx: &mut Effects,
+    ops: usize,
+    check: &mut Check,
+) {
     for i in 0..ops {
         let cpus = 1 + rng.below(8) as u32;
         let jobs = c
-            .submit(vec![spec(cpus)], false, 2 + i as i64, &mut fx)
+            .submit(vec![spec(cpus)], false, 2 + i as i64, fx)
             .unwrap_or_else(|e| panic!("{e}"));
         for j in jobs {
             if j.state == JobState::Assigned as i32 {
                 running.push((j.id(), j.node.to_string(), cpus));
             } else {
-                check.queued(&c, &running, cpus);
+                check.queued(c, running, cpus);
             }
         }
         // Found by the check mode: the submit's own Assign stayed in `fx`
         // and was counted again with the exit's below.
-        clear(&mut fx);
-        check.verify(&c, &running);
+        clear(fx);
+        check.verify(c, running);
         if !running.is_empty() {
             let k = rng.below(running.len() as u64) as usize;
             let (id, node, _) = running.swap_remove(k);
@@ -214,7 +231,7 @@ fn run_ours(nodes: usize, ops: usize, check: &mut Check) -> (f64, f64) {
                     ..Default::default()
                 },
                 2 + i as i64,
-                &mut fx,
+                fx,
             );
             // Jobs the exit let start (queued ones, steals).
             for (_, msg) in fx.to_agents.drain(..) {
@@ -234,10 +251,9 @@ fn run_ours(nodes: usize, ops: usize, check: &mut Check) -> (f64, f64) {
                 }
             }
         }
-        clear(&mut fx);
-        check.verify(&c, &running);
+        clear(fx);
+        check.verify(c, running);
     }
-    (ops as f64 / start.elapsed().as_secs_f64(), setup)
 }
 
 /// Baseline: least-loaded scan over a free-CPU array. In check mode every
@@ -249,29 +265,45 @@ fn run_least_loaded(nodes: usize, ops: usize, check: bool) -> f64 {
     let target = (nodes as u64 * NODE_CPUS as u64) * 3 / 4;
     let mut used = 0u64;
     let mut running: Vec<(usize, u32)> = Vec::new();
-    let place = |free: &mut Vec<u32>, cpus: u32| -> Option<usize> {
-        let mut best: Option<usize> = None;
-        for (i, &f) in free.iter().enumerate() {
-            if f >= cpus && best.is_none_or(|b| f > free[b]) {
-                best = Some(i);
-            }
-        }
-        if let Some(b) = best {
-            free[b] -= cpus;
-        }
-        best
-    };
     while used < target {
         let cpus = 1 + rng.below(8) as u32;
-        if let Some(n) = place(&mut free, cpus) {
+        if let Some(n) = place_least_loaded(&mut free, cpus) {
             used += cpus as u64;
             running.push((n, cpus));
         }
     }
     let start = Instant::now();
+    steady_least_loaded(&mut free, &mut rng, &mut running, ops, check);
+    ops as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The node with the most free CPUs that fits `cpus`, which it takes.
+fn place_least_loaded(free: &mut [u32], cpus: u32) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, &f) in free.iter().enumerate() {
+        if f >= cpus && best.is_none_or(|b| f > free[b]) {
+            best = Some(i);
+        }
+    }
+    if let Some(b) = best {
+        free[b] -= cpus;
+    }
+    best
+}
+
+/// The baseline's measured loop, the same steps as [`steady_ours`]; never
+/// inlined, for the same reason.
+#[inline(never)]
+fn steady_least_loaded(
+    free: &mut [u32],
+    rng: &mut Rng,
+    running: &mut Vec<(usize, u32)>,
+    ops: usize,
+    check: bool,
+) {
     for _ in 0..ops {
         let cpus = 1 + rng.below(8) as u32;
-        match place(&mut free, cpus) {
+        match place_least_loaded(free, cpus) {
             Some(n) => running.push((n, cpus)),
             None if check => assert!(free.iter().all(|&f| f < cpus), "a fit was missed"),
             None => {}
@@ -282,8 +314,8 @@ fn run_least_loaded(nodes: usize, ops: usize, check: bool) -> f64 {
             free[n] += c;
         }
         if check {
-            let mut held = vec![0u32; nodes];
-            for &(n, c) in &running {
+            let mut held = vec![0u32; free.len()];
+            for &(n, c) in running.iter() {
                 held[n] += c;
             }
             for (n, (&f, &h)) in free.iter().zip(&held).enumerate() {
@@ -291,7 +323,6 @@ fn run_least_loaded(nodes: usize, ops: usize, check: bool) -> f64 {
             }
         }
     }
-    ops as f64 / start.elapsed().as_secs_f64()
 }
 
 fn main() {
