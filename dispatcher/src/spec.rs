@@ -235,6 +235,12 @@ pub fn encoded_len_bound(spec: &JobSpec) -> usize {
 /// its own copy of the spec).
 pub fn check_call(specs: &[JobSpec], limits: &SpecLimits) -> Result<(), SpecError> {
     check_batch(specs, limits)?;
+    check_call_jobs(specs, limits)
+}
+
+/// [`check_call`] of specs whose number [`check_batch`] passed
+/// (`check_submission` checks it first, before validating them).
+fn check_call_jobs(specs: &[JobSpec], limits: &SpecLimits) -> Result<(), SpecError> {
     let field = call_error;
     let jobs: u64 = specs.iter().map(|s| jobs_of(s) as u64).sum();
     if jobs > limits.max_array as u64 {
@@ -306,7 +312,7 @@ pub fn check_submission(
             return Err(err(&prefix(i), "waker", format!("no job {:?}", spec.waker)));
         }
     }
-    check_call(specs, limits)
+    check_call_jobs(specs, limits)
 }
 
 /// Validate and normalise `spec`; `prefix` names it in errors (`spec`,
@@ -464,6 +470,7 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
 
 /// The gang fields: `nodes` within its limit and not with an array; the
 /// others only for a gang, each with what it depends on.
+#[inline]
 fn validate_gang(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result<(), SpecError> {
     if spec.nodes > limits.max_gang_nodes {
         return Err(err(

@@ -1512,7 +1512,9 @@ impl Jobs {
             .map(|e| Facts(Arc::make_mut(&mut e.job)))
     }
 
-    /// Its modelled CPUs and the slot of their node, to change.
+    /// Its modelled CPUs and the slot of their node, to change. Inline:
+    /// a table lookup, called at every placement's claim and release.
+    #[inline]
     pub fn model_mut(&mut self, key: JobKey) -> Option<(&mut Vec<LeafId>, &mut Option<NodeSlot>)> {
         self.changes += 1;
         self.table

@@ -134,7 +134,8 @@ impl CpuShape {
     }
 
     /// CPU `cpu` of a node with counts `idle` became idle (`delta` 1) or
-    /// busy (-1).
+    /// busy (-1). Inline: called per CPU of every claim and release.
+    #[inline]
     pub fn add(&self, idle: &mut IdleCounts, cpu: LeafId, delta: i32) {
         let Some(groups) = self.group_of.get(cpu) else {
             return;

@@ -136,7 +136,10 @@ impl<K: Copy + Ord + Hash, V> Slab<K, V> {
         self.index.contains_key(key)
     }
 
-    /// Insert or replace; returns the value replaced.
+    /// Insert or replace; returns the value replaced. Inline: the value
+    /// (a job table entry) is moved in by value, and the call moved it
+    /// twice more (into the call, into the slot's `Option`).
+    #[inline]
     pub fn insert(&mut self, key: K, value: V) -> Option<V> {
         use std::collections::hash_map::Entry;
         // One hash of the key for the lookup and the insert.
