@@ -79,10 +79,13 @@ const JOBS_PER_BATCH: usize = 2048;
 /// The least time between two engine rebuilds that only registrations
 /// asked for ([`Core::settle_deferred`]): a burst of registrations (a
 /// relay attaching its thousands of nodes) rebuilds the node engine, O(n)
-/// each time, a few times a second rather than after every batch (~155
-/// rebuilds for 10,000 nodes, ~500 MB of large blocks allocated and freed
-/// whose pages stay resident: docs/BENCHMARKS.md, "mem3" and "mem4").
-const REBUILD_EVERY: Duration = Duration::from_millis(200);
+/// each time, about once a second (the tick settles too) rather than
+/// after every batch (~155 rebuilds for 10,000 nodes, ~500 MB of large
+/// blocks allocated and freed whose pages stay resident, ~300 B of RSS per
+/// node more at 200 ms than at 1 s: docs/BENCHMARKS.md, "mem3" and
+/// "mem4"). Jobs already waiting reach the new nodes within that second;
+/// any other command (a submission) settles at once.
+const REBUILD_EVERY: Duration = Duration::from_millis(1000);
 
 /// A request to the core.
 pub enum Command {

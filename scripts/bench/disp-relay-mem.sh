@@ -2,7 +2,7 @@
 # The release dispatcher's RSS with N relayed nodes attached, K per
 # AttachMany stream (one connection each), as a relay attaches them:
 # `core_costs --attach` is the relays (Registers then one idle LoadReport
-# per node, frames of at most 64 KiB, streams opened one after another).
+# per node, frames of at most 16 KiB (the relay's MAX_FRAME_BYTES), streams opened one after another).
 # Prints the dispatcher's VmRSS before, its peak while the nodes
 # registered (sampled every 0.1 s), and 2 s after the last Registered,
 # each per node; and the dispatcher's CPU time (user + system, ms) from
