@@ -76,6 +76,17 @@ const MAX_STEAL_COST_NS: u64 = 500_000;
 /// milliseconds however many submissions wait.
 const JOBS_PER_BATCH: usize = 2048;
 
+/// The least time between two engine rebuilds that only registrations
+/// asked for ([`Core::settle_deferred`]): a burst of registrations (a
+/// relay attaching its thousands of nodes) rebuilds the node engine, O(n)
+/// each time, about once a second (the tick settles too) rather than
+/// after every batch (~155 rebuilds for 10,000 nodes, ~500 MB of large
+/// blocks allocated and freed whose pages stay resident, ~300 B of RSS per
+/// node more at 200 ms than at 1 s: docs/BENCHMARKS.md, "mem3" and
+/// "mem4"). Jobs already waiting reach the new nodes within that second;
+/// any other command (a submission) settles at once.
+const REBUILD_EVERY: Duration = Duration::from_millis(1000);
+
 /// A request to the core.
 pub enum Command {
     /// SubmitJob / SubmitJobs.
@@ -202,6 +213,21 @@ impl Command {
                 | Command::FromAgent { .. }
                 | Command::Detach { .. }
                 | Command::Beats
+        )
+    }
+
+    /// Applied without settling the cluster first ([`Core::settle`]):
+    /// registrations and load reports, which never read the node engine
+    /// unless they bring a node back (which settles first itself).
+    fn defers_settle(&self) -> bool {
+        matches!(
+            self,
+            Command::Attach { .. }
+                | Command::Beats
+                | Command::FromAgent {
+                    msg: agent_message::Msg::Load(_),
+                    ..
+                }
         )
     }
 
@@ -358,6 +384,8 @@ struct Core {
     held: VecDeque<Command>,
     /// Attached nodes whose beat was told they are DOWN.
     told_down: HashSet<String>,
+    /// When [`Core::settle`] last rebuilt the node engine (None: never).
+    rebuilt_at: Option<Instant>,
 }
 
 /// What a batch releases once it is stored ([`Core::release`]).
@@ -431,7 +459,37 @@ impl Core {
             list_worker: ListWorker::default(),
             held: VecDeque::new(),
             told_down: HashSet::new(),
+            rebuilt_at: None,
         }
+    }
+
+    /// Apply the cluster's deferred work ([`Cluster::settle`]: the node
+    /// engine's rebuild after registrations, its placements and the idle
+    /// balance) if there is any. The core settles before every command but
+    /// a registration or a load report, before a node comes back, before
+    /// its tick (and the observers' samples), and otherwise once
+    /// [`REBUILD_EVERY`] has passed since the last rebuild: so every
+    /// command that reads or places sees the engine as it was when the
+    /// core settled after every batch, and a burst of registrations
+    /// alone rebuilds a few times a second.
+    fn settle(&mut self, now: i64, fx: &mut Effects) {
+        if self.cluster.node_engine().is_dirty() {
+            self.cluster.settle(now, fx);
+            self.rebuilt_at = Some(Instant::now());
+        }
+    }
+
+    /// When the deferred settle is due (None: nothing to settle): at once
+    /// after a quiet spell (a lone node registering is placed on at the
+    /// end of its batch), else [`REBUILD_EVERY`] after the last rebuild.
+    fn settle_due(&self) -> Option<Instant> {
+        if !self.cluster.node_engine().is_dirty() {
+            return None;
+        }
+        Some(
+            self.rebuilt_at
+                .map_or_else(Instant::now, |at| at + REBUILD_EVERY),
+        )
     }
 
     /// Ends every agent and log stream with `status` (the core stops).
@@ -478,6 +536,10 @@ impl Core {
                 } else {
                     next_tick
                 };
+                let until = match self.settle_due() {
+                    Some(due) => until.min(due),
+                    None => until,
+                };
                 let wait = until.saturating_duration_since(Instant::now());
                 if !wait.is_zero() {
                     crate::idle::idle();
@@ -517,6 +579,9 @@ impl Core {
                 // stealing off for good (no steals, no new samples).
                 let measured = matches!(cmd, Command::FromAgent { .. });
                 let steals = self.cluster.steals();
+                if !cmd.defers_settle() {
+                    self.settle(now, &mut fx);
+                }
                 let started = Instant::now();
                 self.apply(cmd, now, &mut fx, &mut replies);
                 let stolen = self.cluster.steals().saturating_sub(steals);
@@ -536,8 +601,11 @@ impl Core {
                 self.apply_beats(now, &mut fx);
                 next_flush = Instant::now() + flush;
             }
-            self.cluster.settle(now, &mut fx);
+            if self.settle_due().is_some_and(|due| Instant::now() >= due) {
+                self.settle(now, &mut fx);
+            }
             if Instant::now() >= next_tick {
+                self.settle(now, &mut fx);
                 // Observers sample the cluster after the events they were
                 // told of: the batch in flight is released first.
                 if let Err(exit) = self.settle_commit(&mut in_flight, &mut replies) {
@@ -951,6 +1019,13 @@ impl Core {
             let revive = n.down && report_ms > link.applied_report_ms();
             if pending.load.is_some() || revive {
                 let load = pending.load.unwrap_or_else(|| n.load.clone());
+                if revive && self.cluster.node_engine().is_dirty() {
+                    // A node coming back is placed on at once, by the
+                    // engine as the last batch would have left it
+                    // ([`Core::settle`], its fields borrowed apart).
+                    self.cluster.settle(now, fx);
+                    self.rebuilt_at = Some(Instant::now());
+                }
                 self.cluster.load_report(&beat.node, load, now, fx);
                 link.set_applied_report_ms(report_ms);
             }
@@ -1938,6 +2013,61 @@ mod tests {
             .await
             .unwrap();
         assert!(page.nodes.is_empty() && page.next_page_token.is_empty());
+        core.send(Command::Shutdown);
+        assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
+    }
+
+    /// A burst of registrations defers the engine's rebuild
+    /// ([`REBUILD_EVERY`]), but placement never sees a stale node set:
+    /// jobs submitted between registrations, and right after the burst,
+    /// are placed on every node registered before them, none pending.
+    #[tokio::test]
+    async fn nodes_registered_in_a_burst_are_all_placeable_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let (core, thread) = spawn(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            Observers::none(),
+        );
+        let mut agents = Vec::new();
+        let submit = async |jobs: usize| {
+            core.call(|reply| Command::Submit {
+                specs: vec![spec(); jobs],
+                batch: false,
+                trace_context: HashMap::new(),
+                owner: String::new(),
+                reply,
+            })
+            .await
+            .unwrap()
+        };
+        let mut placed: HashMap<String, usize> = HashMap::new();
+        // Two halves of 20 nodes, each registered one batch at a time (the
+        // first rebuilds, the next ones are deferred), each followed by
+        // as many jobs as its nodes have CPUs (2 each): every job lands on
+        // a node of its half, the only ones with room.
+        for half in 0..2 {
+            for i in 0..20 {
+                let (tx, agent) = crate::outbound::channel();
+                core.call(|reply| Command::Attach {
+                    register: register(&format!("n{half}-{i:02}")),
+                    tx,
+                    reply,
+                })
+                .await
+                .unwrap();
+                agents.push(agent);
+            }
+            for job in submit(40).await {
+                assert_eq!(job.state, JobState::Assigned as i32, "{:?}", job.reason);
+                assert!(job.node.starts_with(&format!("n{half}-")), "{}", job.node);
+                *placed.entry(job.node.to_string()).or_default() += 1;
+            }
+        }
+        assert_eq!(placed.len(), 40, "{placed:?}");
+        assert!(placed.values().all(|&n| n == 2), "{placed:?}");
         core.send(Command::Shutdown);
         assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
     }

@@ -49,8 +49,9 @@ use tonic::{Code, Status};
 
 /// A frame takes no more messages once it is this large (encoded): the
 /// dispatcher reads a stream into a buffer that keeps the size of its
-/// largest frame.
-pub const MAX_FRAME_BYTES: usize = 64 << 10;
+/// largest frame (~160 KiB per stream for 64-KiB frames, 163 B per node
+/// at 1,000 nodes per stream: docs/BENCHMARKS.md, "mem4").
+pub const MAX_FRAME_BYTES: usize = 16 << 10;
 
 /// The longest wait between attempts to open the stream: a follower's
 /// hint may name a leader that just died, and the agents' registrations
@@ -716,8 +717,11 @@ mod tests {
     async fn a_frame_stops_at_the_limit_and_keeps_the_rest_in_order() {
         let (r, mut from, mut detached) = unstarted(64);
         let (a, _arx) = r.up.open().expect("slot");
+        // Four logs reach the limit, three do not.
         for tag in 0..6 {
-            a.send(log(20_000, tag)).await.expect("live");
+            a.send(log(MAX_FRAME_BYTES * 5 / 16, tag))
+                .await
+                .expect("live");
         }
         let first = r.frame(None, &mut from, &mut detached);
         let bytes: usize = first

@@ -366,7 +366,7 @@ fn attach_agents(url: &str, n: usize, per: usize, per_stream: usize) -> Result<(
 /// The child of `--connections` with `--nodes-per-stream K`: `n` nodes
 /// attached as relays would, K to an AttachMany stream (one connection
 /// each), Registers then every node's idle LoadReport, in frames of at
-/// most 64 KiB; "attached" once every node was answered Registered.
+/// most 16 KiB; "attached" once every node was answered Registered.
 fn attach_relayed(url: &str, n: usize, per_stream: usize) -> Result<()> {
     use proto::v1::agent_service_client::AgentServiceClient;
     use proto::v1::{
@@ -399,14 +399,14 @@ fn attach_relayed(url: &str, n: usize, per_stream: usize) -> Result<()> {
                 slot: slot as u32,
                 msg: Some(node_message::Msg::Message(AgentMessage { msg: Some(m) })),
             };
-            // Frames of at most 64 KiB, as a relay sends them (the
+            // Frames of at most 16 KiB, as a relay sends them (the
             // dispatcher reads a stream into a buffer that keeps the size
             // of its largest frame).
             let mut frame: Vec<NodeMessage> = Vec::new();
             let mut bytes = 0;
             let mut push = |m: NodeMessage, flush: bool| {
                 let len = prost::Message::encoded_len(&m) + 4;
-                if bytes + len > 64 << 10 && !frame.is_empty() {
+                if bytes + len > 16 << 10 && !frame.is_empty() {
                     let _ = tx.send(RelayMessage {
                         nodes: std::mem::take(&mut frame),
                     });
