@@ -9,7 +9,8 @@
 //! updates a free-CPU array, so the ratio flatters the baseline.
 //!
 //! `cargo bench -p dispatcher --bench placement` prints the table
-//! (`-- --nodes 10000`: one size only, for profiling). Under
+//! (`-- --nodes 10000`: one size only, for profiling; `-- --ops N`: N
+//! measured ops per size, for steadier wall-clock figures). Under
 //! `cargo test` (no `--bench` argument), or with `--check`, it runs the same
 //! loops at a small size in check mode: after every step both sides verify
 //! their results against an account the bench keeps itself (see
@@ -341,6 +342,13 @@ fn main() {
         .position(|a| a == "--nodes")
         .and_then(|i| args.get(i + 1))
         .and_then(|n| n.parse().ok());
+    // `--ops N`: N measured ops per size instead of the table's (longer
+    // runs for steadier wall-clock figures on a noisy machine).
+    let ops_override: Option<usize> = args
+        .iter()
+        .position(|a| a == "--ops")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.parse().ok());
     let mut check = Check {
         on: !bench,
         placed: 0,
@@ -354,6 +362,7 @@ fn main() {
         "nodes", "ours/s", "least-loaded/s", "ours/base", "setup s"
     );
     for &(nodes, ops) in sizes.iter().filter(|s| only.is_none_or(|n| n == s.0)) {
+        let ops = ops_override.unwrap_or(ops);
         let (ours, setup) = run_ours(nodes, ops, &mut check);
         let base = run_least_loaded(nodes, ops, !bench);
         println!(
