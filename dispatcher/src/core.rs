@@ -1280,6 +1280,17 @@ mod tests {
         }
     }
 
+    /// A core on a default cluster, an embedded store in `dir`, no
+    /// observers.
+    fn spawn_default(dir: &tempfile::TempDir) -> (CoreHandle, std::thread::JoinHandle<CoreExit>) {
+        spawn(
+            Cluster::new(ClusterConfig::default()),
+            Box::new(EmbeddedStore::open(dir.path()).unwrap()),
+            OnStoreFailure::Stop,
+            Observers::none(),
+        )
+    }
+
     fn register(node: &str) -> Register {
         Register {
             node: node.into(),
@@ -1923,13 +1934,7 @@ mod tests {
     #[tokio::test]
     async fn list_nodes_answers_every_node_in_name_order_whole_or_paged() {
         let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path()).unwrap();
-        let (core, thread) = spawn(
-            Cluster::new(ClusterConfig::default()),
-            Box::new(store),
-            OnStoreFailure::Stop,
-            Observers::none(),
-        );
+        let (core, thread) = spawn_default(&dir);
         let total = 263;
         let mut agents = Vec::new();
         for i in 0..total {
@@ -2024,13 +2029,7 @@ mod tests {
     #[tokio::test]
     async fn nodes_registered_in_a_burst_are_all_placeable_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path()).unwrap();
-        let (core, thread) = spawn(
-            Cluster::new(ClusterConfig::default()),
-            Box::new(store),
-            OnStoreFailure::Stop,
-            Observers::none(),
-        );
+        let (core, thread) = spawn_default(&dir);
         let mut agents = Vec::new();
         let submit = async |jobs: usize| {
             core.call(|reply| Command::Submit {
