@@ -228,7 +228,9 @@ impl Cluster {
     }
 
     /// Apply deferred work (a rebuilt node tree after registrations, which
-    /// also places waiting jobs). The core calls it after every batch.
+    /// also places waiting jobs). The core calls it before every command
+    /// but a registration or a load report, on its tick, and at most once
+    /// per `REBUILD_EVERY` during a burst of registrations (`core.rs`).
     pub fn settle(&mut self, now: i64, fx: &mut Effects) {
         if self.engine.is_dirty() {
             self.ensure_engine(now, fx);
