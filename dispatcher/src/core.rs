@@ -1291,6 +1291,19 @@ mod tests {
         )
     }
 
+    /// Attach a node named `node` to `core`; its agent's receiving end.
+    async fn attach(core: &CoreHandle, node: &str) -> crate::outbound::AgentRx {
+        let (tx, agent) = crate::outbound::channel();
+        core.call(|reply| Command::Attach {
+            register: register(node),
+            tx,
+            reply,
+        })
+        .await
+        .unwrap();
+        agent
+    }
+
     fn register(node: &str) -> Register {
         Register {
             node: node.into(),
@@ -1313,14 +1326,7 @@ mod tests {
             OnStoreFailure::Stop,
             observers,
         );
-        let (tx, mut agent) = crate::outbound::channel();
-        core.call(|reply| Command::Attach {
-            register: register("n1"),
-            tx,
-            reply,
-        })
-        .await
-        .unwrap();
+        let mut agent = attach(&core, "n1").await;
         let trace: HashMap<String, String> =
             [("traceparent".to_string(), TRACEPARENT.to_string())].into();
         let jobs = core
@@ -1938,15 +1944,7 @@ mod tests {
         let total = 263;
         let mut agents = Vec::new();
         for i in 0..total {
-            let (tx, rx) = crate::outbound::channel();
-            agents.push(rx);
-            core.call(|reply| Command::Attach {
-                register: register(&format!("n{i:04}")),
-                tx,
-                reply,
-            })
-            .await
-            .unwrap();
+            agents.push(attach(&core, &format!("n{i:04}")).await);
         }
         let listing = core.call(|reply| Command::Nodes {
             after: String::new(),
@@ -2049,15 +2047,7 @@ mod tests {
         // a node of its half, the only ones with room.
         for half in 0..2 {
             for i in 0..20 {
-                let (tx, agent) = crate::outbound::channel();
-                core.call(|reply| Command::Attach {
-                    register: register(&format!("n{half}-{i:02}")),
-                    tx,
-                    reply,
-                })
-                .await
-                .unwrap();
-                agents.push(agent);
+                agents.push(attach(&core, &format!("n{half}-{i:02}")).await);
             }
             for job in submit(40).await {
                 assert_eq!(job.state, JobState::Assigned as i32, "{:?}", job.reason);
