@@ -3,14 +3,21 @@
 //! with the most free CPUs that fits) measured in the same run.
 //!
 //! Both sides run the same steady-state loop on a cluster kept ~75% busy:
-//! submit one job (1-8 CPUs), then finish one running job. "ours" is the
+//! submit one job (1-8 CPUs), then finish one running job; or, in rounds
+//! of a batch of K, one submission of K jobs (a SubmitJobs of K specs)
+//! then K finishes. "ours" is the
 //! dispatcher's `Cluster::submit` (validation, job record, engine placement
 //! on the node tree, CPU model, effects); the baseline only scans and
-//! updates a free-CPU array, so the ratio flatters the baseline.
+//! updates a free-CPU array, so the ratio flatters the baseline. One at a
+//! time is ours' worst case: one job's way through a submit overflows the
+//! CPU's instruction cache, where a submission of K jobs runs each of its
+//! steps K times in a row (`scripts/bench/per-op.sh` counts the misses);
+//! the table shows both.
 //!
 //! `cargo bench -p dispatcher --bench placement` prints the table
-//! (`-- --nodes 10000`: one size only, for profiling; `-- --ops N`: N
-//! measured ops per size, for steadier wall-clock figures). Under
+//! (`-- --nodes 10000`: one size only, for profiling; `-- --batch K`: one
+//! batch size only; `-- --ops N`: N measured ops per size, for steadier
+//! wall-clock figures). Under
 //! `cargo test` (no `--bench` argument), or with `--check`, it runs the same
 //! loops at a small size in check mode: after every step both sides verify
 //! their results against an account the bench keeps itself (see
@@ -159,8 +166,9 @@ fn clear(fx: &mut Effects) {
     fx.moves.clear();
 }
 
-/// Ours: returns decisions per second over `ops` submits.
-fn run_ours(nodes: usize, ops: usize, check: &mut Check) -> (f64, f64) {
+/// Ours: returns decisions per second over `ops` submits (a multiple of
+/// `batch`), and the set-up's seconds.
+fn run_ours(nodes: usize, ops: usize, batch: usize, check: &mut Check) -> (f64, f64) {
     let t0 = Instant::now();
     let mut c = cluster(nodes);
     let setup = t0.elapsed().as_secs_f64();
@@ -187,12 +195,17 @@ fn run_ours(nodes: usize, ops: usize, check: &mut Check) -> (f64, f64) {
         check.verify(&c, &running);
     }
     let start = Instant::now();
-    steady_ours(&mut c, &mut rng, &mut running, &mut fx, ops, check);
+    steady_ours(&mut c, &mut rng, &mut running, &mut fx, (ops, batch), check);
     (ops as f64 / start.elapsed().as_secs_f64(), setup)
 }
 
-/// Ours' measured loop: `ops` times, submit one job and finish a random
-/// running one. Never inlined, so that a profile can count it alone
+/// Ours' measured loop: `ops / batch` rounds, each one submission of
+/// `batch` jobs (a SubmitJobs of `batch` specs: validated, recorded, then
+/// placed, each step for all of them), then `batch` random running jobs
+/// finish, one status each (as the core applies an agent's statuses, one
+/// after the other). With `batch` 1 it alternates one submit and one
+/// finish, the worst case for the instruction cache: the path of one job
+/// through a submit does not fit in it. Never inlined, so that a profile can count it alone
 /// (`valgrind --tool=callgrind --toggle-collect='*steady_ours*'`), whatever
 /// the compiler inlines inside it.
 #[inline(never)]
@@ -201,15 +214,20 @@ fn steady_ours(
     rng: &mut Rng,
     running: &mut Vec<(String, String, u32)>,
     fx: &mut Effects,
-    ops: usize,
+    (ops, batch): (usize, usize),
     check: &mut Check,
 ) {
-    for i in 0..ops {
-        let cpus = 1 + rng.below(8) as u32;
+    let mut cpus_of = Vec::with_capacity(batch);
+    for round in 0..ops.div_ceil(batch) {
+        let now = 2 + round as i64;
+        // The batch's jobs in one submission (a SubmitJobs of `batch`
+        // specs).
+        cpus_of.clear();
+        cpus_of.extend((0..batch).map(|_| 1 + rng.below(8) as u32));
         let jobs = c
-            .submit(vec![spec(cpus)], false, 2 + i as i64, fx)
+            .submit(cpus_of.iter().map(|&n| spec(n)).collect(), false, now, fx)
             .unwrap_or_else(|e| panic!("{e}"));
-        for j in jobs {
+        for (j, &cpus) in jobs.iter().zip(&cpus_of) {
             if j.state == JobState::Assigned as i32 {
                 running.push((j.id(), j.node.to_string(), cpus));
             } else {
@@ -220,7 +238,11 @@ fn steady_ours(
         // and was counted again with the exit's below.
         clear(fx);
         check.verify(c, running);
-        if !running.is_empty() {
+        // The agents' statuses of the batch: as many jobs end.
+        for _ in 0..batch {
+            if running.is_empty() {
+                break;
+            }
             let k = rng.below(running.len() as u64) as usize;
             let (id, node, _) = running.swap_remove(k);
             c.job_status(
@@ -231,7 +253,7 @@ fn steady_ours(
                     state: JobState::Succeeded as i32,
                     ..Default::default()
                 },
-                2 + i as i64,
+                now,
                 fx,
             );
             // Jobs the exit let start (queued ones, steals).
@@ -251,16 +273,16 @@ fn steady_ours(
                     running.push((j.id, j.node, cpus));
                 }
             }
+            clear(fx);
+            check.verify(c, running);
         }
-        clear(fx);
-        check.verify(c, running);
     }
 }
 
 /// Baseline: least-loaded scan over a free-CPU array. In check mode every
 /// CPU is accounted for after each step: free plus held by running jobs is
 /// the cluster's capacity, and no node is over-full.
-fn run_least_loaded(nodes: usize, ops: usize, check: bool) -> f64 {
+fn run_least_loaded(nodes: usize, ops: usize, batch: usize, check: bool) -> f64 {
     let mut free = vec![NODE_CPUS; nodes];
     let mut rng = Rng(42);
     let target = (nodes as u64 * NODE_CPUS as u64) * 3 / 4;
@@ -274,7 +296,7 @@ fn run_least_loaded(nodes: usize, ops: usize, check: bool) -> f64 {
         }
     }
     let start = Instant::now();
-    steady_least_loaded(&mut free, &mut rng, &mut running, ops, check);
+    steady_least_loaded(&mut free, &mut rng, &mut running, (ops, batch), check);
     ops as f64 / start.elapsed().as_secs_f64()
 }
 
@@ -299,17 +321,22 @@ fn steady_least_loaded(
     free: &mut [u32],
     rng: &mut Rng,
     running: &mut Vec<(usize, u32)>,
-    ops: usize,
+    (ops, batch): (usize, usize),
     check: bool,
 ) {
-    for _ in 0..ops {
-        let cpus = 1 + rng.below(8) as u32;
-        match place_least_loaded(free, cpus) {
-            Some(n) => running.push((n, cpus)),
-            None if check => assert!(free.iter().all(|&f| f < cpus), "a fit was missed"),
-            None => {}
+    for _ in 0..ops.div_ceil(batch) {
+        for _ in 0..batch {
+            let cpus = 1 + rng.below(8) as u32;
+            match place_least_loaded(free, cpus) {
+                Some(n) => running.push((n, cpus)),
+                None if check => assert!(free.iter().all(|&f| f < cpus), "a fit was missed"),
+                None => {}
+            }
         }
-        if !running.is_empty() {
+        for _ in 0..batch {
+            if running.is_empty() {
+                break;
+            }
             let k = rng.below(running.len() as u64) as usize;
             let (n, c) = running.swap_remove(k);
             free[n] += c;
@@ -336,19 +363,21 @@ fn main() {
     } else {
         &[(200, 500)]
     };
+    let arg = |name: &str| -> Option<usize> {
+        let i = args.iter().position(|a| a == name)?;
+        args.get(i + 1)?.parse().ok()
+    };
     // `--nodes N`: only that size (for profiling one size).
-    let only: Option<usize> = args
-        .iter()
-        .position(|a| a == "--nodes")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|n| n.parse().ok());
+    let only = arg("--nodes");
     // `--ops N`: N measured ops per size instead of the table's (longer
     // runs for steadier wall-clock figures on a noisy machine).
-    let ops_override: Option<usize> = args
-        .iter()
-        .position(|a| a == "--ops")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|n| n.parse().ok());
+    let ops_override = arg("--ops");
+    // `--batch K`: only that batch size. The table has one job at a time
+    // and batches of 16 (see `steady_ours`).
+    let batches = match arg("--batch") {
+        Some(k) => vec![k.max(1)],
+        None => vec![1, 16],
+    };
     let mut check = Check {
         on: !bench,
         placed: 0,
@@ -358,17 +387,19 @@ fn main() {
         "placement decisions per second (steady state ~75% busy, jobs of 1-8 CPUs, nodes {NODE_SPEC})"
     );
     println!(
-        "{:>8} {:>14} {:>16} {:>12} {:>10}",
-        "nodes", "ours/s", "least-loaded/s", "ours/base", "setup s"
+        "{:>8} {:>6} {:>14} {:>16} {:>12} {:>10}",
+        "nodes", "batch", "ours/s", "least-loaded/s", "ours/base", "setup s"
     );
     for &(nodes, ops) in sizes.iter().filter(|s| only.is_none_or(|n| n == s.0)) {
-        let ops = ops_override.unwrap_or(ops);
-        let (ours, setup) = run_ours(nodes, ops, &mut check);
-        let base = run_least_loaded(nodes, ops, !bench);
-        println!(
-            "{nodes:>8} {ours:>14.0} {base:>16.0} {:>12.2} {setup:>10.2}",
-            ours / base
-        );
+        for &batch in &batches {
+            let ops = ops_override.unwrap_or(ops).div_ceil(batch) * batch;
+            let (ours, setup) = run_ours(nodes, ops, batch, &mut check);
+            let base = run_least_loaded(nodes, ops, batch, !bench);
+            println!(
+                "{nodes:>8} {batch:>6} {ours:>14.0} {base:>16.0} {:>12.2} {setup:>10.2}",
+                ours / base
+            );
+        }
     }
     if check.on {
         // The checks ran on a busy cluster, not an empty one.

@@ -7,7 +7,10 @@
 # compiler inlines into them (fat LTO inlines `Cluster::submit`), the
 # figure stays the same loop's.
 #
-#   scripts/bench/per-op.sh BIN NODES OUTDIR
+#   scripts/bench/per-op.sh BIN NODES OUTDIR [BATCH]
+#
+# BATCH (default 1): the bench's `--batch K`, K submits then K finishes per
+# round instead of one of each alternated (see the bench's docs).
 #
 # BIN is the placement bench binary (target/release/deps/placement-<hash>,
 # built by `cargo build --release -p dispatcher --bench placement`; pick the
@@ -17,16 +20,16 @@
 # 8-way first-level instruction cache: a path whose code does not fit
 # pays a miss per 64-byte line it runs, which is why they are shown.
 set -euo pipefail
-bin=$1 nodes=$2 out=$3
+bin=$1 nodes=$2 out=$3 batch=${4:-1}
 mkdir -p "$out"
 for side in steady_ours steady_least_loaded; do
   valgrind --tool=callgrind --cache-sim=yes --toggle-collect="placement::$side" \
     --callgrind-out-file="$out/$side.$nodes.out" \
-    "$bin" --bench --nodes "$nodes" >"$out/bench.$side.$nodes.txt" 2>"$out/valgrind.$side.$nodes.log"
+    "$bin" --bench --nodes "$nodes" --batch "$batch" >"$out/bench.$side.$nodes.txt" 2>"$out/valgrind.$side.$nodes.log"
 done
-python3 - "$out" "$nodes" <<'PY'
+python3 - "$out" "$nodes" "$batch" <<'PY'
 import re, sys
-out, nodes = sys.argv[1], sys.argv[2]
+out, nodes, batch = sys.argv[1], sys.argv[2], sys.argv[3]
 ops = {"1000": 20000, "10000": 20000, "100000": 5000}[nodes]
 def totals(side):
     events, summary = None, None
@@ -37,7 +40,7 @@ def totals(side):
             summary = [int(x) for x in line.split()[1:]]
     return dict(zip(events, summary))
 rows = {side: totals(side) for side in ("steady_ours", "steady_least_loaded")}
-print(f"{nodes} nodes, {ops:,} ops: per op")
+print(f"{nodes} nodes, {ops:,} ops, batch {batch}: per op")
 print(f"{'':>10} {'instr':>10} {'I1 miss':>9} {'D1 miss':>9} {'LL miss':>9}")
 for side, name in (("steady_ours", "ours"), ("steady_least_loaded", "scan")):
     t = rows[side]
