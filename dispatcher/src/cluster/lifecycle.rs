@@ -108,19 +108,85 @@ impl Cluster {
     pub fn submit_as(
         &mut self,
         owner: &str,
-        mut specs: Vec<JobSpec>,
+        specs: Vec<JobSpec>,
         batch: bool,
         now: i64,
         fx: &mut Effects,
     ) -> Result<Vec<Arc<JobRecord>>, Status> {
+        // The keys created, in a buffer kept from the last submission.
+        let mut created = std::mem::take(&mut self.created);
+        created.clear();
+        let r = self.create_as(owner, specs, batch, now, fx, &mut created);
+        if r.is_ok() {
+            self.place_created(&created, now, fx);
+        }
+        let r = r.map(|()| self.records_of(&created));
+        self.created = created;
+        r
+    }
+
+    /// Several submissions at once, each [`Cluster::submit_as`] with its
+    /// own result (a bad one creates nothing and leaves the others be),
+    /// in two steps for all of them: every submission is checked and its
+    /// jobs created, in order (a job may name as its waker one that an
+    /// earlier submission of the same call created); then every job
+    /// created is persisted and placed, and the engine's events are
+    /// drained once. The core applies a run of SubmitJob commands this
+    /// way: each step's code runs once per job in a row, where one job's
+    /// way through a whole submission overflows the CPU's instruction
+    /// cache (docs/BENCHMARKS.md, "Batches"). The placements are those of
+    /// one submission of all the jobs (as an array's elements are placed).
+    pub fn submit_each<'a>(
+        &mut self,
+        submissions: impl IntoIterator<Item = (&'a str, Vec<JobSpec>, bool)>,
+        now: i64,
+        fx: &mut Effects,
+    ) -> Vec<Result<Vec<Arc<JobRecord>>, Status>> {
+        let mut created = std::mem::take(&mut self.created);
+        created.clear();
+        // Per submission: where its keys end in `created`, or its error.
+        let ends: Vec<Result<usize, Status>> = submissions
+            .into_iter()
+            .map(|(owner, specs, batch)| {
+                self.create_as(owner, specs, batch, now, fx, &mut created)
+                    .map(|()| created.len())
+            })
+            .collect();
+        if !created.is_empty() {
+            self.place_created(&created, now, fx);
+        }
+        let mut start = 0;
+        let results = ends
+            .into_iter()
+            .map(|end| {
+                end.map(|end| {
+                    let records = self.records_of(&created[start..end]);
+                    start = end;
+                    records
+                })
+            })
+            .collect();
+        self.created = created;
+        results
+    }
+
+    /// A submission's first step: check its specs (nothing is created if
+    /// one is bad), then create its jobs (arrays and gangs expand), their
+    /// keys appended to `created`.
+    fn create_as(
+        &mut self,
+        owner: &str,
+        mut specs: Vec<JobSpec>,
+        batch: bool,
+        now: i64,
+        fx: &mut Effects,
+        created: &mut Vec<JobKey>,
+    ) -> Result<(), Status> {
         let jobs = &self.jobs;
         check_submission(&mut specs, batch, &self.cfg.limits, |id| {
             JobKey::parse(id).is_some_and(|k| jobs.contains(k))
         })?;
         self.ensure_engine(now, fx);
-        // The keys created, in a buffer kept from the last submission.
-        let mut created = std::mem::take(&mut self.created);
-        created.clear();
         // One owner for the submission's jobs, shared with the last
         // submission's when it is the same user (an `Arc` per call was an
         // allocation per submit).
@@ -158,6 +224,12 @@ impl Cluster {
                     .insert(key, job, Phase::Unplaced { why: Unplaced::New });
             }
         }
+        Ok(())
+    }
+
+    /// A submission's second step: persist and place the jobs `created`,
+    /// then drain the engine's events (the starts) and place gangs.
+    fn place_created(&mut self, created: &[JobKey], now: i64, fx: &mut Effects) {
         fx.writes.push(Write::PutNextJob(self.jobs.next_number()));
         // A placement and its start's room report refresh the node's
         // aggregates once (readers flush what is pending first).
@@ -165,18 +237,21 @@ impl Cluster {
         // One job: its start's claim is the next thing the events drain
         // does, so the start may take it at once (`place_as`).
         let single = created.len() == 1;
-        for &key in &created {
+        for &key in created {
             self.persist_emit(key, JobState::Unspecified, now, fx);
             self.place_as(key, now, fx, single);
         }
         self.process_events(now, fx);
         self.schedule_gangs(now, fx);
         self.engine.settle_aggregates(outer);
+    }
+
+    /// The table's records of the jobs `keys`.
+    fn records_of(&self, keys: &[JobKey]) -> Vec<Arc<JobRecord>> {
         // Sized at once (a `filter_map` collect starts at 4 and grows).
-        let mut records = Vec::with_capacity(created.len());
-        records.extend(created.iter().filter_map(|k| self.jobs.record(*k)));
-        self.created = created;
-        Ok(records)
+        let mut records = Vec::with_capacity(keys.len());
+        records.extend(keys.iter().filter_map(|k| self.jobs.record(*k)));
+        records
     }
 
     /// Place a PENDING job: into the engine (which runs it on a node with

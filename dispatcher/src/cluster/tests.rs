@@ -1095,3 +1095,99 @@ fn nodes_of_a_host_group_share_its_domain_and_unlabelled_ones_stand_alone() {
         assert_eq!(group(alone), vec![leaf(alone)], "{alone}");
     }
 }
+
+mod submit_each {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A cluster of three 4-CPU nodes in two racks.
+    fn small() -> Cluster {
+        let mut c = Cluster::new(ClusterConfig::default());
+        for (name, rack) in [("n1", "r1"), ("n2", "r1"), ("n3", "r2")] {
+            node_in_rack(&mut c, name, "1s:4c:1t", rack);
+        }
+        c
+    }
+
+    /// A submission of the strategy: one spec per (cpus, array count);
+    /// `valid` false empties the first spec's command.
+    fn specs(jobs: &[(u32, u32)], valid: bool) -> Vec<JobSpec> {
+        let mut specs: Vec<JobSpec> = jobs
+            .iter()
+            .map(|&(cpus, count)| JobSpec {
+                command: vec!["true".into()],
+                cpus,
+                array_count: count,
+                ..Default::default()
+            })
+            .collect();
+        if !valid {
+            specs[0].command.clear();
+        }
+        specs
+    }
+
+    proptest! {
+        /// `submit_each` (the core's run of submissions) against its
+        /// oracle: each bad submission gets the error it gets alone on
+        /// an empty cluster and creates nothing; the good ones' jobs are
+        /// created, numbered and placed exactly as one submission of all
+        /// their specs in order (same ids, states and nodes).
+        #[test]
+        fn submit_each_is_one_submission_of_the_good_ones(
+            subs in prop::collection::vec(
+                (prop::collection::vec((1u32..=4, 0u32..3), 1..4), prop::bool::weighted(0.8), any::<bool>()),
+                1..8,
+            ),
+            busy in 0usize..12,
+        ) {
+            let (mut each, mut one) = (small(), small());
+            // Some jobs already running, the same in both.
+            for c in [&mut each, &mut one] {
+                let mut fx = Effects::default();
+                let running: Vec<JobSpec> = (0..busy).map(|i| JobSpec { cpus: 1 + (i % 2) as u32, ..specs(&[(1, 0)], true)[0].clone() }).collect();
+                if !running.is_empty() {
+                    c.submit(running, true, 1, &mut fx).unwrap();
+                }
+            }
+            let mut fx = Effects::default();
+            let results = each.submit_each(
+                subs.iter().map(|(jobs, valid, batch)| ("u", specs(jobs, *valid), *batch)),
+                2,
+                &mut fx,
+            );
+            prop_assert_eq!(results.len(), subs.len());
+            let good: Vec<JobSpec> = subs
+                .iter()
+                .filter(|(_, valid, _)| *valid)
+                .flat_map(|(jobs, _, _)| specs(jobs, true))
+                .collect();
+            let mut fx = Effects::default();
+            let expected = if good.is_empty() {
+                Vec::new()
+            } else {
+                one.submit_as("u", good, true, 2, &mut fx).unwrap()
+            };
+            let mut created = Vec::new();
+            for ((jobs, valid, batch), r) in subs.iter().zip(results) {
+                if *valid {
+                    created.extend(r.unwrap().iter().map(|j| j.id()));
+                } else {
+                    let alone = small()
+                        .submit_as("u", specs(jobs, false), *batch, 2, &mut Effects::default())
+                        .unwrap_err();
+                    let got = r.unwrap_err();
+                    prop_assert_eq!(got.code(), alone.code());
+                    prop_assert_eq!(got.message(), alone.message());
+                }
+            }
+            let expected: Vec<String> = expected.iter().map(|j| j.id()).collect();
+            prop_assert_eq!(&created, &expected);
+            for id in &created {
+                let (a, b) = (each.get_job(id).unwrap(), one.get_job(id).unwrap());
+                prop_assert_eq!((a.state, &a.node), (b.state, &b.node), "job {}", id);
+            }
+        }
+    }
+}
