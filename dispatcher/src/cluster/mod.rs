@@ -304,7 +304,8 @@ pub struct Cluster {
     wakers: wakers::Wakers,
     gangs: gang::Gangs,
     runtimes: runtimes::Runtimes,
-    /// The keys a submission created (`submit_as`'s buffer, kept).
+    /// The keys a submission created (`submit_as`'s and `submit_each`'s
+    /// buffer, kept).
     created: Vec<JobKey>,
     /// The owner of the last submission, shared with the next one's
     /// jobs when it is the same.
