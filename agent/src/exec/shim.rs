@@ -598,7 +598,9 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
         let running = main.is_none();
         // A job being terminated keeps running to see its SIGTERM.
         let lease_left = match &lease {
-            Some(lease) if running && term.is_none() => fence(lease, &procs, &mut fenced_on),
+            Some(lease) if running && term.is_none() => {
+                fence(lease, &procs, &mut fenced_on, &jd.cancel())
+            }
             _ => None,
         };
         tokio::select! {
@@ -661,10 +663,14 @@ async fn supervise(jd: &JobDir, spec: &ShimSpec, handshake: &mut Handshake) -> R
 /// Obey the lease: stop the job once its deadline has passed (once per
 /// deadline: a renewal moves it, and the agent continues the job). Returns
 /// how long until the deadline, `None` when there is none to wait for.
+/// `cancel` is the job's cancel request file: a job whose cancel was asked
+/// for is never continued here (its termination continues it, SIGTERM
+/// first).
 pub(crate) fn fence(
     lease: &LeaseFile,
     procs: &JobProcs<'_>,
     fenced_on: &mut Option<u64>,
+    cancel: &Path,
 ) -> Option<Duration> {
     let deadline = lease.read()?;
     let now = super::lease::now_ns();
@@ -681,7 +687,17 @@ pub(crate) fn fence(
         }
         // The agent writes a renewal before it continues fenced jobs: one
         // that came between the read above and this stop is seen here.
-        if let Some(renewed) = lease.read().filter(|&d| d > super::lease::now_ns()) {
+        // Not for a job being cancelled: the agent writes the request
+        // before it takes the grant (a Cancel then a grant, in order) and
+        // does not continue such a job; continued here, before this shim
+        // reads the request, the job would run its next step (its SIGCONT
+        // trap, in `fenced_jobs_wait_for_a_grant_after_a_new_registration`,
+        // which CI once saw run this way under load).
+        if let Some(renewed) = lease
+            .read()
+            .filter(|&d| d > super::lease::now_ns())
+            .filter(|_| !cancel.exists())
+        {
             diag(format_args!(
                 "the lease was renewed meanwhile: continuing the job"
             ));

@@ -608,7 +608,9 @@ async fn supervise(sup: &Sup, mut l: Launched) -> Result<()> {
         let running = !ended;
         let kill_at = term.filter(|t| !t.killed).map(|t| t.kill_at);
         let lease_left = match &lease {
-            Some(lease) if running && term.is_none() => fence(lease, &procs, &mut fenced_on),
+            Some(lease) if running && term.is_none() => {
+                fence(lease, &procs, &mut fenced_on, &l.jd.cancel())
+            }
             _ => None,
         };
         tokio::select! {
