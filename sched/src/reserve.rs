@@ -381,7 +381,7 @@ impl Sched {
         if !self.domains.on {
             return None;
         }
-        let key = if self.rqs[leaf].tasks_timeline.is_empty() {
+        let key = if self.rqs[leaf].nothing_waits() {
             None
         } else {
             self.next_to_run(leaf)
@@ -487,7 +487,7 @@ impl Sched {
         // age order. Shortest first, a protected head that can start now
         // still holds its room: a shorter task taking it would move its
         // reservation later (EASY starts the head before it backfills).
-        let res = if rq.tasks_timeline.is_empty() || !self.protected(dst) {
+        let res = if rq.nothing_waits() || !self.protected(dst) {
             None
         } else {
             self.reservation(dst, now).filter(|r| {

@@ -802,7 +802,7 @@ impl Sched {
     #[inline]
     fn starts_at_once(&self, id: TaskId, leaf: LeafId, now: u64) -> bool {
         let rq = &self.rqs[leaf];
-        if !rq.tasks_timeline.is_empty() || !rq.latency_timeline.is_empty() {
+        if !rq.nothing_waits() {
             return false;
         }
         let Some(t) = self.tasks.get(&id) else {
@@ -1038,7 +1038,7 @@ impl Sched {
     /// per busy leaf per tick, instead of a task lookup per running task.
     pub fn tick(&mut self, leaf: LeafId, now: u64) {
         let rq = &self.rqs[leaf];
-        let slices = self.config.preempt && !rq.tasks_timeline.is_empty();
+        let slices = self.config.preempt && !rq.nothing_waits();
         if self.lazy_tick && !slices && self.nr_reweighted[leaf] == 0 {
             // Nothing running or waiting: nothing to account, now or later
             // (and nothing recorded, so that the state is the same whether
@@ -1152,16 +1152,13 @@ impl Sched {
             return;
         };
         let rq = &mut self.rqs[leaf];
-        if rq.tasks_timeline.insert((t.vruntime, seq, id)) {
+        if rq.enqueue_fair((t.vruntime, seq, id), t.demand) {
             self.nr_waiting += 1;
         }
-        rq.wait_demands.insert(t.demand);
         self.llc_demands.wait_insert(llc, t.demand);
         self.domains.wait_insert(leaf, t);
         if latency_enabled && t.latency_offset < 0 && wakeup {
-            rq.latency_timeline
-                .insert((t.vruntime + t.latency_offset, seq, id));
-            rq.latency_demands.insert(t.demand);
+            rq.enqueue_latency((t.vruntime + t.latency_offset, seq, id), t.demand);
             self.llc_demands.latency_insert(llc, t.demand);
             t.in_latency_tree = true;
         }
@@ -1214,10 +1211,8 @@ impl Sched {
         if t.latency_offset >= 0 || t.in_latency_tree || t.state != TaskState::Queued(leaf) {
             return;
         }
-        let rq = &mut self.rqs[leaf];
-        rq.latency_timeline
-            .insert((t.vruntime + t.latency_offset, t.enqueue_seq, id));
-        rq.latency_demands.insert(t.demand);
+        self.rqs[leaf]
+            .enqueue_latency((t.vruntime + t.latency_offset, t.enqueue_seq, id), t.demand);
         self.llc_demands
             .latency_insert(self.topo.llc_of(leaf), t.demand);
         t.in_latency_tree = true;
@@ -1259,16 +1254,15 @@ impl Sched {
                 rq.running_demand -= t.demand;
             }
             TaskState::Queued(_) => {
-                if rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id)) {
+                let latency =
+                    t.in_latency_tree
+                        .then_some((t.vruntime + t.latency_offset, t.enqueue_seq, id));
+                if rq.dequeue_waiting((t.vruntime, t.enqueue_seq, id), t.demand, latency) {
                     self.nr_waiting -= 1;
                 }
-                rq.wait_demands.remove(t.demand);
                 self.llc_demands.wait_remove(llc, t.demand);
                 self.domains.wait_remove(leaf, t);
                 if t.in_latency_tree {
-                    rq.latency_timeline
-                        .remove(&(t.vruntime + t.latency_offset, t.enqueue_seq, id));
-                    rq.latency_demands.remove(t.demand);
                     self.llc_demands.latency_remove(llc, t.demand);
                     t.in_latency_tree = false;
                 }
@@ -1464,16 +1458,15 @@ impl Sched {
             return;
         };
         let rq = &mut self.rqs[leaf];
-        if rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id)) {
+        let latency =
+            t.in_latency_tree
+                .then_some((t.vruntime + t.latency_offset, t.enqueue_seq, id));
+        if rq.dequeue_waiting((t.vruntime, t.enqueue_seq, id), t.demand, latency) {
             self.nr_waiting -= 1;
         }
-        rq.wait_demands.remove(t.demand);
         self.llc_demands.wait_remove(llc, t.demand);
         self.domains.wait_remove(leaf, t);
         if t.in_latency_tree {
-            rq.latency_timeline
-                .remove(&(t.vruntime + t.latency_offset, t.enqueue_seq, id));
-            rq.latency_demands.remove(t.demand);
             self.llc_demands.latency_remove(llc, t.demand);
             t.in_latency_tree = false;
         }
@@ -1545,17 +1538,14 @@ impl Sched {
         t.state = TaskState::Queued(leaf);
         t.enqueue_seq = seq;
         t.queued_at = now;
-        if rq.tasks_timeline.insert((t.vruntime, seq, id)) {
+        if rq.enqueue_fair((t.vruntime, seq, id), t.demand) {
             self.nr_waiting += 1;
         }
-        rq.wait_demands.insert(t.demand);
         self.llc_demands.wait_insert(llc, t.demand);
         self.domains.wait_insert(leaf, t);
         let delta_exec = t.sum_exec_runtime - t.prev_sum_exec_runtime;
         if latency_enabled && t.latency_offset < 0 && delta_exec < min_gran {
-            rq.latency_timeline
-                .insert((t.vruntime + t.latency_offset, seq, id));
-            rq.latency_demands.insert(t.demand);
+            rq.enqueue_latency((t.vruntime + t.latency_offset, seq, id), t.demand);
             self.llc_demands.latency_insert(llc, t.demand);
             t.in_latency_tree = true;
         }
@@ -1718,7 +1708,7 @@ impl Sched {
                 if !self.rqs[leaf].has_spare() {
                     return;
                 }
-            } else if !self.rqs[leaf].is_idle() || !self.rqs[leaf].tasks_timeline.is_empty() {
+            } else if !self.rqs[leaf].is_idle() || !self.rqs[leaf].nothing_waits() {
                 return;
             }
             // A task is stolen only if it can start here now; should it
@@ -1900,7 +1890,7 @@ impl Sched {
             return false;
         };
         let rq = &self.rqs[leaf];
-        if !self.config.backfill || rq.tasks_timeline.is_empty() {
+        if !self.config.backfill || rq.nothing_waits() {
             return t.demand <= rq.room(t.align);
         }
         // Every answer below needs room now: a task that cannot start
@@ -1930,7 +1920,7 @@ impl Sched {
     /// which after `schedule` is work that cannot start now.
     pub(crate) fn leaf_overloaded(&self, leaf: LeafId) -> bool {
         let rq = &self.rqs[leaf];
-        rq.is_overloaded() || (self.config.backfill && !rq.tasks_timeline.is_empty())
+        rq.is_overloaded() || (self.config.backfill && !rq.nothing_waits())
     }
 
     /// Called after every change of a leaf's queue: keeps the overload mask
@@ -1960,7 +1950,7 @@ impl Sched {
     /// The part of [`Sched::rq_changed`] that reads the leaf's head but
     /// does not change it: room, overload bit, idle state, aggregates.
     fn refresh_leaf(&mut self, leaf: LeafId, now: u64) {
-        let backfill_room = if self.config.backfill && !self.rqs[leaf].tasks_timeline.is_empty() {
+        let backfill_room = if self.config.backfill && !self.rqs[leaf].nothing_waits() {
             Some(if self.protected(leaf) {
                 match self.reservation(leaf, now) {
                     Some(res) => res.extra,
@@ -1974,7 +1964,7 @@ impl Sched {
         };
         let overloaded = self.leaf_overloaded(leaf);
         let rq = &mut self.rqs[leaf];
-        rq.backfill_room = backfill_room;
+        rq.set_backfill_room(backfill_room);
         if overloaded != rq.overloaded {
             rq.overloaded = overloaded;
             if overloaded {
