@@ -155,6 +155,34 @@ pub struct Reservation {
     pub predicted: bool,
 }
 
+/// An optional time in 8 bytes (an `Option<u64>` takes 16): `u64::MAX`,
+/// a time in ns no clock of the engine reaches, is "none". For the
+/// per-leaf tables, one entry per node of a cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct OptTime(u64);
+
+impl OptTime {
+    const NONE: Self = Self(u64::MAX);
+
+    #[inline]
+    fn get(self) -> Option<u64> {
+        (self.0 != u64::MAX).then_some(self.0)
+    }
+
+    #[inline]
+    fn set(&mut self, t: Option<u64>) {
+        debug_assert!(t != Some(u64::MAX), "a time at the end of the clock");
+        self.0 = t.unwrap_or(u64::MAX);
+    }
+
+    #[inline]
+    fn take(&mut self) -> Option<u64> {
+        let t = self.get();
+        *self = Self::NONE;
+        t
+    }
+}
+
 /// The scheduling engine over one topology.
 #[derive(Debug)]
 pub struct Sched {
@@ -197,7 +225,7 @@ pub struct Sched {
     pub(crate) steal_skip: bool,
     /// Per leaf, the time of its latest tick whose accounting is deferred
     /// (the lazy tick, [`Sched::tick`]); `None` when there is none.
-    tick_pending: Vec<Option<u64>>,
+    tick_pending: Vec<OptTime>,
     /// Per leaf, its running tasks whose weight is not nice-0: their
     /// vruntime rounds at every accounting, so their leaf ticks eagerly.
     nr_reweighted: Vec<u32>,
@@ -205,7 +233,7 @@ pub struct Sched {
     /// prediction that governed its estimate
     /// ([`Task::prediction_missed_at`]), recorded when it stopped running
     /// (while it runs, the reservation reads it from the task).
-    pred_missed: Vec<Option<u64>>,
+    pred_missed: Vec<OptTime>,
     /// Ticks defer their accounting (on unless a test compares with the
     /// eager tick).
     lazy_tick: bool,
@@ -275,9 +303,9 @@ impl Sched {
             last_now: 0,
             nr_waiting: 0,
             domains,
-            tick_pending: vec![None; n],
+            tick_pending: vec![OptTime::NONE; n],
             nr_reweighted: vec![0; n],
-            pred_missed: vec![None; n],
+            pred_missed: vec![OptTime::NONE; n],
             lazy_tick: true,
 
             agg_defer: false,
@@ -379,7 +407,7 @@ impl Sched {
     pub fn task(&self, id: TaskId) -> Option<Cow<'_, Task>> {
         let t = self.tasks.get(&id)?;
         if let TaskState::Running(leaf) = t.state
-            && let Some(at) = self.tick_pending[leaf]
+            && let Some(at) = self.tick_pending[leaf].get()
             && at > t.exec_start
         {
             let mut t = t.clone();
@@ -406,7 +434,7 @@ impl Sched {
     /// A leaf's `min_vruntime`, as the eager tick would have left it.
     pub fn min_vruntime(&self, leaf: LeafId) -> i64 {
         let rq = &self.rqs[leaf];
-        let Some(at) = self.tick_pending[leaf] else {
+        let Some(at) = self.tick_pending[leaf].get() else {
             return rq.min_vruntime;
         };
         let mut m: Option<i64> = rq.first_fair().map(|k| k.0);
@@ -423,7 +451,7 @@ impl Sched {
     /// The time of `leaf`'s latest tick whose accounting is deferred.
     #[doc(hidden)]
     pub fn tick_pending(&self, leaf: LeafId) -> Option<u64> {
-        self.tick_pending[leaf]
+        self.tick_pending[leaf].get()
     }
 
     /// Turn the lazy tick off (every tick accounts at once, the previous
@@ -1045,7 +1073,7 @@ impl Sched {
             // such a leaf is ticked or skipped, `tick_all`).
             if rq.nr_running > 0 {
                 let at = &mut self.tick_pending[leaf];
-                *at = Some(at.map_or(now, |at| at.max(now)));
+                at.set(Some(at.get().map_or(now, |at| at.max(now))));
             }
         } else {
             self.settle(leaf);
@@ -1243,7 +1271,7 @@ impl Sched {
                 }
                 if let Some(m) = t.prediction_missed_at(now) {
                     let slot = &mut self.pred_missed[leaf];
-                    *slot = Some(slot.map_or(m, |x| x.max(m)));
+                    slot.set(Some(slot.get().map_or(m, |x| x.max(m))));
                 }
                 // A running task is in `running` once: removing it where
                 // it is keeps the others' order, as `retain` did.
@@ -1530,7 +1558,7 @@ impl Sched {
         };
         if let Some(m) = t.prediction_missed_at(now) {
             let slot = &mut self.pred_missed[leaf];
-            *slot = Some(slot.map_or(m, |x| x.max(m)));
+            slot.set(Some(slot.get().map_or(m, |x| x.max(m))));
         }
         let rq = &mut self.rqs[leaf];
         rq.running.retain(|&x| x != id);
@@ -1768,7 +1796,7 @@ impl Sched {
     /// (the head's `queued_at`), judged at `at`: no task running there, or
     /// that ran there, passed a prediction that governed its estimate since.
     fn predictions_hold(&self, leaf: LeafId, since: u64, at: u64) -> bool {
-        if self.pred_missed[leaf].is_some_and(|m| m >= since) {
+        if self.pred_missed[leaf].get().is_some_and(|m| m >= since) {
             return false;
         }
         !self.rqs[leaf].running.iter().any(|id| {
@@ -1791,7 +1819,7 @@ impl Sched {
             return (Some(now), avail - demand, false);
         }
         // A deferred tick later than `now` has accounted up to its time.
-        let accounted = self.tick_pending[leaf].unwrap_or(now);
+        let accounted = self.tick_pending[leaf].get().unwrap_or(now);
         let predicted = self.predictions_hold(leaf, since, now.max(accounted));
         let mut ends: Vec<(Option<u64>, u32)> = rq
             .running
