@@ -79,6 +79,34 @@ impl DemandSet {
     }
 }
 
+/// An optional time in 8 bytes (an `Option<u64>` takes 16): `u64::MAX`,
+/// a time in ns no clock of the engine reaches, is "none". For the
+/// per-leaf tables, one entry per node of a cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OptTime(u64);
+
+impl OptTime {
+    pub(crate) const NONE: Self = Self(u64::MAX);
+
+    #[inline]
+    pub(crate) fn get(self) -> Option<u64> {
+        (self.0 != u64::MAX).then_some(self.0)
+    }
+
+    #[inline]
+    pub(crate) fn set(&mut self, t: Option<u64>) {
+        debug_assert!(t != Some(u64::MAX), "a time at the end of the clock");
+        self.0 = t.unwrap_or(u64::MAX);
+    }
+
+    #[inline]
+    pub(crate) fn take(&mut self) -> Option<u64> {
+        let t = self.get();
+        *self = Self::NONE;
+        t
+    }
+}
+
 static EMPTY_DEMANDS: DemandSet = DemandSet(BTreeMap::new());
 
 /// The waiting state of one leaf: present exactly while its fair timeline
@@ -123,8 +151,9 @@ pub struct RunQueue {
     pub(crate) min_vruntime: i64,
     /// Average idle period (`rq->avg_idle`).
     pub avg_idle: u64,
-    /// When the leaf last became fully idle (`rq->idle_stamp`).
-    pub idle_stamp: Option<u64>,
+    /// When the leaf last became fully idle (`rq->idle_stamp`): read it
+    /// through [`RunQueue::idle_stamp`].
+    pub(crate) idle_stamp: OptTime,
     /// Shadow of the overload-mask bit: set exactly on transitions.
     pub(crate) overloaded: bool,
     /// Room per alignment level inside the leaf, when the leaf is itself a
@@ -145,10 +174,15 @@ impl RunQueue {
             load_weight: 0,
             min_vruntime: 0,
             avg_idle,
-            idle_stamp: None,
+            idle_stamp: OptTime::NONE,
             overloaded: false,
             align_free: None,
         }
+    }
+
+    /// When the leaf last became fully idle, if it is.
+    pub fn idle_stamp(&self) -> Option<u64> {
+        self.idle_stamp.get()
     }
 
     /// Number of waiting (runnable, not running) tasks.

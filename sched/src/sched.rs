@@ -35,7 +35,7 @@ use crate::idlest::IdlestIndex;
 use crate::overload::{LlcDemands, OverloadMasks};
 use crate::pack::PackIndex;
 use crate::reserve::DomainHeads;
-use crate::rq::RunQueue;
+use crate::rq::{OptTime, RunQueue};
 use crate::select::Placement;
 use crate::stats::Schedstats;
 use crate::task::{LeafSet, Task, TaskId, TaskSpec, TaskState};
@@ -153,34 +153,6 @@ pub struct Reservation {
     /// and a task may be backfilled on its prediction: no prediction on
     /// the leaf has failed since the head began to wait.
     pub predicted: bool,
-}
-
-/// An optional time in 8 bytes (an `Option<u64>` takes 16): `u64::MAX`,
-/// a time in ns no clock of the engine reaches, is "none". For the
-/// per-leaf tables, one entry per node of a cluster.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct OptTime(u64);
-
-impl OptTime {
-    const NONE: Self = Self(u64::MAX);
-
-    #[inline]
-    fn get(self) -> Option<u64> {
-        (self.0 != u64::MAX).then_some(self.0)
-    }
-
-    #[inline]
-    fn set(&mut self, t: Option<u64>) {
-        debug_assert!(t != Some(u64::MAX), "a time at the end of the clock");
-        self.0 = t.unwrap_or(u64::MAX);
-    }
-
-    #[inline]
-    fn take(&mut self) -> Option<u64> {
-        let t = self.get();
-        *self = Self::NONE;
-        t
-    }
 }
 
 /// The scheduling engine over one topology.
@@ -321,7 +293,7 @@ impl Sched {
             s.refresh_aggregates(leaf);
             let idle = s.rqs[leaf].is_idle();
             if idle {
-                s.rqs[leaf].idle_stamp = Some(0);
+                s.rqs[leaf].idle_stamp.set(Some(0));
             }
             s.busy.set_leaf(&s.topo, leaf, !idle);
             let ticking = !idle || !s.rqs[leaf].is_empty();
@@ -2004,11 +1976,11 @@ impl Sched {
         let rq = &mut self.rqs[leaf];
         let idle = rq.is_idle();
         if idle {
-            if rq.idle_stamp.is_none() {
-                rq.idle_stamp = Some(now);
+            if rq.idle_stamp.get().is_none() {
+                rq.idle_stamp.set(Some(now));
             }
         } else {
-            rq.idle_stamp = None;
+            rq.idle_stamp = OptTime::NONE;
         }
         let ticking = !idle || !rq.is_empty();
         // Idle: the flags above are cleared at once (`mark_idle`).

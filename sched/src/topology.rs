@@ -1406,4 +1406,31 @@ mod tests {
         let seen: Vec<usize> = t.ancestors(0).map(|d| t.node(d).level).collect();
         assert!(seen.windows(2).all(|w| w[0] < w[1]));
     }
+
+    proptest::proptest! {
+        /// The cores' one-vector groups are the groups of leaves by rank,
+        /// each ascending, as one vector per group holds them.
+        #[test]
+        fn leaf_groups_are_the_ranked_groups(gid in proptest::collection::vec(0usize..12, 1..60)) {
+            let (of, count) = rank_of(&gid);
+            let g = LeafGroups::of(&of, count);
+            let (lists, of2) = rank_groups(&gid);
+            proptest::prop_assert_eq!(&of, &of2);
+            proptest::prop_assert_eq!(g.len(), lists.len());
+            let got: Vec<Vec<LeafId>> = g.iter().map(<[LeafId]>::to_vec).collect();
+            proptest::prop_assert_eq!(&got, &lists);
+            // The oracle: group r is the leaves whose group id ranks r,
+            // ranks given by first appearance.
+            let mut firsts: Vec<usize> = Vec::new();
+            for &x in &gid {
+                if !firsts.contains(&x) {
+                    firsts.push(x);
+                }
+            }
+            for (r, want) in firsts.iter().enumerate() {
+                let leaves: Vec<LeafId> = (0..gid.len()).filter(|&l| gid[l] == *want).collect();
+                proptest::prop_assert_eq!(g.get(r), leaves.as_slice());
+            }
+        }
+    }
 }
