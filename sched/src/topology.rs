@@ -223,8 +223,9 @@ pub struct Domain {
     /// What the leaves share (merged when degenerate levels were dropped).
     pub flags: DomainFlags,
     /// Index of the level that made this domain (0 = leaf, `l + 1` = level
-    /// `l` of the description, `nr_levels + 1` = the root).
-    pub level: usize,
+    /// `l` of the description, `nr_levels + 1` = the root), in `u32`
+    /// (the node is 64 bytes, not 72: a cluster has one per node).
+    pub level: u32,
 }
 
 /// A last-level-cache group (cluster: a rack).
@@ -349,7 +350,7 @@ impl Topology {
                     } else {
                         DomainFlags::NONE
                     },
-                    level: l + 1,
+                    level: l as u32 + 1,
                 });
             }
         }
@@ -581,7 +582,7 @@ impl Topology {
 
     /// Name of a node's level ("leaf", a level name, or "root").
     pub fn level_name(&self, node: NodeId) -> &str {
-        let level = self.nodes[node].level;
+        let level = self.nodes[node].level as usize;
         if level == 0 {
             "leaf"
         } else if level <= self.level_names.len() {
@@ -1403,7 +1404,7 @@ mod tests {
         assert_eq!(t.llcs().len(), 4);
         assert_eq!(t.sd_llc_size(0), 8);
         assert_eq!(t.nr_numa(), 4);
-        let seen: Vec<usize> = t.ancestors(0).map(|d| t.node(d).level).collect();
+        let seen: Vec<u32> = t.ancestors(0).map(|d| t.node(d).level).collect();
         assert!(seen.windows(2).all(|w| w[0] < w[1]));
     }
 
