@@ -360,7 +360,7 @@ impl LeafMasks {
         }
         let mask = |g: &[LeafId]| g.iter().fold(0u64, |m, &l| m | 1 << l);
         Some(Self {
-            cores: topo.cores().iter().map(|c| mask(c)).collect(),
+            cores: topo.cores().iter().map(&mask).collect(),
             groups: Align::ALL.map(|a| groups(topo, a).map(mask).collect()),
             regular: None,
         })
