@@ -20,7 +20,9 @@
 //! [`Waiting`] record, allocated only while a task waits on the leaf: most
 //! leaves of a cluster have nothing waiting, and an empty record would
 //! cost every leaf ~100 bytes. "Nothing waits" is the record's absence
-//! ([`RunQueue::nothing_waits`]).
+//! ([`RunQueue::nothing_waits`]). [`OptTime`], the 8-byte optional time
+//! of the engine's per-leaf tables (the idle stamp here, the deferred
+//! tick and missed predictions in `Sched`), is defined here too.
 
 use std::collections::{BTreeMap, BTreeSet};
 
