@@ -65,7 +65,7 @@ pub fn topology(t: &Topology) -> v1::Topology {
     topology_of_groups(
         (0..t.nr_leaves()).map(|l| t.os_id(l) as u32).collect(),
         [
-            levels(&mut t.cores().iter().map(Vec::as_slice)),
+            levels(&mut t.cores().iter()),
             levels(&mut t.llcs().iter().map(|l| l.members.as_slice())),
             levels(&mut t.numa_groups().iter().map(Vec::as_slice)),
             levels(&mut t.package_groups().iter().map(Vec::as_slice)),

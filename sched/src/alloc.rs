@@ -81,7 +81,7 @@ pub fn align_groups(topo: &Topology, align: Align) -> Vec<&[LeafId]> {
 /// per job start and finish).
 fn groups(topo: &Topology, align: Align) -> Groups<'_> {
     match align {
-        Align::Core => Groups::Lists(topo.cores().iter()),
+        Align::Core => Groups::Cores(topo.cores().iter()),
         Align::Llc => Groups::Llcs(topo.llcs().iter()),
         Align::Numa => Groups::Lists(topo.numa_groups().iter()),
         Align::Package => Groups::Lists(topo.package_groups().iter()),
@@ -91,6 +91,7 @@ fn groups(topo: &Topology, align: Align) -> Groups<'_> {
 
 /// The iterator of [`groups`].
 enum Groups<'a> {
+    Cores(crate::topology::LeafGroupsIter<'a>),
     Lists(std::slice::Iter<'a, Vec<LeafId>>),
     Llcs(std::slice::Iter<'a, crate::topology::Llc>),
     One(Option<&'a [LeafId]>),
@@ -101,6 +102,7 @@ impl<'a> Iterator for Groups<'a> {
 
     fn next(&mut self) -> Option<&'a [LeafId]> {
         match self {
+            Groups::Cores(it) => it.next(),
             Groups::Lists(it) => it.next().map(Vec::as_slice),
             Groups::Llcs(it) => it.next().map(|l| l.members.as_slice()),
             Groups::One(g) => g.take(),
@@ -358,7 +360,7 @@ impl LeafMasks {
         }
         let mask = |g: &[LeafId]| g.iter().fold(0u64, |m, &l| m | 1 << l);
         Some(Self {
-            cores: topo.cores().iter().map(|c| mask(c)).collect(),
+            cores: topo.cores().iter().map(&mask).collect(),
             groups: Align::ALL.map(|a| groups(topo, a).map(mask).collect()),
             regular: None,
         })

@@ -194,9 +194,10 @@ pub struct IdlestIndex {
     /// Per tree node: where it sits in its parent's trees ([`Up`]).
     up: Vec<Up>,
     /// Per tree node: where its trees start in `keys` and `rooms` and
-    /// their width (a power of two, 0 for a leaf).
-    base: Vec<usize>,
-    width: Vec<usize>,
+    /// their width (a power of two, 0 for a leaf), in `u32` as `Up`'s
+    /// (one entry per tree node: a cluster's every node has one).
+    base: Vec<u32>,
+    width: Vec<u32>,
     /// All domains' key trees; slot `base + 1` is a domain's root, `base +
     /// width + i` its child `i`. A segment holds the largest
     /// [`order_key`] of its children (0, below every child's, for
@@ -212,8 +213,8 @@ impl IdlestIndex {
     pub fn new(topo: &Topology) -> Self {
         let n = topo.nodes().len();
         let mut up = vec![Up::default(); n];
-        let mut base = vec![0; n];
-        let mut width = vec![0; n];
+        let mut base = vec![0u32; n];
+        let mut width = vec![0u32; n];
         let mut keys = Vec::new();
         for (d, dom) in topo.nodes().iter().enumerate() {
             if dom.children.is_empty() {
@@ -223,26 +224,26 @@ impl IdlestIndex {
             // are whole groups of four slots (`update`); a lone child's
             // padding sibling is never examined (its key is 0).
             let w = dom.children.len().next_power_of_two().max(2);
-            base[d] = keys.len();
-            width[d] = w;
+            base[d] = keys.len() as u32;
+            width[d] = w as u32;
             keys.resize(keys.len() + 2 * w, 0);
             // Slots and positions in u32, as positions always were: a
             // topology of 2^30 nodes would need tens of GB first.
             debug_assert!(keys.len() < u32::MAX as usize, "index beyond u32 slots");
             for (i, &c) in dom.children.iter().enumerate() {
                 up[c] = Up {
-                    tree: base[d] as u32,
+                    tree: base[d],
                     width: w as u32,
                     pos: i as u32,
                 };
-                keys[base[d] + w + i] = order_key(&NodeAgg::default(), i as u32);
+                keys[base[d] as usize + w + i] = order_key(&NodeAgg::default(), i as u32);
             }
         }
         // The trees live as long as the engine: no spare room from growth.
         keys.shrink_to_fit();
         let mut rooms = vec![Narrow::NONE; keys.len()];
         for d in 0..n {
-            let (b, w) = (base[d], width[d]);
+            let (b, w) = (base[d] as usize, width[d] as usize);
             for i in (1..w).rev() {
                 if stored(i, w) {
                     let (k, r) = join_below(&keys[b..b + 2 * w], &rooms[b..b + 2 * w], i, w);
@@ -341,8 +342,8 @@ impl IdlestIndex {
             return ([0; 5], 0);
         }
         match &self.rooms {
-            Rooms::Narrow(r) => values(&r[self.base[d] + 1]),
-            Rooms::Wide(r) => values(&r[self.base[d] + 1]),
+            Rooms::Narrow(r) => values(&r[self.base[d] as usize + 1]),
+            Rooms::Wide(r) => values(&r[self.base[d] as usize + 1]),
         }
     }
 
@@ -368,12 +369,12 @@ impl IdlestIndex {
         eligible: impl Fn(NodeId) -> bool,
         visited: &mut u64,
     ) -> Option<NodeId> {
-        let w = self.width[d];
+        let w = self.width[d] as usize;
         if w == 0 {
             return None;
         }
         let children = &topo.node(d).children;
-        let b = self.base[d];
+        let b = self.base[d] as usize;
         // The root's best child (best key, first on ties) qualifies: it is
         // the answer, and the search would examine it alone (best-first to
         // it, then every other segment pruned on its key).
@@ -400,12 +401,12 @@ impl IdlestIndex {
         eligible: impl Fn(NodeId) -> bool,
         visited: &mut u64,
     ) -> Option<NodeId> {
-        let w = self.width[d];
+        let w = self.width[d] as usize;
         if w == 0 {
             return None;
         }
         let children = &topo.node(d).children;
-        let b = self.base[d];
+        let b = self.base[d] as usize;
         let keys = &self.keys[b..b + 2 * w];
         match &self.rooms {
             Rooms::Narrow(r) => {
@@ -435,7 +436,7 @@ impl IdlestIndex {
     fn full_trees(&self) -> (Vec<u128>, Vec<Maxima>) {
         let (mut keys, mut rooms) = (self.keys.clone(), self.wide_rooms());
         for d in 0..self.width.len() {
-            let (b, w) = (self.base[d], self.width[d]);
+            let (b, w) = (self.base[d] as usize, self.width[d] as usize);
             for i in (1..w).rev() {
                 keys[b + i] = keys[b + 2 * i].max(keys[b + 2 * i + 1]);
                 rooms[b + i] = rooms[b + 2 * i].join(&rooms[b + 2 * i + 1]);
@@ -704,8 +705,8 @@ mod tests {
                     let oracle = binary_search(
                         &full_keys,
                         &full_rooms,
-                        s.idlest.base[d],
-                        s.idlest.width[d],
+                        s.idlest.base[d] as usize,
+                        s.idlest.width[d] as usize,
                         &topo.node(d).children,
                         align,
                         demand,
@@ -815,7 +816,7 @@ mod tests {
     fn check_segments_in<L: Lanes>(ix: &IdlestIndex, rooms_of: &[L]) -> Result<(), TestCaseError> {
         let (keys, rooms) = ix.full_trees();
         for d in 0..ix.width.len() {
-            let (b, w) = (ix.base[d], ix.width[d]);
+            let (b, w) = (ix.base[d] as usize, ix.width[d] as usize);
             let tree = Tree {
                 keys: &ix.keys[b..b + 2 * w],
                 rooms: &rooms_of[b..b + 2 * w],
@@ -946,7 +947,7 @@ mod tests {
                     if children.is_empty() {
                         continue;
                     }
-                    let root = ix.keys[ix.base[d] + 1];
+                    let root = ix.keys[ix.base[d] as usize + 1];
                     prop_assert_eq!(position_of(root), best_by_scan(&aggs, children));
                     let (room, free) = ix.maxima(d);
                     for (i, &r) in room.iter().enumerate() {

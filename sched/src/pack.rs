@@ -14,21 +14,30 @@
 //! Only pack placements read it, so a leaf's room change is only noted
 //! ([`PackIndex::mark`], once per leaf) and the tree is brought up to date
 //! when a pack placement next reads it ([`PackIndex::flush`]): an engine
-//! that never packs does not pay a climb per change.
+//! that never packs does not pay a climb per change. Once a quarter of
+//! the leaves are marked, the flush will rebuild the whole tree anyway:
+//! the index stops listing them (`all_stale`), so an engine that never
+//! packs does not keep a list of every leaf either (8 bytes per node of a
+//! cluster, its construction marks every leaf).
 
 use crate::topology::{LeafId, Topology};
 
 /// Leaves in packing-priority order with a max segment tree of free room.
 #[derive(Clone, Debug)]
 pub struct PackIndex {
-    order: Vec<LeafId>,
-    pos: Vec<usize>,
+    /// The leaves in priority order, and each leaf's position there, in
+    /// `u32` (one entry per node of a cluster).
+    order: Vec<u32>,
+    pos: Vec<u32>,
     size: usize,
     tree: Vec<u32>,
     /// Leaves whose room changed since the last [`PackIndex::flush`],
-    /// once each (`stale`).
+    /// once each (`stale`), while fewer than a quarter of the leaves.
     pending: Vec<LeafId>,
     stale: Vec<bool>,
+    /// A quarter of the leaves or more changed: the next flush rebuilds
+    /// the whole tree (`pending` is empty and `stale` all false).
+    all_stale: bool,
 }
 
 impl PackIndex {
@@ -36,11 +45,11 @@ impl PackIndex {
     pub fn new(topo: &Topology) -> Self {
         let mut order = Vec::with_capacity(topo.nr_leaves());
         for core in topo.cores() {
-            order.extend_from_slice(core);
+            order.extend(core.iter().map(|&l| l as u32));
         }
         let mut pos = vec![0; order.len()];
         for (i, &l) in order.iter().enumerate() {
-            pos[l] = i;
+            pos[l as usize] = i as u32;
         }
         let size = order.len().next_power_of_two();
         let n = order.len();
@@ -51,13 +60,21 @@ impl PackIndex {
             tree: vec![0; 2 * size],
             pending: Vec::new(),
             stale: vec![false; n],
+            all_stale: false,
         }
     }
 
     /// A leaf's room changed: [`PackIndex::flush`] reads it again.
     #[inline]
     pub fn mark(&mut self, leaf: LeafId) {
-        if !self.stale[leaf] {
+        if !self.all_stale && !self.stale[leaf] {
+            if (self.pending.len() + 1) * 4 >= self.order.len() {
+                for l in std::mem::take(&mut self.pending) {
+                    self.stale[l] = false;
+                }
+                self.all_stale = true;
+                return;
+            }
             self.stale[leaf] = true;
             self.pending.push(leaf);
         }
@@ -65,7 +82,7 @@ impl PackIndex {
 
     /// Whether no room change awaits [`PackIndex::flush`].
     pub fn is_flushed(&self) -> bool {
-        self.pending.is_empty()
+        self.pending.is_empty() && !self.all_stale
     }
 
     /// Bring the tree up to date: every leaf marked since the last flush
@@ -73,15 +90,10 @@ impl PackIndex {
     /// more) rebuild the tree bottom-up in O(n) instead of climbing per
     /// leaf.
     pub fn flush(&mut self, room: impl Fn(LeafId) -> u32) {
-        if self.pending.is_empty() {
-            return;
-        }
-        if self.pending.len() * 4 >= self.order.len() {
-            for leaf in self.pending.drain(..) {
-                self.stale[leaf] = false;
-            }
+        if self.all_stale {
+            self.all_stale = false;
             for (i, &leaf) in self.order.iter().enumerate() {
-                self.tree[self.size + i] = room(leaf);
+                self.tree[self.size + i] = room(leaf as usize);
             }
             for i in (1..self.size).rev() {
                 self.tree[i] = self.tree[2 * i].max(self.tree[2 * i + 1]);
@@ -101,7 +113,7 @@ impl PackIndex {
 
     /// Set a leaf's room.
     pub fn update(&mut self, leaf: LeafId, room: u32) {
-        let mut i = self.size + self.pos[leaf];
+        let mut i = self.size + self.pos[leaf] as usize;
         self.tree[i] = room;
         while i > 1 {
             i /= 2;
@@ -117,7 +129,7 @@ impl PackIndex {
             return None;
         }
         self.descend(1, 0, self.size, demand, from)
-            .map(|p| (p, self.order[p]))
+            .map(|p| (p, self.order[p] as usize))
     }
 
     fn descend(
@@ -141,7 +153,7 @@ impl PackIndex {
 
     /// Priority position of a leaf.
     pub fn position(&self, leaf: LeafId) -> usize {
-        self.pos[leaf]
+        self.pos[leaf] as usize
     }
 }
 
@@ -173,9 +185,9 @@ mod tests {
                     prop_assert!(p.is_flushed());
                     for demand in 0..6 {
                         for from in 0..=n {
-                            let want = (from..n).find(|&i| room[p.order[i]] >= demand);
+                            let want = (from..n).find(|&i| room[p.order[i] as usize] >= demand);
                             let got = p.first_fit_from(demand, from);
-                            prop_assert_eq!(got, want.map(|i| (i, p.order[i])));
+                            prop_assert_eq!(got, want.map(|i| (i, p.order[i] as usize)));
                         }
                     }
                 }

@@ -102,12 +102,14 @@ pub(crate) struct DomainHeads {
     /// that counts on predictions judges every task on its own (the
     /// block skip of [`Sched::oldest_fitting`] reads limits only).
     predicted_waiting: Vec<usize>,
-    /// Domain (dense index) of each leaf.
-    dom_of: Vec<usize>,
+    /// Domain (dense index) of each leaf, in `u32` (one entry per node of
+    /// a cluster): read it through [`DomainHeads::dom`].
+    dom_of: Vec<u32>,
     /// Per domain, the heads of its leaves that have one.
     heads: Vec<BTreeSet<HeadKey>>,
-    /// Per leaf, its head's key in its domain's set.
-    head_key: Vec<Option<HeadKey>>,
+    /// Per leaf, its head's key in its domain's set, without the leaf
+    /// (the [`HeadKey`] is `(queued_at, enqueue_seq, leaf)`).
+    head_key: Vec<Option<(u64, u64)>>,
     /// Leaves that lost their domain's reservation during an operation
     /// and must run `schedule` before it returns.
     pub(crate) deferred: Vec<LeafId>,
@@ -176,7 +178,7 @@ impl DomainHeads {
                 dense[node] = next;
                 next += 1;
             }
-            dom_of.push(dense[node]);
+            dom_of.push(dense[node] as u32);
         }
         Self {
             on,
@@ -208,9 +210,15 @@ impl DomainHeads {
         }
     }
 
+    /// The domain (dense index) of `leaf`.
+    #[inline]
+    pub(crate) fn dom(&self, leaf: LeafId) -> usize {
+        self.dom_of[leaf] as usize
+    }
+
     /// The protected leaf of `leaf`'s domain, if any head waits there.
     pub(crate) fn protected_of(&self, leaf: LeafId) -> Option<LeafId> {
-        self.heads[self.dom_of[leaf]].first().map(|k| k.2)
+        self.heads[self.dom(leaf)].first().map(|k| k.2)
     }
 
     /// True when a head that begins to wait on `leaf` (now empty) at
@@ -220,7 +228,7 @@ impl DomainHeads {
     /// true without one reservation per domain.
     pub(crate) fn head_sorts_last(&self, leaf: LeafId, now: u64) -> bool {
         !self.on
-            || self.heads[self.dom_of[leaf]]
+            || self.heads[self.dom(leaf)]
                 .first()
                 .is_none_or(|k| k.0 <= now)
     }
@@ -311,7 +319,7 @@ impl DomainHeads {
     pub(crate) fn wait_insert(&mut self, leaf: LeafId, t: &Task) {
         if self.fifo {
             let key = self.wait_key(t);
-            let dom = self.dom_of[leaf];
+            let dom = self.dom(leaf);
             if self.waiting[dom].entry(t.demand).or_default().insert(key) && t.predicted.is_some() {
                 self.predicted_waiting[dom] += 1;
             }
@@ -325,7 +333,7 @@ impl DomainHeads {
     pub(crate) fn wait_remove(&mut self, leaf: LeafId, t: &Task) {
         if self.fifo {
             let key = self.wait_key(t);
-            let dom = self.dom_of[leaf];
+            let dom = self.dom(leaf);
             let mut removed = false;
             let tiers = if self.aging { 2 } else { 1 };
             for tier in 0..tiers {
@@ -381,7 +389,7 @@ impl Sched {
         if !self.domains.on {
             return None;
         }
-        let key = if self.rqs[leaf].tasks_timeline.is_empty() {
+        let key = if self.rqs[leaf].nothing_waits() {
             None
         } else {
             self.next_to_run(leaf)
@@ -389,18 +397,20 @@ impl Sched {
                 .map(|t| (t.queued_at, t.enqueue_seq, leaf))
         };
         let d = &mut self.domains;
-        if key == d.head_key[leaf] {
+        let stored = key.map(|(at, seq, _)| (at, seq));
+        if stored == d.head_key[leaf] {
             return None;
         }
-        let set = &mut d.heads[d.dom_of[leaf]];
+        let dom = d.dom(leaf);
+        let set = &mut d.heads[dom];
         let before = set.first().map(|k| k.2);
-        if let Some(old) = d.head_key[leaf] {
-            set.remove(&old);
+        if let Some((at, seq)) = d.head_key[leaf] {
+            set.remove(&(at, seq, leaf));
         }
         if let Some(new) = key {
             set.insert(new);
         }
-        d.head_key[leaf] = key;
+        d.head_key[leaf] = stored;
         let after = set.first().map(|k| k.2);
         (before != after).then_some((before, after))
     }
@@ -424,7 +434,7 @@ impl Sched {
             return 0;
         }
         if self.domains.aging {
-            let dom = self.domains.dom_of[dst];
+            let dom = self.domains.dom(dst);
             self.domains.promote(dom, now);
         }
         let mut started = 0;
@@ -468,7 +478,7 @@ impl Sched {
     fn oldest_fitting(&self, dst: LeafId, now: u64) -> Option<(TaskId, LeafId)> {
         // Nothing waits in the domain: no task to find (what follows only
         // reads).
-        let dom = self.domains.dom_of[dst];
+        let dom = self.domains.dom(dst);
         if self.domains.waiting[dom].is_empty()
             && (!self.domains.aging || self.domains.overdue[dom].is_empty())
             && self.shortcuts()
@@ -487,7 +497,7 @@ impl Sched {
         // age order. Shortest first, a protected head that can start now
         // still holds its room: a shorter task taking it would move its
         // reservation later (EASY starts the head before it backfills).
-        let res = if rq.tasks_timeline.is_empty() || !self.protected(dst) {
+        let res = if rq.nothing_waits() || !self.protected(dst) {
             None
         } else {
             self.reservation(dst, now).filter(|r| {
@@ -508,7 +518,7 @@ impl Sched {
                 if self.steal_skip
                     && self.domains.shortest
                     && !(r.predicted
-                        && self.domains.predicted_waiting[self.domains.dom_of[dst]] > 0) =>
+                        && self.domains.predicted_waiting[self.domains.dom(dst)] > 0) =>
             {
                 r.start.map(|shadow| {
                     let head = self
@@ -622,7 +632,7 @@ impl Sched {
         // Aging: a task due to become overdue moves when the queue is
         // served; and `t` would be overdue at once with no limit left.
         // Left to the slow path.
-        let dom = self.domains.dom_of[dst];
+        let dom = self.domains.dom(dst);
         if self.domains.aging
             && (self.domains.promotion_due(dom, now) || DomainHeads::deadline_of(&key) <= now)
         {

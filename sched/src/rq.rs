@@ -15,6 +15,14 @@
 //! search skips a source whose smallest waiting demand exceeds what the
 //! stealer could start at all ([`RunQueue::start_bound`]), without walking
 //! its queue.
+//!
+//! The timelines, their demand sets and the backfill room live in one
+//! [`Waiting`] record, allocated only while a task waits on the leaf: most
+//! leaves of a cluster have nothing waiting, and an empty record would
+//! cost every leaf ~100 bytes. "Nothing waits" is the record's absence
+//! ([`RunQueue::nothing_waits`]). [`OptTime`], the 8-byte optional time
+//! of the engine's per-leaf tables (the idle stamp here, the deferred
+//! tick and missed predictions in `Sched`), is defined here too.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -73,6 +81,56 @@ impl DemandSet {
     }
 }
 
+/// An optional time in 8 bytes (an `Option<u64>` takes 16): `u64::MAX`,
+/// a time in ns no clock of the engine reaches, is "none". For the
+/// per-leaf tables, one entry per node of a cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OptTime(u64);
+
+impl OptTime {
+    pub(crate) const NONE: Self = Self(u64::MAX);
+
+    #[inline]
+    pub(crate) fn get(self) -> Option<u64> {
+        (self.0 != u64::MAX).then_some(self.0)
+    }
+
+    #[inline]
+    pub(crate) fn set(&mut self, t: Option<u64>) {
+        debug_assert!(t != Some(u64::MAX), "a time at the end of the clock");
+        self.0 = t.unwrap_or(u64::MAX);
+    }
+
+    #[inline]
+    pub(crate) fn take(&mut self) -> Option<u64> {
+        let t = self.get();
+        *self = Self::NONE;
+        t
+    }
+}
+
+static EMPTY_DEMANDS: DemandSet = DemandSet(BTreeMap::new());
+
+/// The waiting state of one leaf: present exactly while its fair timeline
+/// holds a task (every task of the latency timeline is in the fair one
+/// too).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Waiting {
+    /// Waiting tasks by vruntime (`tasks_timeline`).
+    pub(crate) tasks_timeline: BTreeSet<TimelineKey>,
+    /// Waiting latency-sensitive tasks by vruntime + latency_offset
+    /// (`latency_timeline`, seed 004).
+    pub(crate) latency_timeline: BTreeSet<TimelineKey>,
+    /// Demands of the tasks of `tasks_timeline`.
+    pub(crate) wait_demands: DemandSet,
+    /// Demands of the tasks of `latency_timeline`.
+    pub(crate) latency_demands: DemandSet,
+    /// With backfill on: the capacity a newcomer of unknown length may
+    /// use now without delaying the head's reservation (the reservation's
+    /// extra capacity). `None`: backfill off, or not computed yet.
+    pub(crate) backfill_room: Option<u32>,
+}
+
 /// One leaf's queue state. Mutated only by the engine.
 #[derive(Clone, Debug)]
 pub struct RunQueue {
@@ -84,15 +142,9 @@ pub struct RunQueue {
     pub running_demand: u32,
     /// Tasks running now.
     pub running: Vec<TaskId>,
-    /// Waiting tasks by vruntime (`tasks_timeline`).
-    pub(crate) tasks_timeline: BTreeSet<TimelineKey>,
-    /// Waiting latency-sensitive tasks by vruntime + latency_offset
-    /// (`latency_timeline`, seed 004).
-    pub(crate) latency_timeline: BTreeSet<TimelineKey>,
-    /// Demands of the tasks of `tasks_timeline`.
-    pub(crate) wait_demands: DemandSet,
-    /// Demands of the tasks of `latency_timeline`.
-    pub(crate) latency_demands: DemandSet,
+    /// The timelines of the waiting tasks and their demands; `None`
+    /// while nothing waits.
+    pub(crate) waiting: Option<Box<Waiting>>,
     /// Sum of the weights of runnable tasks (`cfs_rq->load.weight`).
     pub load_weight: u64,
     /// Monotonic floor of the vruntimes (`min_vruntime`), as of the
@@ -101,19 +153,15 @@ pub struct RunQueue {
     pub(crate) min_vruntime: i64,
     /// Average idle period (`rq->avg_idle`).
     pub avg_idle: u64,
-    /// When the leaf last became fully idle (`rq->idle_stamp`).
-    pub idle_stamp: Option<u64>,
+    /// When the leaf last became fully idle (`rq->idle_stamp`): read it
+    /// through [`RunQueue::idle_stamp`].
+    pub(crate) idle_stamp: OptTime,
     /// Shadow of the overload-mask bit: set exactly on transitions.
     pub(crate) overloaded: bool,
     /// Room per alignment level inside the leaf, when the leaf is itself a
     /// machine (the dispatcher's nodes): what its agent reported, lowered
     /// conservatively as jobs start until the next report. `None` for CPUs.
     pub(crate) align_free: Option<FreeSummary>,
-    /// With backfill on and tasks waiting: the capacity a newcomer of
-    /// unknown length may use now without delaying the head's reservation
-    /// (the reservation's extra capacity). `None`: backfill off, nothing
-    /// waiting, or not computed yet.
-    pub(crate) backfill_room: Option<u32>,
 }
 
 impl RunQueue {
@@ -124,23 +172,83 @@ impl RunQueue {
             nr_running: 0,
             running_demand: 0,
             running: Vec::new(),
-            tasks_timeline: BTreeSet::new(),
-            latency_timeline: BTreeSet::new(),
-            wait_demands: DemandSet::default(),
-            latency_demands: DemandSet::default(),
+            waiting: None,
             load_weight: 0,
             min_vruntime: 0,
             avg_idle,
-            idle_stamp: None,
+            idle_stamp: OptTime::NONE,
             overloaded: false,
             align_free: None,
-            backfill_room: None,
         }
+    }
+
+    /// When the leaf last became fully idle, if it is.
+    pub fn idle_stamp(&self) -> Option<u64> {
+        self.idle_stamp.get()
     }
 
     /// Number of waiting (runnable, not running) tasks.
     pub fn nr_waiting(&self) -> usize {
-        self.tasks_timeline.len()
+        self.waiting.as_ref().map_or(0, |w| w.tasks_timeline.len())
+    }
+
+    /// No task waits (the fair timeline is empty).
+    #[inline]
+    pub fn nothing_waits(&self) -> bool {
+        self.waiting.is_none()
+    }
+
+    /// Put a waiting task in the fair timeline (and its demand in
+    /// `wait_demands`); true when the key was new.
+    pub(crate) fn enqueue_fair(&mut self, key: TimelineKey, demand: u32) -> bool {
+        let w = self.waiting.get_or_insert_with(Box::default);
+        w.wait_demands.insert(demand);
+        w.tasks_timeline.insert(key)
+    }
+
+    /// Put a waiting task (already in the fair timeline) in the latency
+    /// timeline too.
+    pub(crate) fn enqueue_latency(&mut self, key: TimelineKey, demand: u32) {
+        let w = self.waiting.get_or_insert_with(Box::default);
+        w.latency_demands.insert(demand);
+        w.latency_timeline.insert(key);
+    }
+
+    /// Take a waiting task off the fair timeline, and off the latency
+    /// timeline under `latency` when it is there; the waiting record goes
+    /// when the fair timeline empties. True when the fair key was there.
+    pub(crate) fn dequeue_waiting(
+        &mut self,
+        key: TimelineKey,
+        demand: u32,
+        latency: Option<TimelineKey>,
+    ) -> bool {
+        let Some(w) = self.waiting.as_deref_mut() else {
+            return false;
+        };
+        let removed = w.tasks_timeline.remove(&key);
+        w.wait_demands.remove(demand);
+        if let Some(k) = latency {
+            w.latency_timeline.remove(&k);
+            w.latency_demands.remove(demand);
+        }
+        if w.tasks_timeline.is_empty() {
+            debug_assert!(
+                w.latency_timeline.is_empty()
+                    && w.wait_demands.is_empty()
+                    && w.latency_demands.is_empty(),
+                "a task waits outside the fair timeline"
+            );
+            self.waiting = None;
+        }
+        removed
+    }
+
+    /// Set the backfill room (kept only while something waits).
+    pub(crate) fn set_backfill_room(&mut self, room: Option<u32>) {
+        if let Some(w) = self.waiting.as_deref_mut() {
+            w.backfill_room = room;
+        }
     }
 
     /// More runnable demand than capacity.
@@ -157,10 +265,9 @@ impl RunQueue {
     /// are already waiting (they go first), 0, or with backfill the room
     /// that cannot delay the head's reservation.
     pub fn fit_free(&self) -> u32 {
-        if self.tasks_timeline.is_empty() {
-            self.free()
-        } else {
-            self.backfill_room.unwrap_or(0).min(self.free())
+        match &self.waiting {
+            None => self.free(),
+            Some(w) => w.backfill_room.unwrap_or(0).min(self.free()),
         }
     }
 
@@ -216,12 +323,16 @@ impl RunQueue {
 
     /// Demands of the waiting tasks (the fair timeline).
     pub fn wait_demands(&self) -> &DemandSet {
-        &self.wait_demands
+        self.waiting
+            .as_ref()
+            .map_or(&EMPTY_DEMANDS, |w| &w.wait_demands)
     }
 
     /// Demands of the tasks of the latency timeline.
     pub fn latency_demands(&self) -> &DemandSet {
-        &self.latency_demands
+        self.waiting
+            .as_ref()
+            .map_or(&EMPTY_DEMANDS, |w| &w.latency_demands)
     }
 
     /// Idle: room for a newcomer (nothing waiting and some capacity free;
@@ -238,21 +349,28 @@ impl RunQueue {
 
     /// Waiting tasks in fair (vruntime) order.
     pub fn waiting(&self) -> impl Iterator<Item = TaskId> + '_ {
-        self.tasks_timeline.iter().map(|k| k.2)
+        self.waiting
+            .iter()
+            .flat_map(|w| w.tasks_timeline.iter().map(|k| k.2))
     }
 
     /// Waiting tasks of the latency timeline, in its order.
     pub fn latency_waiting(&self) -> impl Iterator<Item = TaskId> + '_ {
-        self.latency_timeline.iter().map(|k| k.2)
+        self.latency_keys().map(|k| k.2)
+    }
+
+    /// The latency timeline's keys, in its order.
+    pub(crate) fn latency_keys(&self) -> impl Iterator<Item = &TimelineKey> + '_ {
+        self.waiting.iter().flat_map(|w| w.latency_timeline.iter())
     }
 
     /// Leftmost waiting task of the fair timeline.
     pub(crate) fn first_fair(&self) -> Option<TimelineKey> {
-        self.tasks_timeline.first().copied()
+        self.waiting.as_ref()?.tasks_timeline.first().copied()
     }
 
     /// Leftmost waiting task of the latency timeline.
     pub(crate) fn first_latency(&self) -> Option<TimelineKey> {
-        self.latency_timeline.first().copied()
+        self.waiting.as_ref()?.latency_timeline.first().copied()
     }
 }

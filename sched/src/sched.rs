@@ -35,7 +35,7 @@ use crate::idlest::IdlestIndex;
 use crate::overload::{LlcDemands, OverloadMasks};
 use crate::pack::PackIndex;
 use crate::reserve::DomainHeads;
-use crate::rq::RunQueue;
+use crate::rq::{OptTime, RunQueue};
 use crate::select::Placement;
 use crate::stats::Schedstats;
 use crate::task::{LeafSet, Task, TaskId, TaskSpec, TaskState};
@@ -197,7 +197,7 @@ pub struct Sched {
     pub(crate) steal_skip: bool,
     /// Per leaf, the time of its latest tick whose accounting is deferred
     /// (the lazy tick, [`Sched::tick`]); `None` when there is none.
-    tick_pending: Vec<Option<u64>>,
+    tick_pending: Vec<OptTime>,
     /// Per leaf, its running tasks whose weight is not nice-0: their
     /// vruntime rounds at every accounting, so their leaf ticks eagerly.
     nr_reweighted: Vec<u32>,
@@ -205,7 +205,7 @@ pub struct Sched {
     /// prediction that governed its estimate
     /// ([`Task::prediction_missed_at`]), recorded when it stopped running
     /// (while it runs, the reservation reads it from the task).
-    pred_missed: Vec<Option<u64>>,
+    pred_missed: Vec<OptTime>,
     /// Ticks defer their accounting (on unless a test compares with the
     /// eager tick).
     lazy_tick: bool,
@@ -275,9 +275,9 @@ impl Sched {
             last_now: 0,
             nr_waiting: 0,
             domains,
-            tick_pending: vec![None; n],
+            tick_pending: vec![OptTime::NONE; n],
             nr_reweighted: vec![0; n],
-            pred_missed: vec![None; n],
+            pred_missed: vec![OptTime::NONE; n],
             lazy_tick: true,
 
             agg_defer: false,
@@ -293,7 +293,7 @@ impl Sched {
             s.refresh_aggregates(leaf);
             let idle = s.rqs[leaf].is_idle();
             if idle {
-                s.rqs[leaf].idle_stamp = Some(0);
+                s.rqs[leaf].idle_stamp.set(Some(0));
             }
             s.busy.set_leaf(&s.topo, leaf, !idle);
             let ticking = !idle || !s.rqs[leaf].is_empty();
@@ -379,7 +379,7 @@ impl Sched {
     pub fn task(&self, id: TaskId) -> Option<Cow<'_, Task>> {
         let t = self.tasks.get(&id)?;
         if let TaskState::Running(leaf) = t.state
-            && let Some(at) = self.tick_pending[leaf]
+            && let Some(at) = self.tick_pending[leaf].get()
             && at > t.exec_start
         {
             let mut t = t.clone();
@@ -406,7 +406,7 @@ impl Sched {
     /// A leaf's `min_vruntime`, as the eager tick would have left it.
     pub fn min_vruntime(&self, leaf: LeafId) -> i64 {
         let rq = &self.rqs[leaf];
-        let Some(at) = self.tick_pending[leaf] else {
+        let Some(at) = self.tick_pending[leaf].get() else {
             return rq.min_vruntime;
         };
         let mut m: Option<i64> = rq.first_fair().map(|k| k.0);
@@ -423,7 +423,7 @@ impl Sched {
     /// The time of `leaf`'s latest tick whose accounting is deferred.
     #[doc(hidden)]
     pub fn tick_pending(&self, leaf: LeafId) -> Option<u64> {
-        self.tick_pending[leaf]
+        self.tick_pending[leaf].get()
     }
 
     /// Turn the lazy tick off (every tick accounts at once, the previous
@@ -802,7 +802,7 @@ impl Sched {
     #[inline]
     fn starts_at_once(&self, id: TaskId, leaf: LeafId, now: u64) -> bool {
         let rq = &self.rqs[leaf];
-        if !rq.tasks_timeline.is_empty() || !rq.latency_timeline.is_empty() {
+        if !rq.nothing_waits() {
             return false;
         }
         let Some(t) = self.tasks.get(&id) else {
@@ -1038,14 +1038,14 @@ impl Sched {
     /// per busy leaf per tick, instead of a task lookup per running task.
     pub fn tick(&mut self, leaf: LeafId, now: u64) {
         let rq = &self.rqs[leaf];
-        let slices = self.config.preempt && !rq.tasks_timeline.is_empty();
+        let slices = self.config.preempt && !rq.nothing_waits();
         if self.lazy_tick && !slices && self.nr_reweighted[leaf] == 0 {
             // Nothing running or waiting: nothing to account, now or later
             // (and nothing recorded, so that the state is the same whether
             // such a leaf is ticked or skipped, `tick_all`).
             if rq.nr_running > 0 {
                 let at = &mut self.tick_pending[leaf];
-                *at = Some(at.map_or(now, |at| at.max(now)));
+                at.set(Some(at.get().map_or(now, |at| at.max(now))));
             }
         } else {
             self.settle(leaf);
@@ -1152,16 +1152,13 @@ impl Sched {
             return;
         };
         let rq = &mut self.rqs[leaf];
-        if rq.tasks_timeline.insert((t.vruntime, seq, id)) {
+        if rq.enqueue_fair((t.vruntime, seq, id), t.demand) {
             self.nr_waiting += 1;
         }
-        rq.wait_demands.insert(t.demand);
         self.llc_demands.wait_insert(llc, t.demand);
         self.domains.wait_insert(leaf, t);
         if latency_enabled && t.latency_offset < 0 && wakeup {
-            rq.latency_timeline
-                .insert((t.vruntime + t.latency_offset, seq, id));
-            rq.latency_demands.insert(t.demand);
+            rq.enqueue_latency((t.vruntime + t.latency_offset, seq, id), t.demand);
             self.llc_demands.latency_insert(llc, t.demand);
             t.in_latency_tree = true;
         }
@@ -1214,10 +1211,8 @@ impl Sched {
         if t.latency_offset >= 0 || t.in_latency_tree || t.state != TaskState::Queued(leaf) {
             return;
         }
-        let rq = &mut self.rqs[leaf];
-        rq.latency_timeline
-            .insert((t.vruntime + t.latency_offset, t.enqueue_seq, id));
-        rq.latency_demands.insert(t.demand);
+        self.rqs[leaf]
+            .enqueue_latency((t.vruntime + t.latency_offset, t.enqueue_seq, id), t.demand);
         self.llc_demands
             .latency_insert(self.topo.llc_of(leaf), t.demand);
         t.in_latency_tree = true;
@@ -1248,7 +1243,7 @@ impl Sched {
                 }
                 if let Some(m) = t.prediction_missed_at(now) {
                     let slot = &mut self.pred_missed[leaf];
-                    *slot = Some(slot.map_or(m, |x| x.max(m)));
+                    slot.set(Some(slot.get().map_or(m, |x| x.max(m))));
                 }
                 // A running task is in `running` once: removing it where
                 // it is keeps the others' order, as `retain` did.
@@ -1259,16 +1254,15 @@ impl Sched {
                 rq.running_demand -= t.demand;
             }
             TaskState::Queued(_) => {
-                if rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id)) {
+                let latency =
+                    t.in_latency_tree
+                        .then_some((t.vruntime + t.latency_offset, t.enqueue_seq, id));
+                if rq.dequeue_waiting((t.vruntime, t.enqueue_seq, id), t.demand, latency) {
                     self.nr_waiting -= 1;
                 }
-                rq.wait_demands.remove(t.demand);
                 self.llc_demands.wait_remove(llc, t.demand);
                 self.domains.wait_remove(leaf, t);
                 if t.in_latency_tree {
-                    rq.latency_timeline
-                        .remove(&(t.vruntime + t.latency_offset, t.enqueue_seq, id));
-                    rq.latency_demands.remove(t.demand);
                     self.llc_demands.latency_remove(llc, t.demand);
                     t.in_latency_tree = false;
                 }
@@ -1464,16 +1458,15 @@ impl Sched {
             return;
         };
         let rq = &mut self.rqs[leaf];
-        if rq.tasks_timeline.remove(&(t.vruntime, t.enqueue_seq, id)) {
+        let latency =
+            t.in_latency_tree
+                .then_some((t.vruntime + t.latency_offset, t.enqueue_seq, id));
+        if rq.dequeue_waiting((t.vruntime, t.enqueue_seq, id), t.demand, latency) {
             self.nr_waiting -= 1;
         }
-        rq.wait_demands.remove(t.demand);
         self.llc_demands.wait_remove(llc, t.demand);
         self.domains.wait_remove(leaf, t);
         if t.in_latency_tree {
-            rq.latency_timeline
-                .remove(&(t.vruntime + t.latency_offset, t.enqueue_seq, id));
-            rq.latency_demands.remove(t.demand);
             self.llc_demands.latency_remove(llc, t.demand);
             t.in_latency_tree = false;
         }
@@ -1537,7 +1530,7 @@ impl Sched {
         };
         if let Some(m) = t.prediction_missed_at(now) {
             let slot = &mut self.pred_missed[leaf];
-            *slot = Some(slot.map_or(m, |x| x.max(m)));
+            slot.set(Some(slot.get().map_or(m, |x| x.max(m))));
         }
         let rq = &mut self.rqs[leaf];
         rq.running.retain(|&x| x != id);
@@ -1545,17 +1538,14 @@ impl Sched {
         t.state = TaskState::Queued(leaf);
         t.enqueue_seq = seq;
         t.queued_at = now;
-        if rq.tasks_timeline.insert((t.vruntime, seq, id)) {
+        if rq.enqueue_fair((t.vruntime, seq, id), t.demand) {
             self.nr_waiting += 1;
         }
-        rq.wait_demands.insert(t.demand);
         self.llc_demands.wait_insert(llc, t.demand);
         self.domains.wait_insert(leaf, t);
         let delta_exec = t.sum_exec_runtime - t.prev_sum_exec_runtime;
         if latency_enabled && t.latency_offset < 0 && delta_exec < min_gran {
-            rq.latency_timeline
-                .insert((t.vruntime + t.latency_offset, seq, id));
-            rq.latency_demands.insert(t.demand);
+            rq.enqueue_latency((t.vruntime + t.latency_offset, seq, id), t.demand);
             self.llc_demands.latency_insert(llc, t.demand);
             t.in_latency_tree = true;
         }
@@ -1718,7 +1708,7 @@ impl Sched {
                 if !self.rqs[leaf].has_spare() {
                     return;
                 }
-            } else if !self.rqs[leaf].is_idle() || !self.rqs[leaf].tasks_timeline.is_empty() {
+            } else if !self.rqs[leaf].is_idle() || !self.rqs[leaf].nothing_waits() {
                 return;
             }
             // A task is stolen only if it can start here now; should it
@@ -1778,7 +1768,7 @@ impl Sched {
     /// (the head's `queued_at`), judged at `at`: no task running there, or
     /// that ran there, passed a prediction that governed its estimate since.
     fn predictions_hold(&self, leaf: LeafId, since: u64, at: u64) -> bool {
-        if self.pred_missed[leaf].is_some_and(|m| m >= since) {
+        if self.pred_missed[leaf].get().is_some_and(|m| m >= since) {
             return false;
         }
         !self.rqs[leaf].running.iter().any(|id| {
@@ -1801,7 +1791,7 @@ impl Sched {
             return (Some(now), avail - demand, false);
         }
         // A deferred tick later than `now` has accounted up to its time.
-        let accounted = self.tick_pending[leaf].unwrap_or(now);
+        let accounted = self.tick_pending[leaf].get().unwrap_or(now);
         let predicted = self.predictions_hold(leaf, since, now.max(accounted));
         let mut ends: Vec<(Option<u64>, u32)> = rq
             .running
@@ -1900,7 +1890,7 @@ impl Sched {
             return false;
         };
         let rq = &self.rqs[leaf];
-        if !self.config.backfill || rq.tasks_timeline.is_empty() {
+        if !self.config.backfill || rq.nothing_waits() {
             return t.demand <= rq.room(t.align);
         }
         // Every answer below needs room now: a task that cannot start
@@ -1930,7 +1920,7 @@ impl Sched {
     /// which after `schedule` is work that cannot start now.
     pub(crate) fn leaf_overloaded(&self, leaf: LeafId) -> bool {
         let rq = &self.rqs[leaf];
-        rq.is_overloaded() || (self.config.backfill && !rq.tasks_timeline.is_empty())
+        rq.is_overloaded() || (self.config.backfill && !rq.nothing_waits())
     }
 
     /// Called after every change of a leaf's queue: keeps the overload mask
@@ -1960,7 +1950,7 @@ impl Sched {
     /// The part of [`Sched::rq_changed`] that reads the leaf's head but
     /// does not change it: room, overload bit, idle state, aggregates.
     fn refresh_leaf(&mut self, leaf: LeafId, now: u64) {
-        let backfill_room = if self.config.backfill && !self.rqs[leaf].tasks_timeline.is_empty() {
+        let backfill_room = if self.config.backfill && !self.rqs[leaf].nothing_waits() {
             Some(if self.protected(leaf) {
                 match self.reservation(leaf, now) {
                     Some(res) => res.extra,
@@ -1974,7 +1964,7 @@ impl Sched {
         };
         let overloaded = self.leaf_overloaded(leaf);
         let rq = &mut self.rqs[leaf];
-        rq.backfill_room = backfill_room;
+        rq.set_backfill_room(backfill_room);
         if overloaded != rq.overloaded {
             rq.overloaded = overloaded;
             if overloaded {
@@ -1986,11 +1976,11 @@ impl Sched {
         let rq = &mut self.rqs[leaf];
         let idle = rq.is_idle();
         if idle {
-            if rq.idle_stamp.is_none() {
-                rq.idle_stamp = Some(now);
+            if rq.idle_stamp.get().is_none() {
+                rq.idle_stamp.set(Some(now));
             }
         } else {
-            rq.idle_stamp = None;
+            rq.idle_stamp = OptTime::NONE;
         }
         let ticking = !idle || !rq.is_empty();
         // Idle: the flags above are cleared at once (`mark_idle`).

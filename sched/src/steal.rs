@@ -341,7 +341,10 @@ impl Sched {
     /// A source none of whose waiting tasks is small enough to start on
     /// `dst` ([`crate::rq::RunQueue::start_bound`]) is not walked.
     fn detach_next_task(&self, src: LeafId, dst: LeafId, now: u64) -> Option<TaskId> {
-        if !self.rqs[src].wait_demands.any_within(self.skip_bound(dst)) {
+        if !self.rqs[src]
+            .wait_demands()
+            .any_within(self.skip_bound(dst))
+        {
             return None;
         }
         let first = self.pick_next_entity(src)?;
@@ -497,21 +500,18 @@ impl Sched {
         let mut scanned = 0;
         for src in candidates {
             scanned += 1;
-            if src == dst || !self.rqs[src].latency_demands.any_within(bound) {
+            if src == dst || !self.rqs[src].latency_demands().any_within(bound) {
                 continue;
             }
             let shift = self.min_vruntime(dst) - self.min_vruntime(src);
-            let found = self.rqs[src]
-                .latency_timeline
-                .iter()
-                .find_map(|&(key, _, p)| {
-                    let t = self.tasks.get(&p)?;
-                    let movable = t.state == TaskState::Queued(src)
-                        && t.allowed(dst)
-                        && self.rqs[dst].can_start(t.demand, t.align)
-                        && self.latency_goes_first(t, shift, dst);
-                    movable.then_some((key + shift, t.queued_at, p))
-                });
+            let found = self.rqs[src].latency_keys().find_map(|&(key, _, p)| {
+                let t = self.tasks.get(&p)?;
+                let movable = t.state == TaskState::Queued(src)
+                    && t.allowed(dst)
+                    && self.rqs[dst].can_start(t.demand, t.align)
+                    && self.latency_goes_first(t, shift, dst);
+                movable.then_some((key + shift, t.queued_at, p))
+            });
             if let Some(k) = found
                 && best.is_none_or(|(b, _)| k < b)
             {
