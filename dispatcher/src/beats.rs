@@ -94,6 +94,12 @@ impl Beat {
         self.last_ms.load(Ordering::Acquire)
     }
 
+    /// The node was heard from at `now_ms` (a message read, or its
+    /// registration answered): its heartbeat clock restarts there.
+    pub fn alive(&self, now_ms: i64) {
+        self.last_ms.fetch_max(now_ms, Ordering::AcqRel);
+    }
+
     /// When the last LoadReport arrived (Unix ms; `i64::MIN` before any).
     pub fn last_report_ms(&self) -> i64 {
         self.last_report_ms.load(Ordering::Acquire)
@@ -255,7 +261,7 @@ impl Reporter {
 
     /// Any message arrived at `now_ms`: the node is alive.
     pub fn alive(&self, now_ms: i64) {
-        self.beat.last_ms.fetch_max(now_ms, Ordering::AcqRel);
+        self.beat.alive(now_ms);
     }
 
     /// A LoadReport arrived at `now_ms` (packed in `scratch` to compare

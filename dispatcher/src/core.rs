@@ -981,7 +981,23 @@ impl Core {
                             )));
                         }
                         tracing::info!(%node, session, "agent attached");
-                        replies.push(defer(reply, Ok((session, beat))));
+                        // The agent cannot report before it reads its
+                        // Registered, which reaches it with this reply,
+                        // after the batch's commit: its heartbeat clock
+                        // starts at the release (on this thread, before
+                        // any later tick checks it), not at `now`. A
+                        // commit that stalls past the heartbeat deadline
+                        // (an fsync behind a flood of dirty pages) would
+                        // otherwise mark DOWN, and retry the jobs of, a
+                        // node that was only waiting for the dispatcher.
+                        let answered = Arc::clone(&beat);
+                        let attached = defer(reply, Ok((session, beat)));
+                        replies.push(Box::new(move |failed| {
+                            if failed.is_none() {
+                                answered.alive(now_ms());
+                            }
+                            attached(failed);
+                        }));
                     }
                     Err(status) => {
                         let _ = reply.send(Err(status));
@@ -2047,6 +2063,115 @@ mod tests {
             ..ClusterConfig::default()
         }
         .agent_lease_ms()
+    }
+
+    /// A store whose commit of a job turning RUNNING takes `stall` first
+    /// (an fsync stuck behind a flood of dirty pages).
+    struct StallingStore {
+        inner: EmbeddedStore,
+        stall: Duration,
+    }
+
+    impl Store for StallingStore {
+        fn load(&self) -> Result<crate::store::Snapshot, StoreError> {
+            self.inner.load()
+        }
+
+        fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
+            let running = writes
+                .iter()
+                .any(|w| matches!(w, Write::PutJob(j) if j.state == JobState::Running as i32));
+            if running {
+                std::thread::sleep(self.stall);
+            }
+            self.inner.commit(writes)
+        }
+    }
+
+    /// An agent cannot report before it reads its Registered, which the
+    /// core releases only once the registration's batch is stored: when
+    /// that commit stalls past the heartbeat deadline, the node's
+    /// heartbeat clock starts at the answer, so the node is not marked
+    /// DOWN (and its job not retried) for the dispatcher's own delay.
+    /// Found by tests/faults_netcut.rs on a loaded CI machine: an agent's
+    /// registration unanswered for 9 s, its node DOWN as soon as it was.
+    #[tokio::test]
+    async fn a_registration_answered_late_starts_the_heartbeat_clock_at_the_answer() {
+        const BEAT_MS: u64 = 1000; // DOWN after 3 s of silence
+        let dir = tempfile::tempdir().unwrap();
+        let store = StallingStore {
+            inner: EmbeddedStore::open(dir.path()).unwrap(),
+            stall: Duration::from_millis(5 * BEAT_MS),
+        };
+        let cfg = ClusterConfig {
+            heartbeat_interval_ms: BEAT_MS,
+            ..ClusterConfig::default()
+        };
+        let (core, thread) = spawn(
+            Cluster::new(cfg),
+            Box::new(store),
+            OnStoreFailure::Stop,
+            Observers::none(),
+        );
+        let _first = attach(&core, "n1").await;
+        let mut retried = spec();
+        retried.retries = 1;
+        let jobs = core
+            .call(|reply| Command::Submit {
+                specs: vec![retried],
+                batch: false,
+                trace_context: HashMap::new(),
+                owner: String::new(),
+                reply,
+            })
+            .await
+            .unwrap();
+        let id = jobs[0].id();
+        // The agent reconnects and reports the job running: the batch
+        // stores it RUNNING, and that commit stalls.
+        let mut again = register("n1");
+        again.jobs = vec![proto::v1::JobStatus {
+            job_id: id.clone(),
+            attempt: 1,
+            state: JobState::Running as i32,
+            cpus: vec![0],
+            ..Default::default()
+        }];
+        let (tx, _second) = crate::outbound::channel();
+        let asked = Instant::now();
+        core.call(|reply| Command::Attach {
+            register: again,
+            tx,
+            reply,
+        })
+        .await
+        .unwrap();
+        assert!(
+            asked.elapsed() >= Duration::from_millis(5 * BEAT_MS),
+            "the answer waited for the stalled commit"
+        );
+        // Half the deadline after the answer, without a report: the core
+        // ticked since (every BEAT_MS / 2), the node is still up.
+        tokio::time::sleep(Duration::from_millis(3 * BEAT_MS / 2)).await;
+        let node = node_of(&core, "n1").await;
+        assert_eq!(node.state, proto::v1::NodeState::Ready as i32, "{node:?}");
+        let job = core
+            .call(|reply| Command::Get {
+                id: id.clone(),
+                reply,
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (job.state, job.attempt),
+            (JobState::Running as i32, 1),
+            "{job:?}"
+        );
+        // The deadline itself still holds: silence marks it DOWN.
+        let node = wait_state(&core, "n1", proto::v1::NodeState::Down).await;
+        assert_eq!(node.state, proto::v1::NodeState::Down as i32, "{node:?}");
+        core.send(Command::Shutdown);
+        assert!(matches!(thread.join().unwrap(), CoreExit::Shutdown));
     }
 
     /// ListNodes over many nodes, with a submission in the same batches:
