@@ -60,8 +60,9 @@ async fn agent_survives_network_cuts_without_loss_or_double_runs() -> Result<()>
         }
         ensure!(
             Instant::now() < deadline,
-            "jobs still open:\n{}",
-            a.proc.log_text()
+            "jobs still open:\nagent log:\n{}\ndispatcher log:\n{}",
+            a.proc.log_text(),
+            d.proc.log_text()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
@@ -96,10 +97,20 @@ async fn agent_survives_network_cuts_without_loss_or_double_runs() -> Result<()>
         proxy.forwarded.load(std::sync::atomic::Ordering::Relaxed),
         problems.len()
     );
-    ensure!(problems.is_empty(), "{problems:?}\n{}", a.proc.log_text());
+    // Both sides' logs with any failure: a timing failure on a loaded
+    // machine is seldom reproduced by its seed alone.
+    let logs = || {
+        format!(
+            "agent log:\n{}\ndispatcher log:\n{}",
+            a.proc.log_text(),
+            d.proc.log_text()
+        )
+    };
+    ensure!(problems.is_empty(), "{problems:?}\n{}", logs());
     ensure!(
         retried.is_empty(),
-        "jobs retried although no cut reached the deadline: {retried:?}"
+        "jobs retried although no cut reached the deadline: {retried:?}\n{}",
+        logs()
     );
     ensure!(
         registrations > CUTS,

@@ -145,6 +145,15 @@ pub enum End {
         /// How it ended.
         state: JobState,
     },
+    /// A stale attempt, retried after its node was lost, ended
+    /// SUCCEEDED there, reported when the node came back before the retry
+    /// started: the job took that result and the retry was withdrawn.
+    StaleAttemptSucceeded {
+        /// The attempt that ran.
+        attempt: u32,
+        /// Its node.
+        node: String,
+    },
     /// Lost with its node, no retries left.
     Lost {
         /// The node.
@@ -421,6 +430,11 @@ impl fmt::Display for End {
                 write!(f, "cancelled by user; {n} gave it back unstarted")
             }
             End::CancelledLost => write!(f, "cancelled by user; its node was lost"),
+            End::StaleAttemptSucceeded { attempt, node } => write!(
+                f,
+                "attempt {attempt} succeeded on {node}, reported when the node came back; \
+                 the retry, not started, was withdrawn"
+            ),
             End::Lost { node, why } => write!(f, "node {node} lost ({why}), no retries left"),
             End::GangEnded { member, state } => write!(
                 f,

@@ -842,6 +842,9 @@ impl Cluster {
             self.engine.settle_aggregates(outer);
         } else if matches!(JobState::try_from(status.state), Ok(JobState::Running)) {
             cancel_on(NodeName::from(node), status.job_id, status.attempt, fx);
+        } else {
+            // A stale attempt that ended: its success may be the job's.
+            self.adopt_stale_success(node, &status, now, fx);
         }
     }
 

@@ -11,12 +11,12 @@
 
 use std::collections::{HashMap, HashSet};
 
-use proto::v1::{JobState, Register};
+use proto::v1::{JobState, JobStatus, Register};
 use sched::{LeafId, TaskState};
 use tonic::Status;
 
 use super::engine::engine_ns;
-use super::jobs::{End, JobKey, Phase, Via};
+use super::jobs::{End, JobKey, Phase, Requeue, Via};
 use super::lifecycle::task_spec;
 use super::nodes::{NodeInfo, Place};
 use super::shapes::Labels;
@@ -126,6 +126,7 @@ impl Cluster {
                     }
                     self.apply_status(&reg.node, status, now, fx);
                 }
+                None if self.adopt_stale_success(&reg.node, &status, now, fx) => {}
                 None => {
                     // Unknown, stale attempt, or already finished here: make
                     // sure it does not run twice.
@@ -161,6 +162,87 @@ impl Cluster {
         // after every batch), so a thousand agents registering at once
         // cost one rebuild, not a thousand.
         Ok(self.cfg.heartbeat_interval_ms)
+    }
+
+    /// A stale attempt that the dispatcher retried after losing `node`
+    /// reports from there that it SUCCEEDED: it ended while the node was
+    /// cut off (before its lease fenced it), and the report came when the
+    /// node returned. Unless the retry has started, the job takes that
+    /// result: the retry is withdrawn (cancelled on its node if it was sent
+    /// there; the agent drops it unstarted) and the job ends SUCCEEDED with
+    /// the attempt's facts, so a job that finished is not run again. A
+    /// retry that started cannot be undone, and a gang's members restart
+    /// together: the report is then stale as before. Returns whether the
+    /// job took the result.
+    pub(super) fn adopt_stale_success(
+        &mut self,
+        node: &str,
+        status: &JobStatus,
+        now: i64,
+        fx: &mut Effects,
+    ) -> bool {
+        if JobState::try_from(status.state) != Ok(JobState::Succeeded) {
+            return false;
+        }
+        let Some(key) = JobKey::parse(&status.job_id) else {
+            return false;
+        };
+        let Some(e) = self.jobs.get(key) else {
+            return false;
+        };
+        // This node lost this attempt (its retry is the dispatcher's
+        // doing, not a failure of the attempt).
+        let retried_from_here = e.requeues.iter().any(|r| {
+            matches!(r, Requeue::Retry { n, node: lost, .. } if *n == status.attempt && lost == node)
+        });
+        if !retried_from_here || e.job().attempt <= status.attempt {
+            return false;
+        }
+        let sent_to = match e.phase() {
+            Phase::Unplaced { .. } | Phase::Queued { .. } => None,
+            Phase::Assigned { node, .. }
+            | Phase::AwaitingNode {
+                node,
+                running: false,
+                ..
+            } => Some(node.clone()),
+            Phase::Running { .. }
+            | Phase::AwaitingNode { running: true, .. }
+            | Phase::Done { .. } => {
+                return false;
+            }
+        };
+        if self.gang_of(key).is_some() {
+            return false;
+        }
+        let retry = e.job().attempt;
+        if let Some(on) = sent_to {
+            cancel_on(on, status.job_id.clone(), retry, fx);
+        }
+        if let Some(mut f) = self.jobs.facts(key) {
+            f.set_exit(status.exit_code, status.signal);
+            f.set_cpus(&status.cpus);
+            f.set_gpus(&status.gpus);
+            if status.time_ms > 0 {
+                f.set_start(status.time_ms);
+            }
+        }
+        tracing::info!(
+            job = %status.job_id,
+            attempt = status.attempt,
+            %node,
+            retry,
+            "a retried attempt had succeeded: the job takes its result, the retry is withdrawn"
+        );
+        let done = Phase::Done {
+            state: JobState::Succeeded,
+            end: End::StaleAttemptSucceeded {
+                attempt: status.attempt,
+                node: node.to_string(),
+            },
+        };
+        self.finish(key, done, now, fx);
+        true
     }
 
     /// A job the dispatcher has on `node` that the agent did not report.

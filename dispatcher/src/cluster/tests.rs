@@ -606,6 +606,165 @@ fn a_stalled_node_comes_back_when_it_reports_again() {
     assert_eq!(assigns(&fx), vec![("a".to_string(), "j-1".to_string())]);
 }
 
+/// The (node, job, attempt) of every Cancel in `fx`.
+fn cancels(fx: &Effects) -> Vec<(String, String, u32)> {
+    fx.to_agents
+        .iter()
+        .filter_map(|(n, m)| match &m.message().msg {
+            Some(dispatcher_message::Msg::Cancel(x)) => {
+                Some((n.to_string(), x.job_id.clone(), x.attempt))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// j-1 (one retry) runs on `a`; `a` misses its heartbeats (the other
+/// nodes report) and j-1 is retried: attempt 2.
+fn retried_after_its_node_was_lost(c: &mut Cluster, others: &[&str]) -> Effects {
+    let mut fx = Effects::default();
+    let mut spec = job(1);
+    spec.retries = 1;
+    c.submit(vec![spec], false, 1, &mut fx).unwrap();
+    assert_eq!(node_of(c, "j-1"), "a");
+    c.job_status("a", status("j-1", 1, JobState::Running), 2, &mut fx);
+    for n in others {
+        c.load_report(n, NodeLoad::default(), 9_500, &mut fx);
+    }
+    let mut fx = Effects::default();
+    c.tick(10_000, &mut fx);
+    assert_eq!(c.node("a").unwrap().state(), NodeState::Down);
+    assert_eq!(c.get_job("j-1").unwrap().attempt, 2);
+    fx
+}
+
+/// Attempt 1 ended SUCCEEDED on `a` while `a` was cut off, and `a`
+/// reports it when it registers again, before the retry started: the job
+/// takes that result, the retry never runs (no Assign), and its record
+/// says why.
+#[test]
+fn a_retried_attempt_that_had_succeeded_ends_the_job_when_its_node_returns() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    retried_after_its_node_was_lost(&mut c, &[]);
+    assert_eq!(state_of(&c, "j-1"), JobState::Pending);
+    let mut fx = Effects::default();
+    let mut done = status("j-1", 1, JobState::Succeeded);
+    done.cpus = vec![1];
+    done.time_ms = 5;
+    register_node_with_jobs(
+        &mut c,
+        "a",
+        "1s:2c:1t",
+        ("z1", "r1"),
+        vec![done],
+        11_000,
+        &mut fx,
+    );
+    c.settle(11_000, &mut fx);
+    let j = c.get_job("j-1").unwrap();
+    assert_eq!(state_of(&c, "j-1"), JobState::Succeeded, "{j:?}");
+    assert!(
+        assigns(&fx).is_empty(),
+        "the retry was sent: {:?}",
+        fx.to_agents
+    );
+    assert_eq!((j.cpus.as_slice(), j.start_time_ms), (&[1][..], 5));
+    assert!(
+        j.reason
+            .starts_with("attempt 1 succeeded on a, reported when the node came back"),
+        "{}",
+        j.reason
+    );
+    assert!(matches!(
+        c.phase("j-1"),
+        Some(Phase::Done { end: End::StaleAttemptSucceeded { attempt: 1, node }, .. }) if node == "a"
+    ));
+    // Its CPUs are free: a new job starts on a.
+    let mut fx = Effects::default();
+    c.submit(vec![job(2)], false, 11_001, &mut fx).unwrap();
+    assert_eq!(assigns(&fx), vec![("a".to_string(), "j-2".to_string())]);
+    c.check().unwrap();
+}
+
+/// The retry was sent to a peer and has not started when the stale
+/// attempt's success arrives on the lost node's stream (it stalled with
+/// the stream open): the retry is cancelled there, the job SUCCEEDED. Had
+/// the retry started, it runs on: a started attempt cannot be undone.
+#[test]
+fn a_stale_success_withdraws_an_unstarted_retry_and_leaves_a_started_one() {
+    for started in [false, true] {
+        let mut c = Cluster::new(ClusterConfig::default());
+        register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+        register(&mut c, "b", "1s:2c:1t", "z1", "r1", 0);
+        // b is cordoned while j-1 is placed, so that it goes to a.
+        let mut fx = Effects::default();
+        c.set_node_admin("b", NodeAdmin::Cordoned, 0, &mut fx)
+            .unwrap();
+        let mut fx = Effects::default();
+        let mut spec = job(1);
+        spec.retries = 1;
+        c.submit(vec![spec], false, 1, &mut fx).unwrap();
+        c.job_status("a", status("j-1", 1, JobState::Running), 2, &mut fx);
+        c.set_node_admin("b", NodeAdmin::Ready, 3, &mut fx).unwrap();
+        c.load_report("b", NodeLoad::default(), 9_500, &mut fx);
+        let mut fx = Effects::default();
+        c.tick(10_000, &mut fx);
+        assert_eq!(c.node("a").unwrap().state(), NodeState::Down);
+        assert_eq!(assigns(&fx), vec![("b".to_string(), "j-1".to_string())]);
+        if started {
+            c.job_status("b", status("j-1", 2, JobState::Running), 10_001, &mut fx);
+        }
+        let mut fx = Effects::default();
+        c.job_status("a", status("j-1", 1, JobState::Succeeded), 10_002, &mut fx);
+        let j = c.get_job("j-1").unwrap();
+        if started {
+            assert_eq!((state_of(&c, "j-1"), j.attempt), (JobState::Running, 2));
+            assert!(cancels(&fx).is_empty(), "{:?}", fx.to_agents);
+        } else {
+            assert_eq!(state_of(&c, "j-1"), JobState::Succeeded, "{j:?}");
+            assert_eq!(cancels(&fx), vec![("b".to_string(), "j-1".to_string(), 2)]);
+            // b's report of the cancelled retry changes nothing.
+            let mut fx = Effects::default();
+            c.job_status("b", status("j-1", 2, JobState::Cancelled), 10_003, &mut fx);
+            assert_eq!(state_of(&c, "j-1"), JobState::Succeeded);
+        }
+        c.check().unwrap();
+    }
+}
+
+/// Only a success of the very attempt lost with that node counts: a
+/// failed stale attempt, or one reported by another node, leaves the
+/// retry alone.
+#[test]
+fn only_a_stale_success_from_the_lost_node_is_adopted() {
+    for (from, state) in [("a", JobState::Failed), ("b", JobState::Succeeded)] {
+        let mut c = Cluster::new(ClusterConfig::default());
+        register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+        register(&mut c, "b", "1s:2c:1t", "z1", "r1", 0);
+        let mut fx = Effects::default();
+        c.set_node_admin("b", NodeAdmin::Cordoned, 0, &mut fx)
+            .unwrap();
+        let mut spec = job(1);
+        spec.retries = 1;
+        c.submit(vec![spec], false, 1, &mut fx).unwrap();
+        c.job_status("a", status("j-1", 1, JobState::Running), 2, &mut fx);
+        c.set_node_admin("b", NodeAdmin::Ready, 3, &mut fx).unwrap();
+        c.load_report("b", NodeLoad::default(), 9_500, &mut fx);
+        c.tick(10_000, &mut fx);
+        let mut fx = Effects::default();
+        c.job_status(from, status("j-1", 1, state), 10_002, &mut fx);
+        let j = c.get_job("j-1").unwrap();
+        assert_eq!(
+            (state_of(&c, "j-1"), j.attempt, j.node.as_str()),
+            (JobState::Assigned, 2, "b"),
+            "{from} {state:?}"
+        );
+        assert!(cancels(&fx).is_empty(), "{:?}", fx.to_agents);
+        c.check().unwrap();
+    }
+}
+
 /// A job an oversubscribed agent holds unstarted is asked back when a
 /// rack peer has room, and placed there once the agent releases it.
 #[test]
