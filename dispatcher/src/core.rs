@@ -865,14 +865,27 @@ impl Core {
         );
         let secs = started.elapsed().as_secs_f64();
         for ((n, trace_context, reply), r) in answers.into_iter().zip(results) {
-            let created = r.as_deref().unwrap_or_default();
-            if let (Some(first), Some(last)) = (created.first(), created.last()) {
-                tracing::debug!(target: "lat", first = %first.id(), last = %last.id(), "submit applied");
-            }
             let share = secs * n as f64 / total.max(1) as f64;
-            self.observers.submitted(n, share, created, &trace_context);
-            replies.push(defer(reply, r));
+            self.answer_submit((n, share), r, &trace_context, reply, replies);
         }
+    }
+
+    /// A submission of `n` specs applied in `secs`: traced, observed, and
+    /// its answer deferred to the batch's commit.
+    fn answer_submit(
+        &self,
+        (n, secs): (usize, f64),
+        r: Result<Vec<Arc<JobRecord>>, Status>,
+        trace_context: &HashMap<String, String>,
+        reply: Reply<Vec<Arc<JobRecord>>>,
+        replies: &mut Vec<Deferred>,
+    ) {
+        let created = r.as_deref().unwrap_or_default();
+        if let (Some(first), Some(last)) = (created.first(), created.last()) {
+            tracing::debug!(target: "lat", first = %first.id(), last = %last.id(), "submit applied");
+        }
+        self.observers.submitted(n, secs, created, trace_context);
+        replies.push(defer(reply, r));
     }
 
     fn apply(&mut self, cmd: Command, now: i64, fx: &mut Effects, replies: &mut Vec<Deferred>) {
@@ -887,12 +900,7 @@ impl Core {
                 let (n, started) = (specs.len(), Instant::now());
                 let r = self.cluster.submit_as(&owner, specs, batch, now, fx);
                 let secs = started.elapsed().as_secs_f64();
-                let created = r.as_deref().unwrap_or_default();
-                if let (Some(first), Some(last)) = (created.first(), created.last()) {
-                    tracing::debug!(target: "lat", first = %first.id(), last = %last.id(), "submit applied");
-                }
-                self.observers.submitted(n, secs, created, &trace_context);
-                replies.push(defer(reply, r));
+                self.answer_submit((n, secs), r, &trace_context, reply, replies);
             }
             Command::Cancel { id, reply } => {
                 let r = self.cluster.cancel(&id, now, fx);
