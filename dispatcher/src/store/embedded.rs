@@ -299,7 +299,7 @@ impl Store for EmbeddedStore {
                             jobs.remove(job.id().as_str()).map_err(backend)?;
                         } else {
                             buf.clear();
-                            job.to_proto().encode(&mut buf).map_err(backend)?;
+                            job.encode_proto(&mut buf);
                             jobs.insert(job.id().as_str(), buf.as_slice())
                                 .map_err(backend)?;
                             if !key.is_single()

@@ -339,7 +339,11 @@ impl EtcdStore {
             let (k, op) = match w {
                 Write::PutJob(job) => (
                     self.key(&format!("jobs/{}", job.key())),
-                    KeyOp::Put(job.to_proto().encode_to_vec()),
+                    KeyOp::Put({
+                        let mut value = Vec::new();
+                        job.encode_proto(&mut value);
+                        value
+                    }),
                 ),
                 Write::DeleteJob(id) => (self.key(&format!("jobs/{id}")), KeyOp::Delete),
                 Write::PutNodeAdmin(name, admin) => (
