@@ -25,8 +25,7 @@
 //! so O(1) amortized); an evicted waker starts again from no flips and no
 //! node, as a waker the dispatcher never saw.
 
-use std::collections::HashMap;
-
+use sched::idhash::IdMap;
 use sched::wake::WakeeFlips;
 
 use super::jobs::JobKey;
@@ -128,7 +127,11 @@ pub struct WakerRecord {
 /// The records, bounded.
 #[derive(Debug)]
 pub struct Wakers {
-    records: HashMap<WakerKey, WakerRecord>,
+    /// FxHash (`IdMap`): a waker's key is hashed at every submission and
+    /// placement, and std's SipHash of an owner's and group's names cost
+    /// ~350 instructions each time (the keys are the dispatcher's own: job
+    /// keys, and the names of users it authenticated).
+    records: IdMap<WakerKey, WakerRecord>,
     period_ns: u64,
     cap: usize,
 }
@@ -137,7 +140,7 @@ impl Wakers {
     /// Records wiped every `period_ms`, at most `cap` of them (at least 2).
     pub fn new(period_ms: u64, cap: usize) -> Self {
         Self {
-            records: HashMap::new(),
+            records: IdMap::default(),
             period_ns: period_ms.saturating_mul(1_000_000),
             cap: cap.max(2),
         }
@@ -194,10 +197,16 @@ impl Wakers {
     }
 
     fn touch(&mut self, key: &WakerKey, now: u64) -> &mut WakerRecord {
-        if !self.records.contains_key(key) && self.records.len() >= self.cap {
-            self.evict();
+        // The key is copied (its names) only for a new record.
+        if !self.records.contains_key(key) {
+            if self.records.len() >= self.cap {
+                self.evict();
+            }
+            self.records.insert(key.clone(), WakerRecord::default());
         }
-        let r = self.records.entry(key.clone()).or_default();
+        let Some(r) = self.records.get_mut(key) else {
+            unreachable!("the record was inserted above");
+        };
         r.touched = r.touched.max(now);
         r
     }
