@@ -386,7 +386,12 @@ fn record_of(w: &Write) -> Record<'_> {
 /// submitted, assigned, started and finished within one batch of the core
 /// is encoded and inserted once instead of four times.
 fn last_writes(writes: &[Write]) -> Vec<&Write> {
-    let mut seen = std::collections::HashSet::with_capacity(writes.len());
+    // FxHash: every write of every commit is looked up here once, and
+    // SipHash was 4.5% of the store thread's instructions.
+    let mut seen: std::collections::HashSet<
+        Record<'_>,
+        std::hash::BuildHasherDefault<sched::idhash::IdHasher>,
+    > = std::collections::HashSet::with_capacity_and_hasher(writes.len(), Default::default());
     let mut last: Vec<&Write> = writes
         .iter()
         .rev()
