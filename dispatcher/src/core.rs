@@ -362,8 +362,10 @@ struct Core {
     /// The store, on its own thread.
     store: Committer,
     events: broadcast::Sender<JobEvent>,
-    /// The attached nodes' links (their beats), by node name.
-    agents: HashSet<Link>,
+    /// The attached nodes' links (their beats), by node name; FxHash, as
+    /// the engine's maps of node names: every agent message and every
+    /// batch's agent messages look a node up here.
+    agents: HashSet<Link, std::hash::BuildHasherDefault<sched::idhash::IdHasher>>,
     next_session: u64,
     logs: HashMap<u64, (String, LogTx)>,
     next_log: u64,
@@ -447,7 +449,7 @@ impl Core {
             cluster,
             store,
             events,
-            agents: HashSet::new(),
+            agents: HashSet::default(),
             next_session: 1,
             logs: HashMap::new(),
             next_log: 1,

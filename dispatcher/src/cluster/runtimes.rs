@@ -27,8 +27,9 @@
 //! wakers: at most `cap` identities, the least recently touched half
 //! evicted when the cap is passed (O(1) amortized).
 
-use std::collections::HashMap;
 use std::sync::Arc;
+
+use sched::idhash::IdMap;
 
 /// Identities kept at most.
 pub const MAX_IDENTITIES: usize = 100_000;
@@ -68,8 +69,11 @@ struct Record {
 /// The per-identity history.
 #[derive(Debug)]
 pub struct Runtimes {
-    /// Owner -> group -> record.
-    records: HashMap<Arc<str>, HashMap<String, Record>>,
+    /// Owner -> group -> record. FxHash (`IdMap`): a job's identity is
+    /// looked up at its placement and its end, and std's SipHash of the
+    /// two names was ~350 instructions a lookup (the names are the
+    /// dispatcher's authenticated users' and their jobs' groups).
+    records: IdMap<Arc<str>, IdMap<String, Record>>,
     len: usize,
     cap: usize,
     clock: u64,
@@ -85,7 +89,7 @@ impl Runtimes {
     /// An empty history of at most `cap` identities (at least 2).
     pub fn new(cap: usize) -> Self {
         Self {
-            records: HashMap::new(),
+            records: IdMap::default(),
             len: 0,
             cap: cap.max(2),
             clock: 0,
