@@ -3,7 +3,8 @@
 //! by the job table (`cluster::jobs`) and the store, which encodes it.
 //! The record is not the proto `Job` but its fields in compact form, from which the proto is
 //! built only when a reader asks (GetJob, ListJobs, a watcher's event,
-//! the store's encoding, the web page).
+//! the web page); the stores write its encoding straight from the record
+//! ([`JobRecord::encode_proto`]), the same bytes without the copy.
 //!
 //! What is compact (the proto `Job` with its `JobSpec` is 600 bytes
 //! inline plus its strings, and an array's elements each carried a copy
