@@ -514,6 +514,7 @@ impl Core {
         // The batch whose commit runs on the store's thread while the next
         // one is applied; released once it is stored.
         let mut in_flight: Option<Release> = None;
+        let mut fx_sizes = [0; 4];
         loop {
             let first = if in_flight.is_some() {
                 // Commands wait: apply them while the commit runs. None:
@@ -565,7 +566,7 @@ impl Core {
             {
                 return exit;
             }
-            let mut fx = Effects::default();
+            let mut fx = Effects::with_room(fx_sizes);
             let mut replies: Vec<Deferred> = Vec::new();
             let now = now_ms();
             let mut stop = false;
@@ -640,6 +641,8 @@ impl Core {
             if let Err(exit) = self.settle_commit(&mut in_flight, &mut replies) {
                 return exit;
             }
+            // The next batch's effects get this one's room.
+            fx_sizes = fx.sizes();
             let writes = std::mem::take(&mut fx.writes);
             let release = self.seal(fx, replies, now);
             if let Err(err) = self.store.start(writes) {

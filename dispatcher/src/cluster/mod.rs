@@ -219,6 +219,34 @@ pub struct Effects {
     pub moves: Vec<Move>,
 }
 
+impl Effects {
+    /// Empty effects with room for `sizes` of each (see
+    /// [`Effects::sizes`]): the core sizes a batch's effects by the last
+    /// batch's, since grown from empty one push at a time a batch of 500
+    /// jobs reallocated and copied each vector nine times.
+    pub fn with_room(sizes: [usize; 4]) -> Self {
+        // A rare huge batch (a large array) does not size every later one.
+        const MAX_ROOM: usize = 8192;
+        let [writes, to_agents, events, moves] = sizes.map(|n| n.min(MAX_ROOM));
+        Self {
+            writes: Vec::with_capacity(writes),
+            to_agents: Vec::with_capacity(to_agents),
+            events: Vec::with_capacity(events),
+            moves: Vec::with_capacity(moves),
+        }
+    }
+
+    /// How many writes, agent messages, events and moves it holds.
+    pub fn sizes(&self) -> [usize; 4] {
+        [
+            self.writes.len(),
+            self.to_agents.len(),
+            self.events.len(),
+            self.moves.len(),
+        ]
+    }
+}
+
 /// A message to an agent as an operation leaves it. A plain job's
 /// `Assign` is its shared record (the table's, as the start left it),
 /// built into the proto only when it is sent ([`ToAgent::into_message`],
