@@ -294,8 +294,11 @@ pub struct IdlestIndex {
     /// The bits of a child position in a 64-bit key: the fewest that hold
     /// every domain's positions with a nonzero key ([`narrow_key`]).
     pos_bits: u32,
+    /// `2^(31 - pos_bits)`: the first `sum_free` a 64-bit key does not
+    /// hold ([`narrow_key`]).
+    free_limit: u64,
     /// All domains' key trees, each domain's [`stored`] segments only, in
-    /// [`slot`] order from `base` (its root at `base`). A segment holds
+    /// [`slot`] order from `base` (its root at `base + 1`). A segment holds
     /// the largest key of its children ([`order_key`]; 0, below every
     /// child's, for padding up to a power of two).
     keys: Keys,
@@ -409,6 +412,8 @@ impl IdlestIndex {
             width[d] = w as u32;
             nr_children[d] = dom.children.len() as u32;
             len += tree_len(w);
+            // Every domain's slots start at a multiple of four (`Climb`).
+            debug_assert!(len.is_multiple_of(4));
             // Slots and positions in u32, as positions always were: a
             // topology of 2^30 nodes would need tens of GB first.
             debug_assert!(len < u32::MAX as usize, "index beyond u32 slots");
@@ -425,11 +430,12 @@ impl IdlestIndex {
         let fanout = nr_children.iter().copied().max().unwrap_or(0);
         let pos_bits = fanout.max(1).ilog2() + 1;
         let zero = NodeAgg::default();
+        let free_limit = 1 << (31 - pos_bits.min(MAX_POS_BITS));
         let (keys, rooms) = match pos_bits <= MAX_POS_BITS {
             true => {
                 let (k, r) = initial_trees(&base, &width, &nr_children, len, |p| {
                     // An aggregate of 0 fits any width.
-                    narrow_key(&zero, p, pos_bits).unwrap_or(u64::PAD)
+                    narrow_key(&zero, p, pos_bits, free_limit).unwrap_or(u64::PAD)
                 });
                 (Keys::Narrow(k), r)
             }
@@ -444,6 +450,7 @@ impl IdlestIndex {
             base,
             width,
             pos_bits,
+            free_limit,
             keys,
             rooms: Rooms::Narrow(rooms),
         }
@@ -490,34 +497,26 @@ impl IdlestIndex {
         if width == 0 {
             return None;
         }
-        let (b, w) = (tree as usize, width as usize);
-        let leaf = w + pos as usize;
-        let r = b..b + tree_len(w);
+        let leaf = Climb::new(tree as usize, width as usize, pos as usize);
 
         if let Keys::Narrow(keys) = &mut self.keys {
-            match narrow_key(a, pos, self.pos_bits) {
-                Some(key) => climb(&mut keys[r.clone()], leaf, key),
+            match narrow_key(a, pos, self.pos_bits, self.free_limit) {
+                Some(key) => {
+                    climb(keys, leaf, key);
+                }
                 None => self.widen_keys(),
             }
         }
         if let Keys::Wide(keys) = &mut self.keys {
-            climb(&mut keys[r.clone()], leaf, order_key(a, pos));
+            climb(keys, leaf, order_key(a, pos));
         }
 
         if !fits_narrow(a) {
             self.widen();
         }
         Some(match &mut self.rooms {
-            Rooms::Narrow(rooms) => {
-                let rooms = &mut rooms[r];
-                climb(rooms, leaf, Narrow::of(a));
-                values(&rooms[0])
-            }
-            Rooms::Wide(rooms) => {
-                let rooms = &mut rooms[r];
-                climb(rooms, leaf, Maxima::of(a));
-                values(&rooms[0])
-            }
+            Rooms::Narrow(rooms) => values(&climb(rooms, leaf, Narrow::of(a))),
+            Rooms::Wide(rooms) => values(&climb(rooms, leaf, Maxima::of(a))),
         })
     }
 
@@ -528,8 +527,8 @@ impl IdlestIndex {
             return ([0; 5], 0);
         }
         match &self.rooms {
-            Rooms::Narrow(r) => values(&r[self.base[d] as usize]),
-            Rooms::Wide(r) => values(&r[self.base[d] as usize]),
+            Rooms::Narrow(r) => values(&r[self.base[d] as usize + 1]),
+            Rooms::Wide(r) => values(&r[self.base[d] as usize + 1]),
         }
     }
 
@@ -636,7 +635,7 @@ fn idlest_in<K: Key, L: Lanes>(
     // The root's best child (best key, first on ties) qualifies: it is
     // the answer, and the search would examine it alone (best-first to
     // it, then every other segment pruned on its key).
-    let (root, room) = (tree.keys[0], tree.rooms[0].get(align.index()));
+    let (root, room) = (tree.keys[1], tree.rooms[1].get(align.index()));
     if root == K::PAD || room < demand {
         return None;
     }
@@ -695,46 +694,83 @@ fn search_tree<K: Key, L: Lanes>(
     found.map(|k| children[k.position(tree.pos_bits)])
 }
 
-/// Put `x` in child slot `leaf` (a binary segment) of one domain's tree
-/// (its slots, [`slot`]) and climb as [`IdlestIndex::update`] says.
+/// A child slot of one domain's trees as [`climb`] starts from it:
+/// computed once per [`IdlestIndex::update`] for both trees.
+#[derive(Clone, Copy, Debug)]
+struct Climb {
+    /// The domain's first group of four slots (`base / 4`).
+    base: usize,
+    /// The child's binary segment (`width + position`).
+    leaf: usize,
+    /// [`OFF`] of the children's level: `slot(i) = i - (off & !3)` there.
+    off: usize,
+    /// How `off` steps two levels up: `off' = (off + step) / 4`, `step`
+    /// 1 on even levels and -1 (wrapping) on odd ones (`4 * off' = off
+    /// -/+ 1`, both exact).
+    step: usize,
+}
+
+impl Climb {
+    /// Child `pos` of a domain of `w` children slots whose slots start at
+    /// `base` (a multiple of four: every domain's slots are, [`tree_len`]).
+    #[inline]
+    fn new(base: usize, w: usize, pos: usize) -> Self {
+        let level = w.trailing_zeros() as usize & 63;
+        Self {
+            base: base / 4,
+            leaf: w + pos,
+            off: OFF[level],
+            step: if level.is_multiple_of(2) {
+                1
+            } else {
+                usize::MAX
+            },
+        }
+    }
+}
+
+/// Put `x` in child slot `c.leaf` of one domain's tree (its slots,
+/// [`slot`], from group `c.base` of all domains' `trees`) and climb as
+/// [`IdlestIndex::update`] says; returns the domain's root.
+///
+/// The trees are read as groups of four slots: a stored level's slots
+/// start at a multiple of four ([`slot`]), so slot `i` of level `l` is
+/// place `i % 4` of group `i / 4 - OFF[l] / 4`, and the grandchildren of
+/// a segment are one group; one bounds check per access.
 #[inline]
-fn climb<T: Join>(tree: &mut [T], leaf: usize, x: T) {
-    // `slot(i) = i - off` on `i`'s level, `off = (2^(level + 1) + 1) / 3`;
-    // two levels up, `off' = (off + 1) / 4` on even levels, `(off - 1) /
-    // 4` on odd ones (`4 * off' = off -/+ 1`, both exact).
-    let level = leaf.ilog2();
-    let mut off = ((2usize << level) + 1) / 3;
-    let step = if level.is_multiple_of(2) {
-        1
-    } else {
-        usize::MAX
-    };
+fn climb<T: Join>(trees: &mut [T], c: Climb, x: T) -> T {
+    let Climb {
+        base,
+        leaf,
+        mut off,
+        step,
+    } = c;
+    let (tree, _) = trees.as_chunks_mut::<4>();
     let mut i = leaf;
-    let s = &mut tree[i - off];
-    if s.same(&x) {
-        return;
-    }
-    *s = x;
-    loop {
-        if i < 4 {
-            if i >= 2 {
-                // Slots 2 and 3 (at 1 and 2) are stored: the root is
-                // their join.
-                tree[0] = tree[1].join(&tree[2]);
+    let s = &mut tree[base + i / 4 - off / 4][i % 4];
+    if !s.same(&x) {
+        *s = x;
+        loop {
+            if i < 4 {
+                if i >= 2 {
+                    // Slots 2 and 3 are stored: the root is their join.
+                    let [_, _, l, r] = tree[base];
+                    tree[base][1] = l.join(&r);
+                }
+                break;
             }
-            return;
+            let [g0, g1, g2, g3] = tree[base + i / 4 - off / 4];
+            let parent = g0.join(&g1).join(&g2.join(&g3));
+            i /= 4;
+            off = off.wrapping_add(step) / 4;
+            let s = &mut tree[base + i / 4 - off / 4][i % 4];
+            if s.same(&parent) {
+                break;
+            }
+            *s = parent;
         }
-        let g = (i & !3) - off;
-        let q = &tree[g..g + 4];
-        let parent = q[0].join(&q[1]).join(&q[2].join(&q[3]));
-        i /= 4;
-        off = off.wrapping_add(step) / 4;
-        let s = &mut tree[i - off];
-        if s.same(&parent) {
-            return;
-        }
-        *s = parent;
     }
+    tree[base][1]
 }
 
 /// Whether a domain's trees of `w` children slots keep slot `i` (`1 <= i
@@ -746,22 +782,42 @@ fn stored(i: usize, w: usize) -> bool {
 }
 
 /// Where stored segment `i` ([`stored`]) of a domain's binary tree is
-/// among the domain's slots: the stored levels one after another from
-/// the root (slot 0), each in order. Above level `l` (segments `2^l ..
-/// 2^(l + 1)`) are stored the levels `l - 2`, `l - 4`, ... and the root:
+/// among the domain's slots: the root at 1, then the stored levels one
+/// after another, each in order and from a multiple of four (so that
+/// [`climb`] reads a segment's grandchildren as one group of four).
+///
+/// Packed from the root at 0, level `l` (segments `2^l .. 2^(l + 1)`)
+/// would follow the levels `l - 2`, `l - 4`, ... and the root:
 /// `(2^l - 1) / 3` slots for an even `l`, `(2^l + 1) / 3` for an odd
-/// one, so `i` is at `i - 2^l` plus that, `i - (2^(l + 1) + 1) / 3`
-/// rounded down in both cases.
+/// one, so `i` would be at `i - OFF[l]` (`OFF[l] = (2^(l + 1) + 1) / 3` rounded down
+/// in both cases). `OFF[l]` is 3 modulo 4 on every even level from 2
+/// and 1 on every odd one: three slots before the root of a tree of
+/// even levels (`_, root, _, _`, then level 2) and one before the root
+/// of a tree of odd levels (`_, root, l, r`, then level 3) make every
+/// level from 2 start at a multiple of four, at `i - (OFF[l] & !3)`, the
+/// root at 1 either way.
 #[inline]
 fn slot(i: usize) -> usize {
-    i - ((2usize << i.ilog2()) + 1) / 3
+    i - (OFF[i.ilog2() as usize & 63] & !3)
 }
 
-/// The slots of a domain's trees of `w` children slots: its stored
-/// segments ([`slot`] of the last child slot, plus one).
+/// `(2^(l + 1) + 1) / 3` for every level `l` ([`slot`]; a load where the
+/// division by 3 took a multiplication and shifts).
+const OFF: [usize; 64] = {
+    let mut off = [0; 64];
+    let mut l = 0;
+    while l < 64 {
+        off[l] = (((2u128 << l) + 1) / 3) as usize;
+        l += 1;
+    }
+    off
+};
+
+/// The slots of a domain's trees of `w` children slots ([`slot`] of the
+/// last child slot, plus one): a multiple of four.
 #[inline]
 fn tree_len(w: usize) -> usize {
-    slot(2 * w - 1) + 1
+    2 * w - (OFF[w.trailing_zeros() as usize & 63] & !3)
 }
 
 /// The join of a stored segment `i < w` from the stored slots below it:
@@ -769,7 +825,8 @@ fn tree_len(w: usize) -> usize {
 /// its two children.
 fn join_below<K: Key, L: Lanes>(keys: &[K], rooms: &[L], i: usize, w: usize) -> (K, L) {
     let g = if i == 1 && w.trailing_zeros() % 2 == 1 {
-        return (keys[1].join(&keys[2]), rooms[1].join(&rooms[2]));
+        let g = slot(2);
+        return (keys[g].join(&keys[g + 1]), rooms[g].join(&rooms[g + 1]));
     } else {
         slot(4 * i)
     };
@@ -828,9 +885,10 @@ impl<K: Key, L: Lanes> Tree<'_, K, L> {
 /// every position). Keys of one index, both of this form, compare as
 /// their [`order_key`]s do (`Key::wide` gives it back).
 #[inline]
-fn narrow_key(a: &NodeAgg, p: u32, pos_bits: u32) -> Option<u64> {
+fn narrow_key(a: &NodeAgg, p: u32, pos_bits: u32, free_limit: u64) -> Option<u64> {
     debug_assert!(pos_bits <= MAX_POS_BITS && p < (1 << pos_bits) - 1);
-    if a.sum_free >> (31 - pos_bits) != 0 {
+    debug_assert_eq!(free_limit, 1 << (31 - pos_bits));
+    if a.sum_free >= free_limit {
         return None;
     }
     debug_assert!(a.sum_free <= a.capacity, "room beyond capacity: {a:?}");
@@ -1105,31 +1163,41 @@ mod tests {
     fn slots_are_the_stored_segments_in_order() {
         for l in 1..16 {
             let w = 1usize << l;
-            let mut next = 0;
+            let mut next = 1usize;
+            let mut level = 0;
             for i in 1..2 * w {
                 if stored(i, w) {
+                    // A new level starts at the next multiple of four (the
+                    // root at 1, level 1 of an odd tree right after it).
+                    if i.ilog2() != level && i.ilog2() >= 2 {
+                        next = next.next_multiple_of(4);
+                    }
+                    level = i.ilog2();
                     assert_eq!(slot(i), next, "w {w} segment {i}");
                     next += 1;
                 }
             }
             assert_eq!(tree_len(w), next, "w {w}");
-            // Every stored slot below the top two levels, as `climb`
-            // steps up from it.
-            for i in 4..2 * w {
-                if stored(i, w) {
-                    let level = i.ilog2();
-                    let off = ((2usize << level) + 1) / 3;
-                    let step = if level.is_multiple_of(2) {
-                        1
-                    } else {
-                        usize::MAX
-                    };
-                    assert_eq!(i - off, slot(i));
-                    assert_eq!(
-                        i / 4 - off.wrapping_add(step) / 4,
-                        slot(i / 4),
-                        "w {w} segment {i}"
-                    );
+            assert_eq!(tree_len(w) % 4, 0, "w {w}");
+            // At most three slots unused (before and after the root).
+            let nr_stored = (1..2 * w).filter(|&i| stored(i, w)).count();
+            assert!(tree_len(w) - nr_stored <= 3, "w {w}");
+            // From every child slot, `climb`'s groups and steps up match
+            // `slot` on every stored level.
+            for pos in 0..w {
+                let Climb {
+                    leaf,
+                    mut off,
+                    step,
+                    ..
+                } = Climb::new(0, w, pos);
+                let mut i = leaf;
+                assert_eq!(4 * (i / 4 - off / 4) + i % 4, slot(i), "w {w} child {pos}");
+                while i >= 4 {
+                    assert_eq!(4 * (i / 4 - off / 4), slot(i & !3), "w {w} segment {i}");
+                    i /= 4;
+                    off = off.wrapping_add(step) / 4;
+                    assert_eq!(4 * (i / 4 - off / 4) + i % 4, slot(i), "w {w} segment {i}");
                 }
             }
         }
@@ -1164,7 +1232,10 @@ mod tests {
                 (agg, p % ((1 << pos_bits) - 1))
             };
             let ((a, p), (b, q)) = (pick(x), pick(y));
-            let (na, nb) = (narrow_key(&a, p, pos_bits), narrow_key(&b, q, pos_bits));
+            let (na, nb) = (
+                narrow_key(&a, p, pos_bits, limit),
+                narrow_key(&b, q, pos_bits, limit),
+            );
             prop_assert_eq!(na.is_some(), a.sum_free < limit);
             prop_assert_eq!(nb.is_some(), b.sum_free < limit);
             if let (Some(na), Some(nb)) = (na, nb) {
@@ -1229,7 +1300,7 @@ mod tests {
                     if children.is_empty() {
                         continue;
                     }
-                    let root = ix.wide_keys()[ix.base[d] as usize];
+                    let root = ix.wide_keys()[ix.base[d] as usize + 1];
                     prop_assert_eq!(position_of(root), best_by_scan(&aggs, children));
                     for align in Align::ALL {
                         for demand in [0, 1, 2, 3, 4] {
@@ -1352,7 +1423,7 @@ mod tests {
                     if children.is_empty() {
                         continue;
                     }
-                    let root = ix.wide_keys()[ix.base[d] as usize];
+                    let root = ix.wide_keys()[ix.base[d] as usize + 1];
                     prop_assert_eq!(position_of(root), best_by_scan(&aggs, children));
                     let (room, free) = ix.maxima(d);
                     for (i, &r) in room.iter().enumerate() {
