@@ -347,41 +347,44 @@ const MAX_POS_BITS: u32 = 30;
 /// `$b` of width `$w`, in whichever widths the index holds them.
 macro_rules! with_tree {
     ($ix:expr, $b:expr, $w:expr, |$t:ident| $body:expr) => {{
-        let (b, w, pos_bits) = ($b, $w, $ix.pos_bits);
-        let r = b..b + tree_len(w);
+        let (base, width, pos_bits) = ($b, $w, $ix.pos_bits);
         match (&$ix.keys, &$ix.rooms) {
             (Keys::Narrow(k), Rooms::Narrow(rm)) => {
                 let $t = Tree {
-                    keys: &k[r.clone()],
-                    rooms: &rm[r],
-                    width: w,
+                    keys: k,
+                    rooms: rm,
+                    base,
+                    width,
                     pos_bits,
                 };
                 $body
             }
             (Keys::Narrow(k), Rooms::Wide(rm)) => {
                 let $t = Tree {
-                    keys: &k[r.clone()],
-                    rooms: &rm[r],
-                    width: w,
+                    keys: k,
+                    rooms: rm,
+                    base,
+                    width,
                     pos_bits,
                 };
                 $body
             }
             (Keys::Wide(k), Rooms::Narrow(rm)) => {
                 let $t = Tree {
-                    keys: &k[r.clone()],
-                    rooms: &rm[r],
-                    width: w,
+                    keys: k,
+                    rooms: rm,
+                    base,
+                    width,
                     pos_bits,
                 };
                 $body
             }
             (Keys::Wide(k), Rooms::Wide(rm)) => {
                 let $t = Tree {
-                    keys: &k[r.clone()],
-                    rooms: &rm[r],
-                    width: w,
+                    keys: k,
+                    rooms: rm,
+                    base,
+                    width,
                     pos_bits,
                 };
                 $body
@@ -635,12 +638,17 @@ fn idlest_in<K: Key, L: Lanes>(
     // The root's best child (best key, first on ties) qualifies: it is
     // the answer, and the search would examine it alone (best-first to
     // it, then every other segment pruned on its key).
-    let (root, room) = (tree.keys[1], tree.rooms[1].get(align.index()));
+    let (root, room) = (
+        tree.keys[tree.base + 1],
+        tree.rooms[tree.base + 1].get(align.index()),
+    );
     if root == K::PAD || room < demand {
         return None;
     }
     let top = root.position(tree.pos_bits);
-    if tree.rooms[slot(tree.width + top)].get(align.index()) >= demand && eligible(children[top]) {
+    if tree.rooms[tree.base + slot(tree.width + top)].get(align.index()) >= demand
+        && eligible(children[top])
+    {
         *visited += 1;
         return Some(children[top]);
     }
@@ -842,9 +850,12 @@ fn join_below<K: Key, L: Lanes>(keys: &[K], rooms: &[L], i: usize, w: usize) -> 
 
 /// One domain's trees as the search reads them: every binary segment,
 /// a level that is not stored joined from its two (stored) children.
+/// Read in all domains' trees from the domain's `base` (one bounds check
+/// per access, none for a slice of the domain).
 struct Tree<'a, K, L> {
     keys: &'a [K],
     rooms: &'a [L],
+    base: usize,
     width: usize,
     pos_bits: u32,
 }
@@ -854,9 +865,9 @@ impl<K: Key, L: Lanes> Tree<'_, K, L> {
     #[inline]
     fn key(&self, i: usize) -> K {
         if stored(i, self.width) {
-            self.keys[slot(i)]
+            self.keys[self.base + slot(i)]
         } else {
-            let l = slot(2 * i);
+            let l = self.base + slot(2 * i);
             self.keys[l].join(&self.keys[l + 1])
         }
     }
@@ -866,10 +877,10 @@ impl<K: Key, L: Lanes> Tree<'_, K, L> {
     fn segment(&self, i: usize, align: Align) -> (K, u32) {
         let a = align.index();
         if stored(i, self.width) {
-            let s = slot(i);
+            let s = self.base + slot(i);
             (self.keys[s], self.rooms[s].get(a))
         } else {
-            let l = slot(2 * i);
+            let l = self.base + slot(2 * i);
             (
                 self.keys[l].join(&self.keys[l + 1]),
                 self.rooms[l].get(a).max(self.rooms[l + 1].get(a)),
@@ -1127,10 +1138,11 @@ mod tests {
                 continue;
             }
             let (keys, rooms) = ix.full_trees(d);
-            let r = b..b + tree_len(w);
+            let end = b + tree_len(w);
             let tree = Tree {
-                keys: &keys_of[r.clone()],
-                rooms: &rooms_of[r],
+                keys: keys_of,
+                rooms: rooms_of,
+                base: b,
                 width: w,
                 pos_bits: p,
             };
@@ -1141,6 +1153,7 @@ mod tests {
                     prop_assert_eq!((k.wide(p), room), (keys[i], value(rooms[i][align.index()])));
                 }
                 if stored(i, w) {
+                    prop_assert!(b + slot(i) < end);
                     prop_assert_eq!(keys_of[b + slot(i)].wide(p), keys[i]);
                     prop_assert_eq!(
                         values(&rooms_of[b + slot(i)]),
