@@ -9,7 +9,7 @@
 //! a rack's ~100 nodes per placement; [`IdlestIndex`] keeps, per domain,
 //! two tournament trees over its children (the way
 //! [`crate::pack::PackIndex`] keeps one over leaves for pack): in the key
-//! tree every segment holds the best child's key, a single `u128` that
+//! tree every segment holds the best child's key, a single integer that
 //! orders children as `find_idlest` does, its position included
 //! ([`order_key`]); in the room tree every segment holds the largest room
 //! per alignment level. A query descends best-first and prunes segments
@@ -21,16 +21,20 @@
 //! domain's root, but its maxima only where the node held one.
 //!
 //! Only every other level of the binary trees is stored: the children's
-//! level, the levels two, four, ... above it, and the root. A stored
-//! segment is the join of its four grandchildren (contiguous slots), so
-//! a climb takes half the steps; a level between is read, by the search
-//! alone, as the join of its two stored children ([`IdlestIndex::search`]
-//! walks the same binary tree, and examines the same children, as when
-//! every level was stored).
+//! level, the levels two, four, ... above it, and the root, one level
+//! after another from the root ([`slot`]; the levels between take no
+//! room). A stored segment is the join of its four grandchildren
+//! (contiguous slots), so a climb takes half the steps; a level between
+//! is read, by the search alone, as the join of its two stored children
+//! (the search walks the same binary tree, and examines the same
+//! children, as when every level was stored).
 //!
-//! The room trees are held in 16-bit lanes while every value fits (a
-//! node's CPUs), one vector joined by one signed maximum per segment, and
-//! in 32-bit lanes from the first value that does not ([`Rooms`]).
+//! The keys are held in 64 bits while every one fits ([`narrow_key`]:
+//! `sum_free` below `2^(31 - pos_bits)`, millions of CPUs per domain),
+//! and in 128 bits from the first that does not ([`Keys`]). The room
+//! trees are held in 16-bit lanes while every value fits (a node's
+//! CPUs), one vector joined by one signed maximum per segment, and in
+//! 32-bit lanes from the first value that does not ([`Rooms`]).
 //!
 //! Invariant: every slot of both trees equals the combination of the
 //! children's aggregates as last given to [`IdlestIndex::update`], which
@@ -39,6 +43,16 @@
 use crate::alloc::Align;
 use crate::sched::NodeAgg;
 use crate::topology::{NodeId, Topology};
+
+/// A slot of either tree: joined with its sibling segments by one
+/// associative and commutative operation (a key's maximum, the lanes'
+/// maxima), and compared to stop a climb.
+trait Join: Copy + PartialEq + std::fmt::Debug {
+    /// The slot of a segment made of halves `self` and `r`.
+    fn join(&self, r: &Self) -> Self;
+    /// `self == r`, in the form that compiles to the fewest compares.
+    fn same(&self, r: &Self) -> bool;
+}
 
 /// A segment's maxima: the largest `max_room` per alignment level over
 /// its children, then the largest `max_free` (all 0 for padding), each
@@ -49,17 +63,13 @@ use crate::topology::{NodeId, Topology};
 /// 16-byte vector joined by one `pmaxsw`, while every value fits 16 bits
 /// (a leaf's room is at most its capacity: a node's CPUs); 32-bit lanes
 /// otherwise, a join of two vectors of four by compare and blend.
-trait Lanes: Copy + PartialEq + std::fmt::Debug {
+trait Lanes: Join {
     /// The maxima of a padding slot (and of a child with no room).
     const NONE: Self;
     /// A child's maxima as a slot holds them (the values must fit).
     fn of(a: &NodeAgg) -> Self;
-    /// The maxima of a segment made of halves `self` and `r`.
-    fn join(&self, r: &Self) -> Self;
     /// Lane `i`'s value (`Align::index`, 5 for `max_free`).
     fn get(&self, i: usize) -> u32;
-    /// `self == r`, in the form that compiles to one vector compare.
-    fn same(&self, r: &Self) -> bool;
 }
 
 /// 32-bit lanes: any `u32`.
@@ -78,15 +88,7 @@ fn value(l: i32) -> u32 {
     (l as u32) ^ (1 << 31)
 }
 
-impl Lanes for Maxima {
-    const NONE: Self = [i32::MIN; 6];
-
-    #[inline]
-    fn of(a: &NodeAgg) -> Self {
-        let r = a.max_room;
-        [r[0], r[1], r[2], r[3], r[4], a.max_free].map(lane)
-    }
-
+impl Join for Maxima {
     #[inline]
     fn join(&self, r: &Self) -> Self {
         let mut m = *self;
@@ -97,19 +99,48 @@ impl Lanes for Maxima {
     }
 
     #[inline]
-    fn get(&self, i: usize) -> u32 {
-        value(self[i])
+    fn same(&self, r: &Self) -> bool {
+        self == r
+    }
+}
+
+impl Lanes for Maxima {
+    const NONE: Self = [i32::MIN; 6];
+
+    #[inline]
+    fn of(a: &NodeAgg) -> Self {
+        let r = a.max_room;
+        [r[0], r[1], r[2], r[3], r[4], a.max_free].map(lane)
     }
 
     #[inline]
-    fn same(&self, r: &Self) -> bool {
-        self == r
+    fn get(&self, i: usize) -> u32 {
+        value(self[i])
     }
 }
 
 /// 16-bit lanes, the six of [`Maxima`] and two of padding (`i16::MIN`,
 /// never read), for values below 2^16.
 type Narrow = [i16; 8];
+
+impl Join for Narrow {
+    #[inline]
+    fn join(&self, r: &Self) -> Self {
+        let mut m = *self;
+        for (m, x) in m.iter_mut().zip(r) {
+            *m = (*m).max(*x);
+        }
+        m
+    }
+
+    /// Lane by lane without a branch (`pcmpeqw`, `pmovmskb`): the array's
+    /// `==` compiles to a byte compare of two 64-bit halves, each first
+    /// moved out of the vector register lane by lane.
+    #[inline]
+    fn same(&self, r: &Self) -> bool {
+        self.iter().zip(r).fold(true, |all, (a, b)| all & (a == b))
+    }
+}
 
 impl Lanes for Narrow {
     const NONE: Self = [i16::MIN; 8];
@@ -132,25 +163,8 @@ impl Lanes for Narrow {
     }
 
     #[inline]
-    fn join(&self, r: &Self) -> Self {
-        let mut m = *self;
-        for (m, x) in m.iter_mut().zip(r) {
-            *m = (*m).max(*x);
-        }
-        m
-    }
-
-    #[inline]
     fn get(&self, i: usize) -> u32 {
         ((self[i] as u16) ^ (1 << 15)) as u32
-    }
-
-    /// Lane by lane without a branch (`pcmpeqw`, `pmovmskb`): the array's
-    /// `==` compiles to a byte compare of two 64-bit halves, each first
-    /// moved out of the vector register lane by lane.
-    #[inline]
-    fn same(&self, r: &Self) -> bool {
-        self.iter().zip(r).fold(true, |all, (a, b)| all & (a == b))
     }
 }
 
@@ -165,6 +179,84 @@ fn fits_narrow(a: &NodeAgg) -> bool {
 #[inline]
 fn values<L: Lanes>(m: &L) -> ([u32; 5], u32) {
     ([m.get(0), m.get(1), m.get(2), m.get(3), m.get(4)], m.get(5))
+}
+
+/// A key of the key trees: [`order_key`]'s order of children, in 128
+/// bits (any values) or in 64 ([`narrow_key`], while they fit); 0 is
+/// the padding's, below every child's.
+trait Key: Join + Ord {
+    /// The padding's key.
+    const PAD: Self;
+    /// The child position the key names, positions taking `pos_bits`
+    /// bits in a 64-bit key ([`IdlestIndex::pos_bits`]).
+    fn position(self, pos_bits: u32) -> usize;
+    /// The same key in 128 bits ([`order_key`]).
+    fn wide(self, pos_bits: u32) -> u128;
+}
+
+impl Join for u128 {
+    #[inline]
+    fn join(&self, r: &Self) -> Self {
+        (*self).max(*r)
+    }
+
+    #[inline]
+    fn same(&self, r: &Self) -> bool {
+        self == r
+    }
+}
+
+impl Key for u128 {
+    const PAD: Self = 0;
+
+    #[inline]
+    fn position(self, _: u32) -> usize {
+        position_of(self)
+    }
+
+    #[inline]
+    fn wide(self, _: u32) -> u128 {
+        self
+    }
+}
+
+impl Join for u64 {
+    #[inline]
+    fn join(&self, r: &Self) -> Self {
+        (*self).max(*r)
+    }
+
+    #[inline]
+    fn same(&self, r: &Self) -> bool {
+        self == r
+    }
+}
+
+impl Key for u64 {
+    const PAD: Self = 0;
+
+    #[inline]
+    fn position(self, pos_bits: u32) -> usize {
+        (!self & ((1 << pos_bits) - 1)) as usize
+    }
+
+    fn wide(self, pos_bits: u32) -> u128 {
+        if self == 0 {
+            return 0;
+        }
+        let share = self >> 31;
+        let sum_free = (self >> pos_bits) & ((1 << (31 - pos_bits)) - 1);
+        let p = self.position(pos_bits) as u32;
+        ((share as u128) << 95) | ((sum_free as u128) << 32) | (!p) as u128
+    }
+}
+
+/// All domains' key trees: in 64 bits while every key fits
+/// ([`narrow_key`]), then in 128 bits for good ([`IdlestIndex::widen_keys`]).
+#[derive(Clone, Debug)]
+enum Keys {
+    Narrow(Vec<u64>),
+    Wide(Vec<u128>),
 }
 
 /// All domains' room trees, laid out as the key trees: in 16-bit lanes
@@ -194,18 +286,111 @@ pub struct IdlestIndex {
     /// Per tree node: where it sits in its parent's trees ([`Up`]).
     up: Vec<Up>,
     /// Per tree node: where its trees start in `keys` and `rooms` and
-    /// their width (a power of two, 0 for a leaf), in `u32` as `Up`'s
-    /// (one entry per tree node: a cluster's every node has one).
+    /// their width in children slots (a power of two, 0 for a leaf), in
+    /// `u32` as `Up`'s (one entry per tree node: a cluster's every node
+    /// has one).
     base: Vec<u32>,
     width: Vec<u32>,
-    /// All domains' key trees; slot `base + 1` is a domain's root, `base +
-    /// width + i` its child `i`. A segment holds the largest
-    /// [`order_key`] of its children (0, below every child's, for
-    /// padding up to a power of two). Only the [`stored`] slots are kept
-    /// (the others stay 0): read them through [`Tree::key`].
-    keys: Vec<u128>,
+    /// The bits of a child position in a 64-bit key: the fewest that hold
+    /// every domain's positions with a nonzero key ([`narrow_key`]).
+    pos_bits: u32,
+    /// `2^(31 - pos_bits)`: the first `sum_free` a 64-bit key does not
+    /// hold ([`narrow_key`]).
+    free_limit: u64,
+    /// All domains' key trees, each domain's [`stored`] segments only, in
+    /// [`slot`] order from `base` (its root at `base + 1`). A segment holds
+    /// the largest key of its children ([`order_key`]; 0, below every
+    /// child's, for padding up to a power of two).
+    keys: Keys,
     /// All domains' room trees, laid out as `keys` ([`Rooms`]).
     rooms: Rooms,
+}
+
+/// The trees of every domain with every aggregate 0, in one width: each
+/// domain's children (`nr_children`) keyed by `key_of(position)`, its
+/// padding slots 0.
+fn initial_trees<K: Key, L: Lanes>(
+    base: &[u32],
+    width: &[u32],
+    nr_children: &[u32],
+    len: usize,
+    key_of: impl Fn(u32) -> K,
+) -> (Vec<K>, Vec<L>) {
+    let mut keys = vec![K::PAD; len];
+    let mut rooms = vec![L::NONE; len];
+    for d in 0..base.len() {
+        let (b, w) = (base[d] as usize, width[d] as usize);
+        if w == 0 {
+            continue;
+        }
+        let k = &mut keys[b..b + tree_len(w)];
+        let r = &mut rooms[b..b + tree_len(w)];
+        for i in 0..nr_children[d] {
+            k[slot(w + i as usize)] = key_of(i);
+        }
+        for i in (1..w).rev() {
+            if stored(i, w) {
+                let (jk, jr) = join_below(k, r, i, w);
+                k[slot(i)] = jk;
+                r[slot(i)] = jr;
+            }
+        }
+    }
+    (keys, rooms)
+}
+
+/// The most bits of a position for which 64-bit keys are kept: the rest
+/// of [`narrow_key`]'s 31 low bits hold `sum_free`.
+const MAX_POS_BITS: u32 = 30;
+
+/// `$body` with `$t` bound to the trees ([`Tree`]) of the domain at
+/// `$b` of width `$w`, in whichever widths the index holds them.
+macro_rules! with_tree {
+    ($ix:expr, $b:expr, $w:expr, |$t:ident| $body:expr) => {{
+        let (base, width, pos_bits) = ($b, $w, $ix.pos_bits);
+        match (&$ix.keys, &$ix.rooms) {
+            (Keys::Narrow(k), Rooms::Narrow(rm)) => {
+                let $t = Tree {
+                    keys: k,
+                    rooms: rm,
+                    base,
+                    width,
+                    pos_bits,
+                };
+                $body
+            }
+            (Keys::Narrow(k), Rooms::Wide(rm)) => {
+                let $t = Tree {
+                    keys: k,
+                    rooms: rm,
+                    base,
+                    width,
+                    pos_bits,
+                };
+                $body
+            }
+            (Keys::Wide(k), Rooms::Narrow(rm)) => {
+                let $t = Tree {
+                    keys: k,
+                    rooms: rm,
+                    base,
+                    width,
+                    pos_bits,
+                };
+                $body
+            }
+            (Keys::Wide(k), Rooms::Wide(rm)) => {
+                let $t = Tree {
+                    keys: k,
+                    rooms: rm,
+                    base,
+                    width,
+                    pos_bits,
+                };
+                $body
+            }
+        }
+    }};
 }
 
 impl IdlestIndex {
@@ -215,49 +400,70 @@ impl IdlestIndex {
         let mut up = vec![Up::default(); n];
         let mut base = vec![0u32; n];
         let mut width = vec![0u32; n];
-        let mut keys = Vec::new();
+        let mut nr_children = vec![0u32; n];
+        let mut len = 0usize;
         for (d, dom) in topo.nodes().iter().enumerate() {
             if dom.children.is_empty() {
                 continue;
             }
             // At least two slots of children, so that a domain's trees
-            // are whole groups of four slots (`update`); a lone child's
-            // padding sibling is never examined (its key is 0).
+            // are whole groups of four slots below the root (`update`);
+            // a lone child's padding sibling is never examined (its key
+            // is 0).
             let w = dom.children.len().next_power_of_two().max(2);
-            base[d] = keys.len() as u32;
+            base[d] = len as u32;
             width[d] = w as u32;
-            keys.resize(keys.len() + 2 * w, 0);
+            nr_children[d] = dom.children.len() as u32;
+            len += tree_len(w);
+            // Every domain's slots start at a multiple of four (`Climb`).
+            debug_assert!(len.is_multiple_of(4));
             // Slots and positions in u32, as positions always were: a
             // topology of 2^30 nodes would need tens of GB first.
-            debug_assert!(keys.len() < u32::MAX as usize, "index beyond u32 slots");
+            debug_assert!(len < u32::MAX as usize, "index beyond u32 slots");
             for (i, &c) in dom.children.iter().enumerate() {
                 up[c] = Up {
                     tree: base[d],
                     width: w as u32,
                     pos: i as u32,
                 };
-                keys[base[d] as usize + w + i] = order_key(&NodeAgg::default(), i as u32);
             }
         }
-        // The trees live as long as the engine: no spare room from growth.
-        keys.shrink_to_fit();
-        let mut rooms = vec![Narrow::NONE; keys.len()];
-        for d in 0..n {
-            let (b, w) = (base[d] as usize, width[d] as usize);
-            for i in (1..w).rev() {
-                if stored(i, w) {
-                    let (k, r) = join_below(&keys[b..b + 2 * w], &rooms[b..b + 2 * w], i, w);
-                    keys[b + i] = k;
-                    rooms[b + i] = r;
-                }
+        // 2^pos_bits > the largest fanout: every position's `!p` in
+        // `pos_bits` bits is nonzero.
+        let fanout = nr_children.iter().copied().max().unwrap_or(0);
+        let pos_bits = fanout.max(1).ilog2() + 1;
+        let zero = NodeAgg::default();
+        let free_limit = 1 << (31 - pos_bits.min(MAX_POS_BITS));
+        let (keys, rooms) = match pos_bits <= MAX_POS_BITS {
+            true => {
+                let (k, r) = initial_trees(&base, &width, &nr_children, len, |p| {
+                    // An aggregate of 0 fits any width.
+                    narrow_key(&zero, p, pos_bits, free_limit).unwrap_or(u64::PAD)
+                });
+                (Keys::Narrow(k), r)
             }
-        }
+            false => {
+                let (k, r) =
+                    initial_trees(&base, &width, &nr_children, len, |p| order_key(&zero, p));
+                (Keys::Wide(k), r)
+            }
+        };
         Self {
             up,
             base,
             width,
+            pos_bits,
+            free_limit,
             keys,
             rooms: Rooms::Narrow(rooms),
+        }
+    }
+
+    /// Hold the key trees in 128 bits from now on (the same order).
+    fn widen_keys(&mut self) {
+        if let Keys::Narrow(k) = &self.keys {
+            let wide = k.iter().map(|&k| k.wide(self.pos_bits)).collect();
+            self.keys = Keys::Wide(wide);
         }
     }
 
@@ -280,12 +486,10 @@ impl IdlestIndex {
     /// (a stored segment joins its four grandchildren; the root, when
     /// one level above a stored one, its two children), and stops at the
     /// first segment that stays the same (nothing above it can change).
-    /// Returns the parent's maxima after the change ([`IdlestIndex::maxima`]),
-    /// `None` for the root.
-    ///
-    /// The trees are read as groups of four slots (slot `i` is group `i /
-    /// 4`, place `i % 4`; the grandchildren of slot `p` are group `p`),
-    /// one bounds check per access.
+    /// The key trees widen to 128 bits at the first key that does not
+    /// fit 64 ([`narrow_key`]), the room trees to 32-bit lanes at the
+    /// first room beyond 16 bits. Returns the parent's maxima after the
+    /// change ([`IdlestIndex::maxima`]), `None` for the root.
     ///
     /// Inlined into its one caller's climb (`refresh_aggregates`, one
     /// call per level of the tree): the call's own cost (saved registers,
@@ -296,42 +500,26 @@ impl IdlestIndex {
         if width == 0 {
             return None;
         }
-        let (b, w) = (tree as usize, width as usize);
-        let leaf = w + pos as usize;
+        let leaf = Climb::new(tree as usize, width as usize, pos as usize);
 
-        let (keys, _) = self.keys[b..b + 2 * w].as_chunks_mut::<4>();
-        let key = order_key(a, pos);
-        let slot = &mut keys[leaf / 4][leaf % 4];
-        if *slot != key {
-            *slot = key;
-            let mut i = leaf;
-            loop {
-                if i < 4 {
-                    if i >= 2 {
-                        // Slots 2 and 3 are stored: the root is their join.
-                        let [_, _, l, r] = keys[0];
-                        keys[0][1] = l.max(r);
-                    }
-                    break;
+        if let Keys::Narrow(keys) = &mut self.keys {
+            match narrow_key(a, pos, self.pos_bits, self.free_limit) {
+                Some(key) => {
+                    climb(keys, leaf, key);
                 }
-                let [g0, g1, g2, g3] = keys[i / 4];
-                let parent = g0.max(g1).max(g2.max(g3));
-                i /= 4;
-                let slot = &mut keys[i / 4][i % 4];
-                if *slot == parent {
-                    break;
-                }
-                *slot = parent;
+                None => self.widen_keys(),
             }
+        }
+        if let Keys::Wide(keys) = &mut self.keys {
+            climb(keys, leaf, order_key(a, pos));
         }
 
         if !fits_narrow(a) {
             self.widen();
         }
-        let r = b..b + 2 * w;
         Some(match &mut self.rooms {
-            Rooms::Narrow(rooms) => climb_rooms(&mut rooms[r], leaf, Narrow::of(a)),
-            Rooms::Wide(rooms) => climb_rooms(&mut rooms[r], leaf, Maxima::of(a)),
+            Rooms::Narrow(rooms) => values(&climb(rooms, leaf, Narrow::of(a))),
+            Rooms::Wide(rooms) => values(&climb(rooms, leaf, Maxima::of(a))),
         })
     }
 
@@ -344,15 +532,6 @@ impl IdlestIndex {
         match &self.rooms {
             Rooms::Narrow(r) => values(&r[self.base[d] as usize + 1]),
             Rooms::Wide(r) => values(&r[self.base[d] as usize + 1]),
-        }
-    }
-
-    /// The room at alignment `a` of slot `i` of the room trees.
-    #[inline]
-    fn room(&self, i: usize, a: usize) -> u32 {
-        match &self.rooms {
-            Rooms::Narrow(r) => r[i].get(a),
-            Rooms::Wide(r) => r[i].get(a),
         }
     }
 
@@ -375,24 +554,15 @@ impl IdlestIndex {
         }
         let children = &topo.node(d).children;
         let b = self.base[d] as usize;
-        // The root's best child (best key, first on ties) qualifies: it is
-        // the answer, and the search would examine it alone (best-first to
-        // it, then every other segment pruned on its key).
-        let root = self.keys[b + 1];
-        if root == 0 || self.room(b + 1, align.index()) < demand {
-            return None;
-        }
-        let top = position_of(root);
-        if self.room(b + w + top, align.index()) >= demand && eligible(children[top]) {
-            *visited += 1;
-            return Some(children[top]);
-        }
-        self.search(topo, d, align, demand, eligible, visited)
+        with_tree!(self, b, w, |tree| idlest_in(
+            &tree, children, align, demand, eligible, visited
+        ))
     }
 
     /// [`IdlestIndex::idlest_child`] without its shortcut: the best-first
-    /// search over the segments.
-    pub(crate) fn search(
+    /// search over the segments (tests).
+    #[cfg(test)]
+    fn search(
         &self,
         topo: &Topology,
         d: NodeId,
@@ -407,42 +577,41 @@ impl IdlestIndex {
         }
         let children = &topo.node(d).children;
         let b = self.base[d] as usize;
-        let keys = &self.keys[b..b + 2 * w];
-        match &self.rooms {
-            Rooms::Narrow(r) => {
-                let tree = Tree {
-                    keys,
-                    rooms: &r[b..b + 2 * w],
-                    width: w,
-                };
-                search_tree(&tree, children, align, demand, eligible, visited)
-            }
-            Rooms::Wide(r) => {
-                let tree = Tree {
-                    keys,
-                    rooms: &r[b..b + 2 * w],
-                    width: w,
-                };
-                search_tree(&tree, children, align, demand, eligible, visited)
-            }
-        }
+        with_tree!(self, b, w, |tree| search_tree(
+            &tree, children, align, demand, eligible, visited
+        ))
     }
 
-    /// Both trees of every domain with every level computed from the
-    /// children's slots, the binary join at each segment (as when every
-    /// level was stored), for tests: `(keys, rooms)` laid out as the
-    /// index's.
+    /// Both trees of domain `d` in the binary layout with every level
+    /// computed from the children's slots, the binary join at each
+    /// segment (as when every level was stored), in 128-bit keys and
+    /// 32-bit lanes, for tests: slot `i` of `(keys, rooms)` is binary
+    /// segment `i` (`1 <= i < 2 * width`).
     #[cfg(test)]
-    fn full_trees(&self) -> (Vec<u128>, Vec<Maxima>) {
-        let (mut keys, mut rooms) = (self.keys.clone(), self.wide_rooms());
-        for d in 0..self.width.len() {
-            let (b, w) = (self.base[d] as usize, self.width[d] as usize);
-            for i in (1..w).rev() {
-                keys[b + i] = keys[b + 2 * i].max(keys[b + 2 * i + 1]);
-                rooms[b + i] = rooms[b + 2 * i].join(&rooms[b + 2 * i + 1]);
-            }
+    fn full_trees(&self, d: NodeId) -> (Vec<u128>, Vec<Maxima>) {
+        let (b, w) = (self.base[d] as usize, self.width[d] as usize);
+        let (mut keys, mut rooms) = (vec![0u128; 2 * w], vec![Maxima::NONE; 2 * w]);
+        let (all_keys, all_rooms) = (self.wide_keys(), self.wide_rooms());
+        for i in w..2 * w {
+            keys[i] = all_keys[b + slot(i)];
+            rooms[i] = all_rooms[b + slot(i)];
+        }
+        for i in (1..w).rev() {
+            keys[i] = keys[2 * i].max(keys[2 * i + 1]);
+            rooms[i] = rooms[2 * i].join(&rooms[2 * i + 1]);
         }
         (keys, rooms)
+    }
+
+    /// The key trees in 128 bits, whichever width holds them (tests).
+    #[cfg(test)]
+    fn wide_keys(&self) -> Vec<u128> {
+        let mut ix = self.clone();
+        ix.widen_keys();
+        match ix.keys {
+            Keys::Wide(k) => k,
+            Keys::Narrow(_) => unreachable!("widened"),
+        }
     }
 
     /// The room trees in 32-bit lanes, whichever width holds them (tests).
@@ -457,9 +626,38 @@ impl IdlestIndex {
     }
 }
 
+/// [`IdlestIndex::idlest_child`] over one domain's trees.
+fn idlest_in<K: Key, L: Lanes>(
+    tree: &Tree<'_, K, L>,
+    children: &[NodeId],
+    align: Align,
+    demand: u32,
+    eligible: impl Fn(NodeId) -> bool,
+    visited: &mut u64,
+) -> Option<NodeId> {
+    // The root's best child (best key, first on ties) qualifies: it is
+    // the answer, and the search would examine it alone (best-first to
+    // it, then every other segment pruned on its key).
+    let (root, room) = (
+        tree.keys[tree.base + 1],
+        tree.rooms[tree.base + 1].get(align.index()),
+    );
+    if root == K::PAD || room < demand {
+        return None;
+    }
+    let top = root.position(tree.pos_bits);
+    if tree.rooms[tree.base + slot(tree.width + top)].get(align.index()) >= demand
+        && eligible(children[top])
+    {
+        *visited += 1;
+        return Some(children[top]);
+    }
+    search_tree(tree, children, align, demand, eligible, visited)
+}
+
 /// [`IdlestIndex::search`] over one domain's trees.
-fn search_tree<L: Lanes>(
-    tree: &Tree<'_, L>,
+fn search_tree<K: Key, L: Lanes>(
+    tree: &Tree<'_, K, L>,
     children: &[NodeId],
     align: Align,
     demand: u32,
@@ -468,7 +666,7 @@ fn search_tree<L: Lanes>(
 ) -> Option<NodeId> {
     let w = tree.width;
     // The chosen child so far, by its key (which names its position).
-    let mut found: Option<u128> = None;
+    let mut found: Option<K> = None;
     // Best-first, depth-first over the segments (depth <= 32).
     let mut stack = [0usize; 64];
     let mut top = 1;
@@ -477,7 +675,7 @@ fn search_tree<L: Lanes>(
         top -= 1;
         let i = stack[top];
         let (key, room) = tree.segment(i, align);
-        if key == 0 || room < demand {
+        if key == K::PAD || room < demand {
             continue;
         }
         // Nothing in the segment beats the chosen child: a better key,
@@ -488,7 +686,7 @@ fn search_tree<L: Lanes>(
         }
         if i >= w {
             *visited += 1;
-            if eligible(children[position_of(key)]) {
+            if eligible(children[key.position(tree.pos_bits)]) {
                 found = Some(key);
             }
             continue;
@@ -501,37 +699,86 @@ fn search_tree<L: Lanes>(
         stack[top + 1] = first;
         top += 2;
     }
-    found.map(|k| children[position_of(k)])
+    found.map(|k| children[k.position(tree.pos_bits)])
 }
 
-/// Put `room` in child slot `leaf` of one domain's room trees and climb
-/// as [`IdlestIndex::update`] says; returns the domain's maxima.
+/// A child slot of one domain's trees as [`climb`] starts from it:
+/// computed once per [`IdlestIndex::update`] for both trees.
+#[derive(Clone, Copy, Debug)]
+struct Climb {
+    /// The domain's first group of four slots (`base / 4`).
+    base: usize,
+    /// The child's binary segment (`width + position`).
+    leaf: usize,
+    /// [`OFF`] of the children's level: `slot(i) = i - (off & !3)` there.
+    off: usize,
+    /// How `off` steps two levels up: `off' = (off + step) / 4`, `step`
+    /// 1 on even levels and -1 (wrapping) on odd ones (`4 * off' = off
+    /// -/+ 1`, both exact).
+    step: usize,
+}
+
+impl Climb {
+    /// Child `pos` of a domain of `w` children slots whose slots start at
+    /// `base` (a multiple of four: every domain's slots are, [`tree_len`]).
+    #[inline]
+    fn new(base: usize, w: usize, pos: usize) -> Self {
+        let level = w.trailing_zeros() as usize & 63;
+        Self {
+            base: base / 4,
+            leaf: w + pos,
+            off: OFF[level],
+            step: if level.is_multiple_of(2) {
+                1
+            } else {
+                usize::MAX
+            },
+        }
+    }
+}
+
+/// Put `x` in child slot `c.leaf` of one domain's tree (its slots,
+/// [`slot`], from group `c.base` of all domains' `trees`) and climb as
+/// [`IdlestIndex::update`] says; returns the domain's root.
+///
+/// The trees are read as groups of four slots: a stored level's slots
+/// start at a multiple of four ([`slot`]), so slot `i` of level `l` is
+/// place `i % 4` of group `i / 4 - OFF[l] / 4`, and the grandchildren of
+/// a segment are one group; one bounds check per access.
 #[inline]
-fn climb_rooms<L: Lanes>(rooms: &mut [L], leaf: usize, room: L) -> ([u32; 5], u32) {
-    let (rooms, _) = rooms.as_chunks_mut::<4>();
-    let slot = &mut rooms[leaf / 4][leaf % 4];
-    if !slot.same(&room) {
-        *slot = room;
-        let mut i = leaf;
+fn climb<T: Join>(trees: &mut [T], c: Climb, x: T) -> T {
+    let Climb {
+        base,
+        leaf,
+        mut off,
+        step,
+    } = c;
+    let (tree, _) = trees.as_chunks_mut::<4>();
+    let mut i = leaf;
+    let s = &mut tree[base + i / 4 - off / 4][i % 4];
+    if !s.same(&x) {
+        *s = x;
         loop {
             if i < 4 {
                 if i >= 2 {
-                    let [_, _, l, r] = &rooms[0];
-                    rooms[0][1] = l.join(r);
+                    // Slots 2 and 3 are stored: the root is their join.
+                    let [_, _, l, r] = tree[base];
+                    tree[base][1] = l.join(&r);
                 }
                 break;
             }
-            let [g0, g1, g2, g3] = &rooms[i / 4];
-            let parent = g0.join(g1).join(&g2.join(g3));
+            let [g0, g1, g2, g3] = tree[base + i / 4 - off / 4];
+            let parent = g0.join(&g1).join(&g2.join(&g3));
             i /= 4;
-            let slot = &mut rooms[i / 4][i % 4];
-            if slot.same(&parent) {
+            off = off.wrapping_add(step) / 4;
+            let s = &mut tree[base + i / 4 - off / 4][i % 4];
+            if s.same(&parent) {
                 break;
             }
-            *slot = parent;
+            *s = parent;
         }
     }
-    values(&rooms[0][1])
+    tree[base][1]
 }
 
 /// Whether a domain's trees of `w` children slots keep slot `i` (`1 <= i
@@ -542,56 +789,122 @@ fn stored(i: usize, w: usize) -> bool {
     i == 1 || (w.trailing_zeros() - i.ilog2()).is_multiple_of(2)
 }
 
+/// Where stored segment `i` ([`stored`]) of a domain's binary tree is
+/// among the domain's slots: the root at 1, then the stored levels one
+/// after another, each in order and from a multiple of four (so that
+/// [`climb`] reads a segment's grandchildren as one group of four).
+///
+/// Packed from the root at 0, level `l` (segments `2^l .. 2^(l + 1)`)
+/// would follow the levels `l - 2`, `l - 4`, ... and the root:
+/// `(2^l - 1) / 3` slots for an even `l`, `(2^l + 1) / 3` for an odd
+/// one, so `i` would be at `i - OFF[l]` (`OFF[l] = (2^(l + 1) + 1) / 3` rounded down
+/// in both cases). `OFF[l]` is 3 modulo 4 on every even level from 2
+/// and 1 on every odd one: three slots before the root of a tree of
+/// even levels (`_, root, _, _`, then level 2) and one before the root
+/// of a tree of odd levels (`_, root, l, r`, then level 3) make every
+/// level from 2 start at a multiple of four, at `i - (OFF[l] & !3)`, the
+/// root at 1 either way.
+#[inline]
+fn slot(i: usize) -> usize {
+    i - (OFF[i.ilog2() as usize & 63] & !3)
+}
+
+/// `(2^(l + 1) + 1) / 3` for every level `l` ([`slot`]; a load where the
+/// division by 3 took a multiplication and shifts).
+const OFF: [usize; 64] = {
+    let mut off = [0; 64];
+    let mut l = 0;
+    while l < 64 {
+        off[l] = (((2u128 << l) + 1) / 3) as usize;
+        l += 1;
+    }
+    off
+};
+
+/// The slots of a domain's trees of `w` children slots ([`slot`] of the
+/// last child slot, plus one): a multiple of four.
+#[inline]
+fn tree_len(w: usize) -> usize {
+    2 * w - (OFF[w.trailing_zeros() as usize & 63] & !3)
+}
+
 /// The join of a stored segment `i < w` from the stored slots below it:
 /// its four grandchildren, or for the root one level above stored slots,
 /// its two children.
-fn join_below<L: Lanes>(keys: &[u128], rooms: &[L], i: usize, w: usize) -> (u128, L) {
-    if i == 1 && w.trailing_zeros() % 2 == 1 {
-        (keys[2].max(keys[3]), rooms[2].join(&rooms[3]))
+fn join_below<K: Key, L: Lanes>(keys: &[K], rooms: &[L], i: usize, w: usize) -> (K, L) {
+    let g = if i == 1 && w.trailing_zeros() % 2 == 1 {
+        let g = slot(2);
+        return (keys[g].join(&keys[g + 1]), rooms[g].join(&rooms[g + 1]));
     } else {
-        let g = 4 * i;
-        (
-            keys[g].max(keys[g + 1]).max(keys[g + 2].max(keys[g + 3])),
-            rooms[g]
-                .join(&rooms[g + 1])
-                .join(&rooms[g + 2].join(&rooms[g + 3])),
-        )
-    }
+        slot(4 * i)
+    };
+    (
+        keys[g]
+            .join(&keys[g + 1])
+            .join(&keys[g + 2].join(&keys[g + 3])),
+        rooms[g]
+            .join(&rooms[g + 1])
+            .join(&rooms[g + 2].join(&rooms[g + 3])),
+    )
 }
 
 /// One domain's trees as the search reads them: every binary segment,
 /// a level that is not stored joined from its two (stored) children.
-struct Tree<'a, L> {
-    keys: &'a [u128],
+/// Read in all domains' trees from the domain's `base` (one bounds check
+/// per access, none for a slice of the domain).
+struct Tree<'a, K, L> {
+    keys: &'a [K],
     rooms: &'a [L],
+    base: usize,
     width: usize,
+    pos_bits: u32,
 }
 
-impl<L: Lanes> Tree<'_, L> {
+impl<K: Key, L: Lanes> Tree<'_, K, L> {
     /// Segment `i`'s best key.
     #[inline]
-    fn key(&self, i: usize) -> u128 {
+    fn key(&self, i: usize) -> K {
         if stored(i, self.width) {
-            self.keys[i]
+            self.keys[self.base + slot(i)]
         } else {
-            self.keys[2 * i].max(self.keys[2 * i + 1])
+            let l = self.base + slot(2 * i);
+            self.keys[l].join(&self.keys[l + 1])
         }
     }
 
     /// Segment `i`'s best key and its largest room at `align`.
     #[inline]
-    fn segment(&self, i: usize, align: Align) -> (u128, u32) {
+    fn segment(&self, i: usize, align: Align) -> (K, u32) {
         let a = align.index();
         if stored(i, self.width) {
-            (self.keys[i], self.rooms[i].get(a))
+            let s = self.base + slot(i);
+            (self.keys[s], self.rooms[s].get(a))
         } else {
-            let (l, r) = (2 * i, 2 * i + 1);
+            let l = self.base + slot(2 * i);
             (
-                self.keys[l].max(self.keys[r]),
-                self.rooms[l].get(a).max(self.rooms[r].get(a)),
+                self.keys[l].join(&self.keys[l + 1]),
+                self.rooms[l].get(a).max(self.rooms[l + 1].get(a)),
             )
         }
     }
+}
+
+/// `order_key` in 64 bits, while `sum_free` fits `31 - pos_bits` bits
+/// (`None` otherwise): the free share from bit 31 (at most `1 << 32`, 33
+/// bits), then `sum_free` from bit `pos_bits`, then the position in
+/// reverse (`!p` in `pos_bits` bits: nonzero, as `2^pos_bits` exceeds
+/// every position). Keys of one index, both of this form, compare as
+/// their [`order_key`]s do (`Key::wide` gives it back).
+#[inline]
+fn narrow_key(a: &NodeAgg, p: u32, pos_bits: u32, free_limit: u64) -> Option<u64> {
+    debug_assert!(pos_bits <= MAX_POS_BITS && p < (1 << pos_bits) - 1);
+    debug_assert_eq!(free_limit, 1 << (31 - pos_bits));
+    if a.sum_free >= free_limit {
+        return None;
+    }
+    debug_assert!(a.sum_free <= a.capacity, "room beyond capacity: {a:?}");
+    let share = fixed_share(a.sum_free, a.capacity.max(1)) as u64;
+    Some((share << 31) | (a.sum_free << pos_bits) | (!(p as u64) & ((1 << pos_bits) - 1)))
 }
 
 /// The largest `sum_free` a key holds exactly: `2^63 - 1`. A domain's
@@ -662,11 +975,11 @@ mod tests {
     fn check_all(s: &Sched, max_cap: u32) -> Result<(), TestCaseError> {
         let topo = s.topology().clone();
         let skip_busy = s.config().busy_skip;
-        let (full_keys, full_rooms) = s.idlest.full_trees();
         for d in 0..topo.nodes().len() {
             if topo.node(d).children.is_empty() {
                 continue;
             }
+            let (full_keys, full_rooms) = s.idlest.full_trees(d);
             for align in Align::ALL {
                 for demand in 0..=max_cap + 1 {
                     let mut visited = 0;
@@ -705,7 +1018,6 @@ mod tests {
                     let oracle = binary_search(
                         &full_keys,
                         &full_rooms,
-                        s.idlest.base[d] as usize,
                         s.idlest.width[d] as usize,
                         &topo.node(d).children,
                         align,
@@ -737,7 +1049,6 @@ mod tests {
     fn binary_search(
         keys: &[u128],
         rooms: &[Maxima],
-        b: usize,
         w: usize,
         children: &[NodeId],
         align: Align,
@@ -748,8 +1059,8 @@ mod tests {
         let mut found: Option<u128> = None;
         let mut stack = vec![1usize];
         while let Some(i) = stack.pop() {
-            let key = keys[b + i];
-            if key == 0 || value(rooms[b + i][align.index()]) < demand {
+            let key = keys[i];
+            if key == 0 || value(rooms[i][align.index()]) < demand {
                 continue;
             }
             if found.is_some_and(|f| key <= f) {
@@ -763,7 +1074,7 @@ mod tests {
                 continue;
             }
             let (l, r) = (2 * i, 2 * i + 1);
-            if keys[b + r] > keys[b + l] {
+            if keys[r] > keys[l] {
                 stack.extend([l, r]);
             } else {
                 stack.extend([r, l]);
@@ -804,36 +1115,49 @@ mod tests {
 
     /// Every segment of every domain as the search reads it equals the
     /// binary join of the children (every level computed, `full_trees`),
-    /// and every stored slot holds it, in whichever lanes the index holds
-    /// its rooms.
+    /// and every stored slot holds it, in whichever widths the index
+    /// holds its trees.
     fn check_segments(ix: &IdlestIndex) -> Result<(), TestCaseError> {
-        match &ix.rooms {
-            Rooms::Narrow(r) => check_segments_in(ix, r),
-            Rooms::Wide(r) => check_segments_in(ix, r),
+        match (&ix.keys, &ix.rooms) {
+            (Keys::Narrow(k), Rooms::Narrow(r)) => check_segments_in(ix, k, r),
+            (Keys::Narrow(k), Rooms::Wide(r)) => check_segments_in(ix, k, r),
+            (Keys::Wide(k), Rooms::Narrow(r)) => check_segments_in(ix, k, r),
+            (Keys::Wide(k), Rooms::Wide(r)) => check_segments_in(ix, k, r),
         }
     }
 
-    fn check_segments_in<L: Lanes>(ix: &IdlestIndex, rooms_of: &[L]) -> Result<(), TestCaseError> {
-        let (keys, rooms) = ix.full_trees();
+    fn check_segments_in<K: Key, L: Lanes>(
+        ix: &IdlestIndex,
+        keys_of: &[K],
+        rooms_of: &[L],
+    ) -> Result<(), TestCaseError> {
+        let p = ix.pos_bits;
         for d in 0..ix.width.len() {
             let (b, w) = (ix.base[d] as usize, ix.width[d] as usize);
+            if w == 0 {
+                continue;
+            }
+            let (keys, rooms) = ix.full_trees(d);
+            let end = b + tree_len(w);
             let tree = Tree {
-                keys: &ix.keys[b..b + 2 * w],
-                rooms: &rooms_of[b..b + 2 * w],
+                keys: keys_of,
+                rooms: rooms_of,
+                base: b,
                 width: w,
+                pos_bits: p,
             };
             for i in 1..2 * w {
-                prop_assert_eq!(tree.key(i), keys[b + i], "domain {} slot {}", d, i);
+                prop_assert_eq!(tree.key(i).wide(p), keys[i], "domain {} slot {}", d, i);
                 for align in Align::ALL {
-                    prop_assert_eq!(
-                        tree.segment(i, align),
-                        (keys[b + i], value(rooms[b + i][align.index()]))
-                    );
+                    let (k, room) = tree.segment(i, align);
+                    prop_assert_eq!((k.wide(p), room), (keys[i], value(rooms[i][align.index()])));
                 }
                 if stored(i, w) {
+                    prop_assert!(b + slot(i) < end);
+                    prop_assert_eq!(keys_of[b + slot(i)].wide(p), keys[i]);
                     prop_assert_eq!(
-                        values(&rooms_of[b + i]),
-                        values(&rooms[b + i]),
+                        values(&rooms_of[b + slot(i)]),
+                        values(&rooms[i]),
                         "domain {} slot {}",
                         d,
                         i
@@ -844,7 +1168,172 @@ mod tests {
         Ok(())
     }
 
+    /// The stored segments of a domain's binary tree, level after level
+    /// from the root and in order within a level, are slots 0, 1, ...,
+    /// `tree_len(w) - 1` ([`slot`]), and the climb's step from a level to
+    /// the one two above matches [`slot`] there.
+    #[test]
+    fn slots_are_the_stored_segments_in_order() {
+        for l in 1..16 {
+            let w = 1usize << l;
+            let mut next = 1usize;
+            let mut level = 0;
+            for i in 1..2 * w {
+                if stored(i, w) {
+                    // A new level starts at the next multiple of four (the
+                    // root at 1, level 1 of an odd tree right after it).
+                    if i.ilog2() != level && i.ilog2() >= 2 {
+                        next = next.next_multiple_of(4);
+                    }
+                    level = i.ilog2();
+                    assert_eq!(slot(i), next, "w {w} segment {i}");
+                    next += 1;
+                }
+            }
+            assert_eq!(tree_len(w), next, "w {w}");
+            assert_eq!(tree_len(w) % 4, 0, "w {w}");
+            // At most three slots unused (before and after the root).
+            let nr_stored = (1..2 * w).filter(|&i| stored(i, w)).count();
+            assert!(tree_len(w) - nr_stored <= 3, "w {w}");
+            // From every child slot, `climb`'s groups and steps up match
+            // `slot` on every stored level.
+            for pos in 0..w {
+                let Climb {
+                    leaf,
+                    mut off,
+                    step,
+                    ..
+                } = Climb::new(0, w, pos);
+                let mut i = leaf;
+                assert_eq!(4 * (i / 4 - off / 4) + i % 4, slot(i), "w {w} child {pos}");
+                while i >= 4 {
+                    assert_eq!(4 * (i / 4 - off / 4), slot(i & !3), "w {w} segment {i}");
+                    i /= 4;
+                    off = off.wrapping_add(step) / 4;
+                    assert_eq!(4 * (i / 4 - off / 4) + i % 4, slot(i), "w {w} segment {i}");
+                }
+            }
+        }
+    }
+
     proptest! {
+        /// A 64-bit key orders aggregates as the 128-bit [`order_key`]
+        /// does, gives it back (`Key::wide`) and names the position, for
+        /// every width of positions, and exists exactly when `sum_free`
+        /// fits the bits left.
+        #[test]
+        fn narrow_key_orders_as_order_key(
+            pos_bits in 1u32..=MAX_POS_BITS,
+            x in (0u64..8, 0u64..8, any::<u32>(), 0u8..3),
+            y in (0u64..8, 0u64..8, any::<u32>(), 0u8..3),
+        ) {
+            let limit = 1u64 << (31 - pos_bits);
+            // Capacities and free room at small values, around the limit
+            // (equal shares at different sums, ties) and random.
+            let pick = |(cap, free, p, near): (u64, u64, u32, u8)| {
+                let capacity = match near {
+                    0 => cap,
+                    1 => (limit - 4 + cap).max(1),
+                    _ => (limit - 4 + cap) * 3,
+                };
+                let sum_free = capacity.min(match near {
+                    0 => free,
+                    1 => limit - 4 + free,
+                    _ => (limit - 4 + free) / 2,
+                });
+                let agg = NodeAgg { capacity, sum_free, ..NodeAgg::default() };
+                (agg, p % ((1 << pos_bits) - 1))
+            };
+            let ((a, p), (b, q)) = (pick(x), pick(y));
+            let (na, nb) = (
+                narrow_key(&a, p, pos_bits, limit),
+                narrow_key(&b, q, pos_bits, limit),
+            );
+            prop_assert_eq!(na.is_some(), a.sum_free < limit);
+            prop_assert_eq!(nb.is_some(), b.sum_free < limit);
+            if let (Some(na), Some(nb)) = (na, nb) {
+                prop_assert_eq!(na.cmp(&nb), order_key(&a, p).cmp(&order_key(&b, q)));
+                prop_assert_eq!(na.wide(pos_bits), order_key(&a, p));
+                prop_assert_eq!(na.position(pos_bits), p as usize);
+                prop_assert!(na > 0);
+            }
+        }
+
+        /// The key trees in 64 bits against the same trees held in 128
+        /// bits from the start (`widen_keys`): random aggregates with
+        /// `sum_free` below, at and beyond what 64-bit keys hold, given
+        /// to both, one child at a time; after each, the same keys (in
+        /// 128 bits), the same choice and the same children examined for
+        /// every domain, alignment and demand, every segment the join of
+        /// its children, every domain's root the child a brute-force scan
+        /// picks; the index widens exactly at the first key that does not
+        /// fit.
+        #[test]
+        fn narrow_keys_match_wide_keys(
+            topo in prop::sample::select([TOPOLOGIES, WIDE].concat()),
+            values_in in prop::collection::vec(
+                (0u64..6, 0u64..6, prop::array::uniform6(0u32..4),
+                 prop::sample::select(vec![0u8, 0, 0, 1, 1, 2])),
+                1..60),
+            nodes in prop::collection::vec(0usize..1000, 60),
+        ) {
+            let t = Topology::from_spec(topo).unwrap();
+            let n = t.nodes().len();
+            let mut ix = IdlestIndex::new(&t);
+            prop_assert!(matches!(ix.keys, Keys::Narrow(_)));
+            let mut wide = IdlestIndex::new(&t);
+            wide.widen_keys();
+            let limit = 1u64 << (31 - ix.pos_bits);
+            let mut aggs = vec![NodeAgg::default(); n];
+            let mut big = false;
+            for (k, &(cap, free, rooms, near)) in values_in.iter().enumerate() {
+                let c = nodes[k] % n;
+                // Near the limit: capacities and sums just below, at and
+                // past it (1); far past it (2).
+                let (capacity, sum_free) = match near {
+                    0 => (cap, free.min(cap)),
+                    1 => (limit - 3 + cap, (limit - 3 + free).min(limit - 3 + cap)),
+                    _ => (limit * 4 + cap, limit * 2 + free),
+                };
+                let f = sum_free.min(u32::MAX as u64) as u32;
+                aggs[c] = NodeAgg {
+                    capacity,
+                    nr_running: 0,
+                    sum_free,
+                    max_free: rooms[5].min(f),
+                    max_room: [0, 1, 2, 3, 4].map(|i| rooms[i].min(f)),
+                };
+                big |= t.node(c).parent.is_some() && sum_free >= limit;
+                prop_assert_eq!(ix.update(c, &aggs[c]), wide.update(c, &aggs[c]));
+                prop_assert_eq!(matches!(ix.keys, Keys::Wide(_)), big);
+                prop_assert_eq!(ix.wide_keys(), wide.wide_keys());
+                check_segments(&ix)?;
+                for d in 0..n {
+                    let children = &t.node(d).children;
+                    if children.is_empty() {
+                        continue;
+                    }
+                    let root = ix.wide_keys()[ix.base[d] as usize + 1];
+                    prop_assert_eq!(position_of(root), best_by_scan(&aggs, children));
+                    for align in Align::ALL {
+                        for demand in [0, 1, 2, 3, 4] {
+                            let (mut v1, mut v2) = (0, 0);
+                            let even = |c: NodeId| c.is_multiple_of(2);
+                            prop_assert_eq!(
+                                ix.idlest_child(&t, d, align, demand, |_| true, &mut v1),
+                                wide.idlest_child(&t, d, align, demand, |_| true, &mut v2)
+                            );
+                            prop_assert_eq!(
+                                ix.search(&t, d, align, demand, even, &mut v1),
+                                wide.search(&t, d, align, demand, even, &mut v2)
+                            );
+                            prop_assert_eq!(v1, v2);
+                        }
+                    }
+                }
+            }
+        }
+
         /// The room trees in 16-bit lanes ([`Narrow`]) against the same
         /// trees held in 32-bit lanes from the start (`widen`): random
         /// aggregates with maxima up to and across 2^16 given to both, one
@@ -882,7 +1371,7 @@ mod tests {
                 big |= t.node(c).parent.is_some() && !fits_narrow(&a);
                 prop_assert_eq!(ix.update(c, &a), wide.update(c, &a));
                 prop_assert_eq!(matches!(ix.rooms, Rooms::Wide(_)), big);
-                prop_assert_eq!(&ix.keys, &wide.keys);
+                prop_assert_eq!(ix.wide_keys(), wide.wide_keys());
                 prop_assert_eq!(ix.wide_rooms(), wide.wide_rooms());
                 check_segments(&ix)?;
                 for d in 0..n {
@@ -947,7 +1436,7 @@ mod tests {
                     if children.is_empty() {
                         continue;
                     }
-                    let root = ix.keys[ix.base[d] as usize + 1];
+                    let root = ix.wide_keys()[ix.base[d] as usize + 1];
                     prop_assert_eq!(position_of(root), best_by_scan(&aggs, children));
                     let (room, free) = ix.maxima(d);
                     for (i, &r) in room.iter().enumerate() {
