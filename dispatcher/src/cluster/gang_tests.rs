@@ -13,7 +13,7 @@ use proto::v1::{
     dispatcher_message,
 };
 
-use super::tests::{assigns, job_with_limit as single, register_node};
+use super::tests::{assigns, cancels, job_with_limit as single, register_node};
 use super::*;
 use crate::store::Snapshot;
 
@@ -77,18 +77,6 @@ fn rack_of(c: &Cluster, id: &str) -> String {
 fn kind(c: &Cluster, id: &str, now: i64) -> PendingReasonKind {
     let r = c.pending_reason(id, now).expect("waits");
     PendingReasonKind::try_from(r.kind).unwrap()
-}
-
-fn cancels(fx: &Effects) -> Vec<(String, String, u32)> {
-    fx.to_agents
-        .iter()
-        .filter_map(|(n, m)| match &m.message().msg {
-            Some(dispatcher_message::Msg::Cancel(x)) => {
-                Some((n.to_string(), x.job_id.clone(), x.attempt))
-            }
-            _ => None,
-        })
-        .collect()
 }
 
 /// CPUs the dispatcher's model marks busy, over all nodes.

@@ -607,7 +607,7 @@ fn a_stalled_node_comes_back_when_it_reports_again() {
 }
 
 /// The (node, job, attempt) of every Cancel in `fx`.
-fn cancels(fx: &Effects) -> Vec<(String, String, u32)> {
+pub(crate) fn cancels(fx: &Effects) -> Vec<(String, String, u32)> {
     fx.to_agents
         .iter()
         .filter_map(|(n, m)| match &m.message().msg {
@@ -967,17 +967,6 @@ fn a_cancelled_job_given_back_by_a_steal_is_not_placed_again() {
 /// of running it beside the retry until it next reports the job.
 #[test]
 fn a_lost_attempt_is_cancelled_on_its_stalled_node() {
-    let cancels = |fx: &Effects| -> Vec<(String, String, u32)> {
-        fx.to_agents
-            .iter()
-            .filter_map(|(n, m)| match &m.message().msg {
-                Some(dispatcher_message::Msg::Cancel(c)) => {
-                    Some((n.to_string(), c.job_id.clone(), c.attempt))
-                }
-                _ => None,
-            })
-            .collect()
-    };
     let mut c = Cluster::new(ClusterConfig::default());
     register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
     let mut fx = Effects::default();
