@@ -4,7 +4,9 @@
 //!
 //! Invariants after a registration: every attempt the agent reports that
 //! is not the current attempt of a live job the dispatcher places on that
-//! node is cancelled there; every job the dispatcher places on the node
+//! node is cancelled there, unless it is an attempt lost with that node
+//! that SUCCEEDED before its retry started (the job then ends with that
+//! result: `Cluster::adopt_stale_success`); every job the dispatcher places on the node
 //! that the agent does not report is re-sent (ASSIGNED), retried or lost
 //! (RUNNING), or ends CANCELLED (its cancel was requested); a reported
 //! job whose cancel was requested gets its `Cancel` again.
