@@ -146,8 +146,8 @@ pub enum End {
         state: JobState,
     },
     /// A stale attempt, retried after its node was lost, ended
-    /// SUCCEEDED there, reported when the node came back before the retry
-    /// started: the job took that result and the retry was withdrawn.
+    /// SUCCEEDED there, reported when the node came back while the retry
+    /// waited unsent: the job took that result and the retry was withdrawn.
     StaleAttemptSucceeded {
         /// The attempt that ran.
         attempt: u32,
@@ -433,7 +433,7 @@ impl fmt::Display for End {
             End::StaleAttemptSucceeded { attempt, node } => write!(
                 f,
                 "attempt {attempt} succeeded on {node}, reported when the node came back; \
-                 the retry, not started, was withdrawn"
+                 the retry, not sent yet, was withdrawn"
             ),
             End::Lost { node, why } => write!(f, "node {node} lost ({why}), no retries left"),
             End::GangEnded { member, state } => write!(

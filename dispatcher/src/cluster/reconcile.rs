@@ -5,7 +5,7 @@
 //! Invariants after a registration: every attempt the agent reports that
 //! is not the current attempt of a live job the dispatcher places on that
 //! node is cancelled there, unless it is an attempt lost with that node
-//! that SUCCEEDED before its retry started (the job then ends with that
+//! that SUCCEEDED while its retry waits unsent (the job then ends with that
 //! result: `Cluster::adopt_stale_success`); every job the dispatcher places on the node
 //! that the agent does not report is re-sent (ASSIGNED), retried or lost
 //! (RUNNING), or ends CANCELLED (its cancel was requested); a reported
@@ -169,13 +169,13 @@ impl Cluster {
     /// A stale attempt that the dispatcher retried after losing `node`
     /// reports from there that it SUCCEEDED: it ended while the node was
     /// cut off (before its lease fenced it), and the report came when the
-    /// node returned. Unless the retry has started, the job takes that
-    /// result: the retry is withdrawn (cancelled on its node if it was sent
-    /// there; the agent drops it unstarted) and the job ends SUCCEEDED with
-    /// the attempt's facts, so a job that finished is not run again. A
-    /// retry that started cannot be undone, and a gang's members restart
-    /// together: the report is then stale as before. Returns whether the
-    /// job took the result.
+    /// node returned. While the retry waits unsent (PENDING: no node was
+    /// sent its Assign), the job takes that result: the retry is withdrawn
+    /// and the job ends SUCCEEDED with the attempt's facts, so a job that
+    /// finished is not run again. A retry already sent may start before a
+    /// Cancel reaches its node, and a gang's members restart together: the
+    /// report is then stale as before. Returns whether the job took the
+    /// result.
     pub(super) fn adopt_stale_success(
         &mut self,
         node: &str,
@@ -200,27 +200,16 @@ impl Cluster {
         if !retried_from_here || e.job().attempt <= status.attempt {
             return false;
         }
-        let sent_to = match e.phase() {
-            Phase::Unplaced { .. } | Phase::Queued { .. } => None,
-            Phase::Assigned { node, .. }
-            | Phase::AwaitingNode {
-                node,
-                running: false,
-                ..
-            } => Some(node.clone()),
-            Phase::Running { .. }
-            | Phase::AwaitingNode { running: true, .. }
-            | Phase::Done { .. } => {
-                return false;
-            }
-        };
-        if self.gang_of(key).is_some() {
+        // Only a retry no node was sent: once its Assign is on its way,
+        // the node may start it before a Cancel arrives, and a job shown
+        // SUCCEEDED must not start anywhere after (the model test's
+        // promise: no Assign of an attempt the dispatcher has ended).
+        if !matches!(e.phase(), Phase::Unplaced { .. } | Phase::Queued { .. })
+            || self.gang_of(key).is_some()
+        {
             return false;
         }
         let retry = e.job().attempt;
-        if let Some(on) = sent_to {
-            cancel_on(on, status.job_id.clone(), retry, fx);
-        }
         if let Some(mut f) = self.jobs.facts(key) {
             f.set_exit(status.exit_code, status.signal);
             f.set_cpus(&status.cpus);
