@@ -1233,13 +1233,13 @@ mod tests {
             let pick = |(cap, free, p, near): (u64, u64, u32, u8)| {
                 let capacity = match near {
                     0 => cap,
-                    1 => (limit - 4 + cap).max(1),
-                    _ => (limit - 4 + cap) * 3,
+                    1 => (limit.saturating_sub(4) + cap).max(1),
+                    _ => (limit.saturating_sub(4) + cap) * 3,
                 };
                 let sum_free = capacity.min(match near {
                     0 => free,
-                    1 => limit - 4 + free,
-                    _ => (limit - 4 + free) / 2,
+                    1 => limit.saturating_sub(4) + free,
+                    _ => (limit.saturating_sub(4) + free) / 2,
                 });
                 let agg = NodeAgg { capacity, sum_free, ..NodeAgg::default() };
                 (agg, p % ((1 << pos_bits) - 1))
