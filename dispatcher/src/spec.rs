@@ -130,6 +130,21 @@ fn too_long(prefix: &str, field: &str, n: usize, max: usize) -> Result<(), SpecE
     Ok(())
 }
 
+/// As [`too_long`] for a field whose path is built only on error (a
+/// key of a map, see [`key_path`]).
+#[inline]
+fn too_long_at(
+    prefix: &str,
+    field: impl FnOnce() -> String,
+    n: usize,
+    max: usize,
+) -> Result<(), SpecError> {
+    if n > max {
+        return Err(too_long_error(prefix, &field(), n, max));
+    }
+    Ok(())
+}
+
 #[cold]
 #[inline(never)]
 fn too_long_error(prefix: &str, field: &str, n: usize, max: usize) -> SpecError {
@@ -351,25 +366,11 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
         // The field's path is written only for an error: formatting it
         // for every variable of every job was ~1,500 instructions a job.
         let field = || key_path("env", k);
-        if k.len() > limits.max_label_bytes {
-            return Err(too_long_error(
-                prefix,
-                &field(),
-                k.len(),
-                limits.max_label_bytes,
-            ));
-        }
+        too_long_at(prefix, field, k.len(), limits.max_label_bytes)?;
         if k.contains('=') || k.contains('\0') {
             return Err(err(prefix, &field(), "names may not contain '=' or NUL"));
         }
-        if v.len() > limits.max_arg_bytes {
-            return Err(too_long_error(
-                prefix,
-                &field(),
-                v.len(),
-                limits.max_arg_bytes,
-            ));
-        }
+        too_long_at(prefix, field, v.len(), limits.max_arg_bytes)?;
         if v.contains('\0') {
             return Err(err(prefix, &field(), "value contains a NUL byte"));
         }
@@ -446,22 +447,8 @@ pub fn validate(spec: &mut JobSpec, prefix: &str, limits: &SpecLimits) -> Result
             return Err(err(prefix, "node_selector", "a label name is empty"));
         }
         let field = || key_path("node_selector", k);
-        if k.len() > limits.max_label_bytes {
-            return Err(too_long_error(
-                prefix,
-                &field(),
-                k.len(),
-                limits.max_label_bytes,
-            ));
-        }
-        if v.len() > limits.max_label_bytes {
-            return Err(too_long_error(
-                prefix,
-                &field(),
-                v.len(),
-                limits.max_label_bytes,
-            ));
-        }
+        too_long_at(prefix, field, k.len(), limits.max_label_bytes)?;
+        too_long_at(prefix, field, v.len(), limits.max_label_bytes)?;
     }
     too_long(prefix, "waker", spec.waker.len(), limits.max_id_bytes)?;
     if !(-20..=19).contains(&spec.latency_nice) {
