@@ -31,6 +31,7 @@ use proto::v1::{
     AgentMessage, CpuLoad, FreeSummary, JobState, JobStatus, LoadReport, LogData, NodeLoad,
     Register, StealReply, agent_message, dispatcher_message,
 };
+use sched::idhash::IdMap;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::transport::Channel;
@@ -239,7 +240,7 @@ struct FakeAgent {
     plan: NodePlan,
     fleet: Arc<Fleet>,
     busy: Vec<bool>,
-    running: HashMap<JobKey, Running>,
+    running: IdMap<JobKey, Running>,
     /// Assigned but not started (no room): what Steal may take back.
     queued: VecDeque<Queued>,
     /// When running jobs end.
@@ -256,7 +257,7 @@ impl FakeAgent {
             plan,
             fleet,
             busy: vec![false; n],
-            running: HashMap::new(),
+            running: IdMap::default(),
             queued: VecDeque::new(),
             ends: BinaryHeap::new(),
             finished: VecDeque::new(),
