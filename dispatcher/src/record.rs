@@ -559,7 +559,24 @@ impl JobRecord {
         let mut id = [0; ID_MAX];
         text(1, self.key.id_text(&mut id), buf);
         if let Some(spec) = self.spec.as_deref() {
-            encoding::message::encode(2, spec, buf);
+            // As `encoding::message::encode`, without its `encoded_len`:
+            // that walks the whole spec (its maps included) once more
+            // for the length prefix, ~9% of the store's thread under
+            // load. The body is written first and its length put in
+            // front of it (the body moves by the prefix's 1-3 bytes).
+            encode_key(2, WireType::LengthDelimited, buf);
+            let body = buf.len();
+            prost::Message::encode_raw(spec, buf);
+            let len = buf.len() - body;
+            let mut prefix = [0u8; 10];
+            let n = prefix.len() - {
+                let mut rest = &mut prefix[..];
+                encode_varint(len as u64, &mut rest);
+                rest.len()
+            };
+            buf.extend_from_slice(&prefix[..n]);
+            buf.copy_within(body..body + len, body + n);
+            buf[body..body + n].copy_from_slice(&prefix[..n]);
         }
         int32(3, self.state, buf);
         text(4, self.node.as_str(), buf);
@@ -764,18 +781,38 @@ mod tests {
             prop::option::of(("[a-z]{1,3}", "[a-z]{0,3}")),
             "[a-z]{0,4}",
             any::<u64>(),
+            // Specs whose encoding's length takes one, two and three
+            // bytes of varint (the direct encoding writes it after the
+            // body).
+            prop::collection::hash_map("[A-Z]{1,4}", "[a-z]{0,300}", 0..3),
+            prop::option::weighted(0.1, 16_000usize..17_000),
         )
             .prop_map(
-                |(name, command, cpus, memory_bytes, gpus, sel, group, timeout_ms)| JobSpec {
+                |(
                     name,
-                    command,
+                    mut command,
                     cpus,
                     memory_bytes,
                     gpus,
-                    node_selector: sel.into_iter().collect::<HashMap<_, _>>(),
+                    sel,
                     group,
                     timeout_ms,
-                    ..Default::default()
+                    env,
+                    big,
+                )| {
+                    command.extend(big.map(|n| "x".repeat(n)));
+                    JobSpec {
+                        name,
+                        command,
+                        cpus,
+                        memory_bytes,
+                        gpus,
+                        node_selector: sel.into_iter().collect::<HashMap<_, _>>(),
+                        group,
+                        timeout_ms,
+                        env,
+                        ..Default::default()
+                    }
                 },
             )
     }
