@@ -384,6 +384,10 @@ struct Core {
     /// Clients' commands taken from the queue and held for a later batch
     /// ([`Core::next_batch`]), in order.
     held: VecDeque<Command>,
+    /// How many commands the last batch took (the next one's room, so a
+    /// batch's vector is not grown, and its commands moved, a push at a
+    /// time; capped like [`Effects::with_room`]'s).
+    batch_room: usize,
     /// Attached nodes whose beat was told they are DOWN.
     told_down: HashSet<String>,
     /// When [`Core::settle`] last rebuilt the node engine (None: never).
@@ -460,6 +464,7 @@ impl Core {
             listings: Vec::new(),
             list_worker: ListWorker::default(),
             held: VecDeque::new(),
+            batch_room: 0,
             told_down: HashSet::new(),
             rebuilt_at: None,
         }
@@ -515,6 +520,7 @@ impl Core {
         // one is applied; released once it is stored.
         let mut in_flight: Option<Release> = None;
         let mut fx_sizes = [0; 4];
+        let mut replies_room = 0;
         loop {
             let first = if in_flight.is_some() {
                 // Commands wait: apply them while the commit runs. None:
@@ -567,7 +573,7 @@ impl Core {
                 return exit;
             }
             let mut fx = Effects::with_room(fx_sizes);
-            let mut replies: Vec<Deferred> = Vec::new();
+            let mut replies: Vec<Deferred> = Vec::with_capacity(replies_room);
             let now = now_ms();
             let mut stop = false;
             let mut batch = batch.into_iter().peekable();
@@ -643,6 +649,7 @@ impl Core {
             }
             // The next batch's effects get this one's room.
             fx_sizes = fx.sizes();
+            replies_room = replies.len().min(4096);
             let writes = std::mem::take(&mut fx.writes);
             let release = self.seal(fx, replies, now);
             if let Err(err) = self.store.start(writes) {
@@ -672,7 +679,7 @@ impl Core {
         first: Option<Command>,
         rx: &std_mpsc::Receiver<Command>,
     ) -> Vec<Command> {
-        let mut batch = Vec::new();
+        let mut batch = Vec::with_capacity(self.batch_room);
         let mut taken = 0;
         let mut next = first;
         loop {
@@ -703,6 +710,7 @@ impl Core {
             clients += 1;
             batch.extend(self.held.pop_front());
         }
+        self.batch_room = batch.len().min(4096);
         batch
     }
 
