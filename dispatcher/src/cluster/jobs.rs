@@ -145,14 +145,17 @@ pub enum End {
         /// How it ended.
         state: JobState,
     },
-    /// A stale attempt, retried after its node was lost, ended
-    /// SUCCEEDED there, reported when the node came back while the retry
-    /// waited unsent: the job took that result and the retry was withdrawn.
-    StaleAttemptSucceeded {
+    /// A stale attempt, retried after its node was lost, ended there
+    /// (SUCCEEDED or FAILED), reported when the node came back while the
+    /// retry waited unsent: the job took that result and the retry was
+    /// withdrawn.
+    StaleAttemptEnded {
         /// The attempt that ran.
         attempt: u32,
         /// Its node.
         node: String,
+        /// How it ended.
+        state: JobState,
     },
     /// Lost with its node, no retries left.
     Lost {
@@ -430,10 +433,19 @@ impl fmt::Display for End {
                 write!(f, "cancelled by user; {n} gave it back unstarted")
             }
             End::CancelledLost => write!(f, "cancelled by user; its node was lost"),
-            End::StaleAttemptSucceeded { attempt, node } => write!(
+            End::StaleAttemptEnded {
+                attempt,
+                node,
+                state,
+            } => write!(
                 f,
-                "attempt {attempt} succeeded on {node}, reported when the node came back; \
-                 the retry, not sent yet, was withdrawn"
+                "attempt {attempt} {} on {node}, reported when the node came back; \
+                 the retry, not sent yet, was withdrawn",
+                if *state == JobState::Succeeded {
+                    "succeeded"
+                } else {
+                    "failed"
+                }
             ),
             End::Lost { node, why } => write!(f, "node {node} lost ({why}), no retries left"),
             End::GangEnded { member, state } => write!(

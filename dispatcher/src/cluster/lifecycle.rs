@@ -843,8 +843,8 @@ impl Cluster {
         } else if matches!(JobState::try_from(status.state), Ok(JobState::Running)) {
             cancel_on(NodeName::from(node), status.job_id, status.attempt, fx);
         } else {
-            // A stale attempt that ended: its success may be the job's.
-            self.adopt_stale_success(node, &status, now, fx);
+            // A stale attempt that ended: its result may be the job's.
+            self.adopt_stale_end(node, &status, now, fx);
         }
     }
 

@@ -5,8 +5,9 @@
 //! Invariants after a registration: every attempt the agent reports that
 //! is not the current attempt of a live job the dispatcher places on that
 //! node is cancelled there, unless it is an attempt lost with that node
-//! that SUCCEEDED while its retry waits unsent (the job then ends with that
-//! result: `Cluster::adopt_stale_success`); every job the dispatcher places on the node
+//! that ended (SUCCEEDED or FAILED) while its retry waits unsent (the job
+//! then ends with that result: `Cluster::adopt_stale_end`); every job the
+//! dispatcher places on the node
 //! that the agent does not report is re-sent (ASSIGNED), retried or lost
 //! (RUNNING), or ends CANCELLED (its cancel was requested); a reported
 //! job whose cancel was requested gets its `Cancel` again.
@@ -128,7 +129,7 @@ impl Cluster {
                     }
                     self.apply_status(&reg.node, status, now, fx);
                 }
-                None if self.adopt_stale_success(&reg.node, &status, now, fx) => {}
+                None if self.adopt_stale_end(&reg.node, &status, now, fx) => {}
                 None => {
                     // Unknown, stale attempt, or already finished here: make
                     // sure it does not run twice.
@@ -167,25 +168,29 @@ impl Cluster {
     }
 
     /// A stale attempt that the dispatcher retried after losing `node`
-    /// reports from there that it SUCCEEDED: it ended while the node was
-    /// cut off (before its lease fenced it), and the report came when the
-    /// node returned. While the retry waits unsent (PENDING: no node was
-    /// sent its Assign), the job takes that result: the retry is withdrawn
-    /// and the job ends SUCCEEDED with the attempt's facts, so a job that
-    /// finished is not run again. A retry already sent may start before a
-    /// Cancel reaches its node, and a gang's members restart together: the
-    /// report is then stale as before. Returns whether the job took the
-    /// result.
-    pub(super) fn adopt_stale_success(
+    /// reports from there that it ended, SUCCEEDED or FAILED: it ran to
+    /// its end while the node was cut off (before its lease fenced it),
+    /// and the report came when the node returned. While the retry waits
+    /// unsent (PENDING: no node was sent its Assign), the job takes that
+    /// result: the retry is withdrawn and the job ends in the attempt's
+    /// state with its facts, so a job that finished is not run again (a
+    /// job's `retries` are for attempts lost with their node, and this
+    /// one was not lost: its program ran to its exit, as Slurm records a
+    /// job that ended before its node failed). A retry already sent may
+    /// start before a Cancel reaches its node, and a gang's members
+    /// restart together: the report is then stale as before. Returns
+    /// whether the job took the result.
+    pub(super) fn adopt_stale_end(
         &mut self,
         node: &str,
         status: &JobStatus,
         now: i64,
         fx: &mut Effects,
     ) -> bool {
-        if JobState::try_from(status.state) != Ok(JobState::Succeeded) {
-            return false;
-        }
+        let state = match JobState::try_from(status.state) {
+            Ok(s @ (JobState::Succeeded | JobState::Failed)) => s,
+            _ => return false,
+        };
         let Some(key) = JobKey::parse(&status.job_id) else {
             return false;
         };
@@ -223,13 +228,15 @@ impl Cluster {
             attempt = status.attempt,
             %node,
             retry,
-            "a retried attempt had succeeded: the job takes its result, the retry is withdrawn"
+            state = state.as_str_name(),
+            "a retried attempt had ended: the job takes its result, the retry is withdrawn"
         );
         let done = Phase::Done {
-            state: JobState::Succeeded,
-            end: End::StaleAttemptSucceeded {
+            state,
+            end: End::StaleAttemptEnded {
                 attempt: status.attempt,
                 node: node.to_string(),
+                state,
             },
         };
         self.finish(key, done, now, fx);
