@@ -1174,7 +1174,7 @@ mod tests {
             }
             let (keys, rooms) = ix.full_trees(d);
             let end = b + ix.kept(d);
-            prop_assert!(ix.kept(d) <= tree_len(w) && ix.kept(d) % 4 == 0);
+            prop_assert!(ix.kept(d) <= tree_len(w) && ix.kept(d).is_multiple_of(4));
             let tree = Tree {
                 keys: keys_of,
                 rooms: rooms_of,
@@ -1230,7 +1230,10 @@ mod tests {
             for nr in (w / 2).max(1)..=w {
                 let kept = kept_len(w, nr);
                 let last = slot(w + nr - 1);
-                assert!(kept % 4 == 0 && kept <= tree_len(w), "w {w} nr {nr}");
+                assert!(
+                    kept.is_multiple_of(4) && kept <= tree_len(w),
+                    "w {w} nr {nr}"
+                );
                 assert!(last < kept && kept - last <= 4, "w {w} nr {nr}: {kept}");
                 // What goes is whole groups of children slots, all padding.
                 assert_eq!(tree_len(w) - kept, w - nr.next_multiple_of(4).min(w));

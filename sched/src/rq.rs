@@ -118,6 +118,8 @@ static EMPTY_DEMANDS: DemandSet = DemandSet(BTreeMap::new());
 /// of every [`RunQueue`] where a `Vec` takes 24: most leaves of a
 /// cluster's engine, rebuilt on every registration burst, never ran a
 /// task). Reads as a slice.
+// The box around the vector is the point (clippy: box_collection).
+#[allow(clippy::box_collection)]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Running(Option<Box<Vec<TaskId>>>);
 

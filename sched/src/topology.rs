@@ -1401,9 +1401,12 @@ mod tests {
             let firsts: Vec<usize> = groups.iter().map(|g| g[0]).collect();
             assert_eq!(firsts.len(), groups.len());
             assert_eq!(groups.ends.is_empty(), groups.len() == n);
-            assert_eq!(groups.is_empty(), groups.len() == 0);
+            assert_eq!(groups.is_empty(), groups.iter().next().is_none());
             assert!(firsts.windows(2).all(|w| w[0] < w[1]));
-            assert_eq!(Arc::ptr_eq(&groups.members, &t.order), all[..] == t.order[..]);
+            assert_eq!(
+                Arc::ptr_eq(&groups.members, &t.order),
+                all[..] == t.order[..]
+            );
             if let Some(of) = of.get(i) {
                 for l in 0..n {
                     assert!(groups.get(of(l)).contains(&l));

@@ -268,9 +268,7 @@ impl Sched {
             if children.is_empty() {
                 return (node, PlacePath::Idlest);
             }
-            let last_level = children
-                .iter()
-                .all(|&c| self.topo.node(c).is_leaf());
+            let last_level = children.iter().all(|&c| self.topo.node(c).is_leaf());
             let mut best: Option<(NodeId, u128)> = None;
             let mut local: Option<(NodeId, u128)> = None;
             for &c in children {
