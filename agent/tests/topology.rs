@@ -130,7 +130,7 @@ fn x6_2_fixture_builds_the_engine_tree() {
     // LLC = NUMA node = package: one domain carrying all three flags.
     let llc = t.node(t.sd_llc(0));
     assert!(
-        llc.flags
+        llc.flags()
             .contains(DomainFlags::LLC | DomainFlags::NUMA | DomainFlags::PACKAGE)
     );
     // The same machine as the engine's own spec for seed 000.
@@ -199,7 +199,7 @@ fn power10_fixture_groups() {
     assert_eq!(t.smt_siblings(9), &[8, 9, 10, 11, 12, 13, 14, 15]);
     assert!(
         t.node(t.sd_llc(9))
-            .flags
+            .flags()
             .contains(DomainFlags::SMT | DomainFlags::LLC)
     );
 }

@@ -67,8 +67,8 @@ pub fn topology(t: &Topology) -> v1::Topology {
         [
             levels(&mut t.cores().iter()),
             levels(&mut t.llcs().iter().map(|l| l.members.as_slice())),
-            levels(&mut t.numa_groups().iter().map(Vec::as_slice)),
-            levels(&mut t.package_groups().iter().map(Vec::as_slice)),
+            levels(&mut t.numa_groups().iter()),
+            levels(&mut t.package_groups().iter()),
         ],
     )
 }

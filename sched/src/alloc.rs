@@ -81,18 +81,18 @@ pub fn align_groups(topo: &Topology, align: Align) -> Vec<&[LeafId]> {
 /// per job start and finish).
 fn groups(topo: &Topology, align: Align) -> Groups<'_> {
     match align {
-        Align::Core => Groups::Cores(topo.cores().iter()),
+        Align::Core => Groups::Ranked(topo.cores().iter()),
         Align::Llc => Groups::Llcs(topo.llcs().iter()),
-        Align::Numa => Groups::Lists(topo.numa_groups().iter()),
-        Align::Package => Groups::Lists(topo.package_groups().iter()),
+        Align::Numa => Groups::Ranked(topo.numa_groups().iter()),
+        Align::Package => Groups::Ranked(topo.package_groups().iter()),
         Align::Any => Groups::One(Some(topo.span(topo.root()))),
     }
 }
 
 /// The iterator of [`groups`].
 enum Groups<'a> {
-    Cores(crate::topology::LeafGroupsIter<'a>),
-    Lists(std::slice::Iter<'a, Vec<LeafId>>),
+    /// Cores, NUMA nodes or packages.
+    Ranked(crate::topology::LeafGroupsIter<'a>),
     Llcs(std::slice::Iter<'a, crate::topology::Llc>),
     One(Option<&'a [LeafId]>),
 }
@@ -102,8 +102,7 @@ impl<'a> Iterator for Groups<'a> {
 
     fn next(&mut self) -> Option<&'a [LeafId]> {
         match self {
-            Groups::Cores(it) => it.next(),
-            Groups::Lists(it) => it.next().map(Vec::as_slice),
+            Groups::Ranked(it) => it.next(),
             Groups::Llcs(it) => it.next().map(|l| l.members.as_slice()),
             Groups::One(g) => g.take(),
         }

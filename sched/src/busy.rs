@@ -61,7 +61,7 @@ impl BusyFlags {
     pub fn set_leaf(&mut self, topo: &Topology, leaf: LeafId, busy: bool) {
         if self.leaf_busy[leaf] != busy {
             self.leaf_busy[leaf] = busy;
-            if let Some(p) = topo.node(leaf).parent {
+            if let Some(p) = topo.node(leaf).parent() {
                 if busy {
                     self.nr_busy[p] += 1;
                 } else {
@@ -83,7 +83,7 @@ impl BusyFlags {
             }
             self.busy[d] = false;
             self.nr_cleared += 1;
-            if let Some(p) = topo.node(d).parent {
+            if let Some(p) = topo.node(d).parent() {
                 self.nr_busy[p] -= 1;
             }
         }
@@ -102,12 +102,12 @@ impl BusyFlags {
             if self.busy[d] {
                 continue;
             }
-            if self.nr_busy[d] as usize != topo.node(d).children.len() {
+            if self.nr_busy[d] as usize != topo.node(d).nr_children() {
                 return;
             }
             self.busy[d] = true;
             self.nr_set += 1;
-            if let Some(p) = topo.node(d).parent {
+            if let Some(p) = topo.node(d).parent() {
                 self.nr_busy[p] += 1;
             }
         }
@@ -202,8 +202,8 @@ mod tests {
                 if self.busy[d] {
                     continue;
                 }
-                let all = topo.node(d).children.iter().all(|&c| {
-                    if topo.node(c).children.is_empty() {
+                let all = topo.children(d).iter().all(|&c| {
+                    if topo.node(c).is_leaf() {
                         leaf_busy[c]
                     } else {
                         self.busy[c]

@@ -27,7 +27,9 @@
 //! (contiguous slots), so a climb takes half the steps; a level between
 //! is read, by the search alone, as the join of its two stored children
 //! (the search walks the same binary tree, and examines the same
-//! children, as when every level was stored).
+//! children, as when every level was stored). The children's level, the
+//! last of a domain's slots, stops at the last group of four slots with
+//! a child ([`kept_len`]: a rack of 40 nodes keeps 40 of its 64).
 //!
 //! The keys are held in 64 bits while every one fits ([`narrow_key`]:
 //! `sum_free` below `2^(31 - pos_bits)`, millions of CPUs per domain),
@@ -308,7 +310,7 @@ pub struct IdlestIndex {
 
 /// The trees of every domain with every aggregate 0, in one width: each
 /// domain's children (`nr_children`) keyed by `key_of(position)`, its
-/// padding slots 0.
+/// padding slots 0, each domain's [`kept_len`] slots.
 fn initial_trees<K: Key, L: Lanes>(
     base: &[u32],
     width: &[u32],
@@ -323,18 +325,23 @@ fn initial_trees<K: Key, L: Lanes>(
         if w == 0 {
             continue;
         }
-        let k = &mut keys[b..b + tree_len(w)];
-        let r = &mut rooms[b..b + tree_len(w)];
+        // The whole trees, then their kept slots (the segments over
+        // padding alone join trailing slots that are not kept).
+        let mut k = vec![K::PAD; tree_len(w)];
+        let mut r = vec![L::NONE; tree_len(w)];
         for i in 0..nr_children[d] {
             k[slot(w + i as usize)] = key_of(i);
         }
         for i in (1..w).rev() {
             if stored(i, w) {
-                let (jk, jr) = join_below(k, r, i, w);
+                let (jk, jr) = join_below(&k, &r, i, w);
                 k[slot(i)] = jk;
                 r[slot(i)] = jr;
             }
         }
+        let kept = kept_len(w, nr_children[d] as usize);
+        keys[b..b + kept].copy_from_slice(&k[..kept]);
+        rooms[b..b + kept].copy_from_slice(&r[..kept]);
     }
     (keys, rooms)
 }
@@ -403,24 +410,24 @@ impl IdlestIndex {
         let mut nr_children = vec![0u32; n];
         let mut len = 0usize;
         for (d, dom) in topo.nodes().iter().enumerate() {
-            if dom.children.is_empty() {
+            if dom.is_leaf() {
                 continue;
             }
             // At least two slots of children, so that a domain's trees
             // are whole groups of four slots below the root (`update`);
             // a lone child's padding sibling is never examined (its key
             // is 0).
-            let w = dom.children.len().next_power_of_two().max(2);
+            let w = dom.nr_children().next_power_of_two().max(2);
             base[d] = len as u32;
             width[d] = w as u32;
-            nr_children[d] = dom.children.len() as u32;
-            len += tree_len(w);
+            nr_children[d] = dom.nr_children() as u32;
+            len += kept_len(w, dom.nr_children());
             // Every domain's slots start at a multiple of four (`Climb`).
             debug_assert!(len.is_multiple_of(4));
             // Slots and positions in u32, as positions always were: a
             // topology of 2^30 nodes would need tens of GB first.
             debug_assert!(len < u32::MAX as usize, "index beyond u32 slots");
-            for (i, &c) in dom.children.iter().enumerate() {
+            for (i, &c) in topo.children(d).iter().enumerate() {
                 up[c] = Up {
                     tree: base[d],
                     width: w as u32,
@@ -552,7 +559,7 @@ impl IdlestIndex {
         if w == 0 {
             return None;
         }
-        let children = &topo.node(d).children;
+        let children = topo.children(d);
         let b = self.base[d] as usize;
         with_tree!(self, b, w, |tree| idlest_in(
             &tree, children, align, demand, eligible, visited
@@ -575,7 +582,7 @@ impl IdlestIndex {
         if w == 0 {
             return None;
         }
-        let children = &topo.node(d).children;
+        let children = topo.children(d);
         let b = self.base[d] as usize;
         with_tree!(self, b, w, |tree| search_tree(
             &tree, children, align, demand, eligible, visited
@@ -592,7 +599,8 @@ impl IdlestIndex {
         let (b, w) = (self.base[d] as usize, self.width[d] as usize);
         let (mut keys, mut rooms) = (vec![0u128; 2 * w], vec![Maxima::NONE; 2 * w]);
         let (all_keys, all_rooms) = (self.wide_keys(), self.wide_rooms());
-        for i in w..2 * w {
+        // Children slots not kept are padding.
+        for i in (w..2 * w).filter(|&i| slot(i) < self.kept(d)) {
             keys[i] = all_keys[b + slot(i)];
             rooms[i] = all_rooms[b + slot(i)];
         }
@@ -601,6 +609,20 @@ impl IdlestIndex {
             rooms[i] = rooms[2 * i].join(&rooms[2 * i + 1]);
         }
         (keys, rooms)
+    }
+
+    /// The slots domain `d` keeps ([`kept_len`]), from the layout: up to
+    /// the next domain's trees (tests).
+    #[cfg(test)]
+    fn kept(&self, d: NodeId) -> usize {
+        let len = match &self.keys {
+            Keys::Narrow(k) => k.len(),
+            Keys::Wide(k) => k.len(),
+        };
+        let next = (d + 1..self.width.len())
+            .find(|&e| self.width[e] > 0)
+            .map_or(len, |e| self.base[e] as usize);
+        next - self.base[d] as usize
     }
 
     /// The key trees in 128 bits, whichever width holds them (tests).
@@ -828,6 +850,19 @@ fn tree_len(w: usize) -> usize {
     2 * w - (OFF[w.trailing_zeros() as usize & 63] & !3)
 }
 
+/// The slots a domain of `nr` children in `w` children slots keeps: its
+/// [`tree_len`] without the children's slots past the last group of four
+/// that holds a child. The children's level is the last of the layout, so
+/// only the tail goes; a multiple of four still. Nothing reads those
+/// slots: the search examines a segment of the children's level, or of
+/// the level above it (two children slots), only below a stored segment
+/// of four children slots with a child (its key is not padding's), and a
+/// climb starts from a child's slot.
+#[inline]
+fn kept_len(w: usize, nr: usize) -> usize {
+    tree_len(w) - (w - nr.next_multiple_of(4).min(w))
+}
+
 /// The join of a stored segment `i < w` from the stored slots below it:
 /// its four grandchildren, or for the root one level above stored slots,
 /// its two children.
@@ -976,7 +1011,7 @@ mod tests {
         let topo = s.topology().clone();
         let skip_busy = s.config().busy_skip;
         for d in 0..topo.nodes().len() {
-            if topo.node(d).children.is_empty() {
+            if topo.node(d).is_leaf() {
                 continue;
             }
             let (full_keys, full_rooms) = s.idlest.full_trees(d);
@@ -1019,7 +1054,7 @@ mod tests {
                         &full_keys,
                         &full_rooms,
                         s.idlest.width[d] as usize,
-                        &topo.node(d).children,
+                        topo.children(d),
                         align,
                         demand,
                         |c| !(skip_busy && s.busy_flags().is_busy(c)),
@@ -1034,7 +1069,7 @@ mod tests {
                         align,
                         demand
                     );
-                    prop_assert!(visited <= topo.node(d).children.len() as u64);
+                    prop_assert!(visited <= topo.node(d).nr_children() as u64);
                 }
             }
         }
@@ -1138,7 +1173,8 @@ mod tests {
                 continue;
             }
             let (keys, rooms) = ix.full_trees(d);
-            let end = b + tree_len(w);
+            let end = b + ix.kept(d);
+            prop_assert!(ix.kept(d) <= tree_len(w) && ix.kept(d).is_multiple_of(4));
             let tree = Tree {
                 keys: keys_of,
                 rooms: rooms_of,
@@ -1146,7 +1182,24 @@ mod tests {
                 width: w,
                 pos_bits: p,
             };
-            for i in 1..2 * w {
+            // The segments the search can read (`kept_len`): every one but
+            // those of the children's level and the level above it past
+            // the kept slots, which are padding (their first child slot is
+            // not kept, and none of their children is a child).
+            let kept = ix.kept(d);
+            let read = |i: usize| {
+                if i >= w {
+                    slot(i) < kept
+                } else if i >= w / 2 {
+                    slot(2 * i) < kept
+                } else {
+                    true
+                }
+            };
+            for i in (1..2 * w).filter(|&i| !read(i)) {
+                prop_assert_eq!(keys[i], 0, "domain {} slot {} past the kept slots", d, i);
+            }
+            for i in (1..2 * w).filter(|&i| read(i)) {
                 prop_assert_eq!(tree.key(i).wide(p), keys[i], "domain {} slot {}", d, i);
                 for align in Align::ALL {
                     let (k, room) = tree.segment(i, align);
@@ -1166,6 +1219,26 @@ mod tests {
             }
         }
         Ok(())
+    }
+
+    /// A domain keeps every child's slot and at most three slots past the
+    /// last one, in whole groups of four, never more than its whole trees.
+    #[test]
+    fn kept_slots_end_at_the_last_group_with_a_child() {
+        for l in 1..13 {
+            let w = 1usize << l;
+            for nr in (w / 2).max(1)..=w {
+                let kept = kept_len(w, nr);
+                let last = slot(w + nr - 1);
+                assert!(
+                    kept.is_multiple_of(4) && kept <= tree_len(w),
+                    "w {w} nr {nr}"
+                );
+                assert!(last < kept && kept - last <= 4, "w {w} nr {nr}: {kept}");
+                // What goes is whole groups of children slots, all padding.
+                assert_eq!(tree_len(w) - kept, w - nr.next_multiple_of(4).min(w));
+            }
+        }
     }
 
     /// The stored segments of a domain's binary tree, level after level
@@ -1303,13 +1376,13 @@ mod tests {
                     max_free: rooms[5].min(f),
                     max_room: [0, 1, 2, 3, 4].map(|i| rooms[i].min(f)),
                 };
-                big |= t.node(c).parent.is_some() && sum_free >= limit;
+                big |= t.node(c).parent().is_some() && sum_free >= limit;
                 prop_assert_eq!(ix.update(c, &aggs[c]), wide.update(c, &aggs[c]));
                 prop_assert_eq!(matches!(ix.keys, Keys::Wide(_)), big);
                 prop_assert_eq!(ix.wide_keys(), wide.wide_keys());
                 check_segments(&ix)?;
                 for d in 0..n {
-                    let children = &t.node(d).children;
+                    let children = t.children(d);
                     if children.is_empty() {
                         continue;
                     }
@@ -1368,7 +1441,7 @@ mod tests {
                 }
                 let a = agg(cap, free, rooms);
                 // A root is in no trees (`update` returns at once).
-                big |= t.node(c).parent.is_some() && !fits_narrow(&a);
+                big |= t.node(c).parent().is_some() && !fits_narrow(&a);
                 prop_assert_eq!(ix.update(c, &a), wide.update(c, &a));
                 prop_assert_eq!(matches!(ix.rooms, Rooms::Wide(_)), big);
                 prop_assert_eq!(ix.wide_keys(), wide.wide_keys());
@@ -1422,7 +1495,7 @@ mod tests {
                 let c = nodes[k] % n;
                 aggs[c] = agg(cap, free, rooms);
                 let maxima = ix.update(c, &aggs[c]);
-                if let Some(p) = t.node(c).parent {
+                if let Some(p) = t.node(c).parent() {
                     prop_assert_eq!(maxima, Some(ix.maxima(p)));
                 } else {
                     prop_assert_eq!(maxima, None);
@@ -1432,7 +1505,7 @@ mod tests {
                 // stored slot holds it.
                 check_segments(&ix)?;
                 for d in 0..n {
-                    let children = &t.node(d).children;
+                    let children = t.children(d);
                     if children.is_empty() {
                         continue;
                     }

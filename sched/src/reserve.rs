@@ -67,6 +67,10 @@ type BlockSkip<'a> = (
 /// A head's place in its domain: (queued_at, enqueue sequence, leaf).
 pub(crate) type HeadKey = (u64, u64, LeafId);
 
+/// [`DomainHeads::head_key`] of a leaf without a head: no enqueue is
+/// numbered `u64::MAX` (the sequence counts up from 0 by one).
+const NO_HEAD: (u64, u64) = (u64::MAX, u64::MAX);
+
 /// The domain state of [`crate::SchedConfig::domain_reservation`].
 #[derive(Debug, Default)]
 pub(crate) struct DomainHeads {
@@ -108,8 +112,10 @@ pub(crate) struct DomainHeads {
     /// Per domain, the heads of its leaves that have one.
     heads: Vec<BTreeSet<HeadKey>>,
     /// Per leaf, its head's key in its domain's set, without the leaf
-    /// (the [`HeadKey`] is `(queued_at, enqueue_seq, leaf)`).
-    head_key: Vec<Option<(u64, u64)>>,
+    /// (the [`HeadKey`] is `(queued_at, enqueue_seq, leaf)`), [`NO_HEAD`]
+    /// when it has none: 16 bytes per leaf where an `Option` takes 24 (a
+    /// cluster has one per node); kept only with `on`.
+    head_key: Vec<(u64, u64)>,
     /// Leaves that lost their domain's reservation during an operation
     /// and must run `schedule` before it returns.
     pub(crate) deferred: Vec<LeafId>,
@@ -160,10 +166,10 @@ impl DomainHeads {
                 leaf
             } else {
                 let llc_node = topo.llcs()[llc].node;
-                match topo.node(llc_node).parent {
+                match topo.node(llc_node).parent() {
                     Some(p) if config.steal_cross_llc && steal_cross_allowed[llc] => {
                         let mut d = p;
-                        while let Some(g) = topo.node(d).parent
+                        while let Some(g) = topo.node(d).parent()
                             && *span.entry(g).or_insert_with(|| topo.numa_span(g))
                                 <= config.steal_node_limit
                         {
@@ -205,7 +211,7 @@ impl DomainHeads {
             predicted_waiting: if fifo { vec![0; next] } else { Vec::new() },
             dom_of,
             heads: vec![BTreeSet::new(); next],
-            head_key: vec![None; n],
+            head_key: if on { vec![NO_HEAD; n] } else { Vec::new() },
             deferred: Vec::new(),
         }
     }
@@ -397,14 +403,18 @@ impl Sched {
                 .map(|t| (t.queued_at, t.enqueue_seq, leaf))
         };
         let d = &mut self.domains;
-        let stored = key.map(|(at, seq, _)| (at, seq));
+        let stored = key.map_or(NO_HEAD, |(at, seq, _)| {
+            debug_assert!(seq != NO_HEAD.1, "an enqueue numbered u64::MAX");
+            (at, seq)
+        });
         if stored == d.head_key[leaf] {
             return None;
         }
         let dom = d.dom(leaf);
         let set = &mut d.heads[dom];
         let before = set.first().map(|k| k.2);
-        if let Some((at, seq)) = d.head_key[leaf] {
+        let (at, seq) = d.head_key[leaf];
+        if (at, seq) != NO_HEAD {
             set.remove(&(at, seq, leaf));
         }
         if let Some(new) = key {

@@ -20,9 +20,11 @@
 //! [`Waiting`] record, allocated only while a task waits on the leaf: most
 //! leaves of a cluster have nothing waiting, and an empty record would
 //! cost every leaf ~100 bytes. "Nothing waits" is the record's absence
-//! ([`RunQueue::nothing_waits`]). [`OptTime`], the 8-byte optional time
-//! of the engine's per-leaf tables (the idle stamp here, the deferred
-//! tick and missed predictions in `Sched`), is defined here too.
+//! ([`RunQueue::nothing_waits`]). The running tasks are one pointer
+//! ([`Running`]) until the leaf's first start. [`OptTime`], the 8-byte
+//! optional time of the engine's per-leaf tables (the idle stamp here,
+//! the deferred tick and missed predictions in `Sched`), is defined here
+//! too.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -111,6 +113,68 @@ impl OptTime {
 
 static EMPTY_DEMANDS: DemandSet = DemandSet(BTreeMap::new());
 
+/// The tasks running on a leaf, in start order: a vector allocated by the
+/// leaf's first start and kept from then on, behind one pointer (8 bytes
+/// of every [`RunQueue`] where a `Vec` takes 24: most leaves of a
+/// cluster's engine, rebuilt on every registration burst, never ran a
+/// task). Reads as a slice.
+// The box around the vector is the point (clippy: box_collection).
+#[allow(clippy::box_collection)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Running(Option<Box<Vec<TaskId>>>);
+
+impl Running {
+    /// The running tasks, in start order.
+    #[inline]
+    pub fn as_slice(&self) -> &[TaskId] {
+        match &self.0 {
+            Some(v) => v,
+            None => &[],
+        }
+    }
+
+    /// Add a task that starts.
+    #[inline]
+    pub(crate) fn push(&mut self, id: TaskId) {
+        self.0.get_or_insert_with(Box::default).push(id);
+    }
+
+    /// Take `id` off where it is, keeping the others' order; true when it
+    /// was there.
+    #[inline]
+    pub(crate) fn remove(&mut self, id: TaskId) -> bool {
+        let Some(v) = self.0.as_deref_mut() else {
+            return false;
+        };
+        match v.iter().position(|&x| x == id) {
+            Some(p) => {
+                v.remove(p);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl std::ops::Deref for Running {
+    type Target = [TaskId];
+
+    #[inline]
+    fn deref(&self) -> &[TaskId] {
+        self.as_slice()
+    }
+}
+
+impl<'a> IntoIterator for &'a Running {
+    type Item = &'a TaskId;
+    type IntoIter = std::slice::Iter<'a, TaskId>;
+
+    #[inline]
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
 /// The waiting state of one leaf: present exactly while its fair timeline
 /// holds a task (every task of the latency timeline is in the fair one
 /// too).
@@ -140,8 +204,8 @@ pub struct RunQueue {
     pub nr_running: u32,
     /// Demand of the running tasks.
     pub running_demand: u32,
-    /// Tasks running now.
-    pub running: Vec<TaskId>,
+    /// Tasks running now, in start order.
+    pub running: Running,
     /// The timelines of the waiting tasks and their demands; `None`
     /// while nothing waits.
     pub(crate) waiting: Option<Box<Waiting>>,
@@ -171,7 +235,7 @@ impl RunQueue {
             capacity,
             nr_running: 0,
             running_demand: 0,
-            running: Vec::new(),
+            running: Running::default(),
             waiting: None,
             load_weight: 0,
             min_vruntime: 0,
@@ -372,5 +436,49 @@ impl RunQueue {
     /// Leftmost waiting task of the latency timeline.
     pub(crate) fn first_latency(&self) -> Option<TimelineKey> {
         self.waiting.as_ref()?.latency_timeline.first().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// `Running` against a `Vec` (the oracle, as `running` was): the
+        /// same tasks in the same order after any starts and removals,
+        /// removal true exactly when the task was there.
+        #[test]
+        fn running_is_the_vector_of_starts(
+            ops in proptest::collection::vec((proptest::bool::ANY, 0u64..8), 0..60),
+        ) {
+            let mut r = Running::default();
+            let mut oracle: Vec<TaskId> = Vec::new();
+            for (start, id) in ops {
+                let id = TaskId(id);
+                if start {
+                    r.push(id);
+                    oracle.push(id);
+                } else {
+                    let there = oracle.iter().position(|&x| x == id);
+                    if let Some(p) = there {
+                        oracle.remove(p);
+                    }
+                    proptest::prop_assert_eq!(r.remove(id), there.is_some());
+                }
+                proptest::prop_assert_eq!(r.as_slice(), oracle.as_slice());
+                proptest::prop_assert_eq!(r.is_empty(), oracle.is_empty());
+                proptest::prop_assert_eq!(r.last(), oracle.last());
+                let iterated: Vec<TaskId> = (&r).into_iter().copied().collect();
+                proptest::prop_assert_eq!(iterated, oracle.clone());
+            }
+        }
+    }
+
+    /// The per-leaf record stays small: a cluster's engine has one per
+    /// node.
+    #[test]
+    fn a_run_queue_is_88_bytes() {
+        assert_eq!(std::mem::size_of::<Running>(), 8);
+        assert_eq!(std::mem::size_of::<RunQueue>(), 88);
     }
 }

@@ -133,6 +133,30 @@ pub struct NodeAgg {
     pub max_room: [u32; 5],
 }
 
+/// A leaf's [`NodeAgg`] in 32 bytes where a `NodeAgg` takes 48 (a
+/// cluster's engine has one per node): a leaf's own capacity, demand and
+/// room fit `u32`, and its `sum_free` is its `max_free`, its `fit_free`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct LeafAgg {
+    capacity: u32,
+    nr_running: u32,
+    free: u32,
+    max_room: [u32; 5],
+}
+
+impl From<LeafAgg> for NodeAgg {
+    #[inline]
+    fn from(a: LeafAgg) -> Self {
+        Self {
+            capacity: a.capacity as u64,
+            nr_running: a.nr_running as u64,
+            sum_free: a.free as u64,
+            max_free: a.free,
+            max_room: a.max_room,
+        }
+    }
+}
+
 /// The reservation of a leaf's head under EASY backfill: when the head
 /// can start at the latest, from the running tasks' time limits, and the
 /// capacity that will be left over then.
@@ -167,7 +191,11 @@ pub struct Sched {
     /// The leaves whose tick runs (not empty-and-idle), kept by
     /// `refresh_leaf`: [`Sched::tick_all`] visits only these.
     nohz: NohzMask,
-    pub(crate) agg: Vec<NodeAgg>,
+    /// Per leaf, its aggregate in 32 bytes ([`LeafAgg`]); per domain
+    /// (node `nr_leaves + i` at `i`), its [`NodeAgg`]: read either
+    /// through [`Sched::agg`].
+    leaf_agg: Vec<LeafAgg>,
+    dom_agg: Vec<NodeAgg>,
     pub(crate) pack: PackIndex,
     /// Per domain, an index over its children's aggregates: their maxima
     /// (the domain's `max_room`, `max_free`) and the child `find_idlest`
@@ -260,7 +288,8 @@ impl Sched {
             steal_skip: true,
             busy: BusyFlags::new(&topo),
             nohz: NohzMask::new(n),
-            agg: vec![NodeAgg::default(); topo.nodes().len()],
+            leaf_agg: vec![LeafAgg::default(); n],
+            dom_agg: vec![NodeAgg::default(); topo.nodes().len() - n],
             pack: PackIndex::new(&topo),
             idlest: IdlestIndex::new(&topo),
             topo,
@@ -503,10 +532,20 @@ impl Sched {
         &self.nohz
     }
 
+    /// Aggregates of a tree node, as last refreshed (inside a deferral,
+    /// maybe stale: [`Sched::aggregate`] checks).
+    #[inline]
+    pub(crate) fn agg(&self, node: NodeId) -> NodeAgg {
+        match node.checked_sub(self.leaf_agg.len()) {
+            None => self.leaf_agg[node].into(),
+            Some(d) => self.dom_agg[d],
+        }
+    }
+
     /// Aggregates of a tree node.
     pub fn aggregate(&self, node: NodeId) -> NodeAgg {
         debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
-        self.agg[node]
+        self.agg(node)
     }
 
     /// Take the events produced since the last call.
@@ -1051,7 +1090,7 @@ impl Sched {
             self.settle(leaf);
             self.tick_account(leaf, now);
             if slices {
-                let running = self.rqs[leaf].running.clone();
+                let running = self.rqs[leaf].running.to_vec();
                 for &id in &running {
                     if self.check_preempt_tick(leaf, id) {
                         self.resched(leaf, id, now);
@@ -1247,9 +1286,7 @@ impl Sched {
                 }
                 // A running task is in `running` once: removing it where
                 // it is keeps the others' order, as `retain` did.
-                if let Some(p) = rq.running.iter().position(|&x| x == id) {
-                    rq.running.remove(p);
-                }
+                rq.running.remove(id);
                 debug_assert!(!rq.running.contains(&id), "task {id:?} ran twice");
                 rq.running_demand -= t.demand;
             }
@@ -1533,7 +1570,9 @@ impl Sched {
             slot.set(Some(slot.get().map_or(m, |x| x.max(m))));
         }
         let rq = &mut self.rqs[leaf];
-        rq.running.retain(|&x| x != id);
+        // In `running` once, as above.
+        rq.running.remove(id);
+        debug_assert!(!rq.running.contains(&id), "task {id:?} ran twice");
         rq.running_demand -= t.demand;
         t.state = TaskState::Queued(leaf);
         t.enqueue_seq = seq;
@@ -1611,7 +1650,7 @@ impl Sched {
         if self.rqs[leaf].free() >= demand {
             return;
         }
-        let running = self.rqs[leaf].running.clone();
+        let running = self.rqs[leaf].running.to_vec();
         for &c in &running {
             self.update_curr(c, now);
         }
@@ -2040,16 +2079,14 @@ impl Sched {
 
     fn refresh_aggregates(&mut self, leaf: LeafId) {
         let rq = &self.rqs[leaf];
-        let fit = rq.fit_free();
-        let max_room = rq.rooms();
-        let mut new = NodeAgg {
-            capacity: rq.capacity as u64,
-            nr_running: rq.nr_running as u64,
-            sum_free: fit as u64,
-            max_free: fit,
-            max_room,
+        let leaf_new = LeafAgg {
+            capacity: rq.capacity,
+            nr_running: rq.nr_running,
+            free: rq.fit_free(),
+            max_room: rq.rooms(),
         };
-        let mut old = std::mem::replace(&mut self.agg[leaf], new);
+        let leaf_old = std::mem::replace(&mut self.leaf_agg[leaf], leaf_new);
+        let (mut old, mut new) = (NodeAgg::from(leaf_old), NodeAgg::from(leaf_new));
         // Read back by pack placements only (`Sched::pack_target`).
         self.pack.mark(leaf);
         // One child changed from `old` to `new`: the parent's sums move by
@@ -2060,10 +2097,10 @@ impl Sched {
             let Some((max_room, max_free)) = self.idlest.update(child, &new) else {
                 break;
             };
-            let Some(d) = self.topo.node(child).parent else {
+            let Some(d) = self.topo.node(child).parent() else {
                 break;
             };
-            let prev = self.agg[d];
+            let prev = self.dom_agg[d - self.leaf_agg.len()];
             let a = NodeAgg {
                 capacity: prev.capacity - old.capacity + new.capacity,
                 nr_running: prev.nr_running - old.nr_running + new.nr_running,
@@ -2071,7 +2108,7 @@ impl Sched {
                 max_free,
                 max_room,
             };
-            self.agg[d] = a;
+            self.dom_agg[d - self.leaf_agg.len()] = a;
             (old, new, child) = (prev, a, d);
         }
     }
@@ -2107,7 +2144,7 @@ fn steal_gating(topo: &Topology, config: &SchedConfig) -> (bool, Vec<bool>) {
             let cross = topo
                 .llcs()
                 .iter()
-                .map(|llc| match topo.node(llc.node).parent {
+                .map(|llc| match topo.node(llc.node).parent() {
                     Some(p) => topo.numa_span(p) <= limit,
                     None => true,
                 })
@@ -2128,6 +2165,29 @@ mod tests {
             1,
             SchedConfig::default(),
         )
+    }
+
+    /// A leaf's aggregate stays in 32 bytes (a cluster's engine has one
+    /// per node), and reads back as the `NodeAgg` it stands for.
+    #[test]
+    fn a_leaf_aggregate_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<LeafAgg>(), 32);
+        let a = LeafAgg {
+            capacity: u32::MAX,
+            nr_running: 7,
+            free: 5,
+            max_room: [1, 2, 3, 4, 5],
+        };
+        assert_eq!(
+            NodeAgg::from(a),
+            NodeAgg {
+                capacity: u32::MAX as u64,
+                nr_running: 7,
+                sum_free: 5,
+                max_free: 5,
+                max_room: [1, 2, 3, 4, 5],
+            }
+        );
     }
 
     /// A finish's single `update_min_vruntime` ([`Sched::block`]): a task

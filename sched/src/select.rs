@@ -383,12 +383,12 @@ impl Sched {
             self.stats.busy_skip += 1;
             return (self.least_loaded(), PlacePath::IdlestBusySkip);
         }
-        if self.agg[root].max_room[align.index()] < demand {
+        if self.agg(root).max_room[align.index()] < demand {
             return idlest(self.least_loaded());
         }
         let mut node = root;
         loop {
-            if self.topo.node(node).children.is_empty() {
+            if self.topo.node(node).is_leaf() {
                 return idlest(node);
             }
             // The child with the largest free share (32.32 fixed point),
@@ -422,8 +422,8 @@ impl Sched {
     ) -> Option<crate::topology::NodeId> {
         let skip_busy = self.config.busy_skip;
         let mut best: Option<(usize, u128, u64)> = None;
-        for &c in &self.topo.node(node).children {
-            let a = self.agg[c];
+        for &c in self.topo.children(node) {
+            let a = self.agg(c);
             if a.max_room[align.index()] < demand || (skip_busy && self.busy.is_busy(c)) {
                 continue;
             }
@@ -440,14 +440,14 @@ impl Sched {
     fn least_loaded(&self) -> LeafId {
         let mut node = self.topo.root();
         loop {
-            let children = &self.topo.node(node).children;
+            let children = self.topo.children(node);
             if children.is_empty() {
                 return node;
             }
             node = *children
                 .iter()
                 .min_by_key(|&&c| {
-                    let a = self.agg[c];
+                    let a = self.agg(c);
                     if a.capacity == 0 {
                         u128::MAX
                     } else {
@@ -462,7 +462,7 @@ impl Sched {
     /// threshold.
     pub fn pack_active(&self, demand: u32) -> bool {
         debug_assert!(self.agg_pending.is_empty(), "aggregates read stale");
-        let root = self.agg[self.topo.root()];
+        let root = self.agg(self.topo.root());
         match self.config.pack_threshold {
             PackThreshold::Cores => root.nr_running < self.topo.cores().len() as u64,
             PackThreshold::Fraction(f) => {

@@ -585,7 +585,7 @@ impl Sched {
         if !overloaded.contains(&true) {
             return 0;
         }
-        let parent = |l: usize| -> Option<NodeId> { topo.node(llcs[l].node).parent };
+        let parent = |l: usize| -> Option<NodeId> { topo.node(llcs[l].node).parent() };
         // The smallest waiting demand per LLC and per parent domain: a
         // leaf with less free capacity than every waiting task of its
         // domain cannot take any, and is not searched. Tasks only leave

@@ -27,6 +27,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::{BitOr, BitOrAssign, Range};
+use std::sync::Arc;
 
 use thiserror::Error;
 
@@ -117,6 +118,15 @@ pub enum TopologyError {
         level: String,
         /// What is wrong.
         reason: String,
+    },
+    /// More tree nodes than `u32` indexes (2^32 - 1), or more levels than
+    /// a node's `u16` level.
+    #[error("topology too large: {nodes} tree nodes, {levels} levels")]
+    TooLarge {
+        /// Number of tree nodes.
+        nodes: usize,
+        /// Number of levels of the description.
+        levels: usize,
     },
     /// A topology spec string could not be parsed.
     #[error("bad topology spec {spec:?}: {reason}")]
@@ -211,21 +221,77 @@ impl TopologyBuilder {
     }
 }
 
-/// A node of the tree: a leaf (no children) or a domain.
-#[derive(Clone, Debug)]
+/// A node of the tree: a leaf (no children) or a domain, in 24 bytes (a
+/// cluster has one per node): its parent, span and children as `u32`
+/// indexes, the children a range of the topology's one child list
+/// ([`Topology::children`]) rather than a vector each (a 24-byte header
+/// on every leaf).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Domain {
-    /// The enclosing domain; `None` for the root.
-    pub parent: Option<NodeId>,
-    /// Child nodes (domains or leaves); empty for a leaf.
-    pub children: Vec<NodeId>,
+    /// The enclosing domain; [`NO_PARENT`] for the root.
+    parent: u32,
     /// The leaves below, as a range of [`Topology::order`].
-    pub span: Range<usize>,
-    /// What the leaves share (merged when degenerate levels were dropped).
-    pub flags: DomainFlags,
+    span: [u32; 2],
+    /// The child nodes, as a range of the topology's child list.
+    children: [u32; 2],
     /// Index of the level that made this domain (0 = leaf, `l + 1` = level
-    /// `l` of the description, `nr_levels + 1` = the root), in `u32`
-    /// (the node is 64 bytes, not 72: a cluster has one per node).
-    pub level: u32,
+    /// `l` of the description, `nr_levels + 1` = the root).
+    level: u16,
+    /// What the leaves share (merged when degenerate levels were dropped).
+    flags: DomainFlags,
+}
+
+/// [`Domain`]'s parent of the root.
+const NO_PARENT: u32 = u32::MAX;
+
+impl Domain {
+    /// The enclosing domain; `None` for the root.
+    #[inline]
+    pub fn parent(&self) -> Option<NodeId> {
+        (self.parent != NO_PARENT).then_some(self.parent as NodeId)
+    }
+
+    /// The leaves below, as a range of [`Topology::order`].
+    #[inline]
+    pub fn span(&self) -> Range<usize> {
+        self.span[0] as usize..self.span[1] as usize
+    }
+
+    /// What the leaves share (merged when degenerate levels were dropped).
+    #[inline]
+    pub fn flags(&self) -> DomainFlags {
+        self.flags
+    }
+
+    /// Index of the level that made this domain (0 = leaf, `l + 1` = level
+    /// `l` of the description, `nr_levels + 1` = the root).
+    #[inline]
+    pub fn level(&self) -> u32 {
+        u32::from(self.level)
+    }
+
+    /// Number of child nodes (0 for a leaf).
+    #[inline]
+    pub fn nr_children(&self) -> usize {
+        (self.children[1] - self.children[0]) as usize
+    }
+
+    /// A leaf: no children.
+    #[inline]
+    pub fn is_leaf(&self) -> bool {
+        self.children[0] == self.children[1]
+    }
+}
+
+/// A node while the tree is built: [`Domain`]'s fields with a vector of
+/// children, packed into [`Domain`]s at the end of [`Topology::build`].
+#[derive(Clone, Debug)]
+struct BuildNode {
+    parent: Option<NodeId>,
+    children: Vec<NodeId>,
+    span: Range<usize>,
+    flags: DomainFlags,
+    level: u32,
 }
 
 /// A last-level-cache group (cluster: a rack).
@@ -240,17 +306,26 @@ pub struct Llc {
 /// The immutable scheduling-domain tree and its per-leaf shortcuts.
 #[derive(Clone, Debug)]
 pub struct Topology {
+    /// The leaves' outside ids; empty when leaf `i`'s id is `i` (the
+    /// dispatcher numbers its nodes so: 8 bytes per node saved).
     os_ids: Vec<u64>,
+    nr_leaves: usize,
     level_names: Vec<String>,
     nodes: Vec<Domain>,
-    order: Vec<LeafId>,
+    /// Every domain's children, domain after domain (`Domain::children`
+    /// is a range of it).
+    children: Vec<NodeId>,
+    /// Shared with the leaf groups whose members, group after group, are
+    /// the same sequence ([`LeafGroups::sharing`]).
+    order: Arc<[LeafId]>,
     root: NodeId,
     /// `cores.get(c)` = leaves of core `c`, ascending; cores are numbered
     /// by their lowest leaf id, so core 0 is the highest packing priority.
     cores: LeafGroups,
     /// Per leaf, its core, LLC, position in the LLC and NUMA node, in
     /// `u32` (a topology has fewer than 2^32 leaves; the per-leaf tables
-    /// of a 10,000-node cluster are its size in KB).
+    /// of a 10,000-node cluster are its size in KB); `core_of` empty when
+    /// every core is one leaf (core `l` is then leaf `l`).
     core_of: Vec<u32>,
     llcs: Vec<Llc>,
     llc_of: Vec<u32>,
@@ -258,9 +333,9 @@ pub struct Topology {
     numa_of: Vec<u32>,
     nr_numa: usize,
     /// Leaves of each NUMA node, ascending, ranked by lowest leaf.
-    numa_groups: Vec<Vec<LeafId>>,
+    numa_groups: LeafGroups,
     /// Leaves of each package, ascending, ranked by lowest leaf.
-    package_groups: Vec<Vec<LeafId>>,
+    package_groups: LeafGroups,
     /// Per domain with LLC children: the indexes of those LLCs (the
     /// seed's proposed per-domain list of LLC masks).
     sibling_lists: Vec<Vec<usize>>,
@@ -328,8 +403,8 @@ impl Topology {
         };
 
         // Tree nodes: leaves first, then every (level, group), then the root.
-        let mut nodes: Vec<Domain> = (0..n)
-            .map(|_| Domain {
+        let mut nodes: Vec<BuildNode> = (0..n)
+            .map(|_| BuildNode {
                 parent: None,
                 children: Vec::new(),
                 span: 0..0,
@@ -341,7 +416,7 @@ impl Topology {
         for l in 0..=nr_levels {
             base[l] = nodes.len();
             for _ in 0..ngroups[l] {
-                nodes.push(Domain {
+                nodes.push(BuildNode {
                     parent: None,
                     children: Vec::new(),
                     span: 0..0,
@@ -408,10 +483,13 @@ impl Topology {
         // Compact: renumber surviving domains after the leaves.
         let mut remap = vec![usize::MAX; nodes.len()];
         let mut compact = Vec::with_capacity(nodes.len());
-        for (id, node) in nodes.iter().enumerate() {
+        for (id, node) in nodes.iter_mut().enumerate() {
             if alive[id] {
                 remap[id] = compact.len();
-                compact.push(node.clone());
+                compact.push(BuildNode {
+                    children: std::mem::take(&mut node.children),
+                    ..node.clone()
+                });
             }
         }
         for node in compact.iter_mut() {
@@ -444,8 +522,12 @@ impl Topology {
         assign_spans(&mut nodes, root, &mut order);
 
         // Cores, ranked by lowest leaf id.
-        let (core_of, nr_cores) = rank_of(&core_gid);
+        let (mut core_of, nr_cores) = rank_of(&core_gid);
         let cores = LeafGroups::of(&core_of, nr_cores);
+        if nr_cores == n {
+            // A core per leaf, ranked by lowest leaf: core `l` is leaf `l`.
+            core_of = Vec::new();
+        }
         let (llc_members, llc_of) = rank_groups(&llc_gid);
         debug_assert_eq!(llc_members.len(), nr_llc);
         let mut llc_pos = vec![0; n];
@@ -468,12 +550,14 @@ impl Topology {
                 Llc { members, node }
             })
             .collect();
-        let (numa_groups, numa_of) = rank_groups(&numa_gid);
+        let (numa_of, nr_numa_groups) = rank_of(&numa_gid);
+        let numa_groups = LeafGroups::of(&numa_of, nr_numa_groups);
         let pkg_gid = match highest_with(DomainFlags::PACKAGE) {
             Some(l) => gid[l].clone(),
             None => vec![0; n],
         };
-        let (package_groups, _) = rank_groups(&pkg_gid);
+        let (pkg_of, nr_packages) = rank_of(&pkg_gid);
+        let package_groups = LeafGroups::of(&pkg_of, nr_packages);
 
         // Per-LLC sibling list: the LLCs under the parent of this LLC's node,
         // computed once per parent and shared by its LLCs. Fix (found by
@@ -512,10 +596,43 @@ impl Topology {
             llc_sibling_list.push(list);
         }
 
+        // Pack the nodes: `u32` indexes, the children in one list.
+        let too_large = || TopologyError::TooLarge {
+            nodes: nodes.len(),
+            levels: nr_levels,
+        };
+        if nodes.len() >= NO_PARENT as usize {
+            return Err(too_large());
+        }
+        let mut children = Vec::with_capacity(nodes.len() - 1);
+        let mut packed = Vec::with_capacity(nodes.len());
+        for node in &nodes {
+            let first = children.len() as u32;
+            children.extend_from_slice(&node.children);
+            packed.push(Domain {
+                parent: node.parent.map_or(NO_PARENT, |p| p as u32),
+                span: [node.span.start as u32, node.span.end as u32],
+                children: [first, children.len() as u32],
+                level: u16::try_from(node.level).map_err(|_| too_large())?,
+                flags: node.flags,
+            });
+        }
+        drop(nodes);
+
+        let identity = os_ids.iter().enumerate().all(|(i, &id)| id == i as u64);
+        // One vector for the depth-first order and every grouping that
+        // lists the same leaves in the same order (a cluster's, whose
+        // leaves are sorted by place: 8 bytes per node each).
+        let order: Arc<[LeafId]> = order.into();
+        let cores = cores.sharing(&order);
+        let numa_groups = numa_groups.sharing(&order);
+        let package_groups = package_groups.sharing(&order);
         let mut topo = Self {
-            os_ids,
+            os_ids: if identity { Vec::new() } else { os_ids },
+            nr_leaves: n,
             level_names: levels.into_iter().map(|l| l.name).collect(),
-            nodes,
+            nodes: packed,
+            children,
             order,
             root,
             cores,
@@ -542,17 +659,26 @@ impl Topology {
 
     /// Number of leaves.
     pub fn nr_leaves(&self) -> usize {
-        self.os_ids.len()
+        self.nr_leaves
     }
 
     /// The outside id of a leaf (CPU number, node index).
     pub fn os_id(&self, leaf: LeafId) -> u64 {
-        self.os_ids[leaf]
+        if self.os_ids.is_empty() {
+            assert!(leaf < self.nr_leaves, "leaf {leaf} out of range");
+            leaf as u64
+        } else {
+            self.os_ids[leaf]
+        }
     }
 
     /// The dense id of the leaf with outside id `os_id`.
     pub fn leaf_of_os_id(&self, os_id: u64) -> Option<LeafId> {
-        self.os_ids.iter().position(|&x| x == os_id)
+        if self.os_ids.is_empty() {
+            usize::try_from(os_id).ok().filter(|&l| l < self.nr_leaves)
+        } else {
+            self.os_ids.iter().position(|&x| x == os_id)
+        }
     }
 
     /// All tree nodes; leaves are `0..nr_leaves`.
@@ -577,7 +703,20 @@ impl Topology {
 
     /// The leaves of a node's span.
     pub fn span(&self, node: NodeId) -> &[LeafId] {
-        &self.order[self.nodes[node].span.clone()]
+        &self.order[self.nodes[node].span()]
+    }
+
+    /// A node's children (empty for a leaf), in order of their lowest leaf.
+    #[inline]
+    pub fn children(&self, node: NodeId) -> &[NodeId] {
+        let [a, b] = self.nodes[node].children;
+        &self.children[a as usize..b as usize]
+    }
+
+    /// A node's enclosing domain; `None` for the root.
+    #[inline]
+    pub fn parent(&self, node: NodeId) -> Option<NodeId> {
+        self.nodes[node].parent()
     }
 
     /// Name of a node's level ("leaf", a level name, or "root").
@@ -596,18 +735,23 @@ impl Topology {
     pub fn ancestors(&self, leaf: LeafId) -> Ancestors<'_> {
         Ancestors {
             topo: self,
-            next: self.nodes[leaf].parent,
+            next: self.nodes[leaf].parent(),
         }
     }
 
     /// The SMT siblings of a leaf, itself included (`cpu_smt_mask`).
     pub fn smt_siblings(&self, leaf: LeafId) -> &[LeafId] {
-        self.cores.get(self.core_of[leaf] as usize)
+        self.cores.get(self.core_of(leaf))
     }
 
     /// The core of a leaf; core numbers rank cores by their lowest leaf id.
     pub fn core_of(&self, leaf: LeafId) -> usize {
-        self.core_of[leaf] as usize
+        if self.core_of.is_empty() {
+            assert!(leaf < self.nr_leaves, "leaf {leaf} out of range");
+            leaf
+        } else {
+            self.core_of[leaf] as usize
+        }
     }
 
     /// All cores, each a list of leaves.
@@ -664,13 +808,13 @@ impl Topology {
     }
 
     /// Leaves of each NUMA node (cluster: zone).
-    pub fn numa_groups(&self) -> &[Vec<LeafId>] {
+    pub fn numa_groups(&self) -> &LeafGroups {
         &self.numa_groups
     }
 
     /// Leaves of each package (cluster: region); the whole topology when
     /// no level is flagged PACKAGE.
-    pub fn package_groups(&self) -> &[Vec<LeafId>] {
+    pub fn package_groups(&self) -> &LeafGroups {
         &self.package_groups
     }
 
@@ -709,12 +853,12 @@ impl Iterator for Ancestors<'_> {
     type Item = NodeId;
     fn next(&mut self) -> Option<NodeId> {
         let id = self.next?;
-        self.next = self.topo.nodes[id].parent;
+        self.next = self.topo.nodes[id].parent();
         Some(id)
     }
 }
 
-fn assign_spans(nodes: &mut [Domain], root: NodeId, order: &mut Vec<LeafId>) {
+fn assign_spans(nodes: &mut [BuildNode], root: NodeId, order: &mut Vec<LeafId>) {
     // Iterative DFS: (node, next child index, span start).
     let mut stack: Vec<(NodeId, usize, usize)> = vec![(root, 0, order.len())];
     while let Some(top) = stack.last_mut() {
@@ -771,10 +915,14 @@ fn rank_of(gid: &[usize]) -> (Vec<u32>, usize) {
 /// node, and a vector each cost ~40 bytes per node where this costs 12.
 #[derive(Clone, Debug)]
 pub struct LeafGroups {
-    /// The groups' leaves, group after group.
-    members: Vec<LeafId>,
-    /// Where each group ends in `members`.
+    /// The groups' leaves, group after group (shared with the topology's
+    /// order when the same, [`LeafGroups::sharing`]).
+    members: Arc<[LeafId]>,
+    /// Where each group ends in `members`; empty when every group is one
+    /// leaf (a cluster's cores without host groups: 4 bytes per node).
     ends: Vec<u32>,
+    /// Number of groups.
+    len: usize,
 }
 
 impl LeafGroups {
@@ -797,22 +945,40 @@ impl LeafGroups {
             next[r as usize] -= 1;
             members[next[r as usize] as usize] = leaf;
         }
-        Self { members, ends }
+        let len = ends.len();
+        Self {
+            members: members.into(),
+            ends: if len == of.len() { Vec::new() } else { ends },
+            len,
+        }
+    }
+
+    /// The same groups, their members held by `order` when they are the
+    /// same sequence.
+    fn sharing(mut self, order: &Arc<[LeafId]>) -> Self {
+        if self.members == *order {
+            self.members = Arc::clone(order);
+        }
+        self
     }
 
     /// Number of groups.
     pub fn len(&self) -> usize {
-        self.ends.len()
+        self.len
     }
 
     /// True when there is no group.
     pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.len == 0
     }
 
     /// Group `i`'s leaves, ascending.
     #[inline]
     pub fn get(&self, i: usize) -> &[LeafId] {
+        if self.ends.is_empty() {
+            assert!(i < self.len, "group {i} of {}", self.len);
+            return std::slice::from_ref(&self.members[i]);
+        }
         let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
         &self.members[start..self.ends[i] as usize]
     }
@@ -1167,26 +1333,97 @@ mod tests {
         }
         assert!(seen.iter().all(|&c| c == 1), "root spans every leaf once");
         for (id, node) in t.nodes().iter().enumerate() {
-            if node.children.is_empty() {
+            if node.is_leaf() {
                 assert!(id < t.nr_leaves());
                 assert_eq!(t.span(id), &[id]);
                 continue;
             }
             assert!(
-                node.children.len() >= 2 || id == t.root(),
+                node.nr_children() >= 2 || id == t.root(),
                 "node {id} is degenerate"
             );
-            let mut union: Vec<usize> = node
-                .children
+            let mut union: Vec<usize> = t
+                .children(id)
                 .iter()
                 .flat_map(|&c| t.span(c).to_vec())
                 .collect();
             union.sort_unstable();
             assert_eq!(union, sorted(t.span(id).to_vec()));
-            for &c in &node.children {
-                assert_eq!(t.node(c).parent, Some(id));
+            for &c in t.children(id) {
+                assert_eq!(t.node(c).parent(), Some(id));
             }
         }
+        // Brute force over the packed nodes: a node's span is the leaves
+        // whose parent chain passes through it, its children the nodes
+        // whose parent it is (ordered by lowest leaf), its accessors agree.
+        let nodes = t.nodes().len();
+        let mut under = vec![Vec::new(); nodes];
+        for leaf in 0..t.nr_leaves() {
+            let mut x = Some(leaf);
+            while let Some(id) = x {
+                under[id].push(leaf);
+                x = t.parent(id);
+            }
+        }
+        for id in 0..nodes {
+            let node = t.node(id);
+            assert_eq!(sorted(t.span(id).to_vec()), under[id], "span of {id}");
+            assert_eq!(node.span().len(), under[id].len());
+            let mut kids: Vec<usize> = (0..nodes).filter(|&c| t.parent(c) == Some(id)).collect();
+            kids.sort_by_key(|&c| under[c][0]);
+            assert_eq!(t.children(id), &kids[..], "children of {id}");
+            assert_eq!(node.nr_children(), kids.len());
+            assert_eq!(node.is_leaf(), kids.is_empty());
+            assert_eq!(node.is_leaf(), id < t.nr_leaves());
+            assert_eq!(node.parent().is_none(), id == t.root());
+            if id < t.nr_leaves() {
+                assert_eq!(node.level(), 0);
+            } else {
+                assert!(node.level() > 0);
+            }
+        }
+    }
+
+    /// Cores, NUMA nodes and packages: partitions of the leaves, each
+    /// group ascending, ranked by lowest leaf, each leaf in the group its
+    /// `*_of` names; their members share the order's vector exactly when
+    /// they are the same sequence.
+    fn check_groups(t: &Topology) {
+        let n = t.nr_leaves();
+        let of: [&dyn Fn(usize) -> usize; 2] = [&|l| t.core_of(l), &|l| t.numa_of(l)];
+        for (i, groups) in [t.cores(), t.numa_groups(), t.package_groups()]
+            .into_iter()
+            .enumerate()
+        {
+            let all: Vec<usize> = groups.iter().flatten().copied().collect();
+            assert_eq!(sorted(all.clone()), (0..n).collect::<Vec<_>>());
+            assert!(groups.iter().all(|g| g.windows(2).all(|w| w[0] < w[1])));
+            let firsts: Vec<usize> = groups.iter().map(|g| g[0]).collect();
+            assert_eq!(firsts.len(), groups.len());
+            assert_eq!(groups.ends.is_empty(), groups.len() == n);
+            assert_eq!(groups.is_empty(), groups.iter().next().is_none());
+            assert!(firsts.windows(2).all(|w| w[0] < w[1]));
+            assert_eq!(
+                Arc::ptr_eq(&groups.members, &t.order),
+                all[..] == t.order[..]
+            );
+            if let Some(of) = of.get(i) {
+                for l in 0..n {
+                    assert!(groups.get(of(l)).contains(&l));
+                }
+            }
+        }
+        assert_eq!(t.numa_groups().len(), t.nr_numa());
+        assert_eq!(t.core_of.is_empty(), t.cores().len() == n);
+        for l in 0..n {
+            assert!(t.smt_siblings(l).contains(&l));
+        }
+    }
+
+    /// The node record stays packed: a cluster has one per node.
+    #[test]
+    fn a_tree_node_is_24_bytes() {
+        assert_eq!(std::mem::size_of::<Domain>(), 24);
     }
 
     /// Regression (found while writing fuzz/fuzz_targets/topo_spec.rs): counts whose
@@ -1230,6 +1467,7 @@ mod tests {
     fn x6_2_one_socket() {
         let t = Topology::from_spec("1s:10c:2t").unwrap();
         check_tree(&t);
+        check_groups(&t);
         assert_eq!(t.nr_leaves(), 20);
         // x86 numbering: siblings are c and c + 10.
         assert_eq!(t.smt_siblings(3), &[3, 13]);
@@ -1240,10 +1478,10 @@ mod tests {
         assert_eq!(t.sd_llc(5), root);
         assert!(
             t.node(root)
-                .flags
+                .flags()
                 .contains(DomainFlags::LLC | DomainFlags::NUMA)
         );
-        assert_eq!(t.node(root).children.len(), 10, "10 cores below the LLC");
+        assert_eq!(t.children(root).len(), 10, "10 cores below the LLC");
         assert_eq!(t.nr_numa(), 1);
     }
 
@@ -1251,16 +1489,17 @@ mod tests {
     fn x6_2_two_sockets_88_cpus() {
         let t = Topology::from_spec("2s:22c:2t").unwrap();
         check_tree(&t);
+        check_groups(&t);
         assert_eq!(t.nr_leaves(), 88);
         assert_eq!(t.smt_siblings(0), &[0, 44]);
         assert_eq!(t.smt_siblings(22), &[22, 66]);
         assert_eq!(t.sd_llc_size(0), 44);
         assert!(t.share_llc(0, 21) && t.share_llc(0, 65) && !t.share_llc(0, 22));
         assert_eq!(t.nr_numa(), 2);
-        assert_eq!(t.node(t.root()).children.len(), 2);
+        assert_eq!(t.children(t.root()).len(), 2);
         let llc = t.node(t.sd_llc(0));
         assert!(
-            llc.flags
+            llc.flags()
                 .contains(DomainFlags::LLC | DomainFlags::NUMA | DomainFlags::PACKAGE)
         );
         assert_eq!(t.llc_siblings(t.llc_of(0)), &[0, 1]);
@@ -1282,14 +1521,15 @@ mod tests {
             .build()
             .unwrap();
         check_tree(&t);
+        check_groups(&t);
         assert_eq!(t.nr_numa(), 4);
         assert_eq!(t.smt_siblings(9), &[8, 9, 10, 11, 12, 13, 14, 15]);
         assert_eq!(t.sd_llc_size(9), 8);
         // SMT == LLC span: one domain with both flags.
         let d = t.node(t.sd_llc(9));
-        assert!(d.flags.contains(DomainFlags::SMT | DomainFlags::LLC));
+        assert!(d.flags().contains(DomainFlags::SMT | DomainFlags::LLC));
         // NUMA node of CPU 8 holds CPUs 8-15, 40-47, ...: not contiguous.
-        let numa_node = t.node(t.sd_llc(9)).parent.unwrap();
+        let numa_node = t.node(t.sd_llc(9)).parent().unwrap();
         let span = sorted(t.span(numa_node).to_vec());
         assert_eq!(&span[..10], &[8, 9, 10, 11, 12, 13, 14, 15, 40, 41]);
     }
@@ -1303,6 +1543,7 @@ mod tests {
             .build()
             .unwrap();
         check_tree(&t);
+        check_groups(&t);
         assert_eq!(t.llcs()[t.llc_of(0)].members, vec![0, 3, 4, 5]);
         assert_eq!(t.llcs()[t.llc_of(1)].members, vec![1, 2]);
         assert_eq!(t.llc_pos(4), 2);
@@ -1321,6 +1562,7 @@ mod tests {
             .build()
             .unwrap();
         check_tree(&t);
+        check_groups(&t);
         assert_eq!(t.nr_numa(), 2);
         assert_eq!(t.sd_llc_size(0), 4);
         assert!(!t.share_llc(0, 4));
@@ -1330,6 +1572,7 @@ mod tests {
     fn single_leaf_and_errors() {
         let t = TopologyBuilder::new(vec![7]).build().unwrap();
         check_tree(&t);
+        check_groups(&t);
         assert_eq!(t.sd_llc_size(0), 1);
         assert_eq!(t.os_id(0), 7);
         assert_eq!(t.leaf_of_os_id(7), Some(0));
@@ -1386,6 +1629,7 @@ mod tests {
     fn cluster_spec() {
         let t = Topology::from_spec("2z:4r:8n:2h").unwrap();
         check_tree(&t);
+        check_groups(&t);
         assert_eq!(t.nr_leaves(), 64);
         assert_eq!(t.nr_numa(), 2);
         assert_eq!(t.llcs().len(), 8);
@@ -1395,16 +1639,27 @@ mod tests {
         assert_eq!(t.llc_siblings(0), &[0, 1, 2, 3]);
         let big = Topology::from_spec("10z:100r:100n").unwrap();
         assert_eq!(big.nr_leaves(), 100_000);
+        // A cluster's leaves are sorted by place: one vector for the
+        // order, the cores, the zones and the region, and no outside ids.
+        for groups in [big.cores(), big.numa_groups(), big.package_groups()] {
+            assert!(Arc::ptr_eq(&groups.members, &big.order));
+        }
+        assert!(big.os_ids.is_empty());
+        assert!(big.core_of.is_empty() && big.cores.ends.is_empty());
+        assert_eq!(big.cores().len(), 100_000);
+        assert_eq!(big.smt_siblings(4_321), &[4_321]);
+        assert_eq!(big.os_id(99_999), 99_999);
     }
 
     #[test]
     fn llc_per_n_cores_and_numa_per_socket() {
         let t = Topology::from_spec("2s:8c:2t:llc=4:numa=2").unwrap();
         check_tree(&t);
+        check_groups(&t);
         assert_eq!(t.llcs().len(), 4);
         assert_eq!(t.sd_llc_size(0), 8);
         assert_eq!(t.nr_numa(), 4);
-        let seen: Vec<u32> = t.ancestors(0).map(|d| t.node(d).level).collect();
+        let seen: Vec<u32> = t.ancestors(0).map(|d| t.node(d).level()).collect();
         assert!(seen.windows(2).all(|w| w[0] < w[1]));
     }
 
@@ -1431,6 +1686,54 @@ mod tests {
             for (r, want) in firsts.iter().enumerate() {
                 let leaves: Vec<LeafId> = (0..gid.len()).filter(|&l| gid[l] == *want).collect();
                 proptest::prop_assert_eq!(g.get(r), leaves.as_slice());
+            }
+        }
+
+        /// Random descriptions (up to four levels of random keys: nesting
+        /// splits, degenerate levels merge, spans not contiguous in leaf
+        /// ids): the packed nodes agree with a brute force over their
+        /// parent chains (`check_tree`), and every level's domain is the
+        /// leaves sharing its keys at that level and above.
+        #[test]
+        fn packed_trees_are_the_described_groups(
+            n in 1usize..48,
+            keys in proptest::collection::vec(proptest::collection::vec(0u64..4, 48), 0..5),
+            first_id in 0u64..2,
+        ) {
+            let flags = [DomainFlags::SMT, DomainFlags::LLC, DomainFlags::NUMA, DomainFlags::PACKAGE];
+            // Ids from 0 (stored as the identity) or from 1 (stored).
+            let mut b = TopologyBuilder::new((0..n as u64).map(|i| first_id + i).collect());
+            for (l, k) in keys.iter().enumerate() {
+                b = b.level(&format!("l{l}"), flags[l % 4], k[..n].to_vec());
+            }
+            let t = b.build().unwrap();
+            check_tree(&t);
+        check_groups(&t);
+            check_groups(&t);
+            proptest::prop_assert_eq!(t.nr_leaves(), n);
+            for leaf in 0..n {
+                proptest::prop_assert_eq!(t.os_id(leaf), first_id + leaf as u64);
+                proptest::prop_assert_eq!(t.leaf_of_os_id(first_id + leaf as u64), Some(leaf));
+            }
+            proptest::prop_assert_eq!(t.leaf_of_os_id(first_id + n as u64), None);
+            proptest::prop_assert_eq!(t.leaf_of_os_id(u64::MAX), None);
+            if first_id > 0 {
+                proptest::prop_assert_eq!(t.leaf_of_os_id(0), None);
+            }
+            // The oracle: two leaves' lowest common domain is the group of
+            // the lowest level at which their keys agree there and at every
+            // outer level (index `l + 1`; the root `keys.len() + 1`): that
+            // group splits them below, so it has two children and survives
+            // the merge of degenerate domains.
+            for a in 0..n {
+                for c in (0..n).filter(|&c| c != a) {
+                    let common = t.ancestors(a).find(|&d| t.span(d).contains(&c));
+                    let together = (0..=keys.len())
+                        .find(|&l| (l..keys.len()).all(|m| keys[m][a] == keys[m][c]))
+                        .unwrap();
+                    let common = common.unwrap();
+                    proptest::prop_assert_eq!(t.node(common).level() as usize, together + 1);
+                }
             }
         }
     }

@@ -155,7 +155,7 @@ impl Sched {
         if leaf >= self.topo.nr_leaves() {
             return 0;
         }
-        self.agg[self.topo.sd_llc(leaf)].sum_free
+        self.agg(self.topo.sd_llc(leaf)).sum_free
     }
 
     /// `select_task_rq` for a new task whose waker the caller keeps
@@ -253,10 +253,10 @@ impl Sched {
         let start = ancestors
             .iter()
             .copied()
-            .find(|&n| self.topo.node(n).flags.contains(DomainFlags::NUMA))
+            .find(|&n| self.topo.node(n).flags().contains(DomainFlags::NUMA))
             .unwrap_or_else(|| self.topo.root());
         let skip_busy = self.config.busy_skip;
-        if self.agg[start].max_room[align.index()] < demand
+        if self.agg(start).max_room[align.index()] < demand
             || (skip_busy && self.busy.is_busy(start))
         {
             return self.find_idlest_placed(id);
@@ -264,18 +264,16 @@ impl Sched {
         self.stats.find_idlest += 1;
         let mut node = start;
         loop {
-            let children = &self.topo.node(node).children;
+            let children = self.topo.children(node);
             if children.is_empty() {
                 return (node, PlacePath::Idlest);
             }
-            let last_level = children
-                .iter()
-                .all(|&c| self.topo.node(c).children.is_empty());
+            let last_level = children.iter().all(|&c| self.topo.node(c).is_leaf());
             let mut best: Option<(NodeId, u128)> = None;
             let mut local: Option<(NodeId, u128)> = None;
             for &c in children {
                 self.stats.sis_scanned += 1;
-                let a = self.agg[c];
+                let a = self.agg(c);
                 if a.max_room[align.index()] < demand || (skip_busy && self.busy.is_busy(c)) {
                     continue;
                 }

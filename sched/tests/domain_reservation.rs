@@ -265,7 +265,7 @@ impl Model {
             }
             Op::FinishEarly { pick } => {
                 let running: Vec<TaskId> = (0..LEAVES)
-                    .flat_map(|l| self.s.rq(l).running.clone())
+                    .flat_map(|l| self.s.rq(l).running.to_vec())
                     .collect();
                 if !running.is_empty() {
                     let id = running[pick % running.len()];
@@ -276,7 +276,7 @@ impl Model {
                 let target = self.now + dt;
                 loop {
                     let due = (0..LEAVES)
-                        .flat_map(|l| self.s.rq(l).running.clone())
+                        .flat_map(|l| self.s.rq(l).running.to_vec())
                         .filter_map(|id| {
                             self.limit[&id].map(|lim| (self.started_at[&id] + lim, id))
                         })

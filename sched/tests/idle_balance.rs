@@ -128,7 +128,7 @@ impl World {
         if a == b {
             return true;
         }
-        let parent = |llc: usize| topo.node(topo.llcs()[llc].node).parent;
+        let parent = |llc: usize| topo.node(topo.llcs()[llc].node).parent();
         cross
             && parent(a) == parent(b)
             && parent(a).is_some_and(|p| topo.numa_span(p) <= self.s.config().steal_node_limit)

@@ -154,7 +154,7 @@ proptest! {
         loop {
             // The earliest end among running tasks with a limit.
             let end = (0..2)
-                .flat_map(|l| s.rq(l).running.clone())
+                .flat_map(|l| s.rq(l).running.to_vec())
                 .filter_map(|id| {
                     let t = s.task(id)?;
                     Some((started_at[&id] + t.time_limit?, id))

@@ -555,9 +555,10 @@ fn check_invariants(s: &Sched, nr_tasks: usize) -> Result<bool, TestCaseError> {
             align
         );
     }
-    // Every domain's aggregate, not only the root's, against its leaves
-    // (they are kept by difference when a child changes).
-    for node in topo.nr_leaves()..topo.nodes().len() {
+    // Every node's aggregate, not only the root's, against its leaves
+    // (they are kept by difference when a child changes; a leaf's in its
+    // own 32-byte form).
+    for node in 0..topo.nodes().len() {
         let a = s.aggregate(node);
         let span = topo.span(node);
         let sum = |f: &dyn Fn(usize) -> u64| span.iter().map(|&l| f(l)).sum::<u64>();
