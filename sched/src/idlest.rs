@@ -501,7 +501,23 @@ impl IdlestIndex {
             return None;
         }
         let leaf = Climb::new(tree as usize, width as usize, pos as usize);
+        // Every real cluster's case, the only code inlined: both trees in
+        // their narrow widths and the new values fitting them.
+        if let (Keys::Narrow(keys), Rooms::Narrow(rooms)) = (&mut self.keys, &mut self.rooms)
+            && fits_narrow(a)
+            && let Some(key) = narrow_key(a, pos, self.pos_bits, self.free_limit)
+        {
+            climb(keys, leaf, key);
+            return Some(values(&climb(rooms, leaf, Narrow::of(a))));
+        }
+        Some(self.update_wide(leaf, pos, a))
+    }
 
+    /// [`IdlestIndex::update`] when a tree is (or becomes) wide: out of
+    /// line, so that the update's inlined code is the narrow case's alone.
+    #[cold]
+    #[inline(never)]
+    fn update_wide(&mut self, leaf: Climb, pos: u32, a: &NodeAgg) -> ([u32; 5], u32) {
         if let Keys::Narrow(keys) = &mut self.keys {
             match narrow_key(a, pos, self.pos_bits, self.free_limit) {
                 Some(key) => {
@@ -517,10 +533,10 @@ impl IdlestIndex {
         if !fits_narrow(a) {
             self.widen();
         }
-        Some(match &mut self.rooms {
+        match &mut self.rooms {
             Rooms::Narrow(rooms) => values(&climb(rooms, leaf, Narrow::of(a))),
             Rooms::Wide(rooms) => values(&climb(rooms, leaf, Maxima::of(a))),
-        })
+        }
     }
 
     /// Domain `d`'s maxima over its children, as last updated: `max_room`
@@ -554,6 +570,35 @@ impl IdlestIndex {
         }
         let children = &topo.node(d).children;
         let b = self.base[d] as usize;
+        // Every real cluster's trees: the only search inlined.
+        if let (Keys::Narrow(keys), Rooms::Narrow(rooms)) = (&self.keys, &self.rooms) {
+            let tree = Tree {
+                keys,
+                rooms,
+                base: b,
+                width: w,
+                pos_bits: self.pos_bits,
+            };
+            return idlest_in(&tree, children, align, demand, eligible, visited);
+        }
+        self.idlest_child_wide(b, w, children, align, demand, eligible, visited)
+    }
+
+    /// [`IdlestIndex::idlest_child`] when a tree is wide: out of line, as
+    /// [`IdlestIndex::update_wide`].
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn idlest_child_wide(
+        &self,
+        b: usize,
+        w: usize,
+        children: &[NodeId],
+        align: Align,
+        demand: u32,
+        eligible: impl Fn(NodeId) -> bool,
+        visited: &mut u64,
+    ) -> Option<NodeId> {
         with_tree!(self, b, w, |tree| idlest_in(
             &tree, children, align, demand, eligible, visited
         ))
@@ -626,7 +671,10 @@ impl IdlestIndex {
     }
 }
 
-/// [`IdlestIndex::idlest_child`] over one domain's trees.
+/// [`IdlestIndex::idlest_child`] over one domain's trees. Always
+/// inlined: its one hot caller's (`find_idlest`'s) call cost ~8
+/// instructions per level of the descent.
+#[inline(always)]
 fn idlest_in<K: Key, L: Lanes>(
     tree: &Tree<'_, K, L>,
     children: &[NodeId],
@@ -711,11 +759,10 @@ struct Climb {
     /// The child's binary segment (`width + position`).
     leaf: usize,
     /// [`OFF`] of the children's level: `slot(i) = i - (off & !3)` there.
+    /// It steps two levels up as `off' = (off + 2) / 4`: `OFF[l]` is 3
+    /// modulo 4 on even levels and 1 on odd ones, where `4 * OFF[l - 2]`
+    /// is `OFF[l] + 1` and `OFF[l] - 1` (no parity test per update).
     off: usize,
-    /// How `off` steps two levels up: `off' = (off + step) / 4`, `step`
-    /// 1 on even levels and -1 (wrapping) on odd ones (`4 * off' = off
-    /// -/+ 1`, both exact).
-    step: usize,
 }
 
 impl Climb {
@@ -728,11 +775,6 @@ impl Climb {
             base: base / 4,
             leaf: w + pos,
             off: OFF[level],
-            step: if level.is_multiple_of(2) {
-                1
-            } else {
-                usize::MAX
-            },
         }
     }
 }
@@ -744,14 +786,15 @@ impl Climb {
 /// The trees are read as groups of four slots: a stored level's slots
 /// start at a multiple of four ([`slot`]), so slot `i` of level `l` is
 /// place `i % 4` of group `i / 4 - OFF[l] / 4`, and the grandchildren of
-/// a segment are one group; one bounds check per access.
-#[inline]
+/// a segment are one group; one bounds check per access. Always
+/// inlined: its loop's call from `refresh_aggregates`' climb cost ~13
+/// instructions per update.
+#[inline(always)]
 fn climb<T: Join>(trees: &mut [T], c: Climb, x: T) -> T {
     let Climb {
         base,
         leaf,
         mut off,
-        step,
     } = c;
     let (tree, _) = trees.as_chunks_mut::<4>();
     let mut i = leaf;
@@ -770,7 +813,7 @@ fn climb<T: Join>(trees: &mut [T], c: Climb, x: T) -> T {
             let [g0, g1, g2, g3] = tree[base + i / 4 - off / 4];
             let parent = g0.join(&g1).join(&g2.join(&g3));
             i /= 4;
-            off = off.wrapping_add(step) / 4;
+            off = (off + 2) / 4;
             let s = &mut tree[base + i / 4 - off / 4][i % 4];
             if s.same(&parent) {
                 break;
@@ -1198,18 +1241,13 @@ mod tests {
             // From every child slot, `climb`'s groups and steps up match
             // `slot` on every stored level.
             for pos in 0..w {
-                let Climb {
-                    leaf,
-                    mut off,
-                    step,
-                    ..
-                } = Climb::new(0, w, pos);
+                let Climb { leaf, mut off, .. } = Climb::new(0, w, pos);
                 let mut i = leaf;
                 assert_eq!(4 * (i / 4 - off / 4) + i % 4, slot(i), "w {w} child {pos}");
                 while i >= 4 {
                     assert_eq!(4 * (i / 4 - off / 4), slot(i & !3), "w {w} segment {i}");
                     i /= 4;
-                    off = off.wrapping_add(step) / 4;
+                    off = (off + 2) / 4;
                     assert_eq!(4 * (i / 4 - off / 4) + i % 4, slot(i), "w {w} segment {i}");
                 }
             }
