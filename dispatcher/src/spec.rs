@@ -338,7 +338,7 @@ pub fn check_submission(
         // A spec whose bound fits fits (`encoded_len_bound`).
         && specs.iter().any(|s| encoded_len_bound(s) > max)
     {
-        check_encoded_len(specs, max, &prefix)?;
+        check_encoded_len(specs, max, prefix)?;
     }
     check_batch(specs, limits)?;
     for (i, spec) in specs.iter_mut().enumerate() {
