@@ -91,11 +91,19 @@ pub struct SpecError {
 }
 
 impl From<SpecError> for tonic::Status {
+    /// Cold and out of line, as [`err`]: `?` inlines it on every check.
+    #[cold]
+    #[inline(never)]
     fn from(e: SpecError) -> Self {
         tonic::Status::invalid_argument(e.to_string())
     }
 }
 
+/// A spec's error. Cold and out of line: every check's error branch
+/// (with its message's formatting) then leaves the checks' code, which
+/// runs for every job, for the end of the function.
+#[cold]
+#[inline(never)]
 fn err(prefix: &str, field: &str, message: impl Into<String>) -> SpecError {
     SpecError {
         field: format!("{prefix}.{field}"),
@@ -168,6 +176,31 @@ fn call_error(message: String) -> SpecError {
     SpecError {
         field: "specs".into(),
         message,
+    }
+}
+
+/// The first spec whose encoding is longer than `max` bytes (the etcd
+/// store's limit), when one's bound is (see [`check_submission`]). Cold
+/// and out of line, as [`err`].
+#[cold]
+#[inline(never)]
+fn check_encoded_len(
+    specs: &[JobSpec],
+    max: usize,
+    prefix: impl Fn(usize) -> String,
+) -> Result<(), SpecError> {
+    let too_large = specs
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| encoded_len_bound(s) > max)
+        .map(|(i, s)| (i, prost::Message::encoded_len(s)))
+        .find(|&(_, n)| n > max);
+    match too_large {
+        Some((i, n)) => Err(SpecError {
+            field: prefix(i),
+            message: format!("{n} bytes encoded, at most {max} with the etcd store"),
+        }),
+        None => Ok(()),
     }
 }
 
@@ -301,20 +334,11 @@ pub fn check_submission(
             "spec".to_string()
         }
     };
-    if let Some(max) = limits.max_stored_spec_bytes {
+    if let Some(max) = limits.max_stored_spec_bytes
         // A spec whose bound fits fits (`encoded_len_bound`).
-        let too_large = specs
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| encoded_len_bound(s) > max)
-            .map(|(i, s)| (i, prost::Message::encoded_len(s)))
-            .find(|&(_, n)| n > max);
-        if let Some((i, n)) = too_large {
-            return Err(SpecError {
-                field: prefix(i),
-                message: format!("{n} bytes encoded, at most {max} with the etcd store"),
-            });
-        }
+        && specs.iter().any(|s| encoded_len_bound(s) > max)
+    {
+        check_encoded_len(specs, max, prefix)?;
     }
     check_batch(specs, limits)?;
     for (i, spec) in specs.iter_mut().enumerate() {

@@ -508,7 +508,23 @@ impl IdlestIndex {
             return None;
         }
         let leaf = Climb::new(tree as usize, width as usize, pos as usize);
+        // Every real cluster's case, the only code inlined: both trees in
+        // their narrow widths and the new values fitting them.
+        if let (Keys::Narrow(keys), Rooms::Narrow(rooms)) = (&mut self.keys, &mut self.rooms)
+            && fits_narrow(a)
+            && let Some(key) = narrow_key(a, pos, self.pos_bits, self.free_limit)
+        {
+            climb(keys, leaf, key);
+            return Some(values(&climb(rooms, leaf, Narrow::of(a))));
+        }
+        Some(self.update_wide(leaf, pos, a))
+    }
 
+    /// [`IdlestIndex::update`] when a tree is (or becomes) wide: out of
+    /// line, so that the update's inlined code is the narrow case's alone.
+    #[cold]
+    #[inline(never)]
+    fn update_wide(&mut self, leaf: Climb, pos: u32, a: &NodeAgg) -> ([u32; 5], u32) {
         if let Keys::Narrow(keys) = &mut self.keys {
             match narrow_key(a, pos, self.pos_bits, self.free_limit) {
                 Some(key) => {
@@ -524,10 +540,10 @@ impl IdlestIndex {
         if !fits_narrow(a) {
             self.widen();
         }
-        Some(match &mut self.rooms {
+        match &mut self.rooms {
             Rooms::Narrow(rooms) => values(&climb(rooms, leaf, Narrow::of(a))),
             Rooms::Wide(rooms) => values(&climb(rooms, leaf, Maxima::of(a))),
-        })
+        }
     }
 
     /// Domain `d`'s maxima over its children, as last updated: `max_room`
@@ -561,6 +577,35 @@ impl IdlestIndex {
         }
         let children = topo.children(d);
         let b = self.base[d] as usize;
+        // Every real cluster's trees: the only search inlined.
+        if let (Keys::Narrow(keys), Rooms::Narrow(rooms)) = (&self.keys, &self.rooms) {
+            let tree = Tree {
+                keys,
+                rooms,
+                base: b,
+                width: w,
+                pos_bits: self.pos_bits,
+            };
+            return idlest_in(&tree, children, align, demand, eligible, visited);
+        }
+        self.idlest_child_wide(b, w, children, align, demand, eligible, visited)
+    }
+
+    /// [`IdlestIndex::idlest_child`] when a tree is wide: out of line, as
+    /// [`IdlestIndex::update_wide`].
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn idlest_child_wide(
+        &self,
+        b: usize,
+        w: usize,
+        children: &[NodeId],
+        align: Align,
+        demand: u32,
+        eligible: impl Fn(NodeId) -> bool,
+        visited: &mut u64,
+    ) -> Option<NodeId> {
         with_tree!(self, b, w, |tree| idlest_in(
             &tree, children, align, demand, eligible, visited
         ))
@@ -648,7 +693,11 @@ impl IdlestIndex {
     }
 }
 
-/// [`IdlestIndex::idlest_child`] over one domain's trees.
+/// [`IdlestIndex::idlest_child`] over one domain's trees. Always
+/// inlined: out of line (LLVM's choice once the wide widths had their own
+/// caller) its calls from `find_idlest` cost ~76 instructions per
+/// placement.
+#[inline(always)]
 fn idlest_in<K: Key, L: Lanes>(
     tree: &Tree<'_, K, L>,
     children: &[NodeId],
@@ -733,11 +782,11 @@ struct Climb {
     /// The child's binary segment (`width + position`).
     leaf: usize,
     /// [`OFF`] of the children's level: `slot(i) = i - (off & !3)` there.
+    /// It steps two levels up as `off' = (off + 2) / 4`: `4 * OFF[l - 2]`
+    /// is `OFF[l] + 1` on even levels (where `OFF[l]` is 3 modulo 4) and
+    /// `OFF[l] - 1` on odd ones (1 modulo 4), and `(off + 2) / 4` rounds
+    /// to it on both (no parity test per update).
     off: usize,
-    /// How `off` steps two levels up: `off' = (off + step) / 4`, `step`
-    /// 1 on even levels and -1 (wrapping) on odd ones (`4 * off' = off
-    /// -/+ 1`, both exact).
-    step: usize,
 }
 
 impl Climb {
@@ -750,11 +799,6 @@ impl Climb {
             base: base / 4,
             leaf: w + pos,
             off: OFF[level],
-            step: if level.is_multiple_of(2) {
-                1
-            } else {
-                usize::MAX
-            },
         }
     }
 }
@@ -766,14 +810,15 @@ impl Climb {
 /// The trees are read as groups of four slots: a stored level's slots
 /// start at a multiple of four ([`slot`]), so slot `i` of level `l` is
 /// place `i % 4` of group `i / 4 - OFF[l] / 4`, and the grandchildren of
-/// a segment are one group; one bounds check per access.
-#[inline]
+/// a segment are one group; one bounds check per access. Always
+/// inlined: out of line (as for [`idlest_in`]) its calls from
+/// `refresh_aggregates` cost ~107 instructions per submit and finish.
+#[inline(always)]
 fn climb<T: Join>(trees: &mut [T], c: Climb, x: T) -> T {
     let Climb {
         base,
         leaf,
         mut off,
-        step,
     } = c;
     let (tree, _) = trees.as_chunks_mut::<4>();
     let mut i = leaf;
@@ -792,7 +837,7 @@ fn climb<T: Join>(trees: &mut [T], c: Climb, x: T) -> T {
             let [g0, g1, g2, g3] = tree[base + i / 4 - off / 4];
             let parent = g0.join(&g1).join(&g2.join(&g3));
             i /= 4;
-            off = off.wrapping_add(step) / 4;
+            off = (off + 2) / 4;
             let s = &mut tree[base + i / 4 - off / 4][i % 4];
             if s.same(&parent) {
                 break;
@@ -1271,18 +1316,13 @@ mod tests {
             // From every child slot, `climb`'s groups and steps up match
             // `slot` on every stored level.
             for pos in 0..w {
-                let Climb {
-                    leaf,
-                    mut off,
-                    step,
-                    ..
-                } = Climb::new(0, w, pos);
+                let Climb { leaf, mut off, .. } = Climb::new(0, w, pos);
                 let mut i = leaf;
                 assert_eq!(4 * (i / 4 - off / 4) + i % 4, slot(i), "w {w} child {pos}");
                 while i >= 4 {
                     assert_eq!(4 * (i / 4 - off / 4), slot(i & !3), "w {w} segment {i}");
                     i /= 4;
-                    off = off.wrapping_add(step) / 4;
+                    off = (off + 2) / 4;
                     assert_eq!(4 * (i / 4 - off / 4) + i % 4, slot(i), "w {w} segment {i}");
                 }
             }
