@@ -2141,11 +2141,19 @@ fn steal_gating(topo: &Topology, config: &SchedConfig) -> (bool, Vec<bool>) {
             (ok, vec![ok; topo.llcs().len()])
         }
         NodeLimitScope::Domain => {
+            // One span per parent domain, not per LLC: in a cluster's
+            // engine the LLCs are racks and their parent a zone, and each
+            // span collects and sorts the NUMA ids of every node under it
+            // (250 racks of a 10,000-node cluster made 250 such 20 KB
+            // vectors, ~2,500 ids each, at every rebuild).
+            let mut span_ok: IdMap<NodeId, bool> = IdMap::default();
             let cross = topo
                 .llcs()
                 .iter()
                 .map(|llc| match topo.node(llc.node).parent() {
-                    Some(p) => topo.numa_span(p) <= limit,
+                    Some(p) => *span_ok
+                        .entry(p)
+                        .or_insert_with(|| topo.numa_span(p) <= limit),
                     None => true,
                 })
                 .collect();
@@ -2158,6 +2166,7 @@ fn steal_gating(topo: &Topology, config: &SchedConfig) -> (bool, Vec<bool>) {
 mod tests {
     use super::*;
     use crate::config::SchedConfig;
+    use crate::topology::DomainFlags;
 
     fn engine(spec: &str) -> Sched {
         Sched::new(
@@ -2165,6 +2174,61 @@ mod tests {
             1,
             SchedConfig::default(),
         )
+    }
+
+    /// The cluster form of node-limit gating computes one NUMA span per
+    /// parent domain and answers, for every LLC, what the span of that
+    /// LLC's own parent gives (the oracle: each LLC's parent measured
+    /// again).
+    #[test]
+    fn domain_gating_is_each_llcs_parent_span() {
+        // Racks that are NUMA nodes of their own, under pods of two and
+        // of three racks: the two pods' spans differ (2 and 3).
+        let pods = || {
+            let rack: Vec<u64> = vec![0, 0, 1, 1, 2, 2, 3, 3, 4, 4];
+            crate::topology::TopologyBuilder::new((0..10).collect())
+                .level("rack", DomainFlags::LLC, rack.clone())
+                .level("zone", DomainFlags::NUMA, rack)
+                .level("pod", DomainFlags::NONE, vec![0, 0, 0, 0, 1, 1, 1, 1, 1, 1])
+                .build()
+                .unwrap()
+        };
+        let uneven = pods();
+        let spans: Vec<usize> = uneven
+            .llcs()
+            .iter()
+            .map(|llc| uneven.numa_span(uneven.node(llc.node).parent().unwrap()))
+            .collect();
+        assert_eq!(spans, [2, 2, 3, 3, 3]);
+        for (spec, topo) in [
+            ("pods of 2 and 3 racks", pods()),
+            ("2z:4r:8n", Topology::from_spec("2z:4r:8n").unwrap()),
+            ("3z:2r:4n:2h", Topology::from_spec("3z:2r:4n:2h").unwrap()),
+            (
+                "2s:8c:2t:llc=2:numa=2",
+                Topology::from_spec("2s:8c:2t:llc=2:numa=2").unwrap(),
+            ),
+        ] {
+            for limit in 0..4 {
+                let config = SchedConfig {
+                    steal_node_limit: limit,
+                    node_limit_scope: NodeLimitScope::Domain,
+                    ..SchedConfig::default()
+                };
+                let (llc_ok, cross) = steal_gating(&topo, &config);
+                let oracle: Vec<bool> = topo
+                    .llcs()
+                    .iter()
+                    .map(|llc| {
+                        topo.node(llc.node)
+                            .parent()
+                            .is_none_or(|p| topo.numa_span(p) <= limit)
+                    })
+                    .collect();
+                assert!(llc_ok, "{spec}");
+                assert_eq!(cross, oracle, "{spec} limit {limit}");
+            }
+        }
     }
 
     /// A leaf's aggregate stays in 32 bytes (a cluster's engine has one
