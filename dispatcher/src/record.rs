@@ -568,15 +568,10 @@ impl JobRecord {
             let body = buf.len();
             prost::Message::encode_raw(spec, buf);
             let len = buf.len() - body;
-            let mut prefix = [0u8; 10];
-            let n = prefix.len() - {
-                let mut rest = &mut prefix[..];
-                encode_varint(len as u64, &mut rest);
-                rest.len()
-            };
-            buf.extend_from_slice(&prefix[..n]);
+            let n = encoding::encoded_len_varint(len as u64);
+            buf.resize(body + len + n, 0);
             buf.copy_within(body..body + len, body + n);
-            buf[body..body + n].copy_from_slice(&prefix[..n]);
+            encode_varint(len as u64, &mut &mut buf[body..body + n]);
         }
         int32(3, self.state, buf);
         text(4, self.node.as_str(), buf);
