@@ -30,18 +30,24 @@ const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 /// How long freed pages stay committed before they are purged, ms.
-const PURGE_DELAY_MS: OptionValue = 10;
+const PURGE_DELAY_MS: OptionValue = 1000;
 
 /// mimalloc's option values.
 type OptionValue = std::ffi::c_long;
 
 /// Commit arena memory as it is used rather than up front, and give freed
-/// pages back after 10 ms rather than the version's default 1 s: with
+/// pages back 1 s after they were freed (the version's default): with
 /// eager commit the dispatcher started at 64 MiB of RSS instead of 52 and
-/// held about 2 KB more per pending job, for no throughput; the 1 s delay
-/// held 0.2-0.4 KB more per pending job than 10 ms, and purging at once
-/// (0) cost 5-10% of the throughput at overload (measured in
-/// docs/BENCHMARKS.md, "The allocator"). The options must be set before
+/// held about 2 KB more per pending job, for no throughput (measured in
+/// docs/BENCHMARKS.md, "The allocator"). A delay of 10 ms, chosen when
+/// nothing else gave memory back, made the busy dispatcher return pages
+/// it needed again at once: 1.28 page faults per job under `loadgen`'s
+/// 50,000 jobs/s against 0.52-0.59 with 1 s, each a fault and a zeroed
+/// page; purging at once (0) cost 5-10% of the throughput. Since the idle
+/// threads collect and purge themselves (`collect_when_idle`, the upkeep
+/// thread below), the longer delay holds no more memory at rest: the same
+/// bytes per pending job and per relayed node (docs/BENCHMARKS.md,
+/// "Session 24 (lead)"). The options must be set before
 /// the first allocation reserves mimalloc's first arena, which happens
 /// before `main`: this runs from `.init_array`, after mimalloc's own
 /// constructor (priority 101) and before the Rust runtime starts.
