@@ -237,7 +237,9 @@ impl Sched {
     /// room (most free capacity per capacity), except that the child
     /// holding `from` keeps the task unless `100 x its load > imbalance_pct
     /// x the idlest's load` (load = capacity in use / capacity); at the
-    /// last level the idlest leaf (`sched_balance_find_dst_cpu`). Falls
+    /// last level the idlest leaf (`sched_balance_find_dst_cpu`), in
+    /// `find_idlest`'s order and from its index (the most free per
+    /// capacity, then the most free, then the first). Falls
     /// back to [`Sched::find_idlest`] over the whole tree when the zone has
     /// no room for the task, or when the task's affinity is constrained.
     pub fn find_idlest_from(&mut self, id: TaskId, from: LeafId) -> (LeafId, PlacePath) {
@@ -269,6 +271,26 @@ impl Sched {
                 return (node, PlacePath::Idlest);
             }
             let last_level = children.iter().all(|&c| self.topo.node(c).is_leaf());
+            if last_level {
+                // The idlest leaf, as `find_idlest` picks a child (the
+                // largest free share, then the most free, then the first,
+                // among those with room): from the index, not a scan of
+                // the rack's leaves; the holder of `from` has no say here.
+                let (busy, mut visited) = (&self.busy, 0);
+                let best = self.idlest.idlest_child(
+                    &self.topo,
+                    node,
+                    align,
+                    demand,
+                    |c| !(skip_busy && busy.is_busy(c)),
+                    &mut visited,
+                );
+                self.stats.sis_scanned += visited;
+                return match best {
+                    Some(leaf) => (leaf, PlacePath::Idlest),
+                    None => self.find_idlest_placed(id),
+                };
+            }
             let mut best: Option<(NodeId, u128)> = None;
             let mut local: Option<(NodeId, u128)> = None;
             for &c in children {
@@ -289,7 +311,7 @@ impl Sched {
                 return self.find_idlest_placed(id);
             };
             node = match local {
-                Some((l, local_free)) if !last_level && keep_local(local_free, idlest_free) => l,
+                Some((l, local_free)) if keep_local(local_free, idlest_free) => l,
                 _ => idlest,
             };
         }
@@ -298,7 +320,7 @@ impl Sched {
 
 /// Free capacity per capacity, scaled by 2^32.
 fn free_share(sum_free: u64, capacity: u64) -> u128 {
-    ((sum_free as u128) << 32) / capacity.max(1) as u128
+    crate::idlest::fixed_share(sum_free, capacity.max(1))
 }
 
 /// The kernel's test for staying local: `100 * local_load <= imbalance_pct
@@ -559,5 +581,55 @@ mod tests {
         }
         let (leaf, _) = s.find_idlest_from(t, waker);
         assert_ne!(s.topology().numa_of(leaf), s.topology().numa_of(waker));
+    }
+
+    proptest::proptest! {
+        /// The fork path's last level, from the index, picks the leaf a
+        /// scan of the chosen rack picks in `find_idlest`'s order (the
+        /// most free per capacity, then the most free, then the first,
+        /// among leaves with room that are not busy): on racks of mixed
+        /// capacities, where equal shares of unequal nodes tie on the
+        /// share alone, with busy-skip on and off. When the scan finds
+        /// no leaf in any rack of the zone, the whole tree's answer.
+        #[test]
+        fn the_fork_paths_leaf_is_the_scans_choice(
+            caps in proptest::collection::vec(proptest::sample::select(vec![4u32, 8, 16]), 16),
+            used in proptest::collection::vec(0u32..=16, 16),
+            demand in 1u32..=6,
+            from in 0usize..16,
+            busy_skip in proptest::bool::ANY,
+        ) {
+            let t = Arc::new(Topology::from_spec("1z:2r:8n").unwrap());
+            let mut s = Sched::with_capacities(t, &caps, SchedConfig::cluster());
+            let mut c = s.config().clone();
+            c.busy_skip = busy_skip;
+            s.set_config(c);
+            let mut next = 100;
+            for (leaf, (&cap, &u)) in caps.iter().zip(&used).enumerate() {
+                if u.min(cap) > 0 {
+                    load(&mut s, leaf, u.min(cap), &mut next);
+                }
+            }
+            let task = new_task(&mut s, 1, demand);
+            let (leaf, _) = s.find_idlest_from(task, from);
+            s.flush_aggregates();
+            let rack = s.topology().ancestors(leaf).next().unwrap();
+            let align = crate::alloc::Align::Any;
+            match s.idlest_child_scan(rack, align, demand) {
+                Some(want) => proptest::prop_assert_eq!(leaf, want),
+                None => {
+                    let racks: Vec<NodeId> = (0..16)
+                        .filter_map(|l| s.topology().ancestors(l).next())
+                        .collect();
+                    proptest::prop_assert!(
+                        racks
+                            .iter()
+                            .all(|&r| s.idlest_child_scan(r, align, demand).is_none()),
+                        "leaf {} from a rack without room while another has some",
+                        leaf
+                    );
+                }
+            }
+        }
     }
 }
