@@ -25,7 +25,10 @@
 //! so O(1) amortized); an evicted waker starts again from no flips and no
 //! node, as a waker the dispatcher never saw.
 
-use sched::idhash::IdMap;
+use std::hash::{BuildHasher, BuildHasherDefault};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use sched::idhash::IdHasher;
 use sched::wake::WakeeFlips;
 
 use super::jobs::JobKey;
@@ -127,11 +130,21 @@ pub struct WakerRecord {
 /// The records, bounded.
 #[derive(Debug)]
 pub struct Wakers {
-    /// FxHash (`IdMap`): a waker's key is hashed at every submission and
-    /// placement, and std's SipHash of an owner's and group's names cost
-    /// ~350 instructions each time (the keys are the dispatcher's own: job
-    /// keys, and the names of users it authenticated).
-    records: IdMap<WakerKey, WakerRecord>,
+    /// The records with their keys, in no order.
+    slots: Vec<(WakerKey, WakerRecord)>,
+    /// Their positions in `slots`, hashed by key. FxHash: a waker's key is
+    /// hashed at every submission and placement, and std's SipHash of an
+    /// owner's and group's names cost ~350 instructions each time (the
+    /// keys are the dispatcher's own: job keys, and the names of users it
+    /// authenticated).
+    index: hashbrown::HashTable<u32>,
+    /// The position of the last key found: a placement asks for its
+    /// waker's record four or five times (its flips, its node, its room,
+    /// where its wakee went), ~190-450 instructions a hashed lookup where
+    /// a compare with the hinted slot's key does. A hint only: checked
+    /// against the key there. Atomic (relaxed) so that `&self` lookups may
+    /// set it and the cluster stays `Sync`.
+    hint: AtomicU32,
     period_ns: u64,
     cap: usize,
 }
@@ -140,10 +153,32 @@ impl Wakers {
     /// Records wiped every `period_ms`, at most `cap` of them (at least 2).
     pub fn new(period_ms: u64, cap: usize) -> Self {
         Self {
-            records: IdMap::default(),
+            slots: Vec::new(),
+            index: hashbrown::HashTable::new(),
+            hint: AtomicU32::new(0),
             period_ns: period_ms.saturating_mul(1_000_000),
             cap: cap.max(2),
         }
+    }
+
+    fn hash(key: &WakerKey) -> u64 {
+        BuildHasherDefault::<IdHasher>::default().hash_one(key)
+    }
+
+    /// The slot of `key`: the hinted one if it holds `key`, else the
+    /// index's (which becomes the hint).
+    #[inline]
+    fn find(&self, key: &WakerKey) -> Option<usize> {
+        let h = self.hint.load(Ordering::Relaxed) as usize;
+        if self.slots.get(h).is_some_and(|(k, _)| k == key) {
+            return Some(h);
+        }
+        let slots = &self.slots;
+        let i = *self
+            .index
+            .find(Self::hash(key), |&i| slots[i as usize].0 == *key)?;
+        self.hint.store(i, Ordering::Relaxed);
+        Some(i as usize)
     }
 
     /// The wipe period, ns.
@@ -153,17 +188,17 @@ impl Wakers {
 
     /// Records held.
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.slots.len()
     }
 
     /// True when no record is held.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.slots.is_empty()
     }
 
     /// A waker's record.
     pub fn get(&self, key: &WakerKey) -> Option<&WakerRecord> {
-        self.records.get(key)
+        self.find(key).map(|i| &self.slots[i].1)
     }
 
     /// `record_wakee`: `key` woke job `wakee` (its engine task's number, unique
@@ -177,8 +212,7 @@ impl Wakers {
 
     /// The waker's flips as of `now`, decayed (0 without a record).
     pub fn flips(&self, key: &WakerKey, now: u64) -> u32 {
-        self.records
-            .get(key)
+        self.get(key)
             .map_or(0, |r| r.flips.current(now, self.period_ns))
     }
 
@@ -197,36 +231,58 @@ impl Wakers {
     }
 
     fn touch(&mut self, key: &WakerKey, now: u64) -> &mut WakerRecord {
-        // The key is copied (its names) only for a new record.
-        if !self.records.contains_key(key) {
-            if self.records.len() >= self.cap {
-                self.evict();
+        let i = match self.find(key) {
+            Some(i) => i,
+            None => {
+                // The key is copied (its names) only for a new record.
+                if self.slots.len() >= self.cap {
+                    self.evict();
+                }
+                let i = self.slots.len();
+                self.slots.push((key.clone(), WakerRecord::default()));
+                let slots = &self.slots;
+                self.index.insert_unique(Self::hash(key), i as u32, |&j| {
+                    Self::hash(&slots[j as usize].0)
+                });
+                *self.hint.get_mut() = i as u32;
+                i
             }
-            self.records.insert(key.clone(), WakerRecord::default());
-        }
-        let Some(r) = self.records.get_mut(key) else {
-            unreachable!("the record was inserted above");
         };
+        let r = &mut self.slots[i].1;
         r.touched = r.touched.max(now);
         r
     }
 
     /// Keep the `cap / 2` most recently touched records (ties broken
-    /// arbitrarily).
+    /// arbitrarily), then index them again.
     fn evict(&mut self) {
         let keep = self.cap / 2;
-        let mut by_age: Vec<(u64, WakerKey)> = self
-            .records
-            .iter()
-            .map(|(k, r)| (r.touched, k.clone()))
-            .collect();
-        let drop = by_age.len().saturating_sub(keep);
+        let drop = self.slots.len().saturating_sub(keep);
         if drop == 0 {
             return;
         }
-        by_age.select_nth_unstable_by_key(drop - 1, |(t, _)| *t);
-        for (_, k) in &by_age[..drop] {
-            self.records.remove(k);
+        // The `drop`-th oldest touch: every record touched before it goes,
+        // and as many of those touched at it as make `drop`.
+        let mut ages: Vec<u64> = self.slots.iter().map(|(_, r)| r.touched).collect();
+        let (_, &mut cut, _) = ages.select_nth_unstable(drop - 1);
+        let before = ages.iter().filter(|&&t| t < cut).count();
+        let mut at_cut = drop - before;
+        self.slots.retain(|(_, r)| {
+            if r.touched < cut {
+                return false;
+            }
+            if r.touched == cut && at_cut > 0 {
+                at_cut -= 1;
+                return false;
+            }
+            true
+        });
+        self.index.clear();
+        for (i, (k, _)) in self.slots.iter().enumerate() {
+            let slots = &self.slots;
+            self.index.insert_unique(Self::hash(k), i as u32, |&j| {
+                Self::hash(&slots[j as usize].0)
+            });
         }
     }
 }
