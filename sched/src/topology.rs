@@ -1511,7 +1511,10 @@ mod tests {
             assert_eq!(llc.members.as_slice(), &want[..]);
             assert_eq!(&llc.members, &llc.members.clone());
             assert_eq!((&llc.members).into_iter().count(), want.len());
-            assert_eq!(Arc::ptr_eq(&llc.members.all, &t.order), llc_leaves[..] == t.order[..]);
+            assert_eq!(
+                Arc::ptr_eq(&llc.members.all, &t.order),
+                llc_leaves[..] == t.order[..]
+            );
         }
         assert_eq!(t.core_of.is_empty(), t.cores().len() == n);
         for l in 0..n {
@@ -1745,7 +1748,10 @@ mod tests {
         }
         assert!(big.os_ids.is_empty());
         assert!(Arc::ptr_eq(&big.llcs()[99].members.all, &big.order));
-        assert_eq!(big.llcs()[99].members.as_slice(), &(9_900..10_000).collect::<Vec<_>>()[..]);
+        assert_eq!(
+            big.llcs()[99].members.as_slice(),
+            &(9_900..10_000).collect::<Vec<_>>()[..]
+        );
         assert!(big.core_of.is_empty() && big.cores.ends.is_empty());
         assert_eq!(big.cores().len(), 100_000);
         assert_eq!(big.smt_siblings(4_321), &[4_321]);
