@@ -125,11 +125,16 @@ thread_local! {
     /// This async worker skipped a collect as it parked (`COLLECT_EVERY`
     /// had not passed) and has not collected since ([`WORKERS_OWING`]).
     static OWES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// This async worker woke since it last collected: a park that skips
+    /// the collect owes one only then (a park right after a collect has
+    /// nothing to give back).
+    static WOKE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Collect this thread's heap (forced) now.
 fn collect_now(now: std::time::Instant) {
     LAST_COLLECT.set(Some(now));
+    WOKE.set(false);
     if OWES.replace(false) {
         WORKERS_OWING.fetch_sub(1, Ordering::Relaxed);
     }
@@ -168,13 +173,20 @@ fn ms_since_epoch() -> u64 {
 fn worker_parks() {
     let before = LAST_COLLECT.get();
     collect_when_idle();
-    if LAST_COLLECT.get() == before && !OWES.replace(true) {
+    if LAST_COLLECT.get() == before && WOKE.get() && !OWES.replace(true) {
         WORKERS_OWING.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// An async worker wakes (a relaxed store).
+/// An async worker wakes: it has work since its last collect, and the
+/// workers are not quiet (a relaxed store).
 fn worker_unparks() {
+    WOKE.set(true);
+    stamp_unpark();
+}
+
+/// [`LAST_UNPARK_MS`] is now.
+fn stamp_unpark() {
     LAST_UNPARK_MS.store(ms_since_epoch(), Ordering::Relaxed);
 }
 
@@ -200,7 +212,7 @@ fn wake_owing_workers() {
     };
     // The tasks' wake-ups count as the workers' (no new round for
     // QUIET_MS; one comes then if a worker still owes).
-    worker_unparks();
+    stamp_unpark();
     for _ in 0..*workers {
         handle.spawn(async {
             // Hold this worker a moment, so that the next task goes to
@@ -208,6 +220,10 @@ fn wake_owing_workers() {
             std::thread::sleep(std::time::Duration::from_micros(200));
             if OWES.get() {
                 collect_now(std::time::Instant::now());
+            } else {
+                // This wake was the task's, not work: the worker's next
+                // park owes nothing for it (no endless rounds).
+                WOKE.set(false);
             }
         });
     }
