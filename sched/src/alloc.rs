@@ -111,7 +111,7 @@ impl<'a> Iterator for Groups<'a> {
 
 /// Idle leaves available per alignment level: for each level, the largest
 /// number of idle leaves inside one domain of that level.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FreeSummary {
     /// Most idle leaves in one core.
     pub core: u32,

@@ -298,7 +298,7 @@ struct BuildNode {
 #[derive(Clone, Debug)]
 pub struct Llc {
     /// The leaves sharing it, ascending by leaf id.
-    pub members: Vec<LeafId>,
+    pub members: LeafRun,
     /// The tree node whose span is exactly this group.
     pub node: NodeId,
 }
@@ -500,6 +500,11 @@ impl Topology {
             node.children.sort_by_key(|&c| c);
         }
         let root = remap[root];
+        drop(remap);
+        // The uncompacted nodes (64 bytes each, their children taken) go
+        // before the tree is walked: the build's peak holds one copy.
+        drop(nodes);
+        drop(alive);
         let mut nodes = compact;
 
         // Depth-first order of leaves; children visited in order of their
@@ -536,8 +541,8 @@ impl Topology {
                 llc_pos[leaf] = pos as u32;
             }
         }
-        let llcs: Vec<Llc> = llc_members
-            .into_iter()
+        let llc_nodes: Vec<NodeId> = llc_members
+            .iter()
             .map(|members| {
                 let size = members.len();
                 let mut node = members[0];
@@ -547,7 +552,7 @@ impl Topology {
                         None => break,
                     }
                 }
-                Llc { members, node }
+                node
             })
             .collect();
         let (numa_of, nr_numa_groups) = rank_of(&numa_gid);
@@ -566,10 +571,10 @@ impl Topology {
         // leaves): 16 s for a cluster of 2000 racks.
         let mut sibling_lists: Vec<Vec<usize>> = Vec::new();
         let mut list_of_parent: HashMap<Option<NodeId>, usize> = HashMap::new();
-        let mut llc_sibling_list = Vec::with_capacity(llcs.len());
-        let mut seen = vec![false; llcs.len()];
-        for (i, llc) in llcs.iter().enumerate() {
-            let parent = nodes[llc.node].parent;
+        let mut llc_sibling_list = Vec::with_capacity(llc_nodes.len());
+        let mut seen = vec![false; llc_nodes.len()];
+        for (i, &llc_node) in llc_nodes.iter().enumerate() {
+            let parent = nodes[llc_node].parent;
             let list = match parent {
                 // Only a root LLC has no parent: it is its own list.
                 None => {
@@ -627,6 +632,30 @@ impl Topology {
         let cores = cores.sharing(&order);
         let numa_groups = numa_groups.sharing(&order);
         let package_groups = package_groups.sharing(&order);
+        let llc_leaves: Vec<LeafId> = llc_members.iter().flatten().copied().collect();
+        let llc_leaves: Arc<[LeafId]> = if llc_leaves[..] == order[..] {
+            Arc::clone(&order)
+        } else {
+            llc_leaves.into()
+        };
+        let mut at = 0;
+        let llcs = llc_members
+            .iter()
+            .zip(llc_nodes)
+            .map(|(members, node)| {
+                let start = at;
+                at += members.len() as u32;
+                Llc {
+                    members: LeafRun {
+                        all: Arc::clone(&llc_leaves),
+                        start,
+                        end: at,
+                    },
+                    node,
+                }
+            })
+            .collect();
+        drop(llc_members);
         let mut topo = Self {
             os_ids: if identity { Vec::new() } else { os_ids },
             nr_leaves: n,
@@ -819,15 +848,21 @@ impl Topology {
     }
 
     /// Number of distinct NUMA nodes under a tree node.
+    ///
+    /// A mark per NUMA node (its rank, `numa_of`), not a vector of the
+    /// span's leaves: a cluster's zone spans thousands of nodes, and that
+    /// vector (20 KB for 2,500) was allocated by every rebuild, in the
+    /// allocator's medium pages, which the relays' frames then kept
+    /// resident around the blocks still in use.
     pub fn numa_span(&self, node: NodeId) -> usize {
-        let mut seen: Vec<usize> = self
-            .span(node)
-            .iter()
-            .map(|&l| self.numa_of[l] as usize)
-            .collect();
-        seen.sort_unstable();
-        seen.dedup();
-        seen.len()
+        let mut seen = vec![false; self.numa_groups.len()];
+        let mut count = 0;
+        for &l in self.span(node) {
+            let g = &mut seen[self.numa_of[l] as usize];
+            count += usize::from(!*g);
+            *g = true;
+        }
+        count
     }
 
     /// The LLCs under the parent domain of this LLC, this one included: the
@@ -908,6 +943,71 @@ fn rank_of(gid: &[usize]) -> (Vec<u32>, usize) {
         })
         .collect();
     (of, rank.len())
+}
+
+/// A run of leaves in a vector shared with other runs: an LLC's members,
+/// a range of the leaves of every LLC, LLC after LLC, which is the
+/// topology's order when the LLCs list the leaves in that order (a
+/// cluster's racks: no vector per rack, no 8 bytes per node). Reads as a
+/// slice.
+#[derive(Clone)]
+pub struct LeafRun {
+    all: Arc<[LeafId]>,
+    start: u32,
+    end: u32,
+}
+
+impl LeafRun {
+    /// The leaves.
+    #[inline]
+    pub fn as_slice(&self) -> &[LeafId] {
+        &self.all[self.start as usize..self.end as usize]
+    }
+}
+
+impl std::ops::Deref for LeafRun {
+    type Target = [LeafId];
+
+    #[inline]
+    fn deref(&self) -> &[LeafId] {
+        self.as_slice()
+    }
+}
+
+impl<'a> IntoIterator for &'a LeafRun {
+    type Item = &'a LeafId;
+    type IntoIter = std::slice::Iter<'a, LeafId>;
+
+    #[inline]
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
+impl PartialEq for LeafRun {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for LeafRun {}
+
+impl PartialEq<[LeafId]> for LeafRun {
+    fn eq(&self, other: &[LeafId]) -> bool {
+        self.as_slice() == other
+    }
+}
+
+impl PartialEq<Vec<LeafId>> for LeafRun {
+    fn eq(&self, other: &Vec<LeafId>) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl fmt::Debug for LeafRun {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
 }
 
 /// A partition of the leaves into groups, each ascending, ranked by
@@ -1414,9 +1514,30 @@ mod tests {
             }
         }
         assert_eq!(t.numa_groups().len(), t.nr_numa());
+        // LLCs: each the leaves whose LLC it is, ascending, ranked by
+        // lowest leaf; all in one vector, the order's when the same.
+        let llc_leaves: Vec<usize> = t.llcs().iter().flat_map(|l| l.members.to_vec()).collect();
+        for (i, llc) in t.llcs().iter().enumerate() {
+            let want: Vec<usize> = (0..n).filter(|&l| t.llc_of(l) == i).collect();
+            assert_eq!(llc.members.as_slice(), &want[..]);
+            assert_eq!(&llc.members, &llc.members.clone());
+            assert_eq!((&llc.members).into_iter().count(), want.len());
+            assert_eq!(
+                Arc::ptr_eq(&llc.members.all, &t.order),
+                llc_leaves[..] == t.order[..]
+            );
+        }
         assert_eq!(t.core_of.is_empty(), t.cores().len() == n);
         for l in 0..n {
             assert!(t.smt_siblings(l).contains(&l));
+        }
+        // Every node's NUMA span against its leaves' NUMA ids, sorted and
+        // deduplicated (the vector `numa_span` no longer builds).
+        for id in 0..t.nodes().len() {
+            let ids: Vec<usize> = t.span(id).iter().map(|&l| t.numa_of(l)).collect();
+            let mut distinct = sorted(ids);
+            distinct.dedup();
+            assert_eq!(t.numa_span(id), distinct.len(), "node {id}");
         }
     }
 
@@ -1645,6 +1766,11 @@ mod tests {
             assert!(Arc::ptr_eq(&groups.members, &big.order));
         }
         assert!(big.os_ids.is_empty());
+        assert!(Arc::ptr_eq(&big.llcs()[99].members.all, &big.order));
+        assert_eq!(
+            big.llcs()[99].members.as_slice(),
+            &(9_900..10_000).collect::<Vec<_>>()[..]
+        );
         assert!(big.core_of.is_empty() && big.cores.ends.is_empty());
         assert_eq!(big.cores().len(), 100_000);
         assert_eq!(big.smt_siblings(4_321), &[4_321]);

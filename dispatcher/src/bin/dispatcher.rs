@@ -6,6 +6,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
@@ -89,6 +91,7 @@ fn start_allocator_upkeep() -> std::io::Result<()> {
                 // SAFETY: collects this thread's (empty) heap and runs the
                 // arenas' purges that are due; no pointer is passed.
                 unsafe { libmimalloc_sys::mi_collect(false) };
+                wake_owing_workers();
             }
         })
         .map(drop)
@@ -111,20 +114,125 @@ const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// (docs/BENCHMARKS.md, section "mem3"); once a second a thread is idle, so no cost
 /// under load.
 fn collect_when_idle() {
-    thread_local! {
-        static LAST: std::cell::Cell<Option<std::time::Instant>> =
-            const { std::cell::Cell::new(None) };
-    }
     let now = std::time::Instant::now();
-    if LAST
+    if LAST_COLLECT
         .get()
         .is_some_and(|t| now.duration_since(t) < COLLECT_EVERY)
     {
         return;
     }
-    LAST.set(Some(now));
+    collect_now(now);
+}
+
+thread_local! {
+    /// When this thread last collected its heap.
+    static LAST_COLLECT: std::cell::Cell<Option<std::time::Instant>> =
+        const { std::cell::Cell::new(None) };
+    /// This async worker skipped a collect as it parked (`COLLECT_EVERY`
+    /// had not passed) and has not collected since ([`WORKERS_OWING`]).
+    static OWES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// This async worker woke since it last collected: a park that skips
+    /// the collect owes one only then (a park right after a collect has
+    /// nothing to give back).
+    static WOKE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Collect this thread's heap (forced) now.
+fn collect_now(now: std::time::Instant) {
+    LAST_COLLECT.set(Some(now));
+    WOKE.set(false);
+    if OWES.replace(false) {
+        WORKERS_OWING.fetch_sub(1, Ordering::Relaxed);
+    }
     // SAFETY: collects this thread's heap; no pointer is passed.
     unsafe { libmimalloc_sys::mi_collect(true) };
+}
+
+/// The async runtime's workers that owe a collect: each skipped its
+/// collect as it parked, because it had collected less than
+/// `COLLECT_EVERY` before, and has not collected since.
+static WORKERS_OWING: AtomicUsize = AtomicUsize::new(0);
+
+/// When an async worker last woke, in ms since [`EPOCH`].
+static LAST_UNPARK_MS: AtomicU64 = AtomicU64::new(0);
+
+/// The clock of [`LAST_UNPARK_MS`].
+static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+
+/// The async runtime, its handle and number of workers, for
+/// [`wake_owing_workers`].
+static RUNTIME: OnceLock<(tokio::runtime::Handle, usize)> = OnceLock::new();
+
+/// How long the async workers must have been quiet (no worker woke)
+/// before the upkeep thread wakes the ones that owe a collect.
+const QUIET_MS: u64 = 100;
+
+fn ms_since_epoch() -> u64 {
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
+/// An async worker parks: [`collect_when_idle`], and if it skipped the
+/// collect, it owes one.
+fn worker_parks() {
+    let before = LAST_COLLECT.get();
+    collect_when_idle();
+    if LAST_COLLECT.get() == before && WOKE.get() && !OWES.replace(true) {
+        WORKERS_OWING.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// An async worker wakes: it has work since its last collect, and the
+/// workers are not quiet (a relaxed store).
+fn worker_unparks() {
+    WOKE.set(true);
+    stamp_unpark();
+}
+
+/// [`LAST_UNPARK_MS`] is now.
+fn stamp_unpark() {
+    LAST_UNPARK_MS.store(ms_since_epoch(), Ordering::Relaxed);
+}
+
+/// The trailing collect of a burst (the upkeep thread, every
+/// `PURGE_EVERY`): once the async workers have been quiet for `QUIET_MS`
+/// and one of them owes a collect, a task per worker collects the heap of
+/// the worker that runs it, if that worker owes one. Why: the throttle
+/// skips the collect of a worker that parks less than `COLLECT_EVERY`
+/// after its last one, and a worker that then has nothing to do parks
+/// indefinitely: the blocks the core freed into its pages after its last
+/// collect (the end of a relay's burst of Registers and LoadReports)
+/// stayed resident, 100-230 B per relayed node of an idle dispatcher
+/// after 10,000 attached (docs/bench/notes-mem8.md). Under load the
+/// workers wake constantly: this never fires, and the throttle holds.
+fn wake_owing_workers() {
+    if WORKERS_OWING.load(Ordering::Relaxed) == 0
+        || ms_since_epoch().saturating_sub(LAST_UNPARK_MS.load(Ordering::Relaxed)) < QUIET_MS
+    {
+        return;
+    }
+    let Some((handle, workers)) = RUNTIME.get() else {
+        return;
+    };
+    // The tasks' wake-ups count as the workers' (no new round for
+    // QUIET_MS; one comes then if a worker still owes).
+    stamp_unpark();
+    for _ in 0..*workers {
+        handle.spawn(async {
+            // Hold this worker a moment, so that the next task goes to
+            // another (the runtime wakes a second worker for it).
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            if OWES.get() {
+                collect_now(std::time::Instant::now());
+            } else {
+                // This wake was the task's, not work: the worker's next
+                // park owes nothing for it (no endless rounds).
+                WOKE.set(false);
+            }
+        });
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -527,9 +635,11 @@ fn main() -> Result<()> {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .on_thread_park(collect_when_idle)
+        .on_thread_park(worker_parks)
+        .on_thread_unpark(worker_unparks)
         .build()
         .context("starting the async runtime")?;
+    let _ = RUNTIME.set((runtime.handle().clone(), runtime.metrics().num_workers()));
     runtime.block_on(run(args))
 }
 

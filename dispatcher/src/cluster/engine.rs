@@ -29,6 +29,9 @@ pub fn engine_ns(now_ms: i64) -> u64 {
 /// `NodeEngine::slot_leaf`'s mark of a slot without a leaf.
 const NO_LEAF: u32 = u32::MAX;
 
+/// A node's shape as placement filters it ([`NodeInfo::shape`]).
+type NodeShape = (FreeSummary, u64, u32);
+
 /// The node-level engine and its leaf order.
 pub struct NodeEngine {
     config: SchedConfig,
@@ -43,9 +46,13 @@ pub struct NodeEngine {
     /// the finish reach the node and its leaf without hashing its name.
     leaf_slot: Vec<NodeSlot>,
     slot_leaf: Vec<u32>,
-    /// Per leaf: the largest aligned room of the whole (empty) node, its
-    /// memory (u64::MAX when unknown) and its GPUs.
-    leaf_shape: Vec<(FreeSummary, u64, u32)>,
+    /// Per leaf: its entry in `shapes` (a cluster's nodes come in a few
+    /// shapes: 4 bytes per node rather than the 40 of the shape itself).
+    leaf_shape: Vec<u32>,
+    /// The distinct shapes of the leaves' nodes: the largest aligned room
+    /// of the whole (empty) node, its memory (u64::MAX when unknown) and
+    /// its GPUs.
+    shapes: Vec<NodeShape>,
     /// The smallest of each over all leaves.
     leaf_shape_min: (FreeSummary, u64),
     /// Steals made by engines that rebuilds replaced, so that `steals`
@@ -70,6 +77,7 @@ impl NodeEngine {
             leaf_slot: Vec::new(),
             slot_leaf: Vec::new(),
             leaf_shape: Vec::new(),
+            shapes: Vec::new(),
             leaf_shape_min: (FreeSummary::default(), 0),
             steals_before: 0,
             event_buf: Vec::new(),
@@ -173,11 +181,11 @@ impl NodeEngine {
     /// Each node of the engine with its largest aligned room, memory and
     /// GPUs, as placement filters them (for the pending reasons), in leaf
     /// order.
-    pub(super) fn shapes(&self) -> impl Iterator<Item = (&str, &(FreeSummary, u64, u32))> + '_ {
+    pub(super) fn shapes(&self) -> impl Iterator<Item = (&str, &NodeShape)> + '_ {
         self.leaf_node
             .iter()
             .map(NodeName::as_str)
-            .zip(&self.leaf_shape)
+            .zip(self.leaf_shape.iter().map(|&s| &self.shapes[s as usize]))
     }
 
     /// Steals made so far, over every engine this one has rebuilt
@@ -298,7 +306,19 @@ impl NodeEngine {
         for (leaf, s) in self.leaf_slot.iter().enumerate() {
             self.slot_leaf[s.index()] = leaf as u32;
         }
-        self.leaf_shape = order.iter().map(|n| n.shape()).collect();
+        let mut shape_of: HashMap<NodeShape, u32> = HashMap::new();
+        self.shapes.clear();
+        self.leaf_shape = order
+            .iter()
+            .map(|n| {
+                let shape = n.shape();
+                *shape_of.entry(shape).or_insert_with(|| {
+                    self.shapes.push(shape);
+                    (self.shapes.len() - 1) as u32
+                })
+            })
+            .collect();
+        drop(shape_of);
         let mut min = (
             FreeSummary {
                 core: u32::MAX,
@@ -309,7 +329,7 @@ impl NodeEngine {
             },
             u64::MAX,
         );
-        for (f, m, _) in &self.leaf_shape {
+        for (f, m, _) in &self.shapes {
             min.0 = FreeSummary {
                 core: min.0.core.min(f.core),
                 llc: min.0.llc.min(f.llc),
@@ -353,7 +373,7 @@ impl NodeEngine {
                 all = false;
                 continue;
             };
-            let (largest, memory, gpus) = self.leaf_shape[leaf];
+            let (largest, memory, gpus) = self.shapes[self.leaf_shape[leaf] as usize];
             let fits_labels = spec.node_selector.iter().all(|(k, v)| n.labels.has(k, v));
             let fits_mem = spec.memory_bytes == 0 || memory >= spec.memory_bytes;
             let fits_cpus = largest.get(align) >= spec.cpus;

@@ -1346,3 +1346,54 @@ mod submit_each {
         }
     }
 }
+
+/// The engine keeps each leaf's shape as an entry of the distinct shapes:
+/// every leaf, in leaf order, reads its node's own shape
+/// (`NodeInfo::shape`: largest aligned room, memory, GPUs), nodes of one
+/// machine and memory sharing an entry, other machines or memories not.
+#[test]
+fn each_leaf_reads_its_nodes_shape() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    let specs = ["2s:4c:2t", "1s:8c:1t", "2s:4c:2t", "1s:2c:1t", "1s:8c:2t"];
+    let mut fx = Effects::default();
+    for i in 0..15u64 {
+        let mut labels = HashMap::new();
+        labels.insert("dispatch.io/rack".to_string(), format!("r{}", i % 3));
+        c.register(
+            Register {
+                node: format!("n{i}"),
+                labels,
+                topology: Some(machine(specs[i as usize % specs.len()])),
+                memory_bytes: (i % 2) << 30,
+                ..Default::default()
+            },
+            0,
+            &mut fx,
+        )
+        .unwrap();
+    }
+    c.settle(0, &mut fx);
+    let order: Vec<String> = c
+        .engine
+        .order()
+        .iter()
+        .map(|n| n.as_str().to_string())
+        .collect();
+    let shapes: Vec<(String, (sched::FreeSummary, u64, u32))> = c
+        .engine
+        .shapes()
+        .map(|(name, &shape)| (name.to_string(), shape))
+        .collect();
+    assert_eq!(shapes.len(), 15);
+    assert_eq!(
+        shapes.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>(),
+        order
+    );
+    for (name, shape) in &shapes {
+        assert_eq!(*shape, c.nodes.get(name).unwrap().shape(), "{name}");
+    }
+    let mut distinct: Vec<_> = shapes.iter().map(|(_, s)| *s).collect();
+    distinct.sort_by_key(|s| (s.0.any, s.0.core, s.0.llc, s.1));
+    distinct.dedup();
+    assert!(distinct.len() > 1);
+}
