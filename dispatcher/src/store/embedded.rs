@@ -5,7 +5,9 @@
 //! so the others would never be visible).
 //!
 //! Tables: `plain`, job number -> a plain job's encoded proto `Job`
-//! without its id (the number gives it back); `jobs`, id -> the encoded
+//! without its id (the number gives it back), length-prefixed and padded
+//! so that its later records fit in the same length ([`plain_value`]);
+//! `jobs`, id -> the encoded
 //! proto `Job` of an element stored whole (see below); `elements`, (job number,
 //! index) -> an array element or gang member whose spec is its array's
 //! (`JobRecord::element_proto`: no ids, no spec), and `specs`, job number
@@ -50,6 +52,54 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
 /// The redb-backed store.
 pub struct EmbeddedStore {
     db: Database,
+    /// The length of the value in `plain` of each plain job not finished
+    /// that this store wrote, by number (see [`plain_value`]): a later
+    /// write of the job pads to it when it fits. Only a hint: any length
+    /// reads the same.
+    plain_lengths: HashMap<u64, u32, std::hash::BuildHasherDefault<sched::idhash::IdHasher>>,
+}
+
+/// Bytes of padding a plain job's value gets when it is written before
+/// it finishes, for what its later records add (its start and end times,
+/// its CPUs: ~20 bytes), so they fit in the same length.
+const PLAIN_ROOM: usize = 32;
+
+/// A plain job's value in `plain` (in `buf`): the length of its record,
+/// its record (`JobRecord::encode_proto` without the id), and zero bytes
+/// up to `at_least` bytes in all. redb rewrites a committed leaf whole
+/// (and splits it when full) to change the length of a value in it, but
+/// patches a copy of it for a value of the same length (in place in a
+/// leaf this commit wrote): a job written again with a record of the
+/// length it had leaves its leaf as it was but for its bytes.
+fn plain_value(job: &JobRecord, at_least: usize, buf: &mut Vec<u8>) {
+    buf.clear();
+    job.encode_proto_parts(false, true, buf);
+    let len = buf.len();
+    let n = prost::encoding::encoded_len_varint(len as u64);
+    buf.resize(len + n, 0);
+    buf.copy_within(0..len, n);
+    prost::encoding::encode_varint(len as u64, &mut &mut buf[..n]);
+    if buf.len() < at_least {
+        buf.resize(at_least, 0);
+    }
+}
+
+/// The record of a value of `plain` (see [`plain_value`]).
+fn plain_record(mut value: &[u8]) -> Result<&[u8], String> {
+    let len = prost::encoding::decode_varint(&mut value).map_err(|e| e.to_string())?;
+    usize::try_from(len)
+        .ok()
+        .and_then(|len| value.get(..len))
+        .ok_or_else(|| format!("a record of {len} bytes in {} bytes", value.len()))
+}
+
+/// A state after which a job is not written again, only deleted.
+fn is_finished(state: i32) -> bool {
+    use proto::v1::JobState;
+    matches!(
+        JobState::try_from(state),
+        Ok(JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Lost)
+    )
 }
 
 impl EmbeddedStore {
@@ -71,13 +121,16 @@ impl EmbeddedStore {
             tx.open_table(META).map_err(backend)?;
         }
         tx.commit().map_err(backend)?;
-        Ok(Self { db })
+        Ok(Self {
+            db,
+            plain_lengths: HashMap::default(),
+        })
     }
 }
 
 /// Moves the plain jobs of a file written before `plain` existed (whole
 /// in `jobs`, keyed by their id) to `plain`, their bytes as they were
-/// (the id they hold is their key's). Rows
+/// (the id they hold is their key's), unpadded. Rows
 /// whose key is not the id of a plain job as the dispatcher writes it
 /// stay in `jobs`.
 fn migrate_plain(
@@ -95,7 +148,10 @@ fn migrate_plain(
         }
     }
     for (number, id, value) in moved {
-        plain.insert(number, value.as_slice()).map_err(backend)?;
+        let mut framed = Vec::with_capacity(value.len() + 5);
+        prost::encoding::encode_varint(value.len() as u64, &mut framed);
+        framed.extend_from_slice(&value);
+        plain.insert(number, framed.as_slice()).map_err(backend)?;
         jobs.remove(id.as_str()).map_err(backend)?;
     }
     Ok(())
@@ -253,10 +309,12 @@ impl Store for EmbeddedStore {
         {
             let (k, v) = row.map_err(backend)?;
             let key = JobKey::single(k.value());
-            let mut job = Job::decode(v.value()).map_err(|e| StoreError::Corrupt {
-                key: key.to_string(),
-                reason: e.to_string(),
-            })?;
+            let mut job = plain_record(v.value())
+                .and_then(|r| Job::decode(r).map_err(|e| e.to_string()))
+                .map_err(|reason| StoreError::Corrupt {
+                    key: key.to_string(),
+                    reason,
+                })?;
             job.id = key.to_string();
             snap.jobs.push(job);
         }
@@ -325,11 +383,18 @@ impl Store for EmbeddedStore {
                         // Keyed by its number: fixed width, and a new job
                         // appends at the tree's right edge (its id text
                         // sorts `j-10000 < j-100000 < j-10001`).
-                        buf.clear();
-                        job.encode_proto_parts(false, true, &mut buf);
+                        let number = job.key().number();
+                        let had = self.plain_lengths.remove(&number).unwrap_or(0) as usize;
+                        plain_value(job, had, &mut buf);
+                        if buf.len() > had && !is_finished(job.state) {
+                            buf.resize(buf.len() + PLAIN_ROOM, 0);
+                        }
                         opened(&tx, &mut plain, PLAIN)?
-                            .insert(job.key().number(), buf.as_slice())
+                            .insert(number, buf.as_slice())
                             .map_err(backend)?;
+                        if !is_finished(job.state) {
+                            self.plain_lengths.insert(number, buf.len() as u32);
+                        }
                     }
                     Write::PutJob(job) => {
                         let key = job.key();
@@ -382,6 +447,7 @@ impl Store for EmbeddedStore {
                             opened(&tx, &mut plain, PLAIN)?
                                 .remove(key.number())
                                 .map_err(backend)?;
+                            self.plain_lengths.remove(&key.number());
                         } else {
                             opened(&tx, &mut jobs, JOBS)?
                                 .remove(id.as_str())
@@ -919,6 +985,49 @@ mod tests {
         // Opened again: nothing left to move, the same jobs.
         let s = EmbeddedStore::open(dir.path()).unwrap();
         assert_eq!(s.load().unwrap().jobs, want);
+    }
+
+    /// A plain job written again keeps the length of its value while its
+    /// record fits (padded), and reads back exactly as written; a record
+    /// that outgrows it is stored whole.
+    #[test]
+    fn a_plain_jobs_value_keeps_its_length_while_its_record_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = EmbeddedStore::open(dir.path()).unwrap();
+        let spec = Arc::new(spec_of(1, 1).unwrap());
+        let mut r = JobRecord::new(JobKey::single(1), spec, Arc::from("u"), 0, 5);
+        let value = |s: &EmbeddedStore| numbered(s, PLAIN)[0].1.clone();
+        let put = |s: &mut EmbeddedStore, r: &JobRecord| {
+            s.commit(&[Write::PutJob(Arc::new(r.clone()))]).unwrap();
+            assert_eq!(s.load().unwrap().jobs, vec![r.to_proto()]);
+        };
+        r.state = JobState::Pending as i32;
+        r.reason = Text::from("submitted");
+        put(&mut s, &r);
+        let pending = value(&s);
+        let mut unpadded = Vec::new();
+        plain_value(&r, 0, &mut unpadded);
+        assert_eq!(pending.len(), unpadded.len() + PLAIN_ROOM);
+        assert_eq!(&pending[..unpadded.len()], unpadded.as_slice());
+        // Started, then finished: longer records, one length.
+        r.state = JobState::Running as i32;
+        r.node = "node-1".into();
+        r.cpus = vec![0, 1].into();
+        r.start_time_ms = 1_733_000_000_000;
+        put(&mut s, &r);
+        assert_eq!(value(&s).len(), pending.len());
+        r.state = JobState::Succeeded as i32;
+        r.reason = Text::default();
+        r.end_time_ms = 1_733_000_000_100;
+        put(&mut s, &r);
+        assert_eq!(value(&s).len(), pending.len());
+        // Finished, it is not remembered; a record that does not fit is
+        // stored as it is.
+        assert!(s.plain_lengths.is_empty());
+        r.reason = Text::from("x".repeat(100));
+        put(&mut s, &r);
+        plain_value(&r, 0, &mut unpadded);
+        assert_eq!(value(&s), unpadded);
     }
 
     #[test]
