@@ -62,7 +62,7 @@ pub struct EmbeddedStore {
 /// Bytes of padding a plain job's value gets when it is written before
 /// it finishes, for what its later records add (its start and end times,
 /// its CPUs: ~20 bytes), so they fit in the same length.
-const PLAIN_ROOM: usize = 32;
+const PLAIN_ROOM: usize = 24;
 
 /// A plain job's value in `plain` (in `buf`): the length of its record,
 /// its record (`JobRecord::encode_proto` without the id), and zero bytes
