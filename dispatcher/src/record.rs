@@ -527,6 +527,14 @@ impl JobRecord {
     /// the proto's copy of the spec and the strings, then its drop, cost
     /// it more than the encoding (`tests::the_direct_encoding_is_the_protos`).
     pub fn encode_proto(&self, buf: &mut Vec<u8>) {
+        self.encode_proto_parts(true, true, buf)
+    }
+
+    /// [`JobRecord::encode_proto`] without its id (field 1) when `id` is
+    /// false, without its spec (field 2) when `spec` is false: the
+    /// embedded store keys a plain job by its number, and may keep its
+    /// spec apart.
+    pub fn encode_proto_parts(&self, id: bool, spec: bool, buf: &mut Vec<u8>) {
         use prost::encoding::{self, WireType, encode_key, encode_varint};
         fn text(tag: u32, s: &str, buf: &mut Vec<u8>) {
             if !s.is_empty() {
@@ -556,9 +564,10 @@ impl JobRecord {
             }
         }
         let element = |m| self.member == m;
-        let mut id = [0; ID_MAX];
-        text(1, self.key.id_text(&mut id), buf);
-        if let Some(spec) = self.spec.as_deref() {
+        if id {
+            text(1, self.key.id_text(&mut [0; ID_MAX]), buf);
+        }
+        if let Some(spec) = self.spec.as_deref().filter(|_| spec) {
             // As `encoding::message::encode`, without its `encoded_len`:
             // that walks the whole spec (its maps included) once more
             // for the length prefix, ~9% of the store's thread under
@@ -1002,6 +1011,28 @@ mod tests {
             let proto = prost::Message::encode_to_vec(&record.to_proto());
             prop_assert_eq!(&direct[1..], proto.as_slice());
             prop_assert_eq!(<Job as prost::Message>::decode(&direct[1..]).unwrap(), job);
+        }
+
+        /// Without its id or its spec, the encoding is the proto's
+        /// without them (as the embedded store keeps a plain job).
+        #[test]
+        fn an_encoding_without_parts_is_the_protos_without_them(
+            job in written_job(),
+            id in any::<bool>(),
+            spec in any::<bool>(),
+        ) {
+            let record = JobRecord::from_proto(job).unwrap();
+            let mut direct = vec![7];
+            record.encode_proto_parts(id, spec, &mut direct);
+            let mut want = record.to_proto();
+            if !id {
+                want.id.clear();
+            }
+            if !spec {
+                want.spec = None;
+            }
+            let want = prost::Message::encode_to_vec(&want);
+            prop_assert_eq!(&direct[1..], want.as_slice());
         }
 
         /// An element written as the embedded store keeps it (no ids, no

@@ -4,7 +4,11 @@
 //! commit only the last of each record is applied (the commit is atomic,
 //! so the others would never be visible).
 //!
-//! Tables: `jobs`, id -> the encoded proto `Job`; `elements`, (job number,
+//! Tables: `plain`, job number -> a plain job's encoded proto `Job`
+//! without its id (the number gives it back), length-prefixed and padded
+//! so that its later records fit in the same length ([`plain_value`]);
+//! `jobs`, id -> the encoded
+//! proto `Job` of an element stored whole (see below); `elements`, (job number,
 //! index) -> an array element or gang member whose spec is its array's
 //! (`JobRecord::element_proto`: no ids, no spec), and `specs`, job number
 //! -> that spec and the reason texts its elements share, stored once per
@@ -15,6 +19,12 @@
 //! default). An element whose spec is not its array's stored one goes to
 //! `jobs` whole, as every job did before (files written before read as
 //! they were). An array's row goes with its last element in `elements`.
+//!
+//! Plain jobs were in `jobs` too, keyed by their id text: each insert
+//! compared id strings down the tree, and ids sort `j-10000 < j-100000 <
+//! j-10001`, so new jobs landed all over it. Keyed by number, a new job
+//! appends at the right edge. A file written before has its plain jobs
+//! moved to `plain` when it is opened, their bytes as they were.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -29,6 +39,7 @@ use super::{NodeAdmin, Snapshot, Store, StoreError, Write};
 use crate::record::{JobKey, JobRecord};
 
 const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs");
+const PLAIN: TableDefinition<u64, &[u8]> = TableDefinition::new("plain");
 const ELEMENTS: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("elements");
 const SPECS: TableDefinition<u64, &[u8]> = TableDefinition::new("specs");
 const NODES: TableDefinition<&str, u8> = TableDefinition::new("nodes");
@@ -41,6 +52,54 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
 /// The redb-backed store.
 pub struct EmbeddedStore {
     db: Database,
+    /// The length of the value in `plain` of each plain job not finished
+    /// that this store wrote, by number (see [`plain_value`]): a later
+    /// write of the job pads to it when it fits. Only a hint: any length
+    /// reads the same.
+    plain_lengths: HashMap<u64, u32, std::hash::BuildHasherDefault<sched::idhash::IdHasher>>,
+}
+
+/// Bytes of padding a plain job's value gets when it is written before
+/// it finishes, for what its later records add (its start and end times,
+/// its CPUs: ~20 bytes), so they fit in the same length.
+const PLAIN_ROOM: usize = 24;
+
+/// A plain job's value in `plain` (in `buf`): the length of its record,
+/// its record (`JobRecord::encode_proto` without the id), and zero bytes
+/// up to `at_least` bytes in all. redb rewrites a committed leaf whole
+/// (and splits it when full) to change the length of a value in it, but
+/// patches a copy of it for a value of the same length (in place in a
+/// leaf this commit wrote): a job written again with a record of the
+/// length it had leaves its leaf as it was but for its bytes.
+fn plain_value(job: &JobRecord, at_least: usize, buf: &mut Vec<u8>) {
+    buf.clear();
+    job.encode_proto_parts(false, true, buf);
+    let len = buf.len();
+    let n = prost::encoding::encoded_len_varint(len as u64);
+    buf.resize(len + n, 0);
+    buf.copy_within(0..len, n);
+    prost::encoding::encode_varint(len as u64, &mut &mut buf[..n]);
+    if buf.len() < at_least {
+        buf.resize(at_least, 0);
+    }
+}
+
+/// The record of a value of `plain` (see [`plain_value`]).
+fn plain_record(mut value: &[u8]) -> Result<&[u8], String> {
+    let len = prost::encoding::decode_varint(&mut value).map_err(|e| e.to_string())?;
+    usize::try_from(len)
+        .ok()
+        .and_then(|len| value.get(..len))
+        .ok_or_else(|| format!("a record of {len} bytes in {} bytes", value.len()))
+}
+
+/// A state after which a job is not written again, only deleted.
+fn is_finished(state: i32) -> bool {
+    use proto::v1::JobState;
+    matches!(
+        JobState::try_from(state),
+        Ok(JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Lost)
+    )
 }
 
 impl EmbeddedStore {
@@ -53,15 +112,49 @@ impl EmbeddedStore {
             .map_err(|e| StoreError::Backend(format!("open {}: {e}", path.display())))?;
         let tx = db.begin_write().map_err(backend)?;
         {
-            tx.open_table(JOBS).map_err(backend)?;
+            let mut jobs = tx.open_table(JOBS).map_err(backend)?;
+            let mut plain = tx.open_table(PLAIN).map_err(backend)?;
+            migrate_plain(&mut jobs, &mut plain)?;
             tx.open_table(ELEMENTS).map_err(backend)?;
             tx.open_table(SPECS).map_err(backend)?;
             tx.open_table(NODES).map_err(backend)?;
             tx.open_table(META).map_err(backend)?;
         }
         tx.commit().map_err(backend)?;
-        Ok(Self { db })
+        Ok(Self {
+            db,
+            plain_lengths: HashMap::default(),
+        })
     }
+}
+
+/// Moves the plain jobs of a file written before `plain` existed (whole
+/// in `jobs`, keyed by their id) to `plain`, their bytes as they were
+/// (the id they hold is their key's), unpadded. Rows
+/// whose key is not the id of a plain job as the dispatcher writes it
+/// stay in `jobs`.
+fn migrate_plain(
+    jobs: &mut Table<'_, &'static str, &'static [u8]>,
+    plain: &mut Table<'_, u64, &'static [u8]>,
+) -> Result<(), StoreError> {
+    let mut moved = Vec::new();
+    for row in jobs.iter().map_err(backend)? {
+        let (k, v) = row.map_err(backend)?;
+        let id = k.value();
+        if let Some(key) = JobKey::parse(id).filter(|k| k.is_single())
+            && key.to_string() == id
+        {
+            moved.push((key.number(), id.to_string(), v.value().to_vec()));
+        }
+    }
+    for (number, id, value) in moved {
+        let mut framed = Vec::with_capacity(value.len() + 5);
+        prost::encoding::encode_varint(value.len() as u64, &mut framed);
+        framed.extend_from_slice(&value);
+        plain.insert(number, framed.as_slice()).map_err(backend)?;
+        jobs.remove(id.as_str()).map_err(backend)?;
+    }
+    Ok(())
 }
 
 /// The row of an array in `specs`: its elements' spec and the reason
@@ -208,6 +301,23 @@ impl Store for EmbeddedStore {
             })?;
             snap.jobs.push(job);
         }
+        for row in tx
+            .open_table(PLAIN)
+            .map_err(backend)?
+            .iter()
+            .map_err(backend)?
+        {
+            let (k, v) = row.map_err(backend)?;
+            let key = JobKey::single(k.value());
+            let mut job = plain_record(v.value())
+                .and_then(|r| Job::decode(r).map_err(|e| e.to_string()))
+                .map_err(|reason| StoreError::Corrupt {
+                    key: key.to_string(),
+                    reason,
+                })?;
+            job.id = key.to_string();
+            snap.jobs.push(job);
+        }
         let mut arrays = HashMap::new();
         for row in tx
             .open_table(SPECS)
@@ -223,19 +333,15 @@ impl Store for EmbeddedStore {
             arrays.insert(k.value(), row);
         }
         let elements = tx.open_table(ELEMENTS).map_err(backend)?;
-        let mut any_element = false;
         for row in elements.iter().map_err(backend)? {
             let (k, v) = row.map_err(backend)?;
             let (number, index) = k.value();
             let key = JobKey::element(number, index);
             snap.jobs
                 .push(decode_element(key, v.value(), arrays.get(&number))?);
-            any_element = true;
         }
-        if any_element {
-            // The order of the ids, as when every job was in `jobs`.
-            snap.jobs.sort_unstable_by(|a, b| a.id.cmp(&b.id));
-        }
+        // The order of the ids, as when every job was in `jobs`.
+        snap.jobs.sort_unstable_by(|a, b| a.id.cmp(&b.id));
         let nodes = tx.open_table(NODES).map_err(backend)?;
         for row in nodes.iter().map_err(backend)? {
             let (k, v) = row.map_err(backend)?;
@@ -256,13 +362,14 @@ impl Store for EmbeddedStore {
         }
         let tx = self.db.begin_write().map_err(backend)?;
         {
-            let mut jobs = tx.open_table(JOBS).map_err(backend)?;
             // Opened when a write needs them: opening a table costs every
-            // commit, and most commits hold no element.
+            // commit, and most commits hold only plain jobs.
+            let mut plain = None;
+            let mut jobs = None;
             let mut elements = None;
             let mut specs = None;
-            let mut nodes = tx.open_table(NODES).map_err(backend)?;
-            let mut meta = tx.open_table(META).map_err(backend)?;
+            let mut nodes = None;
+            let mut meta = None;
             // One encoding buffer for the whole commit.
             let mut buf = Vec::new();
             // The arrays met in this commit, their rows.
@@ -272,6 +379,23 @@ impl Store for EmbeddedStore {
             let mut emptied = Vec::new();
             for w in last_writes(writes) {
                 match w {
+                    Write::PutJob(job) if job.key().is_single() => {
+                        // Keyed by its number: fixed width, and a new job
+                        // appends at the tree's right edge (its id text
+                        // sorts `j-10000 < j-100000 < j-10001`).
+                        let number = job.key().number();
+                        let had = self.plain_lengths.remove(&number).unwrap_or(0) as usize;
+                        plain_value(job, had, &mut buf);
+                        if buf.len() > had && !is_finished(job.state) {
+                            buf.resize(buf.len() + PLAIN_ROOM, 0);
+                        }
+                        opened(&tx, &mut plain, PLAIN)?
+                            .insert(number, buf.as_slice())
+                            .map_err(backend)?;
+                        if !is_finished(job.state) {
+                            self.plain_lengths.insert(number, buf.len() as u32);
+                        }
+                    }
                     Write::PutJob(job) => {
                         let key = job.key();
                         let mut apart = false;
@@ -296,11 +420,14 @@ impl Store for EmbeddedStore {
                             opened(&tx, &mut elements, ELEMENTS)?
                                 .insert((key.number(), key.index()), buf.as_slice())
                                 .map_err(backend)?;
-                            jobs.remove(job.id().as_str()).map_err(backend)?;
+                            opened(&tx, &mut jobs, JOBS)?
+                                .remove(job.id().as_str())
+                                .map_err(backend)?;
                         } else {
                             buf.clear();
                             job.encode_proto(&mut buf);
-                            jobs.insert(job.id().as_str(), buf.as_slice())
+                            opened(&tx, &mut jobs, JOBS)?
+                                .insert(job.id().as_str(), buf.as_slice())
                                 .map_err(backend)?;
                             if !key.is_single()
                                 && opened(&tx, &mut elements, ELEMENTS)?
@@ -313,8 +440,20 @@ impl Store for EmbeddedStore {
                         }
                     }
                     Write::DeleteJob(id) => {
-                        jobs.remove(id.as_str()).map_err(backend)?;
-                        if let Some(key) = JobKey::parse(id)
+                        let key = JobKey::parse(id);
+                        // A plain job's id as the dispatcher writes it is
+                        // in `plain` only (moved there at open).
+                        if let Some(key) = key.filter(|k| k.is_single() && k.to_string() == *id) {
+                            opened(&tx, &mut plain, PLAIN)?
+                                .remove(key.number())
+                                .map_err(backend)?;
+                            self.plain_lengths.remove(&key.number());
+                        } else {
+                            opened(&tx, &mut jobs, JOBS)?
+                                .remove(id.as_str())
+                                .map_err(backend)?;
+                        }
+                        if let Some(key) = key
                             && !key.is_single()
                             && opened(&tx, &mut elements, ELEMENTS)?
                                 .remove((key.number(), key.index()))
@@ -325,12 +464,14 @@ impl Store for EmbeddedStore {
                         }
                     }
                     Write::PutNodeAdmin(name, admin) => {
-                        nodes
+                        opened(&tx, &mut nodes, NODES)?
                             .insert(name.as_str(), admin.to_u8())
                             .map_err(backend)?;
                     }
                     Write::PutNextJob(n) => {
-                        meta.insert("next_job", *n).map_err(backend)?;
+                        opened(&tx, &mut meta, META)?
+                            .insert("next_job", *n)
+                            .map_err(backend)?;
                     }
                 }
             }
@@ -624,25 +765,32 @@ mod tests {
         fn the_last_writes_leave_what_all_writes_leave(
             before in proptest::collection::vec(arb_write(), 0..20),
             writes in proptest::collection::vec(arb_write(), 0..40),
+            after in proptest::collection::vec(arb_write(), 0..20),
             share in proptest::prelude::any::<bool>(),
         ) {
-            let (before, writes) = if share {
-                (shared(&before), shared(&writes))
+            // Shared across the commits too, as the job table keeps a
+            // job's spec from its submission on.
+            let (before, writes, after) = if share {
+                let all = shared(&[before.as_slice(), &writes, &after].concat());
+                let (b, rest) = all.split_at(before.len());
+                let (w, a) = rest.split_at(writes.len());
+                (b.to_vec(), w.to_vec(), a.to_vec())
             } else {
-                (before, writes)
+                (before, writes, after)
             };
             let last = last_writes(&writes);
             let mut records: Vec<_> = last.iter().map(|w| record_of(w)).collect();
             let n = records.len();
             records.dedup();
             proptest::prop_assert_eq!(records.len(), n);
-            let all: Vec<&Write> = before.iter().chain(&writes).collect();
-            let compacted: Vec<&Write> = before.iter().chain(last).collect();
+            let all: Vec<&Write> = before.iter().chain(&writes).chain(&after).collect();
+            let compacted: Vec<&Write> = before.iter().chain(last).chain(&after).collect();
             proptest::prop_assert_eq!(apply(compacted), apply(all.clone()));
             let dir = tempfile::tempdir().unwrap();
             let mut s = EmbeddedStore::open(dir.path()).unwrap();
             s.commit(&before).unwrap();
             s.commit(&writes).unwrap();
+            s.commit(&after).unwrap();
             let snap = s.load().unwrap();
             let want = apply(all);
             let ids: Vec<&String> = snap.jobs.iter().map(|j| &j.id).collect();
@@ -740,6 +888,146 @@ mod tests {
         assert_eq!(s.load().unwrap().jobs, want);
         s.commit(&[Write::DeleteJob("j-3.1".into())]).unwrap();
         assert_eq!(rows(&s), (2, 0, 0));
+    }
+
+    /// Rows of a table keyed by number.
+    fn numbered(s: &EmbeddedStore, table: TableDefinition<u64, &[u8]>) -> Vec<(u64, Vec<u8>)> {
+        let tx = s.db.begin_read().unwrap();
+        let t = tx.open_table(table).unwrap();
+        t.iter()
+            .unwrap()
+            .map(|r| {
+                let (k, v) = r.unwrap();
+                (k.value(), v.value().to_vec())
+            })
+            .collect()
+    }
+
+    /// A file written before `plain` (every job whole in `jobs`, keyed by
+    /// its id) reads as it was; its plain jobs move to `plain` at open
+    /// and are written and deleted there since.
+    #[test]
+    fn plain_jobs_stored_by_id_before_move_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = |n| Arc::new(spec_of(n, 1).unwrap());
+        let mut old: Vec<JobRecord> = [1, 2, 10, 100, 11]
+            .into_iter()
+            .map(|n| {
+                let mut r = JobRecord::new(JobKey::single(n), spec(n), Arc::from("u"), 0, 5);
+                r.state = JobState::Running as i32;
+                r.node = "n1".into();
+                r
+            })
+            .collect();
+        old.push(JobRecord::new(
+            JobKey::element(3, 0),
+            spec(3),
+            Arc::from("u"),
+            0,
+            5,
+        ));
+        // An id the dispatcher does not write, as it was.
+        let odd = Job {
+            id: "j-07".into(),
+            state: JobState::Pending as i32,
+            ..Default::default()
+        };
+        {
+            // The layout of the build before: written with redb directly.
+            let db = Database::create(dir.path().join("dispatch.redb")).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                let mut jobs = tx.open_table(JOBS).unwrap();
+                for r in &old {
+                    jobs.insert(r.id().as_str(), r.to_proto().encode_to_vec().as_slice())
+                        .unwrap();
+                }
+                jobs.insert("j-07", odd.encode_to_vec().as_slice()).unwrap();
+                tx.open_table(META)
+                    .unwrap()
+                    .insert("next_job", 101)
+                    .unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        let mut want: Vec<Job> = old.iter().map(JobRecord::to_proto).collect();
+        want.push(odd.clone());
+        want.sort_by(|a, b| a.id.cmp(&b.id));
+        let mut s = EmbeddedStore::open(dir.path()).unwrap();
+        assert_eq!(rows(&s), (2, 0, 0));
+        assert_eq!(
+            numbered(&s, PLAIN).iter().map(|r| r.0).collect::<Vec<_>>(),
+            [1, 2, 10, 11, 100]
+        );
+        let snap = s.load().unwrap();
+        assert_eq!(snap.jobs, want);
+        assert_eq!(snap.next_job, 101);
+        // Written again, deleted, and a new one: all in `plain`.
+        old[1].state = JobState::Succeeded as i32;
+        let new = JobRecord::new(JobKey::single(101), spec(101), Arc::from("u"), 0, 6);
+        s.commit(&[
+            Write::PutJob(Arc::new(old[1].clone())),
+            Write::DeleteJob("j-10".into()),
+            Write::PutJob(Arc::new(new.clone())),
+            Write::DeleteJob("j-07".into()),
+        ])
+        .unwrap();
+        let mut want: Vec<Job> = old
+            .iter()
+            .chain([&new])
+            .filter(|r| r.id() != "j-10")
+            .map(JobRecord::to_proto)
+            .collect();
+        want.sort_by(|a, b| a.id.cmp(&b.id));
+        assert_eq!(s.load().unwrap().jobs, want);
+        assert_eq!(rows(&s), (1, 0, 0));
+        drop(s);
+        // Opened again: nothing left to move, the same jobs.
+        let s = EmbeddedStore::open(dir.path()).unwrap();
+        assert_eq!(s.load().unwrap().jobs, want);
+    }
+
+    /// A plain job written again keeps the length of its value while its
+    /// record fits (padded), and reads back exactly as written; a record
+    /// that outgrows it is stored whole.
+    #[test]
+    fn a_plain_jobs_value_keeps_its_length_while_its_record_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = EmbeddedStore::open(dir.path()).unwrap();
+        let spec = Arc::new(spec_of(1, 1).unwrap());
+        let mut r = JobRecord::new(JobKey::single(1), spec, Arc::from("u"), 0, 5);
+        let value = |s: &EmbeddedStore| numbered(s, PLAIN)[0].1.clone();
+        let put = |s: &mut EmbeddedStore, r: &JobRecord| {
+            s.commit(&[Write::PutJob(Arc::new(r.clone()))]).unwrap();
+            assert_eq!(s.load().unwrap().jobs, vec![r.to_proto()]);
+        };
+        r.state = JobState::Pending as i32;
+        r.reason = Text::from("submitted");
+        put(&mut s, &r);
+        let pending = value(&s);
+        let mut unpadded = Vec::new();
+        plain_value(&r, 0, &mut unpadded);
+        assert_eq!(pending.len(), unpadded.len() + PLAIN_ROOM);
+        assert_eq!(&pending[..unpadded.len()], unpadded.as_slice());
+        // Started, then finished: longer records, one length.
+        r.state = JobState::Running as i32;
+        r.node = "node-1".into();
+        r.cpus = vec![0, 1].into();
+        r.start_time_ms = 1_733_000_000_000;
+        put(&mut s, &r);
+        assert_eq!(value(&s).len(), pending.len());
+        r.state = JobState::Succeeded as i32;
+        r.reason = Text::default();
+        r.end_time_ms = 1_733_000_000_100;
+        put(&mut s, &r);
+        assert_eq!(value(&s).len(), pending.len());
+        // Finished, it is not remembered; a record that does not fit is
+        // stored as it is.
+        assert!(s.plain_lengths.is_empty());
+        r.reason = Text::from("x".repeat(100));
+        put(&mut s, &r);
+        plain_value(&r, 0, &mut unpadded);
+        assert_eq!(value(&s), unpadded);
     }
 
     #[test]
