@@ -391,24 +391,37 @@ impl Sched {
             if self.topo.node(node).is_leaf() {
                 return idlest(node);
             }
-            // The child with the largest free share (32.32 fixed point),
-            // then the most free, then the first, among those with room:
-            // from the index, not a scan of the children.
-            let (busy, mut visited) = (&self.busy, 0);
-            let best = self.idlest.idlest_child(
-                &self.topo,
-                node,
-                align,
-                demand,
-                |c| !(skip_busy && busy.is_busy(c)),
-                &mut visited,
-            );
-            self.stats.sis_scanned += visited;
-            match best {
+            match self.idlest_child(node, align, demand) {
                 Some(c) => node = c,
                 None => return idlest(self.least_loaded()),
             }
         }
+    }
+
+    /// `find_idlest`'s choice among `node`'s children: the largest free
+    /// share (32.32 fixed point), then the most free, then the first,
+    /// among those with room for `demand` at `align` (and not busy, with
+    /// busy-skip on): from the index, not a scan of the children. Counts
+    /// the children examined in `sis_scanned`.
+    #[inline]
+    pub(crate) fn idlest_child(
+        &mut self,
+        node: crate::topology::NodeId,
+        align: crate::alloc::Align,
+        demand: u32,
+    ) -> Option<crate::topology::NodeId> {
+        let skip_busy = self.config.busy_skip;
+        let (busy, mut visited) = (&self.busy, 0);
+        let best = self.idlest.idlest_child(
+            &self.topo,
+            node,
+            align,
+            demand,
+            |c| !(skip_busy && busy.is_busy(c)),
+            &mut visited,
+        );
+        self.stats.sis_scanned += visited;
+        best
     }
 
     /// The previous implementation of one level of the descent: a scan of

@@ -272,21 +272,10 @@ impl Sched {
             }
             let last_level = children.iter().all(|&c| self.topo.node(c).is_leaf());
             if last_level {
-                // The idlest leaf, as `find_idlest` picks a child (the
-                // largest free share, then the most free, then the first,
-                // among those with room): from the index, not a scan of
-                // the rack's leaves; the holder of `from` has no say here.
-                let (busy, mut visited) = (&self.busy, 0);
-                let best = self.idlest.idlest_child(
-                    &self.topo,
-                    node,
-                    align,
-                    demand,
-                    |c| !(skip_busy && busy.is_busy(c)),
-                    &mut visited,
-                );
-                self.stats.sis_scanned += visited;
-                return match best {
+                // The idlest leaf, as `find_idlest` picks a child, from
+                // its index, not a scan of the rack's leaves; the holder
+                // of `from` has no say here.
+                return match self.idlest_child(node, align, demand) {
                     Some(leaf) => (leaf, PlacePath::Idlest),
                     None => self.find_idlest_placed(id),
                 };
