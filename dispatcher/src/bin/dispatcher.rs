@@ -205,7 +205,7 @@ fn stamp_unpark() {
 /// indefinitely: the blocks the core freed into its pages after its last
 /// collect (the end of a relay's burst of Registers and LoadReports)
 /// stayed resident, 100-230 B per relayed node of an idle dispatcher
-/// after 10,000 attached (docs/bench/notes-mem8.md). Under load the
+/// after 10,000 attached (docs/BENCHMARKS.md, section "mem8"). Under load the
 /// workers wake constantly: this never fires, and the throttle holds.
 fn wake_owing_workers() {
     if WORKERS_OWING.load(Ordering::Relaxed) == 0
