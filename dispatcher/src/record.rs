@@ -576,11 +576,7 @@ impl JobRecord {
             encode_key(2, WireType::LengthDelimited, buf);
             let body = buf.len();
             prost::Message::encode_raw(spec, buf);
-            let len = buf.len() - body;
-            let n = encoding::encoded_len_varint(len as u64);
-            buf.resize(body + len + n, 0);
-            buf.copy_within(body..body + len, body + n);
-            encode_varint(len as u64, &mut &mut buf[body..body + n]);
+            prefix_length(buf, body);
         }
         int32(3, self.state, buf);
         text(4, self.node.as_str(), buf);
@@ -729,6 +725,26 @@ impl JobRecord {
     pub fn index(&self) -> u32 {
         self.key.index()
     }
+}
+
+/// Put the length of `buf[body..]` in front of it, as a varint: a body
+/// written first, its length known only then (the body moves by the
+/// prefix's bytes).
+pub(crate) fn prefix_length(buf: &mut Vec<u8>, body: usize) {
+    let len = buf.len() - body;
+    let n = prost::encoding::encoded_len_varint(len as u64);
+    buf.resize(body + len + n, 0);
+    buf.copy_within(body..body + len, body + n);
+    prost::encoding::encode_varint(len as u64, &mut &mut buf[body..body + n]);
+}
+
+/// SUCCEEDED, FAILED, CANCELLED or LOST: a state a job never leaves.
+pub(crate) fn is_terminal_state(state: i32) -> bool {
+    use proto::v1::JobState;
+    matches!(
+        JobState::try_from(state),
+        Ok(JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Lost)
+    )
 }
 
 #[cfg(test)]

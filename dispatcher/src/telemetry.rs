@@ -59,17 +59,6 @@ struct JobTrace {
     run: Option<Context>,
 }
 
-fn is_terminal(state: i32) -> bool {
-    [
-        JobState::Succeeded,
-        JobState::Failed,
-        JobState::Cancelled,
-        JobState::Lost,
-    ]
-    .iter()
-    .any(|s| *s as i32 == state)
-}
-
 impl Telemetry {
     /// Build the OTLP exporters (inside a tokio runtime: the gRPC channel
     /// is created on it, connecting lazily) and bridge `metrics`.
@@ -225,7 +214,7 @@ impl Telemetry {
                         ],
                     );
                 }
-                _ if is_terminal(job.state) => {
+                _ if crate::record::is_terminal_state(job.state) => {
                     let state = KeyValue::new(
                         "job.state",
                         state_name(JobState::try_from(job.state).unwrap_or_default()),

@@ -25,13 +25,6 @@ use super::nodes::{NodeInfo, Place};
 use super::shapes::Labels;
 use super::{Cluster, Effects, NodeName, cancel_on};
 
-fn is_terminal(state: i32) -> bool {
-    matches!(
-        JobState::try_from(state),
-        Ok(JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Lost)
-    )
-}
-
 impl Cluster {
     /// An agent registers (or re-registers after a reconnect).
     pub fn register(&mut self, reg: Register, now: i64, fx: &mut Effects) -> Result<u64, Status> {
@@ -119,7 +112,7 @@ impl Cluster {
                     // The Cancel may have been lost with the old stream or
                     // a dispatcher crash: send it again.
                     let cancel = self.jobs.get(k).is_some_and(|e| e.cancel_requested());
-                    if cancel && !is_terminal(status.state) {
+                    if cancel && !crate::record::is_terminal_state(status.state) {
                         cancel_on(
                             NodeName::from(&reg.node),
                             status.job_id.clone(),

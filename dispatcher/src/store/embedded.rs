@@ -36,7 +36,7 @@ use proto::v1::{Job, JobSpec};
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition};
 
 use super::{NodeAdmin, Snapshot, Store, StoreError, Write};
-use crate::record::{JobKey, JobRecord};
+use crate::record::{JobKey, JobRecord, is_terminal_state};
 
 const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs");
 const PLAIN: TableDefinition<u64, &[u8]> = TableDefinition::new("plain");
@@ -74,11 +74,7 @@ const PLAIN_ROOM: usize = 24;
 fn plain_value(job: &JobRecord, at_least: usize, buf: &mut Vec<u8>) {
     buf.clear();
     job.encode_proto_parts(false, true, buf);
-    let len = buf.len();
-    let n = prost::encoding::encoded_len_varint(len as u64);
-    buf.resize(len + n, 0);
-    buf.copy_within(0..len, n);
-    prost::encoding::encode_varint(len as u64, &mut &mut buf[..n]);
+    crate::record::prefix_length(buf, 0);
     if buf.len() < at_least {
         buf.resize(at_least, 0);
     }
@@ -91,15 +87,6 @@ fn plain_record(mut value: &[u8]) -> Result<&[u8], String> {
         .ok()
         .and_then(|len| value.get(..len))
         .ok_or_else(|| format!("a record of {len} bytes in {} bytes", value.len()))
-}
-
-/// A state after which a job is not written again, only deleted.
-fn is_finished(state: i32) -> bool {
-    use proto::v1::JobState;
-    matches!(
-        JobState::try_from(state),
-        Ok(JobState::Succeeded | JobState::Failed | JobState::Cancelled | JobState::Lost)
-    )
 }
 
 impl EmbeddedStore {
@@ -386,13 +373,13 @@ impl Store for EmbeddedStore {
                         let number = job.key().number();
                         let had = self.plain_lengths.remove(&number).unwrap_or(0) as usize;
                         plain_value(job, had, &mut buf);
-                        if buf.len() > had && !is_finished(job.state) {
+                        if buf.len() > had && !is_terminal_state(job.state) {
                             buf.resize(buf.len() + PLAIN_ROOM, 0);
                         }
                         opened(&tx, &mut plain, PLAIN)?
                             .insert(number, buf.as_slice())
                             .map_err(backend)?;
-                        if !is_finished(job.state) {
+                        if !is_terminal_state(job.state) {
                             self.plain_lengths.insert(number, buf.len() as u32);
                         }
                     }
