@@ -56,7 +56,7 @@ fn machine(spec: &str) -> proto::v1::Topology {
 /// The `dispatcher` binary's allocator (see `src/bin/dispatcher.rs`), so
 /// that ours is measured as it runs; the scan allocates nothing.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: dispatcher::allocator::Mimalloc = dispatcher::allocator::Mimalloc;
 
 const NODE_SPEC: &str = "2s:8c:2t";
 const NODE_CPUS: u32 = 32;

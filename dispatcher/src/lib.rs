@@ -19,7 +19,10 @@
 //!   to the [`observe::Observers`] it is built with ([`metrics`], [`web`],
 //!   [`telemetry`]). [`offcore`]: the one-slot hand-off by which the web
 //!   snapshot and the metrics sample are finished off the core.
+//! - [`allocator`]: the processes' global allocator (mimalloc, by its
+//!   plain entry points for word-aligned requests).
 
+pub mod allocator;
 pub mod auth;
 pub mod beats;
 pub mod cluster;

@@ -20,9 +20,10 @@ use dispatcher::store::etcd::TxnLimits;
 /// and messages, and the store, gRPC and list threads free many of them;
 /// glibc's per-thread arenas make those frees take the owning arena's
 /// lock, and its fastbin consolidation showed as a quarter of the core's
-/// time under load (docs/BENCHMARKS.md, "The allocator").
+/// time under load (docs/BENCHMARKS.md, "The allocator"). Word-aligned
+/// requests take its plain entry points ([`dispatcher::allocator`]).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: dispatcher::allocator::Mimalloc = dispatcher::allocator::Mimalloc;
 
 /// mimalloc's `mi_option_arena_eager_commit` (index 4 in the option enum
 /// of both of its generations, v2 and v3).

@@ -13,7 +13,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, AtomicU8, Ordering};
 
-use mimalloc::MiMalloc;
+use dispatcher::allocator::Mimalloc as MiMalloc;
 
 /// Counts the heap bytes in use.
 struct Counting;
