@@ -726,9 +726,16 @@ impl Facts<'_> {
 /// when it holds more than twice its live keys plus [`PhaseLog::SLACK`],
 /// so it stays O(live) and each change O(1) amortized, where a B-tree
 /// insert and remove cost ~450 instructions per job and phase.
+///
+/// Each key is logged with its job's slot in the table when it entered
+/// the phase ([`Slab::slot_of`]): a reader asks the slot first
+/// ([`Slab::get_at`], an index and a compare) and hashes the key only
+/// when the slot no longer holds it. A compaction reads every key of the
+/// log (~3.5 keys per job under `loadgen`): hashed, those lookups missed
+/// the cache in a table of 100,000 retained jobs.
 #[derive(Default)]
 struct PhaseLog {
-    keys: Vec<JobKey>,
+    keys: Vec<(JobKey, u32)>,
     /// Jobs in the phase now.
     live: usize,
 }
@@ -738,10 +745,15 @@ impl PhaseLog {
     /// tests, so that their walks compact often).
     const SLACK: usize = if cfg!(test) { 4 } else { 64 };
 
-    fn add(&mut self, key: JobKey) {
-        self.keys.push(key);
+    /// `key` entered the phase; its job is in slot `slot` of the table
+    /// (a hint: [`PhaseLog::NO_SLOT`] when not known).
+    fn add(&mut self, key: JobKey, slot: u32) {
+        self.keys.push((key, slot));
         self.live += 1;
     }
+
+    /// The slot of a key whose slot is not known.
+    const NO_SLOT: u32 = u32::MAX;
 
     fn remove(&mut self) {
         self.live = self.live.saturating_sub(1);
@@ -752,11 +764,16 @@ impl PhaseLog {
     }
 
     /// The keys in the phase (`is_in`), sorted, each once.
-    fn live_keys(&self, is_in: impl Fn(JobKey) -> bool) -> Vec<JobKey> {
+    fn live_keys(&self, is_in: impl Fn(JobKey, u32) -> bool) -> Vec<JobKey> {
         if self.live == 0 {
             return Vec::new();
         }
-        let mut keys: Vec<JobKey> = self.keys.iter().copied().filter(|&k| is_in(k)).collect();
+        let mut keys: Vec<JobKey> = self
+            .keys
+            .iter()
+            .filter(|&&(k, slot)| is_in(k, slot))
+            .map(|&(k, _)| k)
+            .collect();
         keys.sort_unstable();
         keys.dedup();
         keys
@@ -766,12 +783,16 @@ impl PhaseLog {
     /// phase (`live` counts them exactly) every key is stale: the log is
     /// emptied in place, keeping its buffer (a job passes through these
     /// phases within one operation, so this is the usual case).
-    fn compact(&mut self, is_in: impl Fn(JobKey) -> bool) {
+    fn compact(&mut self, is_in: impl Fn(JobKey, u32) -> bool) {
         if self.live == 0 {
             self.keys.clear();
             return;
         }
-        self.keys = self.live_keys(is_in);
+        self.keys.retain(|&(k, slot)| is_in(k, slot));
+        // Sorted by key, each once (a job that left and came back is
+        // listed twice; either entry finds it).
+        self.keys.sort_unstable();
+        self.keys.dedup_by_key(|&mut (k, _)| k);
         debug_assert_eq!(self.keys.len(), self.live, "a phase log's live count");
     }
 }
@@ -869,6 +890,22 @@ fn is_unasked_in(table: &Slab<JobKey, JobEntry>, u: &Unasked) -> bool {
             Phase::Assigned { since, steal_asked: None, .. } if since == u.since
         )
     })
+}
+
+/// True when `key`'s job is in a phase `is` accepts; `slot`: the slot a
+/// phase log saw it in, tried first (the key is hashed only when the
+/// slot no longer holds it: a key is in at most one slot, so the answer
+/// is the hashed lookup's).
+fn in_phase_at(
+    table: &Slab<JobKey, JobEntry>,
+    key: JobKey,
+    slot: u32,
+    is: fn(&Phase) -> bool,
+) -> bool {
+    match table.get_at(slot, &key) {
+        Some(e) => is(&e.phase),
+        None => table.get(&key).is_some_and(|e| is(&e.phase)),
+    }
 }
 
 /// `gpus` GPUs of a job leave `node` (`Jobs::gpus_by_node`).
@@ -1202,8 +1239,8 @@ impl Jobs {
     }
 
     /// True when `key`'s job is in a phase `is` accepts.
-    fn in_phase(&self, key: JobKey, is: fn(&Phase) -> bool) -> bool {
-        self.table.get(&key).is_some_and(|e| is(&e.phase))
+    fn in_phase(&self, key: JobKey, slot: u32, is: fn(&Phase) -> bool) -> bool {
+        in_phase_at(&self.table, key, slot, is)
     }
 
     /// The keys of an index and of a phase log, in key order.
@@ -1213,7 +1250,7 @@ impl Jobs {
         log: &PhaseLog,
         is: fn(&Phase) -> bool,
     ) -> Vec<JobKey> {
-        let extra = log.live_keys(|k| self.in_phase(k, is));
+        let extra = log.live_keys(|k, slot| self.in_phase(k, slot, is));
         if extra.is_empty() {
             return set.iter().copied().collect();
         }
@@ -1236,8 +1273,14 @@ impl Jobs {
     pub fn oldest_pending(&self, n: usize) -> Vec<JobKey> {
         let mut keys: Vec<JobKey> = self.unplaced.iter().take(n).copied().collect();
         keys.extend(self.queued.iter().take(n));
-        keys.extend(self.fresh.live_keys(|k| self.in_phase(k, is_fresh)));
-        keys.extend(self.starting.live_keys(|k| self.in_phase(k, is_starting)));
+        keys.extend(
+            self.fresh
+                .live_keys(|k, slot| self.in_phase(k, slot, is_fresh)),
+        );
+        keys.extend(
+            self.starting
+                .live_keys(|k, slot| self.in_phase(k, slot, is_starting)),
+        );
         keys.sort_unstable();
         keys.truncate(n);
         keys
@@ -1288,7 +1331,9 @@ impl Jobs {
                 text_requeues: 0,
             },
         );
-        self.fresh.add(key);
+        // The insert left the hint on the new slot.
+        let slot = self.table.slot_of(&key).unwrap_or(PhaseLog::NO_SLOT);
+        self.fresh.add(key, slot);
         self.compact_logs();
     }
 
@@ -1327,7 +1372,7 @@ impl Jobs {
     fn compact_logs(&mut self) {
         let table = &self.table;
         let is_in =
-            |is: fn(&Phase) -> bool| move |k: JobKey| table.get(&k).is_some_and(|e| is(&e.phase));
+            |is: fn(&Phase) -> bool| move |k: JobKey, slot: u32| in_phase_at(table, k, slot, is);
         if self.fresh.needs_compaction() {
             self.fresh.compact(is_in(is_fresh));
         }
@@ -1648,6 +1693,8 @@ impl Jobs {
     /// the GPUs the job asks (passed in: looking it up here searched the
     /// whole table twice per phase change).
     fn sets(&mut self, key: JobKey, phase: &Phase, add: bool, gpus: u32) {
+        let slot =
+            |table: &Slab<JobKey, JobEntry>| table.slot_of(&key).unwrap_or(PhaseLog::NO_SLOT);
         let log = if is_fresh(phase) {
             Some(&mut self.fresh)
         } else if is_starting(phase) {
@@ -1657,7 +1704,7 @@ impl Jobs {
         };
         if let Some(log) = log {
             if add {
-                log.add(key);
+                log.add(key, slot(&self.table));
             } else {
                 log.remove();
             }
@@ -1798,6 +1845,11 @@ impl Jobs {
         waiting: bool,
         leaf: usize,
     ) -> Result<(), NodeName> {
+        // Its slot for the `starting` log (the lookup leaves the hint on
+        // it for the next).
+        let Some(slot) = self.table.slot_of(&key) else {
+            return Err(node);
+        };
         let Some(e) = self.table.get_mut(&key) else {
             return Err(node);
         };
@@ -1868,7 +1920,7 @@ impl Jobs {
         if waiting {
             self.queued.insert(key);
         } else {
-            self.starting.add(key);
+            self.starting.add(key, slot);
         }
         if gpus > 0 {
             match self.gpus_by_node.get_mut(node.as_str()) {
@@ -1971,7 +2023,7 @@ impl Jobs {
             ("fresh", fresh, &self.fresh, is_fresh as fn(&Phase) -> bool),
             ("starting", starting, &self.starting, is_starting),
         ] {
-            let listed = log.live_keys(|k| self.in_phase(k, is)).len();
+            let listed = log.live_keys(|k, slot| self.in_phase(k, slot, is)).len();
             if log.live != count || listed != count {
                 return Err(format!(
                     "log {name}: {} live, {listed} listed, the phases say {count}",
@@ -2364,6 +2416,57 @@ mod tests {
                 for n in ["n1", "n2"] {
                     prop_assert_eq!(fast.on(n, None), slow.on(n, None));
                 }
+            }
+        }
+    }
+
+    proptest! {
+        /// The phase logs (`fresh`, `starting`) list exactly the jobs
+        /// their phases say, whatever slot a job's key was logged with:
+        /// a random walk over a few keys, each inserted new (reusing a
+        /// key removed before, so in another slot, and a slot another
+        /// key left), queued to be sent or waiting, sent, ended, removed;
+        /// after every step `unplaced` and `queued` are the brute-force
+        /// answers over the table and `check` passes (it fails when the
+        /// slot is read without comparing the key it holds).
+        #[test]
+        fn phase_logs_list_what_the_table_says(
+            steps in prop::collection::vec((0usize..6, 0u8..6), 1..300),
+        ) {
+            let mut jobs = Jobs::new(true);
+            let keys: Vec<JobKey> = (1..=6).map(JobKey::single).collect();
+            let how = Placement { wake: WakeChoice::None, path: PlacePath::Target };
+            for (pick, kind) in steps {
+                let key = keys[pick];
+                let present = jobs.get(key).is_some();
+                match kind {
+                    0 | 1 if !present => {
+                        let job = JobRecord::new(key, Default::default(), Arc::from(""), 0, 0);
+                        jobs.insert(key, job, Phase::Unplaced { why: Unplaced::New });
+                    }
+                    0 => {
+                        jobs.remove(key);
+                    }
+                    1 | 2 => {
+                        let _ = jobs.queue_new(key, "n1".into(), how, kind == 2, 0);
+                    }
+                    3 if present => {
+                        jobs.set_phase(key, Phase::Queued { node: "n1".into(), via: Via::Placed(how), waiting: false });
+                    }
+                    4 if present => {
+                        jobs.set_phase(key, Phase::Assigned { node: "n1".into(), since: 1, steal_asked: None, via: Via::Placed(how) });
+                    }
+                    5 if present => {
+                        jobs.set_phase(key, Phase::Unplaced { why: Unplaced::New });
+                    }
+                    _ => {}
+                }
+                jobs.check().map_err(TestCaseError::fail)?;
+                let of = |f: fn(&Phase) -> bool| -> Vec<JobKey> {
+                    jobs.iter().filter(|(_, e)| f(e.phase())).map(|(k, _)| k).collect()
+                };
+                prop_assert_eq!(jobs.unplaced(), of(|p| matches!(p, Phase::Unplaced { .. })));
+                prop_assert_eq!(jobs.queued(), of(|p| matches!(p, Phase::Queued { .. })));
             }
         }
     }
