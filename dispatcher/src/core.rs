@@ -1057,9 +1057,7 @@ impl Core {
                     }
                     agent_message::Msg::Statuses(batch) => {
                         self.cluster.load_report_time(&node, now);
-                        for status in batch.statuses {
-                            self.cluster.job_status(&node, status, now, fx);
-                        }
+                        self.cluster.job_statuses(&node, batch.statuses, now, fx);
                     }
                     agent_message::Msg::Log(data) => self.forward_log(data),
                     agent_message::Msg::StealReply(reply) => {

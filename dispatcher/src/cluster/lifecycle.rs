@@ -823,6 +823,27 @@ impl Cluster {
         }
     }
 
+    /// An agent's batch of job statuses, applied one by one and in order
+    /// ([`Cluster::job_status`]) with the node aggregates' refresh
+    /// deferred over the whole batch: the batch's ends on one node
+    /// refresh its aggregates once, not once each (a reader in between,
+    /// a placement or a steal, flushes what is pending first, so every
+    /// decision reads the same aggregates).
+    pub fn job_statuses(
+        &mut self,
+        node: &str,
+        statuses: impl IntoIterator<Item = JobStatus>,
+        now: i64,
+        fx: &mut Effects,
+    ) {
+        self.ensure_engine(now, fx);
+        let outer = self.engine.defer_aggregates();
+        for status in statuses {
+            self.job_status(node, status, now, fx);
+        }
+        self.engine.settle_aggregates(outer);
+    }
+
     /// A job status from an agent. A report about anything but the
     /// current attempt on the node the dispatcher names is stale: a stale
     /// copy reported running is cancelled.

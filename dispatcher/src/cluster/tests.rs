@@ -1397,3 +1397,90 @@ fn each_leaf_reads_its_nodes_shape() {
     distinct.dedup();
     assert!(distinct.len() > 1);
 }
+
+mod status_batches {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A cluster of three 4-CPU nodes in two racks, `jobs` submitted (one
+    /// spec each, of that many CPUs: some run, the rest queue).
+    fn loaded(jobs: &[u32]) -> Cluster {
+        let mut c = Cluster::new(ClusterConfig::default());
+        for (name, rack) in [("n1", "r1"), ("n2", "r1"), ("n3", "r2")] {
+            node_in_rack(&mut c, name, "1s:4c:1t", rack);
+        }
+        let mut fx = Effects::default();
+        c.submit(jobs.iter().map(|&n| job(n)).collect(), false, 1, &mut fx)
+            .unwrap();
+        c
+    }
+
+    /// What a test compares of a cluster: every job's state, node and
+    /// attempt.
+    fn jobs_of(c: &Cluster, n: usize) -> Vec<(i32, String, u32)> {
+        (1..=n)
+            .map(|i| {
+                let j = c.get_job(&format!("j-{i}")).unwrap();
+                (j.state, j.node, j.attempt)
+            })
+            .collect()
+    }
+
+    /// The engine's aggregates at its root (read by `&self`: they must
+    /// have been refreshed, which a debug assertion checks).
+    fn root_aggregates(c: &Cluster) -> Option<sched::sched::NodeAgg> {
+        c.engine.sched().map(|s| s.aggregate(s.topology().root()))
+    }
+
+    proptest! {
+        /// `job_statuses` (an agent's StatusBatch, the node aggregates'
+        /// refresh deferred over the batch) against its oracle, the same
+        /// statuses applied one by one with `job_status`: the same jobs
+        /// end, the same queued jobs start on the same nodes in the same
+        /// order, and a submission after it is placed the same.
+        #[test]
+        fn a_status_batch_is_its_statuses_one_by_one(
+            jobs in prop::collection::vec(1u32..=4, 1..16),
+            picks in prop::collection::vec((0usize..16, 0u8..4, any::<bool>()), 0..24),
+            after in prop::collection::vec(1u32..=4, 1..4),
+        ) {
+            let (mut batched, mut each) = (loaded(&jobs), loaded(&jobs));
+            // The node whose agent reports: the one the most jobs hold.
+            let node = ["n1", "n2", "n3"]
+                .into_iter()
+                .max_by_key(|n| jobs_of(&each, jobs.len()).iter().filter(|j| j.1 == *n).count())
+                .unwrap();
+            let statuses: Vec<JobStatus> = picks
+                .iter()
+                .map(|&(i, s, stale)| {
+                    let state = [
+                        JobState::Running,
+                        JobState::Succeeded,
+                        JobState::Failed,
+                        JobState::Succeeded,
+                    ][s as usize];
+                    let id = format!("j-{}", 1 + i % jobs.len());
+                    status(&id, if stale { 2 } else { 1 }, state)
+                })
+                .collect();
+            let (mut fx_b, mut fx_e) = (Effects::default(), Effects::default());
+            batched.job_statuses(node, statuses.clone(), 5, &mut fx_b);
+            for s in statuses {
+                each.job_status(node, s, 5, &mut fx_e);
+            }
+            prop_assert_eq!(jobs_of(&batched, jobs.len()), jobs_of(&each, jobs.len()));
+            prop_assert_eq!(assigns(&fx_b), assigns(&fx_e));
+            prop_assert_eq!(fx_b.writes.len(), fx_e.writes.len());
+            // The batch's end refreshed what it deferred.
+            prop_assert_eq!(root_aggregates(&batched), root_aggregates(&each));
+            let (mut fx_b, mut fx_e) = (Effects::default(), Effects::default());
+            let specs: Vec<JobSpec> = after.iter().map(|&n| job(n)).collect();
+            batched.submit(specs.clone(), false, 6, &mut fx_b).unwrap();
+            each.submit(specs, false, 6, &mut fx_e).unwrap();
+            let n = jobs.len() + after.len();
+            prop_assert_eq!(jobs_of(&batched, n), jobs_of(&each, n));
+            prop_assert_eq!(assigns(&fx_b), assigns(&fx_e));
+        }
+    }
+}
