@@ -5,7 +5,16 @@
 //! Both sides run the same steady-state loop on a cluster kept ~75% busy:
 //! submit one job (1-8 CPUs), then finish one running job; or, in rounds
 //! of a batch of K, one submission of K jobs (a SubmitJobs of K specs)
-//! then K finishes. "ours" is the
+//! then K finishes. Ours forgets done jobs as the dispatcher does: on the
+//! core's tick period (500 ms of the bench's clock, one round = 1 ms) it
+//! runs the tick's retention step (`Cluster::retire_done`, the default
+//! `Retention`: at most 100,000 done jobs kept), and it is measured only
+//! after a warm-up past that cap, so the job table has the size and the
+//! heap the reuse of a dispatcher that has run for a while. (Without it
+//! every op kept its ~900 B of done job: the table was a young
+//! dispatcher's, smaller than in steady state, the retention's work was
+//! left out, and the heap grew without end, each new page a fault.)
+//! "ours" is the
 //! dispatcher's `Cluster::submit` (validation, job record, engine placement
 //! on the node tree, CPU model, effects); the baseline only scans and
 //! updates a free-CPU array, so the ratio flatters the baseline. One at a
@@ -27,6 +36,7 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use dispatcher::cluster::{Cluster, ClusterConfig, Effects, ToAgent};
+use dispatcher::record::JobKey;
 use proto::v1::{JobSpec, JobState, JobStatus, Register};
 use sched::Topology;
 
@@ -61,8 +71,20 @@ static ALLOCATOR: dispatcher::allocator::Mimalloc = dispatcher::allocator::Mimal
 const NODE_SPEC: &str = "2s:8c:2t";
 const NODE_CPUS: u32 = 32;
 
-fn cluster(nodes: usize) -> Cluster {
-    let mut c = Cluster::new(ClusterConfig::default());
+/// The bench's clock: one round (one submission and its finishes) is 1 ms.
+/// `TICK_ROUNDS` is the core's tick period on it (the dispatcher ticks
+/// every heartbeat interval / 2, 500 ms by default); check mode ticks
+/// more often, so that its short run forgets jobs many times.
+const TICK_ROUNDS: usize = 500;
+const CHECK_TICK_ROUNDS: usize = 25;
+
+/// Done jobs kept in check mode (the bench uses the dispatcher's default).
+const CHECK_MAX_DONE: usize = 100;
+
+fn cluster(nodes: usize, max_done_jobs: usize) -> Cluster {
+    let mut cfg = ClusterConfig::default();
+    cfg.retention.max_done_jobs = max_done_jobs;
+    let mut c = Cluster::new(cfg);
     let topo = machine(NODE_SPEC);
     let mut fx = Effects::default();
     let racks_per_zone = (nodes / 100 / 10).max(1);
@@ -106,6 +128,11 @@ struct Check {
     on: bool,
     placed: u64,
     queued: u64,
+    /// Jobs the bench ended that the cluster may still keep, by end time
+    /// (the round's `now`) and then key, the retention's order.
+    ended: Vec<(i64, JobKey, String)>,
+    /// Jobs the retention forgot.
+    forgotten: u64,
 }
 
 impl Check {
@@ -132,6 +159,36 @@ impl Check {
                 n.name
             );
         }
+    }
+
+    /// The bench ended `id` at `now` (its SUCCEEDED status was applied).
+    fn ended(&mut self, id: &str, now: i64) {
+        if self.on {
+            let key = JobKey::parse(id).unwrap_or_else(|| panic!("job id {id}"));
+            self.ended.push((now, key, id.to_owned()));
+        }
+    }
+
+    /// After the retention step: the cluster keeps exactly the last
+    /// `CHECK_MAX_DONE` jobs that ended, and forgot the older ones.
+    fn retired(&mut self, c: &Cluster) {
+        if !self.on {
+            return;
+        }
+        self.ended.sort_unstable();
+        let keep = self.ended.len().min(CHECK_MAX_DONE);
+        let old = self.ended.len() - keep;
+        for (i, (_, _, id)) in self.ended.iter().enumerate() {
+            let kept = c.get_job(id).is_ok();
+            assert_eq!(
+                kept,
+                i >= old,
+                "done job {id} ({i} of {})",
+                self.ended.len()
+            );
+        }
+        self.forgotten += old as u64;
+        self.ended.drain(..old);
     }
 
     fn verify(&mut self, c: &Cluster, running: &[(String, String, u32)]) {
@@ -166,12 +223,32 @@ fn clear(fx: &mut Effects) {
     fx.moves.clear();
 }
 
+/// The rounds of one [`steady_ours`] call: `count` rounds of `batch`
+/// jobs from round `first` (the clock goes on from the warm-up into the
+/// measured loop), forgetting done jobs every `tick` rounds.
+#[derive(Clone, Copy)]
+struct Rounds {
+    first: usize,
+    count: usize,
+    batch: usize,
+    tick: usize,
+}
+
 /// Ours: returns decisions per second over `ops` submits (a multiple of
-/// `batch`), and the set-up's seconds.
+/// `batch`), and the set-up's seconds (the warm-up included).
 fn run_ours(nodes: usize, ops: usize, batch: usize, check: &mut Check) -> (f64, f64) {
     let t0 = Instant::now();
-    let mut c = cluster(nodes);
-    let setup = t0.elapsed().as_secs_f64();
+    let (max_done, tick) = if check.on {
+        (CHECK_MAX_DONE, CHECK_TICK_ROUNDS)
+    } else {
+        (
+            dispatcher::cluster::Retention::default().max_done_jobs,
+            TICK_ROUNDS,
+        )
+    };
+    let mut c = cluster(nodes, max_done);
+    // A new cluster: its job ids start again.
+    check.ended.clear();
     let mut rng = Rng(42);
     let target = (nodes as u64 * NODE_CPUS as u64) * 3 / 4;
     let mut used = 0u64;
@@ -194,16 +271,33 @@ fn run_ours(nodes: usize, ops: usize, batch: usize, check: &mut Check) -> (f64, 
         clear(&mut fx);
         check.verify(&c, &running);
     }
+    // The warm-up: past the cap of done jobs by two ticks, so that the
+    // measured loop forgets as many as it ends.
+    let warm = Rounds {
+        first: 0,
+        count: (max_done + 2 * tick * batch).div_ceil(batch),
+        batch,
+        tick,
+    };
+    steady_ours(&mut c, &mut rng, &mut running, &mut fx, warm, check);
+    let setup = t0.elapsed().as_secs_f64();
+    let measured = Rounds {
+        first: warm.count,
+        count: ops.div_ceil(batch),
+        ..warm
+    };
     let start = Instant::now();
-    steady_ours(&mut c, &mut rng, &mut running, &mut fx, (ops, batch), check);
+    steady_ours(&mut c, &mut rng, &mut running, &mut fx, measured, check);
     (ops as f64 / start.elapsed().as_secs_f64(), setup)
 }
 
-/// Ours' measured loop: `ops / batch` rounds, each one submission of
+/// Ours' loop: `rounds.count` rounds, each one submission of
 /// `batch` jobs (a SubmitJobs of `batch` specs: validated, recorded, then
 /// placed, each step for all of them), then `batch` random running jobs
 /// finish, one status each (as the core applies an agent's statuses, one
-/// after the other). With `batch` 1 it alternates one submit and one
+/// after the other); every `rounds.tick` rounds the tick's retention
+/// step forgets the done jobs beyond the cap. With `batch` 1 it
+/// alternates one submit and one
 /// finish, the worst case for the instruction cache: the path of one job
 /// through a submit does not fit in it. Never inlined, so that a profile can count it alone
 /// (`valgrind --tool=callgrind --toggle-collect='*steady_ours*'`), whatever
@@ -214,11 +308,12 @@ fn steady_ours(
     rng: &mut Rng,
     running: &mut Vec<(String, String, u32)>,
     fx: &mut Effects,
-    (ops, batch): (usize, usize),
+    rounds: Rounds,
     check: &mut Check,
 ) {
+    let batch = rounds.batch;
     let mut cpus_of = Vec::with_capacity(batch);
-    for round in 0..ops.div_ceil(batch) {
+    for round in rounds.first..rounds.first + rounds.count {
         let now = 2 + round as i64;
         // The batch's jobs in one submission (a SubmitJobs of `batch`
         // specs).
@@ -245,6 +340,7 @@ fn steady_ours(
             }
             let k = rng.below(running.len() as u64) as usize;
             let (id, node, _) = running.swap_remove(k);
+            check.ended(&id, now);
             c.job_status(
                 &node,
                 JobStatus {
@@ -275,6 +371,13 @@ fn steady_ours(
             }
             clear(fx);
             check.verify(c, running);
+        }
+        if (round + 1) % rounds.tick == 0 {
+            // Its deletes are the tick's store writes.
+            c.retire_done(now, fx);
+            clear(fx);
+            check.verify(c, running);
+            check.retired(c);
         }
     }
 }
@@ -382,9 +485,11 @@ fn main() {
         on: !bench,
         placed: 0,
         queued: 0,
+        ended: Default::default(),
+        forgotten: 0,
     };
     println!(
-        "placement decisions per second (steady state ~75% busy, jobs of 1-8 CPUs, nodes {NODE_SPEC})"
+        "placement decisions per second (steady state ~75% busy, jobs of 1-8 CPUs, nodes {NODE_SPEC}; ours after a warm-up past its retention cap, counted in setup s)"
     );
     println!(
         "{:>8} {:>6} {:>14} {:>16} {:>12} {:>10}",
@@ -408,9 +513,11 @@ fn main() {
             "only {} jobs ran at once",
             check.placed
         );
+        // The retention ran, and forgot jobs.
+        assert!(check.forgotten > 0, "the retention forgot no job");
         println!(
-            "check mode: every step verified ({} jobs running at most, {} left queued)",
-            check.placed, check.queued
+            "check mode: every step verified ({} jobs running at most, {} left queued, {} done jobs forgotten)",
+            check.placed, check.queued, check.forgotten
         );
     }
 }

@@ -1165,8 +1165,11 @@ impl Cluster {
     /// the same commit as the rest of the tick's changes (a job deleted
     /// is never reloaded; one kept is reloaded with its end time, which
     /// its retention counts from). A gang is forgotten with its last
-    /// member.
-    pub(super) fn retire_done(&mut self, now: i64, fx: &mut Effects) {
+    /// member. The tick's last step; public for the placement bench,
+    /// whose nodes send no heartbeats (the whole tick would mark them
+    /// DOWN as its clock advances) but whose steady state must forget
+    /// done jobs as the dispatcher does.
+    pub fn retire_done(&mut self, now: i64, fx: &mut Effects) {
         let r = self.cfg.retention;
         if r == super::Retention::KEEP_ALL {
             return;
