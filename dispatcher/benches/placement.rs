@@ -68,6 +68,12 @@ fn machine(spec: &str) -> proto::v1::Topology {
 #[global_allocator]
 static ALLOCATOR: dispatcher::allocator::Mimalloc = dispatcher::allocator::Mimalloc;
 
+/// With the dispatcher's options (lazy commit, the purge delay), set
+/// before the first allocation as the binary does.
+#[used]
+#[unsafe(link_section = ".init_array")]
+static TUNE_ALLOCATOR: extern "C" fn() = dispatcher::allocator::tune;
+
 const NODE_SPEC: &str = "2s:8c:2t";
 const NODE_CPUS: u32 = 32;
 

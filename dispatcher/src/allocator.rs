@@ -81,6 +81,46 @@ unsafe impl GlobalAlloc for Mimalloc {
     }
 }
 
+/// mimalloc's `mi_option_arena_eager_commit` (index 4 in the option enum
+/// of both of its generations, v2 and v3).
+pub const MI_OPTION_ARENA_EAGER_COMMIT: mi::mi_option_t = 4;
+
+/// mimalloc's `mi_option_purge_delay` (index 15 in both generations).
+pub const MI_OPTION_PURGE_DELAY: mi::mi_option_t = 15;
+
+/// How long freed pages stay committed before they are purged, ms.
+pub const PURGE_DELAY_MS: std::ffi::c_long = 1000;
+
+/// The options the dispatcher runs mimalloc with: commit arena memory as
+/// it is used rather than up front, and give freed pages back 1 s after
+/// they were freed (the version's default). With eager commit the
+/// dispatcher started at 64 MiB of RSS instead of 52 and held about 2 KB
+/// more per pending job, for no throughput (measured in
+/// docs/BENCHMARKS.md, "The allocator"). A delay of 10 ms, chosen when
+/// nothing else gave memory back, made the busy dispatcher return pages
+/// it needed again at once: 1.28 page faults per job under `loadgen`'s
+/// 50,000 jobs/s against 0.52-0.59 with 1 s, each a fault and a zeroed
+/// page; purging at once (0) cost 5-10% of the throughput. Since the idle
+/// threads collect and purge themselves (`collect_when_idle`, the
+/// dispatcher binary's upkeep thread), the longer delay holds no more
+/// memory at rest: the same bytes per pending job and per relayed node
+/// (docs/BENCHMARKS.md, "Session 24 (lead)").
+///
+/// Call it before the first allocation reserves mimalloc's first arena,
+/// which happens before `main`: from a `.init_array` entry of the
+/// binary (after mimalloc's own constructor, priority 101, and before
+/// the Rust runtime starts), as the `dispatcher` binary and the
+/// placement bench do, so that the bench measures the allocator as the
+/// dispatcher runs it.
+pub extern "C" fn tune() {
+    // SAFETY: mi_option_set only stores an integer in mimalloc's option
+    // table; the indexes are its options (see the constants).
+    unsafe {
+        mi::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
+        mi::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

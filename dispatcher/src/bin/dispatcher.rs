@@ -25,53 +25,19 @@ use dispatcher::store::etcd::TxnLimits;
 #[global_allocator]
 static ALLOCATOR: dispatcher::allocator::Mimalloc = dispatcher::allocator::Mimalloc;
 
-/// mimalloc's `mi_option_arena_eager_commit` (index 4 in the option enum
-/// of both of its generations, v2 and v3).
-const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
-
-/// mimalloc's `mi_option_purge_delay` (index 15 in both generations).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
-/// How long freed pages stay committed before they are purged, ms.
-const PURGE_DELAY_MS: OptionValue = 1000;
-
-/// mimalloc's option values.
-type OptionValue = std::ffi::c_long;
-
-/// Commit arena memory as it is used rather than up front, and give freed
-/// pages back 1 s after they were freed (the version's default): with
-/// eager commit the dispatcher started at 64 MiB of RSS instead of 52 and
-/// held about 2 KB more per pending job, for no throughput (measured in
-/// docs/BENCHMARKS.md, "The allocator"). A delay of 10 ms, chosen when
-/// nothing else gave memory back, made the busy dispatcher return pages
-/// it needed again at once: 1.28 page faults per job under `loadgen`'s
-/// 50,000 jobs/s against 0.52-0.59 with 1 s, each a fault and a zeroed
-/// page; purging at once (0) cost 5-10% of the throughput. Since the idle
-/// threads collect and purge themselves (`collect_when_idle`, the upkeep
-/// thread below), the longer delay holds no more memory at rest: the same
-/// bytes per pending job and per relayed node (docs/BENCHMARKS.md,
-/// "Session 24 (lead)"). The options must be set before
-/// the first allocation reserves mimalloc's first arena, which happens
-/// before `main`: this runs from `.init_array`, after mimalloc's own
-/// constructor (priority 101) and before the Rust runtime starts.
-extern "C" fn tune_allocator() {
-    // SAFETY: mi_option_set only stores an integer in mimalloc's option
-    // table; the index is one of its options (see the constant).
-    unsafe {
-        libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
-        libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS);
-    }
-}
-
+/// mimalloc's options as the dispatcher runs it
+/// ([`dispatcher::allocator::tune`]), set before the first allocation:
+/// this runs from `.init_array`, after mimalloc's own constructor
+/// (priority 101) and before the Rust runtime starts.
 #[used]
 #[unsafe(link_section = ".init_array")]
-static TUNE_ALLOCATOR: extern "C" fn() = tune_allocator;
+static TUNE_ALLOCATOR: extern "C" fn() = dispatcher::allocator::tune;
 
 /// How often the allocator's upkeep thread runs the purges that are due.
 const PURGE_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// mimalloc runs the purges that are due (pages freed more than
-/// `PURGE_DELAY_MS` ago) only when a thread frees another page: the pages
+/// `allocator::PURGE_DELAY_MS` ago) only when a thread frees another page: the pages
 /// a burst of work freed last (a 1,000-job array's reply: its jobs, the
 /// encoded message, the store's transaction) stayed resident until the
 /// next burst, on an idle dispatcher indefinitely: ~0.1-0.2 KB per
@@ -951,11 +917,14 @@ mod tests {
     #[test]
     fn the_allocator_commits_lazily() {
         // SAFETY: reads one integer from mimalloc's option table.
-        let eager = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_ARENA_EAGER_COMMIT) };
+        let eager = unsafe {
+            libmimalloc_sys::mi_option_get(dispatcher::allocator::MI_OPTION_ARENA_EAGER_COMMIT)
+        };
         assert_eq!(eager, 0);
         // SAFETY: as above.
-        let delay = unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) };
-        assert_eq!(delay, PURGE_DELAY_MS);
+        let delay =
+            unsafe { libmimalloc_sys::mi_option_get(dispatcher::allocator::MI_OPTION_PURGE_DELAY) };
+        assert_eq!(delay, dispatcher::allocator::PURGE_DELAY_MS);
         // The allocator in use is mimalloc: a block it allocated is its own.
         let block = Box::new([0u8; 64]);
         // SAFETY: asks whether a live pointer lies in mimalloc's heap.

@@ -192,8 +192,11 @@ fn chosen() -> u8 {
             // SAFETY: a non-null getenv result is a C string.
             let mimalloc = !v.is_null() && unsafe { std::ffi::CStr::from_ptr(v) } == c"mimalloc";
             let k = if mimalloc {
-                // As the dispatcher's `tune_allocator`: commit as used,
-                // purge freed pages after 10 ms (options 4 and 15).
+                // Commit as used, as the dispatcher does
+                // (`dispatcher::allocator::tune`), but purge freed pages
+                // after 10 ms (the dispatcher: 1 s, with an upkeep
+                // thread running the due purges, which this tool does
+                // not have; options 4 and 15).
                 // SAFETY: mi_option_set stores an integer in mimalloc's
                 // option table, before its first allocation.
                 unsafe {
