@@ -1075,8 +1075,10 @@ pub struct Jobs {
     /// Bumped by every change to the table or an entry ([`Jobs::changes`]).
     changes: u64,
     /// Jobs that became terminal since the last [`Jobs::expired`] call,
-    /// not stamped yet.
-    done_new: Vec<JobKey>,
+    /// with their record's end time then (0: none, stamped at that
+    /// call), read where the change has the record at hand: the
+    /// retention never looks a job up again until it may forget it.
+    done_new: Vec<(i64, JobKey)>,
     /// Terminal jobs by when they ended (ms, non-decreasing), oldest
     /// first: the retention's queue.
     done: VecDeque<(i64, JobKey)>,
@@ -1361,7 +1363,8 @@ impl Jobs {
         );
         self.index(key, &phase, gpus);
         if self.retained && phase.is_done() {
-            self.done_new.push(key);
+            let end = self.table.get(&key).map_or(0, |e| e.job.end_time_ms);
+            self.done_new.push((end, key));
         }
         self.write_phase(key, phase);
         self.compact_logs();
@@ -1393,28 +1396,22 @@ impl Jobs {
     /// and looked at again as if it had ended now). The caller removes
     /// the jobs returned.
     pub fn expired(&mut self, now: i64, min_age_ms: i64, max_kept: usize) -> Vec<JobKey> {
-        let mut new = std::mem::take(&mut self.done_new);
-        let ended = |jobs: &Self, k: &JobKey| {
-            jobs.table.get(k).and_then(|e| {
-                let end = e.job.end_time_ms;
-                e.phase
-                    .is_done()
-                    .then_some(if end > 0 { end.min(now) } else { now })
-            })
-        };
-        let mut stamped: Vec<(i64, JobKey)> = new
-            .drain(..)
-            .filter_map(|k| Some((ended(self, &k)?, k)))
-            .collect();
+        // Stamped as they came (a job forgotten or no longer terminal
+        // since is skipped when it comes out, below).
+        let mut stamped = std::mem::take(&mut self.done_new);
+        for (end, _) in &mut stamped {
+            *end = if *end > 0 { (*end).min(now) } else { now };
+        }
         stamped.sort_unstable();
         // Non-decreasing: a job stamped earlier than the last one queued
         // (a restored end time) waits as long as that one.
         let mut last = self.done.back().map_or(i64::MIN, |d| d.0);
-        for (t, k) in stamped {
+        for &(t, k) in &stamped {
             last = last.max(t);
             self.done.push_back((last, k));
         }
-        self.done_new = new;
+        stamped.clear();
+        self.done_new = stamped;
         let mut out = Vec::new();
         let mut kept = Vec::new();
         let mut left = self.done.len();
@@ -1432,7 +1429,9 @@ impl Jobs {
             if !e.phase.is_done() {
                 continue;
             }
-            let gang_alive = e.job.is_gang()
+            // A plain job's key has no element (no record to read).
+            let gang_alive = !key.is_single()
+                && e.job.is_gang()
                 && self
                     .table
                     .range(key.array().elements())
@@ -1512,6 +1511,7 @@ impl Jobs {
         if e.job.state != state {
             Arc::make_mut(&mut e.job).state = state;
         }
+        let end = e.job.end_time_ms;
         if matches!(
             previous,
             Phase::Assigned {
@@ -1529,7 +1529,7 @@ impl Jobs {
             self.by_node.unhold(node, key);
         }
         if self.retained {
-            self.done_new.push(key);
+            self.done_new.push((end, key));
         }
         self.compact_logs();
         Ok(previous)
@@ -1557,10 +1557,11 @@ impl Jobs {
         if gpus > 0 && previous.node().is_some() && previous.node() != phase.node() {
             self.gpus_freed = true;
         }
+        let end = e.job.end_time_ms;
         self.unindex(key, &previous, gpus);
         self.index(key, &phase, gpus);
         if self.retained && phase.is_done() && !previous.is_done() {
-            self.done_new.push(key);
+            self.done_new.push((end, key));
         }
         let same_text =
             text_inputs(&previous).is_some() && text_inputs(&previous) == text_inputs(&phase);
