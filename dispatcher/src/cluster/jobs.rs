@@ -1347,6 +1347,7 @@ impl Jobs {
         self.next_task += 1;
         self.task_job.insert(task, key);
         let gpus = job.spec.as_ref().map_or(0, |s| s.gpus);
+        let end = job.end_time_ms;
         self.table.insert(
             key,
             JobEntry {
@@ -1363,7 +1364,6 @@ impl Jobs {
         );
         self.index(key, &phase, gpus);
         if self.retained && phase.is_done() {
-            let end = self.table.get(&key).map_or(0, |e| e.job.end_time_ms);
             self.done_new.push((end, key));
         }
         self.write_phase(key, phase);
