@@ -489,7 +489,21 @@ pub fn dispatchctl(url: &str, args: &[&str]) -> Result<(i32, String, String)> {
 }
 
 /// Poll `f` every 50 ms until it returns `Some`, or fail after `timeout`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> Result<T>
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    eventually_every(timeout, Duration::from_millis(50), what, f).await
+}
+
+/// [`eventually`], trying every `every`.
+pub async fn eventually_every<T, F, Fut>(
+    timeout: Duration,
+    every: Duration,
+    what: &str,
+    mut f: F,
+) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -502,7 +516,7 @@ where
         if Instant::now() > deadline {
             bail!("timed out after {timeout:?} waiting for {what}");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(every).await;
     }
 }
 

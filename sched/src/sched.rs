@@ -1473,14 +1473,17 @@ impl Sched {
 
     /// Waiting tasks of a leaf in next-to-run order: the latency pick (if
     /// any) first, then the fair timeline.
-    pub(crate) fn next_to_run_order(&self, leaf: LeafId) -> Vec<TaskId> {
-        let rq = &self.rqs[leaf];
-        let mut out = Vec::with_capacity(rq.nr_waiting());
-        if let Some(first) = self.pick_next_entity(leaf) {
-            out.push(first);
-            out.extend(rq.waiting().filter(|&x| x != first));
-        }
-        out
+    ///
+    /// Lazy: a backfill pass stops at its first candidate, and with
+    /// thousands waiting on a node, collecting the whole order first was
+    /// most of the dispatcher's core thread under a deep queue.
+    pub(crate) fn next_to_run_order(&self, leaf: LeafId) -> impl Iterator<Item = TaskId> + '_ {
+        let first = self.pick_next_entity(leaf);
+        first.into_iter().chain(
+            first
+                .into_iter()
+                .flat_map(move |first| self.rqs[leaf].waiting().filter(move |&x| x != first)),
+        )
     }
 
     /// Start a waiting task (`set_next_entity`).
@@ -1890,6 +1893,14 @@ impl Sched {
     /// fits now.
     fn backfill(&mut self, leaf: LeafId, now: u64) {
         loop {
+            // Every candidate must be able to start now (`backfill_ok` and
+            // the unprotected test both need `can_start`): when no waiting
+            // demand is within the leaf's start bound, there is none, and
+            // neither the reservation nor a walk of the queue is needed.
+            let rq = &self.rqs[leaf];
+            if !rq.wait_demands().any_within(rq.start_bound()) {
+                return;
+            }
             let res = if self.protected(leaf) {
                 self.reservation(leaf, now)
             } else {
@@ -1904,7 +1915,7 @@ impl Sched {
                 return;
             };
             let protected = self.protected(leaf);
-            let found = self.next_to_run_order(leaf).into_iter().find(|&c| {
+            let found = self.next_to_run_order(leaf).find(|&c| {
                 c != res.task
                     && self.tasks.get(&c).is_some_and(|t| {
                         if protected {
