@@ -694,6 +694,60 @@ fn engine(c: &mut Criterion) {
     for size in &SIZES {
         bench_size(c, size);
     }
+    deep_queue(c);
+}
+
+/// `schedule/deep_queue`: one node of 8 units (`SchedConfig::cluster()`,
+/// EASY backfill on) with 8 one-unit tasks running and `depth` waiting,
+/// each with a time limit. One iteration ends the oldest running task (the
+/// node starts its head, and backfill looks for more that could start)
+/// and queues a new one at the tail, so the depth stays. What a dispatcher
+/// node with a deep queue pays per finish: it should not grow with the
+/// depth (backfill once collected the whole queue on every schedule).
+fn deep_queue(c: &mut Criterion) {
+    let mut g = c.benchmark_group("schedule/deep_queue");
+    for depth in [10usize, 1_000, 10_000] {
+        let topo = Arc::new(Topology::from_spec("1z:1r:1n").expect("valid spec"));
+        let config = SchedConfig {
+            backfill: true,
+            ..SchedConfig::cluster()
+        };
+        let mut s = Sched::new(topo, 8, config);
+        let mut order = std::collections::VecDeque::new();
+        let mut next_id = 0u64;
+        let mut add = |s: &mut Sched, order: &mut std::collections::VecDeque<TaskId>| {
+            let id = TaskId(next_id);
+            next_id += 1;
+            let mut spec = TaskSpec::new(id);
+            spec.time_limit = Some(60_000_000_000);
+            s.add_task(spec).expect("valid task");
+            s.wake_up_on(id, 0, NOW).expect("leaf 0");
+            order.push_back(id);
+        };
+        for _ in 0..8 + depth {
+            add(&mut s, &mut order);
+        }
+        let fifo = |s: &Sched, order: &std::collections::VecDeque<TaskId>| {
+            order.iter().enumerate().all(|(i, &id)| {
+                matches!(
+                    (i < 8, s.task_state(id)),
+                    (true, Some(TaskState::Running(0))) | (false, Some(TaskState::Queued(0)))
+                )
+            })
+        };
+        assert!(fifo(&s, &order), "8 running, the rest waiting, in order");
+        g.bench_function(BenchmarkId::new("finish_start", depth), |b| {
+            b.iter(|| {
+                let done = order.pop_front().expect("a running task");
+                black_box(s.remove_task(done, NOW).expect("known task"));
+                add(&mut s, &mut order);
+            })
+        });
+        // Each iteration started the head: still 8 running, oldest first.
+        assert!(fifo(&s, &order), "the queue kept its order and depth");
+        assert_eq!(s.rq(0).nr_waiting(), depth);
+    }
+    g.finish();
 }
 
 criterion_group! {
