@@ -31,6 +31,9 @@ use tonic::transport::Channel;
 #[path = "faults_harness.rs"]
 pub mod faults;
 
+#[path = "procstat.rs"]
+pub mod procstat;
+
 /// The directory holding the workspace's binaries.
 pub fn bin_dir() -> PathBuf {
     // target/<profile>/deps/<test-exe>, or target/<profile>/<bin> for this

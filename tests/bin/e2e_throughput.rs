@@ -10,6 +10,11 @@
 //! `std::process::Command` does), and prints the end-to-end rate as a
 //! ratio of it.
 //!
+//! It also prints where the machine's CPU time went per job in that
+//! phase, read from `/proc`: the dispatcher, the agents, their supervisors
+//! (or shims), the jobs themselves, and this client. The jobs' share is
+//! what the raw baseline pays too; the rest is the system's overhead.
+//!
 //! A second phase then submits open loop at half the end-to-end rate just
 //! measured (a batch every 10 ms, for `JOBS / 2` jobs) and prints the
 //! submit -> start latency of those jobs (the dispatcher's submit time to
@@ -30,7 +35,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use e2e::{Agent, Dispatcher, all_jobs, eventually_every, is_terminal, wait_nodes};
+use e2e::{Agent, Dispatcher, all_jobs, eventually_every, is_terminal, procstat, wait_nodes};
 use proto::v1::{JobSpec, JobState, SubmitJobsRequest};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -75,6 +80,8 @@ async fn main() -> Result<()> {
     }
     wait_nodes(&d, 4, Duration::from_secs(30)).await?;
     let mut jobs = d.jobs().await?;
+    let agent_pids: Vec<u32> = agents.iter().map(|a| a.proc.pid()).collect();
+    let cpu_before = RoleCpu::read(d.proc.pid(), &agent_pids)?;
     let start = Instant::now();
     for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
         let specs = chunk
@@ -89,6 +96,7 @@ async fn main() -> Result<()> {
     let submitted = start.elapsed();
     wait_none_unfinished(&mut jobs).await?;
     let total = start.elapsed();
+    let cpu = RoleCpu::read(d.proc.pid(), &agent_pids)?.minus(&cpu_before);
     let all = all_jobs(&mut jobs).await?;
     anyhow::ensure!(
         all.iter().all(|j| is_terminal(j.state)),
@@ -110,6 +118,20 @@ async fn main() -> Result<()> {
     println!(
         "submit -> finished: {:.2} s, {rate:.0} jobs/s",
         total.as_secs_f64(),
+    );
+    println!(
+        "CPU per job, us: dispatcher {:.0}, agents {:.0}, their supervisors or shims {:.0}, \
+         the jobs they reaped {:.0}, the agents' reaped children {:.0}, this client {:.0}; \
+         all {:.0} = {:.0}% of {} CPUs over the phase",
+        cpu.dispatcher / n as f64 * 1e6,
+        cpu.agents / n as f64 * 1e6,
+        cpu.supervisors / n as f64 * 1e6,
+        cpu.jobs / n as f64 * 1e6,
+        cpu.agents_reaped / n as f64 * 1e6,
+        cpu.client / n as f64 * 1e6,
+        cpu.sum() / n as f64 * 1e6,
+        100.0 * cpu.sum() / (num_cpus() as f64 * total.as_secs_f64()),
+        num_cpus()
     );
     println!("baseline, raw posix_spawn+wait of `true`, one at a time: {raw:.0} /s");
     println!(
@@ -270,6 +292,68 @@ async fn wait_none_unfinished(
         },
     )
     .await
+}
+
+/// CPU seconds of the run's processes by role, from `/proc`: where the
+/// machine's time per job goes (the jobs' own share is what the raw
+/// baseline pays too).
+#[derive(Clone, Copy, Debug, Default)]
+struct RoleCpu {
+    dispatcher: f64,
+    /// The agents' own threads.
+    agents: f64,
+    /// The agents' live children, their own time: the supervisors (or,
+    /// with `--launcher shim`, the shims running then).
+    supervisors: f64,
+    /// What those children reaped: the jobs under a supervisor.
+    jobs: f64,
+    /// What the agents reaped: exited shims with their jobs.
+    agents_reaped: f64,
+    /// This process (submitting and polling).
+    client: f64,
+}
+
+impl RoleCpu {
+    fn read(dispatcher: u32, agents: &[u32]) -> Result<Self> {
+        let mut r = Self {
+            dispatcher: procstat::proc_cpu(dispatcher)?.own,
+            client: procstat::proc_cpu(std::process::id())?.own,
+            ..Self::default()
+        };
+        for &a in agents {
+            let cpu = procstat::proc_cpu(a)?;
+            r.agents += cpu.own;
+            r.agents_reaped += cpu.reaped;
+            for child in procstat::children(a) {
+                // A shim may exit between the listing and the read.
+                if let Ok(cpu) = procstat::proc_cpu(child) {
+                    r.supervisors += cpu.own;
+                    r.jobs += cpu.reaped;
+                }
+            }
+        }
+        Ok(r)
+    }
+
+    fn minus(&self, before: &Self) -> Self {
+        Self {
+            dispatcher: self.dispatcher - before.dispatcher,
+            agents: self.agents - before.agents,
+            supervisors: self.supervisors - before.supervisors,
+            jobs: self.jobs - before.jobs,
+            agents_reaped: self.agents_reaped - before.agents_reaped,
+            client: self.client - before.client,
+        }
+    }
+
+    fn sum(&self) -> f64 {
+        self.dispatcher
+            + self.agents
+            + self.supervisors
+            + self.jobs
+            + self.agents_reaped
+            + self.client
+    }
 }
 
 /// The `q` quantile of sorted values (nearest rank); 0 when empty.

@@ -24,7 +24,6 @@
 
 mod agents;
 mod latency;
-mod procstat;
 mod report;
 mod streams;
 
@@ -42,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
-use e2e::Dispatcher;
+use e2e::{Dispatcher, procstat};
 use proto::v1::job_service_client::JobServiceClient;
 use proto::v1::node_service_client::NodeServiceClient;
 use proto::v1::{JobState, ListJobsRequest};

@@ -1,7 +1,8 @@
-//! What the load generator reads from `/proc`: a process's resident
-//! memory (`VmRSS` in `status`), CPU time (`utime + stime` in `stat`) and
-//! time spent runnable but waiting for a CPU (the run delay in each
-//! thread's `schedstat`), and the machine's load average.
+//! What the benchmarks read from `/proc`: a process's resident memory
+//! (`VmRSS` in `status`), CPU time (`utime + stime` in `stat`, and that of
+//! its reaped children), its children, the time spent runnable but
+//! waiting for a CPU (the run delay in each thread's `schedstat`), and the
+//! machine's load average.
 
 use anyhow::{Context, Result, bail};
 
@@ -34,12 +35,64 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
 /// utime + stime from a `/proc/PID/stat` line: fields 14 and 15, counted
 /// after the command name, which is in parentheses and may hold spaces.
 fn parse_stat_ticks(stat: &str) -> Option<u64> {
+    parse_stat(stat).map(|s| s.own)
+}
+
+/// What a `/proc/PID/stat` line says of a process's CPU time, in ticks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StatTicks {
+    /// Field 4.
+    ppid: u32,
+    /// utime + stime (fields 14, 15).
+    own: u64,
+    /// cutime + cstime (fields 16, 17): its children's, once reaped.
+    reaped: u64,
+}
+
+fn parse_stat(stat: &str) -> Option<StatTicks> {
     let after = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = after.split_whitespace().collect();
-    // `after` starts at field 3 (state): utime is field 14, stime 15.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    // `after` starts at field 3 (state).
+    let field = |n: usize| -> Option<u64> { fields.get(n - 3)?.parse().ok() };
+    Some(StatTicks {
+        ppid: u32::try_from(field(4)?).ok()?,
+        own: field(14)? + field(15)?,
+        reaped: field(16)? + field(17)?,
+    })
+}
+
+/// CPU seconds of a process: its own, and its reaped children's.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ProcCpu {
+    pub own: f64,
+    pub reaped: f64,
+}
+
+/// [`ProcCpu`] of `pid`.
+pub fn proc_cpu(pid: u32) -> Result<ProcCpu> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let s = parse_stat(&text).with_context(|| format!("unexpected format of {path}"))?;
+    let hz = clock_ticks_per_second()?;
+    Ok(ProcCpu {
+        own: s.own as f64 / hz,
+        reaped: s.reaped as f64 / hz,
+    })
+}
+
+/// The live processes whose parent is `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|t| parse_stat(&t))
+                .is_some_and(|s| s.ppid == pid)
+        })
+        .collect()
 }
 
 /// Time the threads of `pid` alive now have spent waiting on a run queue
@@ -95,6 +148,28 @@ mod tests {
     fn stat_ticks_skip_a_command_name_with_spaces() {
         let stat = "42 (dispatch core) S 1 42 42 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 4 0 1000";
         assert_eq!(parse_stat_ticks(stat), Some(325));
+    }
+
+    #[test]
+    fn stat_gives_the_parent_and_the_reaped_childrens_time() {
+        let stat = "42 (dispatch core) S 7 42 42 0 -1 4194560 100 0 0 0 250 75 30 12 20 0 4 0 1000";
+        assert_eq!(
+            parse_stat(stat),
+            Some(StatTicks {
+                ppid: 7,
+                own: 325,
+                reaped: 42
+            })
+        );
+        assert_eq!(parse_stat("42 (x) S 7 1 2"), None);
+    }
+
+    #[test]
+    fn this_process_is_a_child_of_its_parent() {
+        let me = std::process::id();
+        let parent = std::os::unix::process::parent_id();
+        assert!(children(parent).contains(&me));
+        assert!(proc_cpu(me).unwrap().own >= 0.0);
     }
 
     #[test]
