@@ -747,7 +747,65 @@ fn deep_queue(c: &mut Criterion) {
         assert!(fifo(&s, &order), "the queue kept its order and depth");
         assert_eq!(s.rq(0).nr_waiting(), depth);
     }
+    for depth in [10usize, 1_000, 10_000] {
+        blocked_head(&mut g, depth);
+    }
     g.finish();
+}
+
+/// `schedule/deep_queue/blocked_head`: the same node with its head a
+/// task of 8 units (so it waits for every running task to end), behind it
+/// `depth` one-unit tasks without a time limit (EASY cannot start them
+/// without risking the head), and 7 one-unit tasks with a limit running.
+/// One iteration ends the oldest running task and submits a one-unit task
+/// with a limit, which backfill starts past the whole queue.
+fn blocked_head(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    depth: usize,
+) {
+    const LIMIT: u64 = 60_000_000_000;
+    let topo = Arc::new(Topology::from_spec("1z:1r:1n").expect("valid spec"));
+    let config = SchedConfig {
+        backfill: true,
+        ..SchedConfig::cluster()
+    };
+    let mut s = Sched::new(topo, 8, config);
+    let mut next_id = 0u64;
+    let mut add = |s: &mut Sched, demand: u32, limit: Option<u64>| {
+        let id = TaskId(next_id);
+        next_id += 1;
+        let mut spec = TaskSpec::new(id);
+        spec.demand = demand;
+        spec.time_limit = limit;
+        s.add_task(spec).expect("valid task");
+        s.wake_up_on(id, 0, NOW).expect("leaf 0");
+        id
+    };
+    let mut running: std::collections::VecDeque<TaskId> =
+        (0..7).map(|_| add(&mut s, 1, Some(LIMIT))).collect();
+    let head = add(&mut s, 8, Some(LIMIT));
+    for _ in 0..depth {
+        add(&mut s, 1, None);
+    }
+    let steady = |s: &Sched, running: &std::collections::VecDeque<TaskId>| {
+        s.rq(0).nr_waiting() == depth + 1
+            && matches!(s.task_state(head), Some(TaskState::Queued(0)))
+            && running
+                .iter()
+                .all(|&id| matches!(s.task_state(id), Some(TaskState::Running(0))))
+    };
+    assert!(
+        steady(&s, &running),
+        "7 running, the head and the rest waiting"
+    );
+    g.bench_function(BenchmarkId::new("blocked_head", depth), |b| {
+        b.iter(|| {
+            let done = running.pop_front().expect("a running task");
+            black_box(s.remove_task(done, NOW).expect("known task"));
+            running.push_back(add(&mut s, 1, Some(LIMIT)));
+        })
+    });
+    assert!(steady(&s, &running), "every new task was backfilled");
 }
 
 criterion_group! {

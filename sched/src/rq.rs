@@ -185,6 +185,11 @@ pub(crate) struct Waiting {
     /// Waiting latency-sensitive tasks by vruntime + latency_offset
     /// (`latency_timeline`, seed 004).
     pub(crate) latency_timeline: BTreeSet<TimelineKey>,
+    /// The tasks of `tasks_timeline` with a time limit or a run-time
+    /// prediction, keyed as there: when none waiting is small enough for
+    /// the head's extra room, the only ones EASY backfill may start past
+    /// the head, so its pass walks these alone.
+    pub(crate) bounded_timeline: BTreeSet<TimelineKey>,
     /// Demands of the tasks of `tasks_timeline`.
     pub(crate) wait_demands: DemandSet,
     /// Demands of the tasks of `latency_timeline`.
@@ -263,10 +268,14 @@ impl RunQueue {
     }
 
     /// Put a waiting task in the fair timeline (and its demand in
-    /// `wait_demands`); true when the key was new.
-    pub(crate) fn enqueue_fair(&mut self, key: TimelineKey, demand: u32) -> bool {
+    /// `wait_demands`, and the task in `bounded_timeline` when `bounded`:
+    /// it has a time limit or a prediction); true when the key was new.
+    pub(crate) fn enqueue_fair(&mut self, key: TimelineKey, demand: u32, bounded: bool) -> bool {
         let w = self.waiting.get_or_insert_with(Box::default);
         w.wait_demands.insert(demand);
+        if bounded {
+            w.bounded_timeline.insert(key);
+        }
         w.tasks_timeline.insert(key)
     }
 
@@ -291,6 +300,7 @@ impl RunQueue {
             return false;
         };
         let removed = w.tasks_timeline.remove(&key);
+        w.bounded_timeline.remove(&key);
         w.wait_demands.remove(demand);
         if let Some(k) = latency {
             w.latency_timeline.remove(&k);
@@ -299,6 +309,7 @@ impl RunQueue {
         if w.tasks_timeline.is_empty() {
             debug_assert!(
                 w.latency_timeline.is_empty()
+                    && w.bounded_timeline.is_empty()
                     && w.wait_demands.is_empty()
                     && w.latency_demands.is_empty(),
                 "a task waits outside the fair timeline"
@@ -416,6 +427,14 @@ impl RunQueue {
         self.waiting
             .iter()
             .flat_map(|w| w.tasks_timeline.iter().map(|k| k.2))
+    }
+
+    /// The waiting tasks with a time limit or a run-time prediction, in
+    /// fair (vruntime) order.
+    pub fn waiting_bounded(&self) -> impl Iterator<Item = TaskId> + '_ {
+        self.waiting
+            .iter()
+            .flat_map(|w| w.bounded_timeline.iter().map(|k| k.2))
     }
 
     /// Waiting tasks of the latency timeline, in its order.

@@ -1191,7 +1191,7 @@ impl Sched {
             return;
         };
         let rq = &mut self.rqs[leaf];
-        if rq.enqueue_fair((t.vruntime, seq, id), t.demand) {
+        if rq.enqueue_fair((t.vruntime, seq, id), t.demand, t.is_bounded()) {
             self.nr_waiting += 1;
         }
         self.llc_demands.wait_insert(llc, t.demand);
@@ -1580,7 +1580,7 @@ impl Sched {
         t.state = TaskState::Queued(leaf);
         t.enqueue_seq = seq;
         t.queued_at = now;
-        if rq.enqueue_fair((t.vruntime, seq, id), t.demand) {
+        if rq.enqueue_fair((t.vruntime, seq, id), t.demand, t.is_bounded()) {
             self.nr_waiting += 1;
         }
         self.llc_demands.wait_insert(llc, t.demand);
@@ -1915,7 +1915,7 @@ impl Sched {
                 return;
             };
             let protected = self.protected(leaf);
-            let found = self.next_to_run_order(leaf).find(|&c| {
+            let candidate = |c: TaskId| {
                 c != res.task
                     && self.tasks.get(&c).is_some_and(|t| {
                         if protected {
@@ -1924,7 +1924,29 @@ impl Sched {
                             self.rqs[leaf].can_start(t.demand, t.align)
                         }
                     })
-            });
+            };
+            let rq = &self.rqs[leaf];
+            let found = if protected
+                && !rq
+                    .wait_demands()
+                    .any_within(res.extra.min(rq.start_bound()))
+            {
+                // No waiting task fits the extra room now, so a candidate
+                // needs an expected end (`backfill_ok`): a time limit or a
+                // prediction. The first such in next-to-run order is the
+                // first of the latency pick (when it is one) and the
+                // bounded tasks in fair order; with thousands waiting
+                // without a limit behind a blocked head, the whole queue
+                // was walked on every finish.
+                let first = self.pick_next_entity(leaf);
+                first.filter(|&f| candidate(f)).or_else(|| {
+                    rq.waiting_bounded()
+                        .filter(|&c| Some(c) != first)
+                        .find(|&c| candidate(c))
+                })
+            } else {
+                self.next_to_run_order(leaf).find(|&c| candidate(c))
+            };
             match found {
                 Some(c) => self.set_next(c, leaf, now),
                 None => return,

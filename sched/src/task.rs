@@ -244,6 +244,13 @@ impl Task {
             .map(|total| now.saturating_add(total.saturating_sub(executed)))
     }
 
+    /// It has a time limit or a run-time prediction: some
+    /// [`Task::estimate`] may be `Some` (with predictions counted on, or
+    /// with a limit, always).
+    pub fn is_bounded(&self) -> bool {
+        self.time_limit.is_some() || self.predicted.is_some()
+    }
+
     /// The run time the task is expected to use in all once it has run
     /// `executed`: its time limit; with `predicted`, its prediction in
     /// force when that is shorter (or there is no limit). The prediction
