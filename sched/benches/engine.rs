@@ -750,7 +750,75 @@ fn deep_queue(c: &mut Criterion) {
     for depth in [10usize, 1_000, 10_000] {
         blocked_head(&mut g, depth);
     }
+    for depth in [10usize, 1_000, 10_000] {
+        blocked_thief(&mut g, depth);
+    }
     g.finish();
+}
+
+/// `schedule/deep_queue/blocked_thief`: two nodes of 8 units in one rack.
+/// Node 0 runs 7 one-unit tasks with a limit behind an 8-unit head (so
+/// it has a unit spare, which its head protects); node 1 runs 8 and has
+/// `depth` one-unit tasks without a limit waiting, none of which node 0
+/// may take. One iteration ends node 0's oldest running task (node 0
+/// reschedules and tries to steal from node 1) and submits a one-unit
+/// task with a limit to node 0, which backfill starts.
+fn blocked_thief(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    depth: usize,
+) {
+    const LIMIT: u64 = 60_000_000_000;
+    let topo = Arc::new(Topology::from_spec("1z:1r:2n").expect("valid spec"));
+    let config = SchedConfig {
+        backfill: true,
+        ..SchedConfig::cluster()
+    };
+    let mut s = Sched::new(topo, 8, config);
+    let mut next_id = 0u64;
+    let mut add = |s: &mut Sched, leaf: LeafId, demand: u32, limit: Option<u64>| {
+        let id = TaskId(next_id);
+        next_id += 1;
+        let mut spec = TaskSpec::new(id);
+        spec.demand = demand;
+        spec.time_limit = limit;
+        s.add_task(spec).expect("valid task");
+        s.wake_up_on(id, leaf, NOW).expect("a leaf");
+        id
+    };
+    let mut running: std::collections::VecDeque<TaskId> =
+        (0..7).map(|_| add(&mut s, 0, 1, Some(LIMIT))).collect();
+    let head = add(&mut s, 0, 8, Some(LIMIT));
+    for _ in 0..8 {
+        add(&mut s, 1, 1, Some(LIMIT));
+    }
+    for _ in 0..depth {
+        add(&mut s, 1, 1, None);
+    }
+    let steady = |s: &Sched, running: &std::collections::VecDeque<TaskId>| {
+        s.rq(0).nr_waiting() == 1
+            && s.rq(1).nr_waiting() == depth
+            && matches!(s.task_state(head), Some(TaskState::Queued(0)))
+            && running
+                .iter()
+                .all(|&id| matches!(s.task_state(id), Some(TaskState::Running(0))))
+    };
+    assert!(
+        steady(&s, &running),
+        "node 0: 7 running and its head; node 1's queue"
+    );
+    let steals = s.stats().steal;
+    g.bench_function(BenchmarkId::new("blocked_thief", depth), |b| {
+        b.iter(|| {
+            let done = running.pop_front().expect("a running task");
+            black_box(s.remove_task(done, NOW).expect("known task"));
+            running.push_back(add(&mut s, 0, 1, Some(LIMIT)));
+        })
+    });
+    assert!(
+        steady(&s, &running),
+        "every new task was backfilled on node 0"
+    );
+    assert_eq!(s.stats().steal, steals, "node 0 stole nothing");
 }
 
 /// `schedule/deep_queue/blocked_head`: the same node with its head a

@@ -1977,6 +1977,19 @@ impl Sched {
         }
     }
 
+    /// The extra room of `leaf`'s protected head when [`Sched::fits_now`]
+    /// decides by it (backfill on, a head waiting there with its
+    /// reservation): a task from elsewhere fits only if it can start now
+    /// and either needs no more than this or ends in time
+    /// ([`Sched::backfill_ok`]). `None` when `fits_now` asks only for
+    /// room.
+    pub(crate) fn backfill_extra(&self, leaf: LeafId, now: u64) -> Option<u32> {
+        if !self.config.backfill || self.rqs[leaf].nothing_waits() || !self.protected(leaf) {
+            return None;
+        }
+        self.reservation(leaf, now).map(|res| res.extra)
+    }
+
     /// The leaf may take work from others now: idle, or with backfill any
     /// spare capacity (whether a task fits is decided per task).
     pub(crate) fn can_pull(&self, leaf: LeafId) -> bool {

@@ -351,6 +351,19 @@ impl Sched {
         if self.can_migrate_task_llc(first, src, dst, now) {
             return Some(first);
         }
+        // `dst`'s head protected: a task fits there only if it cannot
+        // delay it (`fits_now`), so when none of `src`'s waiting demands
+        // fits the head's extra room, only a task with an expected end
+        // can, and those alone are walked (behind a blocked head, a queue
+        // of thousands without a limit was walked on every steal).
+        if let Some(extra) = self.backfill_extra(dst, now)
+            && !self.rqs[src].wait_demands().any_within(extra)
+        {
+            return self.rqs[src]
+                .waiting_bounded()
+                .filter(|&p| p != first)
+                .find(|&p| self.can_migrate_task_llc(p, src, dst, now));
+        }
         self.rqs[src]
             .waiting()
             .filter(|&p| p != first)
