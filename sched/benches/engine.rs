@@ -697,183 +697,149 @@ fn engine(c: &mut Criterion) {
     deep_queue(c);
 }
 
-/// `schedule/deep_queue`: one node of 8 units (`SchedConfig::cluster()`,
-/// EASY backfill on) with 8 one-unit tasks running and `depth` waiting,
-/// each with a time limit. One iteration ends the oldest running task (the
-/// node starts its head, and backfill looks for more that could start)
-/// and queues a new one at the tail, so the depth stays. What a dispatcher
-/// node with a deep queue pays per finish: it should not grow with the
-/// depth (backfill once collected the whole queue on every schedule).
-fn deep_queue(c: &mut Criterion) {
-    let mut g = c.benchmark_group("schedule/deep_queue");
-    for depth in [10usize, 1_000, 10_000] {
-        let topo = Arc::new(Topology::from_spec("1z:1r:1n").expect("valid spec"));
+/// One rack of nodes of 8 units (`SchedConfig::cluster()`, EASY backfill
+/// on) for the `schedule/deep_queue` groups, and the tasks added to it,
+/// all at `NOW`.
+struct DeepQueue {
+    s: Sched,
+    next_id: u64,
+}
+
+/// The time limit of a task that has one: a minute.
+const DEEP_LIMIT: Option<u64> = Some(60_000_000_000);
+
+type Fifo = std::collections::VecDeque<TaskId>;
+
+impl DeepQueue {
+    fn new(nodes: usize) -> Self {
+        let topo = Arc::new(Topology::from_spec(&format!("1z:1r:{nodes}n")).expect("valid spec"));
         let config = SchedConfig {
             backfill: true,
             ..SchedConfig::cluster()
         };
-        let mut s = Sched::new(topo, 8, config);
-        let mut order = std::collections::VecDeque::new();
-        let mut next_id = 0u64;
-        let mut add = |s: &mut Sched, order: &mut std::collections::VecDeque<TaskId>| {
-            let id = TaskId(next_id);
-            next_id += 1;
-            let mut spec = TaskSpec::new(id);
-            spec.time_limit = Some(60_000_000_000);
-            s.add_task(spec).expect("valid task");
-            s.wake_up_on(id, 0, NOW).expect("leaf 0");
-            order.push_back(id);
-        };
-        for _ in 0..8 + depth {
-            add(&mut s, &mut order);
+        Self {
+            s: Sched::new(topo, 8, config),
+            next_id: 0,
         }
-        let fifo = |s: &Sched, order: &std::collections::VecDeque<TaskId>| {
+    }
+
+    /// A new task of `demand` units, with `limit`, woken on `leaf`.
+    fn add(&mut self, leaf: LeafId, demand: u32, limit: Option<u64>) -> TaskId {
+        let id = TaskId(self.next_id);
+        self.next_id += 1;
+        let mut spec = TaskSpec::new(id);
+        spec.demand = demand;
+        spec.time_limit = limit;
+        self.s.add_task(spec).expect("valid task");
+        self.s.wake_up_on(id, leaf, NOW).expect("a leaf");
+        id
+    }
+
+    fn running_on(&self, tasks: &Fifo, leaf: LeafId) -> bool {
+        tasks
+            .iter()
+            .all(|&id| self.s.task_state(id) == Some(TaskState::Running(leaf)))
+    }
+
+    /// One iteration: end the oldest of `running`, then submit a one-unit
+    /// task with a limit to node 0 (it becomes the newest of `running`
+    /// when it starts at once).
+    fn finish_submit(&mut self, running: &mut Fifo) {
+        let done = running.pop_front().expect("a running task");
+        black_box(self.s.remove_task(done, NOW).expect("known task"));
+        running.push_back(self.add(0, 1, DEEP_LIMIT));
+    }
+}
+
+/// `schedule/deep_queue`, what a dispatcher node with a deep queue pays
+/// per finish; none of it should grow with the depth (backfill and the
+/// steal once walked the whole queue on every finish). One iteration ends
+/// the oldest running task of node 0 and submits a one-unit task with a
+/// limit there. The benches check that each iteration did what it says.
+///
+/// - `finish_start`: one node, 8 one-unit tasks running and `depth`
+///   waiting, all with a limit: the finish starts the head, the new task
+///   queues at the tail.
+/// - `blocked_head`: one node, 7 running behind an 8-unit head (it waits
+///   for every running task), `depth` one-unit tasks without a limit
+///   behind it (EASY can start none of them): the new task is
+///   backfilled past the whole queue.
+/// - `blocked_thief`: that node (with no queue behind its head) beside a
+///   full node holding the `depth` tasks without a limit; the first tries
+///   to steal on every finish and may take none of them.
+fn deep_queue(c: &mut Criterion) {
+    let mut g = c.benchmark_group("schedule/deep_queue");
+    for depth in [10usize, 1_000, 10_000] {
+        let mut q = DeepQueue::new(1);
+        let mut order: Fifo = (0..8 + depth).map(|_| q.add(0, 1, DEEP_LIMIT)).collect();
+        let fifo = |q: &DeepQueue, order: &Fifo| {
             order.iter().enumerate().all(|(i, &id)| {
                 matches!(
-                    (i < 8, s.task_state(id)),
+                    (i < 8, q.s.task_state(id)),
                     (true, Some(TaskState::Running(0))) | (false, Some(TaskState::Queued(0)))
                 )
             })
         };
-        assert!(fifo(&s, &order), "8 running, the rest waiting, in order");
+        assert!(fifo(&q, &order), "8 running, the rest waiting, in order");
         g.bench_function(BenchmarkId::new("finish_start", depth), |b| {
-            b.iter(|| {
-                let done = order.pop_front().expect("a running task");
-                black_box(s.remove_task(done, NOW).expect("known task"));
-                add(&mut s, &mut order);
-            })
+            b.iter(|| q.finish_submit(&mut order))
         });
         // Each iteration started the head: still 8 running, oldest first.
-        assert!(fifo(&s, &order), "the queue kept its order and depth");
-        assert_eq!(s.rq(0).nr_waiting(), depth);
+        assert!(fifo(&q, &order), "the queue kept its order and depth");
+        assert_eq!(q.s.rq(0).nr_waiting(), depth);
     }
     for depth in [10usize, 1_000, 10_000] {
-        blocked_head(&mut g, depth);
+        let mut q = DeepQueue::new(1);
+        let mut running: Fifo = (0..7).map(|_| q.add(0, 1, DEEP_LIMIT)).collect();
+        let head = q.add(0, 8, DEEP_LIMIT);
+        for _ in 0..depth {
+            q.add(0, 1, None);
+        }
+        let steady = |q: &DeepQueue, running: &Fifo| {
+            q.s.rq(0).nr_waiting() == depth + 1
+                && q.s.task_state(head) == Some(TaskState::Queued(0))
+                && q.running_on(running, 0)
+        };
+        assert!(
+            steady(&q, &running),
+            "7 running, the head and the rest waiting"
+        );
+        g.bench_function(BenchmarkId::new("blocked_head", depth), |b| {
+            b.iter(|| q.finish_submit(&mut running))
+        });
+        assert!(steady(&q, &running), "every new task was backfilled");
     }
     for depth in [10usize, 1_000, 10_000] {
-        blocked_thief(&mut g, depth);
+        let mut q = DeepQueue::new(2);
+        let mut running: Fifo = (0..7).map(|_| q.add(0, 1, DEEP_LIMIT)).collect();
+        let head = q.add(0, 8, DEEP_LIMIT);
+        for _ in 0..8 {
+            q.add(1, 1, DEEP_LIMIT);
+        }
+        for _ in 0..depth {
+            q.add(1, 1, None);
+        }
+        let steady = |q: &DeepQueue, running: &Fifo| {
+            q.s.rq(0).nr_waiting() == 1
+                && q.s.rq(1).nr_waiting() == depth
+                && q.s.task_state(head) == Some(TaskState::Queued(0))
+                && q.running_on(running, 0)
+        };
+        assert!(
+            steady(&q, &running),
+            "node 0: 7 running and its head; node 1's queue"
+        );
+        let steals = q.s.stats().steal;
+        g.bench_function(BenchmarkId::new("blocked_thief", depth), |b| {
+            b.iter(|| q.finish_submit(&mut running))
+        });
+        assert!(
+            steady(&q, &running),
+            "every new task was backfilled on node 0"
+        );
+        assert_eq!(q.s.stats().steal, steals, "node 0 stole nothing");
     }
     g.finish();
-}
-
-/// `schedule/deep_queue/blocked_thief`: two nodes of 8 units in one rack.
-/// Node 0 runs 7 one-unit tasks with a limit behind an 8-unit head (so
-/// it has a unit spare, which its head protects); node 1 runs 8 and has
-/// `depth` one-unit tasks without a limit waiting, none of which node 0
-/// may take. One iteration ends node 0's oldest running task (node 0
-/// reschedules and tries to steal from node 1) and submits a one-unit
-/// task with a limit to node 0, which backfill starts.
-fn blocked_thief(
-    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    depth: usize,
-) {
-    const LIMIT: u64 = 60_000_000_000;
-    let topo = Arc::new(Topology::from_spec("1z:1r:2n").expect("valid spec"));
-    let config = SchedConfig {
-        backfill: true,
-        ..SchedConfig::cluster()
-    };
-    let mut s = Sched::new(topo, 8, config);
-    let mut next_id = 0u64;
-    let mut add = |s: &mut Sched, leaf: LeafId, demand: u32, limit: Option<u64>| {
-        let id = TaskId(next_id);
-        next_id += 1;
-        let mut spec = TaskSpec::new(id);
-        spec.demand = demand;
-        spec.time_limit = limit;
-        s.add_task(spec).expect("valid task");
-        s.wake_up_on(id, leaf, NOW).expect("a leaf");
-        id
-    };
-    let mut running: std::collections::VecDeque<TaskId> =
-        (0..7).map(|_| add(&mut s, 0, 1, Some(LIMIT))).collect();
-    let head = add(&mut s, 0, 8, Some(LIMIT));
-    for _ in 0..8 {
-        add(&mut s, 1, 1, Some(LIMIT));
-    }
-    for _ in 0..depth {
-        add(&mut s, 1, 1, None);
-    }
-    let steady = |s: &Sched, running: &std::collections::VecDeque<TaskId>| {
-        s.rq(0).nr_waiting() == 1
-            && s.rq(1).nr_waiting() == depth
-            && matches!(s.task_state(head), Some(TaskState::Queued(0)))
-            && running
-                .iter()
-                .all(|&id| matches!(s.task_state(id), Some(TaskState::Running(0))))
-    };
-    assert!(
-        steady(&s, &running),
-        "node 0: 7 running and its head; node 1's queue"
-    );
-    let steals = s.stats().steal;
-    g.bench_function(BenchmarkId::new("blocked_thief", depth), |b| {
-        b.iter(|| {
-            let done = running.pop_front().expect("a running task");
-            black_box(s.remove_task(done, NOW).expect("known task"));
-            running.push_back(add(&mut s, 0, 1, Some(LIMIT)));
-        })
-    });
-    assert!(
-        steady(&s, &running),
-        "every new task was backfilled on node 0"
-    );
-    assert_eq!(s.stats().steal, steals, "node 0 stole nothing");
-}
-
-/// `schedule/deep_queue/blocked_head`: the same node with its head a
-/// task of 8 units (so it waits for every running task to end), behind it
-/// `depth` one-unit tasks without a time limit (EASY cannot start them
-/// without risking the head), and 7 one-unit tasks with a limit running.
-/// One iteration ends the oldest running task and submits a one-unit task
-/// with a limit, which backfill starts past the whole queue.
-fn blocked_head(
-    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    depth: usize,
-) {
-    const LIMIT: u64 = 60_000_000_000;
-    let topo = Arc::new(Topology::from_spec("1z:1r:1n").expect("valid spec"));
-    let config = SchedConfig {
-        backfill: true,
-        ..SchedConfig::cluster()
-    };
-    let mut s = Sched::new(topo, 8, config);
-    let mut next_id = 0u64;
-    let mut add = |s: &mut Sched, demand: u32, limit: Option<u64>| {
-        let id = TaskId(next_id);
-        next_id += 1;
-        let mut spec = TaskSpec::new(id);
-        spec.demand = demand;
-        spec.time_limit = limit;
-        s.add_task(spec).expect("valid task");
-        s.wake_up_on(id, 0, NOW).expect("leaf 0");
-        id
-    };
-    let mut running: std::collections::VecDeque<TaskId> =
-        (0..7).map(|_| add(&mut s, 1, Some(LIMIT))).collect();
-    let head = add(&mut s, 8, Some(LIMIT));
-    for _ in 0..depth {
-        add(&mut s, 1, None);
-    }
-    let steady = |s: &Sched, running: &std::collections::VecDeque<TaskId>| {
-        s.rq(0).nr_waiting() == depth + 1
-            && matches!(s.task_state(head), Some(TaskState::Queued(0)))
-            && running
-                .iter()
-                .all(|&id| matches!(s.task_state(id), Some(TaskState::Running(0))))
-    };
-    assert!(
-        steady(&s, &running),
-        "7 running, the head and the rest waiting"
-    );
-    g.bench_function(BenchmarkId::new("blocked_head", depth), |b| {
-        b.iter(|| {
-            let done = running.pop_front().expect("a running task");
-            black_box(s.remove_task(done, NOW).expect("known task"));
-            running.push_back(add(&mut s, 1, Some(LIMIT)));
-        })
-    });
-    assert!(steady(&s, &running), "every new task was backfilled");
 }
 
 criterion_group! {
