@@ -1938,6 +1938,7 @@ impl Sched {
                 // bounded tasks in fair order; with thousands waiting
                 // without a limit behind a blocked head, the whole queue
                 // was walked on every finish.
+                debug_assert!(self.bounded_timeline_holds(leaf));
                 let first = self.pick_next_entity(leaf);
                 first.filter(|&f| candidate(f)).or_else(|| {
                     rq.waiting_bounded()
@@ -1975,6 +1976,16 @@ impl Sched {
             Some(res) if res.task != id => self.backfill_ok(leaf, &res, t, now),
             _ => rq.can_start(t.demand, t.align),
         }
+    }
+
+    /// `leaf`'s `bounded_timeline` holds exactly its waiting tasks with a
+    /// limit or a prediction, in fair order (checked in debug builds
+    /// where the walks rely on it).
+    pub(crate) fn bounded_timeline_holds(&self, leaf: LeafId) -> bool {
+        let rq = &self.rqs[leaf];
+        rq.waiting()
+            .filter(|id| self.tasks.get(id).is_some_and(|t| t.is_bounded()))
+            .eq(rq.waiting_bounded())
     }
 
     /// The extra room of `leaf`'s protected head when [`Sched::fits_now`]

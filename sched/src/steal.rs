@@ -359,6 +359,7 @@ impl Sched {
         if let Some(extra) = self.backfill_extra(dst, now)
             && !self.rqs[src].wait_demands().any_within(extra)
         {
+            debug_assert!(self.bounded_timeline_holds(src));
             return self.rqs[src]
                 .waiting_bounded()
                 .filter(|&p| p != first)
