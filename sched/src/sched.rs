@@ -1478,12 +1478,7 @@ impl Sched {
     /// thousands waiting on a node, collecting the whole order first was
     /// most of the dispatcher's core thread under a deep queue.
     pub(crate) fn next_to_run_order(&self, leaf: LeafId) -> impl Iterator<Item = TaskId> + '_ {
-        let first = self.pick_next_entity(leaf);
-        first.into_iter().chain(
-            first
-                .into_iter()
-                .flat_map(move |first| self.rqs[leaf].waiting().filter(move |&x| x != first)),
-        )
+        first_then_fair(self.pick_next_entity(leaf), self.rqs[leaf].waiting())
     }
 
     /// Start a waiting task (`set_next_entity`).
@@ -1939,12 +1934,8 @@ impl Sched {
                 // without a limit behind a blocked head, the whole queue
                 // was walked on every finish.
                 debug_assert!(self.bounded_timeline_holds(leaf));
-                let first = self.pick_next_entity(leaf);
-                first.filter(|&f| candidate(f)).or_else(|| {
-                    rq.waiting_bounded()
-                        .filter(|&c| Some(c) != first)
-                        .find(|&c| candidate(c))
-                })
+                first_then_fair(self.pick_next_entity(leaf), rq.waiting_bounded())
+                    .find(|&c| candidate(c))
             } else {
                 self.next_to_run_order(leaf).find(|&c| candidate(c))
             };
@@ -2217,6 +2208,19 @@ fn steal_gating(topo: &Topology, config: &SchedConfig) -> (bool, Vec<bool>) {
             (true, cross)
         }
     }
+}
+
+/// Next-to-run order over one of a leaf's timelines: `first` (the leaf's
+/// `pick_next_entity`, which is `None` only when nothing waits), then
+/// `fair` (all the waiting tasks, or the bounded ones, in fair order)
+/// without it.
+fn first_then_fair(
+    first: Option<TaskId>,
+    fair: impl Iterator<Item = TaskId>,
+) -> impl Iterator<Item = TaskId> {
+    first
+        .into_iter()
+        .chain(fair.filter(move |&x| Some(x) != first))
 }
 
 #[cfg(test)]

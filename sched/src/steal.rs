@@ -356,19 +356,14 @@ impl Sched {
         // fits the head's extra room, only a task with an expected end
         // can, and those alone are walked (behind a blocked head, a queue
         // of thousands without a limit was walked on every steal).
+        let migrates = |&p: &TaskId| p != first && self.can_migrate_task_llc(p, src, dst, now);
         if let Some(extra) = self.backfill_extra(dst, now)
             && !self.rqs[src].wait_demands().any_within(extra)
         {
             debug_assert!(self.bounded_timeline_holds(src));
-            return self.rqs[src]
-                .waiting_bounded()
-                .filter(|&p| p != first)
-                .find(|&p| self.can_migrate_task_llc(p, src, dst, now));
+            return self.rqs[src].waiting_bounded().find(migrates);
         }
-        self.rqs[src]
-            .waiting()
-            .filter(|&p| p != first)
-            .find(|&p| self.can_migrate_task_llc(p, src, dst, now))
+        self.rqs[src].waiting().find(migrates)
     }
 
     /// `can_migrate_task_llc`: waiting on `src` (never running), allowed on
