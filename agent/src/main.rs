@@ -113,6 +113,14 @@ struct RunArgs {
     /// Scheduler tick, milliseconds.
     #[arg(long, default_value_t = 10)]
     tick_ms: u64,
+    /// Threads of the agent's async runtime. 1 (the default): the agent's
+    /// loop, its connection and its jobs' start tasks share one thread, so
+    /// a job's start, its answer and its status never hop between threads
+    /// (a wakeup across threads, a futex each way, cost more than the
+    /// work of a trivial job's start). N > 1: a pool of N threads; 0: one
+    /// per CPU.
+    #[arg(long, default_value_t = 1)]
+    worker_threads: usize,
     /// Verify the dispatcher (https:// URLs) against this PEM CA: the agent
     /// takes work only from a dispatcher whose certificate chains to it.
     #[arg(long, env = "DISPATCH_TLS_CA", value_name = "FILE")]
@@ -330,10 +338,18 @@ fn cmd_run(args: RunArgs) -> Result<()> {
     let otlp_endpoint = args.otlp_endpoint.clone();
     let otlp = dispatch_telemetry::wanted(otlp_endpoint.as_deref());
     let k8s_node_labels = args.k8s_node_labels.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let runtime = match args.worker_threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        0 => tokio::runtime::Builder::new_multi_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+    }
+    .enable_all()
+    .build()
+    .context("starting the async runtime")?;
     runtime.block_on(async move {
         if !k8s_node_labels.is_empty() {
             add_k8s_node_labels(&mut opts.labels, &opts.node, &k8s_node_labels).await?;
