@@ -493,6 +493,24 @@ pub(crate) fn procs(cgroup: &Path) -> Vec<i32> {
     read_ids(&cgroup.join("cgroup.procs"))
 }
 
+/// No process left in the job cgroup (or it is gone): one `read(2)` of
+/// its `cgroup.procs`, which returns nothing exactly when it is empty
+/// (the supervisor asks once per job; [`procs`] would parse the pids).
+pub(crate) fn is_empty(cgroup: &Path) -> bool {
+    use std::io::Read;
+    let Ok(mut f) = fs::File::open(cgroup.join("cgroup.procs")) else {
+        return true;
+    };
+    let mut first = [0u8; 16];
+    loop {
+        match f.read(&mut first) {
+            Ok(n) => return n == 0,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return true,
+        }
+    }
+}
+
 /// Thread ids in the job cgroup (empty if it is gone).
 pub(crate) fn threads(cgroup: &Path) -> Vec<i32> {
     read_ids(&cgroup.join("cgroup.threads"))

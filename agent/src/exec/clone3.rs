@@ -213,7 +213,7 @@ pub(crate) unsafe fn clone_into_cgroup(
     };
     if pid == 0 {
         // The child: system calls only, then exec or _exit.
-        let errno = unsafe { child(image, &argv, &envp, &null, &out_w, &err_w, &report_w, setup) };
+        let errno = unsafe { child(image, &argv, &envp, null, &out_w, &err_w, &report_w, setup) };
         let bytes = errno.to_ne_bytes();
         unsafe {
             libc::write(report_w.as_raw_fd(), [0u8].as_ptr().cast(), 1);
@@ -243,7 +243,7 @@ pub(crate) unsafe fn clone_into_cgroup(
 /// pipes, (read end, write end) each: stdout, stderr and the exec report.
 pub(super) struct ChildEnds {
     pub(super) cgroup_dir: OwnedFd,
-    pub(super) null: OwnedFd,
+    pub(super) null: &'static OwnedFd,
     pub(super) out: (OwnedFd, OwnedFd),
     pub(super) err: (OwnedFd, OwnedFd),
     pub(super) report: (OwnedFd, OwnedFd),
@@ -261,12 +261,7 @@ impl ChildEnds {
         .map_err(SpawnError::Unsupported)?;
         let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| SpawnError::Setup(e.into()));
         let (out, err, report) = (pipe()?, pipe()?, pipe()?);
-        let null = open(
-            "/dev/null",
-            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| SpawnError::Setup(e.into()))?;
+        let null = dev_null().map_err(|e| SpawnError::Setup(e.into()))?;
         Ok(Self {
             cgroup_dir,
             null,
@@ -275,6 +270,22 @@ impl ChildEnds {
             report,
         })
     }
+}
+
+/// `/dev/null` for the children's stdin, opened once per process
+/// (`O_CLOEXEC`: a child's `dup2` onto its stdin is what it keeps).
+fn dev_null() -> nix::Result<&'static OwnedFd> {
+    static NULL: std::sync::OnceLock<OwnedFd> = std::sync::OnceLock::new();
+    if let Some(fd) = NULL.get() {
+        return Ok(fd);
+    }
+    let fd = open(
+        "/dev/null",
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    // A racing thread's open wins and ours is closed: either is fine.
+    Ok(NULL.get_or_init(|| fd))
 }
 
 /// Between clone and exec; returns only with the errno of what failed

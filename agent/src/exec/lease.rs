@@ -10,11 +10,16 @@
 //! a swapped-out or wedged agent) while its jobs, in their own process
 //! groups, would keep running: the dispatcher retries them elsewhere only
 //! after the lease has surely run out. The agent continues the jobs when
-//! a renewal comes (the shim never does). No file: no lease, no fencing
+//! a renewal comes (the shim never does). The supervisor's jobs share
+//! their last read ([`LeaseFile::sharing`]): a job reads the file only
+//! once the latest deadline any of them read has passed. No file: no
+//! lease, no fencing
 //! (a dispatcher that grants none, or a job started outside an agent).
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use nix::libc;
 use std::time::Duration;
@@ -41,12 +46,32 @@ fn exchange(a: &Path, b: &Path) -> io::Result<()> {
 #[derive(Clone, Debug)]
 pub struct LeaseFile {
     path: PathBuf,
+    /// The latest deadline read, shared by the jobs of one supervisor
+    /// ([`LeaseFile::sharing`]); 0 when none is known.
+    seen: Option<Arc<AtomicU64>>,
 }
 
 impl LeaseFile {
     /// The lease file at `path`.
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into() }
+        Self {
+            path: path.into(),
+            seen: None,
+        }
+    }
+
+    /// The same file, read through `seen`, the latest deadline read by any
+    /// holder of the same `seen`: [`LeaseFile::deadline`] reads the file
+    /// only once that one has passed. A supervisor's jobs share one, so a
+    /// job's start does not read the file again (each job read it on
+    /// every turn of its loop). A renewal only moves the deadline on, so
+    /// one read before it fences no later than the file says; that is
+    /// what a shim's own cache of its last read already does.
+    pub fn sharing(self, seen: Arc<AtomicU64>) -> Self {
+        Self {
+            seen: Some(seen),
+            ..self
+        }
     }
 
     /// Its path.
@@ -96,8 +121,34 @@ impl LeaseFile {
     /// that cannot be parsed counts as a lease already run out: a shim
     /// must not keep running on a lease it cannot read.
     pub fn read(&self) -> Option<u64> {
-        match std::fs::read_to_string(&self.path) {
-            Ok(text) => Some(text.trim().parse().unwrap_or(0)),
+        let deadline = self.read_file();
+        if let Some(seen) = &self.seen {
+            seen.store(deadline.unwrap_or(0), Ordering::Relaxed);
+        }
+        deadline
+    }
+
+    /// The deadline as [`LeaseFile::read`] says, except that while the
+    /// latest deadline read through the shared `seen` has not passed, that
+    /// one, without a read.
+    pub fn deadline(&self) -> Option<u64> {
+        if let Some(seen) = &self.seen {
+            let d = seen.load(Ordering::Relaxed);
+            if d > now_ns() {
+                return Some(d);
+            }
+        }
+        self.read()
+    }
+
+    fn read_file(&self) -> Option<u64> {
+        match super::read_line_file(&self.path) {
+            Ok(bytes) => Some(
+                std::str::from_utf8(&bytes)
+                    .ok()
+                    .and_then(|text| text.trim().parse().ok())
+                    .unwrap_or(0),
+            ),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(_) => Some(0),
         }
@@ -114,6 +165,37 @@ impl LeaseFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Through a shared `seen`, a deadline still ahead is answered without
+    /// a read (the file changed behind it is not seen); once it has passed
+    /// the file is read again, and a fresh `read` always goes to the file
+    /// and updates what the other holders see.
+    #[test]
+    fn a_shared_deadline_is_read_again_only_once_it_has_passed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lease");
+        let seen = Arc::new(AtomicU64::new(0));
+        let a = LeaseFile::new(&path).sharing(Arc::clone(&seen));
+        let b = LeaseFile::new(&path).sharing(Arc::clone(&seen));
+        assert_eq!(a.deadline(), None, "no file, no lease");
+        let far = now_ns() + 3_600_000_000_000;
+        a.write(far).unwrap();
+        assert_eq!(a.deadline(), Some(far));
+        std::fs::write(&path, "7\n").unwrap();
+        assert_eq!(
+            b.deadline(),
+            Some(far),
+            "a deadline ahead is not read again"
+        );
+        assert_eq!(LeaseFile::new(&path).deadline(), Some(7), "unshared reads");
+        assert_eq!(b.read(), Some(7), "a fresh read goes to the file");
+        assert_eq!(a.deadline(), Some(7), "and the passed one is read again");
+        std::fs::write(&path, "not a number\n").unwrap();
+        assert_eq!(a.deadline(), Some(0), "unreadable: run out");
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(b.deadline(), None);
+        assert_eq!(seen.load(Ordering::Relaxed), 0);
+    }
 
     #[test]
     fn boottime_moves_forward() {

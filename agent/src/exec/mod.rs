@@ -105,6 +105,34 @@ pub(crate) fn renameat2(from: &Path, to: &Path, flags: nix::libc::c_uint) -> std
     }
 }
 
+/// Read a one-line file whole (`/proc/PID/stat`, the lease), with one
+/// `read(2)` where one is enough: a read that leaves room in the buffer
+/// and ends in a newline is the whole line, which these files produce or
+/// are written in one piece. `std::fs::read` also asks for the size
+/// (`statx`, which procfs answers with 0) and reads until a read returns
+/// nothing: three more system calls, paid per job by the supervisor.
+pub(crate) fn read_line_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 1024];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(len * 2, 0);
+        }
+        let n = match file.read(&mut buf[len..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        len += n;
+        if n == 0 || (len < buf.len() && buf[len - 1] == b'\n') {
+            buf.truncate(len);
+            return Ok(buf);
+        }
+    }
+}
+
 /// Dirty and under-writeback pages of `path` (the `cachestat` system
 /// call, Linux 6.5+), or `None` where the kernel has no such call.
 #[cfg(test)]
@@ -140,4 +168,23 @@ pub(crate) fn page_states(path: &Path) -> Option<(u64, u64)> {
         )
     };
     (r == 0 && st.cache > 0).then_some((st.dirty, st.writeback))
+}
+
+#[cfg(test)]
+mod tests {
+    /// One line in one read, longer files and files without a final
+    /// newline whole, as `std::fs::read` gives them.
+    #[test]
+    fn read_line_file_reads_the_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let long: String = (0..3000).map(|i| format!("{i}\n")).collect();
+        for text in ["", "1\n", "no newline", "a\nb\n", long.as_str()] {
+            std::fs::write(&path, text).unwrap();
+            assert_eq!(super::read_line_file(&path).unwrap(), text.as_bytes());
+        }
+        let stat = super::read_line_file(std::path::Path::new("/proc/self/stat")).unwrap();
+        assert_eq!(stat, std::fs::read("/proc/self/stat").unwrap());
+        assert!(super::read_line_file(&dir.path().join("none")).is_err());
+    }
 }

@@ -65,8 +65,8 @@ pub fn stat(pid: i32) -> Option<ProcStat> {
 }
 
 fn stat_in(proc_root: &Path, pid: i32) -> Option<ProcStat> {
-    let text = fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
-    ProcStat::parse(&text)
+    let bytes = super::read_line_file(&proc_root.join(pid.to_string()).join("stat")).ok()?;
+    ProcStat::parse(std::str::from_utf8(&bytes).ok()?)
 }
 
 /// The signals pending for a process, from `/proc/<pid>/status`.

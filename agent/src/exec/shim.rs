@@ -321,8 +321,10 @@ pub(crate) fn start_job_nowait(
             reason,
         };
         let cwd = job.cwd.as_deref().unwrap_or(Path::new("/"));
-        let image = ExecImage::new(&job.command, &job.args, &job.env, DEFAULT_PATH, cwd)
-            .map_err(|e| failed(format!("exec {}: {e}", job.command)))?;
+        let image = || {
+            ExecImage::new(&job.command, &job.args, &job.env, DEFAULT_PATH, cwd)
+                .map_err(|e| failed(format!("exec {}: {e}", job.command)))
+        };
         // Sharing this process's memory until the exec where this build
         // and the kernel can (no page tables copied: see vmclone.rs), else
         // a fork-style clone.
@@ -341,9 +343,7 @@ pub(crate) fn start_job_nowait(
                     .collect(),
                 ids: ids.map(|(u, g)| (u.as_raw(), g.as_raw())),
             };
-            let image = ExecImage::new(&job.command, &job.args, &job.env, DEFAULT_PATH, cwd)
-                .map_err(|e| failed(format!("exec {}: {e}", job.command)))?;
-            match vmclone::clone_vm_into_cgroup(cg, image, plan) {
+            match vmclone::clone_vm_into_cgroup(cg, image()?, plan) {
                 Ok((c, hold)) => {
                     return Ok(Started {
                         pid: c.pid,
@@ -371,6 +371,8 @@ pub(crate) fn start_job_nowait(
         let setup = |report: &OwnedFd| child_setup(report, None, pin.as_ref(), &limits, ids);
         // Safety: `child_setup` only makes async-signal-safe system calls
         // on data built before the clone (see the `pre_exec` below).
+        // Built here, not before the CLONE_VM start, which takes its own.
+        let image = image()?;
         match unsafe { clone3::clone_into_cgroup(cg, &image, &setup) } {
             Ok(c) => {
                 return Ok(Started {
@@ -672,7 +674,7 @@ pub(crate) fn fence(
     fenced_on: &mut Option<u64>,
     cancel: &Path,
 ) -> Option<Duration> {
-    let deadline = lease.read()?;
+    let deadline = lease.deadline()?;
     let now = super::lease::now_ns();
     if now < deadline {
         return Some(Duration::from_nanos(deadline - now));

@@ -136,6 +136,10 @@ struct Sup {
     conns: Mutex<Vec<LineSender>>,
     /// Poked when a job ends or the connection closes.
     idle: Notify,
+    /// The state directory's lease file, and the latest deadline any job
+    /// read from it ([`super::lease::LeaseFile::sharing`]).
+    lease: PathBuf,
+    lease_seen: Arc<std::sync::atomic::AtomicU64>,
     /// Bumped on SIGUSR1: jobs look for their `cancel` file.
     cancels: watch::Sender<u64>,
     /// Set on SIGTERM / SIGINT: every job is cancelled.
@@ -190,6 +194,8 @@ async fn serve(state_dir: &Path, me: i32) -> Result<()> {
     }
     let sup = Arc::new(Sup {
         jobs_dir: state_dir.join("jobs"),
+        lease: state_dir.join("lease"),
+        lease_seen: Arc::default(),
         me,
         waiting: Mutex::new(HashMap::new()),
         running: AtomicUsize::new(0),
@@ -490,7 +496,7 @@ async fn confirm(sup: &Sup, id: &str, c: Cloned) -> Result<Launched> {
     let pid = started.pid;
     if let Some(report) = started.exec_report.take() {
         let mut bytes = Vec::new();
-        let read = match pipe::Receiver::from_owned_fd(report) {
+        let read = match receiver(report) {
             Ok(mut rx) => rx.read_to_end(&mut bytes).await.map(drop),
             Err(e) => Err(e),
         };
@@ -522,7 +528,7 @@ async fn confirm(sup: &Sup, id: &str, c: Cloned) -> Result<Launched> {
     let starttime = procfs::stat(pid).map_or(0, |st| st.starttime);
     let pumps = rec.record_job(pid, starttime).and_then(|()| {
         let pump = |fd, log: CappedLog| -> Result<_> {
-            let rx = pipe::Receiver::from_owned_fd(fd)
+            let rx = receiver(fd)
                 .map_err(|e| ExecError::io("watch the output pipe of", jd.path(), e))?;
             Ok(tokio::spawn(log.pump(rx)))
         };
@@ -560,6 +566,17 @@ async fn confirm(sup: &Sup, id: &str, c: Cloned) -> Result<Launched> {
     }
 }
 
+/// A tokio receiver on a pipe's read end from [`start_job_nowait`]: made
+/// non-blocking with one `fcntl` (its only status flag is the access
+/// mode, which `F_SETFL` leaves alone) instead of tokio's checked
+/// conversion, which first asks `fstat` whether it is a pipe and
+/// `F_GETFL` for its flags: three pipes per job, six system calls.
+fn receiver(fd: std::os::fd::OwnedFd) -> io::Result<pipe::Receiver> {
+    use nix::fcntl::{F_SETFL, OFlag, fcntl};
+    fcntl(&fd, F_SETFL(OFlag::O_NONBLOCK)).map_err(io::Error::from)?;
+    pipe::Receiver::from_owned_fd_unchecked(fd)
+}
+
 /// Whether a start failed because its exec report could not be read
 /// (rather than because the child reported a failed step).
 fn read_failed(e: &ExecError) -> bool {
@@ -577,14 +594,25 @@ async fn supervise(sup: &Sup, mut l: Launched) -> Result<()> {
         shim: None,
         cgroup: cg.as_deref(),
     };
-    let empty = || cg.as_deref().is_none_or(|c| cgroup::procs(c).is_empty());
+    let empty = || cg.as_deref().is_none_or(cgroup::is_empty);
     let timeout_at = job.timeout.map(|t| Instant::now() + t);
     let far = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
     let mut term: Option<Termination> = None;
     let mut main: Option<MainExit> = None;
     let mut main_lost = false;
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
-    let lease = l.spec.job_lease();
+    // Not at once: the loop's first turn has just looked at everything
+    // the tick would (an immediate first tick made every job turn twice).
+    let mut tick = tokio::time::interval_at(
+        Instant::now() + Duration::from_millis(500),
+        Duration::from_millis(500),
+    );
+    let lease = l.spec.job_lease().map(|f| {
+        if f.path() == sup.lease {
+            f.sharing(Arc::clone(&sup.lease_seen))
+        } else {
+            f
+        }
+    });
     let mut fenced_on: Option<u64> = None;
     let mut cancels = sup.cancels.subscribe();
     cancels.borrow_and_update();
