@@ -1451,20 +1451,32 @@ async fn supervised_jobs_are_one_process_each_under_one_supervisor() {
         matches!(&err, ExecError::StartFailed { reason, .. } if reason.contains("exec")),
         "{err}"
     );
-    {
-        // A job runs at most once: a second start of it is refused.
-        use std::io::{BufRead, BufReader, Write};
-        let mut conn =
-            std::os::unix::net::UnixStream::connect(fx.path().join("supervisor.sock")).unwrap();
-        conn.write_all(b"start three\n").unwrap();
-        let mut lines = BufReader::new(conn).lines();
-        assert_eq!(lines.next().unwrap().unwrap(), format!("hello {sup}"));
-        let answer = lines.next().unwrap().unwrap();
-        assert!(answer.starts_with("err three "), "{answer}");
-    }
-    let mut after = exec.spawn(sh("after", "exit 0", vec![a])).await.unwrap();
+    // A job runs at most once: a second start of it is refused.
+    use std::io::{BufRead, BufReader, Write};
+    let mut conn =
+        std::os::unix::net::UnixStream::connect(fx.path().join("supervisor.sock")).unwrap();
+    conn.write_all(b"start three\n").unwrap();
+    let mut lines = BufReader::new(conn).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), format!("hello {sup}"));
+    let answer = lines.next().unwrap().unwrap();
+    assert!(answer.starts_with("err three "), "{answer}");
+    let mut after = exec.spawn(sh("after", "exit 4", vec![a])).await.unwrap();
     assert_eq!(after.shim_pid() as i32, sup);
-    assert_eq!(wait_exit(&mut after).await.outcome, JobOutcome::Exited(0));
+    let delivered = wait_exit(&mut after).await;
+    assert_eq!(delivered.outcome, JobOutcome::Exited(4));
+    // Lines go to every connection: this one sees the job's end too, as
+    // `exit ID JSON`, the exit the executor delivered (read from the line,
+    // not the record).
+    let told = tokio::task::spawn_blocking(move || {
+        lines
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("exit after").map(|r| r.trim().to_owned()))
+    })
+    .await
+    .unwrap()
+    .expect("an exit line for the job");
+    let told: JobExit = serde_json::from_str(&told).unwrap();
+    assert_eq!(told, delivered);
     drop(exec);
     // No job and no executor: the supervisor exits.
     eventually("the idle supervisor exits", || {

@@ -1313,7 +1313,7 @@ async fn monitor(
             tokio::time::sleep(every).await;
         }
     }
-    finish_job(shared, id, dir, pid, cgroup, slot).await;
+    finish_job(shared, id, dir, pid, cgroup, slot, None).await;
 }
 
 /// The job's processes are gone (or its supervisor is): collect its exit,
@@ -1330,14 +1330,15 @@ async fn finish_job(
     pid: Option<i32>,
     cgroup: Option<PathBuf>,
     slot: Option<Limits>,
+    told: Option<JobExit>,
 ) {
     if let (Some(cg), Some(limits)) = (&cgroup, slot) {
-        if !finish_pooled(&shared, &id, &dir, pid, cg, limits) {
+        if !finish_pooled(&shared, &id, &dir, pid, cg, limits, told) {
             remove_cgroup(&id, cg).await;
         }
         return;
     }
-    let exit = collect_exit(&id, &dir, pid, cgroup.as_deref());
+    let exit = exit_of(told, &id, &dir, pid, cgroup.as_deref());
     if let Some(cg) = &cgroup {
         remove_cgroup(&id, cg).await;
     }
@@ -1353,8 +1354,9 @@ fn finish_pooled(
     pid: Option<i32>,
     cg: &Path,
     limits: Limits,
+    told: Option<JobExit>,
 ) -> bool {
-    let exit = collect_exit(id, dir, pid, Some(cg));
+    let exit = exit_of(told, id, dir, pid, Some(cg));
     // Not after a kill through the cgroup (see `CgroupPool`), by whoever.
     let killed = cgroup::take_killed(cg);
     let clean = matches!(
@@ -1379,15 +1381,17 @@ async fn remove_cgroup(id: &str, cg: &Path) {
 }
 
 /// Finish a tracked, running job: at once where nothing is waited for (its
-/// cgroup goes back to the pool), else on its own task.
-fn spawn_finish(shared: &Arc<Shared>, id: &str) {
+/// cgroup goes back to the pool), else on its own task. `told`: the exit
+/// as the supervisor's `exit` line gave it (as it recorded it), else it is
+/// read from the record.
+fn spawn_finish(shared: &Arc<Shared>, id: &str, told: Option<JobExit>) {
     let info = shared
         .jobs()
         .get(id)
         .filter(|j| j.exit().is_none())
         .map(|j| (j.dir.clone(), j.pid, j.cgroup.clone(), j.slot.clone()));
     if let Some((dir, pid, Some(cg), Some(limits))) = &info {
-        if !finish_pooled(shared, id, dir, *pid, cg, limits.clone()) {
+        if !finish_pooled(shared, id, dir, *pid, cg, limits.clone(), told) {
             let (id, cg) = (id.to_owned(), cg.clone());
             tokio::spawn(async move { remove_cgroup(&id, &cg).await });
         }
@@ -1401,6 +1405,7 @@ fn spawn_finish(shared: &Arc<Shared>, id: &str) {
             pid,
             cgroup,
             slot,
+            told,
         ));
     }
 }
@@ -1563,7 +1568,18 @@ async fn read_link(
                     let _ = p.reply.send(Err(reason.unwrap_or("").to_owned()));
                 }
             }
-            (Some("exit"), Some(id), None) => spawn_finish(&shared, id),
+            // `exit ID JSON` (the exit as recorded: no read of the record
+            // per job), or `exit ID` from a supervisor older than that.
+            (Some("exit"), Some(id), told) => {
+                let told = told.and_then(|json| match serde_json::from_str::<JobExit>(json) {
+                    Ok(exit) => Some(exit),
+                    Err(e) => {
+                        tracing::warn!(job = id, error = %e, "an undecodable exit from the supervisor; reading the record");
+                        None
+                    }
+                });
+                spawn_finish(&shared, id, told);
+            }
             _ => tracing::warn!(line = %line, "unexpected line from the supervisor"),
         }
     }
@@ -1583,7 +1599,25 @@ async fn read_link(
         .map(|(id, _)| id.clone())
         .collect();
     for id in orphans {
-        spawn_finish(&shared, &id);
+        spawn_finish(&shared, &id, None);
+    }
+}
+
+/// `told` (the supervisor's copy of what it recorded) for job `id`, else
+/// [`collect_exit`].
+fn exit_of(
+    told: Option<JobExit>,
+    id: &str,
+    dir: &JobDir,
+    pid: Option<i32>,
+    cgroup: Option<&Path>,
+) -> JobExit {
+    match told {
+        Some(mut exit) => {
+            exit.id = id.to_owned();
+            exit
+        }
+        None => collect_exit(id, dir, pid, cgroup),
     }
 }
 

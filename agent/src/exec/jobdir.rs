@@ -236,9 +236,11 @@ impl RecordFile {
         self.append(&format!("job {pid} {starttime}"))
     }
 
-    /// Append `exit {..}`.
-    pub fn record_exit(&self, exit: &JobExit) -> Result<()> {
-        self.append(&format!("exit {}", json_line(&self.path, exit)?))
+    /// Append `exit {..}`; the JSON appended is returned.
+    pub fn record_exit(&self, exit: &JobExit) -> Result<String> {
+        let json = json_line(&self.path, exit)?;
+        self.append(&format!("exit {json}"))?;
+        Ok(json)
     }
 }
 

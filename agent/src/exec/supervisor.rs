@@ -39,8 +39,10 @@
 //! The executor talks to it over `<state_dir>/supervisor.sock`, a Unix
 //! stream of lines:
 //! - to the executor: `hello PID` when it connects; `ok ID PID` or
-//!   `err ID REASON` answering a start; `exit ID` once that job's exit is
-//!   in its `record`;
+//!   `err ID REASON` answering a start; `exit ID JSON` once that job's
+//!   exit is in its `record`, with the exit as recorded there (so the
+//!   executor need not read it back), or `exit ID` alone if recording it
+//!   failed (the executor reads the record and finds the job lost);
 //! - from the executor: `start ID` (the directory `jobs/ID` holds the
 //!   spec, written by the executor).
 //!
@@ -374,10 +376,13 @@ async fn job(sup: Arc<Sup>, id: String) {
     match launched {
         Ok(l) => {
             sup.send(format!("ok {id} {}\n", l.pid));
-            if let Err(e) = supervise(&sup, l).await {
-                diag(format_args!("job {id}: {e}"));
+            match supervise(&sup, l).await {
+                Ok(json) => sup.send(format!("exit {id} {json}\n")),
+                Err(e) => {
+                    diag(format_args!("job {id}: {e}"));
+                    sup.send(format!("exit {id}\n"));
+                }
             }
-            sup.send(format!("exit {id}\n"));
         }
         Err(e) => {
             let reason = match e {
@@ -475,7 +480,7 @@ fn start_failed(rec: &RecordFile, id: &str, e: ExecError) -> ExecError {
         other => other.to_string(),
     };
     match rec.record_exit(&JobExit::bare(id, JobOutcome::StartFailed(reason))) {
-        Ok(()) => e,
+        Ok(_) => e,
         Err(write) => write,
     }
 }
@@ -586,7 +591,7 @@ fn read_failed(e: &ExecError) -> bool {
 /// The shim's supervision loop for one job of many: the main process's
 /// status comes from the reaper, and the job has ended when its cgroup is
 /// empty.
-async fn supervise(sup: &Sup, mut l: Launched) -> Result<()> {
+async fn supervise(sup: &Sup, mut l: Launched) -> Result<String> {
     let job = &l.spec.job;
     let cg = l.spec.cgroup.clone();
     let procs = JobProcs {
