@@ -372,6 +372,8 @@ async fn metrics_endpoints_scrape_and_parse() -> Result<()> {
         ("dispatch_nodes", "gauge"),
         ("dispatch_placement_seconds", "histogram"),
         ("dispatch_placements_total", "counter"),
+        ("dispatch_store_commit_seconds", "histogram"),
+        ("dispatch_store_writes_total", "counter"),
         ("dispatch_steals_total", "counter"),
         ("dispatch_steal_failures_total", "counter"),
         ("dispatch_busy_skip_total", "counter"),
@@ -413,6 +415,18 @@ async fn metrics_endpoints_scrape_and_parse() -> Result<()> {
         Some(n)
     );
     assert!(e.get("dispatch_placement_seconds_sum", &[]).unwrap_or(-1.0) > 0.0);
+    // Commits were timed, and each job was written at least at its
+    // submission and at its end.
+    let commits = e
+        .get("dispatch_store_commit_seconds_count", &[])
+        .unwrap_or(0.0);
+    assert!(commits >= 1.0, "{commits} commits");
+    assert!(
+        e.get("dispatch_store_commit_seconds_sum", &[])
+            .unwrap_or(-1.0)
+            > 0.0
+    );
+    assert!(e.get("dispatch_store_writes_total", &[]).unwrap_or(0.0) >= 2.0 * n);
     // Steals by level, overload per rack, utilization per domain, lag.
     assert_eq!(
         e.label_values("dispatch_steals_total", "level"),

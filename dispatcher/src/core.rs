@@ -779,7 +779,11 @@ impl Core {
         let Some(release) = in_flight.take() else {
             return Ok(());
         };
-        if let Err(err) = self.store.wait() {
+        let waited = self.store.wait();
+        for s in self.store.take_stored() {
+            self.observers.stored(s.writes, s.seconds);
+        }
+        if let Err(err) = waited {
             let mut replies = release.replies;
             replies.append(current);
             return Err(self.store_failed(err, replies));

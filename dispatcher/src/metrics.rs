@@ -17,6 +17,8 @@
 //! | `dispatch_nodes` | gauge | `state` = ready / down / disconnected / draining / cordoned |
 //! | `dispatch_placement_seconds` | histogram | time the core spent placing a submitted job |
 //! | `dispatch_placements_total` | counter | jobs sent to a node (PENDING -> ASSIGNED) |
+//! | `dispatch_store_commit_seconds` | histogram | one batch's commit on the store's thread (its count: commits) |
+//! | `dispatch_store_writes_total` | counter | records handed to the store's commits |
 //! | `dispatch_steals_total` | counter | `level` = node (same host group) / rack / zone (cross-rack) |
 //! | `dispatch_steal_failures_total` | counter | |
 //! | `dispatch_busy_skip_total` | counter | |
@@ -55,6 +57,8 @@ pub struct Metrics {
     pub registry: Registry,
     placement_seconds: Histogram,
     placements: IntCounter,
+    commit_seconds: Histogram,
+    store_writes: IntCounter,
     leader: IntGauge,
     /// The cluster-sampled series, shared with the sampler thread.
     sampled: Arc<Sampled>,
@@ -179,6 +183,20 @@ impl Metrics {
             "dispatch_placements_total",
             "Jobs placed on a node and sent to its agent (PENDING -> ASSIGNED).",
         )?;
+        // The CPU per job follows the number of commits (each an fsync
+        // with the embedded store): the count and the time say how much
+        // each commit carried and cost.
+        let commit_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "dispatch_store_commit_seconds",
+                "Time one batch's commit took on the store's thread (encoding, B-tree or etcd round trip, fsync); its count is the number of commits.",
+            )
+            .buckets(prometheus::exponential_buckets(1e-5, 2.0, 16)?),
+        )?;
+        let store_writes = IntCounter::new(
+            "dispatch_store_writes_total",
+            "Records handed to the store's commits (job and node writes, before only each record's last write in a commit is kept).",
+        )?;
         let overload = IntGaugeVec::new(
             Opts::new(
                 "dispatch_overload_mask_weight",
@@ -209,6 +227,8 @@ impl Metrics {
         registry.register(Box::new(nodes.clone()))?;
         registry.register(Box::new(placement_seconds.clone()))?;
         registry.register(Box::new(placements.clone()))?;
+        registry.register(Box::new(commit_seconds.clone()))?;
+        registry.register(Box::new(store_writes.clone()))?;
         registry.register(Box::new(overload.clone()))?;
         registry.register(Box::new(utilization.clone()))?;
         registry.register(Box::new(heartbeat_lag.clone()))?;
@@ -217,6 +237,7 @@ impl Metrics {
         add_families(&mut families, &jobs, MetricType::GAUGE);
         add_families(&mut families, &nodes, MetricType::GAUGE);
         add_families(&mut families, &placements, MetricType::COUNTER);
+        add_families(&mut families, &store_writes, MetricType::COUNTER);
         add_families(&mut families, &overload, MetricType::GAUGE);
         add_families(&mut families, &utilization, MetricType::GAUGE);
         add_families(&mut families, &heartbeat_lag, MetricType::GAUGE);
@@ -239,6 +260,8 @@ impl Metrics {
             registry,
             placement_seconds,
             placements,
+            commit_seconds,
+            store_writes,
             leader,
             sampled,
             sampler: Handoff::new("dispatch-metrics", move |copy| on_sampler.apply(copy)),
@@ -543,6 +566,11 @@ impl Observer for Metrics {
 
     fn submitted(&self, jobs: usize, seconds: f64) {
         self.observe_submit(jobs, seconds);
+    }
+
+    fn stored(&self, writes: usize, seconds: f64) {
+        self.commit_seconds.observe(seconds);
+        self.store_writes.inc_by(writes as u64);
     }
 
     fn tick(&self, cluster: &Cluster, now_ms: i64) {

@@ -35,6 +35,12 @@ pub trait Observer: Send + Sync {
         let _ = (jobs, carrier);
     }
 
+    /// A batch's commit of `writes` writes took `seconds` on the store's
+    /// thread (reported when the core waits for it, before its release).
+    fn stored(&self, writes: usize, seconds: f64) {
+        let _ = (writes, seconds);
+    }
+
     /// The core's tick: sample or publish the cluster's state.
     fn tick(&self, cluster: &Cluster, now_ms: i64) {
         let _ = (cluster, now_ms);
@@ -112,6 +118,11 @@ impl Observers {
     /// See [`Observer::committed`].
     pub fn committed(&self, events: &[JobEvent]) {
         self.list.iter().for_each(|o| o.committed(events));
+    }
+
+    /// See [`Observer::stored`].
+    pub fn stored(&self, writes: usize, seconds: f64) {
+        self.list.iter().for_each(|o| o.stored(writes, seconds));
     }
 
     /// See [`Observer::moved`].

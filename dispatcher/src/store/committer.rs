@@ -18,9 +18,22 @@ use super::{Store, StoreError, Write};
 /// The store's thread and the one commit it may have in flight.
 pub struct Committer {
     writes: Option<mpsc::Sender<Vec<Write>>>,
-    done: mpsc::Receiver<Result<(), StoreError>>,
+    done: mpsc::Receiver<(Result<(), StoreError>, Stored)>,
     thread: Option<JoinHandle<()>>,
     in_flight: bool,
+    /// The commits waited for since [`Committer::take_stored`] last took
+    /// them.
+    stored: Vec<Stored>,
+}
+
+/// One commit as the store's thread timed it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stored {
+    /// Writes handed over (before only the last of each record is kept).
+    pub writes: usize,
+    /// Seconds `Store::commit` took (encoding, the B-tree or etcd's round
+    /// trip, the fsync).
+    pub seconds: f64,
 }
 
 fn gone() -> StoreError {
@@ -38,16 +51,21 @@ impl Committer {
                 for batch in batches {
                     let started = std::time::Instant::now();
                     let r = store.commit(&batch);
+                    let took = started.elapsed();
                     tracing::debug!(
                         target: "lat",
                         writes = batch.len(),
-                        us = started.elapsed().as_micros() as u64,
+                        us = took.as_micros() as u64,
                         "committed"
                     );
+                    let stored = Stored {
+                        writes: batch.len(),
+                        seconds: took.as_secs_f64(),
+                    };
                     // The records go back to the job table's sole ownership
                     // before the core hears of the result.
                     drop(batch);
-                    if results.send(r).is_err() {
+                    if results.send((r, stored)).is_err() {
                         return;
                     }
                     crate::idle::idle();
@@ -59,6 +77,7 @@ impl Committer {
             done,
             thread: Some(thread),
             in_flight: false,
+            stored: Vec::new(),
         })
     }
 
@@ -87,7 +106,15 @@ impl Committer {
         if !std::mem::take(&mut self.in_flight) {
             return Ok(());
         }
-        self.done.recv().map_err(|_| gone())?
+        let (r, stored) = self.done.recv().map_err(|_| gone())?;
+        self.stored.push(stored);
+        r
+    }
+
+    /// The commits waited for since the last call, oldest first (failed
+    /// ones too: their time was spent).
+    pub fn take_stored(&mut self) -> Vec<Stored> {
+        std::mem::take(&mut self.stored)
     }
 
     /// Commit `writes` and wait for it.
@@ -162,8 +189,17 @@ mod tests {
             *log.lock().unwrap(),
             vec![vec!["a".to_string()], vec!["b".into(), "c".into()], vec![]]
         );
+        // Each commit waited for is reported once, in order, with its writes.
+        let writes: Vec<usize> = c.take_stored().iter().map(|s| s.writes).collect();
+        assert_eq!(writes, [1, 2, 0]);
+        assert!(c.take_stored().is_empty());
         c.start(vec![put("bad")]).unwrap();
         assert!(matches!(c.wait(), Err(StoreError::Backend(_))));
+        assert_eq!(
+            c.take_stored().len(),
+            1,
+            "a failed commit's time counts too"
+        );
         // The records were let go of before the result came back.
         let job = Arc::new(
             JobRecord::from_proto(Job {
