@@ -197,23 +197,10 @@ pub(crate) struct RecordFile {
 impl RecordFile {
     /// What `record` says (read from its start: only before any append).
     pub fn read(&mut self) -> Result<Record> {
-        // Room for a usual spec line: one read, then the one saying EOF
-        // (by hand: `File::read_to_end` first asks for the size and the
-        // position, two more system calls per job).
-        let mut text = vec![0u8; 4096];
-        let mut len = 0;
-        loop {
-            if len == text.len() {
-                text.resize(len * 2, 0);
-            }
-            match io::Read::read(&mut self.file, &mut text[len..]) {
-                Ok(0) => break,
-                Ok(n) => len += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ExecError::io("read", &self.path, e)),
-            }
-        }
-        Ok(Record::parse(&text[..len]))
+        // Room for a usual spec line: one read, then the one saying EOF.
+        let text = super::read_to_end_plain(&mut self.file, 4096, false)
+            .map_err(|e| ExecError::io("read", &self.path, e))?;
+        Ok(Record::parse(&text))
     }
 
     /// Append one line in a single `write(2)`.

@@ -112,9 +112,21 @@ pub(crate) fn renameat2(from: &Path, to: &Path, flags: nix::libc::c_uint) -> std
 /// (`statx`, which procfs answers with 0) and reads until a read returns
 /// nothing: three more system calls, paid per job by the supervisor.
 pub(crate) fn read_line_file(path: &Path) -> std::io::Result<Vec<u8>> {
+    read_to_end_plain(&mut std::fs::File::open(path)?, 1024, true)
+}
+
+/// The rest of `file`, read into a buffer of `first` bytes (doubled when
+/// full) without `File::read_to_end`'s size query (a `statx`, and an
+/// `lseek` for the position). Until a read returns nothing, or, with
+/// `line_ends`, until a read leaves room and ends in a newline (see
+/// [`read_line_file`]).
+pub(crate) fn read_to_end_plain(
+    file: &mut std::fs::File,
+    first: usize,
+    line_ends: bool,
+) -> std::io::Result<Vec<u8>> {
     use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    let mut buf = vec![0u8; 1024];
+    let mut buf = vec![0u8; first.max(1)];
     let mut len = 0;
     loop {
         if len == buf.len() {
@@ -126,7 +138,7 @@ pub(crate) fn read_line_file(path: &Path) -> std::io::Result<Vec<u8>> {
             Err(e) => return Err(e),
         };
         len += n;
-        if n == 0 || (len < buf.len() && buf[len - 1] == b'\n') {
+        if n == 0 || (line_ends && len < buf.len() && buf[len - 1] == b'\n') {
             buf.truncate(len);
             return Ok(buf);
         }
