@@ -718,7 +718,9 @@ impl Core {
     /// watchers get (built now, with the pending reasons as the batch left
     /// the jobs), and each agent message with the stream its node had at
     /// the batch's end.
-    fn seal(&mut self, fx: Effects, replies: Vec<Deferred>, now: i64) -> Release {
+    fn seal(&mut self, mut fx: Effects, replies: Vec<Deferred>, now: i64) -> Release {
+        // An attempt assigned and taken back within the batch is not sent.
+        self.cluster.drop_taken_back_assigns(&mut fx);
         // The batch's job changes carry shared records: materialised here,
         // once, as the events observers and watchers get, and only when
         // someone gets them (a copy of every record each transition was a

@@ -410,8 +410,11 @@ impl World {
     }
 
     /// Commit a batch as the core does: store writes first, then agent
-    /// messages (dropped for nodes without an open stream).
-    fn commit(&mut self, fx: Effects) {
+    /// messages (dropped for nodes without an open stream, and the
+    /// Assigns of attempts the batch took back dropped, as the core's
+    /// `seal` does).
+    fn commit(&mut self, mut fx: Effects) {
+        self.cluster.drop_taken_back_assigns(&mut fx);
         if !fx.writes.is_empty() {
             self.store
                 .store

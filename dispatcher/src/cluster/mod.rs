@@ -291,6 +291,17 @@ impl ToAgent {
             ToAgent::Msg(_) => None,
         }
     }
+
+    /// The job and attempt an `Assign` (either form) sends.
+    fn assigned(&self) -> Option<(JobKey, u32)> {
+        match self {
+            ToAgent::Assign(job) => Some((job.key(), job.attempt)),
+            ToAgent::Msg(DispatcherMessage {
+                msg: Some(dispatcher_message::Msg::Assign(a)),
+            }) => Some((JobKey::parse(&a.job_id)?, a.attempt)),
+            ToAgent::Msg(_) => None,
+        }
+    }
 }
 
 impl From<DispatcherMessage> for ToAgent {
@@ -587,6 +598,29 @@ impl Cluster {
 
     // ------------------------------------------------------------------
     // Queries
+
+    /// Drops from `fx` every `Assign` whose attempt the same batch took
+    /// back: the job has ended, moved to a later attempt or to another
+    /// node since it was assigned. Say a load report placed a job on a
+    /// node that the same batch's tick then found overdue: its retry, or
+    /// its loss, and a `Cancel` of the attempt are in the batch too.
+    /// Nothing has been sent yet, so the agent is not made to start a
+    /// process only to kill it, and no message contradicts the state the
+    /// batch commits. The core calls it once per batch, before the
+    /// messages are released (one table lookup per `Assign`).
+    pub fn drop_taken_back_assigns(&self, fx: &mut Effects) {
+        fx.to_agents.retain(|(node, msg)| {
+            let Some((key, attempt)) = msg.assigned() else {
+                return true;
+            };
+            self.jobs.get(key).is_some_and(|e| {
+                let job = e.job();
+                job.attempt == attempt
+                    && job.node == *node
+                    && !matches!(e.phase(), Phase::Done { .. })
+            })
+        });
+    }
 
     /// One job by id.
     pub fn get_job(&self, id: &str) -> Result<Job, Status> {

@@ -944,6 +944,60 @@ fn retries_never_go_to_a_node_lost_in_the_same_tick() {
     assert_eq!(c.get_job("j-1").unwrap().attempt, 2);
 }
 
+/// A job placed on a node that the same batch's tick then finds overdue
+/// is taken back within the batch: its Assign is not sent (the core's
+/// `seal` drops it), only the Cancel of the attempt and the retry's
+/// Assign elsewhere. Without the drop the stalled node would be told to
+/// start the attempt the batch commits as lost.
+#[test]
+fn an_attempt_taken_back_in_its_batch_is_not_sent() {
+    let mut c = Cluster::new(ClusterConfig::default());
+    register(&mut c, "a", "1s:2c:1t", "z1", "r1", 0);
+    register(&mut c, "b", "1s:2c:1t", "z1", "r1", 0);
+    let mut fx = Effects::default();
+    c.submit(vec![job(2)], false, 1, &mut fx).unwrap();
+    let busy = c.get_job("j-1").unwrap().node;
+    let stalled = if busy == "a" { "b" } else { "a" };
+    // Only the busy node keeps reporting; the other stalls at 0.
+    for t in [1000, 2000, 3000] {
+        c.load_report(&busy, NodeLoad::default(), t, &mut Effects::default());
+    }
+    // One batch at 3500: a retried job and one that may not be retried
+    // go to the stalled node (the only one with room), then the tick
+    // finds it overdue and takes both back (the retry waits: no room).
+    let mut fx = Effects::default();
+    let retried = JobSpec {
+        retries: 1,
+        ..job(1)
+    };
+    c.submit(vec![retried, job(1)], false, 3500, &mut fx)
+        .unwrap();
+    assert_eq!(c.get_job("j-2").unwrap().node, stalled);
+    assert_eq!(c.get_job("j-3").unwrap().node, stalled);
+    c.load_report(&busy, NodeLoad::default(), 3500, &mut fx);
+    c.tick(3500, &mut fx);
+    assert_eq!(state_of(&c, "j-3"), JobState::Lost);
+    assert_eq!(c.get_job("j-2").unwrap().attempt, 2);
+    let before = assigns(&fx);
+    assert!(before.contains(&(stalled.to_string(), "j-3".to_string())));
+    c.drop_taken_back_assigns(&mut fx);
+    let sent: Vec<(String, String)> = assigns(&fx);
+    assert!(
+        sent.iter().all(|(node, _)| node != stalled),
+        "assigns to the lost node were sent: {sent:?}"
+    );
+    let cancelled: Vec<String> = fx
+        .to_agents
+        .iter()
+        .filter(|(n, _)| n.as_str() == stalled)
+        .filter_map(|(_, m)| match m.message().msg {
+            Some(dispatcher_message::Msg::Cancel(c)) => Some(c.job_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cancelled, vec!["j-2".to_string(), "j-3".to_string()]);
+}
+
 /// A job cancelled while its agent held it unstarted, then given back,
 /// ends CANCELLED and is never placed again.
 #[test]
