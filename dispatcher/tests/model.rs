@@ -882,8 +882,8 @@ fn run(oversubscribe: [u32; NODES], steps: &[Step], backing: Backing) -> Result<
 }
 
 proptest! {
+    // 256 cases, proptest's default; PROPTEST_CASES=N runs N (a soak).
     #![proptest_config(ProptestConfig {
-        cases: 256,
         max_shrink_iters: 4096,
         ..ProptestConfig::default()
     })]
