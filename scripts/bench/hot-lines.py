@@ -3,7 +3,7 @@
 path's L1i misses come from, and how many a tighter layout could save.
 
     valgrind --tool=callgrind --cache-sim=yes --dump-instr=yes \
-      --toggle-collect='placement::steady_ours' --callgrind-out-file=OUT \
+      --toggle-collect='placement::measured_ours' --callgrind-out-file=OUT \
       BIN --bench --nodes 1000 --batch 1
     objdump -d -C --no-show-raw-insn BIN > DIS
     scripts/bench/hot-lines.py OUT DIS OPS [ROWS]
