@@ -235,6 +235,15 @@ struct Args {
     /// Agents must report at least this often (milliseconds).
     #[arg(long, default_value_t = 1000)]
     heartbeat_ms: u64,
+    /// Threads of the async runtime, which serves the gRPC streams (their
+    /// decoding and encoding, the agents' heartbeats) and the RPC
+    /// handlers. 0 (the default): one per CPU less the two that the core's
+    /// and the store's threads keep busy, at least one. Workers beyond
+    /// the CPUs left only add wakeups across threads: on 2 CPUs one worker
+    /// gave 2-6% more jobs/s end to end than two (docs/BENCHMARKS.md,
+    /// "Session 29").
+    #[arg(long, env = "DISPATCH_WORKER_THREADS", default_value_t = 0)]
+    worker_threads: usize,
     /// Wipe period of wake_wide's flip records (milliseconds): a waker
     /// (a job named as `--waker`, else a user and group) that released more
     /// jobs within it than its rack has room for spreads them.
@@ -600,7 +609,12 @@ fn main() -> Result<()> {
     if let Err(err) = start_allocator_upkeep() {
         tracing::warn!(%err, "no allocator upkeep thread: freed memory is given back later");
     }
+    let workers = match args.worker_threads {
+        0 => default_workers(std::thread::available_parallelism().map_or(1, usize::from)),
+        n => n,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .on_thread_park(worker_parks)
         .on_thread_unpark(worker_unparks)
@@ -639,6 +653,12 @@ async fn serve_http(
                 .context("binding the web endpoint on 127.0.0.1")
         }
     }
+}
+
+/// The async runtime's workers on a machine of `cpus` CPUs: those the
+/// core's and the store's threads leave, at least one.
+fn default_workers(cpus: usize) -> usize {
+    cpus.saturating_sub(2).max(1)
 }
 
 fn init_logging(format: &str) {
@@ -910,6 +930,17 @@ async fn run(args: Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The core's and the store's threads keep a CPU each: the runtime
+    /// gets the rest, never none.
+    #[test]
+    fn the_runtime_gets_the_cpus_the_core_and_the_store_leave() {
+        assert_eq!(default_workers(1), 1);
+        assert_eq!(default_workers(2), 1);
+        assert_eq!(default_workers(3), 1);
+        assert_eq!(default_workers(4), 2);
+        assert_eq!(default_workers(64), 62);
+    }
 
     /// The constructor ran before the first arena: mimalloc reports the
     /// options as set (its defaults are 2, eager commit on Linux, and
