@@ -240,8 +240,8 @@ struct Args {
     /// handlers. 0 (the default): one per CPU less the two that the core's
     /// and the store's threads keep busy, at least one. Workers beyond
     /// the CPUs left only add wakeups across threads: on 2 CPUs one worker
-    /// gave 2-6% more jobs/s end to end than two (docs/BENCHMARKS.md,
-    /// "Session 29").
+    /// gave ~4% more jobs/s end to end than two, and 10,000 agents' submit
+    /// -> Assign p99 ~5 ms more (docs/BENCHMARKS.md, "Session 29").
     #[arg(long, env = "DISPATCH_WORKER_THREADS", default_value_t = 0)]
     worker_threads: usize,
     /// Wipe period of wake_wide's flip records (milliseconds): a waker
