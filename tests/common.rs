@@ -145,8 +145,10 @@ impl Proc {
     }
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
+impl Proc {
+    /// SIGTERM its group, SIGKILL it after 5 s, and reap it (what its
+    /// drop does; nothing if it is no longer running).
+    pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let pgid = Pid::from_raw(c.id() as i32);
             let _ = killpg(pgid, Signal::SIGTERM);
@@ -161,6 +163,12 @@ impl Drop for Proc {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -305,13 +313,30 @@ pub struct Agent {
 }
 
 impl Drop for Agent {
-    /// A live agent stops its jobs when its group gets SIGTERM (the
-    /// [`Proc`] drop); the shims of a SIGKILLed one run on by design, each
-    /// its own session, their jobs stopped once the lease ran out: end
-    /// every process of those job directories' shims.
+    /// A live agent stops its jobs when its group gets SIGTERM
+    /// ([`Proc::stop`]); the shims and the supervisor of a SIGKILLed one
+    /// (or of one that did not stop in time) run on by design, each its
+    /// own session, their jobs stopped once the lease ran out: end every
+    /// process of that state directory's shims. Then the cgroups the
+    /// agent made for its jobs go, the root with them
+    /// (`cgroup::state_dir_root` of its state directory: the agents
+    /// here get no `--cgroup-root`): an agent killed with jobs left
+    /// their cgroups behind, since only the next agent on the same state
+    /// directory removes them, and none comes in a test (each test run
+    /// left a few dozen). So an agent is dropped after any other agent
+    /// of its state directory that was started later (as declared in
+    /// the test, later values drop first).
     fn drop(&mut self) {
-        if self.proc.child.is_none() {
-            kill_shims_under(&self.state_dir);
+        self.proc.stop();
+        kill_shims_under(&self.state_dir);
+        if let Some(root) = agent::exec::cgroup::state_dir_root(&self.state_dir)
+            && let Err(e) = agent::exec::cgroup::remove_tree(&root, Duration::from_secs(5))
+        {
+            eprintln!(
+                "agent {}: its cgroups {} stay: {e}",
+                self.node,
+                root.display()
+            );
         }
     }
 }
@@ -378,7 +403,19 @@ impl Agent {
         extra: &[&str],
     ) -> Result<Self> {
         let machine = [OsStr::new("--topology"), OsStr::new(topology)];
-        Self::start_machine(dir, dispatcher_url, node, &machine, labels, extra)
+        Self::start_machine(dir, dispatcher_url, node, &machine, labels, extra, &[])
+    }
+
+    /// [`Agent::start`] with `env` (NAME, VALUE) added to its environment.
+    pub fn start_with_env(
+        dir: &Path,
+        dispatcher_url: &str,
+        node: &str,
+        topology: &str,
+        env: &[(&str, String)],
+    ) -> Result<Self> {
+        let machine = [OsStr::new("--topology"), OsStr::new(topology)];
+        Self::start_machine(dir, dispatcher_url, node, &machine, &[], &[], env)
     }
 
     /// [`Agent::start`] on the machine captured under `root` (its
@@ -393,7 +430,7 @@ impl Agent {
         extra: &[&str],
     ) -> Result<Self> {
         let machine = [OsStr::new("--sysfs-root"), root.as_os_str()];
-        Self::start_machine(dir, dispatcher_url, node, &machine, labels, extra)
+        Self::start_machine(dir, dispatcher_url, node, &machine, labels, extra, &[])
     }
 
     fn start_machine(
@@ -403,6 +440,7 @@ impl Agent {
         machine: &[&OsStr],
         labels: &[&str],
         extra: &[&str],
+        env: &[(&str, String)],
     ) -> Result<Self> {
         let mut cmd = Command::new(binary("agent"));
         cmd.arg("run")
@@ -421,6 +459,7 @@ impl Agent {
             cmd.arg("--label").arg(l);
         }
         cmd.args(extra);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         let log = dir.join(format!("agent-{node}-{}.log", now_nanos()));
         let proc = Proc::spawn(&format!("agent {node}"), cmd, log)?;
         Ok(Self {

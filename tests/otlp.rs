@@ -477,31 +477,29 @@ async fn spans_and_metrics_reach_an_otlp_receiver_and_placement_survives_its_los
 }
 
 /// An agent exporting over OTLP to `otlp_port`, configured by the standard
-/// environment alone (the dispatcher gets the flag), as `service`.
+/// environment alone (the dispatcher gets the flag), as `service`; and its
+/// log.
 fn start_agent(
     dir: &std::path::Path,
     dispatcher_url: &str,
     node: &str,
     otlp_port: u16,
     service: &str,
-) -> Result<(Group, std::path::PathBuf)> {
-    let log = dir.join(format!("agent-{node}.log"));
-    let mut cmd = Command::new(binary("agent"));
-    cmd.arg("run")
-        .arg("--dispatcher")
-        .arg(dispatcher_url)
-        .arg("--node-name")
-        .arg(node)
-        .arg("--state-dir")
-        .arg(dir.join(format!("agent-{node}")))
-        .arg("--topology")
-        .arg("1s:2c:2t")
-        .env(
+) -> Result<(Agent, std::path::PathBuf)> {
+    let env = [
+        (
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             format!("http://127.0.0.1:{otlp_port}"),
-        )
-        .env("OTEL_SERVICE_NAME", service);
-    Ok((spawn(cmd, &log)?, log))
+        ),
+        ("OTEL_SERVICE_NAME", service.to_owned()),
+        // As `spawn` sets them for the dispatcher.
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300".to_owned()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100".to_owned()),
+        ("OTEL_SDK_DISABLED", "false".to_owned()),
+    ];
+    let agent = Agent::start_with_env(dir, dispatcher_url, node, "1s:2c:2t", &env)?;
+    let log = agent.proc.log.clone();
+    Ok((agent, log))
 }
 
 fn hex(b: &[u8]) -> String {

@@ -1251,6 +1251,47 @@ fn supervisor_cgroup_root(test: &str) -> Option<PathBuf> {
     Some(root)
 }
 
+/// `cgroup::remove_tree` takes a whole tree of cgroups away, with a
+/// process still running two levels down: the process is killed, every
+/// cgroup is gone, and a second call (nothing left) is fine.
+#[test]
+fn a_cgroup_tree_goes_with_what_still_runs_in_it() {
+    use std::os::unix::process::ExitStatusExt;
+    let Some(root) = supervisor_cgroup_root("tree") else {
+        return;
+    };
+    let nested = root.join("slot-1").join("inner");
+    fs::create_dir_all(&nested).unwrap();
+    fs::create_dir(root.join("slot-0")).unwrap();
+    // Its own output, so that a failure here does not leave the test
+    // binary's pipes held open by a `sleep` for its whole length.
+    let mut child = std::process::Command::new("sleep")
+        .arg("1000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = i32::try_from(child.id()).unwrap();
+    // Killed on the way out should an assertion fail before the tree's
+    // removal did.
+    struct Reap(i32);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = kill(Pid::from_raw(self.0), Signal::SIGKILL);
+        }
+    }
+    let _reap = Reap(pid);
+    fs::write(nested.join("cgroup.procs"), pid.to_string()).unwrap();
+    let inside = fs::read_to_string(nested.join("cgroup.procs")).unwrap();
+    assert_eq!(inside.trim(), pid.to_string());
+
+    cgroup::remove_tree(&root, Duration::from_secs(10)).unwrap();
+    assert!(!root.exists(), "{} is left", root.display());
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(Signal::SIGKILL as i32), "{status:?}");
+    cgroup::remove_tree(&root, Duration::from_secs(1)).unwrap();
+}
+
 fn empty_or_gone(cgroup: &Path) -> bool {
     fs::read_to_string(cgroup.join("cgroup.procs")).map_or(true, |s| s.trim().is_empty())
 }

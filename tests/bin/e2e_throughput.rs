@@ -158,8 +158,12 @@ async fn main() -> Result<()> {
         println!("logs kept in {}", dir.keep().display());
     }
     for root in &cgroup_roots {
-        // The agents removed their jobs' cgroups; the root goes once empty.
-        let _ = std::fs::remove_dir(root);
+        // The agents removed their jobs' cgroups, and then this made
+        // root goes; whatever a late exit or a killed agent left goes
+        // with it.
+        if let Err(e) = agent::exec::cgroup::remove_tree(root, std::time::Duration::from_secs(5)) {
+            eprintln!("the cgroups {} stay: {e}", root.display());
+        }
     }
     if check {
         verify(&all, n)?;

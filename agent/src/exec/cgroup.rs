@@ -544,6 +544,72 @@ pub(crate) fn kill_all(cgroup: &Path) {
     }
 }
 
+/// Remove the cgroup `root` and every cgroup below it, killing whatever
+/// still runs in them, within `within`: for a harness or a tool that is
+/// done with a whole tree of job cgroups (an agent's root after the agent
+/// and its supervisor were killed), where the agent removes its jobs'
+/// cgroups one at a time ([`remove`]). One `cgroup.kill` of the root
+/// kills the whole subtree (else SIGKILL to each pid of each cgroup);
+/// then each cgroup, deepest first, is removed once the kernel has
+/// emptied it (`rmdir` says EBUSY until then: polled every 10 ms).
+/// Blocking. Gone already is fine; an error is the last one seen when
+/// `within` ran out (or any other than EBUSY at once).
+pub fn remove_tree(root: &Path, within: Duration) -> io::Result<()> {
+    if !root.exists() {
+        return Ok(());
+    }
+    let deadline = std::time::Instant::now() + within;
+    if write_file(&root.join("cgroup.kill"), "1").is_err() {
+        kill_each_pid_below(root);
+    }
+    remove_tree_by(root, deadline)
+}
+
+/// SIGKILL every pid of `dir`'s cgroup and of those below it (kernels
+/// without `cgroup.kill`).
+fn kill_each_pid_below(dir: &Path) {
+    for pid in procs(dir) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    for child in child_cgroups(dir) {
+        kill_each_pid_below(&child);
+    }
+}
+
+/// The cgroups directly below `dir` (none if it is unreadable or gone).
+fn child_cgroups(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+fn remove_tree_by(dir: &Path, deadline: std::time::Instant) -> io::Result<()> {
+    for child in child_cgroups(dir) {
+        remove_tree_by(&child, deadline)?;
+    }
+    loop {
+        match fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            // Processes still exiting (or, without `cgroup.kill`, one
+            // forked after the kill): once more, then wait for the kernel.
+            Err(e)
+                if e.raw_os_error() == Some(Errno::EBUSY as i32)
+                    && std::time::Instant::now() < deadline =>
+            {
+                kill_each_pid_below(dir);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Remove a job cgroup once its processes are gone, killing stragglers.
 /// Gone already is fine.
 pub(crate) async fn remove(cgroup: &Path) -> Result<()> {
