@@ -322,10 +322,11 @@ impl Drop for Agent {
     /// (`cgroup::state_dir_root` of its state directory: the agents
     /// here get no `--cgroup-root`): an agent killed with jobs left
     /// their cgroups behind, since only the next agent on the same state
-    /// directory removes them, and none comes in a test (each test run
-    /// left a few dozen). So an agent is dropped after any other agent
-    /// of its state directory that was started later (as declared in
-    /// the test, later values drop first).
+    /// directory removes them, and none comes in a test (each run of
+    /// the suite left four roots and eight slots). So an agent is
+    /// dropped after any other agent of its state directory that was
+    /// started later (as declared in the test, later values drop
+    /// first).
     fn drop(&mut self) {
         self.proc.stop();
         kill_shims_under(&self.state_dir);

@@ -158,9 +158,8 @@ async fn main() -> Result<()> {
         println!("logs kept in {}", dir.keep().display());
     }
     for root in &cgroup_roots {
-        // The agents removed their jobs' cgroups, and then this made
-        // root goes; whatever a late exit or a killed agent left goes
-        // with it.
+        // The agents removed their jobs' cgroups; the root this run made
+        // goes now, with whatever a late exit or a killed agent left.
         if let Err(e) = agent::exec::cgroup::remove_tree(root, std::time::Duration::from_secs(5)) {
             eprintln!("the cgroups {} stay: {e}", root.display());
         }
