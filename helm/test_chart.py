@@ -36,6 +36,9 @@ import time
 import unittest
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from loopback_ports import free_port  # noqa: E402
+
 import helm_python as helm
 import kubernetes_validate
 import yaml
@@ -561,11 +564,6 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(missing, {}, "flags the chart passes that the binaries do not have")
         self.assertEqual(checked, set(known), "a binary the chart never runs")
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def port_open(port: int) -> bool:

@@ -33,13 +33,15 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from loopback_ports import free_port  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 BIN_DIR: Path | None = None
@@ -111,11 +113,6 @@ def help_flags(argv0: str, help_args: list[str]) -> set[str]:
     out = subprocess.run([str(BIN_DIR / argv0), *help_args], check=True, capture_output=True, text=True).stdout
     return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def skip_outside_ci(test: unittest.TestCase, reason: str):
