@@ -1,8 +1,8 @@
 //! What the benchmarks read from `/proc`: a process's resident memory
 //! (`VmRSS` in `status`), CPU time (`utime + stime` in `stat`, and that of
 //! its reaped children), its children, the time spent runnable but
-//! waiting for a CPU (the run delay in each thread's `schedstat`), and the
-//! machine's load average.
+//! waiting for a CPU (the run delay in each thread's `schedstat`), the
+//! CPU time of its threads by name, and the machine's load average.
 
 use anyhow::{Context, Result, bail};
 
@@ -95,6 +95,31 @@ pub fn children(pid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// CPU seconds (user + system) of the threads of `pid` alive now, summed
+/// by thread name (`/proc/PID/task/TID/comm`: a dispatcher's
+/// `dispatch-core`, `dispatch-store`, its runtime's `tokio-rt-worker`s).
+/// A thread that ended took its time with it: read it while the threads
+/// of interest run, and compare two readings.
+pub fn threads_cpu(pid: u32) -> Result<std::collections::BTreeMap<String, f64>> {
+    let dir = format!("/proc/{pid}/task");
+    let hz = clock_ticks_per_second()?;
+    let mut by_name = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+        let task = entry?.path();
+        // A thread may end between the listing and the reads.
+        let (Ok(comm), Ok(stat)) = (
+            std::fs::read_to_string(task.join("comm")),
+            std::fs::read_to_string(task.join("stat")),
+        ) else {
+            continue;
+        };
+        if let Some(s) = parse_stat(&stat) {
+            *by_name.entry(comm.trim_end().to_string()).or_insert(0.0) += s.own as f64 / hz;
+        }
+    }
+    Ok(by_name)
+}
+
 /// Time the threads of `pid` alive now have spent waiting on a run queue
 /// (runnable, no CPU free), seconds: the second field of
 /// `/proc/PID/task/TID/schedstat`, in nanoseconds.
@@ -170,6 +195,26 @@ mod tests {
         let parent = std::os::unix::process::parent_id();
         assert!(children(parent).contains(&me));
         assert!(proc_cpu(me).unwrap().own >= 0.0);
+    }
+
+    #[test]
+    fn this_process_threads_are_read_by_name() {
+        let name = "procstat-probe";
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                ready_tx.send(()).unwrap();
+                let _ = stop_rx.recv();
+            })
+            .unwrap();
+        ready_rx.recv().unwrap();
+        let threads = threads_cpu(std::process::id()).unwrap();
+        stop_tx.send(()).unwrap();
+        t.join().unwrap();
+        assert!(threads.get(name).is_some_and(|&s| s >= 0.0), "{threads:?}");
+        assert!(threads.values().all(|&s| s >= 0.0));
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! phase, read from `/proc`: the dispatcher, the agents, their supervisors
 //! (or shims), the jobs themselves, and this client. The jobs' share is
 //! what the raw baseline pays too; the rest is the system's overhead.
+//! The dispatcher's share is split by thread (core, store, gRPC runtime).
 //!
 //! A second phase then submits open loop at half the end-to-end rate just
 //! measured (a batch every 10 ms, for `JOBS / 2` jobs) and prints the
@@ -82,6 +83,7 @@ async fn main() -> Result<()> {
     let mut jobs = d.jobs().await?;
     let agent_pids: Vec<u32> = agents.iter().map(|a| a.proc.pid()).collect();
     let cpu_before = RoleCpu::read(d.proc.pid(), &agent_pids)?;
+    let threads_before = procstat::threads_cpu(d.proc.pid())?;
     let start = Instant::now();
     for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
         let specs = chunk
@@ -97,6 +99,7 @@ async fn main() -> Result<()> {
     wait_none_unfinished(&mut jobs).await?;
     let total = start.elapsed();
     let cpu = RoleCpu::read(d.proc.pid(), &agent_pids)?.minus(&cpu_before);
+    let threads = procstat::threads_cpu(d.proc.pid())?;
     let all = all_jobs(&mut jobs).await?;
     anyhow::ensure!(
         all.iter().all(|j| is_terminal(j.state)),
@@ -132,6 +135,22 @@ async fn main() -> Result<()> {
         cpu.sum() / n as f64 * 1e6,
         100.0 * cpu.sum() / (num_cpus() as f64 * total.as_secs_f64()),
         num_cpus()
+    );
+    // Which of the dispatcher's threads pays: the core's (the job table,
+    // placement), the store's (the commits and their fsyncs) or the
+    // runtime's (gRPC).
+    let per_thread: Vec<String> = threads
+        .iter()
+        .map(|(name, &after)| {
+            let spent = after - threads_before.get(name).copied().unwrap_or(0.0);
+            (name, spent)
+        })
+        .filter(|&(_, spent)| spent > 0.0)
+        .map(|(name, spent)| format!("{name} {:.0}", spent / n as f64 * 1e6))
+        .collect();
+    println!(
+        "the dispatcher's CPU per job by thread, us: {}",
+        per_thread.join(", ")
     );
     println!("baseline, raw posix_spawn+wait of `true`, one at a time: {raw:.0} /s");
     println!(
