@@ -566,6 +566,15 @@ class ChartTest(unittest.TestCase):
 
 
 
+def head_and_tail(text: str, head: int = 1500, tail: int = 2000) -> str:
+    """A log for a failure message: its start and its end. A process that
+    exits with an error prints the error first and its backtrace after it:
+    the end alone once showed a backtrace without the error."""
+    if len(text) <= head + tail:
+        return text
+    return f"{text[:head]}\n[... {len(text) - head - tail} characters ...]\n{text[-tail:]}"
+
+
 def port_open(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
@@ -809,7 +818,7 @@ class ChartSystem:
         return False
 
     def log_text(self) -> str:
-        return "\n".join(f"--- {p.name}\n" + p.read_text()[-2000:] for p in sorted(Path(self.tmp).glob("*.log")))
+        return "\n".join(f"--- {p.name}\n" + head_and_tail(p.read_text()) for p in sorted(Path(self.tmp).glob("*.log")))
 
     def ctl(self, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
         run_env = self.env(self.agent, "agent") if env is None else env
@@ -998,6 +1007,28 @@ class ChartRuntimeTest(unittest.TestCase):
                 self.assertNotIn("impostor", nodes)
             finally:
                 system.stop()
+
+
+class HelpersTest(unittest.TestCase):
+    """The helpers the runtime tests lean on."""
+
+    def test_ports_are_distinct_bindable_and_outside_the_ephemeral_range(self):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        ports = [free_port() for _ in range(200)]
+        self.assertEqual(len(set(ports)), len(ports), "a port handed out twice")
+        if low - 10000 >= 1000:
+            self.assertTrue(all(10000 <= p < low for p in ports), ports)
+        for p in ports[:20]:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", p))
+
+    def test_a_long_log_keeps_its_start_and_its_end(self):
+        self.assertEqual(head_and_tail("short"), "short")
+        text = "Error: binding 127.0.0.1:1\n" + "x" * 5000 + "\nlast frame"
+        shown = head_and_tail(text)
+        self.assertTrue(shown.startswith("Error: binding"))
+        self.assertTrue(shown.endswith("last frame"))
+        self.assertLess(len(shown), len(text))
 
 
 if __name__ == "__main__":
