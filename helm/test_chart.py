@@ -565,7 +565,6 @@ class ChartTest(unittest.TestCase):
         self.assertEqual(checked, set(known), "a binary the chart never runs")
 
 
-
 def head_and_tail(text: str, head: int = 1500, tail: int = 2000) -> str:
     """A log for a failure message: its start and its end. A process that
     exits with an error prints the error first and its backtrace after it:

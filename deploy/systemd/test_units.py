@@ -114,7 +114,6 @@ def help_flags(argv0: str, help_args: list[str]) -> set[str]:
     return set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
 
 
-
 def skip_outside_ci(test: unittest.TestCase, reason: str):
     """Skip for lack of `reason` -- except in CI, which provides everything
     these checks need: there the missing prerequisite is a failure."""
