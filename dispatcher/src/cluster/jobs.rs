@@ -908,6 +908,25 @@ fn in_phase_at(
     }
 }
 
+/// Ask the CPU to load the cache lines of the `T` at `p` (a hint: it
+/// never faults, and is nothing on other architectures).
+#[inline]
+fn prefetch_lines<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let first = p as usize & !63;
+        let end = p as usize + std::mem::size_of::<T>();
+        for line in (first..end).step_by(64) {
+            // SAFETY: a prefetch is a hint that neither reads memory into
+            // the program nor faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(line as *const i8) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// `gpus` GPUs of a job leave `node` (`Jobs::gpus_by_node`).
 fn untake_gpus(gpus_by_node: &mut IdMap<String, u32>, node: &str, gpus: u32) {
     if let Some(n) = gpus_by_node.get_mut(node) {
@@ -1446,7 +1465,38 @@ impl Jobs {
             let t = self.done.back().map_or(k.0, |d| d.0.max(k.0));
             self.done.push_back((t, k.1));
         }
+        self.prefetch_records(&out);
         out
+    }
+
+    /// Start loading the records and specs of the jobs `keys` (the ones
+    /// [`Jobs::expired`] returns, which the caller removes and drops next)
+    /// into the cache, all of them before any is read: each job was last
+    /// touched when it ended, up to the retention's 100,000 jobs ago, so
+    /// each line is a miss; fetched one job after the other, each drop
+    /// waited for its record, then for its spec behind it. Issued together
+    /// the misses overlap. A hint only: nothing is read here but the
+    /// entries (which `expired` has just read) and each record's spec
+    /// pointer (a second pass, once the records' loads were issued).
+    fn prefetch_records(&self, keys: &[JobKey]) {
+        for key in keys {
+            if let Some(e) = self.table.get(key) {
+                prefetch_lines(Arc::as_ptr(&e.job));
+            }
+        }
+        for key in keys {
+            if let Some(spec) = self.table.get(key).and_then(|e| e.job.spec.as_ref()) {
+                prefetch_lines(Arc::as_ptr(spec));
+            }
+        }
+        for key in keys {
+            if let Some(spec) = self.table.get(key).and_then(|e| e.job.spec.as_ref()) {
+                prefetch_lines(spec.command.as_ptr());
+                for arg in spec.command.iter().take(4) {
+                    prefetch_lines(arg.as_ptr());
+                }
+            }
+        }
     }
 
     /// Forget a job: its record, its indexes and its engine task's
