@@ -1174,7 +1174,11 @@ impl Cluster {
         if r == super::Retention::KEEP_ALL {
             return;
         }
-        for key in self.jobs.expired(now, r.min_age_ms, r.max_done_jobs) {
+        let mut expired = self.jobs.expired(now, r.min_age_ms, r.max_done_jobs);
+        // In key order: each removal's search of the table's key order
+        // then starts a few places from the last one's (`slab::Order::search`).
+        expired.sort_unstable();
+        for key in expired {
             if self.jobs.remove(key).is_none() {
                 continue;
             }
