@@ -234,7 +234,8 @@ const DEAD: u32 = u32::MAX;
 
 /// Keys in order, each with its slot. A key larger than every key in
 /// `tail` (a new job's: keys grow) is appended there, and its removal is
-/// a binary search and a tombstone ([`DEAD`]; the tombstones are dropped
+/// a search from where the last one ended ([`Order::search`]) and a
+/// tombstone ([`DEAD`]; the tombstones are dropped
 /// when they outnumber the live entries by 64); any other key goes to
 /// the B-tree `rest` (a key restored out of order), or back into its own
 /// tombstone. Reads merge the two, which never share a live key.
