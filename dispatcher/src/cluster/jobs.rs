@@ -1475,26 +1475,26 @@ impl Jobs {
     /// touched when it ended, up to the retention's 100,000 jobs ago, so
     /// each line is a miss; fetched one job after the other, each drop
     /// waited for its record, then for its spec behind it. Issued together
-    /// the misses overlap. A hint only: nothing is read here but the
-    /// entries (which `expired` has just read) and each record's spec
-    /// pointer (a second pass, once the records' loads were issued).
+    /// the misses overlap. A hint only; what is read here is what the
+    /// next pass needs the address from: the entries (which `expired` has
+    /// just read), then each record's spec pointer, then each spec's
+    /// command line, each pass once the previous one's loads were issued.
     fn prefetch_records(&self, keys: &[JobKey]) {
-        for key in keys {
-            if let Some(e) = self.table.get(key) {
-                prefetch_lines(Arc::as_ptr(&e.job));
-            }
+        let entries: Vec<&JobEntry> = keys.iter().filter_map(|k| self.table.get(k)).collect();
+        for e in &entries {
+            prefetch_lines(Arc::as_ptr(&e.job));
         }
-        for key in keys {
-            if let Some(spec) = self.table.get(key).and_then(|e| e.job.spec.as_ref()) {
+        for e in &entries {
+            if let Some(spec) = &e.job.spec {
                 prefetch_lines(Arc::as_ptr(spec));
             }
         }
-        for key in keys {
-            if let Some(spec) = self.table.get(key).and_then(|e| e.job.spec.as_ref()) {
-                prefetch_lines(spec.command.as_ptr());
-                for arg in spec.command.iter().take(4) {
-                    prefetch_lines(arg.as_ptr());
-                }
+        for spec in entries.iter().filter_map(|e| e.job.spec.as_ref()) {
+            prefetch_lines(spec.command.as_ptr());
+            // The first arguments' bytes (a job's command has a few; the
+            // rest, if any, miss as before).
+            for arg in spec.command.iter().take(4) {
+                prefetch_lines(arg.as_ptr());
             }
         }
     }
