@@ -1465,12 +1465,11 @@ impl Jobs {
             let t = self.done.back().map_or(k.0, |d| d.0.max(k.0));
             self.done.push_back((t, k.1));
         }
-        self.prefetch_records(&out);
         out
     }
 
     /// Start loading the records and specs of the jobs `keys` (the ones
-    /// [`Jobs::expired`] returns, which the caller removes and drops next)
+    /// [`Jobs::expired`] returned, which the caller removes and drops next)
     /// into the cache, all of them before any is read: each job was last
     /// touched when it ended, up to the retention's 100,000 jobs ago, so
     /// each line is a miss; fetched one job after the other, each drop
@@ -1479,7 +1478,7 @@ impl Jobs {
     /// next pass needs the address from: the entries (which `expired` has
     /// just read), then each record's spec pointer, then each spec's
     /// command line, each pass once the previous one's loads were issued.
-    fn prefetch_records(&self, keys: &[JobKey]) {
+    pub fn prefetch_records(&self, keys: &[JobKey]) {
         let entries: Vec<&JobEntry> = keys.iter().filter_map(|k| self.table.get(k)).collect();
         for e in &entries {
             prefetch_lines(Arc::as_ptr(&e.job));

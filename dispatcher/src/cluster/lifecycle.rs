@@ -1175,6 +1175,9 @@ impl Cluster {
             return;
         }
         let mut expired = self.jobs.expired(now, r.min_age_ms, r.max_done_jobs);
+        // Their records were last touched when they ended: their loads
+        // issued together, before the drops below read any.
+        self.jobs.prefetch_records(&expired);
         // In key order: each removal's search of the table's key order
         // then starts a few places from the last one's (`slab::Order::search`).
         expired.sort_unstable();
