@@ -26,7 +26,8 @@
 //! `cargo bench -p dispatcher --bench placement` prints the table
 //! (`-- --nodes 10000`: one size only, for profiling; `-- --batch K`: one
 //! batch size only; `-- --ops N`: N measured ops per size, for steadier
-//! wall-clock figures). Under
+//! wall-clock figures; `-- --tick-rounds N`: the retention every N
+//! rounds, see [`TICK_ROUNDS`]). Under
 //! `cargo test` (no `--bench` argument), or with `--check`, it runs the same
 //! loops at a small size in check mode: after every step both sides verify
 //! their results against an account the bench keeps itself (see
@@ -80,7 +81,10 @@ const NODE_CPUS: u32 = 32;
 /// The bench's clock: one round (one submission and its finishes) is 1 ms.
 /// `TICK_ROUNDS` is the core's tick period on it (the dispatcher ticks
 /// every heartbeat interval / 2, 500 ms by default); check mode ticks
-/// more often, so that its short run forgets jobs many times.
+/// more often, so that its short run forgets jobs many times. The
+/// bench's `--tick-rounds N` sets it: a dispatcher at 50,000 jobs/s ends
+/// ~25,000 jobs between two ticks, and its retention forgets as many at
+/// once (`--tick-rounds 25000`).
 const TICK_ROUNDS: usize = 500;
 const CHECK_TICK_ROUNDS: usize = 25;
 
@@ -242,14 +246,20 @@ struct Rounds {
 
 /// Ours: returns decisions per second over `ops` submits (a multiple of
 /// `batch`), and the set-up's seconds (the warm-up included).
-fn run_ours(nodes: usize, ops: usize, batch: usize, check: &mut Check) -> (f64, f64) {
+fn run_ours(
+    nodes: usize,
+    ops: usize,
+    batch: usize,
+    tick_rounds: Option<usize>,
+    check: &mut Check,
+) -> (f64, f64) {
     let t0 = Instant::now();
     let (max_done, tick) = if check.on {
-        (CHECK_MAX_DONE, CHECK_TICK_ROUNDS)
+        (CHECK_MAX_DONE, tick_rounds.unwrap_or(CHECK_TICK_ROUNDS))
     } else {
         (
             dispatcher::cluster::Retention::default().max_done_jobs,
-            TICK_ROUNDS,
+            tick_rounds.unwrap_or(TICK_ROUNDS),
         )
     };
     let mut c = cluster(nodes, max_done);
@@ -498,6 +508,9 @@ fn main() {
     // `--ops N`: N measured ops per size instead of the table's (longer
     // runs for steadier wall-clock figures on a noisy machine).
     let ops_override = arg("--ops");
+    // `--tick-rounds N`: the retention runs every N rounds instead of
+    // `TICK_ROUNDS` (see there).
+    let tick_rounds = arg("--tick-rounds").map(|n| n.max(1));
     // `--batch K`: only that batch size. The table has one job at a time
     // and batches of 16 (see `steady_ours`).
     let batches = match arg("--batch") {
@@ -521,7 +534,7 @@ fn main() {
     for &(nodes, ops) in sizes.iter().filter(|s| only.is_none_or(|n| n == s.0)) {
         for &batch in &batches {
             let ops = ops_override.unwrap_or(ops).div_ceil(batch) * batch;
-            let (ours, setup) = run_ours(nodes, ops, batch, &mut check);
+            let (ours, setup) = run_ours(nodes, ops, batch, tick_rounds, &mut check);
             let base = run_least_loaded(nodes, ops, batch, !bench);
             println!(
                 "{nodes:>8} {batch:>6} {ours:>14.0} {base:>16.0} {:>12.2} {setup:>10.2}",
