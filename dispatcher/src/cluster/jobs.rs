@@ -908,6 +908,12 @@ fn in_phase_at(
     }
 }
 
+/// Jobs whose lines [`Jobs::prefetch_records`] requests together: ~13
+/// lines each (record, spec, command line), so that a window being
+/// dropped and the next one being fetched (~50 KB) stay in the cache
+/// between their loads and their drops.
+pub const PREFETCH_WINDOW: usize = 32;
+
 /// Ask the CPU to load the cache lines of the `T` at `p` (a hint: it
 /// never faults, and is nothing on other architectures).
 #[inline]
@@ -1470,30 +1476,39 @@ impl Jobs {
 
     /// Start loading the records and specs of the jobs `keys` (the ones
     /// [`Jobs::expired`] returned, which the caller removes and drops next)
-    /// into the cache, all of them before any is read: each job was last
-    /// touched when it ended, up to the retention's 100,000 jobs ago, so
-    /// each line is a miss; fetched one job after the other, each drop
-    /// waited for its record, then for its spec behind it. Issued together
-    /// the misses overlap. A hint only; what is read here is what the
-    /// next pass needs the address from: the entries (which `expired` has
-    /// just read), then each record's spec pointer, then each spec's
-    /// command line, each pass once the previous one's loads were issued.
+    /// into the cache, a window's worth at a time ([`PREFETCH_WINDOW`]
+    /// keys; the caller hands over one window while it drops the one
+    /// before). Each job was last touched when it ended, up to the
+    /// retention's 100,000 jobs ago, so each line is a miss; fetched one
+    /// job after the other, each drop waited for its record, then for its
+    /// spec behind it. Issued together the misses overlap. A hint only;
+    /// what is read here is what the next pass needs the address from:
+    /// the entries (which `expired` has just read), then each record's
+    /// spec pointer, then each spec's command line, each pass once the
+    /// previous one's loads were issued.
     pub fn prefetch_records(&self, keys: &[JobKey]) {
-        let entries: Vec<&JobEntry> = keys.iter().filter_map(|k| self.table.get(k)).collect();
-        for e in &entries {
-            prefetch_lines(Arc::as_ptr(&e.job));
-        }
-        for e in &entries {
-            if let Some(spec) = &e.job.spec {
-                prefetch_lines(Arc::as_ptr(spec));
+        for keys in keys.chunks(PREFETCH_WINDOW) {
+            // Looked up once for the three passes, without allocating.
+            let mut found: [Option<&JobEntry>; PREFETCH_WINDOW] = [None; PREFETCH_WINDOW];
+            for (e, k) in found.iter_mut().zip(keys) {
+                *e = self.table.get(k);
             }
-        }
-        for spec in entries.iter().filter_map(|e| e.job.spec.as_ref()) {
-            prefetch_lines(spec.command.as_ptr());
-            // The first arguments' bytes (a job's command has a few; the
-            // rest, if any, miss as before).
-            for arg in spec.command.iter().take(4) {
-                prefetch_lines(arg.as_ptr());
+            let entries = || found.iter().flatten();
+            for e in entries() {
+                prefetch_lines(Arc::as_ptr(&e.job));
+            }
+            for e in entries() {
+                if let Some(spec) = &e.job.spec {
+                    prefetch_lines(Arc::as_ptr(spec));
+                }
+            }
+            for spec in entries().filter_map(|e| e.job.spec.as_ref()) {
+                prefetch_lines(spec.command.as_ptr());
+                // The first arguments' bytes (a job's command has a few;
+                // the rest, if any, miss as before).
+                for arg in spec.command.iter().take(4) {
+                    prefetch_lines(arg.as_ptr());
+                }
             }
         }
     }

@@ -17,7 +17,9 @@ use sched::{LeafId, LeafSet, TaskId, TaskSpec, TaskState};
 use tonic::Status;
 
 use super::engine::engine_ns;
-use super::jobs::{End, JobEntry, JobKey, NodeName, Phase, Requeue, StealLevel, Unplaced, Via};
+use super::jobs::{
+    End, JobEntry, JobKey, NodeName, PREFETCH_WINDOW, Phase, Requeue, StealLevel, Unplaced, Via,
+};
 use super::load::PackedLoad;
 use super::nodes::{NodeInfo, NodeSlot};
 use super::steal::{Move, MoveKind};
@@ -1175,20 +1177,37 @@ impl Cluster {
             return;
         }
         let mut expired = self.jobs.expired(now, r.min_age_ms, r.max_done_jobs);
-        // Their records were last touched when they ended: their loads
-        // issued together, before the drops below read any.
-        self.jobs.prefetch_records(&expired);
         // In key order: each removal's search of the table's key order
         // then starts a few places from the last one's (`slab::Order::search`).
         expired.sort_unstable();
-        for key in expired {
-            if self.jobs.remove(key).is_none() {
-                continue;
+        // Their records were last touched when they ended: the loads of
+        // a window of them are issued together, while the window before
+        // is dropped, so that the misses overlap with each other and with
+        // the drops. A window, not the whole tick's: a dispatcher at
+        // 50,000 jobs/s forgets ~25,000 a tick, whose lines, fetched at
+        // once, would push each other out of the cache before their drop.
+        let mut windows = expired.chunks(PREFETCH_WINDOW).peekable();
+        if let Some(first) = windows.peek() {
+            self.jobs.prefetch_records(first);
+        }
+        while let Some(window) = windows.next() {
+            if let Some(next) = windows.peek() {
+                self.jobs.prefetch_records(next);
             }
-            fx.writes.push(Write::DeleteJob(key.to_string()));
-            if !key.is_single() && self.jobs.elements(key.array()).next().is_none() {
-                self.gangs.remove(key.number());
+            for &key in window {
+                self.retire_one(key, fx);
             }
+        }
+    }
+
+    /// Forget the done job `key` (one of [`Cluster::retire_done`]'s).
+    fn retire_one(&mut self, key: JobKey, fx: &mut Effects) {
+        if self.jobs.remove(key).is_none() {
+            return;
+        }
+        fx.writes.push(Write::DeleteJob(key.to_string()));
+        if !key.is_single() && self.jobs.elements(key.array()).next().is_none() {
+            self.gangs.remove(key.number());
         }
     }
 

@@ -151,6 +151,61 @@ fn beyond_the_cap_the_jobs_that_ended_first_go_first() {
     c.check().unwrap();
 }
 
+/// One tick forgets more jobs than [`jobs::PREFETCH_WINDOW`], in windows
+/// (the loads of one issued while the one before is dropped): every job
+/// beyond the cap goes, once, and none other, whatever the order they
+/// ended in (not their keys').
+#[test]
+fn a_tick_forgets_all_its_jobs_across_the_prefetch_windows() {
+    let kept = 5;
+    let mut c = Cluster::new(ClusterConfig {
+        retention: Retention {
+            min_age_ms: 1_000_000,
+            max_done_jobs: kept,
+        },
+        ..ClusterConfig::default()
+    });
+    // 80 CPUs: every job runs.
+    node_in_rack(&mut c, "a", "2s:20c:2t", "r1");
+    let n = 2 * jobs::PREFETCH_WINDOW + 13;
+    let mut fx = Effects::default();
+    c.submit(vec![one_cpu(); n], false, 1, &mut fx).unwrap();
+    // Ended in an order unlike their keys': j-6, j-11, ... (5 is prime
+    // to n, so each job once).
+    assert_ne!(n % 5, 0);
+    let order: Vec<usize> = (1..=n).map(|i| i * 5 % n + 1).collect();
+    for (t, &j) in order.iter().enumerate() {
+        finish_on(&mut c, "a", &format!("j-{j}"), 100 + t as i64);
+    }
+    let mut fx = Effects::default();
+    c.tick(10_000, &mut fx);
+    let mut deleted: Vec<String> = fx
+        .writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::DeleteJob(id) => Some(id.clone()),
+            _ => None,
+        })
+        .collect();
+    // The first to end go; the last `kept` to end stay.
+    let mut expected: Vec<String> = order[..n - kept].iter().map(|j| format!("j-{j}")).collect();
+    deleted.sort();
+    expected.sort();
+    assert_eq!(deleted, expected);
+    for &j in &order[..n - kept] {
+        assert_eq!(found(&c, &format!("j-{j}")), None, "j-{j}");
+    }
+    for &j in &order[n - kept..] {
+        assert_eq!(
+            found(&c, &format!("j-{j}")),
+            Some(JobState::Succeeded),
+            "j-{j}"
+        );
+    }
+    assert_eq!(c.nr_jobs(), kept);
+    c.check().unwrap();
+}
+
 #[test]
 fn keep_all_keeps_every_job_and_tracks_none() {
     let mut c = Cluster::new(ClusterConfig {
