@@ -21,8 +21,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     // prost's codec with small first buffers (src/codec.rs): an agent's
     // stream keeps its codec buffers for the agent's life.
+    // `Assign` is declared by hand (src/assign.rs): its spec is shared,
+    // so that the dispatcher does not copy a job's spec to send it.
     tonic_prost_build::configure()
         .codec_path("crate::codec::SmallBuffers")
+        .extern_path(".dispatch.v1.Assign", "crate::assign::Assign")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -45,7 +45,7 @@ use anyhow::{Context, Result};
 use proto::v1::agent_service_client::AgentServiceClient;
 use proto::v1::{
     AgentMessage, CpuLoad, DispatcherMessage, JobSpec, JobState, JobStatus, LoadReport, LogData,
-    LogRequest, LogStream, NodeLoad, Register, StatusBatch, StealReply, agent_message,
+    LogRequest, LogStream, NodeLoad, Register, SharedSpec, StatusBatch, StealReply, agent_message,
     dispatcher_message,
 };
 use sched::{Align, Policy};
@@ -1125,7 +1125,8 @@ async fn session(
                 };
                 match msg {
                     dispatcher_message::Msg::Assign(a) => {
-                        let spec = a.spec.unwrap_or_default();
+                        // Decoded: the message's own spec, no copy.
+                        let spec = a.spec.map(SharedSpec::into_inner).unwrap_or_default();
                         agent.on_assign(a.job_id, a.attempt, spec, a.owner, &a.trace_context);
                     }
                     dispatcher_message::Msg::Cancel(c) => agent.on_cancel(&c.job_id, c.attempt),

@@ -160,11 +160,14 @@ fn assign(id: &str, command: &[&str]) -> DispatcherMessage {
         msg: Some(dispatcher_message::Msg::Assign(Assign {
             job_id: id.to_string(),
             attempt: 1,
-            spec: Some(JobSpec {
-                command: command.iter().map(|s| s.to_string()).collect(),
-                cpus: 1,
-                ..Default::default()
-            }),
+            spec: Some(
+                JobSpec {
+                    command: command.iter().map(|s| s.to_string()).collect(),
+                    cpus: 1,
+                    ..Default::default()
+                }
+                .into(),
+            ),
             ..Default::default()
         })),
     }

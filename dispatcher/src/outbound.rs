@@ -16,8 +16,9 @@
 //! The core queues a plain job's `Assign` as the job's shared record
 //! ([`ToAgent::Assign`], [`AgentTx::send_to_agent`]); the proto is built
 //! where the stream reads it, on the stream's task: the core thread, the
-//! dispatcher's bottleneck, does not copy the spec, the id and the owner
-//! at every start.
+//! dispatcher's bottleneck, does not write the id and the owner at every
+//! start. The spec is not copied at all: the proto's `Assign` shares the
+//! record's (`proto::assign::SharedSpec`).
 //!
 //! An AttachMany stream (a relay's, many nodes) has one queue for all its
 //! nodes: each node's [`AgentTx`] is a clone of the stream's sender
@@ -388,7 +389,7 @@ mod tests {
         let want = Assign {
             job_id: "j-7".into(),
             attempt: 1,
-            spec: Some(spec),
+            spec: Some(spec.into()),
             owner: "bob".into(),
             trace_context: carrier,
         };

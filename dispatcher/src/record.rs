@@ -27,7 +27,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use proto::v1::{Assign, DispatcherMessage, Job, JobSpec, dispatcher_message};
+use proto::v1::{Assign, DispatcherMessage, Job, JobSpec, SharedSpec, dispatcher_message};
 
 /// A job's id as an ordered key: `j-12` is `(12, 0)`, element 3 of array
 /// `j-12` (`j-12.3`) is `(12, 4)`. The only place that reads or writes the
@@ -680,15 +680,16 @@ impl JobRecord {
         self.key.id_text(&mut [0; ID_MAX]).to_string()
     }
 
-    /// The `Assign` of its current attempt: its id, attempt, spec and
-    /// owner. The trace context is filled in by whoever sends it (the
+    /// The `Assign` of its current attempt: its id, attempt, spec (the
+    /// record's, shared) and owner. The trace context is filled in by whoever sends it (the
     /// core, from the job's telemetry; the cluster does no tracing).
     pub fn assign(&self) -> DispatcherMessage {
         DispatcherMessage {
             msg: Some(dispatcher_message::Msg::Assign(Assign {
                 job_id: self.id(),
                 attempt: self.attempt,
-                spec: self.spec().cloned(),
+                // Shared with the record, not copied.
+                spec: self.spec.clone().map(SharedSpec),
                 owner: self.owner.to_string(),
                 ..Default::default()
             })),

@@ -4,10 +4,12 @@
 //! clients' TLS and bearer-token setup; [`endpoints`]: finding the leading
 //! dispatcher among replicas; [`pending`]: the names of the pending
 //! reasons' kinds; [`codec`]: the generated services' codec (prost's,
-//! with small first buffers). It does not depend on the engine (`sched`):
+//! with small first buffers); [`assign`]: `Assign`, declared by hand so
+//! that its spec is shared. It does not depend on the engine (`sched`):
 //! conversions to and from the engine's types are `dispatch-engine-proto`'s,
 //! so clients such as `dispatchctl` never compile the engine.
 
+pub mod assign;
 pub mod client_security;
 pub mod codec;
 pub mod endpoints;
@@ -18,6 +20,7 @@ pub mod pending;
 #[allow(clippy::large_enum_variant)] // generated oneofs; boxing would change the API
 pub mod v1 {
     tonic::include_proto!("dispatch.v1");
+    pub use crate::assign::{Assign, SharedSpec};
 }
 
 /// The encoded `FileDescriptorSet` of `dispatch.v1`, for server reflection.

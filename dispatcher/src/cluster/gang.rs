@@ -347,6 +347,8 @@ impl Cluster {
                 ("DISPATCH_GANG_SIZE", job.gang_size.to_string()),
                 ("DISPATCH_GANG_NODES", nodes.join(",")),
             ];
+            // The member's own copy of the gang's spec, with its env.
+            let spec = spec.make_mut();
             for (k, v) in env {
                 spec.env.insert(k.to_string(), v);
             }

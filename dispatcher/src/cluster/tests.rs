@@ -1166,7 +1166,7 @@ fn an_assign_sends_the_attempt_its_start_made() {
     let first = proto::v1::Assign {
         job_id: "j-1".into(),
         attempt: 1,
-        spec: Some(retried),
+        spec: Some(retried.into()),
         owner: "alice".into(),
         ..Default::default()
     };

@@ -698,12 +698,15 @@ mod tests {
         proto::v1::Assign {
             job_id: id.into(),
             attempt: 1,
-            spec: Some(proto::v1::JobSpec {
-                command: vec!["sleep".into(), secs.into()],
-                cpus,
-                env: [(SUBMIT_ENV.to_string(), "0".to_string())].into(),
-                ..Default::default()
-            }),
+            spec: Some(
+                proto::v1::JobSpec {
+                    command: vec!["sleep".into(), secs.into()],
+                    cpus,
+                    env: [(SUBMIT_ENV.to_string(), "0".to_string())].into(),
+                    ..Default::default()
+                }
+                .into(),
+            ),
             ..Default::default()
         }
     }
