@@ -33,6 +33,17 @@ fn commit(store: &mut EmbeddedStore, fx: Effects) {
     store.commit(&fx.writes).unwrap();
 }
 
+/// The ids of the jobs `fx` deletes from the store, in its order.
+fn deleted(fx: &Effects) -> Vec<&str> {
+    fx.writes
+        .iter()
+        .filter_map(|w| match w {
+            Write::DeleteJob(id) => Some(id.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn found(c: &Cluster, id: &str) -> Option<JobState> {
     c.get_job(id)
         .ok()
@@ -137,15 +148,7 @@ fn beyond_the_cap_the_jobs_that_ended_first_go_first() {
     finish_on(&mut c, "a", "j-1", 300);
     let mut fx = Effects::default();
     c.tick(400, &mut fx);
-    let deleted: Vec<&str> = fx
-        .writes
-        .iter()
-        .filter_map(|w| match w {
-            Write::DeleteJob(id) => Some(id.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(deleted, ["j-2"]);
+    assert_eq!(deleted(&fx), ["j-2"]);
     assert_eq!(found(&c, "j-3"), Some(JobState::Succeeded));
     assert_eq!(found(&c, "j-1"), Some(JobState::Succeeded));
     c.check().unwrap();
@@ -179,14 +182,7 @@ fn a_tick_forgets_all_its_jobs_across_the_prefetch_windows() {
     }
     let mut fx = Effects::default();
     c.tick(10_000, &mut fx);
-    let mut deleted: Vec<String> = fx
-        .writes
-        .iter()
-        .filter_map(|w| match w {
-            Write::DeleteJob(id) => Some(id.clone()),
-            _ => None,
-        })
-        .collect();
+    let mut deleted = deleted(&fx);
     // The first to end go; the last `kept` to end stay.
     let mut expected: Vec<String> = order[..n - kept].iter().map(|j| format!("j-{j}")).collect();
     deleted.sort();
