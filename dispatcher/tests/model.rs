@@ -198,8 +198,8 @@ impl StoreImage {
                 Write::PutJob(job) => {
                     self.jobs.insert(job.id(), job.to_proto());
                 }
-                Write::DeleteJob(id) => {
-                    self.jobs.remove(id);
+                Write::DeleteJob(key) => {
+                    self.jobs.remove(&key.to_string());
                 }
                 Write::PutNodeAdmin(name, admin) => {
                     self.node_admin.insert(name.clone(), *admin);

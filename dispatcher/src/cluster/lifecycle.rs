@@ -1205,7 +1205,7 @@ impl Cluster {
         if self.jobs.remove(key).is_none() {
             return;
         }
-        fx.writes.push(Write::DeleteJob(key.to_string()));
+        fx.writes.push(Write::DeleteJob(key));
         if !key.is_single() && self.jobs.elements(key.array()).next().is_none() {
             self.gangs.remove(key.number());
         }

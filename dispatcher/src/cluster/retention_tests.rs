@@ -34,11 +34,11 @@ fn commit(store: &mut EmbeddedStore, fx: Effects) {
 }
 
 /// The ids of the jobs `fx` deletes from the store, in its order.
-fn deleted(fx: &Effects) -> Vec<&str> {
+fn deleted(fx: &Effects) -> Vec<String> {
     fx.writes
         .iter()
         .filter_map(|w| match w {
-            Write::DeleteJob(id) => Some(id.as_str()),
+            Write::DeleteJob(key) => Some(key.to_string()),
             _ => None,
         })
         .collect()
@@ -81,7 +81,7 @@ fn terminal_jobs_are_kept_for_their_retention_then_forgotten_here_and_in_the_sto
         .filter(|w| matches!(w, Write::DeleteJob(_)))
         .collect();
     assert!(
-        matches!(deletes[..], [Write::DeleteJob(id)] if id == "j-1"),
+        matches!(deletes[..], [Write::DeleteJob(key)] if key.to_string() == "j-1"),
         "{deletes:?}"
     );
     commit(&mut store, fx);
@@ -109,7 +109,7 @@ fn terminal_jobs_are_kept_for_their_retention_then_forgotten_here_and_in_the_sto
     assert!(
         fx.writes
             .iter()
-            .any(|w| matches!(w, Write::DeleteJob(id) if id == "j-2"))
+            .any(|w| matches!(w, Write::DeleteJob(key) if key.to_string() == "j-2"))
     );
     commit(&mut store, fx);
     assert_eq!(found(&d, "j-2"), None);

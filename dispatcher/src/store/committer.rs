@@ -143,10 +143,10 @@ mod tests {
     use proto::v1::Job;
 
     use super::*;
-    use crate::record::JobRecord;
+    use crate::record::{JobKey, JobRecord};
     use crate::store::Snapshot;
 
-    /// Records each commit's job ids; fails the commit of a job named "bad".
+    /// Records each commit's job ids; fails the commit of a write naming j-0.
     struct Log(Arc<Mutex<Vec<Vec<String>>>>);
 
     impl Store for Log {
@@ -159,11 +159,11 @@ mod tests {
                 .iter()
                 .filter_map(|w| match w {
                     Write::PutJob(j) => Some(j.id()),
-                    Write::DeleteJob(id) => Some(id.clone()),
+                    Write::DeleteJob(key) => Some(key.to_string()),
                     _ => None,
                 })
                 .collect();
-            if ids.iter().any(|i| i == "bad") {
+            if ids.iter().any(|i| i == "j-0") {
                 return Err(StoreError::Backend("bad".into()));
             }
             self.0.lock().unwrap().push(ids);
@@ -171,8 +171,9 @@ mod tests {
         }
     }
 
-    fn put(id: &str) -> Write {
-        Write::DeleteJob(id.into())
+    /// A write naming job `n` (a delete: no record to build).
+    fn write(n: u64) -> Write {
+        Write::DeleteJob(JobKey::single(n))
     }
 
     #[test]
@@ -180,21 +181,25 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let mut c = Committer::spawn(Box::new(Log(log.clone()))).unwrap();
         assert!(c.wait().is_ok(), "nothing in flight");
-        c.start(vec![put("a")]).unwrap();
+        c.start(vec![write(1)]).unwrap();
         assert!(c.in_flight());
         // The next start waits for the first.
-        c.start(vec![put("b"), put("c")]).unwrap();
+        c.start(vec![write(2), write(3)]).unwrap();
         c.commit(Vec::new()).unwrap();
         assert!(!c.in_flight());
         assert_eq!(
             *log.lock().unwrap(),
-            vec![vec!["a".to_string()], vec!["b".into(), "c".into()], vec![]]
+            vec![
+                vec!["j-1".to_string()],
+                vec!["j-2".into(), "j-3".into()],
+                vec![]
+            ]
         );
         // Each commit waited for is reported once, in order, with its writes.
         let writes: Vec<usize> = c.take_stored().map(|s| s.writes).collect();
         assert_eq!(writes, [1, 2, 0]);
         assert_eq!(c.take_stored().len(), 0);
-        c.start(vec![put("bad")]).unwrap();
+        c.start(vec![write(0)]).unwrap();
         assert!(matches!(c.wait(), Err(StoreError::Backend(_))));
         assert_eq!(
             c.take_stored().len(),

@@ -426,26 +426,22 @@ impl Store for EmbeddedStore {
                             }
                         }
                     }
-                    Write::DeleteJob(id) => {
-                        let key = JobKey::parse(id);
-                        // A plain job's id as the dispatcher writes it is
-                        // in `plain` only (moved there at open).
-                        if let Some(key) = key.filter(|k| k.is_single() && k.to_string() == *id) {
-                            opened(&tx, &mut plain, PLAIN)?
-                                .remove(key.number())
-                                .map_err(backend)?;
-                            self.plain_lengths.remove(&key.number());
-                        } else {
-                            opened(&tx, &mut jobs, JOBS)?
-                                .remove(id.as_str())
-                                .map_err(backend)?;
-                        }
-                        if let Some(key) = key
-                            && !key.is_single()
-                            && opened(&tx, &mut elements, ELEMENTS)?
-                                .remove((key.number(), key.index()))
-                                .map_err(backend)?
-                                .is_some()
+                    // A plain job is in `plain` only (moved there at
+                    // open); an element in `elements`, or whole in `jobs`.
+                    Write::DeleteJob(key) if key.is_single() => {
+                        opened(&tx, &mut plain, PLAIN)?
+                            .remove(key.number())
+                            .map_err(backend)?;
+                        self.plain_lengths.remove(&key.number());
+                    }
+                    Write::DeleteJob(key) => {
+                        opened(&tx, &mut jobs, JOBS)?
+                            .remove(key.to_string().as_str())
+                            .map_err(backend)?;
+                        if opened(&tx, &mut elements, ELEMENTS)?
+                            .remove((key.number(), key.index()))
+                            .map_err(backend)?
+                            .is_some()
                         {
                             emptied.push(key.number());
                         }
@@ -493,8 +489,6 @@ impl Store for EmbeddedStore {
 #[derive(PartialEq, Eq, Hash)]
 enum Record<'a> {
     Job(JobKey),
-    /// A delete of an id that is not a job's (no put writes it).
-    OtherJob(&'a str),
     NodeAdmin(&'a str),
     NextJob,
 }
@@ -502,7 +496,7 @@ enum Record<'a> {
 fn record_of(w: &Write) -> Record<'_> {
     match w {
         Write::PutJob(job) => Record::Job(job.key()),
-        Write::DeleteJob(id) => JobKey::parse(id).map_or(Record::OtherJob(id), Record::Job),
+        Write::DeleteJob(key) => Record::Job(*key),
         Write::PutNodeAdmin(name, _) => Record::NodeAdmin(name),
         Write::PutNextJob(_) => Record::NextJob,
     }
@@ -559,7 +553,7 @@ mod tests {
             .unwrap();
             s.commit(&[
                 Write::put_job(job("j-1", JobState::Succeeded)).unwrap(),
-                Write::DeleteJob("j-2".into()),
+                Write::DeleteJob(JobKey::single(2)),
             ])
             .unwrap();
         }
@@ -586,8 +580,8 @@ mod tests {
                 Write::PutJob(j) => {
                     image.0.insert(j.id(), j.to_proto());
                 }
-                Write::DeleteJob(id) => {
-                    image.0.remove(id);
+                Write::DeleteJob(key) => {
+                    image.0.remove(&key.to_string());
                 }
                 Write::PutNodeAdmin(n, a) => {
                     image.1.insert(n.clone(), a.to_u8());
@@ -683,8 +677,8 @@ mod tests {
         use proptest::prelude::*;
         prop_oneof![
             arb_job().prop_map(|j| Write::put_job(j).unwrap()),
-            (0..6u8).prop_map(|id| Write::DeleteJob(format!("j-{id}"))),
-            (10..13u8, 0..4u8).prop_map(|(n, i)| Write::DeleteJob(format!("j-{n}.{i}"))),
+            (0..6u64).prop_map(|n| Write::DeleteJob(JobKey::single(n))),
+            (10..13u64, 0..4u32).prop_map(|(n, i)| Write::DeleteJob(JobKey::element(n, i))),
             (0..3u8, 0..3u8)
                 .prop_map(|(n, a)| Write::PutNodeAdmin(format!("n{n}"), NodeAdmin::from_u8(a))),
             (0..100u64).prop_map(Write::PutNextJob),
@@ -840,11 +834,12 @@ mod tests {
             assert_eq!(loaded[r.id().as_str()], &r.to_proto());
         }
         let gone: Vec<Write> = (0..99)
-            .map(|i| Write::DeleteJob(JobKey::element(7, i).to_string()))
+            .map(|i| Write::DeleteJob(JobKey::element(7, i)))
             .collect();
         s.commit(&gone).unwrap();
         assert_eq!(rows(&s), (0, 1, 1));
-        s.commit(&[Write::DeleteJob("j-7.99".into())]).unwrap();
+        s.commit(&[Write::DeleteJob(JobKey::element(7, 99))])
+            .unwrap();
         assert_eq!(rows(&s), (0, 0, 0));
     }
 
@@ -873,7 +868,8 @@ mod tests {
             .unwrap();
         assert_eq!(rows(&s), (2, 1, 1));
         assert_eq!(s.load().unwrap().jobs, want);
-        s.commit(&[Write::DeleteJob("j-3.1".into())]).unwrap();
+        s.commit(&[Write::DeleteJob(JobKey::element(3, 1))])
+            .unwrap();
         assert_eq!(rows(&s), (2, 0, 0));
     }
 
@@ -954,9 +950,11 @@ mod tests {
         let new = JobRecord::new(JobKey::single(101), spec(101), Arc::from("u"), 0, 6);
         s.commit(&[
             Write::PutJob(Arc::new(old[1].clone())),
-            Write::DeleteJob("j-10".into()),
+            Write::DeleteJob(JobKey::single(10)),
             Write::PutJob(Arc::new(new.clone())),
-            Write::DeleteJob("j-07".into()),
+            // The key the odd row reads back as: a plain job's, whose
+            // row is in `plain`; the odd row stays as it was.
+            Write::DeleteJob(JobKey::single(7)),
         ])
         .unwrap();
         let mut want: Vec<Job> = old
@@ -964,10 +962,11 @@ mod tests {
             .chain([&new])
             .filter(|r| r.id() != "j-10")
             .map(JobRecord::to_proto)
+            .chain([odd])
             .collect();
         want.sort_by(|a, b| a.id.cmp(&b.id));
         assert_eq!(s.load().unwrap().jobs, want);
-        assert_eq!(rows(&s), (1, 0, 0));
+        assert_eq!(rows(&s), (2, 0, 0));
         drop(s);
         // Opened again: nothing left to move, the same jobs.
         let s = EmbeddedStore::open(dir.path()).unwrap();

@@ -345,7 +345,7 @@ impl EtcdStore {
                         value
                     }),
                 ),
-                Write::DeleteJob(id) => (self.key(&format!("jobs/{id}")), KeyOp::Delete),
+                Write::DeleteJob(key) => (self.key(&format!("jobs/{key}")), KeyOp::Delete),
                 Write::PutNodeAdmin(name, admin) => (
                     self.key(&format!("nodes/{name}")),
                     KeyOp::Put(admin_str(*admin).as_bytes().to_vec()),

@@ -8,6 +8,7 @@ use etcd::{Client, ConnectOptions, RangeRequest};
 use proto::v1::{Job, JobState};
 
 use super::*;
+use crate::record::JobKey;
 
 const PREFIX: &str = "/t";
 
@@ -123,7 +124,7 @@ fn commits_load_back_and_batches_may_touch_a_key_twice() {
     store
         .commit(&[
             put("j-1", JobState::Succeeded),
-            Write::DeleteJob("j-2".into()),
+            Write::DeleteJob(JobKey::single(2)),
         ])
         .unwrap();
     let snap = store.load().unwrap();

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use proto::v1::Job;
 
-use crate::record::JobRecord;
+use crate::record::{JobKey, JobRecord};
 use thiserror::Error;
 
 /// An administrative state of a node that must survive restarts.
@@ -55,8 +55,10 @@ pub enum Write {
     /// Insert or replace a job by id (the job table's record, shared:
     /// its proto is built and encoded at commit, on the store's thread).
     PutJob(Arc<JobRecord>),
-    /// Remove a job (garbage collection of old terminal jobs).
-    DeleteJob(String),
+    /// Remove a job (garbage collection of old terminal jobs), by its
+    /// key: the core names it without formatting its id (a string per
+    /// forgotten job), and the embedded store finds its row by number.
+    DeleteJob(JobKey),
     /// A node's administrative state.
     PutNodeAdmin(String, NodeAdmin),
     /// The next job number.
