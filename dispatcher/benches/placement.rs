@@ -223,10 +223,12 @@ impl Check {
     }
 }
 
-/// Empty the effects the way the simulator does after each operation
-/// (`sim::policy::ours`): the buffers are kept, as in the core, where one
-/// `Effects` collects a whole batch of messages.
-fn clear(fx: &mut Effects) {
+/// Empty the effects after each operation, the buffers kept, as in the
+/// core, where one `Effects` collects a whole batch of messages; its
+/// changed jobs' records are turned into store writes first, as the core
+/// does at a batch's end (`Cluster::write_back`).
+fn clear(c: &Cluster, fx: &mut Effects) {
+    c.write_back(fx);
     fx.writes.clear();
     fx.events.clear();
     fx.to_agents.clear();
@@ -269,7 +271,12 @@ fn run_ours(
     let target = (nodes as u64 * NODE_CPUS as u64) * 3 / 4;
     let mut used = 0u64;
     let mut running: Vec<(String, String, u32)> = Vec::new();
-    let mut fx = Effects::default();
+    // As the core runs with no watcher and no observer (loadgen's and
+    // this bench's dispatcher): no events are recorded.
+    let mut fx = Effects {
+        drop_events: true,
+        ..Effects::default()
+    };
     // Fill to ~75%.
     while used < target {
         let cpus = 1 + rng.below(8) as u32;
@@ -284,7 +291,7 @@ fn run_ours(
                 check.queued(&c, &running, cpus);
             }
         }
-        clear(&mut fx);
+        clear(&c, &mut fx);
         check.verify(&c, &running);
     }
     // The warm-up: past the cap of done jobs by two ticks, so that the
@@ -364,7 +371,7 @@ fn steady_ours(
         }
         // Found by the check mode: the submit's own Assign stayed in `fx`
         // and was counted again with the exit's below.
-        clear(fx);
+        clear(c, fx);
         check.verify(c, running);
         // The agents' statuses of the batch: as many jobs end.
         for _ in 0..batch {
@@ -402,13 +409,13 @@ fn steady_ours(
                     running.push((j.id, j.node, cpus));
                 }
             }
-            clear(fx);
+            clear(c, fx);
             check.verify(c, running);
         }
         if (round + 1) % rounds.tick == 0 {
             // Its deletes are the tick's store writes.
             c.retire_done(now, fx);
-            clear(fx);
+            clear(c, fx);
             check.verify(c, running);
             check.retired(c);
         }

@@ -415,6 +415,7 @@ impl World {
     /// `seal` does).
     fn commit(&mut self, mut fx: Effects) {
         self.cluster.drop_taken_back_assigns(&mut fx);
+        self.cluster.write_back(&mut fx);
         if !fx.writes.is_empty() {
             self.store
                 .store

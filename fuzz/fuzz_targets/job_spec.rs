@@ -88,7 +88,7 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(status.code(), tonic::Code::InvalidArgument);
             assert!(status.message().starts_with("specs"), "{status:?}");
             assert_eq!(c.nr_jobs(), 0);
-            assert!(fx.writes.is_empty());
+            assert!(fx.writes.is_empty() && fx.dirty.is_empty());
         }
     }
     c.settle(2, &mut fx);

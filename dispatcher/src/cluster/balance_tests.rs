@@ -42,7 +42,7 @@ fn j3_waiting_on_r1(c: &mut Cluster) {
 fn idle_balance_on_finish_pulls_from_another_rack_of_the_zone() {
     let mut c = cluster(false, true, false);
     j3_waiting_on_r1(&mut c);
-    let fx = finish(&mut c, "small", "j-2", 10);
+    let mut fx = finish(&mut c, "small", "j-2", 10);
     assert_eq!(assigns(&fx), vec![("small".to_string(), "j-3".to_string())]);
     let pulls: Vec<&Move> = fx.moves.iter().filter(|m| m.is_steal()).collect();
     assert_eq!(pulls.len(), 1, "{:?}", fx.moves);
@@ -58,6 +58,7 @@ fn idle_balance_on_finish_pulls_from_another_rack_of_the_zone() {
             if node == "small" && from == "big"
     ));
     // Persisted like a steal: the assignment is written.
+    c.write_back(&mut fx);
     assert!(fx.writes.iter().any(|w| matches!(
         w, crate::store::Write::PutJob(j) if j.id() == "j-3" && j.node == "small"
     )));

@@ -203,14 +203,28 @@ impl Default for Retention {
 }
 
 /// What an operation requires of the outside world. Job records are
-/// carried shared (`Arc<JobRecord>`, the job table's own record as it was
-/// at the change), never copied here: the proto is built only where it
-/// is read (the store encodes the shared record; [`JobChange::to_event`]
-/// builds the watchers' event).
+/// carried shared (`Arc<JobRecord>`, the job table's own record), never
+/// copied here: the proto is built only where it is read (the store
+/// encodes the shared record; [`JobChange::to_event`] builds the
+/// watchers' event).
 #[derive(Debug, Default)]
 pub struct Effects {
-    /// Store writes, committed before anything else is released.
+    /// Store writes, committed before anything else is released. The
+    /// jobs' records join them at the batch's end
+    /// ([`Cluster::write_back`] of [`Effects::dirty`]).
     pub writes: Vec<Write>,
+    /// The jobs whose records changed, to be stored: one `PutJob` each,
+    /// the record as the batch left it ([`Cluster::write_back`]). A
+    /// write that held the record from each change made the job's next
+    /// change in the batch copy it (`Arc::make_mut`): about three copies
+    /// per job, each an allocation on the core and a free on the store's
+    /// thread, of records the commit then skipped (it stores the last
+    /// write of each).
+    pub dirty: Vec<JobKey>,
+    /// Nobody reads this batch's events (no watcher, no observer): none
+    /// is recorded. An event holds its job's record as the change left
+    /// it, so the job's next change in the batch copies the record.
+    pub drop_events: bool,
     /// Messages to agents, by node name.
     pub to_agents: Vec<(NodeName, ToAgent)>,
     /// Job state changes for watchers and observers.
@@ -230,9 +244,12 @@ impl Effects {
         let [writes, to_agents, events, moves] = sizes.map(|n| n.min(MAX_ROOM));
         Self {
             writes: Vec::with_capacity(writes),
+            // About one changed job per write.
+            dirty: Vec::with_capacity(writes),
             to_agents: Vec::with_capacity(to_agents),
             events: Vec::with_capacity(events),
             moves: Vec::with_capacity(moves),
+            drop_events: false,
         }
     }
 
@@ -729,22 +746,43 @@ impl Cluster {
     // Effects
 
     fn persist(&self, key: JobKey, fx: &mut Effects) {
-        if let Some(job) = self.jobs.record(key) {
-            fx.writes.push(Write::PutJob(job));
-        }
+        fx.dirty.push(key);
     }
 
     /// [`Self::persist`] a job, and announce its change from `previous`
-    /// (a [`JobChange`]): one lookup of the record for both.
+    /// (a [`JobChange`], unless [`Effects::drop_events`]).
     fn persist_emit(&self, key: JobKey, previous: JobState, now: i64, fx: &mut Effects) {
-        if let Some(job) = self.jobs.record(key) {
-            fx.writes.push(Write::PutJob(job.clone()));
+        fx.dirty.push(key);
+        if !fx.drop_events
+            && let Some(job) = self.jobs.record(key)
+        {
             fx.events.push(JobChange {
                 job,
                 previous_state: previous as i32,
                 time_ms: now,
             });
         }
+    }
+
+    /// The store writes of the jobs `fx` changed ([`Effects::dirty`]):
+    /// one `PutJob` per job, its record as it is now, in key order (new
+    /// jobs at the end of the store's tree, one after the other). A job
+    /// forgotten since has its delete in the writes instead. A commit
+    /// applies only the last write of a record, so writing each job's
+    /// last state is what writing each of its changes was. The core
+    /// calls this once per batch, before its commit.
+    pub fn write_back(&self, fx: &mut Effects) {
+        let mut dirty = std::mem::take(&mut fx.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        fx.writes.reserve(dirty.len());
+        for &key in &dirty {
+            if let Some(job) = self.jobs.record(key) {
+                fx.writes.push(Write::PutJob(job));
+            }
+        }
+        dirty.clear();
+        fx.dirty = dirty;
     }
 }
 

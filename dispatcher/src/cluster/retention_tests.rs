@@ -29,7 +29,10 @@ fn one_cpu() -> JobSpec {
     }
 }
 
-fn commit(store: &mut EmbeddedStore, fx: Effects) {
+/// Commit `fx` as the core does: the changed jobs' records join its
+/// writes first.
+fn commit(store: &mut EmbeddedStore, c: &Cluster, mut fx: Effects) {
+    c.write_back(&mut fx);
     store.commit(&fx.writes).unwrap();
 }
 
@@ -59,16 +62,18 @@ fn terminal_jobs_are_kept_for_their_retention_then_forgotten_here_and_in_the_sto
     let mut fx = Effects::default();
     c.submit(vec![one_cpu(), one_cpu(), one_cpu()], false, 1, &mut fx)
         .unwrap();
-    commit(&mut store, fx);
-    commit(&mut store, finish_on(&mut c, "a", "j-1", 100));
-    commit(&mut store, finish_on(&mut c, "a", "j-2", 200));
+    commit(&mut store, &c, fx);
+    let fx = finish_on(&mut c, "a", "j-1", 100);
+    commit(&mut store, &c, fx);
+    let fx = finish_on(&mut c, "a", "j-2", 200);
+    commit(&mut store, &c, fx);
 
     // Young: kept, and every transition readable.
     let mut fx = Effects::default();
     c.load_report("a", NodeLoad::default(), 5_000, &mut fx);
     c.tick(5_000, &mut fx);
     assert!(!fx.writes.iter().any(|w| matches!(w, Write::DeleteJob(_))));
-    commit(&mut store, fx);
+    commit(&mut store, &c, fx);
     assert_eq!(found(&c, "j-1"), Some(JobState::Succeeded));
 
     // j-1 ended 10 s ago: gone, in the same commit as the tick's changes.
@@ -84,7 +89,7 @@ fn terminal_jobs_are_kept_for_their_retention_then_forgotten_here_and_in_the_sto
         matches!(deletes[..], [Write::DeleteJob(key)] if key.to_string() == "j-1"),
         "{deletes:?}"
     );
-    commit(&mut store, fx);
+    commit(&mut store, &c, fx);
     assert_eq!(found(&c, "j-1"), None);
     assert_eq!(found(&c, "j-2"), Some(JobState::Succeeded));
     assert_eq!(found(&c, "j-3"), Some(JobState::Assigned));
@@ -111,7 +116,7 @@ fn terminal_jobs_are_kept_for_their_retention_then_forgotten_here_and_in_the_sto
             .iter()
             .any(|w| matches!(w, Write::DeleteJob(key) if key.to_string() == "j-2"))
     );
-    commit(&mut store, fx);
+    commit(&mut store, &c, fx);
     assert_eq!(found(&d, "j-2"), None);
     assert_eq!(
         found(&d, "j-3"),
@@ -238,7 +243,7 @@ fn a_restored_arrays_elements_share_its_spec() {
         ..one_cpu()
     };
     c.submit(vec![array, one_cpu()], false, 1, &mut fx).unwrap();
-    commit(&mut store, fx);
+    commit(&mut store, &c, fx);
     let before: Vec<Job> = (0..5)
         .map(|i| c.get_job(&format!("j-1.{i}")).unwrap())
         .collect();

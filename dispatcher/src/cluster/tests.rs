@@ -145,6 +145,7 @@ fn submit_assign_run_finish_then_queued_job_starts() {
     assert_eq!(state_of(&c, "j-2"), JobState::Pending);
     assert!(c.get_job("j-2").unwrap().reason.contains("queued on n1"));
     // Persist before acknowledge: every created job is in the writes.
+    c.write_back(&mut fx);
     let puts = fx
         .writes
         .iter()
@@ -158,6 +159,60 @@ fn submit_assign_run_finish_then_queued_job_starts() {
     c.job_status("n1", status("j-1", 1, JobState::Succeeded), 3, &mut fx);
     assert_eq!(state_of(&c, "j-1"), JobState::Succeeded);
     assert_eq!(assigns(&fx), vec![("n1".to_string(), "j-2".to_string())]);
+}
+
+/// A batch's changes to a job change its record in place when nobody
+/// reads the batch's events: the store's write of it is made once, at
+/// the batch's end, in its last state. With events, each event keeps its
+/// change's record (the next change copies it).
+#[test]
+fn a_batch_changes_a_record_in_place_and_writes_it_once() {
+    for drop_events in [true, false] {
+        let mut c = Cluster::new(ClusterConfig::default());
+        register(&mut c, "n1", "1s:2c:1t", "z1", "r1", 0);
+        let mut fx = Effects {
+            drop_events,
+            ..Effects::default()
+        };
+        drop(c.submit(vec![job(1)], false, 1, &mut fx).unwrap());
+        // The agent has its Assign (which shares the record) before it
+        // answers.
+        assert_eq!(assigns(&fx), [("n1".to_string(), "j-1".to_string())]);
+        fx.to_agents.clear();
+        let key = JobKey::single(1);
+        let at = |c: &Cluster| Arc::as_ptr(&c.jobs.record(key).unwrap());
+        let created = at(&c);
+        c.job_status("n1", status("j-1", 1, JobState::Running), 2, &mut fx);
+        c.job_status("n1", status("j-1", 1, JobState::Succeeded), 3, &mut fx);
+        assert_eq!(state_of(&c, "j-1"), JobState::Succeeded);
+        assert_eq!(at(&c) == created, drop_events, "drop_events {drop_events}");
+        let states: Vec<i32> = fx.events.iter().map(|e| e.job.state).collect();
+        if drop_events {
+            assert!(states.is_empty());
+        } else {
+            let want = [JobState::Running, JobState::Succeeded].map(|s| s as i32);
+            assert_eq!(
+                states[states.len() - 2..],
+                want,
+                "each event as its change left it"
+            );
+        }
+        assert!(
+            !fx.writes.iter().any(|w| matches!(w, Write::PutJob(_))),
+            "no job's write before the batch's end"
+        );
+        c.write_back(&mut fx);
+        let puts: Vec<(String, i32)> = fx
+            .writes
+            .iter()
+            .filter_map(|w| match w {
+                Write::PutJob(j) => Some((j.id(), j.state)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(puts, [("j-1".to_string(), JobState::Succeeded as i32)]);
+        assert!(fx.dirty.is_empty());
+    }
 }
 
 #[test]
@@ -175,7 +230,7 @@ fn bad_specs_create_nothing() {
         err.message()
     );
     assert_eq!(c.nr_jobs(), 0);
-    assert!(fx.writes.is_empty());
+    assert!(fx.writes.is_empty() && fx.dirty.is_empty());
     let mut w = job(1);
     w.waker = "j-77".into();
     let err = c.submit(vec![w], false, 1, &mut fx).unwrap_err();
@@ -896,6 +951,7 @@ fn a_cancel_survives_a_dispatcher_restart() {
         JobState::Assigned,
         "waits for its node"
     );
+    c.write_back(&mut fx);
     let stored: Vec<Job> = fx
         .writes
         .iter()
@@ -1525,6 +1581,8 @@ mod status_batches {
             }
             prop_assert_eq!(jobs_of(&batched, jobs.len()), jobs_of(&each, jobs.len()));
             prop_assert_eq!(assigns(&fx_b), assigns(&fx_e));
+            batched.write_back(&mut fx_b);
+            each.write_back(&mut fx_e);
             prop_assert_eq!(fx_b.writes.len(), fx_e.writes.len());
             // The batch's end refreshed what it deferred.
             prop_assert_eq!(root_aggregates(&batched), root_aggregates(&each));

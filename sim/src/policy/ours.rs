@@ -105,7 +105,11 @@ impl OursPlacer {
                 })?;
         }
         cluster.settle(0, &mut fx);
-        fx = Effects::default();
+        // Nobody watches the simulated dispatcher: no events are recorded.
+        fx = Effects {
+            drop_events: true,
+            ..Effects::default()
+        };
         Ok(Self {
             cluster,
             fx,
@@ -134,7 +138,9 @@ impl OursPlacer {
 
     /// Turn the placements of one call into starts.
     fn drain(&mut self, now: u64, out: &mut Vec<Started>) {
+        // Nothing is stored or watched here.
         self.fx.writes.clear();
+        self.fx.dirty.clear();
         self.fx.events.clear();
         self.fx.to_agents.clear();
         for m in self.fx.moves.drain(..) {
