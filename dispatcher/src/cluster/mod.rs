@@ -253,6 +253,15 @@ impl Effects {
         }
     }
 
+    /// Name `key` among the jobs to write at the batch's end (once for
+    /// its changes in a row: a job's way through an operation changes it
+    /// several times).
+    pub fn mark_dirty(&mut self, key: JobKey) {
+        if self.dirty.last() != Some(&key) {
+            self.dirty.push(key);
+        }
+    }
+
     /// How many writes, agent messages, events and moves it holds.
     pub fn sizes(&self) -> [usize; 4] {
         [
@@ -746,13 +755,13 @@ impl Cluster {
     // Effects
 
     fn persist(&self, key: JobKey, fx: &mut Effects) {
-        fx.dirty.push(key);
+        fx.mark_dirty(key);
     }
 
     /// [`Self::persist`] a job, and announce its change from `previous`
     /// (a [`JobChange`], unless [`Effects::drop_events`]).
     fn persist_emit(&self, key: JobKey, previous: JobState, now: i64, fx: &mut Effects) {
-        fx.dirty.push(key);
+        fx.mark_dirty(key);
         if !fx.drop_events
             && let Some(job) = self.jobs.record(key)
         {
@@ -765,24 +774,20 @@ impl Cluster {
     }
 
     /// The store writes of the jobs `fx` changed ([`Effects::dirty`]):
-    /// one `PutJob` per job, its record as it is now, in key order (new
-    /// jobs at the end of the store's tree, one after the other). A job
-    /// forgotten since has its delete in the writes instead. A commit
-    /// applies only the last write of a record, so writing each job's
-    /// last state is what writing each of its changes was. The core
-    /// calls this once per batch, before its commit.
+    /// a `PutJob` of each, its record as it is now. A job forgotten since
+    /// has its delete in the writes instead. A commit applies only the
+    /// last write of a record, so writing each job's last state is what
+    /// writing each of its changes was; a job named twice is written
+    /// twice, the same record (not sorted out here: a sort of the
+    /// batch's names cost more than the copies it saved). The core calls
+    /// this once per batch, before its commit.
     pub fn write_back(&self, fx: &mut Effects) {
-        let mut dirty = std::mem::take(&mut fx.dirty);
-        dirty.sort_unstable();
-        dirty.dedup();
-        fx.writes.reserve(dirty.len());
-        for &key in &dirty {
+        fx.writes.reserve(fx.dirty.len());
+        for key in fx.dirty.drain(..) {
             if let Some(job) = self.jobs.record(key) {
                 fx.writes.push(Write::PutJob(job));
             }
         }
-        dirty.clear();
-        fx.dirty = dirty;
     }
 }
 
