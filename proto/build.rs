@@ -26,6 +26,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .codec_path("crate::codec::SmallBuffers")
         .extern_path(".dispatch.v1.Assign", "crate::assign::Assign")
+        // The submit replies are too (src/reply.rs): a server's may carry
+        // its jobs already encoded, from its records.
+        .extern_path(
+            ".dispatch.v1.SubmitJobResponse",
+            "crate::reply::SubmitJobResponse",
+        )
+        .extern_path(
+            ".dispatch.v1.SubmitJobsResponse",
+            "crate::reply::SubmitJobsResponse",
+        )
         .compile_fds(fds)?;
     Ok(())
 }

@@ -139,8 +139,11 @@ impl JobService for Jobs {
                 reply,
             })
             .await?;
-        let jobs = jobs.iter().map(|j| j.to_proto()).collect();
-        Ok(Response::new(SubmitJobResponse { jobs }))
+        let mut reply = SubmitJobResponse::default();
+        for job in &jobs {
+            reply.encoded.push(|buf| job.encode_proto(buf));
+        }
+        Ok(Response::new(reply))
     }
 
     async fn submit_jobs(
@@ -163,8 +166,13 @@ impl JobService for Jobs {
                 reply,
             })
             .await?;
-        let jobs = jobs.iter().map(|j| j.to_proto()).collect();
-        Ok(Response::new(SubmitJobsResponse { jobs }))
+        // Encoded from the shared records, off the core: no `Job` copy
+        // of each spec (proto's `reply` module).
+        let mut reply = SubmitJobsResponse::default();
+        for job in &jobs {
+            reply.encoded.push(|buf| job.encode_proto(buf));
+        }
+        Ok(Response::new(reply))
     }
 
     async fn get_job(&self, req: Request<GetJobRequest>) -> Result<Response<Job>, Status> {
