@@ -25,6 +25,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // so that the dispatcher does not copy a job's spec to send it.
     tonic_prost_build::configure()
         .codec_path("crate::codec::SmallBuffers")
+        // An agent's Register (280 bytes, the largest of its messages,
+        // sent once per session) is boxed: the oneof, and the
+        // dispatcher's commands that carry it, are sized by the others.
+        .boxed(".dispatch.v1.AgentMessage.msg.register")
         .extern_path(".dispatch.v1.Assign", "crate::assign::Assign")
         // The submit replies are too (src/reply.rs): a server's may carry
         // its jobs already encoded, from its records.

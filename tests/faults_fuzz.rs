@@ -159,7 +159,7 @@ fn status(rng: &mut Rng) -> JobStatus {
 fn message(rng: &mut Rng) -> agent_message::Msg {
     use agent_message::Msg;
     match rng.range(0, 9) {
-        0 => Msg::Register(register(rng)),
+        0 => Msg::Register(Box::new(register(rng))),
         1 | 2 => Msg::Load(LoadReport {
             load: (rng.range(0, 4) != 0).then(|| NodeLoad {
                 cpus: (0..rng.range(0, 6))
@@ -213,7 +213,7 @@ fn sequence(rng: &mut Rng) -> Vec<agent_message::Msg> {
         valid.jobs.clear();
         // Within the limit, so the stream gets past registration.
         valid.oversubscribe = rng.range(0, 4) as u32;
-        seq.insert(0, agent_message::Msg::Register(valid));
+        seq.insert(0, agent_message::Msg::Register(Box::new(valid)));
         for _ in 0..rng.range(0, 4) {
             let (i, j) = (
                 rng.range(0, seq.len() as u64) as usize,
@@ -286,7 +286,9 @@ fn findings() -> Vec<(&'static str, Vec<agent_message::Msg>, Code, &'static str)
         // the stream (PROTOCOL_ERROR) and lost the status.
         (
             "a 41 KB node name",
-            vec![agent_message::Msg::Register(reg("x".repeat(41_296)))],
+            vec![agent_message::Msg::Register(Box::new(reg(
+                "x".repeat(41_296)
+            )))],
             Code::InvalidArgument,
             "register.node: 41296 bytes",
         ),
@@ -294,7 +296,9 @@ fn findings() -> Vec<(&'static str, Vec<agent_message::Msg>, Code, &'static str)
         // client: refused by the certificate check, not the length.
         (
             "a 253-byte node name",
-            vec![agent_message::Msg::Register(reg("é".repeat(126) + "x"))],
+            vec![agent_message::Msg::Register(Box::new(reg(
+                "é".repeat(126) + "x"
+            )))],
             Code::PermissionDenied,
             "node: the client certificate is for",
         ),
@@ -303,7 +307,7 @@ fn findings() -> Vec<(&'static str, Vec<agent_message::Msg>, Code, &'static str)
         (
             "log data over the agent message limit",
             vec![
-                agent_message::Msg::Register(reg("node-h".into())),
+                agent_message::Msg::Register(Box::new(reg("node-h".into()))),
                 agent_message::Msg::Log(LogData {
                     data: vec![0; 300_000],
                     ..Default::default()

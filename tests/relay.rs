@@ -75,13 +75,13 @@ impl Relay {
             .map(|(slot, node)| {
                 agent_msg(
                     slot as u32,
-                    agent_message::Msg::Register(Register {
+                    agent_message::Msg::Register(Box::new(Register {
                         node: node.to_string(),
                         topology: Some(topology.clone()),
                         memory_bytes: 8 << 30,
                         version: "relay-test".into(),
                         ..Default::default()
-                    }),
+                    })),
                 )
             })
             .collect();

@@ -1085,7 +1085,7 @@ async fn session(
     let register = agent.register_msg();
     let register_sent = lease::now_ns();
     let _ = tx.send(AgentMessage {
-        msg: Some(agent_message::Msg::Register(register)),
+        msg: Some(agent_message::Msg::Register(Box::new(register))),
     });
     // A dispatcher that accepts connections but does not answer (paused)
     // must not hold the agent: bound the handshake.

@@ -172,7 +172,7 @@ pub enum Command {
     /// An agent opened its stream and registered.
     Attach {
         /// Its registration.
-        register: Register,
+        register: Box<Register>,
         /// Where to send it messages.
         tx: AgentTx,
         /// Reply: the session number and the stream's [`Beat`], where its
@@ -991,7 +991,7 @@ impl Core {
                 reply,
             } => {
                 let node = register.node.clone();
-                match self.cluster.register(register, now, fx) {
+                match self.cluster.register(*register, now, fx) {
                     Ok(heartbeat_interval_ms) => {
                         let session = self.next_session;
                         self.next_session += 1;
@@ -1404,7 +1404,7 @@ mod tests {
     async fn attach(core: &CoreHandle, node: &str) -> crate::outbound::AgentRx {
         let (tx, agent) = crate::outbound::channel();
         core.call(|reply| Command::Attach {
-            register: register(node),
+            register: Box::new(register(node)),
             tx,
             reply,
         })
@@ -1881,7 +1881,7 @@ mod tests {
         let (tx, mut agent) = crate::outbound::channel();
         let (session, _beat) = core
             .call(|reply| Command::Attach {
-                register: register("n1"),
+                register: Box::new(register("n1")),
                 tx,
                 reply,
             })
@@ -2017,7 +2017,7 @@ mod tests {
         let (tx, mut agent) = crate::outbound::channel();
         let (_, beat) = core
             .call(|reply| Command::Attach {
-                register: register("n1"),
+                register: Box::new(register("n1")),
                 tx,
                 reply,
             })
@@ -2172,7 +2172,7 @@ mod tests {
         let (tx, _second) = crate::outbound::channel();
         let asked = Instant::now();
         core.call(|reply| Command::Attach {
-            register: again,
+            register: Box::new(again),
             tx,
             reply,
         })

@@ -241,7 +241,7 @@ impl Relay {
         &mut self,
         i: usize,
         slot: u32,
-        register: proto::v1::Register,
+        register: Box<proto::v1::Register>,
     ) -> Result<(), Status> {
         let s = slot as usize;
         if let Slot::Live(old) = std::mem::take(&mut self.slots[s]) {
@@ -387,7 +387,7 @@ mod tests {
     }
 
     fn reg(slot: u32, node: &str) -> NodeMessage {
-        msg(slot, agent_message::Msg::Register(register(node)))
+        msg(slot, agent_message::Msg::Register(Box::new(register(node))))
     }
 
     fn load(slot: u32, seq: u64) -> NodeMessage {

@@ -100,7 +100,7 @@ impl Session {
     /// sending any of the node's messages.
     pub fn open(
         core: &CoreHandle,
-        register: Register,
+        register: Box<Register>,
         tx: AgentTx,
         peer_certs: Option<&[CertificateDer<'static>]>,
         require_cert: bool,

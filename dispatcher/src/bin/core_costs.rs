@@ -327,7 +327,7 @@ fn attach_agents(url: &str, n: usize, per: usize, per_stream: usize) -> Result<(
                 let mut client = AgentServiceClient::new(channel.clone());
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
                 let _ = tx.send(AgentMessage {
-                    msg: Some(agent_message::Msg::Register(register)),
+                    msg: Some(agent_message::Msg::Register(Box::new(register))),
                 });
                 let _ = tx.send(AgentMessage {
                     msg: Some(agent_message::Msg::Load(LoadReport {
@@ -424,7 +424,7 @@ fn attach_relayed(url: &str, n: usize, per_stream: usize) -> Result<()> {
             for (k, &i) in nodes.iter().enumerate() {
                 let r = register_msg(i, &topos[i % topos.len()], "core_costs");
                 push(
-                    msg(i - first, agent_message::Msg::Register(r)),
+                    msg(i - first, agent_message::Msg::Register(Box::new(r))),
                     k + 1 == nodes.len(),
                 );
             }

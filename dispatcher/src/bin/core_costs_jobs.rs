@@ -234,7 +234,7 @@ fn main() -> Result<()> {
             let (tx, rx) = outbound::channel();
             let (session, _beat) = handle
                 .call(|reply| Command::Attach {
-                    register,
+                    register: Box::new(register),
                     tx,
                     reply,
                 })

@@ -583,7 +583,7 @@ async fn session(
         None
     };
     let register = AgentMessage {
-        msg: Some(agent_message::Msg::Register(agent.register_msg())),
+        msg: Some(agent_message::Msg::Register(Box::new(agent.register_msg()))),
     };
     let sent = Instant::now();
     let (tx, mut inbound) = match conn {
