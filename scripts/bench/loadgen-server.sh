@@ -29,7 +29,7 @@ ulimit -n 65536 2>/dev/null || true
 "$D" --listen 127.0.0.1:0 --data-dir "$W/d" --submit-rate 0 "${dflags[@]}" > "$W/d.log" 2>&1 &
 DP=$!
 trap 'kill $DP 2>/dev/null; wait $DP 2>/dev/null; rm -rf "$W"' EXIT
-for _ in $(seq 100); do grep -q "DISPATCH_SERVER=" "$W/d.log" && break; sleep 0.1; done
+for _ in $(seq 100); do grep -qs "DISPATCH_SERVER=" "$W/d.log" && break; sleep 0.1; done
 URL=$(grep -o "DISPATCH_SERVER=[^ ]*" "$W/d.log" | head -1 | cut -d= -f2)
 [ -n "$URL" ] || { echo "dispatcher did not start:" >&2; cat "$W/d.log" >&2; exit 1; }
 "$L" --server "$URL" --pid "$DP" "$@" > "$OUT" 2>&1
