@@ -16,12 +16,21 @@
 //! while its node runs nothing, no more (1 KiB first buffers held
 //! 1,024 + 208 bytes per idle agent for it). The yield threshold (how
 //! much a stream batches into one write) keeps tonic's default.
+//!
+//! Its encoder writes a message with `Message::encode_raw`: prost's
+//! `Message::encode` first computes the message's encoded length (each
+//! nested message's, recursively) only to check it against the room
+//! left, which tonic's buffer, growing as it is written, always has. An
+//! `Assign` is nested two deep (the stream's `DispatcherMessage`, then
+//! its spec), so that check was a third pass of its spec's lengths
+//! (its environment map's entries), on the gRPC workers, for every start.
 
 use std::marker::PhantomData;
 
 use prost::Message;
-use tonic::codec::{BufferSettings, Codec};
-use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+use tonic::Status;
+use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
+use tonic_prost::{ProstCodec, ProstDecoder};
 
 /// The first size of each call's encode and decode buffers, bytes.
 pub const FIRST_BUFFER_BYTES: usize = 128;
@@ -51,11 +60,11 @@ where
 {
     type Encode = T;
     type Decode = U;
-    type Encoder = ProstEncoder<T>;
+    type Encoder = RawEncoder<T>;
     type Decoder = ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstCodec::<T, U>::raw_encoder(settings())
+        RawEncoder(PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
@@ -63,11 +72,31 @@ where
     }
 }
 
+/// prost's encoding of `T` without `Message::encode`'s length check
+/// (see the module's doc), with [`FIRST_BUFFER_BYTES`] buffers.
+#[derive(Debug, Clone, Copy)]
+pub struct RawEncoder<T>(PhantomData<T>);
+
+impl<T: Message> Encoder for RawEncoder<T> {
+    type Item = T;
+    type Error = Status;
+
+    fn encode(&mut self, item: T, buf: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        // The buffer grows as it is written (`BytesMut`): there is always
+        // room, which is all `Message::encode` would check first.
+        item.encode_raw(buf);
+        Ok(())
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        settings()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::v1::LoadReport;
-    use tonic::codec::Encoder as _;
 
     /// The generated code names this codec, and it starts small.
     #[test]
