@@ -7,7 +7,7 @@
 # against a real dispatcher) and issue 14's figures (50,000 jobs/s, 10,000
 # agents, bytes per relayed node), each under the command that produced it.
 #
-#   bench/run.sh                 # everything (about an hour on 2 CPUs)
+#   bench/run.sh                 # everything (22 minutes on 2 CPUs, 6 Dec 2026)
 #   QUICK=1 bench/run.sh         # small sizes, skips criterion and e2e
 #   BIG_LOAD=1 bench/run.sh      # also the load generator at 10,000 agents
 #   TRACES=/path bench/run.sh    # where the SWF traces are
@@ -258,8 +258,8 @@ if [ "$SKIP_SLOW" = 0 ]; then
   doc "The 50,000 jobs/s run is the machine's limit: \`loadgen\` and the"
   doc "dispatcher share its 2 CPUs (\`loadgen\` takes about a third), so it"
   doc "is run three times; the rate follows the dispatcher's CPU per job,"
-  doc "which the machine's other tenants move by 10-20% from one window to"
-  doc "the next."
+  doc "which the machine's other tenants move by up to a third from one"
+  doc "window to the next."
   for pass in 1 2 3; do
     run "50,000 jobs/s: 500 agents, 70,000 offered in batches of 500 for 5 s, pass $pass" -- \
       bash -c "scripts/bench/loadgen-cpu.sh $DISP $LG $TMP/lg50k-$pass | sed 's/^/    /'"
