@@ -728,16 +728,9 @@ impl JobRecord {
     }
 }
 
-/// Put the length of `buf[body..]` in front of it, as a varint: a body
-/// written first, its length known only then (the body moves by the
-/// prefix's bytes).
-pub(crate) fn prefix_length(buf: &mut Vec<u8>, body: usize) {
-    let len = buf.len() - body;
-    let n = prost::encoding::encoded_len_varint(len as u64);
-    buf.resize(body + len + n, 0);
-    buf.copy_within(body..body + len, body + n);
-    prost::encoding::encode_varint(len as u64, &mut &mut buf[body..body + n]);
-}
+/// Put the length of `buf[body..]` in front of it, as a varint (the
+/// proto crate's, which its submit replies use too).
+pub(crate) use proto::reply::prefix_length;
 
 /// SUCCEEDED, FAILED, CANCELLED or LOST: a state a job never leaves.
 pub(crate) fn is_terminal_state(state: i32) -> bool {

@@ -31,12 +31,7 @@ impl EncodedJobs {
         encoding::encode_key(JOBS_TAG, WireType::LengthDelimited, &mut self.bytes);
         let body = self.bytes.len();
         encode(&mut self.bytes);
-        // The length is known only now: move the body by its varint.
-        let len = self.bytes.len() - body;
-        let n = encoding::encoded_len_varint(len as u64);
-        self.bytes.resize(body + len + n, 0);
-        self.bytes.copy_within(body..body + len, body + n);
-        encoding::encode_varint(len as u64, &mut &mut self.bytes[body..body + n]);
+        prefix_length(&mut self.bytes, body);
         self.count += 1;
     }
 
@@ -54,6 +49,19 @@ impl EncodedJobs {
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes
     }
+}
+
+/// Put the length of `buf[body..]` in front of it, as a varint: a body
+/// written first, its length known only then (the body moves by the
+/// prefix's bytes). prost's `message::encode` computes the length first,
+/// a whole extra pass over the message; the dispatcher's store encodes
+/// its records this way too.
+pub fn prefix_length(buf: &mut Vec<u8>, body: usize) {
+    let len = buf.len() - body;
+    let n = encoding::encoded_len_varint(len as u64);
+    buf.resize(body + len + n, 0);
+    buf.copy_within(body..body + len, body + n);
+    encoding::encode_varint(len as u64, &mut &mut buf[body..body + n]);
 }
 
 /// The tag of both replies' `repeated Job jobs = 1`.
