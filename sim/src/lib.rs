@@ -40,6 +40,7 @@ pub mod error;
 pub mod gangmix;
 pub mod gpufrag;
 pub mod hackbench;
+pub mod jobs_csv;
 pub mod layout;
 pub mod metrics;
 pub mod policy;

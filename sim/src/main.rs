@@ -13,7 +13,8 @@
 //!   forms.
 //!
 //! Output: a table (default), `--format json` or `csv`; `--svg DIR` writes
-//! plots; a progress bar on stderr when it is a terminal.
+//! plots; `--jobs-out DIR` each policy's jobs, one CSV line each
+//! (`sim::jobs_csv`); a progress bar on stderr when it is a terminal.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -96,6 +97,10 @@ struct Common {
     /// Write SVG plots into this directory.
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// Write each policy's jobs, one CSV line each, into this directory
+    /// (`NAME.POLICY.jobs.csv`; see `sim::jobs_csv`).
+    #[arg(long)]
+    jobs_out: Option<PathBuf>,
     /// Name of the run in reports and SVG file names (default: from the
     /// workload).
     #[arg(long)]
@@ -315,6 +320,9 @@ fn run_policies(
         let out = simulate(layout, w, p, &cfg, &mut |done| pb.set_position(base + done))
             .with_context(|| format!("policy {}", p.name))?;
         on_run(&out);
+        if let Some(dir) = &common.jobs_out {
+            write_jobs(dir, svg_name, w, &out)?;
+        }
         reports.push(metrics::report(
             out,
             w,
@@ -343,6 +351,17 @@ fn run_policies(
         write_svgs(dir, svg_name, &report)?;
     }
     Ok(report)
+}
+
+/// `--jobs-out`: one run's jobs into `DIR/NAME.POLICY.jobs.csv`.
+fn write_jobs(dir: &Path, name: &str, w: &Workload, out: &sim::engine::RunOutput) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("--jobs-out {}", dir.display()))?;
+    let path = dir.join(format!("{name}.{}.jobs.csv", out.policy));
+    let file = std::fs::File::create(&path).with_context(|| format!("{}", path.display()))?;
+    let mut file = std::io::BufWriter::new(file);
+    sim::jobs_csv::write(&mut file, w, &out.records)
+        .and_then(|()| std::io::Write::flush(&mut file))
+        .with_context(|| format!("{}", path.display()))
 }
 
 fn write_svgs(dir: &Path, name: &str, r: &RunReport) -> Result<()> {
