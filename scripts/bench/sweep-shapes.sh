@@ -8,12 +8,20 @@
 # where a queue's tail is made, and marks a run where ours is worse in
 # mean or bounded slowdown.
 #
-#   scripts/bench/sweep-shapes.sh SIM OUTDIR
+#   scripts/bench/sweep-shapes.sh SIM [OUTDIR]
 #
-# SIM is a release `dispatch-sim` (cargo build --release -p sim). Each
-# run is a few seconds; the whole sweep ~2 minutes on 2 cores.
+# SIM is a release `dispatch-sim` (cargo build --release -p sim). OUTDIR
+# keeps each run's summary CSV and its jobs (`OUTDIR/jobs/`); without it
+# they go to a temporary directory, removed at the end. The whole sweep:
+# ~7 s on 2 cores. `bench/run.sh` runs it into docs/BENCHMARKS.md.
 set -euo pipefail
-sim=$1 out=$2
+sim=$1
+if [ $# -ge 2 ]; then
+  out=$2
+else
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+fi
 mkdir -p "$out"
 run() {
   local name=$1
