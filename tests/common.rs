@@ -183,20 +183,37 @@ pub struct Dispatcher {
     /// Its data directory.
     pub data_dir: PathBuf,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Dispatcher {
     /// Start a dispatcher with its data under `dir`; `extra` flags are
     /// appended (e.g. `--heartbeat-ms 200`).
     pub fn start(dir: &Path, extra: &[&str]) -> Result<Self> {
-        Self::start_on(dir, 0, extra.iter().map(|s| s.to_string()).collect())
+        Self::start_env(dir, extra, &[])
+    }
+
+    /// [`Dispatcher::start`] with these environment variables set (kept
+    /// across [`Dispatcher::kill9_and_restart`]).
+    pub fn start_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Result<Self> {
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::start_on(dir, 0, extra.iter().map(|s| s.to_string()).collect(), env)
     }
 
     /// Start on `port`; 0 lets the kernel choose (the port is then read
     /// from what the dispatcher prints).
-    fn start_on(dir: &Path, port: u16, extra: Vec<String>) -> Result<Self> {
+    fn start_on(
+        dir: &Path,
+        port: u16,
+        extra: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> Result<Self> {
         let data_dir = dir.join("dispatcher");
         let mut cmd = Command::new(binary("dispatcher"));
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
             .arg("--data-dir")
@@ -214,6 +231,7 @@ impl Dispatcher {
             port,
             data_dir,
             extra,
+            env,
         };
         d.wait_ready(Duration::from_secs(30))?;
         Ok(d)
@@ -268,7 +286,7 @@ impl Dispatcher {
     /// SIGKILL it and start it again on the same port and data.
     pub fn kill9_and_restart(&mut self, dir: &Path) -> Result<()> {
         self.proc.kill9();
-        let fresh = Self::start_on(dir, self.port, self.extra.clone())?;
+        let fresh = Self::start_on(dir, self.port, self.extra.clone(), self.env.clone())?;
         *self = fresh;
         Ok(())
     }
@@ -706,6 +724,7 @@ impl Dispatcher {
             port: 0,
             data_dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
         };
         d.wait_ready(Duration::from_secs(30))?;
         Ok(d)
@@ -1046,7 +1065,7 @@ impl Dispatcher {
             etcd_url.into(),
         ];
         flags.extend(extra.iter().map(|s| s.to_string()));
-        Self::start_on(&own, 0, flags)
+        Self::start_on(&own, 0, flags, Vec::new())
     }
 }
 

@@ -141,3 +141,53 @@ fn hackbench_jobs_check_mode() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// The dispatcher's anonymous memory in transparent huge pages, KiB
+/// (`AnonHugePages` of `/proc/PID/smaps_rollup`).
+fn anon_huge_kib(pid: u32) -> anyhow::Result<u64> {
+    let path = format!("/proc/{pid}/smaps_rollup");
+    let text = std::fs::read_to_string(&path)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("AnonHugePages:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no AnonHugePages line in {path}"))
+}
+
+/// `DISPATCH_HUGE_PAGES=1` backs the dispatcher's heap with transparent
+/// huge pages (`dispatcher::allocator::options`) where the kernel offers
+/// them: once it listens, part of its memory is in huge pages. Where the
+/// kernel's mode is `madvise` (this machine's), a dispatcher without the
+/// variable has none, so the pages are the variable's doing. With THP
+/// off (`never`) there is nothing to see and the test says so.
+#[test]
+fn huge_pages_back_the_heap_when_asked() -> anyhow::Result<()> {
+    let mode =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if mode.is_empty() || mode.contains("[never]") {
+        eprintln!("transparent huge pages are off here ({mode:?}): nothing to check");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    for sub in ["with", "without"] {
+        std::fs::create_dir_all(dir.path().join(sub))?;
+    }
+    let with = Dispatcher::start_env(
+        &dir.path().join("with"),
+        &[],
+        &[("DISPATCH_HUGE_PAGES", "1")],
+    )?;
+    let huge = anon_huge_kib(with.proc.pid())?;
+    assert!(
+        huge >= 2048,
+        "DISPATCH_HUGE_PAGES=1 and THP {mode:?}, but {huge} KiB in huge pages"
+    );
+    if mode.contains("[madvise]") {
+        let without = Dispatcher::start(&dir.path().join("without"), &[])?;
+        let none = anon_huge_kib(without.proc.pid())?;
+        assert_eq!(
+            none, 0,
+            "huge pages without DISPATCH_HUGE_PAGES (THP {mode:?})"
+        );
+    }
+    Ok(())
+}

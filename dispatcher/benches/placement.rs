@@ -27,7 +27,9 @@
 //! (`-- --nodes 10000`: one size only, for profiling; `-- --batch K`: one
 //! batch size only; `-- --ops N`: N measured ops per size, for steadier
 //! wall-clock figures; `-- --tick-rounds N`: the retention every N
-//! rounds, see [`TICK_ROUNDS`]). Under
+//! rounds, see [`TICK_ROUNDS`]). With `DISPATCH_HUGE_PAGES=1` in the
+//! environment the heap is in transparent huge pages, as a dispatcher
+//! run so ([`dispatcher::allocator::options`]). Under
 //! `cargo test` (no `--bench` argument), or with `--check`, it runs the same
 //! loops at a small size in check mode: after every step both sides verify
 //! their results against an account the bench keeps itself (see

@@ -88,23 +88,79 @@ pub const MI_OPTION_ARENA_EAGER_COMMIT: mi::mi_option_t = 4;
 /// mimalloc's `mi_option_purge_delay` (index 15 in both generations).
 pub const MI_OPTION_PURGE_DELAY: mi::mi_option_t = 15;
 
+/// mimalloc's `mi_option_allow_large_os_pages` (index 6 in both
+/// generations).
+pub const MI_OPTION_ALLOW_LARGE_OS_PAGES: mi::mi_option_t = 6;
+
+/// The environment variable that backs the heap with transparent huge
+/// pages: `1`, `true`, `yes` or `on` ([`options`]).
+pub const HUGE_PAGES_ENV: &str = "DISPATCH_HUGE_PAGES";
+
+/// [`HUGE_PAGES_ENV`] as `getenv` takes it.
+const HUGE_PAGES_ENV_C: &std::ffi::CStr = c"DISPATCH_HUGE_PAGES";
+
 /// How long freed pages stay committed before they are purged, ms.
 pub const PURGE_DELAY_MS: std::ffi::c_long = 1000;
 
-/// The options the dispatcher runs mimalloc with: commit arena memory as
-/// it is used rather than up front, and give freed pages back 1 s after
-/// they were freed (the version's default). With eager commit the
-/// dispatcher started at 64 MiB of RSS instead of 52 and held about 2 KB
-/// more per pending job, for no throughput (measured in
-/// docs/BENCHMARKS.md, "The allocator"). A delay of 10 ms, chosen when
-/// nothing else gave memory back, made the busy dispatcher return pages
-/// it needed again at once: 1.28 page faults per job under `loadgen`'s
-/// 50,000 jobs/s against 0.52-0.59 with 1 s, each a fault and a zeroed
-/// page; purging at once (0) cost 5-10% of the throughput. Since the idle
-/// threads collect and purge themselves (`collect_when_idle`, the
-/// dispatcher binary's upkeep thread), the longer delay holds no more
-/// memory at rest: the same bytes per pending job and per relayed node
-/// (docs/BENCHMARKS.md, "Session 24 (lead)").
+/// The options the dispatcher runs mimalloc with, as `(option, value)`.
+///
+/// By default: commit arena memory as it is used rather than up front,
+/// and give freed pages back 1 s after they were freed (the version's
+/// default). With eager commit the dispatcher started at 64 MiB of RSS
+/// instead of 52 and held about 2 KB more per pending job, for no
+/// throughput (measured in docs/BENCHMARKS.md, "The allocator"). A delay
+/// of 10 ms, chosen when nothing else gave memory back, made the busy
+/// dispatcher return pages it needed again at once: 1.28 page faults per
+/// job under `loadgen`'s 50,000 jobs/s against 0.52-0.59 with 1 s, each a
+/// fault and a zeroed page; purging at once (0) cost 5-10% of the
+/// throughput. Since the idle threads collect and purge themselves
+/// (`collect_when_idle`, the dispatcher binary's upkeep thread), the
+/// longer delay holds no more memory at rest: the same bytes per pending
+/// job and per relayed node (docs/BENCHMARKS.md, "Session 24 (lead)").
+///
+/// With `huge_pages` ([`HUGE_PAGES_ENV`]): arenas committed up front and
+/// advised for transparent huge pages (`MADV_HUGEPAGE`, which a kernel
+/// whose THP mode is `madvise` needs; mimalloc's large OS pages imply
+/// eager commit). A dispatcher of 100,000 nodes touches its job table,
+/// its nodes and the engine's per-node state at random on every
+/// placement and finish, a working set of hundreds of MB that 4 KiB
+/// pages spread over more TLB entries than the CPU has: the placement
+/// bench placed 23% more jobs per second at 100,000 nodes in the median
+/// of eight alternated pairs (-17% to +69%), 10% more at 10,000 (-7% to
+/// +32%; docs/BENCHMARKS.md, "Session 36 (lead)"). It costs memory (eager
+/// commit in 2 MiB pages: an idle dispatcher 58.6 MB of RSS instead of
+/// 51.6, and eager commit held ~2 KB more per pending job when it was
+/// measured), so it is for large clusters, off by default.
+pub fn options(huge_pages: bool) -> [(mi::mi_option_t, std::ffi::c_long); 3] {
+    [
+        (MI_OPTION_ARENA_EAGER_COMMIT, huge_pages.into()),
+        (MI_OPTION_ALLOW_LARGE_OS_PAGES, huge_pages.into()),
+        (MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS),
+    ]
+}
+
+/// Whether [`HUGE_PAGES_ENV`]'s value turns huge pages on.
+pub fn huge_pages_value(v: &[u8]) -> bool {
+    matches!(v, b"1" | b"true" | b"yes" | b"on")
+}
+
+/// [`HUGE_PAGES_ENV`] from the process environment, read without
+/// allocating: this runs before the allocator's first arena exists.
+fn huge_pages_from_env() -> bool {
+    unsafe extern "C" {
+        fn getenv(name: *const std::ffi::c_char) -> *const std::ffi::c_char;
+    }
+    // SAFETY: `getenv` reads the environment with a NUL-terminated name;
+    // the result, when not null, is a NUL-terminated string that stays
+    // valid while nothing sets the variable (nothing does before `main`).
+    unsafe {
+        let p = getenv(HUGE_PAGES_ENV_C.as_ptr());
+        !p.is_null() && huge_pages_value(std::ffi::CStr::from_ptr(p).to_bytes())
+    }
+}
+
+/// Set mimalloc's options ([`options`], huge pages as
+/// [`HUGE_PAGES_ENV`] says).
 ///
 /// Call it before the first allocation reserves mimalloc's first arena,
 /// which happens before `main`: from a `.init_array` entry of the
@@ -113,17 +169,44 @@ pub const PURGE_DELAY_MS: std::ffi::c_long = 1000;
 /// placement bench do, so that the bench measures the allocator as the
 /// dispatcher runs it.
 pub extern "C" fn tune() {
-    // SAFETY: mi_option_set only stores an integer in mimalloc's option
-    // table; the indexes are its options (see the constants).
-    unsafe {
-        mi::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0);
-        mi::mi_option_set(MI_OPTION_PURGE_DELAY, PURGE_DELAY_MS);
+    for (option, value) in options(huge_pages_from_env()) {
+        // SAFETY: mi_option_set only stores an integer in mimalloc's
+        // option table; the indexes are its options (see the constants).
+        unsafe { mi::mi_option_set(option, value) };
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The default commits lazily with no huge pages; huge pages commit
+    /// eagerly and allow large OS pages; the purge delay is the same.
+    #[test]
+    fn huge_pages_switch_eager_commit_and_large_pages_together() {
+        let get = |o: &[(mi::mi_option_t, std::ffi::c_long)], k| {
+            o.iter().find(|(x, _)| *x == k).map(|(_, v)| *v)
+        };
+        let off = options(false);
+        let on = options(true);
+        assert_eq!(get(&off, MI_OPTION_ARENA_EAGER_COMMIT), Some(0));
+        assert_eq!(get(&off, MI_OPTION_ALLOW_LARGE_OS_PAGES), Some(0));
+        assert_eq!(get(&on, MI_OPTION_ARENA_EAGER_COMMIT), Some(1));
+        assert_eq!(get(&on, MI_OPTION_ALLOW_LARGE_OS_PAGES), Some(1));
+        assert_eq!(get(&off, MI_OPTION_PURGE_DELAY), Some(PURGE_DELAY_MS));
+        assert_eq!(get(&on, MI_OPTION_PURGE_DELAY), Some(PURGE_DELAY_MS));
+    }
+
+    #[test]
+    fn the_huge_pages_variable_takes_the_usual_yes_values() {
+        for v in ["1", "true", "yes", "on"] {
+            assert!(huge_pages_value(v.as_bytes()), "{v}");
+        }
+        for v in ["", "0", "false", "no", "off", "2", "TRUE"] {
+            assert!(!huge_pages_value(v.as_bytes()), "{v}");
+        }
+        assert_eq!(HUGE_PAGES_ENV_C.to_str(), Ok(HUGE_PAGES_ENV));
+    }
 
     /// Every size from 1 byte to past the small size classes, at every
     /// alignment from 1 to 4 KiB, comes back aligned, writable, zeroed
