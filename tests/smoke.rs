@@ -158,9 +158,22 @@ fn anon_huge_kib(pid: u32) -> anyhow::Result<u64> {
 /// them: once it listens, part of its memory is in huge pages. Where the
 /// kernel's mode is `madvise` (this machine's), a dispatcher without the
 /// variable has none, so the pages are the variable's doing. With THP
-/// off (`never`) there is nothing to see and the test says so.
+/// off (`never`) there is nothing to see and the test says so. A value
+/// it does not know stops the dispatcher with an error naming it.
 #[test]
 fn huge_pages_back_the_heap_when_asked() -> anyhow::Result<()> {
+    let bad = tempfile::tempdir()?;
+    let refused = Dispatcher::start_env(bad.path(), &[], &[("DISPATCH_HUGE_PAGES", "maybe")]);
+    match refused {
+        Ok(_) => anyhow::bail!("DISPATCH_HUGE_PAGES=maybe was accepted"),
+        Err(e) => {
+            let text = format!("{e:#}");
+            assert!(
+                text.contains("DISPATCH_HUGE_PAGES=\"maybe\": want 1, true, yes or on"),
+                "{text}"
+            );
+        }
+    }
     let mode =
         std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
     if mode.is_empty() || mode.contains("[never]") {

@@ -139,9 +139,28 @@ pub fn options(huge_pages: bool) -> [(mi::mi_option_t, std::ffi::c_long); 3] {
     ]
 }
 
-/// Whether [`HUGE_PAGES_ENV`]'s value turns huge pages on.
-pub fn huge_pages_value(v: &[u8]) -> bool {
-    matches!(v, b"1" | b"true" | b"yes" | b"on")
+/// What [`HUGE_PAGES_ENV`]'s value says: `Some(true)` for `1`, `true`,
+/// `yes`, `on`; `Some(false)` for `0`, `false`, `no`, `off` and the empty
+/// value; `None` for anything else, which the dispatcher refuses at
+/// start ([`check_huge_pages_env`]) and the allocator reads as off.
+pub fn huge_pages_value(v: &[u8]) -> Option<bool> {
+    match v {
+        b"1" | b"true" | b"yes" | b"on" => Some(true),
+        b"" | b"0" | b"false" | b"no" | b"off" => Some(false),
+        _ => None,
+    }
+}
+
+/// The binary's check, once it may allocate and report: an unknown
+/// [`HUGE_PAGES_ENV`] value is an error naming the variable (`tune`,
+/// before `main`, could only read it as off).
+pub fn check_huge_pages_env() -> Result<(), String> {
+    match std::env::var_os(HUGE_PAGES_ENV) {
+        Some(v) if huge_pages_value(v.as_encoded_bytes()).is_none() => Err(format!(
+            "{HUGE_PAGES_ENV}={v:?}: want 1, true, yes or on (huge pages), or 0, false, no, off"
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// [`HUGE_PAGES_ENV`] from the process environment, read without
@@ -155,7 +174,7 @@ fn huge_pages_from_env() -> bool {
     // valid while nothing sets the variable (nothing does before `main`).
     unsafe {
         let p = getenv(HUGE_PAGES_ENV_C.as_ptr());
-        !p.is_null() && huge_pages_value(std::ffi::CStr::from_ptr(p).to_bytes())
+        !p.is_null() && huge_pages_value(std::ffi::CStr::from_ptr(p).to_bytes()) == Some(true)
     }
 }
 
@@ -198,12 +217,15 @@ mod tests {
     }
 
     #[test]
-    fn the_huge_pages_variable_takes_the_usual_yes_values() {
+    fn the_huge_pages_variable_takes_the_usual_values_and_refuses_others() {
         for v in ["1", "true", "yes", "on"] {
-            assert!(huge_pages_value(v.as_bytes()), "{v}");
+            assert_eq!(huge_pages_value(v.as_bytes()), Some(true), "{v}");
         }
-        for v in ["", "0", "false", "no", "off", "2", "TRUE"] {
-            assert!(!huge_pages_value(v.as_bytes()), "{v}");
+        for v in ["", "0", "false", "no", "off"] {
+            assert_eq!(huge_pages_value(v.as_bytes()), Some(false), "{v}");
+        }
+        for v in ["2", "TRUE", "y", " 1"] {
+            assert_eq!(huge_pages_value(v.as_bytes()), None, "{v}");
         }
         assert_eq!(HUGE_PAGES_ENV_C.to_str(), Ok(HUGE_PAGES_ENV));
     }

@@ -604,6 +604,7 @@ fn main() -> Result<()> {
         ));
     }
     let args = Args::parse();
+    dispatcher::allocator::check_huge_pages_env().map_err(anyhow::Error::msg)?;
     init_logging(&args.log_format);
     dispatcher::idle::set_hook(collect_when_idle);
     if let Err(err) = start_allocator_upkeep() {
