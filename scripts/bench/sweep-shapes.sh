@@ -50,12 +50,13 @@ for seed in 1 2 3 4 5; do
   run "tiny-s$seed" --jobs 20000 --cluster 1z:2r:4n --node 1s:4c:1t --load 0.9 --seed "$seed"
 done
 python3 - "$out" <<'PY'
-import csv, glob, os, sys
+import csv, glob, math, os, sys
 out = sys.argv[1]
 
 def pct(v, p):
+    # Nearest rank, as the simulator's own percentiles (sim::metrics::percentile).
     v = sorted(v)
-    return v[min(len(v) - 1, int(len(v) * p / 100))] if v else float("nan")
+    return v[min(max(math.ceil(p / 100 * len(v)), 1), len(v)) - 1] if v else 0.0
 
 def widest(name, policy):
     path = f"{out}/jobs/{name}.{policy}.jobs.csv"

@@ -301,7 +301,7 @@ fn run_policies(
     layout: &Layout,
     w: &Workload,
     common: &Common,
-    svg_name: &str,
+    name: &str,
     on_run: &mut dyn FnMut(&sim::engine::RunOutput),
 ) -> Result<RunReport> {
     let policies = PolicySpec::parse_list(&common.policies)?;
@@ -321,7 +321,7 @@ fn run_policies(
             .with_context(|| format!("policy {}", p.name))?;
         on_run(&out);
         if let Some(dir) = &common.jobs_out {
-            write_jobs(dir, svg_name, w, &out)?;
+            write_jobs(dir, name, w, &out)?;
         }
         reports.push(metrics::report(
             out,
@@ -348,7 +348,7 @@ fn run_policies(
         policies: reports,
     };
     if let Some(dir) = &common.svg {
-        write_svgs(dir, svg_name, &report)?;
+        write_svgs(dir, name, &report)?;
     }
     Ok(report)
 }
