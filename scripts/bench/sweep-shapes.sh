@@ -44,7 +44,7 @@ run overload --jobs 20000 --cluster 2z:4r:10n --node 2s:8c:2t --load 1.2
 run fanout-heavy --jobs 20000 --cluster 2z:4r:10n --node 2s:8c:2t --fanout 0.3:32 --load 0.8
 run gangs --jobs 20000 --cluster 2z:4r:10n --node 2s:8c:2t --gangs 0.2:4 --load 0.8
 run no-limits --jobs 20000 --cluster 2z:4r:10n --node 2s:8c:2t --limit-overestimate -1 --load 0.9
-# A cluster of four 4-CPU nodes, five seeds: the default mix's 8- and
+# A cluster of eight 4-CPU nodes (two racks of four), five seeds: the default mix's 8- and
 # 16-CPU jobs become whole-node jobs, 40% of all.
 for seed in 1 2 3 4 5; do
   run "tiny-s$seed" --jobs 20000 --cluster 1z:2r:4n --node 1s:4c:1t --load 0.9 --seed "$seed"
