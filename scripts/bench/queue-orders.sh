@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The queue orders a site can choose, side by side on queues that stay
-# deep: the default (shortest remaining limit first, with aging bounded
+# The queue orders a site can choose, side by side under load (offered
+# 0.85-1.2, where jobs queue): the default (shortest remaining limit first, with aging bounded
 # by each job's own limit), `--deadline-order true`, `--shortest-limit-first
 # false` (the domain's queue by age, with backfill) and a central
 # least-loaded queue. Seven cluster shapes and workloads (whole-node jobs
