@@ -172,6 +172,16 @@ pub struct SchedConfig {
     /// until it is the oldest head of its domain. No tunable: the wait is
     /// compared with the task's own limit. Off by default.
     pub limit_aging: bool,
+    /// With `limit_aging`: the overdue tier serves the widest task that
+    /// fits first (then the shortest remaining limit). A narrow overdue
+    /// task starts on any CPU that frees; a wide one only where as many
+    /// free at once, which shortest first gave to narrow tasks as often
+    /// as not, so the widest waited out every burst. Whole-node jobs on
+    /// small saturated nodes: mean response 4% lower and their longest
+    /// wait 7-9% shorter over 51 runs of shapes no table uses
+    /// (docs/BENCHMARKS.md, "Session 37 (lead)"). Off by default (the
+    /// dispatcher turns it on).
+    pub overdue_widest_first: bool,
 }
 
 impl Default for SchedConfig {
@@ -202,6 +212,7 @@ impl Default for SchedConfig {
             shortest_limit_first: false,
             deadline_order: false,
             limit_aging: false,
+            overdue_widest_first: false,
         }
     }
 }

@@ -32,6 +32,10 @@
 //! to the first tier; each tier is served shortest remaining limit first.
 //! The move is made when the queue is served (`fifo_pull`), from a set of
 //! the waiting tasks by deadline: O(log n) per task that becomes overdue.
+//! With [`crate::SchedConfig::overdue_widest_first`] the overdue tier
+//! serves the widest task that fits first, then the shortest remaining
+//! limit: room wide enough for a wide overdue task goes to it rather than
+//! to narrow ones, which any CPU that frees can start.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,10 +55,12 @@ use crate::topology::{LeafId, Topology};
 pub(crate) type WaitKey = (bool, u64, u64, u64, TaskId);
 
 /// A waiting task's place in the order `fifo_pull` serves: (not latency
-/// class, not overdue, its [`WaitKey`]). Without
-/// [`crate::SchedConfig::limit_aging`] no task is overdue and ranks sort
-/// as their wait keys.
-pub(crate) type Rank = (bool, bool, WaitKey);
+/// class, not overdue, width order, its [`WaitKey`]). The width order is
+/// `u32::MAX - demand` for an overdue task under
+/// [`crate::SchedConfig::overdue_widest_first`] (the widest first), 0
+/// otherwise. Without [`crate::SchedConfig::limit_aging`] no task is
+/// overdue and ranks sort as their wait keys.
+pub(crate) type Rank = (bool, bool, u32, WaitKey);
 
 /// The block skip's data in `oldest_fitting`: the reservation, its start,
 /// and its task with that task's key.
@@ -89,6 +95,9 @@ pub(crate) struct DomainHeads {
     /// With `shortest` (not `deadline`): aging bounded by each task's own
     /// limit ([`crate::SchedConfig::limit_aging`]).
     aging: bool,
+    /// With `aging`, the overdue tier serves the widest task first
+    /// ([`crate::SchedConfig::overdue_widest_first`]).
+    widest: bool,
     /// Per domain, its waiting tasks by demand, each bucket in queue order
     /// ([`WaitKey`]; kept only with `fifo`); with `aging`, those not
     /// overdue.
@@ -193,6 +202,7 @@ impl DomainHeads {
             shortest: fifo && config.shortest_limit_first,
             deadline: fifo && config.shortest_limit_first && config.deadline_order,
             aging,
+            widest: aging && config.overdue_widest_first,
             waiting: if fifo {
                 vec![BTreeMap::new(); next]
             } else {
@@ -301,7 +311,19 @@ impl DomainHeads {
             && self.overdue[dom]
                 .get(&t.demand)
                 .is_some_and(|s| s.contains(&key));
-        (key.0, !overdue, key)
+        self.rank(key, !overdue, t.demand)
+    }
+
+    /// The [`Rank`] of the task of `key` and `demand`, in the fresh tier
+    /// or the overdue one.
+    #[inline]
+    fn rank(&self, key: WaitKey, fresh: bool, demand: u32) -> Rank {
+        let width = if !fresh && self.widest {
+            u32::MAX - demand
+        } else {
+            0
+        };
+        (key.0, fresh, width, key)
     }
 
     /// True when the task of `key`, and every task after it of its class
@@ -559,7 +581,7 @@ impl Sched {
             skip.as_ref(),
             &mut best,
         );
-        best.map(|((_, _, (_, _, _, _, p)), src)| (p, src))
+        best.map(|((_, _, _, (_, _, _, _, p)), src)| (p, src))
     }
 
     /// One tier of `oldest_fitting`'s walk (`fresh`: not overdue): in each
@@ -578,7 +600,7 @@ impl Sched {
         for (&demand, set) in tier.range(..=free) {
             let mut keys = set.range(..);
             while let Some(&key) = keys.next() {
-                let rank = (key.0, fresh, key);
+                let rank = self.domains.rank(key, fresh, demand);
                 if best.is_some_and(|(b, _)| rank >= b) {
                     break;
                 }
@@ -595,12 +617,12 @@ impl Sched {
                         && hk.0 == key.0
                         && *hk > key
                         && (!self.domains.aging || set.contains(hk))
-                        && best.is_none_or(|(b, _)| (hk.0, fresh, *hk) < b)
+                        && best.is_none_or(|(b, _)| self.domains.rank(*hk, fresh, demand) < b)
                         && let crate::task::TaskState::Queued(src) = h.state
                         && h.allowed(dst)
                         && rq.can_start(h.demand, h.align)
                     {
-                        *best = Some(((hk.0, fresh, *hk), src));
+                        *best = Some((self.domains.rank(*hk, fresh, demand), src));
                         break;
                     }
                     if key.0 {
@@ -650,10 +672,9 @@ impl Sched {
         }
         match self.oldest_fitting(dst, now) {
             None => true,
-            Some((p, _)) => self
-                .tasks
-                .get(&p)
-                .is_some_and(|o| self.domains.rank_of(dom, o) > (key.0, true, key)),
+            Some((p, _)) => self.tasks.get(&p).is_some_and(|o| {
+                self.domains.rank_of(dom, o) > self.domains.rank(key, true, t.demand)
+            }),
         }
     }
 

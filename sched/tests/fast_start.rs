@@ -138,6 +138,8 @@ struct Scenario {
     /// `SchedConfig::limit_aging` (with `shortest_limit_first`, without
     /// `deadline_order`).
     aging: bool,
+    /// `SchedConfig::overdue_widest_first` (with `aging`).
+    widest: bool,
 }
 
 /// The dispatcher's switches (`ClusterConfig::default`).
@@ -158,9 +160,10 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         switches(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(topo, capacities, jobs, ops, switches, deadline, aging)| Scenario {
+            |(topo, capacities, jobs, ops, switches, deadline, aging, widest)| Scenario {
                 topo,
                 capacities,
                 jobs,
@@ -168,6 +171,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 switches,
                 deadline,
                 aging,
+                widest,
             },
         )
 }
@@ -209,6 +213,7 @@ fn build(sc: &Scenario, fast: bool, gates: u8) -> Sched {
     let mut config = gated(switches::config_of(sc.switches), gates);
     config.deadline_order = sc.deadline;
     config.limit_aging = sc.aging;
+    config.overdue_widest_first = sc.widest;
     let mut s = Sched::with_capacities(topo, &sc.capacities[..n], config);
     s.set_fast_start(fast);
     s.set_shortcuts(fast);
@@ -438,6 +443,7 @@ fn a_wakeup_dated_before_the_protected_heads_wait_is_not_fast() {
         switches: DISPATCHER,
         deadline: false,
         aging: false,
+        widest: false,
     };
     let mut seen = Seen::default();
     run(&sc, &mut seen, 0).unwrap();

@@ -9,11 +9,14 @@
 //!   tasks the oracle picks: repeatedly the first, by (latency class,
 //!   overdue, shortest remaining limit, earliest arrival), of those that
 //!   fit its remaining room, where overdue means the task has waited at
-//!   least its limit (arrival + limit <= now).
+//!   least its limit (arrival + limit <= now); with
+//!   `SchedConfig::overdue_widest_first`, overdue tasks by width, widest
+//!   first, before their limits.
 //! - No starvation: the reservation is unchanged by the aging (the
 //!   domain's oldest head keeps it), so a protected head starts no later
 //!   than the reservation it had when it became protected, under a
-//!   stream of shorter tasks, some of them overdue.
+//!   stream of shorter tasks, some of them overdue, with the overdue
+//!   tier shortest first or widest first.
 
 mod limited;
 
@@ -28,6 +31,7 @@ const UNIT: u64 = 1_000;
 
 fn config() -> SchedConfig {
     SchedConfig {
+        overdue_widest_first: false,
         backfill: true,
         domain_reservation: true,
         domain_fifo: true,
@@ -67,9 +71,10 @@ proptest! {
             ),
         )),
         late in 0u64..80,
+        widest in any::<bool>(),
     ) {
         let topo = Arc::new(Topology::from_spec("1z:1r:3n").unwrap());
-        let mut s = Sched::new(topo, cap, config());
+        let mut s = Sched::new(topo, cap, SchedConfig { overdue_widest_first: widest, ..config() });
         // Every node full, with a task that never ends by itself.
         for leaf in 0..3 {
             let t = add(&mut s, 100 + leaf as u64, cap, None);
@@ -100,16 +105,17 @@ proptest! {
             .map(|&(latency, limit, at, id, demand)| {
                 let remaining = limit.unwrap_or(u64::MAX);
                 let overdue = limit.is_some_and(|l| at + l <= now);
-                (!latency, !overdue, remaining, at, id, demand)
+                let width = if overdue && widest { u32::MAX - demand } else { 0 };
+                (!latency, !overdue, width, remaining, at, id, demand)
             })
             .collect();
         keys.sort();
         let mut room = cap;
         let mut want = Vec::new();
-        while let Some(i) = keys.iter().position(|k| k.5 <= room) {
+        while let Some(i) = keys.iter().position(|k| k.6 <= room) {
             let k = keys.remove(i);
-            room -= k.5;
-            want.push(k.4);
+            room -= k.6;
+            want.push(k.5);
         }
         prop_assert_eq!(started, want, "now {} tasks {:?}", now, tasks);
     }
@@ -124,9 +130,10 @@ proptest! {
         cap in 2u32..=8,
         first_end in 5u64..60,
         stream in prop::collection::vec((0usize..2, 1u64..40, 1u64..30, 1u64..6), 1..30),
+        widest in any::<bool>(),
     ) {
         let topo = Arc::new(Topology::from_spec("1z:1r:2n").unwrap());
-        let mut s = Sched::new(topo, cap, config());
+        let mut s = Sched::new(topo, cap, SchedConfig { overdue_widest_first: widest, ..config() });
         let a = add(&mut s, 1000, cap, Some(first_end * UNIT));
         s.wake_up_on(a, 0, 0).unwrap();
         let b = add(&mut s, 1001, cap, Some(2 * UNIT));

@@ -117,6 +117,8 @@ struct Scenario {
     /// `SchedConfig::limit_aging` (with `shortest_limit_first`, without
     /// `deadline_order`).
     aging: bool,
+    /// `SchedConfig::overdue_widest_first` (with `aging`).
+    widest: bool,
 }
 
 fn scenario() -> impl Strategy<Value = Scenario> {
@@ -128,9 +130,10 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         any::<[bool; 10]>(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(topo, capacities, jobs, ops, switches, deadline, aging)| Scenario {
+            |(topo, capacities, jobs, ops, switches, deadline, aging, widest)| Scenario {
                 topo,
                 capacities,
                 jobs,
@@ -138,6 +141,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                 switches,
                 deadline,
                 aging,
+                widest,
             },
         )
 }
@@ -175,6 +179,7 @@ fn build(sc: &Scenario, skip: bool) -> Sched {
     config.pull_longest_wait = longest;
     config.deadline_order = sc.deadline;
     config.limit_aging = sc.aging;
+    config.overdue_widest_first = sc.widest;
     let mut s = Sched::with_capacities(topo, &sc.capacities[..n], config);
     s.set_steal_skip(skip);
     for (i, j) in sc.jobs.iter().enumerate() {

@@ -320,6 +320,13 @@ struct Args {
     /// limit first alone, only the domain's reservation bounding a wait.
     #[arg(long, default_value_t = ClusterConfig::default().engine.limit_aging, action = clap::ArgAction::Set)]
     limit_aging: bool,
+    /// With limit aging: among the jobs that have waited as long as their
+    /// limit, the widest that fits starts first where room opens (a
+    /// narrow one can start on any CPU that frees, a wide one only where
+    /// as many free at once). Off: shortest limit first among them too
+    /// (README, "Queue order").
+    #[arg(long, default_value_t = ClusterConfig::default().engine.overdue_widest_first, action = clap::ArgAction::Set)]
+    overdue_widest_first: bool,
     /// Run-time predictions from each user's last two run times (EASY++),
     /// which backfill counts on: `off`; `unlimited`, for jobs without a
     /// timeout (a waiting head gets a date where it had none); `all`, for
@@ -711,6 +718,7 @@ async fn run(args: Args) -> Result<()> {
     cfg.engine.shortest_limit_first = args.shortest_limit_first;
     cfg.engine.deadline_order = args.deadline_order;
     cfg.engine.limit_aging = args.limit_aging;
+    cfg.engine.overdue_widest_first = args.overdue_widest_first;
     cfg.predict = dispatcher::cluster::runtimes::Predict::parse(&args.predict_runtimes)
         .ok_or_else(|| anyhow::anyhow!("--predict-runtimes: want off, unlimited or all"))?;
     cfg.owner_wake = dispatcher::cluster::wakers::OwnerWake::parse(&args.owner_wake)

@@ -122,8 +122,9 @@ fn a_freed_node_starts_the_shortest_job_of_its_rack() {
 }
 
 /// Nodes a and b (4 CPUs, one rack) each run a whole-node job (j-1,
-/// j-2); the `waiting` jobs (time limit in s, submitted at ms) queue
-/// behind them as j-3, j-4, ..., j-3 holding the domain's reservation.
+/// j-2); the `waiting` jobs (CPUs, time limit in s, submitted at ms)
+/// queue behind them as j-3, j-4, ..., j-3 holding the domain's
+/// reservation.
 /// At 500 s the node j-3 does not wait on frees: returns the `Assign`s
 /// sent then and the one expected for `started` on that node.
 #[allow(clippy::type_complexity)]
@@ -131,7 +132,8 @@ fn assigned_when_the_other_node_frees(
     shortest: bool,
     deadline: bool,
     aging: bool,
-    waiting: &[(u64, i64)],
+    widest: bool,
+    waiting: &[(u32, u64, i64)],
     started: &str,
 ) -> (Vec<(String, String)>, Vec<(String, String)>) {
     let mut cfg = ClusterConfig::default();
@@ -141,14 +143,16 @@ fn assigned_when_the_other_node_frees(
     cfg.engine.shortest_limit_first = shortest;
     cfg.engine.deadline_order = deadline;
     cfg.engine.limit_aging = aging;
+    cfg.engine.overdue_widest_first = widest;
     let mut c = Cluster::new(cfg);
     node(&mut c, "a", "1s:4c:1t", "r1");
     node(&mut c, "b", "1s:4c:1t", "r1");
     let mut fx = Effects::default();
     c.submit(vec![job(4, 100), job(4, 100)], true, 0, &mut fx)
         .unwrap();
-    for &(limit, at) in waiting {
-        c.submit(vec![job(4, limit)], false, at, &mut fx).unwrap();
+    for &(cpus, limit, at) in waiting {
+        c.submit(vec![job(cpus, limit)], false, at, &mut fx)
+            .unwrap();
     }
     for n in 0..waiting.len() {
         let j = format!("j-{}", n + 3);
@@ -188,9 +192,9 @@ fn by_deadline_a_long_job_starts_before_a_shorter_later_one() {
         (true, false, "j-5"),
         (false, false, "j-3"),
     ] {
-        let waiting = [(1_000, 1_000), (300, 2_000), (50, 400_000)];
+        let waiting = [(4, 1_000, 1_000), (4, 300, 2_000), (4, 50, 400_000)];
         let (got, want) =
-            assigned_when_the_other_node_frees(shortest, deadline, false, &waiting, started);
+            assigned_when_the_other_node_frees(shortest, deadline, false, false, &waiting, started);
         assert_eq!(got, want, "shortest {shortest} deadline {deadline}");
     }
 }
@@ -210,13 +214,35 @@ fn with_aging_an_overdue_job_starts_before_a_shorter_fresh_one() {
         (false, false, true, "j-6"),
         (false, false, false, "j-3"),
     ] {
-        let waiting = [(1_000, 1_000), (300, 2_000), (200, 150_000), (50, 480_000)];
+        let waiting = [
+            (4, 1_000, 1_000),
+            (4, 300, 2_000),
+            (4, 200, 150_000),
+            (4, 50, 480_000),
+        ];
         let (got, want) =
-            assigned_when_the_other_node_frees(shortest, deadline, aging, &waiting, started);
+            assigned_when_the_other_node_frees(shortest, deadline, aging, false, &waiting, started);
         assert_eq!(
             got, want,
             "deadline {deadline} aging {aging} shortest {shortest}"
         );
+    }
+}
+
+/// Among overdue jobs, the widest that fits first
+/// (`SchedConfig::overdue_widest_first`), against shortest limit first
+/// among them. j-3 (4 CPUs, 1,000 s) waits from 1 s and holds the
+/// reservation; j-4 (4 CPUs, 300 s) from 2 s; j-5 (1 CPU, 200 s) from
+/// 150 s. At 500 s both j-4 and j-5 are overdue and a whole node frees:
+/// widest first it goes to j-4, whose four CPUs seldom free at once;
+/// shortest first to j-5, which leaves three CPUs no waiting job fits.
+#[test]
+fn a_freed_node_goes_to_the_widest_overdue_job() {
+    for (widest, started) in [(true, "j-4"), (false, "j-5")] {
+        let waiting = [(4, 1_000, 1_000), (4, 300, 2_000), (1, 200, 150_000)];
+        let (got, want) =
+            assigned_when_the_other_node_frees(true, false, true, widest, &waiting, started);
+        assert_eq!(got, want, "widest {widest}");
     }
 }
 
