@@ -22,6 +22,43 @@ pub enum PackThreshold {
     Fraction(f64),
 }
 
+/// Which waiting tasks of a steal domain's queue are served widest first
+/// when room opens ([`SchedConfig::widest_first`]): among them, the task
+/// that fits with the largest demand goes first, then the queue's own
+/// order (shortest remaining limit, or deadline, or age).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WidestFirst {
+    /// The queue's own order alone.
+    #[default]
+    Never,
+    /// The overdue tier only ([`SchedConfig::limit_aging`]).
+    Overdue,
+    /// Every task (in each tier: the overdue tier still goes first).
+    Always,
+}
+
+impl WidestFirst {
+    /// The name a command line takes: `never`, `overdue`, `always`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WidestFirst::Never => "never",
+            WidestFirst::Overdue => "overdue",
+            WidestFirst::Always => "always",
+        }
+    }
+
+    /// The scope named `name` ([`WidestFirst::as_str`]).
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            WidestFirst::Never,
+            WidestFirst::Overdue,
+            WidestFirst::Always,
+        ]
+        .into_iter()
+        .find(|w| w.as_str() == name)
+    }
+}
+
 /// How node-limit gating counts NUMA nodes (cluster: zones).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeLimitScope {
@@ -172,16 +209,18 @@ pub struct SchedConfig {
     /// until it is the oldest head of its domain. No tunable: the wait is
     /// compared with the task's own limit. Off by default.
     pub limit_aging: bool,
-    /// With `limit_aging`: the overdue tier serves the widest task that
-    /// fits first (then the shortest remaining limit). A narrow overdue
-    /// task starts on any CPU that frees; a wide one only where as many
-    /// free at once, which shortest first gave to narrow tasks as often
-    /// as not, so the widest waited out every burst. Whole-node jobs on
-    /// small saturated nodes: mean response 4% lower and their longest
-    /// wait 7-9% shorter over 51 runs of shapes no table uses
-    /// (docs/BENCHMARKS.md, "Session 37 (lead)"). Off by default (the
-    /// dispatcher turns it on).
-    pub overdue_widest_first: bool,
+    /// With `domain_fifo`: which tasks of the domain's queue start widest
+    /// first ([`WidestFirst`]). A narrow task starts on any CPU that
+    /// frees; a wide one only where as many free at once, which the
+    /// shortest-first order gave to narrow tasks as often as not, so the
+    /// widest waited out every burst. Measured on 51 runs of shapes no
+    /// generated table uses (docs/BENCHMARKS.md, "Session 37 (lead)"),
+    /// against `Never`: `Overdue`, mean response 4% lower and the widest
+    /// jobs' longest wait 7-9% shorter; `Always`, mean response 5-6%
+    /// lower, that wait 18-37% shorter, the CPUs busier while work waits
+    /// in every run, bounded slowdown within 2%. `Never` by default (the
+    /// dispatcher uses `Always`).
+    pub widest_first: WidestFirst,
 }
 
 impl Default for SchedConfig {
@@ -212,7 +251,7 @@ impl Default for SchedConfig {
             shortest_limit_first: false,
             deadline_order: false,
             limit_aging: false,
-            overdue_widest_first: false,
+            widest_first: WidestFirst::Never,
         }
     }
 }

@@ -47,7 +47,7 @@ pub mod wake;
 pub mod weight;
 
 pub use alloc::{Align, FreeSummary};
-pub use config::{NodeLimitScope, PackThreshold, Policy, SchedConfig};
+pub use config::{NodeLimitScope, PackThreshold, Policy, SchedConfig, WidestFirst};
 pub use sched::{Sched, SchedError, SchedEvent};
 pub use select::{PlacePath, Placement, WakeChoice};
 pub use stats::Schedstats;

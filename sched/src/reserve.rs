@@ -32,14 +32,14 @@
 //! to the first tier; each tier is served shortest remaining limit first.
 //! The move is made when the queue is served (`fifo_pull`), from a set of
 //! the waiting tasks by deadline: O(log n) per task that becomes overdue.
-//! With [`crate::SchedConfig::overdue_widest_first`] the overdue tier
-//! serves the widest task that fits first, then the shortest remaining
-//! limit: room wide enough for a wide overdue task goes to it rather than
-//! to narrow ones, which any CPU that frees can start.
+//! With [`crate::SchedConfig::widest_first`] the overdue tier, or every
+//! tier, serves the widest task that fits first, then in its own order:
+//! room wide enough for a wide task goes to it rather than to narrow
+//! ones, which any CPU that frees can start.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::config::SchedConfig;
+use crate::config::{SchedConfig, WidestFirst};
 use crate::sched::Sched;
 use crate::task::{Task, TaskId};
 use crate::topology::{LeafId, Topology};
@@ -56,10 +56,10 @@ pub(crate) type WaitKey = (bool, u64, u64, u64, TaskId);
 
 /// A waiting task's place in the order `fifo_pull` serves: (not latency
 /// class, not overdue, width order, its [`WaitKey`]). The width order is
-/// `u32::MAX - demand` for an overdue task under
-/// [`crate::SchedConfig::overdue_widest_first`] (the widest first), 0
-/// otherwise. Without [`crate::SchedConfig::limit_aging`] no task is
-/// overdue and ranks sort as their wait keys.
+/// `u32::MAX - demand` (the widest first) for a task of a tier that
+/// [`crate::SchedConfig::widest_first`] covers, 0 otherwise. Without
+/// [`crate::SchedConfig::limit_aging`] no task is overdue; without either
+/// switch ranks sort as their wait keys.
 pub(crate) type Rank = (bool, bool, u32, WaitKey);
 
 /// The block skip's data in `oldest_fitting`: the reservation, its start,
@@ -95,9 +95,12 @@ pub(crate) struct DomainHeads {
     /// With `shortest` (not `deadline`): aging bounded by each task's own
     /// limit ([`crate::SchedConfig::limit_aging`]).
     aging: bool,
-    /// With `aging`, the overdue tier serves the widest task first
-    /// ([`crate::SchedConfig::overdue_widest_first`]).
-    widest: bool,
+    /// The overdue tier serves the widest task first
+    /// ([`crate::SchedConfig::widest_first`] `Overdue` or `Always`, with
+    /// `aging`).
+    widest_overdue: bool,
+    /// The fresh tier too ([`crate::SchedConfig::widest_first`] `Always`).
+    widest_fresh: bool,
     /// Per domain, its waiting tasks by demand, each bucket in queue order
     /// ([`WaitKey`]; kept only with `fifo`); with `aging`, those not
     /// overdue.
@@ -202,7 +205,8 @@ impl DomainHeads {
             shortest: fifo && config.shortest_limit_first,
             deadline: fifo && config.shortest_limit_first && config.deadline_order,
             aging,
-            widest: aging && config.overdue_widest_first,
+            widest_overdue: aging && config.widest_first != WidestFirst::Never,
+            widest_fresh: fifo && config.widest_first == WidestFirst::Always,
             waiting: if fifo {
                 vec![BTreeMap::new(); next]
             } else {
@@ -318,7 +322,7 @@ impl DomainHeads {
     /// or the overdue one.
     #[inline]
     fn rank(&self, key: WaitKey, fresh: bool, demand: u32) -> Rank {
-        let width = if !fresh && self.widest {
+        let width = if (fresh && self.widest_fresh) || (!fresh && self.widest_overdue) {
             u32::MAX - demand
         } else {
             0

@@ -367,7 +367,7 @@ impl Sched {
             || config.shortest_limit_first != self.config.shortest_limit_first
             || config.deadline_order != self.config.deadline_order
             || config.limit_aging != self.config.limit_aging
-            || config.overdue_widest_first != self.config.overdue_widest_first
+            || config.widest_first != self.config.widest_first
             || config.latency != self.config.latency
             || config.steal != self.config.steal
             || config.steal_cross_llc != self.config.steal_cross_llc

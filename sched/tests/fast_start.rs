@@ -138,8 +138,8 @@ struct Scenario {
     /// `SchedConfig::limit_aging` (with `shortest_limit_first`, without
     /// `deadline_order`).
     aging: bool,
-    /// `SchedConfig::overdue_widest_first` (with `aging`).
-    widest: bool,
+    /// `SchedConfig::widest_first`: never, overdue, always.
+    widest: u8,
 }
 
 /// The dispatcher's switches (`ClusterConfig::default`).
@@ -160,7 +160,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         switches(),
         any::<bool>(),
         any::<bool>(),
-        any::<bool>(),
+        0..3u8,
     )
         .prop_map(
             |(topo, capacities, jobs, ops, switches, deadline, aging, widest)| Scenario {
@@ -213,7 +213,11 @@ fn build(sc: &Scenario, fast: bool, gates: u8) -> Sched {
     let mut config = gated(switches::config_of(sc.switches), gates);
     config.deadline_order = sc.deadline;
     config.limit_aging = sc.aging;
-    config.overdue_widest_first = sc.widest;
+    config.widest_first = [
+        sched::WidestFirst::Never,
+        sched::WidestFirst::Overdue,
+        sched::WidestFirst::Always,
+    ][sc.widest as usize];
     let mut s = Sched::with_capacities(topo, &sc.capacities[..n], config);
     s.set_fast_start(fast);
     s.set_shortcuts(fast);
@@ -443,7 +447,7 @@ fn a_wakeup_dated_before_the_protected_heads_wait_is_not_fast() {
         switches: DISPATCHER,
         deadline: false,
         aging: false,
-        widest: false,
+        widest: 0,
     };
     let mut seen = Seen::default();
     run(&sc, &mut seen, 0).unwrap();

@@ -10,13 +10,13 @@
 //!   overdue, shortest remaining limit, earliest arrival), of those that
 //!   fit its remaining room, where overdue means the task has waited at
 //!   least its limit (arrival + limit <= now); with
-//!   `SchedConfig::overdue_widest_first`, overdue tasks by width, widest
-//!   first, before their limits.
+//!   `SchedConfig::widest_first`, the tasks of the tiers it covers (overdue
+//!   ones, or all) by width, widest first, before their limits.
 //! - No starvation: the reservation is unchanged by the aging (the
 //!   domain's oldest head keeps it), so a protected head starts no later
 //!   than the reservation it had when it became protected, under a
-//!   stream of shorter tasks, some of them overdue, with the overdue
-//!   tier shortest first or widest first.
+//!   stream of shorter tasks, some of them overdue, whichever tiers are
+//!   served widest first.
 
 mod limited;
 
@@ -25,13 +25,19 @@ use std::sync::Arc;
 use limited::add;
 use proptest::prelude::*;
 use sched::topology::Topology;
-use sched::{Sched, SchedConfig, SchedEvent, TaskId, TaskSpec, TaskState};
+use sched::{Sched, SchedConfig, SchedEvent, TaskId, TaskSpec, TaskState, WidestFirst};
+
+const SCOPES: [WidestFirst; 3] = [
+    WidestFirst::Never,
+    WidestFirst::Overdue,
+    WidestFirst::Always,
+];
 
 const UNIT: u64 = 1_000;
 
 fn config() -> SchedConfig {
     SchedConfig {
-        overdue_widest_first: false,
+        widest_first: WidestFirst::Never,
         backfill: true,
         domain_reservation: true,
         domain_fifo: true,
@@ -71,10 +77,11 @@ proptest! {
             ),
         )),
         late in 0u64..80,
-        widest in any::<bool>(),
+        scope in 0..3usize,
     ) {
+        let widest = SCOPES[scope];
         let topo = Arc::new(Topology::from_spec("1z:1r:3n").unwrap());
-        let mut s = Sched::new(topo, cap, SchedConfig { overdue_widest_first: widest, ..config() });
+        let mut s = Sched::new(topo, cap, SchedConfig { widest_first: widest, ..config() });
         // Every node full, with a task that never ends by itself.
         for leaf in 0..3 {
             let t = add(&mut s, 100 + leaf as u64, cap, None);
@@ -105,7 +112,12 @@ proptest! {
             .map(|&(latency, limit, at, id, demand)| {
                 let remaining = limit.unwrap_or(u64::MAX);
                 let overdue = limit.is_some_and(|l| at + l <= now);
-                let width = if overdue && widest { u32::MAX - demand } else { 0 };
+                let wide = match widest {
+                    WidestFirst::Never => false,
+                    WidestFirst::Overdue => overdue,
+                    WidestFirst::Always => true,
+                };
+                let width = if wide { u32::MAX - demand } else { 0 };
                 (!latency, !overdue, width, remaining, at, id, demand)
             })
             .collect();
@@ -130,10 +142,10 @@ proptest! {
         cap in 2u32..=8,
         first_end in 5u64..60,
         stream in prop::collection::vec((0usize..2, 1u64..40, 1u64..30, 1u64..6), 1..30),
-        widest in any::<bool>(),
+        scope in 0..3usize,
     ) {
         let topo = Arc::new(Topology::from_spec("1z:1r:2n").unwrap());
-        let mut s = Sched::new(topo, cap, SchedConfig { overdue_widest_first: widest, ..config() });
+        let mut s = Sched::new(topo, cap, SchedConfig { widest_first: SCOPES[scope], ..config() });
         let a = add(&mut s, 1000, cap, Some(first_end * UNIT));
         s.wake_up_on(a, 0, 0).unwrap();
         let b = add(&mut s, 1001, cap, Some(2 * UNIT));

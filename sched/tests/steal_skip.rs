@@ -117,8 +117,8 @@ struct Scenario {
     /// `SchedConfig::limit_aging` (with `shortest_limit_first`, without
     /// `deadline_order`).
     aging: bool,
-    /// `SchedConfig::overdue_widest_first` (with `aging`).
-    widest: bool,
+    /// `SchedConfig::widest_first`: never, overdue, always.
+    widest: u8,
 }
 
 fn scenario() -> impl Strategy<Value = Scenario> {
@@ -130,7 +130,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         any::<[bool; 10]>(),
         any::<bool>(),
         any::<bool>(),
-        any::<bool>(),
+        0..3u8,
     )
         .prop_map(
             |(topo, capacities, jobs, ops, switches, deadline, aging, widest)| Scenario {
@@ -179,7 +179,11 @@ fn build(sc: &Scenario, skip: bool) -> Sched {
     config.pull_longest_wait = longest;
     config.deadline_order = sc.deadline;
     config.limit_aging = sc.aging;
-    config.overdue_widest_first = sc.widest;
+    config.widest_first = [
+        sched::WidestFirst::Never,
+        sched::WidestFirst::Overdue,
+        sched::WidestFirst::Always,
+    ][sc.widest as usize];
     let mut s = Sched::with_capacities(topo, &sc.capacities[..n], config);
     s.set_steal_skip(skip);
     for (i, j) in sc.jobs.iter().enumerate() {

@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
 # The queue orders a site can choose, side by side under load (offered
-# 0.85-1.2, where jobs queue): the default (shortest remaining limit
-# first, with aging bounded by each job's own limit, the widest overdue
-# job first), `--overdue-widest-first false` (`ours-widefirst`: shortest
-# first among overdue jobs too), `--deadline-order true`,
-# `--shortest-limit-first false` (`ours-sjbf`: the domain's queue by age,
-# with backfill) and a central least-loaded queue. Seven cluster shapes
-# and workloads (whole-node jobs on small nodes, 256-CPU nodes, wide
-# jobs, overload, a heavy tail), five seeds each: 35 `dispatch-sim
-# synthetic` runs that the generated tables do not use. For each order,
-# the geometric mean over the 35 runs of its ratio to the default (below
-# 1: lower, better), and the worst run's ratio, for mean response,
-# bounded slowdown, the p99 wait of all jobs, and the p99 and longest
-# wait of each run's widest jobs (its largest CPU count), where
-# shortest-first makes its tail.
+# 0.85-1.2, where jobs queue): the default (the widest job that fits
+# first, then the shortest remaining limit, with aging bounded by each
+# job's own limit); `ours+widefirst:overdue` and `ours-widefirst`
+# (`--widest-first overdue` / `never`); `ours+deadline`
+# (`--deadline-order true`) and `ours-sjbf` (`--shortest-limit-first
+# false`: by age), each also with `-widefirst`; and a central
+# least-loaded queue. Seven cluster shapes and workloads (whole-node jobs
+# on small nodes, 256-CPU nodes, wide jobs, overload, a heavy tail), five
+# seeds each: 35 `dispatch-sim synthetic` runs that the generated tables
+# do not use. For each order, the geometric mean over the 35 runs of its
+# ratio to the default (below 1: lower, better), and the worst run's
+# ratio, for mean response, bounded slowdown, the p99 wait of all jobs,
+# and the p99 and longest wait of each run's widest jobs (its largest
+# CPU count), where shortest-first makes its tail.
 #
 #   scripts/bench/queue-orders.sh SIM [OUTDIR]
 #
 # SIM is a release `dispatch-sim` (cargo build --release -p sim). OUTDIR
 # keeps each run's summary CSV and jobs; without it they go to a
-# temporary directory, removed at the end. ~35 s on 2 cores.
+# temporary directory, removed at the end. ~55 s on 2 cores.
 # `bench/run.sh` runs it into docs/BENCHMARKS.md; the README's "Queue
 # order" section quotes it.
 set -euo pipefail
@@ -31,7 +31,7 @@ else
   trap 'rm -rf "$out"' EXIT
 fi
 mkdir -p "$out"
-policies=ours,ours-widefirst,ours+deadline,ours-sjbf,least-loaded
+policies=ours,ours+widefirst:overdue,ours-widefirst,ours+deadline,ours+deadline-widefirst,ours-sjbf,ours-sjbf-widefirst,least-loaded
 for seed in 11 12 13 14 15; do
   run() {
     local name=$1-s$seed

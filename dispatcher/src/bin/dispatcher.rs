@@ -320,13 +320,13 @@ struct Args {
     /// limit first alone, only the domain's reservation bounding a wait.
     #[arg(long, default_value_t = ClusterConfig::default().engine.limit_aging, action = clap::ArgAction::Set)]
     limit_aging: bool,
-    /// With limit aging: among the jobs that have waited as long as their
-    /// limit, the widest that fits starts first where room opens (a
-    /// narrow one can start on any CPU that frees, a wide one only where
-    /// as many free at once). Off: shortest limit first among them too
-    /// (README, "Queue order").
-    #[arg(long, default_value_t = ClusterConfig::default().engine.overdue_widest_first, action = clap::ArgAction::Set)]
-    overdue_widest_first: bool,
+    /// Which jobs of the domain's queue start widest first where room
+    /// opens, before the queue's own order (a narrow job can start on any
+    /// CPU that frees, a wide one only where as many free at once):
+    /// `always`, `overdue` (only jobs that have waited as long as their
+    /// limit, with limit aging) or `never` (README, "Queue order").
+    #[arg(long, default_value = ClusterConfig::default().engine.widest_first.as_str(), value_parser = ["always", "overdue", "never"])]
+    widest_first: String,
     /// Run-time predictions from each user's last two run times (EASY++),
     /// which backfill counts on: `off`; `unlimited`, for jobs without a
     /// timeout (a waiting head gets a date where it had none); `all`, for
@@ -718,7 +718,8 @@ async fn run(args: Args) -> Result<()> {
     cfg.engine.shortest_limit_first = args.shortest_limit_first;
     cfg.engine.deadline_order = args.deadline_order;
     cfg.engine.limit_aging = args.limit_aging;
-    cfg.engine.overdue_widest_first = args.overdue_widest_first;
+    cfg.engine.widest_first = sched::WidestFirst::parse(&args.widest_first)
+        .ok_or_else(|| anyhow::anyhow!("--widest-first: want always, overdue or never"))?;
     cfg.predict = dispatcher::cluster::runtimes::Predict::parse(&args.predict_runtimes)
         .ok_or_else(|| anyhow::anyhow!("--predict-runtimes: want off, unlimited or all"))?;
     cfg.owner_wake = dispatcher::cluster::wakers::OwnerWake::parse(&args.owner_wake)

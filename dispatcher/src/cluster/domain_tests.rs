@@ -132,7 +132,7 @@ fn assigned_when_the_other_node_frees(
     shortest: bool,
     deadline: bool,
     aging: bool,
-    widest: bool,
+    widest: sched::WidestFirst,
     waiting: &[(u32, u64, i64)],
     started: &str,
 ) -> (Vec<(String, String)>, Vec<(String, String)>) {
@@ -143,7 +143,7 @@ fn assigned_when_the_other_node_frees(
     cfg.engine.shortest_limit_first = shortest;
     cfg.engine.deadline_order = deadline;
     cfg.engine.limit_aging = aging;
-    cfg.engine.overdue_widest_first = widest;
+    cfg.engine.widest_first = widest;
     let mut c = Cluster::new(cfg);
     node(&mut c, "a", "1s:4c:1t", "r1");
     node(&mut c, "b", "1s:4c:1t", "r1");
@@ -193,8 +193,14 @@ fn by_deadline_a_long_job_starts_before_a_shorter_later_one() {
         (false, false, "j-3"),
     ] {
         let waiting = [(4, 1_000, 1_000), (4, 300, 2_000), (4, 50, 400_000)];
-        let (got, want) =
-            assigned_when_the_other_node_frees(shortest, deadline, false, false, &waiting, started);
+        let (got, want) = assigned_when_the_other_node_frees(
+            shortest,
+            deadline,
+            false,
+            sched::WidestFirst::Never,
+            &waiting,
+            started,
+        );
         assert_eq!(got, want, "shortest {shortest} deadline {deadline}");
     }
 }
@@ -220,8 +226,14 @@ fn with_aging_an_overdue_job_starts_before_a_shorter_fresh_one() {
             (4, 200, 150_000),
             (4, 50, 480_000),
         ];
-        let (got, want) =
-            assigned_when_the_other_node_frees(shortest, deadline, aging, false, &waiting, started);
+        let (got, want) = assigned_when_the_other_node_frees(
+            shortest,
+            deadline,
+            aging,
+            sched::WidestFirst::Never,
+            &waiting,
+            started,
+        );
         assert_eq!(
             got, want,
             "deadline {deadline} aging {aging} shortest {shortest}"
@@ -229,20 +241,31 @@ fn with_aging_an_overdue_job_starts_before_a_shorter_fresh_one() {
     }
 }
 
-/// Among overdue jobs, the widest that fits first
-/// (`SchedConfig::overdue_widest_first`), against shortest limit first
-/// among them. j-3 (4 CPUs, 1,000 s) waits from 1 s and holds the
-/// reservation; j-4 (4 CPUs, 300 s) from 2 s; j-5 (1 CPU, 200 s) from
-/// 150 s. At 500 s both j-4 and j-5 are overdue and a whole node frees:
-/// widest first it goes to j-4, whose four CPUs seldom free at once;
-/// shortest first to j-5, which leaves three CPUs no waiting job fits.
+/// The widest job that fits first (`SchedConfig::widest_first`), among
+/// overdue jobs and among fresh ones, against shortest limit first. j-3
+/// (4 CPUs, 1,000 s) waits from 1 s and holds the reservation. Overdue:
+/// j-4 (4 CPUs, 300 s) from 2 s and j-5 (1 CPU, 200 s) from 150 s have
+/// both waited past their limits at 500 s. Fresh: j-4 (4 CPUs, 300 s)
+/// from 400 s and j-5 (1 CPU, 50 s) from 480 s have not. At 500 s a whole
+/// node frees: widest first it goes to j-4, whose four CPUs seldom free at
+/// once; shortest first to j-5, which leaves three CPUs no waiting job
+/// fits.
 #[test]
-fn a_freed_node_goes_to_the_widest_overdue_job() {
-    for (widest, started) in [(true, "j-4"), (false, "j-5")] {
-        let waiting = [(4, 1_000, 1_000), (4, 300, 2_000), (1, 200, 150_000)];
+fn a_freed_node_goes_to_the_widest_job() {
+    use sched::WidestFirst::{Always, Never, Overdue};
+    let overdue = [(4, 1_000, 1_000), (4, 300, 2_000), (1, 200, 150_000)];
+    let fresh = [(4, 1_000, 1_000), (4, 300, 400_000), (1, 50, 480_000)];
+    for (waiting, widest, started) in [
+        (overdue, Always, "j-4"),
+        (overdue, Overdue, "j-4"),
+        (overdue, Never, "j-5"),
+        (fresh, Always, "j-4"),
+        (fresh, Overdue, "j-5"),
+        (fresh, Never, "j-5"),
+    ] {
         let (got, want) =
             assigned_when_the_other_node_frees(true, false, true, widest, &waiting, started);
-        assert_eq!(got, want, "widest {widest}");
+        assert_eq!(got, want, "{waiting:?} {widest:?}");
     }
 }
 

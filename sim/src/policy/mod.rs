@@ -19,7 +19,7 @@
 //! | `ours+sjbf` / `ours-sjbf` | with the domain's queue, shortest remaining time limit first after the domain's protected head (`SchedConfig::shortest_limit_first`) |
 //! | `ours+deadline` / `ours-deadline` | with shortest limit first, the domain's queue by `queued_at` + remaining limit, earliest first (`SchedConfig::deadline_order`) |
 //! | `ours+aging` / `ours-aging` | with shortest limit first, a job that has waited longer than its remaining limit goes first, shortest limit first among those (`SchedConfig::limit_aging`; on in the dispatcher's default) |
-//! | `ours+widefirst` / `ours-widefirst` | with aging, the widest overdue job that fits first, then shortest limit first (`SchedConfig::overdue_widest_first`; on in the dispatcher's default) |
+//! | `ours+widefirst` / `ours-widefirst` / `ours+widefirst:overdue` | the domain's queue serves the widest job that fits first, then in its own order: every job / none / overdue jobs only (`SchedConfig::widest_first`; every job in the dispatcher's default) |
 //! | `ours+latpull` / `ours-latpull` | latency-class jobs waiting in a node's steal domain start first where room opens (`SchedConfig::latency_pull`) |
 //! | `ours+predict` / `ours+predictall` / `ours-predict` | run-time predictions from each user's last two run times (EASY++) for jobs without a time limit / for every job, capped by its limit / none (`ClusterConfig::predict`); SWF jobs are submitted as their trace's user |
 //! | `ours+ownaffine` / `ours+ownfork` / `ours+ownidlest` | a job whose only waker is its owner (SWF jobs with a user) is placed wake-affine toward its owner's last node / by the fork path from that node's zone / on the idlest node, as an anonymous job (`ClusterConfig::owner_wake`) |
@@ -100,9 +100,9 @@ pub struct OursFlags {
     /// With `shortest_limit_first`, a job that has waited longer than its
     /// remaining limit goes first (`SchedConfig::limit_aging`).
     pub limit_aging: bool,
-    /// With `limit_aging`, the overdue tier serves the widest job first
-    /// (`SchedConfig::overdue_widest_first`).
-    pub overdue_widest_first: bool,
+    /// Which jobs of the domain's queue start widest first
+    /// (`SchedConfig::widest_first`).
+    pub widest_first: sched::WidestFirst,
     /// Which jobs get a run-time prediction from their user's history
     /// (`ClusterConfig::predict`, EASY++).
     pub predict: dispatcher::cluster::runtimes::Predict,
@@ -135,7 +135,7 @@ impl Default for OursFlags {
             shortest_limit_first: e.shortest_limit_first,
             deadline_order: e.deadline_order,
             limit_aging: e.limit_aging,
-            overdue_widest_first: e.overdue_widest_first,
+            widest_first: e.widest_first,
             predict: cfg.predict,
             owner_wake: cfg.owner_wake,
         }
@@ -291,7 +291,9 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
             ("sjbf", _) => flags.shortest_limit_first = on,
             ("deadline", _) => flags.deadline_order = on,
             ("aging", _) => flags.limit_aging = on,
-            ("widefirst", _) => flags.overdue_widest_first = on,
+            ("widefirst", true) => flags.widest_first = sched::WidestFirst::Always,
+            ("widefirst", false) => flags.widest_first = sched::WidestFirst::Never,
+            ("widefirst:overdue", true) => flags.widest_first = sched::WidestFirst::Overdue,
             ("predict", true) => flags.predict = Predict::Unlimited,
             ("predictall", true) => flags.predict = Predict::All,
             ("predict" | "predictall", false) => flags.predict = Predict::Off,
@@ -311,7 +313,7 @@ fn parse_ours(name: &str) -> Result<OursFlags> {
                     W,
                     name,
                     format!(
-                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo, sjbf, deadline, aging, widefirst, predict, predictall, ownaffine, ownfork, ownidlest, rack, rackpref)"
+                        "unknown modifier {word:?} (steal, crossrack, wakewide, latency, busyskip, pack, nodelimit[:N], backfill, idlebal, oldest, latpull, domres, domfifo, sjbf, deadline, aging, widefirst[:overdue], predict, predictall, ownaffine, ownfork, ownidlest, rack, rackpref)"
                     ),
                 ));
             }

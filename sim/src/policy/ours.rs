@@ -88,7 +88,7 @@ impl OursPlacer {
         cfg.engine.shortest_limit_first = flags.shortest_limit_first;
         cfg.engine.deadline_order = flags.deadline_order;
         cfg.engine.limit_aging = flags.limit_aging;
-        cfg.engine.overdue_widest_first = flags.overdue_widest_first;
+        cfg.engine.widest_first = flags.widest_first;
         cfg.predict = flags.predict;
         cfg.owner_wake = flags.owner_wake;
         if let Some(limit) = flags.node_limit {
