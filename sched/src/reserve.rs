@@ -454,7 +454,8 @@ impl Sched {
     /// `fifo_pull` ([`crate::SchedConfig::domain_fifo`]): while `dst` has
     /// spare capacity, start the first task of its domain's queue (the
     /// longest wait, or with `shortest_limit_first` the shortest remaining
-    /// limit) among those that can start on `dst` now (its own, or one
+    /// limit; with [`crate::SchedConfig::widest_first`], the widest first
+    /// in the tiers it covers) among those that can start on `dst` now (its own, or one
     /// waiting on another leaf of the domain, which moves as a steal does;
     /// with backfill, without delaying `dst`'s protected head). Returns
     /// the number of tasks started.
@@ -490,10 +491,12 @@ impl Sched {
     }
 
     /// The first task in the queue order of `dst`'s domain that can start
-    /// on `dst` now, and the leaf it waits on. With
-    /// [`crate::SchedConfig::limit_aging`] the order is the [`Rank`]: each
-    /// tier is walked as one queue (the overdue tier first, as moved by
-    /// the last `fifo_pull`), the best rank found wins. The domain's protected head
+    /// on `dst` now, and the leaf it waits on. The order is the [`Rank`]
+    /// (with [`crate::SchedConfig::limit_aging`], two tiers; with
+    /// [`crate::SchedConfig::widest_first`], the width before the key):
+    /// each tier is walked as one queue (the overdue tier first, as moved
+    /// by the last `fifo_pull`), the best rank found in each fitting demand
+    /// bucket compared. The domain's protected head
     /// takes its turn in that order like any task; its reservation is
     /// what bounds its wait (its own leaf holds room for it).
     ///
