@@ -47,19 +47,15 @@ for seed in 11 12 13 14 15; do
   run mid8 --jobs 20000 --cluster 2z:4r:4n --node 1s:8c:1t --load 0.95 --durations pareto:1.3:120
   run overload --jobs 20000 --cluster 2z:4r:10n --node 2s:8c:2t --load 1.2
 done
-python3 - "$out" "$policies" <<'PY'
+python3 - "$out" "$policies" "$(dirname "$0")" <<'PY'
 import csv, glob, math, os, sys
 out, policies = sys.argv[1], sys.argv[2].split(",")
-
-def pct(v, p):
-    # Nearest rank, as the simulator's own percentiles (sim::metrics::percentile).
-    v = sorted(v)
-    return v[min(max(math.ceil(p / 100 * len(v)), 1), len(v)) - 1] if v else 0.0
+sys.dont_write_bytecode = True
+sys.path.insert(0, sys.argv[3])
+from widest_jobs import pct, widest_waits
 
 def figures(name, summary, policy):
-    rows = [r for r in csv.DictReader(open(f"{out}/jobs/{name}.{policy}.jobs.csv")) if r["wait_s"]]
-    top = max(int(r["cpus"]) for r in rows)
-    w = [float(r["wait_s"]) for r in rows if int(r["cpus"]) == top]
+    _, w = widest_waits(f"{out}/jobs/{name}.{policy}.jobs.csv")
     s = summary[policy]
     return {
         "mean response": float(s["resp_mean_s"]),

@@ -49,20 +49,15 @@ run no-limits --jobs 20000 --cluster 2z:4r:10n --node 2s:8c:2t --limit-overestim
 for seed in 1 2 3 4 5; do
   run "tiny-s$seed" --jobs 20000 --cluster 1z:2r:4n --node 1s:4c:1t --load 0.9 --seed "$seed"
 done
-python3 - "$out" <<'PY'
-import csv, glob, math, os, sys
+python3 - "$out" "$(dirname "$0")" <<'PY'
+import csv, glob, os, sys
 out = sys.argv[1]
-
-def pct(v, p):
-    # Nearest rank, as the simulator's own percentiles (sim::metrics::percentile).
-    v = sorted(v)
-    return v[min(max(math.ceil(p / 100 * len(v)), 1), len(v)) - 1] if v else 0.0
+sys.dont_write_bytecode = True
+sys.path.insert(0, sys.argv[2])
+from widest_jobs import pct, widest_waits
 
 def widest(name, policy):
-    path = f"{out}/jobs/{name}.{policy}.jobs.csv"
-    rows = [r for r in csv.DictReader(open(path)) if r["wait_s"]]
-    top = max(int(r["cpus"]) for r in rows)
-    w = [float(r["wait_s"]) for r in rows if int(r["cpus"]) == top]
+    top, w = widest_waits(f"{out}/jobs/{name}.{policy}.jobs.csv")
     return top, sum(w) / len(w), pct(w, 99), max(w)
 
 print("| run | bsld ours / ll | mean resp s ours / ll | p99 wait s ours / ll | util ours / ll | widest jobs (CPUs): mean wait s ours / ll | their p99 wait | their max wait |")
