@@ -38,24 +38,22 @@ pub enum WidestFirst {
 }
 
 impl WidestFirst {
-    /// The name a command line takes: `never`, `overdue`, `always`.
+    /// The names a command line takes, in the variants' order.
+    pub const NAMES: [&'static str; 3] = ["never", "overdue", "always"];
+    const ALL: [WidestFirst; 3] = [
+        WidestFirst::Never,
+        WidestFirst::Overdue,
+        WidestFirst::Always,
+    ];
+
+    /// The name a command line takes ([`WidestFirst::NAMES`]).
     pub fn as_str(self) -> &'static str {
-        match self {
-            WidestFirst::Never => "never",
-            WidestFirst::Overdue => "overdue",
-            WidestFirst::Always => "always",
-        }
+        Self::NAMES[self as usize]
     }
 
     /// The scope named `name` ([`WidestFirst::as_str`]).
     pub fn parse(name: &str) -> Option<Self> {
-        [
-            WidestFirst::Never,
-            WidestFirst::Overdue,
-            WidestFirst::Always,
-        ]
-        .into_iter()
-        .find(|w| w.as_str() == name)
+        Self::ALL.into_iter().find(|w| w.as_str() == name)
     }
 }
 
@@ -266,5 +264,19 @@ impl SchedConfig {
             pack_threshold: PackThreshold::Fraction(1.0),
             ..Self::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WidestFirst;
+
+    #[test]
+    fn widest_first_names_round_trip_and_refuse_others() {
+        for w in WidestFirst::ALL {
+            assert_eq!(WidestFirst::parse(w.as_str()), Some(w));
+        }
+        assert_eq!(WidestFirst::NAMES, ["never", "overdue", "always"]);
+        assert_eq!(WidestFirst::parse("maybe"), None);
     }
 }

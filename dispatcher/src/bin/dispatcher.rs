@@ -325,7 +325,7 @@ struct Args {
     /// CPU that frees, a wide one only where as many free at once):
     /// `always`, `overdue` (only jobs that have waited as long as their
     /// limit, with limit aging) or `never` (README, "Queue order").
-    #[arg(long, default_value = ClusterConfig::default().engine.widest_first.as_str(), value_parser = ["always", "overdue", "never"])]
+    #[arg(long, default_value = ClusterConfig::default().engine.widest_first.as_str(), value_parser = clap::builder::PossibleValuesParser::new(sched::WidestFirst::NAMES))]
     widest_first: String,
     /// Run-time predictions from each user's last two run times (EASY++),
     /// which backfill counts on: `off`; `unlimited`, for jobs without a
