@@ -571,7 +571,28 @@ struct Pair {
     setup: f64,
 }
 
+// The section of [`place_least_loaded`], aligned to 64 bytes: one
+// build of the bench to the next, the scan's loop then sits at the same
+// place in the instruction cache's lines. Left where the linker put it,
+// its start moved with every change to the dispatcher's code (which
+// shares the binary), and with it the loop's offset in a 64-byte line:
+// the same scan ran 65-76k/s at 10,000 nodes in one build and 90-104k/s
+// in the next, which differed only in the dispatcher, so a ratio
+// compared across builds measured the layout, not the change.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+std::arch::global_asm!(
+    ".pushsection .text.least_loaded_scan,\"ax\",@progbits",
+    ".p2align 6",
+    ".popsection",
+);
+
 /// The node with the most free CPUs that fits `cpus`, which it takes.
+/// Never inlined, in its own aligned section (above).
+#[inline(never)]
+#[cfg_attr(
+    all(target_arch = "x86_64", target_os = "linux"),
+    unsafe(link_section = ".text.least_loaded_scan")
+)]
 fn place_least_loaded(free: &mut [u32], cpus: u32) -> Option<usize> {
     let mut best: Option<usize> = None;
     for (i, &f) in free.iter().enumerate() {
