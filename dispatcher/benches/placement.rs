@@ -530,16 +530,21 @@ fn run_pair(
 ) -> Pair {
     let (mut ours, setup) = Ours::new(nodes, batch, tick_rounds, check);
     let mut base = LeastLoaded::new(nodes, batch);
-    let per_slice = (ops / SLICES).div_ceil(batch).max(1) * batch;
+    // The rounds spread evenly over the slices (the first ones a round
+    // more when they do not divide), so that exactly `ops` are measured
+    // (`scripts/bench/per-op.sh` divides by it).
+    let rounds = ops.div_ceil(batch).max(1);
+    let slices = SLICES.min(rounds);
     let (mut ours_s, mut base_s) = (0.0, 0.0);
-    let mut ratios = Vec::with_capacity(SLICES);
-    for slice in 0..SLICES {
+    let mut ratios = Vec::with_capacity(slices);
+    for slice in 0..slices {
+        let n = (rounds / slices + usize::from(slice < rounds % slices)) * batch;
         let (o, b) = if slice % 2 == 0 {
-            let o = ours.measure(per_slice, check);
-            (o, base.measure(per_slice, check.on))
+            let o = ours.measure(n, check);
+            (o, base.measure(n, check.on))
         } else {
-            let b = base.measure(per_slice, check.on);
-            (ours.measure(per_slice, check), b)
+            let b = base.measure(n, check.on);
+            (ours.measure(n, check), b)
         };
         ours_s += o;
         base_s += b;
@@ -547,13 +552,13 @@ fn run_pair(
         ratios.push(b / o);
     }
     ratios.sort_by(f64::total_cmp);
-    let done = (per_slice * SLICES) as f64;
+    let done = (rounds * batch) as f64;
     Pair {
         ours: done / ours_s,
         base: done / base_s,
-        ratio: (ratios[(SLICES - 1) / 2] + ratios[SLICES / 2]) / 2.0,
+        ratio: (ratios[(slices - 1) / 2] + ratios[slices / 2]) / 2.0,
         low: ratios[0],
-        high: ratios[SLICES - 1],
+        high: ratios[slices - 1],
         setup,
     }
 }
