@@ -520,7 +520,7 @@ impl LeastLoaded {
 /// so a change of the machine's speed (these machines are shared: the
 /// scan alone moved by 60% within a minute) moves both sides of a
 /// slice's ratio; the two sides measured one after the other gave
-/// ratios of 0.96 to 1.7 at 10,000 nodes in one afternoon.
+/// ratios of 0.90 to 1.71 at 10,000 nodes in one afternoon.
 fn run_pair(
     nodes: usize,
     ops: usize,
