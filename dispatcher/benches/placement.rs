@@ -688,6 +688,18 @@ fn main() {
     println!(
         "placement decisions per second (steady state ~75% busy, jobs of 1-8 CPUs, nodes {NODE_SPEC}; ours after a warm-up past its retention cap, counted in setup s; ours and the scan alternated in {SLICES} slices, ours/base the slices' median ratio, range their lowest and highest)"
     );
+    // The scan's alignment (see its section) holds in the release
+    // profile's one codegen unit; a build where it does not says so, as
+    // its figures are then not comparable with other builds'.
+    let scan_at = place_least_loaded as fn(&mut [u32], u32) -> Option<usize> as usize;
+    if bench
+        && cfg!(all(target_arch = "x86_64", target_os = "linux"))
+        && !scan_at.is_multiple_of(64)
+    {
+        println!(
+            "note: the scan's code is not 64-byte aligned in this build (at {scan_at:#x}): its speed, and the ratio, depend on where it landed"
+        );
+    }
     println!(
         "{:>8} {:>6} {:>14} {:>16} {:>12} {:>12} {:>10}",
         "nodes", "batch", "ours/s", "least-loaded/s", "ours/base", "range", "setup s"
